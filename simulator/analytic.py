@@ -1,0 +1,118 @@
+"""Analytic step time: closed-form composition of the per-stage costs (the fast engine).
+
+Pipeline (Narayanan et al. 2021): with per-micro-batch stage times tau_i, a 1F1B or
+GPipe step takes m·max(tau) plus a fill-and-drain bubble of sum(tau) - max(tau), which is
+(p-1)·tau for equal stages, i.e. a bubble fraction (p-1)/m. Interleaving v model chunks
+divides the bubble by v. ZB-H1 (Qi et al. 2024, zero bubble) moves weight-gradient work
+W into the bubble: per stage it shrinks from F+B+W to F+B-W.
+
+Data parallelism: gradients of the last micro-batch are reduced while its backward pass
+runs when `plan.dp_overlap` (exposed: what the backward pass cannot hide), otherwise after
+it. Stage i finishes its last backward i micro-batch-backwards before stage 0, which is
+the slack its reduction has.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .compute import memory_bound_time
+from .hardware import Cluster
+from .memory import grad_bytes_per_param, weight_bytes_per_param
+from .model import ModelSpec
+from .plan import Plan
+from .step import StageCost, dp_costs, groups, stage_costs, stage_multiplicity
+
+
+def _pipeline(plan: Plan, costs: list[StageCost]):
+    """(critical stage, bubble seconds) for the schedule."""
+    crit = max(costs, key=lambda c: float(c.total))
+    if plan.pp == 1:
+        return crit, 0.0
+    if plan.schedule == "zb-h1":
+        fill = sum(stage_multiplicity(plan, c.stage) * np.maximum(0.0, c.total - 2 * c.bwd_weight) for c in costs)
+        return crit, np.maximum(0.0, fill - np.maximum(0.0, crit.total - 2 * crit.bwd_weight))
+    fill = sum(stage_multiplicity(plan, c.stage) * c.total for c in costs) - crit.total
+    return crit, fill / plan.virtual_stages
+
+
+def optimizer_step_time(plan: Plan, cluster: Cluster, params) -> object:
+    """Adam update of the local shard: memory-bound, it reads the gradient and the fp32
+    master weight, momentum and variance, writes the three states and the 16-bit weight."""
+    shard = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
+    local = params / shard
+    if plan.offload.optimizer != "none":
+        return 0.0
+    state = 8.0 if plan.precision in ("fp32", "tf32") else 12.0
+    nbytes = local * (grad_bytes_per_param(plan) + 2 * state + weight_bytes_per_param(plan.precision))
+    return memory_bound_time(nbytes, cluster.accelerator)
+
+
+def offload_time(model: ModelSpec, plan: Plan, cluster: Cluster, crit: StageCost, params, act_bytes_mb) -> object:
+    """Exposed seconds per step of CPU/NVMe offload (ZeRO-Offload, ZeRO-Infinity).
+
+    Optimizer offload: gradients go to the host, the host CPU runs Adam (its throughput is
+    a node-profile parameter shared by the node's devices), weights come back. NVMe adds
+    reading and writing the optimizer states. Parameter and activation offload stream
+    over the host link during compute and only their excess over compute is exposed.
+    """
+    off = plan.offload
+    node, acc = cluster.node, cluster.accelerator
+    host = acc.host_link_bandwidth
+    per_dev_nvme_r = node.nvme_read_bandwidth / cluster.devices_per_node
+    per_dev_nvme_w = node.nvme_write_bandwidth / cluster.devices_per_node
+    shard = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
+    local = params / shard
+    m = plan.microbatches
+    t = 0.0
+    if off.optimizer != "none":
+        copies = local * (grad_bytes_per_param(plan) + weight_bytes_per_param(plan.precision)) / host
+        adam = local * cluster.devices_per_node / node.host_adam_params_per_s
+        t = t + copies + adam
+        if off.optimizer == "nvme":
+            state = local * 12.0
+            t = t + state / per_dev_nvme_r + state / per_dev_nvme_w
+    if off.params != "none":
+        w = params / shard * weight_bytes_per_param(plan.precision)
+        rate = host if off.params == "cpu" else np.minimum(host, per_dev_nvme_r)
+        t = t + m * np.maximum(0.0, 2 * w / rate - crit.compute)
+    if off.activations != "none":
+        rate = host if off.activations == "cpu" else np.minimum(host, np.minimum(per_dev_nvme_r, per_dev_nvme_w))
+        t = t + m * np.maximum(0.0, 2 * act_bytes_mb / rate - crit.compute)
+    return t
+
+
+def step_breakdown(model: ModelSpec, plan: Plan, cluster: Cluster, act_bytes_mb=0.0) -> dict:
+    """Exposed seconds per step by cause; they add up to the step time."""
+    costs = stage_costs(model, plan, cluster)
+    g = groups(plan, cluster)
+    crit, bubble = _pipeline(plan, costs)
+    m = plan.microbatches
+
+    # Data-parallel traffic: per micro-batch collectives hide behind that micro-batch's
+    # compute when overlapped; the per-step reduction behind the last backward pass.
+    dp_exposed = 0.0
+    for c in costs:
+        d = dp_costs(plan, cluster, c.params, g)
+        if plan.dp_overlap:
+            per_mb = np.maximum(0.0, d["mb_gather"] - c.fwd) + np.maximum(0.0, d["mb_reduce"] - c.bwd)
+            tail = np.maximum(0.0, d["step_reduce"] - c.bwd) + np.maximum(0.0, d["step_gather"] - c.fwd)
+        else:
+            per_mb = d["mb_gather"] + d["mb_reduce"]
+            tail = d["step_reduce"] + d["step_gather"]
+        dp_exposed = np.maximum(dp_exposed, m * per_mb + np.maximum(0.0, tail - c.stage * c.bwd))
+
+    params_crit = max(float(c.params) for c in costs)
+    out = {
+        "compute": m * crit.compute,
+        "recompute": m * crit.recompute,
+        "tp_comm": m * crit.tp_comm,
+        "cp_comm": m * crit.cp_comm,
+        "pp_comm": m * crit.pp_comm,
+        "dp_comm": dp_exposed,
+        "pipeline_bubble": bubble,
+        "optimizer": optimizer_step_time(plan, cluster, params_crit),
+        "offload": offload_time(model, plan, cluster, crit, params_crit, act_bytes_mb),
+        "other": 0.0,
+    }
+    return {k: float(v) for k, v in out.items()}

@@ -1,0 +1,227 @@
+"""`llmsim` command line: evaluate, validate, hardware list, models list.
+
+Bad input exits with code 2 and one line on stderr naming the field, the value and what
+is allowed; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from .errors import InputError
+
+# Every scenario field settable from the command line: flag -> dotted field.
+FIELD_FLAGS = {
+    "model": ["preset", "hf-config", "layers", "hidden", "heads", "kv-heads", "ffn-hidden", "vocab", "seq-len",
+              "activation", "norm", "position-embedding", "bias", "tied-embeddings", "dropout"],
+    "cluster": ["accelerator", "nodes", "devices-per-node", "node", "network"],
+    "plan": ["tp", "pp", "dp", "cp", "vpp", "micro-batch", "global-batch", "schedule", "sequence-parallel",
+             "recompute", "zero-stage", "precision", "flash-attention", "dp-overlap", "tp-comm-overlap",
+             "grad-precision", "rank-order"],
+    "plan.offload": ["optimizer", "params", "activations"],
+    "training": ["tokens", "price-usd-per-device-hour"],
+}
+FLAG_PREFIX = {"plan.offload": "offload-"}
+
+
+def parse_value(text: str):
+    """A command-line value as YAML would type it, except that 1e9 is a number."""
+    low = text.strip().lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    for kind in (int, float):
+        try:
+            value = kind(text)
+        except ValueError:
+            continue
+        return value
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit code 2
+        print(f"llmsim: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _add_field_flags(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("scenario fields (override the file)")
+    for section, names in FIELD_FLAGS.items():
+        for name in names:
+            flag = FLAG_PREFIX.get(section, "") + name
+            group.add_argument(f"--{flag}", dest=f"field:{section}.{name.replace('-', '_')}", metavar="V",
+                               default=None)
+    group.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                       help="any dotted field, e.g. --set plan.offload.optimizer=cpu")
+
+
+def _overrides(args) -> dict:
+    out = {}
+    for key, value in vars(args).items():
+        if key.startswith("field:") and value is not None:
+            out[key[len("field:"):]] = parse_value(value)
+    for item in args.set:
+        if "=" not in item:
+            raise InputError("--set", item, "expected FIELD=VALUE, e.g. plan.tp=8")
+        k, v = item.split("=", 1)
+        out[k.strip()] = parse_value(v)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="llmsim", description="Analytical performance simulator for LLM training plans.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    ev = sub.add_parser("evaluate", help="predict memory, step time, throughput and cost of one scenario")
+    ev.add_argument("scenario", help="scenario YAML file")
+    ev.add_argument("--json", action="store_true", help="print one JSON object")
+    ev.add_argument("--engine", choices=("analytic",), default="analytic")
+    _add_field_flags(ev)
+
+    va = sub.add_parser("validate", help="compare predictions with measured runs")
+    va.add_argument("--published", action="store_true", help="reproduce the published runs (scenarios/published)")
+    va.add_argument("--json", action="store_true")
+    va.add_argument("--engine", choices=("analytic",), default="analytic")
+
+    hw = sub.add_parser("hardware", help="hardware profiles")
+    hw.add_argument("what", choices=("list",))
+    mo = sub.add_parser("models", help="model presets")
+    mo.add_argument("what", choices=("list",))
+    return p
+
+
+def _fmt_table(rows: list[tuple], header: tuple) -> str:
+    cols = [header] + [tuple(str(c) for c in r) for r in rows]
+    widths = [max(len(r[i]) for r in cols) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cols]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _human_time(seconds: float) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    if seconds < 120:
+        return f"{seconds:.2f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+def render_result(d: dict, scenario) -> str:
+    """The readable report of `llmsim evaluate`."""
+    m, c, p = scenario.model, scenario.cluster, scenario.plan
+    lines = [
+        f"scenario   {d['scenario'] or '-'}",
+        f"model      {m.name}: {m.params() / 1e9:.2f} B params, {m.layers} layers, hidden {m.hidden}, seq {m.seq_len}",
+        f"cluster    {c.nodes} x {c.node.name} = {c.devices} x {c.accelerator.name}",
+        f"plan       tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} vpp={p.vpp} micro_batch={p.micro_batch} "
+        f"global_batch={p.global_batch} ({p.microbatches} micro-batches) schedule={p.schedule} "
+        f"sp={p.sequence_parallel} recompute={p.recompute} zero={p.zero_stage} {p.precision}",
+        "",
+        f"feasible   {'yes' if d['feasible'] else 'NO: ' + d['reason']}",
+        f"step time  {_human_time(d['step_time_s'])}",
+        f"throughput {d['tokens_per_s']:,.0f} tokens/s ({d['tokens_per_s_per_device']:,.1f} per device)",
+        f"per device {d['model_tflops_per_device']:.1f} model TFLOP/s (MFU {100 * d['mfu']:.1f}%), "
+        f"{d['hardware_tflops_per_device']:.1f} hardware TFLOP/s (HFU {100 * d['hfu']:.1f}%)",
+        f"memory     {d['peak_memory_gib']:.1f} of {d['memory_capacity_gib']:.1f} GiB (stage {d['peak_memory_stage']}): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in d["memory_gib"].items()),
+        f"cost       ${d['cost_usd_per_step']:.4g} per step, ${d['usd_per_million_tokens']:.4g} per million tokens "
+        f"at ${d['price_usd_per_device_hour']:.2f}/device-hour",
+    ]
+    if d.get("time_to_train_days") is not None:
+        lines.append(f"to train   {d['training_tokens']:.3g} tokens: {d['time_to_train_days']:.1f} days, "
+                     f"${d['cost_to_train_usd']:,.0f}")
+    lines += ["", "step time breakdown (exposed seconds)"]
+    step = d["step_time_s"]
+    rows = [(k, f"{v:.4g}", f"{100 * v / step:.1f}%") for k, v in d["breakdown_s"].items() if v > 0]
+    lines.append(_fmt_table(rows, ("part", "seconds", "share")))
+    lines.append("")
+    lines.append("MFU counts model FLOPs (no recomputation); HFU counts hardware FLOPs (with it).")
+    return "\n".join(lines)
+
+
+def cmd_evaluate(args) -> int:
+    from .evaluate import evaluate
+    from .scenario import apply_overrides, read_scenario, scenario_from_dict
+
+    data = apply_overrides(read_scenario(args.scenario), _overrides(args))
+    scenario = scenario_from_dict(data)
+    result = evaluate(scenario, engine=args.engine)
+    d = result.to_dict()
+    if args.json:
+        print(json.dumps(d, indent=2, sort_keys=False))
+    else:
+        print(render_result(d, scenario))
+    return 0
+
+
+def cmd_validate(args) -> int:
+    if not args.published:
+        raise InputError("validate", "", "choose what to validate against: --published")
+    from .published import validate_published
+
+    comparisons, mape = validate_published(engine=args.engine)
+    if args.json:
+        rows = [dict(id=c.id, metric=c.metric, measured=c.measured, predicted=c.predicted,
+                     error_pct=100 * c.error, feasible=c.feasible, peak_memory_gib=c.peak_memory_gib)
+                for c in comparisons]
+        print(json.dumps({"rows": rows, "mape_pct": mape}, indent=2))
+        return 0
+    rows = [(c.id, c.metric, f"{c.measured:.4g}", f"{c.predicted:.4g}", f"{100 * c.error:+.1f}%",
+             f"{c.peak_memory_gib:.1f}") for c in comparisons]
+    print(_fmt_table(rows, ("run", "metric", "measured", "predicted", "error", "peak GiB")))
+    print(f"\nMAPE {mape:.1f}% over {len(comparisons)} published runs")
+    return 0
+
+
+def cmd_list(args) -> int:
+    if args.command == "hardware":
+        from .hardware import available, load_accelerator, load_node
+
+        accs = [load_accelerator(n) for n in available("accelerators")]
+        rows = [(a.name, f"{a.peak_flops.get('bf16', a.peak_flops.get('fp16', 0)) / 1e12:.0f}",
+                 f"{a.hbm_bytes / 2**30:.0f}", f"{a.hbm_bandwidth / 1e9:.0f}", f"{a.price_usd_per_hour:.2f}",
+                 a.description) for a in accs]
+        print(_fmt_table(rows, ("accelerator", "bf16 TFLOP/s", "HBM GiB", "HBM GB/s", "USD/h", "description")))
+        nodes = [load_node(n) for n in available("nodes")]
+        rows = [(n.name, n.accelerator, n.devices_per_node, n.scaleup.name, f"{n.nics}x{n.nic_bandwidth * 8 / 1e9:.0f}G",
+                 n.network) for n in nodes]
+        print()
+        print(_fmt_table(rows, ("node", "accelerator", "devices", "scale-up", "NICs", "network")))
+        return 0
+    from .model import available_presets, load_preset
+
+    rows = []
+    for name in available_presets():
+        m = load_preset(name)
+        rows.append((name, f"{m.params() / 1e9:.2f}", m.layers, m.hidden, f"{m.heads}/{m.kv_heads}", m.ffn_hidden,
+                     m.vocab, m.seq_len, m.activation))
+    print(_fmt_table(rows, ("preset", "params B", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq", "act")))
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "evaluate":
+            return cmd_evaluate(args)
+        if args.command == "validate":
+            return cmd_validate(args)
+        return cmd_list(args)
+    except InputError as exc:
+        print(f"llmsim: error: {exc}", file=sys.stderr)
+        return 2
+    except RecursionError:
+        print("llmsim: error: scenario: too deeply nested", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Collective communication times: alpha-beta model per link, ring / tree, hierarchical.
+
+Bus-bandwidth convention of nccl-tests (NVIDIA, doc/PERFORMANCE.md): a ring all-reduce
+of S bytes over n ranks moves 2(n-1)/n·S per rank, all-gather and reduce-scatter
+(n-1)/n·S (S = the full, gathered size), so time = factor·S / busbw. The profile's link
+efficiency is the measured busbw divided by the line rate. Latency: alpha per step,
+2(n-1) steps for a ring all-reduce, 2·log2(n) for a (double binary) tree.
+
+Placement: ranks are laid out innermost-first in `rank_order` (default tp-cp-dp-pp), so a
+group of dimension X has its members `stride` ranks apart, stride being the product of
+the dimensions inside X. Members inside one scale-up domain (NVLink / ICI island) use
+scale-up links; a group spanning domains runs hierarchically: reduce-scatter inside the
+domain, all-reduce of the 1/g shard across domains over each device's share of the NICs,
+all-gather inside the domain (the algorithm NCCL's tree and CollNet variants follow).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .hardware import Cluster, Link
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A group of `size` ranks: `local` of them per scale-up domain, spread over `domains`."""
+
+    size: object
+    local: object
+    domains: object
+
+
+def placement(sizes: dict, dims, order: str, domain: int) -> Placement:
+    """Where the members of one group sit. `dims` is a dimension ("tp") or adjacent dimensions
+    (("cp", "dp")) forming one group; `sizes` gives every dimension's size."""
+    dims = (dims,) if isinstance(dims, str) else tuple(dims)
+    names = order.split("-")
+    first = min(names.index(d) for d in dims)
+    stride, n = 1, 1
+    for name in names[:first]:
+        stride = stride * sizes[name]
+    for d in dims:
+        n = n * sizes[d]
+    per_domain = np.where(np.asarray(stride) <= domain, np.maximum(1, domain // np.asarray(stride)), 1)
+    local = np.minimum(n, per_domain)
+    return Placement(size=n, local=local, domains=np.ceil(n / local))
+
+
+def _ring(kind: str, nbytes, n, link: Link):
+    n = np.asarray(n, dtype=float)
+    factor = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0}[kind]
+    steps = factor * (n - 1)
+    t = steps * link.latency_s + factor * (n - 1) / np.maximum(n, 1) * nbytes / link.bus_bandwidth
+    return np.where(n > 1, t, 0.0)
+
+
+def _tree_all_reduce(nbytes, n, link: Link):
+    n = np.asarray(n, dtype=float)
+    t = 2 * np.ceil(np.log2(np.maximum(n, 1))) * link.latency_s + 2 * nbytes / link.bus_bandwidth
+    return np.where(n > 1, t, 0.0)
+
+
+def collective_time(kind: str, nbytes, group: Placement, cluster: Cluster):
+    """Seconds for one collective of `nbytes` (full size) over a placed group.
+
+    kind: all_reduce | all_gather | reduce_scatter | all_to_all.
+    """
+    up, out = cluster.node.scaleup, cluster.scaleout
+    g, k = group.local, group.domains
+    if kind == "all_reduce":
+        flat_up = np.minimum(_ring(kind, nbytes, g, up), _tree_all_reduce(nbytes, g, up))
+        across = np.minimum(_ring(kind, nbytes / g, k, out), _tree_all_reduce(nbytes / g, k, out))
+        hier = _ring("reduce_scatter", nbytes, g, up) + across + _ring("all_gather", nbytes, g, up)
+    else:
+        flat_up = _ring(kind, nbytes, g, up)
+        hier = _ring(kind, nbytes, g, up) + _ring(kind, nbytes / g, k, out)
+    return np.where(k > 1, hier, flat_up)
+
+
+def send_recv_time(nbytes, crosses_domain, cluster: Cluster):
+    """Point-to-point transfer between neighbouring pipeline stages."""
+    up, out = cluster.node.scaleup, cluster.scaleout
+    t_up = up.latency_s + nbytes / up.bus_bandwidth
+    t_out = out.latency_s + nbytes / out.bus_bandwidth
+    return np.where(crosses_domain, t_out, t_up)

@@ -1,0 +1,20 @@
+"""Input errors: one line naming the field, the value and what is allowed.
+
+The CLI turns an InputError into exit code 2 with its message and no traceback.
+An infeasible plan is not an error: it is a Result with feasible=False.
+"""
+
+from __future__ import annotations
+
+
+class InputError(ValueError):
+    """A bad input: `field` got `value`, and `allowed` says what would do."""
+
+    def __init__(self, field: str, value, allowed: str):
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        super().__init__(f"{field}: got {shown}; {allowed}")

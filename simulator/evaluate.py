@@ -1,0 +1,41 @@
+"""evaluate(scenario) -> Result: memory, step time, throughput and cost of one plan."""
+
+from __future__ import annotations
+
+from .analytic import step_breakdown
+from .memory import layer_activation_bytes, memory_by_stage
+from .result import Result
+from .scenario import Scenario
+from .workload import model_flops_per_sequence, recompute_flops_per_sequence
+
+GIB = 2**30
+
+
+def evaluate(scenario: Scenario, engine: str = "analytic") -> Result:
+    """Predict one training step of `scenario`. An out-of-memory plan is feasible=False with a reason."""
+    model, plan, cluster = scenario.model, scenario.plan, scenario.cluster
+    stages = memory_by_stage(model, plan, cluster)
+    peak = max(stages, key=lambda s: s.total)
+    capacity = cluster.accelerator.hbm_bytes
+    feasible = peak.total <= capacity
+    reason = ""
+    if not feasible:
+        parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in peak.as_dict().items())
+        reason = (f"out of memory: pipeline stage {peak.stage} needs {peak.total / GIB:.1f} GiB "
+                  f"({parts}) > {capacity / GIB:.1f} GiB on {cluster.accelerator.name}")
+    act_mb = model.layers / plan.pp * layer_activation_bytes(model, plan)
+    breakdown = step_breakdown(model, plan, cluster, act_mb)
+    step = sum(breakdown.values())
+    seqs = plan.global_batch
+    model_flops = model_flops_per_sequence(model) * seqs
+    hw_flops = model_flops + recompute_flops_per_sequence(model, plan.recompute, plan.flash_attention) * seqs
+    return Result(
+        scenario=scenario.name, feasible=feasible, reason=reason, step_time_s=step,
+        global_batch=plan.global_batch, seq_len=model.seq_len, devices=cluster.devices,
+        model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops,
+        peak_flops_per_device=cluster.accelerator.peak(plan.precision),
+        peak_memory_bytes=peak.total, peak_memory_stage=peak.stage, memory_bytes=peak.as_dict(),
+        memory_by_stage=[s.as_dict() for s in stages], capacity_bytes=capacity, breakdown_s=breakdown,
+        price_usd_per_device_hour=scenario.price_usd_per_device_hour,
+        training_tokens=scenario.training.tokens, engine=engine,
+    )

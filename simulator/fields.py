@@ -1,0 +1,115 @@
+"""Typed field readers for dicts loaded from YAML or JSON.
+
+Every reader names the dotted field in its error. Booleans are never numbers, strings
+are never numbers (PyYAML reads `1e9` as a string: write `1.0e+09`), and NaN, inf and
+absurdly large values are refused.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping
+
+from .errors import InputError
+
+# Larger than any count or size a training plan can have (10^18 devices, tokens or bytes
+# would already be absurd); it keeps overflow and typos out of the physics.
+ABSURD = 1e30
+
+_MISSING = object()
+
+
+def require_mapping(value: Any, field: str) -> Mapping:
+    if not isinstance(value, Mapping):
+        raise InputError(field, value, "expected a mapping of keys to values")
+    return value
+
+
+def reject_unknown(data: Mapping, allowed: Iterable[str], field: str) -> None:
+    allowed = list(allowed)
+    for key in data:
+        if key not in allowed:
+            where = f"{field}.{key}" if field else str(key)
+            raise InputError(where, key, "unknown key; allowed: " + ", ".join(allowed))
+
+
+def _path(field: str, key: str) -> str:
+    return f"{field}.{key}" if field else key
+
+
+def number(data: Mapping, key: str, field: str, default=_MISSING, *, minimum: float = 0.0,
+           strict_min: bool = True, maximum: float = ABSURD) -> float:
+    """A finite real number in (minimum, maximum] (or [minimum, ...] when not strict)."""
+    path = _path(field, key)
+    if key not in data or data[key] is None:
+        if default is _MISSING:
+            raise InputError(path, None, "required number is missing")
+        return default
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(path, value, "expected a number (write 1.0e+09, not 1e9)")
+    value = float(value)
+    if not math.isfinite(value):
+        raise InputError(path, value, "expected a finite number")
+    low_ok = value > minimum if strict_min else value >= minimum
+    if not low_ok or value > maximum:
+        bound = ">" if strict_min else ">="
+        raise InputError(path, data[key], f"expected a number {bound} {minimum:g} and <= {maximum:g}")
+    return value
+
+
+def integer(data: Mapping, key: str, field: str, default=_MISSING, *, minimum: int = 1,
+            maximum: int = 10**12) -> int:
+    """An integer in [minimum, maximum]; 8.0 is accepted as 8, 8.5 is not."""
+    path = _path(field, key)
+    if key not in data or data[key] is None:
+        if default is _MISSING:
+            raise InputError(path, None, "required integer is missing")
+        return default
+    value = data[key]
+    if isinstance(value, bool):
+        raise InputError(path, value, "expected an integer")
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int):
+        raise InputError(path, value, "expected an integer")
+    if value < minimum or value > maximum:
+        raise InputError(path, value, f"expected an integer from {minimum} to {maximum}")
+    return value
+
+
+def boolean(data: Mapping, key: str, field: str, default=_MISSING) -> bool:
+    path = _path(field, key)
+    if key not in data or data[key] is None:
+        if default is _MISSING:
+            raise InputError(path, None, "required true/false is missing")
+        return default
+    value = data[key]
+    if not isinstance(value, bool):
+        raise InputError(path, value, "expected true or false")
+    return value
+
+
+def choice(data: Mapping, key: str, field: str, options: Iterable[str], default=_MISSING) -> str:
+    path = _path(field, key)
+    options = list(options)
+    if key not in data or data[key] is None:
+        if default is _MISSING:
+            raise InputError(path, None, "required; one of " + ", ".join(options))
+        return default
+    value = data[key]
+    if not isinstance(value, str) or value not in options:
+        raise InputError(path, value, "expected one of " + ", ".join(options))
+    return value
+
+
+def text(data: Mapping, key: str, field: str, default=_MISSING) -> str:
+    path = _path(field, key)
+    if key not in data or data[key] is None:
+        if default is _MISSING:
+            raise InputError(path, None, "required text is missing")
+        return default
+    value = data[key]
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(path, value, "expected non-empty text")
+    return value

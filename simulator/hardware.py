@@ -1,0 +1,321 @@
+"""Accelerator, node, network and cluster profiles: load and validate YAML.
+
+Profiles live in hardware_profiles/{accelerators,nodes,networks}/NAME.yaml (schema in
+hardware_profiles/README.md). Everything is converted to SI units here: FLOP/s, bytes,
+bytes/s, seconds. Efficiency factors come from the profile, never from code.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Mapping
+
+from . import fields as F
+from .errors import InputError
+from .yamlio import load_yaml
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+GIB = 2**30
+GB = 1e9
+TERA = 1e12
+
+
+def profiles_dir() -> Path:
+    """The hardware_profiles folder: $LLMSIM_PROFILES or the one beside the package."""
+    env = os.environ.get("LLMSIM_PROFILES")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "hardware_profiles"
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achievable fraction of a peak as a saturating curve of the operation size.
+
+    eff(x) = max * x / (x + half): small kernels cannot fill the device (launch and
+    tail effects), large ones approach `max`. half = 0 gives a constant.
+    """
+
+    max: float
+    half: float
+
+    def at(self, size):
+        return self.max * size / (size + self.half)
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str
+    description: str
+    peak_flops: Mapping[str, float]  # precision -> dense FLOP/s
+    hbm_bytes: float
+    hbm_bandwidth: float  # B/s
+    host_link_bandwidth: float  # B/s, one direction
+    tdp_w: float
+    price_usd_per_hour: float
+    framework_overhead_bytes: float
+    matmul: Efficiency
+    attention: Efficiency
+    memory: Efficiency
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def peak(self, precision: str) -> float:
+        if precision not in self.peak_flops:
+            supported = ", ".join(p for p in PRECISIONS if p in self.peak_flops)
+            raise InputError("plan.precision", precision, f"{self.name} supports {supported}")
+        return self.peak_flops[precision]
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link class for collectives: per-device one-direction bandwidth, latency, efficiency."""
+
+    name: str
+    bandwidth: float  # B/s per device, one direction, line rate
+    latency_s: float  # per collective step
+    efficiency: float  # achieved bus bandwidth / line rate
+
+    @property
+    def bus_bandwidth(self) -> float:
+        return self.bandwidth * self.efficiency
+
+
+@dataclass(frozen=True)
+class Network:
+    name: str
+    description: str
+    latency_s: float
+    efficiency: float
+    oversubscription: float
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    description: str
+    accelerator: str
+    devices_per_node: int
+    scaleup: Link
+    scaleup_domain: int
+    network: str
+    nics: int
+    nic_bandwidth: float  # B/s per NIC, one direction
+    host_memory_bytes: float
+    nvme_read_bandwidth: float
+    nvme_write_bandwidth: float
+    host_adam_params_per_s: float
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """`nodes` x `devices_per_node` accelerators joined by scale-up links and a network."""
+
+    accelerator: Accelerator
+    node: Node
+    network: Network
+    nodes: int
+    devices_per_node: int
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    @property
+    def scaleup_domain(self) -> int:
+        """Devices that reach each other over scale-up links (NVLink, ICI, xGMI)."""
+        return max(self.devices_per_node, min(self.node.scaleup_domain, self.devices))
+
+    @property
+    def scaleout(self) -> Link:
+        """Each device's share of its node's NICs across the network."""
+        per_device = self.node.nics * self.node.nic_bandwidth / self.devices_per_node
+        return Link(self.network.name, per_device / self.network.oversubscription,
+                    self.network.latency_s, self.network.efficiency)
+
+
+# --------------------------------------------------------------------------- loading
+
+def _sources(data: Mapping, where: str) -> dict:
+    src = data.get("sources")
+    if not isinstance(src, Mapping) or not src:
+        raise InputError(f"{where}.sources", src, "every profile needs a sources map")
+    return {str(k): str(v) for k, v in src.items()}
+
+
+def _efficiency(data: Mapping, key: str, where: str, size_key: str) -> Efficiency:
+    d = F.require_mapping(data.get(key), f"{where}.{key}")
+    F.reject_unknown(d, ("max", size_key), f"{where}.{key}")
+    return Efficiency(max=F.number(d, "max", f"{where}.{key}", maximum=1.0),
+                      half=F.number(d, size_key, f"{where}.{key}", minimum=0.0, strict_min=False))
+
+
+ACCELERATOR_KEYS = ("name", "description", "vendor", "peak_tflops", "memory_gib", "memory_bandwidth_gbs",
+                    "host_link", "host_link_gbs", "tdp_w", "price_usd_per_hour", "framework_overhead_gib",
+                    "efficiency", "sources", "calibration")
+
+
+def accelerator_from_dict(data, where: str) -> Accelerator:
+    data = F.require_mapping(data, where)
+    F.reject_unknown(data, ACCELERATOR_KEYS, where)
+    peaks = F.require_mapping(data.get("peak_tflops"), f"{where}.peak_tflops")
+    F.reject_unknown(peaks, PRECISIONS, f"{where}.peak_tflops")
+    peak_flops = {p: F.number(peaks, p, f"{where}.peak_tflops") * TERA for p in PRECISIONS if peaks.get(p) is not None}
+    if not peak_flops:
+        raise InputError(f"{where}.peak_tflops", dict(peaks), "at least one precision is needed")
+    eff = F.require_mapping(data.get("efficiency"), f"{where}.efficiency")
+    F.reject_unknown(eff, ("matmul", "attention", "memory"), f"{where}.efficiency")
+    return Accelerator(
+        name=F.text(data, "name", where),
+        description=F.text(data, "description", where, ""),
+        peak_flops=peak_flops,
+        hbm_bytes=F.number(data, "memory_gib", where) * GIB,
+        hbm_bandwidth=F.number(data, "memory_bandwidth_gbs", where) * GB,
+        host_link_bandwidth=F.number(data, "host_link_gbs", where) * GB,
+        tdp_w=F.number(data, "tdp_w", where),
+        price_usd_per_hour=F.number(data, "price_usd_per_hour", where, minimum=0.0, strict_min=False),
+        framework_overhead_bytes=F.number(data, "framework_overhead_gib", where, minimum=0.0, strict_min=False) * GIB,
+        matmul=_efficiency(eff, "matmul", f"{where}.efficiency", "half_flops"),
+        attention=_efficiency(eff, "attention", f"{where}.efficiency", "half_flops"),
+        memory=_efficiency(eff, "memory", f"{where}.efficiency", "half_bytes"),
+        sources=_sources(data, where),
+    )
+
+
+def _link(data: Mapping, where: str) -> tuple[Link, int]:
+    d = F.require_mapping(data, where)
+    F.reject_unknown(d, ("name", "bandwidth_gbs", "domain_devices", "latency_us", "efficiency"), where)
+    link = Link(name=F.text(d, "name", where, "scale-up"),
+                bandwidth=F.number(d, "bandwidth_gbs", where) * GB,
+                latency_s=F.number(d, "latency_us", where, minimum=0.0, strict_min=False) * 1e-6,
+                efficiency=F.number(d, "efficiency", where, maximum=1.0))
+    return link, F.integer(d, "domain_devices", where, 1)
+
+
+NODE_KEYS = ("name", "description", "accelerator", "devices_per_node", "scaleup", "network", "nics", "nic_gbps",
+             "host_memory_gib", "nvme_read_gbs", "nvme_write_gbs", "host_adam_params_per_s", "sources")
+
+
+def node_from_dict(data, where: str) -> Node:
+    data = F.require_mapping(data, where)
+    F.reject_unknown(data, NODE_KEYS, where)
+    scaleup, domain = _link(data.get("scaleup"), f"{where}.scaleup")
+    devices = F.integer(data, "devices_per_node", where, maximum=4096)
+    return Node(
+        name=F.text(data, "name", where),
+        description=F.text(data, "description", where, ""),
+        accelerator=F.text(data, "accelerator", where),
+        devices_per_node=devices,
+        scaleup=scaleup,
+        scaleup_domain=max(domain, devices),
+        network=F.text(data, "network", where),
+        nics=F.integer(data, "nics", where, maximum=4096),
+        nic_bandwidth=F.number(data, "nic_gbps", where) * GB / 8,
+        host_memory_bytes=F.number(data, "host_memory_gib", where) * GIB,
+        nvme_read_bandwidth=F.number(data, "nvme_read_gbs", where) * GB,
+        nvme_write_bandwidth=F.number(data, "nvme_write_gbs", where) * GB,
+        host_adam_params_per_s=F.number(data, "host_adam_params_per_s", where),
+        sources=_sources(data, where),
+    )
+
+
+NETWORK_KEYS = ("name", "description", "latency_us", "efficiency", "oversubscription", "sources")
+
+
+def network_from_dict(data, where: str, need_sources: bool = True) -> Network:
+    data = F.require_mapping(data, where)
+    F.reject_unknown(data, NETWORK_KEYS, where)
+    return Network(
+        name=F.text(data, "name", where, "custom"),
+        description=F.text(data, "description", where, ""),
+        latency_s=F.number(data, "latency_us", where, minimum=0.0, strict_min=False) * 1e-6,
+        efficiency=F.number(data, "efficiency", where, maximum=1.0),
+        oversubscription=F.number(data, "oversubscription", where, 1.0, minimum=1.0, strict_min=False, maximum=1e3),
+        sources=_sources(data, where) if need_sources else dict(data.get("sources") or {}),
+    )
+
+
+_KINDS = {"accelerators": accelerator_from_dict, "nodes": node_from_dict, "networks": network_from_dict}
+
+
+def available(kind: str) -> list[str]:
+    folder = profiles_dir() / kind
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+@lru_cache(maxsize=None)
+def _load(kind: str, name: str, root: str):
+    path = Path(root) / kind / f"{name}.yaml"
+    if not path.is_file():
+        singular = kind[:-1]
+        raise InputError(f"cluster.{'node' if singular == 'node' else singular}", name,
+                         "known: " + ", ".join(available(kind)))
+    where = f"{kind}/{name}.yaml"
+    profile = _KINDS[kind](load_yaml(path, where), where)
+    if profile.name != name:
+        raise InputError(f"{where}.name", profile.name, f"must equal the file name {name!r}")
+    return profile
+
+
+def _by_name_or_path(kind: str, ref: str):
+    """A profile by name (hardware_profiles/KIND/NAME.yaml) or by a path to a YAML file."""
+    if ref.endswith((".yaml", ".yml")) or os.sep in ref:
+        where = ref
+        return _KINDS[kind](load_yaml(ref, where), where)
+    return _load(kind, ref, str(profiles_dir()))
+
+
+def load_accelerator(ref: str) -> Accelerator:
+    return _by_name_or_path("accelerators", ref)
+
+
+def load_node(ref: str) -> Node:
+    return _by_name_or_path("nodes", ref)
+
+
+def load_network(ref: str) -> Network:
+    return _by_name_or_path("networks", ref)
+
+
+CLUSTER_KEYS = ("accelerator", "nodes", "devices_per_node", "node", "network", "price_usd_per_device_hour")
+
+
+def cluster_from_dict(data) -> Cluster:
+    """The scenario's `cluster` section: node profile, optional accelerator/network override."""
+    data = F.require_mapping(data, "cluster")
+    F.reject_unknown(data, CLUSTER_KEYS, "cluster")
+    if data.get("node") is None and data.get("accelerator") is None:
+        raise InputError("cluster.node", None, "give a node profile (e.g. dgx-a100) or an accelerator")
+    node_ref = data.get("node")
+    if node_ref is None:
+        node = _default_node_for(F.text(data, "accelerator", "cluster"))
+    else:
+        node = load_node(F.text(data, "node", "cluster"))
+    acc_name = F.text(data, "accelerator", "cluster", node.accelerator)
+    accelerator = load_accelerator(acc_name)
+    net = data.get("network")
+    if isinstance(net, Mapping):
+        network = network_from_dict(net, "cluster.network", need_sources=False)
+    else:
+        network = load_network(F.text(data, "network", "cluster", node.network))
+    per_node = F.integer(data, "devices_per_node", "cluster", node.devices_per_node, maximum=4096)
+    nodes = F.integer(data, "nodes", "cluster", 1, maximum=10**7)
+    price = data.get("price_usd_per_device_hour")
+    if price is not None:
+        accelerator = replace(accelerator, price_usd_per_hour=F.number(
+            data, "price_usd_per_device_hour", "cluster", minimum=0.0, strict_min=False))
+    if per_node != node.devices_per_node:
+        node = replace(node, devices_per_node=per_node, scaleup_domain=max(per_node, node.scaleup_domain))
+    return Cluster(accelerator=accelerator, node=node, network=network, nodes=nodes, devices_per_node=per_node)
+
+
+def _default_node_for(accelerator: str) -> Node:
+    """The first node profile whose default accelerator is `accelerator`."""
+    for name in available("nodes"):
+        node = load_node(name)
+        if node.accelerator == accelerator:
+            return node
+    raise InputError("cluster.node", None, f"no node profile uses {accelerator!r}; name one of "
+                     + ", ".join(available("nodes")))

@@ -1,0 +1,185 @@
+"""Per-device memory: weights, gradients, optimizer states, activations, other.
+
+- Model states (Rajbhandari et al. 2020, ZeRO): mixed-precision Adam keeps 16-bit
+  weights (2 B), gradients (2 B in DeepSpeed; 4 B fp32 "main grads" in Megatron-LM, the
+  default here, `plan.grad_precision`), and fp32 master weights, momentum and variance
+  (12 B): 16 B/param with 16-bit gradients, 18 B with fp32 ones. Pure fp32 training keeps
+  4 + 4 + 8. ZeRO stage 1 shards the optimizer states over the data-parallel group,
+  stage 2 also the gradients, stage 3 also the weights. Megatron-LM replicates weights
+  over context-parallel ranks too, so the sharding group is dp·cp.
+- Activations: the saved tensors of the workload's operators (workload.py; Korthikanti
+  et al. 2022) times the micro-batches each pipeline stage holds in flight: all m for
+  GPipe, p - i for stage i in 1F1B and ZB-H1, and for interleaved 1F1B the warm-up
+  count of Megatron-LM's schedule, 2(p - i - 1) + (v - 1)p + 1 model chunks of L/(pv)
+  layers, which for stage 0 is Korthikanti's factor (1 + (p-1)/(pv)) on p micro-batches.
+  Full recomputation keeps only each layer's input and rebuilds one layer at a time.
+- Other: the framework's reserve (a profile parameter) and communication buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .hardware import Cluster
+from .model import ModelSpec
+from .plan import Plan
+from .workload import ATTENTION_CORE, Shard, embedding_ops, head_ops, layer_ops
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    stage: int
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    other: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.other
+
+    def as_dict(self) -> dict:
+        return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
+                "activations": self.activations, "other": self.other}
+
+
+def weight_bytes_per_param(precision: str) -> float:
+    """16-bit weights for mixed precision; fp8 training (Transformer Engine) adds an fp8 copy."""
+    return {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 3.0}[precision]
+
+
+def grad_bytes_per_param(plan: Plan) -> float:
+    if plan.precision in ("fp32", "tf32"):
+        return 4.0
+    return 4.0 if plan.grad_precision == "fp32" else 2.0
+
+
+def optimizer_bytes_per_param(precision: str) -> float:
+    """Adam: fp32 momentum and variance, plus an fp32 master copy under mixed precision."""
+    return 8.0 if precision in ("fp32", "tf32") else 12.0
+
+
+def layer_params_local(model: ModelSpec, tp) -> float:
+    """Parameters of one layer held by one TP rank (Megatron column/row-parallel split).
+
+    Matrices and column-parallel biases are split t ways; norms and the row-parallel
+    biases are replicated; KV projections are replicated when tp > kv_heads.
+    """
+    h, f, d = model.hidden, model.ffn_hidden, model.head_dim
+    kv_local = np.maximum(model.kv_heads / tp, 1.0) * d
+    attn = h * (h / tp + 2 * kv_local) + h * h / tp
+    mlp = model.mlp_matrices * h * f / tp
+    norm = 2 * (2 * h if model.norm == "layernorm" and model.bias else h)
+    bias = (h / tp + 2 * kv_local + (model.mlp_matrices - 1) * f / tp + 2 * h) if model.bias else 0.0
+    return attn + mlp + norm + bias
+
+
+def stage_params(model: ModelSpec, plan: Plan, stage: int) -> float:
+    """Parameters held by one device of pipeline stage `stage` (before ZeRO sharding)."""
+    p, t = plan.pp, plan.tp
+    params = model.layers / p * layer_params_local(model, t)
+    if stage == 0:
+        pos = model.seq_len * model.hidden if model.position_embedding == "learned" else 0
+        params = params + model.vocab * model.hidden / t + pos
+    if stage == p - 1:
+        params = params + model.final_norm_params()
+        # Megatron keeps a copy of tied word embeddings on the last stage when pp > 1.
+        if not model.tied_embeddings or p > 1:
+            params = params + model.vocab * model.hidden / t
+    return params
+
+
+def model_state_bytes(params, plan: Plan) -> tuple:
+    """(weights, gradients, optimizer) bytes on a device holding `params` before sharding."""
+    shard = plan.dp * plan.cp
+    z = plan.zero_stage
+    w = params * weight_bytes_per_param(plan.precision)
+    g = params * grad_bytes_per_param(plan)
+    o = params * optimizer_bytes_per_param(plan.precision)
+    if z >= 1:
+        o = o / shard
+    if z >= 2:
+        g = g / shard
+    if z >= 3:
+        w = w / shard
+    if plan.offload.optimizer != "none":
+        o = 0.0 * o
+        if z >= 2:  # ZeRO-Offload moves the partitioned gradients to the host as well
+            g = 0.0 * g
+    if plan.offload.params != "none":
+        w = 0.0 * w
+    return w, g, o
+
+
+def in_flight(plan: Plan, stage: int):
+    """Micro-batches (in units of L/p layers) whose activations stage `stage` holds at its peak."""
+    p, m = plan.pp, plan.microbatches
+    if p == 1 or plan.schedule == "gpipe":
+        return m if plan.schedule == "gpipe" else 1
+    if plan.schedule == "interleaved":
+        v = plan.vpp
+        chunks = np.minimum(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
+        return chunks / v
+    return np.minimum(p - stage, m)
+
+
+def _shard(plan: Plan, model: ModelSpec) -> Shard:
+    return Shard(micro_batch=plan.micro_batch, tp=plan.tp, cp=plan.cp, sp=plan.sp,
+                 flash_attention=plan.flash_attention, act_bytes=4 if plan.precision in ("fp32", "tf32") else 2)
+
+
+def layer_activation_bytes(model: ModelSpec, plan: Plan, recompute: str | None = None):
+    """Bytes one layer keeps for the backward pass of one micro-batch, under a recompute mode."""
+    recompute = plan.recompute if recompute is None else recompute
+    shard = _shard(plan, model)
+    ops = layer_ops(model, shard)
+    if recompute == "full":
+        tokens = plan.micro_batch * model.seq_len / plan.cp
+        rep = tokens / plan.tp if plan.sp else tokens
+        return shard.act_bytes * rep * model.hidden
+    if recompute == "selective" and not plan.flash_attention:
+        return sum(op.saved_bytes for op in ops if op.group != ATTENTION_CORE)
+    return sum(op.saved_bytes for op in ops)
+
+
+def activation_bytes(model: ModelSpec, plan: Plan, stage: int):
+    shard = _shard(plan, model)
+    flight = in_flight(plan, stage)
+    if plan.offload.activations != "none":
+        flight = np.minimum(flight, 2)  # current micro-batch plus one being copied
+    acts = model.layers / plan.pp * layer_activation_bytes(model, plan) * flight
+    if plan.recompute == "full":
+        acts = acts + layer_activation_bytes(model, plan, "none")  # one layer rebuilt at a time
+    if stage == 0:
+        acts = acts + sum(op.saved_bytes for op in embedding_ops(model, shard)) * np.ceil(flight)
+    if stage == plan.pp - 1:
+        acts = acts + sum(op.saved_bytes for op in head_ops(model, shard))
+    return acts
+
+
+def buffer_bytes(model: ModelSpec, plan: Plan, cluster: Cluster):
+    """Framework reserve plus communication and gather buffers."""
+    other = cluster.accelerator.framework_overhead_bytes
+    layer = layer_params_local(model, plan.tp)
+    if plan.zero_stage >= 3 or plan.offload.params != "none":
+        # FSDP/ZeRO-3 gather one layer's weights and prefetch the next.
+        other = other + 2 * layer * weight_bytes_per_param(plan.precision)
+    if plan.zero_stage >= 2 or plan.offload.optimizer != "none":
+        # a layer's unsharded gradients wait for their reduce-scatter
+        other = other + layer * grad_bytes_per_param(plan)
+    return other
+
+
+def stage_memory(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int) -> StageMemory:
+    w, g, o = model_state_bytes(stage_params(model, plan, stage), plan)
+    return StageMemory(stage=stage, weights=float(w), gradients=float(g), optimizer=float(o),
+                       activations=float(activation_bytes(model, plan, stage)),
+                       other=float(buffer_bytes(model, plan, cluster)))
+
+
+def memory_by_stage(model: ModelSpec, plan: Plan, cluster: Cluster) -> list[StageMemory]:
+    """Memory of every pipeline stage's devices (DP and TP ranks of a stage are alike)."""
+    return [stage_memory(model, plan, cluster, i) for i in range(plan.pp)]

@@ -1,0 +1,94 @@
+"""Scenario: model + cluster + plan (+ training), read from YAML or a dict and validated."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import fields as F
+from .errors import InputError
+from .hardware import Cluster, cluster_from_dict
+from .model import ModelSpec, model_from_dict
+from .plan import Plan, plan_from_dict, validate
+from .yamlio import load_yaml
+
+SECTIONS = ("name", "description", "model", "cluster", "plan", "training")
+TRAINING_KEYS = ("tokens", "price_usd_per_device_hour")
+
+
+@dataclass(frozen=True)
+class Training:
+    tokens: float | None = None  # tokens to train on, for time- and cost-to-train
+    price_usd_per_device_hour: float | None = None  # overrides the accelerator profile's price
+
+
+@dataclass(frozen=True)
+class Scenario:
+    model: ModelSpec
+    cluster: Cluster
+    plan: Plan
+    training: Training = Training()
+    name: str = ""
+
+    @property
+    def price_usd_per_device_hour(self) -> float:
+        if self.training.price_usd_per_device_hour is not None:
+            return self.training.price_usd_per_device_hour
+        return self.cluster.accelerator.price_usd_per_hour
+
+
+def _training(data) -> Training:
+    data = F.require_mapping(data or {}, "training")
+    F.reject_unknown(data, TRAINING_KEYS, "training")
+    tokens = F.number(data, "tokens", "training", None)
+    price = F.number(data, "price_usd_per_device_hour", "training", None, minimum=0.0, strict_min=False)
+    return Training(tokens=tokens, price_usd_per_device_hour=price)
+
+
+def scenario_from_dict(data: Any) -> Scenario:
+    """Validate a scenario mapping; raises InputError naming the first bad field."""
+    if data is None:
+        raise InputError("scenario", None, "the scenario is empty; expected model, cluster and plan sections")
+    data = F.require_mapping(data, "scenario")
+    F.reject_unknown(data, SECTIONS, "")
+    for section in ("model", "cluster", "plan"):
+        if data.get(section) is None:
+            raise InputError(section, None, f"the {section} section is required")
+    model = model_from_dict(data["model"])
+    cluster = cluster_from_dict(data["cluster"])
+    plan = plan_from_dict(data["plan"], devices=cluster.devices)
+    validate(plan, model, cluster)
+    name = data.get("name") or ""
+    return Scenario(model=model, cluster=cluster, plan=plan, training=_training(data.get("training")),
+                    name=str(name))
+
+
+def read_scenario(path: str | Path) -> dict:
+    """The raw mapping of a scenario file (before overrides and validation)."""
+    raw = load_yaml(path, "scenario")
+    if raw is None:
+        raise InputError("scenario", str(path), "the file is empty; expected model, cluster and plan sections")
+    return dict(F.require_mapping(raw, "scenario"))
+
+
+def apply_overrides(data: Mapping, overrides: Mapping[str, Any]) -> dict:
+    """Set dotted fields (`plan.tp`, `cluster.nodes`) on a copy of a scenario mapping."""
+    out = copy.deepcopy(dict(data))
+    for dotted, value in overrides.items():
+        parts = dotted.split(".")
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise InputError(".".join(parts[: i + 1]), child, "expected a mapping to set " + dotted)
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Scenario:
+    return scenario_from_dict(apply_overrides(read_scenario(path), overrides or {}))
