@@ -121,8 +121,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         flash_attention=F.boolean(data, "flash_attention", "plan", True),
         dp_overlap=F.boolean(data, "dp_overlap", "plan", True),
         tp_comm_overlap=F.boolean(data, "tp_comm_overlap", "plan", False),
-        grad_precision=F.choice(data, "grad_precision", "plan", GRAD_PRECISIONS,
-                                "fp32" if precision in ("fp32", "tf32") else "fp32"),
+        grad_precision=F.choice(data, "grad_precision", "plan", GRAD_PRECISIONS, "fp32"),
         rank_order=order,
     )
 
@@ -156,8 +155,6 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     if plan.schedule == "interleaved" and m % plan.pp:
         raise InputError("plan.global_batch", plan.global_batch, f"interleaved needs micro-batches per replica "
                          f"({m}) to be a multiple of pp={plan.pp}")
-    if plan.zero_stage > 0 and plan.dp == 1:
-        pass  # ZeRO over one replica shards nothing; allowed, it is a no-op
     off = plan.offload
     if off.optimizer != "none" and plan.zero_stage < 1:
         raise InputError("plan.offload.optimizer", off.optimizer, "optimizer offload (ZeRO-Offload) needs zero_stage >= 1")
