@@ -105,18 +105,22 @@ class StageCost:
 
 
 def _tp_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, g: Groups, act_bytes: int):
-    """Exposed TP communication of one layer: forward, backward (per micro-batch).
+    """TP communication of one layer per micro-batch: (forward, backward) seconds.
 
     Two all-reduces of the b·s·h activation per layer in the forward pass and two in the
-    backward pass (Shoeybi et al. 2019, Megatron-LM); with sequence parallelism each
-    becomes an all-gather plus a reduce-scatter of the same volume (Korthikanti 2022).
+    backward pass (Shoeybi et al. 2019, Megatron-LM). With sequence parallelism each
+    becomes an all-gather plus a reduce-scatter of the same volume (Korthikanti 2022), and
+    the backward pass all-gathers the sequence-sharded input of the two column-parallel
+    GEMMs again for their weight gradients (Megatron-LM
+    LinearWithGradAccumulationAndAsyncCommunication.backward).
     """
     nbytes = act_bytes * plan.micro_batch * model.seq_len / plan.cp * model.hidden
     if plan.sp:
-        one = collective_time("all_gather", nbytes, g.tp, cluster) + collective_time("reduce_scatter", nbytes, g.tp, cluster)
-    else:
-        one = collective_time("all_reduce", nbytes, g.tp, cluster)
-    return 2 * one
+        gather = collective_time("all_gather", nbytes, g.tp, cluster)
+        fwd = 2 * (gather + collective_time("reduce_scatter", nbytes, g.tp, cluster))
+        return fwd, fwd + 2 * gather
+    fwd = 2 * collective_time("all_reduce", nbytes, g.tp, cluster)
+    return fwd, fwd
 
 
 def _cp_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, g: Groups, act_bytes: int):
@@ -145,11 +149,11 @@ def stage_cost(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int, g: Gr
         e = ops_cost(extra, cluster, plan.precision, plan.flash_attention)
         fwd, bin_, bw = fwd + e.fwd, bin_ + e.bwd_input, bw + e.bwd_weight
 
-    tp_one = _tp_layer_comm(model, plan, cluster, g, shard.act_bytes) if plan.tp > 1 else 0.0
-    tp_fwd = tp_bwd = tp_one
+    tp_one, tp_back = _tp_layer_comm(model, plan, cluster, g, shard.act_bytes) if plan.tp > 1 else (0.0, 0.0)
+    tp_fwd, tp_bwd = tp_one, tp_back
     if plan.tp_comm_overlap:
         tp_fwd = np.maximum(0.0, tp_one - layer.matmul_fwd)
-        tp_bwd = np.maximum(0.0, tp_one - layer.bwd)
+        tp_bwd = np.maximum(0.0, tp_back - layer.bwd)
     cp_fwd, cp_bwd = _cp_layer_comm(model, plan, cluster, g, shard.act_bytes) if plan.cp > 1 else (0.0, 0.0)
     cp_fwd = np.maximum(0.0, cp_fwd - layer.attention_fwd)
     cp_bwd = np.maximum(0.0, cp_bwd - layer.attention_bwd)
