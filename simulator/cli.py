@@ -73,6 +73,9 @@ def _overrides(args) -> dict:
     return out
 
 
+ENGINES = ("analytic", "graph")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="llmsim", description="Analytical performance simulator for LLM training plans.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -87,6 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--published", action="store_true", help="reproduce the published runs (scenarios/published)")
     va.add_argument("--json", action="store_true")
     va.add_argument("--engine", choices=("analytic",), default="analytic")
+
+    sw = sub.add_parser("sweep", help="evaluate every point of a sweep space into a CSV or Parquet table")
+    sw.add_argument("space", help="space YAML file (base or base_file, sweep, constraints)")
+    sw.add_argument("-o", "--out", required=True, help="results.csv or results.parquet (written incrementally)")
+    sw.add_argument("--workers", type=int, default=None, help="local processes or Dask workers (default: all cores)")
+    sw.add_argument("--dask", default=None, metavar="ADDRESS|local",
+                    help="run on Dask distributed: a scheduler address, or `local` for a LocalCluster")
+    sw.add_argument("--resume", action="store_true", help="keep finished rows of OUT and evaluate only the rest")
+    sw.add_argument("--engine", choices=ENGINES, default="analytic")
+    sw.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
     hw = sub.add_parser("hardware", help="hardware profiles")
     hw.add_argument("what", choices=("list",))
@@ -180,6 +193,20 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from .sweep import sweep
+
+    if args.workers is not None and args.workers < 1:
+        raise InputError("--workers", args.workers, "expected an integer >= 1")
+    df = sweep(args.space, workers=args.workers, dask=args.dask, out=args.out, resume=args.resume,
+               engine=args.engine, progress=not args.no_progress)
+    feasible = int(df["feasible"].fillna(False).sum())
+    invalid = int(df["step_time_s"].isna().sum())
+    print(f"{len(df)} points: {feasible} feasible, {len(df) - feasible - invalid} out of memory, "
+          f"{invalid} invalid -> {args.out}")
+    return 0
+
+
 def cmd_list(args) -> int:
     if args.command == "hardware":
         from .hardware import available, load_accelerator, load_node
@@ -214,6 +241,8 @@ def main(argv=None) -> int:
             return cmd_evaluate(args)
         if args.command == "validate":
             return cmd_validate(args)
+        if args.command in COMMANDS:
+            return COMMANDS[args.command](args)
         return cmd_list(args)
     except InputError as exc:
         print(f"llmsim: error: {exc}", file=sys.stderr)
@@ -222,6 +251,8 @@ def main(argv=None) -> int:
         print("llmsim: error: scenario: too deeply nested", file=sys.stderr)
         return 2
 
+
+COMMANDS = {"sweep": cmd_sweep}
 
 if __name__ == "__main__":
     sys.exit(main())
