@@ -74,6 +74,7 @@ def _overrides(args) -> dict:
 
 
 ENGINES = ("analytic", "graph")
+OBJECTIVE_NAMES = ("throughput", "cost", "time-to-train")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,6 +101,21 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--resume", action="store_true", help="keep finished rows of OUT and evaluate only the rest")
     sw.add_argument("--engine", choices=ENGINES, default="analytic")
     sw.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+    se = sub.add_parser("search", help="enumerate and rank every valid plan for a model, cluster and batch")
+    se.add_argument("--model", required=True, help="model preset, HF config.json, or a YAML file with a model mapping")
+    se.add_argument("--cluster", required=True,
+                    help="node profile (with --nodes), or a YAML file with a cluster mapping")
+    se.add_argument("--nodes", type=int, default=None, help="nodes of the --cluster node profile (default 1)")
+    se.add_argument("--global-batch", type=int, required=True, help="sequences per step")
+    se.add_argument("--objective", choices=tuple(OBJECTIVE_NAMES), default="throughput")
+    se.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
+    se.add_argument("--engine", choices=("auto", "graph", "analytic"), default="auto",
+                    help="engine for the top candidates (auto: graph when installed)")
+    se.add_argument("--precision", default="bf16")
+    se.add_argument("--tokens", type=float, default=None, help="training tokens, for time and cost to train")
+    se.add_argument("--json", action="store_true", help="print the ranked plans as JSON")
+    se.add_argument("-o", "--out", default=None, help="also write the ranked plans to a .csv or .parquet file")
 
     hw = sub.add_parser("hardware", help="hardware profiles")
     hw.add_argument("what", choices=("list",))
@@ -207,6 +223,66 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def _search_model(ref: str) -> dict:
+    from .yamlio import load_yaml
+
+    if ref.endswith(".json"):
+        return {"hf_config": ref}
+    if ref.endswith((".yaml", ".yml")):
+        data = load_yaml(ref, "--model")
+        return data.get("model", data) if isinstance(data, dict) else data
+    return {"preset": ref}
+
+
+def _search_cluster(ref: str, nodes) -> dict:
+    from .yamlio import load_yaml
+
+    if ref.endswith((".yaml", ".yml")):
+        data = load_yaml(ref, "--cluster")
+        data = dict(data.get("cluster", data)) if isinstance(data, dict) else data
+    else:
+        data = {"node": ref}
+    if nodes is not None:
+        data["nodes"] = nodes
+    data.setdefault("nodes", 1)
+    return data
+
+
+def cmd_search(args) -> int:
+    from .scenario import Training
+    from .search import SearchOptions, search
+
+    result = search(_search_model(args.model), _search_cluster(args.cluster, args.nodes), args.global_batch,
+                    objective=args.objective, top=args.top, engine=args.engine,
+                    options=SearchOptions(precision=args.precision), training=Training(tokens=args.tokens))
+    df = result.table
+    if args.out:
+        if args.out.endswith(".csv"):
+            df.to_csv(args.out, index=False)
+        elif args.out.endswith(".parquet"):
+            df.to_parquet(args.out, index=False)
+        else:
+            raise InputError("-o", args.out, "expected a .csv or .parquet file name")
+    if args.json:
+        print(json.dumps({"enumerated": result.enumerated, "valid": result.valid, "feasible": result.feasible,
+                          "ranked_by": result.ranked_by, "seconds": result.seconds, "notes": result.notes,
+                          "plans": json.loads(df.to_json(orient="records"))}, indent=2))
+        return 0
+    print(f"{result.enumerated:,} plans enumerated, {result.valid:,} valid, {result.feasible:,} fit in memory; "
+          f"ranked by {args.objective} ({result.ranked_by}) in {result.seconds:.1f} s")
+    for note in result.notes:
+        print("note: " + note)
+    rows = [(r.rank, r.tp, r.pp, r.dp, r.cp, r.vpp, r.micro_batch, r.schedule, "y" if r.sequence_parallel else "n",
+             r.recompute, r.zero_stage, "/".join(x for x in (r.offload_optimizer, r.offload_params,
+                                                               r.offload_activations)),
+             _human_time(r.step_time_s), f"{r.tokens_per_s:,.0f}", f"{100 * r.mfu:.1f}%",
+             f"{r.peak_memory_gib:.1f}", f"{r.usd_per_million_tokens:.3g}")
+            for r in df.itertuples(index=False)]
+    print(_fmt_table(rows, ("#", "tp", "pp", "dp", "cp", "vpp", "mb", "schedule", "sp", "recompute", "zero",
+                            "offload opt/par/act", "step", "tokens/s", "MFU", "GiB", "$/M tok")))
+    return 0
+
+
 def cmd_list(args) -> int:
     if args.command == "hardware":
         from .hardware import available, load_accelerator, load_node
@@ -252,7 +328,7 @@ def main(argv=None) -> int:
         return 2
 
 
-COMMANDS = {"sweep": cmd_sweep}
+COMMANDS = {"sweep": cmd_sweep, "search": cmd_search}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -74,10 +74,11 @@ def _peak_memory(model: ModelSpec, plan: PlanBatch, cluster: Cluster):
 
 
 def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training: Training = Training(),
-                   price_usd_per_device_hour: float | None = None, name: str = "") -> dict:
+                   price_usd_per_device_hour: float | None = None, name: str = "", reasons: bool = True) -> dict:
     """The Result.to_dict() contract with an array per key (memory_gib_by_stage empty).
 
-    Plans must be valid (plan.validate); out-of-memory ones are feasible=False with a reason.
+    Plans must be valid (plan.validate); out-of-memory ones are feasible=False with a reason
+    (reasons=False leaves the text out, for searches that drop those plans).
     """
     n = len(plan)
     stage, total, parts = _peak_memory(model, plan, cluster)
@@ -104,7 +105,7 @@ def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training
         engine="analytic")
     d = result.to_dict()
     d["reason"] = np.array([
-        "" if ok else oom_reason(int(st), {k: float(parts[k][i]) for k in MEMORY_KEYS}, float(total[i]), capacity,
+        "" if ok or not reasons else oom_reason(int(st), {k: float(parts[k][i]) for k in MEMORY_KEYS}, float(total[i]), capacity,
                                  cluster.accelerator.name)
         for i, (ok, st) in enumerate(zip(feasible, stage))], dtype=object)
     d["memory_gib_by_stage"] = None
