@@ -75,6 +75,7 @@ def _overrides(args) -> dict:
 
 ENGINES = ("analytic", "graph")
 OBJECTIVE_NAMES = ("throughput", "cost", "time-to-train")
+PLOT_KINDS = ("breakdown", "memory", "pareto", "heatmap", "timeline", "scatter", "accelerators")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--tokens", type=float, default=None, help="training tokens, for time and cost to train")
     se.add_argument("--json", action="store_true", help="print the ranked plans as JSON")
     se.add_argument("-o", "--out", default=None, help="also write the ranked plans to a .csv or .parquet file")
+
+    pl = sub.add_parser("plot", help="draw a results table (sweep, search, evaluate --json, validate --json)")
+    pl.add_argument("results", help="results .csv, .parquet or .json (a timeline table for --kind timeline)")
+    pl.add_argument("--kind", required=True, choices=PLOT_KINDS)
+    pl.add_argument("-o", "--out", required=True, help="output image, e.g. plot.png")
+    pl.add_argument("--row", type=int, default=None, help="--kind memory: the table row to draw (default: best)")
 
     hw = sub.add_parser("hardware", help="hardware profiles")
     hw.add_argument("what", choices=("list",))
@@ -283,6 +290,14 @@ def cmd_search(args) -> int:
     return 0
 
 
+def cmd_plot(args) -> int:
+    from .plots import plot_file
+
+    plot_file(args.results, args.kind, args.out, row=args.row)
+    print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_list(args) -> int:
     if args.command == "hardware":
         from .hardware import available, load_accelerator, load_node
@@ -328,7 +343,7 @@ def main(argv=None) -> int:
         return 2
 
 
-COMMANDS = {"sweep": cmd_sweep, "search": cmd_search}
+COMMANDS = {"sweep": cmd_sweep, "search": cmd_search, "plot": cmd_plot}
 
 if __name__ == "__main__":
     sys.exit(main())
