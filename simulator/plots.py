@@ -127,13 +127,16 @@ def memory(result, ax=None):
 
 # ------------------------------------------------------------------ Pareto frontier
 
-def pareto_front(x, y) -> np.ndarray:
-    """Indices of the points no other point beats on both x and y (both minimised), by x."""
+def pareto_front(x, y, min_gain: float = 0.0) -> np.ndarray:
+    """Indices of the points no other point beats on both x and y (both minimised), by x.
+
+    min_gain > 0 keeps a slower point only when its y is lower than every faster point's by
+    more than that fraction (so that 1e-7 differences do not crowd the frontier)."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     order = np.lexsort((y, x))
     front, best = [], np.inf
     for i in order:
-        if y[i] < best:
+        if y[i] < best * (1.0 - min_gain):
             front.append(i)
             best = y[i]
     return np.array(front, dtype=int)
@@ -143,9 +146,11 @@ def _filled(df: pd.DataFrame, preferred: str, fallback: str) -> str:
     return preferred if preferred in df.columns and df[preferred].notna().any() else fallback
 
 
-def pareto(df: pd.DataFrame, ax=None, x: str | None = None, y: str | None = None, label_front: bool = True):
+def pareto(df: pd.DataFrame, ax=None, x: str | None = None, y: str | None = None, label_front: bool = True,
+           min_gain: float = 1e-3):
     """Every feasible plan as a point (collection 0) and the time-vs-cost Pareto frontier
-    (collection 1, joined by a line, each frontier point labelled with its plan).
+    (collection 1, joined by a line, each frontier point labelled with its plan, and its
+    accelerator and node count when the table has several). See pareto_front for min_gain.
 
     Defaults: time and cost to train when the table has them (training.tokens set), else
     step time and $ per million tokens. On one cluster at one price cost is proportional
@@ -156,12 +161,15 @@ def pareto(df: pd.DataFrame, ax=None, x: str | None = None, y: str | None = None
     pts = _feasible(df).dropna(subset=[x, y])
     fig, ax = _axes(ax)
     ax.scatter(pts[x], pts[y], s=12, alpha=0.4, color="tab:blue", label="feasible plans")
-    front = pts.iloc[pareto_front(pts[x], pts[y])] if len(pts) else pts
+    front = pts.iloc[pareto_front(pts[x], pts[y], min_gain)] if len(pts) else pts
+    many = [c for c in ("accelerator", "nodes") if c in pts.columns and pts[c].nunique() > 1]
     ax.scatter(front[x], front[y], s=30, color="tab:red", label="Pareto frontier", zorder=3)
     ax.plot(front[x], front[y], color="tab:red", linewidth=1)
     if label_front:
         for r in front.to_dict("records"):
-            ax.annotate(plan_label(r), (r[x], r[y]), fontsize=7, xytext=(4, 4), textcoords="offset points")
+            where = " ".join(f"{r[c]}" + (" nodes" if c == "nodes" else "") for c in many)
+            ax.annotate((where + ": " if where else "") + plan_label(r), (r[x], r[y]), fontsize=7, xytext=(4, 4),
+                        textcoords="offset points")
     ax.set_xlabel(x.replace("_", " "))
     ax.set_ylabel(y.replace("_", " "))
     ax.set_title("Time vs cost")

@@ -66,7 +66,7 @@ def test_memory_has_one_stacked_bar_per_stage_and_the_capacity_line():
 
 
 def test_pareto_has_every_feasible_point_and_the_non_dominated_ones(table):
-    fig = plots.pareto(table, x="step_time_s", y="peak_memory_gib")
+    fig = plots.pareto(table, x="step_time_s", y="peak_memory_gib", min_gain=0.0)
     ax = fig.axes[0]
     ok = table[table["feasible"].fillna(False).astype(bool)]
     xs, ys = ok["step_time_s"].to_numpy(), ok["peak_memory_gib"].to_numpy()
