@@ -1,6 +1,6 @@
 """Speed of the vectorised analytic path, of sweeps and of plan search.
 
-    LLMSIM_PROFILES=... python benchmarks/bench_sweep.py [--sweep-points N] [--workers W]
+    LLMSIM_PROFILES=... python benchmarks/bench_sweep.py [--workers W]
 
 Prints:
 - plans/s of the vectorised analytic evaluation (simulator.vector, one process), over
@@ -36,14 +36,14 @@ def bench_vector(repeat: int = 3) -> tuple[float, int]:
     return plans / best, plans
 
 
-def bench_sweep(points: int, workers: int) -> float:
-    tps = [1, 2, 4, 8]
-    mbs = list(range(1, max(2, points // (len(tps) * 4 * 3 * 2)) + 1))
+def bench_sweep(workers: int) -> tuple[float, int]:
+    """A 19,440-point space over sizes and categorical fields (some points invalid)."""
     space = space_from_dict({
         "base": {"model": {"preset": "gpt3-175b"}, "cluster": {"node": "dgx-a100", "nodes": 128},
                  "plan": {"global_batch": 1536, "dp": "auto", "sequence_parallel": True}},
-        "sweep": {"plan.tp": tps, "plan.pp": [4, 8, 16, 32], "plan.zero_stage": [0, 1, 2],
-                  "plan.recompute": ["none", "full"], "plan.micro_batch": mbs}})
+        "sweep": {"plan.global_batch": [512, 1024, 1536, 2048, 3072, 4096], "plan.tp": [1, 2, 4, 8],
+                  "plan.pp": [2, 4, 8, 16, 32], "plan.zero_stage": [0, 1, 2], "plan.recompute": ["none", "full"],
+                  "plan.micro_batch": [1, 2, 4], "plan.schedule": ["1f1b", "zb-h1", "gpipe"]}})
     n = len(space.points())
     t = time.perf_counter()
     sweep(space, workers=workers, progress=False)
@@ -58,12 +58,11 @@ def bench_search() -> tuple[float, object]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sweep-points", type=int, default=20000)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
     rate, plans = bench_vector()
     print(f"vectorised analytic evaluation: {rate:,.0f} plans/s ({plans:,} plans, one process)")
-    rate, n = bench_sweep(args.sweep_points, args.workers)
+    rate, n = bench_sweep(args.workers)
     print(f"sweep() end to end: {rate:,.0f} points/s ({n:,} points, {args.workers} workers)")
     seconds, result = bench_search()
     print(f"search GPT-3 175B on 1024 A100s, batch 1536: {seconds:.2f} s ({result.enumerated:,} enumerated, "

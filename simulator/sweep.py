@@ -13,8 +13,8 @@ engine, so `resume=True` skips finished points and ignores rows of another space
 final table is always rebuilt from the stored rows, sorted by point_index: an
 interrupted and resumed sweep writes the same table as an uninterrupted one.
 
-Execution: in-process (workers=1), local processes (a `spawn` pool; default: all
-cores), or Dask distributed (`dask="local"` starts a LocalCluster, any other value is a
+Execution: in-process (workers=1), local processes (a fork pool where the platform has
+fork, else spawn; default: all cores), or Dask distributed (`dask="local"` starts a LocalCluster, any other value is a
 scheduler address).
 """
 
@@ -179,19 +179,46 @@ def _store(out, kinds) -> _Store:
 
 # ------------------------------------------------------------------ execution
 
+_SIZE_FIELDS = {"plan.tp", "plan.pp", "plan.dp", "plan.cp", "plan.vpp", "plan.micro_batch", "plan.global_batch"}
+
+
+def _by_group(items: list) -> list:
+    """Points ordered so that those differing only in plan sizes are adjacent: a chunk then
+    holds large groups for the vectorised engine. (The table is sorted by point_index.)"""
+    def key(item):
+        _, _, point = item
+        return [json.dumps(v, default=str) for k, v in point.items() if k not in _SIZE_FIELDS]
+    return sorted(items, key=lambda it: (key(it), it[0]))
+
+
 def _chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def _run_local(fn: Callable, chunks: list, workers: int) -> Iterable[list]:
-    if workers <= 1 or len(chunks) <= 1:
-        for c in chunks:
-            yield fn(c)
-        return
-    import multiprocessing as mp
+class _LocalRunner:
+    """Chunks evaluated in this process (workers=1) or in a process pool, results as they finish.
 
-    with mp.get_context("spawn").Pool(min(workers, len(chunks))) as pool:
-        yield from pool.imap_unordered(fn, chunks)
+    The pool forks where the platform can (Linux: no re-import, starts in milliseconds),
+    else spawns; it is created here, before the progress bar starts its thread."""
+
+    def __init__(self, fn: Callable, chunks: list, workers: int):
+        self.fn, self.chunks, self.pool = fn, chunks, None
+        if workers > 1 and len(chunks) > 1:
+            import multiprocessing as mp
+
+            method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+            self.pool = mp.get_context(method).Pool(min(workers, len(chunks)))
+
+    def __iter__(self):
+        if self.pool is None:
+            return (self.fn(c) for c in self.chunks)
+        return self.pool.imap_unordered(self.fn, self.chunks)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
 
 
 def _run_dask(fn: Callable, chunks: list, address: str, workers: int | None) -> Iterable[list]:
@@ -225,6 +252,13 @@ def sweep(space: Space | str | Path, *, workers: int | None = None, dask: str | 
     out: a .csv or .parquet path written incrementally; resume: keep its finished rows.
     on_chunk(done, total): called after each chunk is stored (tests use it to interrupt).
     """
+    if engine not in ("analytic", "graph"):
+        raise InputError("--engine", engine, "expected analytic or graph")
+    if engine == "graph":
+        from .search import graph_engine_available
+
+        if not graph_engine_available():
+            raise InputError("--engine", engine, "the graph engine is not installed in this build; use analytic")
     if not isinstance(space, Space):
         space = load_space(space)
     points = space.points()
@@ -245,10 +279,10 @@ def sweep(space: Space | str | Path, *, workers: int | None = None, dask: str | 
     todo = [it for it in items if it[1] not in done]
 
     workers = workers or os.cpu_count() or 1
-    size = chunk_size or max(1, min(512, math.ceil(len(todo) / (4 * workers)) if todo else 1))
-    chunks = _chunks(todo, size)
+    size = chunk_size or max(1, min(1024, math.ceil(len(todo) / (2 * workers)) if todo else 1))
+    chunks = _chunks(_by_group(todo), size)
     fn = partial(evaluate_chunk, base=space.base, axes=axes, engine=engine, vectorize=vectorize)
-    runner = _run_dask(fn, chunks, dask, workers) if dask else _run_local(fn, chunks, workers)
+    runner = _run_dask(fn, chunks, dask, workers) if dask else _LocalRunner(fn, chunks, workers)
 
     from tqdm import tqdm
 

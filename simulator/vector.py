@@ -10,7 +10,8 @@ second copy of a formula here, only the bookkeeping that picks the peak-memory s
 Memory: a stage's memory is largest at the first, second or last stage (middle stages
 hold the same weights and no more in-flight activations than stage 1), so those three
 representatives give the same peak stage and bytes as evaluating every stage. The
-per-stage list (`memory_gib_by_stage`) is left empty here; `evaluate()` fills it.
+per-stage list (`memory_gib_by_stage`) is computed on request (`by_stage=True`, as
+sweeps do), with the stage index as a second array axis.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .hardware import Cluster
 from .memory import layer_activation_bytes, stage_memory_parts
 from .model import ModelSpec
 from .plan import Plan
-from .result import MEMORY_KEYS, Result
+from .result import GIB, MEMORY_KEYS, Result
 from .scenario import Scenario, Training
 from .step import representative_stages
 from .workload import model_flops_per_sequence, recompute_flops_per_sequence
@@ -73,12 +74,25 @@ def _peak_memory(model: ModelSpec, plan: PlanBatch, cluster: Cluster):
     return stage, total, parts
 
 
+def memory_by_stage_batch(model: ModelSpec, plan: PlanBatch, cluster: Cluster) -> list[list[dict]]:
+    """Per plan, the memory (bytes by part) of each of its pipeline stages, computed for
+    all stages of all plans at once (stage index along a second array axis)."""
+    n = len(plan)
+    pp = np.asarray(plan.pp)
+    stages = np.arange(int(pp.max()))[:, None]  # (stages, 1) against (plans,)
+    m = stage_memory_parts(model, plan, cluster, stages)
+    parts = {k: np.broadcast_to(np.asarray(getattr(m, k), dtype=float), (len(stages), n)) for k in MEMORY_KEYS}
+    return [[{k: float(parts[k][s, j]) for k in MEMORY_KEYS} for s in range(int(pp[j]))] for j in range(n)]
+
+
 def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training: Training = Training(),
-                   price_usd_per_device_hour: float | None = None, name: str = "", reasons: bool = True) -> dict:
-    """The Result.to_dict() contract with an array per key (memory_gib_by_stage empty).
+                   price_usd_per_device_hour: float | None = None, name: str = "", reasons: bool = True,
+                   by_stage: bool = False) -> dict:
+    """The Result.to_dict() contract with an array per key.
 
     Plans must be valid (plan.validate); out-of-memory ones are feasible=False with a reason
     (reasons=False leaves the text out, for searches that drop those plans).
+    `memory_gib_by_stage` is a list per plan with by_stage=True, else None.
     """
     n = len(plan)
     stage, total, parts = _peak_memory(model, plan, cluster)
@@ -109,6 +123,10 @@ def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training
                                  cluster.accelerator.name)
         for i, (ok, st) in enumerate(zip(feasible, stage))], dtype=object)
     d["memory_gib_by_stage"] = None
+    if by_stage:
+        d["memory_gib_by_stage"] = np.empty(n, dtype=object)
+        for j, stages in enumerate(memory_by_stage_batch(model, plan, cluster)):
+            d["memory_gib_by_stage"][j] = [{k: v / GIB for k, v in s.items()} for s in stages]
     return d
 
 
@@ -126,7 +144,8 @@ def evaluate_many(scenarios: list[Scenario]) -> list[dict]:
     for members in groups.values():
         s0 = scenarios[members[0]]
         batch = plan_batch([scenarios[i].plan for i in members])
-        d = evaluate_batch(s0.model, s0.cluster, batch, s0.training, s0.price_usd_per_device_hour, s0.name)
+        d = evaluate_batch(s0.model, s0.cluster, batch, s0.training, s0.price_usd_per_device_hour, s0.name,
+                           by_stage=True)
         for j, i in enumerate(members):
             out[i] = {k: _item(v, j) for k, v in d.items()}
     return out

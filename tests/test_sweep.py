@@ -1,5 +1,6 @@
 """Sweeps: rows equal single evaluations, bad points are rows, resume, processes, Dask."""
 
+import json
 import math
 import os
 import subprocess
@@ -49,6 +50,10 @@ def test_sweep_rows_equal_single_evaluations(vectorize):
             assert math.isclose(df.loc[row["point_index"], key], want[key], rel_tol=1e-12), key
         for key, value in want["breakdown_s"].items():
             assert math.isclose(df.loc[row["point_index"], f"breakdown_s.{key}"], value, rel_tol=1e-12, abs_tol=1e-300)
+        stages = json.loads(df.loc[row["point_index"], "memory_gib_by_stage"])
+        assert len(stages) == len(want["memory_gib_by_stage"])
+        for got_stage, want_stage in zip(stages, want["memory_gib_by_stage"]):
+            assert all(math.isclose(got_stage[k], v, rel_tol=1e-12) for k, v in want_stage.items())
 
 
 def test_invalid_points_are_infeasible_rows_with_the_input_error():
@@ -92,6 +97,10 @@ def test_resume_after_interrupt_gives_the_identical_table(tmp_path, suffix, monk
     out = tmp_path / f"part{suffix}"
     with pytest.raises(_Stop):
         sweep(_space(), workers=1, progress=False, out=out, chunk_size=5, on_chunk=_interrupt_after(3))
+    reader = pd.read_csv if suffix == ".csv" else (lambda p: pd.concat(
+        [pd.read_parquet(f) for f in sorted(p.with_name(p.name + ".parts").glob("*.parquet"))]))
+    stored = set(reader(out)["point_index"])
+    assert len(stored) == 15  # three chunks of five
     evaluated = []
     real = sweep_module.evaluate_chunk
 
@@ -100,7 +109,7 @@ def test_resume_after_interrupt_gives_the_identical_table(tmp_path, suffix, monk
         return real(items, **kw)
     monkeypatch.setattr(sweep_module, "evaluate_chunk", spy)
     resumed = sweep(_space(), workers=1, progress=False, out=out, chunk_size=5, resume=True)
-    assert sorted(evaluated) == list(range(15, len(full)))  # the 3 stored chunks were not recomputed
+    assert sorted(evaluated) == sorted(set(range(len(full))) - stored)  # stored points were not recomputed
     pd.testing.assert_frame_equal(resumed, full)
     reader = pd.read_csv if suffix == ".csv" else pd.read_parquet
     pd.testing.assert_frame_equal(reader(out), reader(tmp_path / f"full{suffix}"))

@@ -49,6 +49,8 @@ def test_vectorised_results_equal_scalar_evaluate():
         want = evaluate(s).to_dict()
         for key, value in want.items():
             if key == "memory_gib_by_stage":
+                assert len(value) == len(got[key]) == s.plan.pp
+                assert all(_close(a, b) for a, b in zip(value, got[key])), (key, s.plan)
                 continue
             assert _close(value, got[key]), (key, s.plan, value, got[key])
 
