@@ -29,13 +29,13 @@ import sys
 import uuid
 from functools import partial
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
-import pandas as pd
-
-from . import table
 from .errors import InputError
 from .space import Space, load_space
+
+if TYPE_CHECKING:  # pandas is imported when a sweep runs, not with the package
+    import pandas as pd
 
 FORMATS = (".csv", ".parquet")
 
@@ -49,6 +49,7 @@ def point_id(base: dict, point: dict, engine: str) -> str:
 def evaluate_chunk(items: list, base: dict, axes: dict, engine: str = "analytic",
                    vectorize: bool = True) -> list[dict]:
     """Rows for [(point_index, point_id, point), ...]; runs in a worker."""
+    from . import table
     from .evaluate import evaluate
     from .scenario import apply_overrides, scenario_from_dict
 
@@ -86,11 +87,17 @@ class _Store:
         self.out, self.kinds = out, kinds
 
     def frame(self, rows: list[dict]) -> pd.DataFrame:
+        import pandas as pd
+
+        from . import table
         return table.normalize(pd.DataFrame(rows), self.kinds)
 
 
 class _CsvStore(_Store):
     def load(self) -> pd.DataFrame | None:
+        import pandas as pd
+
+        from . import table
         if not self.out.exists():
             return None
         raw = self.out.read_bytes()
@@ -137,6 +144,9 @@ class _ParquetStore(_Store):
         return self.out.with_name(self.out.name + ".parts")
 
     def load(self) -> pd.DataFrame | None:
+        import pandas as pd
+
+        from . import table
         frames = []
         if self.out.exists():
             frames.append(pd.read_parquet(self.out))
@@ -259,6 +269,10 @@ def sweep(space: Space | str | Path, *, workers: int | None = None, dask: str | 
 
         if not graph_engine_available():
             raise InputError("--engine", engine, "the graph engine is not installed in this build; use analytic")
+    import pandas as pd
+
+    from . import table
+
     if not isinstance(space, Space):
         space = load_space(space)
     points = space.points()

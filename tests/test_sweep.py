@@ -6,13 +6,16 @@ import os
 import subprocess
 import sys
 
+import importlib
+
 import pandas as pd
 import pytest
 
-import simulator.sweep as sweep_module
 from simulator import apply_overrides, evaluate, scenario_from_dict
 from simulator.space import space_from_dict
 from simulator.sweep import sweep
+
+sweep_module = importlib.import_module("simulator.sweep")  # `simulator.sweep` is the function
 
 BASE = {"model": {"preset": "megatron-gpt-1.7b"}, "cluster": {"node": "dgx-a100", "nodes": 2},
         "plan": {"global_batch": 64, "dp": "auto"}, "training": {"tokens": 1.0e+10}}
@@ -164,6 +167,13 @@ def test_local_processes_give_the_in_process_table():
 def test_dask_local_cluster_gives_the_in_process_table(tmp_path):
     df = sweep(_space(), workers=2, dask="local", progress=False, out=tmp_path / "d.parquet")
     pd.testing.assert_frame_equal(df, sweep(_space(), workers=1, progress=False))
+
+
+def test_package_sweep_is_the_sweep_function():
+    import simulator
+    assert simulator.sweep is sweep
+    pd.testing.assert_frame_equal(simulator.sweep(_space(), workers=1, progress=False),
+                                  sweep(_space(), workers=1, progress=False))
 
 
 def test_cli_sweep_writes_the_table(tmp_path):
