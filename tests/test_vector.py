@@ -1,6 +1,5 @@
 """The vectorised analytic path gives the same results as evaluate(), plan by plan."""
 
-import itertools
 import math
 import random
 
@@ -42,9 +41,14 @@ def _close(a, b):
     return a == b
 
 
-def test_vectorised_results_equal_scalar_evaluate():
+@pytest.fixture(scope="module")
+def sample():
     scenarios = _sample_scenarios()
-    batched = evaluate_many(scenarios)
+    return scenarios, evaluate_many(scenarios)
+
+
+def test_vectorised_results_equal_scalar_evaluate(sample):
+    scenarios, batched = sample
     for s, got in zip(scenarios, batched):
         want = evaluate(s).to_dict()
         for key, value in want.items():
@@ -55,6 +59,6 @@ def test_vectorised_results_equal_scalar_evaluate():
             assert _close(value, got[key]), (key, s.plan, value, got[key])
 
 
-def test_sample_covers_out_of_memory_and_feasible_plans():
-    feasible = {d["feasible"] for d in evaluate_many(_sample_scenarios())}
+def test_sample_covers_out_of_memory_and_feasible_plans(sample):
+    feasible = {d["feasible"] for d in sample[1]}
     assert feasible == {True, False}
