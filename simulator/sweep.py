@@ -40,10 +40,43 @@ if TYPE_CHECKING:  # pandas is imported when a sweep runs, not with the package
 FORMATS = (".csv", ".parquet")
 
 
-def point_id(base: dict, point: dict, engine: str) -> str:
-    """A stable key of one point: hash of the base scenario, the point's values and the engine."""
-    text = json.dumps({"base": base, "point": point, "engine": engine}, sort_keys=True, default=str)
+def _base_text(base: dict) -> str:
+    return json.dumps(base, sort_keys=True, default=str)
+
+
+def point_id(base: dict | str, point: dict, engine: str) -> str:
+    """A stable key of one point: hash of the base scenario (or its _base_text), the point's
+    values and the engine."""
+    base_text = base if isinstance(base, str) else _base_text(base)
+    text = "\n".join((base_text, json.dumps(point, sort_keys=True, default=str), engine))
     return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _merge(base: dict, point: dict) -> dict:
+    """apply_overrides(base, point) without a deep copy: only the mappings on the overridden
+    paths are copied (the parsers never modify their input). Falls back to apply_overrides,
+    and its error, when a path runs through something that is not a mapping."""
+    from .scenario import apply_overrides
+
+    out = dict(base)
+    copied: set = set()
+    for dotted, value in point.items():
+        parts = dotted.split(".")
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            path = tuple(parts[: i + 1])
+            child = node.get(part)
+            if child is None:
+                child = {}
+            elif not isinstance(child, dict):
+                return apply_overrides(base, point)
+            elif path not in copied:
+                child = dict(child)
+            copied.add(path)
+            node[part] = child
+            node = child
+        node[parts[-1]] = value
+    return out
 
 
 def evaluate_chunk(items: list, base: dict, axes: dict, engine: str = "analytic",
@@ -51,15 +84,15 @@ def evaluate_chunk(items: list, base: dict, axes: dict, engine: str = "analytic"
     """Rows for [(point_index, point_id, point), ...]; runs in a worker."""
     from . import table
     from .evaluate import evaluate
-    from .scenario import apply_overrides, scenario_from_dict
+    from .scenario import scenario_from_dict
 
-    rows, valid = [], []
+    rows, valid, cache = [], [], {}
     for index, pid, point in items:
         row = {"point_index": index, "point_id": pid}
         row.update({k: table.axis_cell(point[k], kind) for k, kind in axes.items()})
-        data = apply_overrides(base, point)
+        data = _merge(base, point)
         try:
-            scenario = scenario_from_dict(data)
+            scenario = scenario_from_dict(data, cache)
         except InputError as exc:
             row.update(table.raw_plan_row(data))
             row.update(table.error_row(str(exc)))
@@ -197,7 +230,7 @@ def _by_group(items: list) -> list:
     holds large groups for the vectorised engine. (The table is sorted by point_index.)"""
     def key(item):
         _, _, point = item
-        return [json.dumps(v, default=str) for k, v in point.items() if k not in _SIZE_FIELDS]
+        return [repr(v) for k, v in point.items() if k not in _SIZE_FIELDS]
     return sorted(items, key=lambda it: (key(it), it[0]))
 
 
@@ -278,7 +311,8 @@ def sweep(space: Space | str | Path, *, workers: int | None = None, dask: str | 
     points = space.points()
     axes = {name: table.axis_kind(values) for name, values in space.axes}
     kinds = table.schema(axes)
-    items = [(i, point_id(space.base, p, engine), p) for i, p in enumerate(points)]
+    base_text = _base_text(space.base)
+    items = [(i, point_id(base_text, p, engine), p) for i, p in enumerate(points)]
     wanted = {pid for _, pid, _ in items}
 
     store = _store(out, kinds) if out is not None else None

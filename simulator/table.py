@@ -126,19 +126,19 @@ _DTYPES = {"int": "Int64", "float": "float64", "bool": "boolean", "str": "object
 
 def normalize(df: pd.DataFrame, kinds: Mapping[str, str]) -> pd.DataFrame:
     """Columns in schema order and dtypes; text columns hold Python str ('' when missing)."""
-    out = pd.DataFrame(index=range(len(df)))
+    out = {}
     for col, kind in kinds.items():
         s = df[col] if col in df.columns else pd.Series([None] * len(df), dtype=object)
         s = s.reset_index(drop=True)
         if kind == "str":
-            s = s.astype(object).where(s.notna(), "").map(str).astype(object)
+            s = s.astype(object).where(s.notna(), "")
+            if not all(type(v) is str for v in s):
+                s = s.map(str)
         elif kind == "bool":
-            s = s.astype(object).map(_to_bool).astype("boolean")
+            s = s.astype("boolean") if s.dtype == bool else s.astype(object).map(_to_bool).astype("boolean")
         elif kind == "int":
             s = pd.to_numeric(s, errors="coerce").astype("Float64").astype("Int64")
         else:
             s = pd.to_numeric(s, errors="coerce").astype("float64")
-        out[col] = s.values if kind != "str" else list(s)
-        if kind in ("int", "bool"):
-            out[col] = out[col].astype(_DTYPES[kind])
-    return out
+        out[col] = list(s) if kind == "str" else s.astype(_DTYPES[kind]).array
+    return pd.DataFrame(out, index=range(len(df)))

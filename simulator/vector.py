@@ -74,15 +74,17 @@ def _peak_memory(model: ModelSpec, plan: PlanBatch, cluster: Cluster):
     return stage, total, parts
 
 
-def memory_by_stage_batch(model: ModelSpec, plan: PlanBatch, cluster: Cluster) -> list[list[dict]]:
-    """Per plan, the memory (bytes by part) of each of its pipeline stages, computed for
-    all stages of all plans at once (stage index along a second array axis)."""
+def memory_by_stage_batch(model: ModelSpec, plan: PlanBatch, cluster: Cluster, unit: float = 1.0) -> list[list[dict]]:
+    """Per plan, the memory (bytes / unit, by part) of each of its pipeline stages, computed
+    for all stages of all plans at once (stage index along a second array axis)."""
     n = len(plan)
-    pp = np.asarray(plan.pp)
-    stages = np.arange(int(pp.max()))[:, None]  # (stages, 1) against (plans,)
+    pp = np.asarray(plan.pp).tolist()
+    stages = np.arange(max(pp))[:, None]  # (stages, 1) against (plans,)
     m = stage_memory_parts(model, plan, cluster, stages)
-    parts = {k: np.broadcast_to(np.asarray(getattr(m, k), dtype=float), (len(stages), n)) for k in MEMORY_KEYS}
-    return [[{k: float(parts[k][s, j]) for k in MEMORY_KEYS} for s in range(int(pp[j]))] for j in range(n)]
+    per_plan = [(np.broadcast_to(np.asarray(getattr(m, k), dtype=float), (len(stages), n)) / unit).T.tolist()
+                for k in MEMORY_KEYS]
+    return [[dict(zip(MEMORY_KEYS, values)) for values in zip(*(part[j][:pp[j]] for part in per_plan))]
+            for j in range(n)]
 
 
 def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training: Training = Training(),
@@ -125,14 +127,16 @@ def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training
     d["memory_gib_by_stage"] = None
     if by_stage:
         d["memory_gib_by_stage"] = np.empty(n, dtype=object)
-        for j, stages in enumerate(memory_by_stage_batch(model, plan, cluster)):
-            d["memory_gib_by_stage"][j] = [{k: v / GIB for k, v in s.items()} for s in stages]
+        for j, stages in enumerate(memory_by_stage_batch(model, plan, cluster, unit=GIB)):
+            d["memory_gib_by_stage"][j] = stages
     return d
 
 
 def _scenario_key(s: Scenario) -> tuple:
+    """Scenarios with equal keys share a batch. The cluster (unhashable) is keyed by identity:
+    scenarios parsed with a shared cache (scenario_from_dict(..., cache)) share it."""
     cats = tuple(getattr(s.plan, name) for name in CATEGORICAL)
-    return (repr(s.model), repr(s.cluster), cats, s.training, s.name)
+    return (s.model, id(s.cluster), cats, s.training, s.name)
 
 
 def evaluate_many(scenarios: list[Scenario]) -> list[dict]:
@@ -146,19 +150,24 @@ def evaluate_many(scenarios: list[Scenario]) -> list[dict]:
         batch = plan_batch([scenarios[i].plan for i in members])
         d = evaluate_batch(s0.model, s0.cluster, batch, s0.training, s0.price_usd_per_device_hour, s0.name,
                            by_stage=True)
+        columns = {k: _column(v, len(members)) for k, v in d.items()}
         for j, i in enumerate(members):
-            out[i] = {k: _item(v, j) for k, v in d.items()}
+            out[i] = {k: ({kk: vv[j] for kk, vv in v.items()} if isinstance(v, dict) else v[j])
+                      for k, v in columns.items()}
     return out
 
 
-def _item(value, j: int):
-    """Entry j of a batched to_dict value, as the scalar path would give it."""
+def _column(value, n: int):
+    """A batched to_dict value as a list of n Python values, as the scalar path gives them
+    (non-finite floats become None, like Result.to_dict)."""
     if isinstance(value, dict):
-        return {k: _item(v, j) for k, v in value.items()}
+        return {k: _column(v, n) for k, v in value.items()}
     if isinstance(value, np.ndarray) and value.ndim:
-        value = value[j]
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            return [v if np.isfinite(v) else None for v in value.tolist()]
+        return value.tolist()
     if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, float) and not np.isfinite(value):
-        return None
-    return value
+        value = None
+    return [value] * n
