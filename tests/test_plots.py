@@ -2,7 +2,6 @@
 
 import json
 
-import matplotlib
 import numpy as np
 import pandas as pd
 import pytest
