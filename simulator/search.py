@@ -261,6 +261,8 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
                             ["no valid plan: check that the global batch is a multiple of some micro_batch*dp"])
     column, ascending = OBJECTIVES[objective]
     ranked, feasible = _ranked_rows(model, cluster, groups, column, ascending, 3 * top)
+    if feasible == 0:
+        notes.append("no valid plan fits in memory: try more devices, ZeRO-3, recomputation or offload")
     ranked_by = "analytic"
     if engine in ("auto", "graph") and len(ranked):
         if graph_engine_available():

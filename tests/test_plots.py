@@ -122,3 +122,15 @@ def test_each_kind_writes_a_png(kind, table, accel_table, tmp_path):
     out = tmp_path / f"{kind}.png"
     plots.plot_file(src, kind, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_plot_writes_the_png(table, tmp_path):
+    import subprocess
+    import sys
+    src = tmp_path / "r.parquet"
+    table.to_parquet(src)
+    out = tmp_path / "heatmap.png"
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "plot", str(src), "--kind", "heatmap", "-o", str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:4] == b"\x89PNG"

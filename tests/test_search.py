@@ -83,6 +83,13 @@ def test_out_of_memory_plans_are_not_ranked():
     assert result.table["feasible"].all()
 
 
+def test_a_search_where_nothing_fits_says_so():
+    result = search({"preset": "megatron-gpt-1t"}, CLUSTER, 16, engine="analytic",
+                    options=SearchOptions(offloads=("none",), max_micro_batch=1, max_vpp=2))
+    assert result.valid > 0 and result.feasible == 0 and len(result.table) == 0
+    assert "fits in memory" in result.notes[0]
+
+
 def test_asking_for_the_graph_engine_says_which_engine_ranked(monkeypatch):
     monkeypatch.setattr("simulator.search.graph_engine_available", lambda: False)
     result = search(MODEL, CLUSTER, 16, top=3, engine="graph", options=OPTS)
