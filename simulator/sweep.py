@@ -13,8 +13,8 @@ engine, so `resume=True` skips finished points and ignores rows of another space
 final table is always rebuilt from the stored rows, sorted by point_index: an
 interrupted and resumed sweep writes the same table as an uninterrupted one.
 
-Execution: in-process (workers=1), local processes (a fork pool where the platform has
-fork, else spawn; default: all cores), or Dask distributed (`dask="local"` starts a LocalCluster, any other value is a
+Execution: in-process (workers=1), local processes (a fork pool on Linux, spawn
+elsewhere; default: all cores), or Dask distributed (`dask="local"` starts a LocalCluster, any other value is a
 scheduler address).
 """
 
@@ -241,15 +241,14 @@ def _chunks(items: list, size: int) -> list[list]:
 class _LocalRunner:
     """Chunks evaluated in this process (workers=1) or in a process pool, results as they finish.
 
-    The pool forks where the platform can (Linux: no re-import, starts in milliseconds),
-    else spawns; it is created here, before the progress bar starts its thread."""
+    The pool forks on Linux (no re-import: it starts in milliseconds) and spawns elsewhere; it is created here, before the progress bar starts its thread."""
 
     def __init__(self, fn: Callable, chunks: list, workers: int):
         self.fn, self.chunks, self.pool = fn, chunks, None
         if workers > 1 and len(chunks) > 1:
             import multiprocessing as mp
 
-            method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+            method = "fork" if sys.platform.startswith("linux") else "spawn"  # fork is unsafe on macOS
             self.pool = mp.get_context(method).Pool(min(workers, len(chunks)))
 
     def __iter__(self):
