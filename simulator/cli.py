@@ -341,6 +341,10 @@ def main(argv=None) -> int:
     except RecursionError:
         print("llmsim: error: scenario: too deeply nested", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        hint = "; rerun with --resume to continue" if args.command == "sweep" else ""
+        print(f"llmsim: interrupted{hint}", file=sys.stderr)
+        return 130
 
 
 COMMANDS = {"sweep": cmd_sweep, "search": cmd_search, "plot": cmd_plot}
