@@ -62,3 +62,19 @@ def test_vectorised_results_equal_scalar_evaluate(sample):
 def test_sample_covers_out_of_memory_and_feasible_plans(sample):
     feasible = {d["feasible"] for d in sample[1]}
     assert feasible == {True, False}
+
+
+def test_vectorised_results_equal_scalar_evaluate_on_the_published_runs():
+    from simulator.published import load_rows, row_scenario
+
+    rows, supplement = load_rows()
+    scenarios = []
+    for row in rows:
+        try:
+            scenarios.append(scenario_from_dict(row_scenario(row, supplement)))
+        except InputError:
+            continue
+    assert len(scenarios) >= 10
+    for s, got in zip(scenarios, evaluate_many(scenarios)):
+        want = evaluate(s).to_dict()
+        assert all(_close(v, got[k]) for k, v in want.items()), s.name
