@@ -96,14 +96,14 @@ def _interrupt_after(n):
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
 def test_resume_after_interrupt_gives_the_identical_table(tmp_path, suffix, monkeypatch):
-    full = sweep(_space(), workers=1, progress=False, out=tmp_path / f"full{suffix}", chunk_size=5)
+    full = sweep(_space(), workers=1, progress=False, out=tmp_path / f"full{suffix}", chunk_size=8)
     out = tmp_path / f"part{suffix}"
     with pytest.raises(_Stop):
-        sweep(_space(), workers=1, progress=False, out=out, chunk_size=5, on_chunk=_interrupt_after(3))
+        sweep(_space(), workers=1, progress=False, out=out, chunk_size=8, on_chunk=_interrupt_after(3))
     reader = pd.read_csv if suffix == ".csv" else (lambda p: pd.concat(
         [pd.read_parquet(f) for f in sorted(p.with_name(p.name + ".parts").glob("*.parquet"))]))
     stored = set(reader(out)["point_index"])
-    assert len(stored) == 15  # three chunks of five
+    assert len(stored) == 24  # three chunks of eight
     evaluated = []
     real = sweep_module.evaluate_chunk
 
@@ -111,7 +111,7 @@ def test_resume_after_interrupt_gives_the_identical_table(tmp_path, suffix, monk
         evaluated.extend(i for i, _, _ in items)
         return real(items, **kw)
     monkeypatch.setattr(sweep_module, "evaluate_chunk", spy)
-    resumed = sweep(_space(), workers=1, progress=False, out=out, chunk_size=5, resume=True)
+    resumed = sweep(_space(), workers=1, progress=False, out=out, chunk_size=8, resume=True)
     assert sorted(evaluated) == sorted(set(range(len(full))) - stored)  # stored points were not recomputed
     pd.testing.assert_frame_equal(resumed, full)
     reader = pd.read_csv if suffix == ".csv" else pd.read_parquet
@@ -165,7 +165,7 @@ def test_local_processes_give_the_in_process_table():
 
 
 def test_dask_local_cluster_gives_the_in_process_table(tmp_path):
-    df = sweep(_space(), workers=2, dask="local", progress=False, out=tmp_path / "d.parquet")
+    df = sweep(_space(), workers=1, dask="local", progress=False, out=tmp_path / "d.parquet")
     pd.testing.assert_frame_equal(df, sweep(_space(), workers=1, progress=False))
 
 
