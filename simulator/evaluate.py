@@ -11,6 +11,13 @@ from .workload import model_flops_per_sequence, recompute_flops_per_sequence
 GIB = 2**30
 
 
+def oom_reason(stage: int, parts: dict, total: float, capacity: float, accelerator: str) -> str:
+    """The reason of an out-of-memory result."""
+    shown = ", ".join(f"{k} {v / GIB:.1f}" for k, v in parts.items())
+    return (f"out of memory: pipeline stage {stage} needs {total / GIB:.1f} GiB "
+            f"({shown}) > {capacity / GIB:.1f} GiB on {accelerator}")
+
+
 def evaluate(scenario: Scenario, engine: str = "analytic") -> Result:
     """Predict one training step of `scenario`. An out-of-memory plan is feasible=False with a reason."""
     model, plan, cluster = scenario.model, scenario.plan, scenario.cluster
@@ -18,11 +25,7 @@ def evaluate(scenario: Scenario, engine: str = "analytic") -> Result:
     peak = max(stages, key=lambda s: s.total)
     capacity = cluster.accelerator.hbm_bytes
     feasible = peak.total <= capacity
-    reason = ""
-    if not feasible:
-        parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in peak.as_dict().items())
-        reason = (f"out of memory: pipeline stage {peak.stage} needs {peak.total / GIB:.1f} GiB "
-                  f"({parts}) > {capacity / GIB:.1f} GiB on {cluster.accelerator.name}")
+    reason = "" if feasible else oom_reason(peak.stage, peak.as_dict(), peak.total, capacity, cluster.accelerator.name)
     act_mb = model.layers / plan.pp * layer_activation_bytes(model, plan)
     breakdown = step_breakdown(model, plan, cluster, act_mb)
     step = sum(breakdown.values())
