@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .analytic import step_breakdown
-from .memory import layer_activation_bytes, memory_by_stage
+from .memory import host_bytes, layer_activation_bytes, memory_by_stage
 from .result import Result
 from .scenario import Scenario
 from .workload import model_flops_per_sequence, recompute_flops_per_sequence
@@ -18,6 +18,13 @@ def oom_reason(stage: int, parts: dict, total: float, capacity: float, accelerat
             f"({shown}) > {capacity / GIB:.1f} GiB on {accelerator}")
 
 
+def host_reason(per_device: float, devices_per_node: int, capacity: float, node: str) -> str:
+    """The reason of a result whose offloaded state does not fit in the hosts' memory."""
+    need = per_device * devices_per_node
+    return (f"out of host memory: offload needs {need / GIB:.1f} GiB per node ({devices_per_node} devices x "
+            f"{per_device / GIB:.1f}) > {capacity / GIB:.1f} GiB on {node}")
+
+
 def evaluate(scenario: Scenario, engine: str = "analytic") -> Result:
     """Predict one training step of `scenario`. An out-of-memory plan is feasible=False with a reason."""
     model, plan, cluster = scenario.model, scenario.plan, scenario.cluster
@@ -26,6 +33,11 @@ def evaluate(scenario: Scenario, engine: str = "analytic") -> Result:
     capacity = cluster.accelerator.hbm_bytes
     feasible = peak.total <= capacity
     reason = "" if feasible else oom_reason(peak.stage, peak.as_dict(), peak.total, capacity, cluster.accelerator.name)
+    # Devices of a node may hold any stage: size the host for the hungriest (first or last).
+    host = max(float(host_bytes(model, plan, 0)), float(host_bytes(model, plan, plan.pp - 1)))
+    if feasible and host * cluster.devices_per_node > cluster.node.host_memory_bytes:
+        feasible = False
+        reason = host_reason(host, cluster.devices_per_node, cluster.node.host_memory_bytes, cluster.node.name)
     act_mb = model.layers / plan.pp * layer_activation_bytes(model, plan)
     breakdown = step_breakdown(model, plan, cluster, act_mb)
     step = sum(breakdown.values())

@@ -93,8 +93,8 @@ def stage_params(model: ModelSpec, plan: Plan, stage) -> float:
     return params
 
 
-def model_state_bytes(params, plan: Plan) -> tuple:
-    """(weights, gradients, optimizer) bytes on a device holding `params` before sharding."""
+def _sharded_states(params, plan: Plan) -> tuple:
+    """(weights, gradients, optimizer) bytes of `params` after ZeRO sharding over dp·cp."""
     shard = plan.dp * plan.cp
     z = plan.zero_stage
     w = params * weight_bytes_per_param(plan.precision)
@@ -106,13 +106,40 @@ def model_state_bytes(params, plan: Plan) -> tuple:
         g = g / shard
     if z >= 3:
         w = w / shard
+    return w, g, o
+
+
+def model_state_bytes(params, plan: Plan) -> tuple:
+    """(weights, gradients, optimizer) bytes on a device holding `params` before sharding."""
+    w, g, o = _sharded_states(params, plan)
     if plan.offload.optimizer != "none":
         o = 0.0 * o
-        if z >= 2:  # ZeRO-Offload moves the partitioned gradients to the host as well
+        if plan.zero_stage >= 2:  # ZeRO-Offload moves the partitioned gradients to the host as well
             g = 0.0 * g
     if plan.offload.params != "none":
         w = 0.0 * w
     return w, g, o
+
+
+def host_bytes(model: ModelSpec, plan: Plan, stage):
+    """Host (CPU) memory taken by one device of `stage` for what it offloads to `cpu`.
+
+    ZeRO-Offload (Ren et al. 2021) keeps the optimizer states, and with ZeRO-2/3 the
+    partitioned gradients, in host memory; ZeRO-Infinity (Rajbhandari et al. 2021) the
+    weights; activation offload the activations beyond the two micro-batches kept on the
+    device. NVMe targets use host memory only for staging buffers, not counted.
+    """
+    w, g, o = _sharded_states(stage_params(model, plan, stage), plan)
+    off = plan.offload
+    host = 0.0
+    if off.optimizer == "cpu":
+        host = host + o + (g if plan.zero_stage >= 2 else 0.0)
+    if off.params == "cpu":
+        host = host + w
+    if off.activations == "cpu":
+        extra = np.maximum(0.0, in_flight(plan, stage) - 2)
+        host = host + extra * model.layers / plan.pp * layer_activation_bytes(model, plan)
+    return host
 
 
 def in_flight(plan: Plan, stage):

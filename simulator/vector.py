@@ -22,9 +22,9 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from .analytic import _select, step_breakdown_arrays
-from .evaluate import oom_reason
+from .evaluate import host_reason, oom_reason
 from .hardware import Cluster
-from .memory import layer_activation_bytes, stage_memory_parts
+from .memory import host_bytes, layer_activation_bytes, stage_memory_parts
 from .model import ModelSpec
 from .plan import Plan
 from .result import GIB, MEMORY_KEYS, Result
@@ -99,7 +99,10 @@ def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training
     n = len(plan)
     stage, total, parts = _peak_memory(model, plan, cluster)
     capacity = cluster.accelerator.hbm_bytes
-    feasible = total <= capacity
+    fits = total <= capacity
+    host = np.maximum(host_bytes(model, plan, 0), host_bytes(model, plan, plan.pp - 1))
+    host_fits = np.broadcast_to(host * cluster.devices_per_node <= cluster.node.host_memory_bytes, (n,))
+    feasible = fits & host_fits
     act_mb = model.layers / plan.pp * layer_activation_bytes(model, plan)
     breakdown = step_breakdown_arrays(model, plan, cluster, act_mb)
     breakdown = {k: np.broadcast_to(np.asarray(v, dtype=float), (n,)) for k, v in breakdown.items()}
@@ -120,10 +123,17 @@ def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training
         breakdown_s=breakdown, price_usd_per_device_hour=price, training_tokens=training.tokens,
         engine="analytic")
     d = result.to_dict()
-    d["reason"] = np.array([
-        "" if ok or not reasons else oom_reason(int(st), {k: float(parts[k][i]) for k in MEMORY_KEYS}, float(total[i]), capacity,
-                                 cluster.accelerator.name)
-        for i, (ok, st) in enumerate(zip(feasible, stage))], dtype=object)
+    host = np.broadcast_to(np.asarray(host, dtype=float), (n,))
+
+    def why(i: int) -> str:
+        if feasible[i] or not reasons:
+            return ""
+        if not fits[i]:
+            return oom_reason(int(stage[i]), {k: float(parts[k][i]) for k in MEMORY_KEYS}, float(total[i]), capacity,
+                              cluster.accelerator.name)
+        return host_reason(float(host[i]), cluster.devices_per_node, cluster.node.host_memory_bytes, cluster.node.name)
+
+    d["reason"] = np.array([why(i) for i in range(n)], dtype=object)
     d["memory_gib_by_stage"] = None
     if by_stage:
         d["memory_gib_by_stage"] = np.empty(n, dtype=object)
