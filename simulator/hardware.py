@@ -240,31 +240,56 @@ def network_from_dict(data, where: str, need_sources: bool = True) -> Network:
 _KINDS = {"accelerators": accelerator_from_dict, "nodes": node_from_dict, "networks": network_from_dict}
 
 
+CALIBRATED = "calibrated"  # profiles written by `llmsim calibrate`, found by name as a fallback
+
+
 def available(kind: str) -> list[str]:
     folder = profiles_dir() / kind
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
+def _load_file(kind: str, path: Path, where: str):
+    profile = _KINDS[kind](load_yaml(path, where), where)
+    if profile.name != path.stem:
+        raise InputError(f"{where}.name", profile.name, f"must equal the file name {path.stem!r}")
+    return profile
+
+
 @lru_cache(maxsize=None)
 def _load(kind: str, name: str, root: str):
+    """hardware_profiles/KIND/NAME.yaml, else hardware_profiles/calibrated/NAME.yaml."""
     path = Path(root) / kind / f"{name}.yaml"
+    where = f"{kind}/{name}.yaml"
     if not path.is_file():
+        path = Path(root) / CALIBRATED / f"{name}.yaml"
+        where = f"{CALIBRATED}/{name}.yaml"
+    if not path.is_file() or os.sep in name or "/" in name:
         singular = kind[:-1]
         raise InputError(f"cluster.{'node' if singular == 'node' else singular}", name,
                          "known: " + ", ".join(available(kind)))
-    where = f"{kind}/{name}.yaml"
-    profile = _KINDS[kind](load_yaml(path, where), where)
-    if profile.name != name:
-        raise InputError(f"{where}.name", profile.name, f"must equal the file name {name!r}")
-    return profile
+    return _load_file(kind, path, where)
 
 
 def _by_name_or_path(kind: str, ref: str):
     """A profile by name (hardware_profiles/KIND/NAME.yaml) or by a path to a YAML file."""
     if ref.endswith((".yaml", ".yml")) or os.sep in ref:
         where = ref
-        return _KINDS[kind](load_yaml(ref, where), where)
+        profile = _KINDS[kind](load_yaml(ref, where), where)
+        if kind == "nodes":
+            profile = _with_siblings(profile, Path(ref).parent)
+        return profile
     return _load(kind, ref, str(profiles_dir()))
+
+
+def _with_siblings(node: "Node", folder: Path) -> "Node":
+    """A node loaded by path names its accelerator and network; files with those names beside it
+    win over hardware_profiles/ (how `llmsim calibrate` writes NAME.yaml, NAME-node.yaml, NAME-net.yaml)."""
+    changes = {}
+    for attr in ("accelerator", "network"):
+        sibling = folder / f"{getattr(node, attr)}.yaml"
+        if sibling.is_file():
+            changes[attr] = str(sibling)
+    return replace(node, **changes) if changes else node
 
 
 def load_accelerator(ref: str) -> Accelerator:
