@@ -59,6 +59,13 @@ class Accelerator:
     attention: Efficiency
     memory: Efficiency
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    # Optional per-kernel curves for memory-bound operators whose achieved rate differs from
+    # a plain bandwidth-bound kernel (e.g. GELU's erf is compute-bound on a CPU). Keys are
+    # kernel classes (compute.MEMORY_KERNELS); absent classes use `memory`.
+    memory_kernels: Mapping[str, Efficiency] = field(default_factory=dict)
+
+    def memory_efficiency(self, kernel: str | None = None) -> Efficiency:
+        return self.memory_kernels.get(kernel, self.memory) if kernel else self.memory
 
     def peak(self, precision: str) -> float:
         if precision not in self.peak_flops:
@@ -166,7 +173,10 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
     if not peak_flops:
         raise InputError(f"{where}.peak_tflops", dict(peaks), "at least one precision is needed")
     eff = F.require_mapping(data.get("efficiency"), f"{where}.efficiency")
-    F.reject_unknown(eff, ("matmul", "attention", "memory"), f"{where}.efficiency")
+    F.reject_unknown(eff, ("matmul", "attention", "memory", "memory_kernels"), f"{where}.efficiency")
+    kernels = F.require_mapping(eff.get("memory_kernels") or {}, f"{where}.efficiency.memory_kernels")
+    memory_kernels = {str(k): _efficiency(kernels, k, f"{where}.efficiency.memory_kernels", "half_bytes")
+                      for k in kernels}
     return Accelerator(
         name=F.text(data, "name", where),
         description=F.text(data, "description", where, ""),
@@ -181,6 +191,7 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
         attention=_efficiency(eff, "attention", f"{where}.efficiency", "half_flops"),
         memory=_efficiency(eff, "memory", f"{where}.efficiency", "half_bytes"),
         sources=_sources(data, where),
+        memory_kernels=memory_kernels,
     )
 
 

@@ -54,7 +54,13 @@ def fit_all(samples: list[dict], collectives: list[dict], device: str) -> dict:
         raise InputError("calibrate", "samples", "no fp32 GEMM samples to fit")
     p32 = peaks["fp32"]
     mm, att, mem = by("matmul", "fp32"), by("attention", "fp32"), by("memory")
-    mem_bw = best_rate(mem)
+    plain = [s for s in mem if s["kernel"] in ("copy", "residual")]
+    mem_bw = best_rate(plain)
+    kernels = {}
+    for k in sorted({s["kernel"] for s in mem} - {"copy"}):
+        rows = [s for s in mem if s["kernel"] == k]
+        if len(rows) >= 2:
+            kernels[k] = fit_efficiency([s["work"] for s in rows], [s["seconds"] for s in rows], mem_bw)
     adam = [s for s in mem if s["op"] == "adamw_fused"]
     host = by("host_link")
     ranks = collectives[0]["ranks"]
@@ -62,7 +68,8 @@ def fit_all(samples: list[dict], collectives: list[dict], device: str) -> dict:
         "peak_flops": peaks,
         "matmul": fit_efficiency([s["work"] for s in mm], [s["seconds"] for s in mm], p32),
         "attention": fit_efficiency([s["work"] for s in att], [s["seconds"] for s in att], p32),
-        "memory": fit_efficiency([s["work"] for s in mem], [s["seconds"] for s in mem], mem_bw),
+        "memory": fit_efficiency([s["work"] for s in plain], [s["seconds"] for s in plain], mem_bw),
+        "memory_kernels": kernels,
         "memory_bandwidth": mem_bw,
         "host_link": best_rate(host) if host else mem_bw,
         "adam_params_per_s": best_rate(adam) / 24.0 if adam else mem_bw / 24.0,
@@ -94,6 +101,7 @@ def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, t
     bench.attention("fp32")
     log("  memory-bound ops ...")
     bench.memory("fp32")
+    bench.embedding("fp32")
     bench.adamw()
     bench.copies()
     coll_device = device if device == "cpu" or torch.cuda.device_count() >= 2 else "cpu"

@@ -23,8 +23,11 @@ def _rel_rms(pred, meas) -> float:
 
 def fit_efficiency(work, seconds, peak: float) -> dict:
     """max, half and the fit's relative RMS error for samples (work, seconds) against `peak` (work/s)."""
-    from scipy.optimize import curve_fit
+    import warnings
 
+    from scipy.optimize import OptimizeWarning, curve_fit
+
+    warnings.simplefilter("ignore", OptimizeWarning)  # two-sample fits have no covariance; fine
     x = np.asarray(work, float)
     t = np.asarray(seconds, float)
     if len(x) < 2:

@@ -19,6 +19,10 @@ from __future__ import annotations
 from .timing import median_time
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# Kernel class (compute.MEMORY_KERNELS) of each memory-bound microbenchmark; "copy" is the
+# plain bandwidth-bound kernel that defines the generic `efficiency.memory` curve.
+KERNEL_OF = {"copy": "copy", "residual_add": "residual", "layernorm": "norm", "gelu": "gelu",
+             "cross_entropy": "cross_entropy", "embedding": "embedding", "adamw_fused": "optimizer"}
 
 
 def _torch():
@@ -42,8 +46,11 @@ class Bench:
         return median_time(fn, min_time=self.min_time, min_reps=3, max_reps=8 if self.quick else 30, sync=self.sync)
 
     def _add(self, op, kind, shape, dtype, pass_, work, seconds):
-        self.samples.append({"op": op, "kind": kind, "shape": list(shape), "dtype": dtype, "pass": pass_,
-                             "work": float(work), "seconds": float(seconds)})
+        row = {"op": op, "kind": kind, "shape": list(shape), "dtype": dtype, "pass": pass_,
+               "work": float(work), "seconds": float(seconds)}
+        if kind == "memory":
+            row["kernel"] = KERNEL_OF.get(op, op)
+        self.samples.append(row)
 
     # ------------------------------------------------------------------ GEMMs
     def gemm_shapes(self):
@@ -83,8 +90,12 @@ class Bench:
         F = torch.nn.functional
         dtype = getattr(torch, DTYPES[dt])
         for b, h, s, d in self.attention_shapes():
-            q, k, v = (torch.randn(b, h, s, d, device=dev, dtype=dtype, requires_grad=True) for _ in range(3))
-            go = torch.randn(b, h, s, d, device=dev, dtype=dtype)
+            # The layout a transformer layer hands the kernel (torch_model.py): Q, K and V are
+            # (b, s, heads, d) slices of the fused QKV output seen as (b, heads, s, d), and the
+            # gradient of the output arrives the same way. Strided inputs change the kernel's speed.
+            qkv = torch.randn(b, s, 3 * h * d, device=dev, dtype=dtype, requires_grad=True)
+            q, k, v = (t.view(b, s, h, d).transpose(1, 2) for t in qkv.split(h * d, dim=-1))
+            go = torch.randn(b, s, h, d, device=dev, dtype=dtype).transpose(1, 2)
             core = 2 * b * h * s * s * d
 
             def fwd():
@@ -93,7 +104,7 @@ class Bench:
 
             def fwd_bwd():
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                torch.autograd.grad(out, (q, k, v), go)
+                torch.autograd.grad(out, (qkv,), go)
 
             tf = self._time(fwd)
             tfb = self._time(fwd_bwd)
@@ -104,7 +115,9 @@ class Bench:
     def memory_sizes(self):
         if self.quick:
             return [(256, 256), (1024, 512)]
-        return [(t, h) for t in (128, 512, 2048, 8192) for h in (128, 256, 512, 1024)]
+        # Working sets of the models validate --torch trains (<= 8 MiB a tensor): the curve has
+        # no cache cliff, so sizes far beyond the last-level cache would bias it.
+        return [(t, h) for t in (128, 512, 2048) for h in (128, 256, 512, 1024)]
 
     def memory(self, dt: str = "fp32"):
         torch, dev = self.torch, self.device
@@ -132,7 +145,7 @@ class Bench:
                 self._add(name, "memory", (t, h), dt, "fwd", per * n, tf)
                 self._add(name, "memory", (t, h), dt, "bwd", 2 * per * n, max(tfb - tf, 1e-9))
         vocabs = (512, 2048) if self.quick else (512, 2048, 8192)
-        tokens = (256,) if self.quick else (256, 1024, 4096)
+        tokens = (256,) if self.quick else (128, 256, 512, 1024)
         for t in tokens:
             for vsz in vocabs:
                 logits = torch.randn(t, vsz, device=dev, dtype=torch.float32, requires_grad=True)
@@ -149,6 +162,31 @@ class Bench:
                 per = a + 4 + 4
                 self._add("cross_entropy", "memory", (t, vsz), dt, "fwd", per * t * vsz, tf)
                 self._add("cross_entropy", "memory", (t, vsz), dt, "bwd", 2 * per * t * vsz, max(tfb - tf, 1e-9))
+
+    def embedding(self, dt: str = "fp32"):
+        """Token + learned position embedding (gather and add), forward and backward: 3a B/element forward."""
+        torch, dev = self.torch, self.device
+        dtype = getattr(torch, DTYPES[dt])
+        a = torch.finfo(dtype).bits // 8
+        shapes = [(256, 128, 2048)] if self.quick else [(t, h, 2048) for t in (256, 1024) for h in (128, 256, 512)]
+        for t, h, vocab in shapes:
+            tok = torch.nn.Embedding(vocab, h, device=dev, dtype=dtype)
+            pos = torch.nn.Embedding(t, h, device=dev, dtype=dtype)
+            idx = torch.randint(0, vocab, (t,), device=dev)
+            ar = torch.arange(t, device=dev)
+            g = torch.randn(t, h, device=dev, dtype=dtype)
+
+            def fwd():
+                return tok(idx) + pos(ar)
+
+            def fwd_bwd():
+                (tok(idx) + pos(ar)).backward(g)
+
+            tf = self._time(fwd)
+            tfb = self._time(fwd_bwd)
+            n = t * h
+            self._add("embedding", "memory", (t, h, vocab), dt, "fwd", 3 * a * n, tf)
+            self._add("embedding", "memory", (t, h, vocab), dt, "bwd", 6 * a * n, max(tfb - tf, 1e-9))
 
     def adamw(self):
         """Fused AdamW step over one parameter tensor of P fp32 values: 24 B per parameter."""
@@ -175,6 +213,7 @@ class Bench:
         self.gemms(dtypes)
         self.attention("fp32")
         self.memory("fp32")
+        self.embedding("fp32")
         self.adamw()
         self.copies()
         return self.samples

@@ -89,6 +89,8 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
             "matmul": {"max": _r(fits["matmul"]["max"]), "half_flops": _r(fits["matmul"]["half"])},
             "attention": {"max": _r(fits["attention"]["max"]), "half_flops": _r(fits["attention"]["half"])},
             "memory": {"max": _r(fits["memory"]["max"]), "half_bytes": _r(fits["memory"]["half"])},
+            "memory_kernels": {k: {"max": _r(f["max"]), "half_bytes": _r(f["half"])}
+                               for k, f in fits.get("memory_kernels", {}).items()},
         },
         "sources": {
             "peak_tflops": (f"[measured] best achieved GEMM rate over the microbenchmark shapes ({how}); "
@@ -105,7 +107,8 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
             "framework_overhead_gib": ("[measured] resident memory of a process after importing torch"
                                        if dev == "cpu" else "[measured] CUDA context: used minus reserved"),
             "efficiency": "[measured] scipy.optimize.curve_fit of eff(x) = max*x/(x+half) to the samples "
-                          "below (relative time error); fit quality in calibration.fits",
+                          "below (relative time error); fit quality in calibration.fits. memory: plain copy and "
+                          "residual-add kernels; memory_kernels: each memory-bound kernel class on its own",
         },
         "calibration": {
             "date": today,
@@ -117,8 +120,9 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
             "devices_per_node": devices,
             "python": platform.python_version(),
             "platform": platform.platform(),
-            "fits": {k: {kk: (_r(vv) if isinstance(vv, float) else vv) for kk, vv in fits[k].items()}
-                     for k in ("matmul", "attention", "memory")},
+            "fits": {k: {kk: (_r(vv) if isinstance(vv, float) else vv) for kk, vv in f.items()}
+                     for k, f in [(k, fits[k]) for k in ("matmul", "attention", "memory")]
+                     + [(f"memory_kernels.{k}", f) for k, f in fits.get("memory_kernels", {}).items()]},
             "allreduce": {"ranks": coll["ranks"], "latency_us": _r(coll["latency_s"] * 1e6),
                           "bus_bandwidth_gbs": _r(coll["bus_bandwidth"] / 1e9), "rel_rms": _r(coll["rel_rms"])},
             "samples": [{**s, "work": _r(s["work"], 6), "seconds": _r(s["seconds"], 5)} for s in samples],

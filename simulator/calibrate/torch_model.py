@@ -50,7 +50,8 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
         def forward(self, x):
             b, s, h = x.shape
             nh = cfg.heads
-            q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, nh, h // nh).permute(2, 0, 3, 1, 4)
+            # split (backward: one cat) rather than unbind of a permuted view (backward: a strided stack)
+            q, k, v = (t.view(b, s, nh, h // nh).transpose(1, 2) for t in self.qkv(self.ln1(x)).split(h, dim=-1))
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
             return x + self.down(F.gelu(self.up(self.ln2(x))))
