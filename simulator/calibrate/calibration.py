@@ -79,7 +79,7 @@ def fit_all(samples: list[dict], collectives: list[dict], device: str) -> dict:
 
 
 def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, threads: int | None = None,
-                    log=print) -> dict:
+                    log=print, clock: str = "wall") -> dict:
     """Measure this machine and write NAME.yaml, NAME-node.yaml, NAME-net.yaml; returns a summary."""
     torch = require_torch()
     from .dist import collective_samples
@@ -91,10 +91,13 @@ def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, t
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device", device, "torch sees no CUDA device here; use --device cpu")
     threads = threads or default_threads(device)
+    if clock == "cpu" and (device != "cpu" or threads != 1):
+        raise InputError("--clock", clock, "the CPU clock measures one-thread CPU devices only; use --clock wall")
     torch.set_num_threads(threads)
     info = _machine_info(torch, device, threads, quick)
-    bench = Bench(device, quick=quick)
-    log(f"calibrate: {device}, {threads} thread(s), torch {torch.__version__}{' (quick)' if quick else ''}")
+    info["clock"] = clock
+    bench = Bench(device, quick=quick, clock=clock)
+    log(f"calibrate: {device}, {threads} thread(s), {clock} clock, torch {torch.__version__}{' (quick)' if quick else ''}")
     log("  GEMMs ...")
     bench.gemms(("fp32",) if device == "cpu" else ("fp32", "bf16"))
     log("  attention (SDPA forward and backward) ...")

@@ -33,7 +33,7 @@ def _torch():
 class Bench:
     """Runs microbenchmarks on one device with a time budget per measurement."""
 
-    def __init__(self, device: str = "cpu", quick: bool = False):
+    def __init__(self, device: str = "cpu", quick: bool = False, clock: str = "wall"):
         torch = _torch()
         self.torch = torch
         self.device = torch.device(device)
@@ -41,9 +41,11 @@ class Bench:
         self.min_time = 0.02 if quick else 0.15
         self.sync = torch.cuda.synchronize if self.device.type == "cuda" else None
         self.samples: list[dict] = []
+        self.clock = clock
 
     def _time(self, fn) -> float:
-        return median_time(fn, min_time=self.min_time, min_reps=3, max_reps=8 if self.quick else 30, sync=self.sync)
+        return median_time(fn, min_time=self.min_time, min_reps=3, max_reps=8 if self.quick else 30, sync=self.sync,
+                           clock=self.clock)
 
     def _add(self, op, kind, shape, dtype, pass_, work, seconds):
         row = {"op": op, "kind": kind, "shape": list(shape), "dtype": dtype, "pass": pass_,

@@ -72,7 +72,8 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
     today = info["date"]
     what = (f"{info['cpu_model']}, {info['threads']} thread(s) per device" if dev == "cpu"
             else info.get("gpu_name", "CUDA device"))
-    how = f"llmsim calibrate --device {dev}{' --quick' if info['quick'] else ''} on {today}, torch {info['torch']}"
+    how = (f"llmsim calibrate --device {dev}{' --quick' if info['quick'] else ''} --clock {info.get('clock', 'wall')}"
+           f" on {today}, torch {info['torch']}")
     acc = {
         "name": name,
         "description": f"Calibrated {dev}: {what}",
@@ -117,6 +118,7 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
             "device": dev,
             "device_name": what,
             "threads": info["threads"],
+            "clock": info.get("clock", "wall"),
             "devices_per_node": devices,
             "python": platform.python_version(),
             "platform": platform.platform(),
