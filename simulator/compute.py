@@ -59,7 +59,10 @@ def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
     # The backward traffic is split between the input- and weight-gradient kernels.
     bin_m = np.where(has_w, bwd_m / 2, bwd_m)
     bw_m = np.where(has_w, bwd_m / 2, 0.0)
-    return OpTimes(np.maximum(fwd_c, fwd_m), np.maximum(bin_c, bin_m), np.maximum(bw_c, bw_m))
+    # A framework's host cost per operator and pass (profile op_overhead_us; 0 on GPUs) adds
+    # to the forward and to the backward pass, where it is booked with the input gradient.
+    o = acc.op_overhead_s
+    return OpTimes(np.maximum(fwd_c, fwd_m) + o, np.maximum(bin_c, bin_m) + o, np.maximum(bw_c, bw_m))
 
 
 def memory_bound_time(nbytes, acc: Accelerator, kernel: str | None = None):

@@ -63,6 +63,9 @@ class Accelerator:
     # a plain bandwidth-bound kernel (e.g. GELU's erf is compute-bound on a CPU). Keys are
     # kernel classes (compute.MEMORY_KERNELS); absent classes use `memory`.
     memory_kernels: Mapping[str, Efficiency] = field(default_factory=dict)
+    # Host-side framework cost per operator and pass (Python, dispatcher, autograd) that runs
+    # serially with the kernels: a CPU device. 0 where kernels launch asynchronously (GPUs).
+    op_overhead_s: float = 0.0
 
     def memory_efficiency(self, kernel: str | None = None) -> Efficiency:
         return self.memory_kernels.get(kernel, self.memory) if kernel else self.memory
@@ -161,7 +164,7 @@ def _efficiency(data: Mapping, key: str, where: str, size_key: str) -> Efficienc
 
 ACCELERATOR_KEYS = ("name", "description", "vendor", "peak_tflops", "memory_gib", "memory_bandwidth_gbs",
                     "host_link", "host_link_gbs", "tdp_w", "price_usd_per_hour", "framework_overhead_gib",
-                    "efficiency", "sources", "calibration")
+                    "efficiency", "sources", "calibration", "op_overhead_us")
 
 
 def accelerator_from_dict(data, where: str) -> Accelerator:
@@ -192,6 +195,7 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
         memory=_efficiency(eff, "memory", f"{where}.efficiency", "half_bytes"),
         sources=_sources(data, where),
         memory_kernels=memory_kernels,
+        op_overhead_s=F.number(data, "op_overhead_us", where, 0.0, minimum=0.0, strict_min=False) * 1e-6,
     )
 
 

@@ -64,7 +64,9 @@ def fit_all(samples: list[dict], collectives: list[dict], device: str) -> dict:
     adam = [s for s in mem if s["op"] == "adamw_fused"]
     host = by("host_link")
     ranks = collectives[0]["ranks"]
+    over = by("overhead")
     return {
+        "op_overhead_s": (over[0]["seconds"] / over[0]["work"]) if over else 0.0,
         "peak_flops": peaks,
         "matmul": fit_efficiency([s["work"] for s in mm], [s["seconds"] for s in mm], p32),
         "attention": fit_efficiency([s["work"] for s in att], [s["seconds"] for s in att], p32),
@@ -106,6 +108,9 @@ def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, t
     bench.memory("fp32")
     bench.embedding("fp32")
     bench.adamw()
+    if device == "cpu":
+        log("  framework overhead per operator ...")
+        bench.overhead()
     bench.copies()
     coll_device = device if device == "cpu" or torch.cuda.device_count() >= 2 else "cpu"
     world = 2 if coll_device == "cpu" else min(torch.cuda.device_count(), 8)

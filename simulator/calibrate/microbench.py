@@ -200,6 +200,34 @@ class Bench:
             opt = torch.optim.AdamW([param], lr=1e-4, fused=True)
             self._add("adamw_fused", "memory", (p,), "fp32", "step", 24 * p, self._time(opt.step))
 
+    def overhead(self):
+        """Framework cost per operator and pass: forward + backward of a transformer at tiny sizes.
+
+        At hidden 8, sequence 4, the kernels do almost no work, so the time is the framework's
+        (Python modules, dispatcher, autograd, small glue ops). The difference between 3 and 1
+        layers isolates one layer; divided by 2 passes x the operators workload.py counts in a
+        layer it gives the cost per operator and pass (profile `op_overhead_us`).
+        """
+        torch, dev = self.torch, self.device
+        from ..model import ModelSpec
+        from ..workload import Shard, layer_ops
+        from .torch_model import GPTConfig, build_model
+
+        times = {}
+        for layers in (1, 3):
+            cfg = GPTConfig(layers=layers, hidden=8, heads=2, vocab=16, seq_len=4)
+            model = build_model(cfg, "none", dev)
+            x = torch.randint(0, 16, (1, 4), device=dev)
+
+            def fwd_bwd():
+                model(x, x).backward()
+
+            times[layers] = self._time(fwd_bwd)
+        spec = ModelSpec(**{k: v for k, v in GPTConfig(hidden=8, heads=2).model_fields().items()})
+        ops = len(layer_ops(spec, Shard(micro_batch=1)))
+        per_layer = max(0.0, (times[3] - times[1]) / 2)
+        self._add("framework_overhead", "overhead", (ops,), "fp32", "fwd+bwd", 2 * ops, per_layer)
+
     def copies(self):
         """Host<->device copies (CUDA only): pinned host buffer to device and back."""
         torch, dev = self.torch, self.device
@@ -217,5 +245,6 @@ class Bench:
         self.memory("fp32")
         self.embedding("fp32")
         self.adamw()
+        self.overhead()
         self.copies()
         return self.samples

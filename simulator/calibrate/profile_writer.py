@@ -86,6 +86,7 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
         "tdp_w": _r(info["tdp_w"]),
         "price_usd_per_hour": 0.0,
         "framework_overhead_gib": _r(info["framework_overhead_bytes"] / GIB),
+        "op_overhead_us": _r(fits["op_overhead_s"] * 1e6),
         "efficiency": {
             "matmul": {"max": _r(fits["matmul"]["max"]), "half_flops": _r(fits["matmul"]["half"])},
             "attention": {"max": _r(fits["attention"]["max"]), "half_flops": _r(fits["attention"]["half"])},
@@ -107,6 +108,9 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
             "price_usd_per_hour": "[estimate] own machine, not metered: 0; set training.price_usd_per_device_hour",
             "framework_overhead_gib": ("[measured] resident memory of a process after importing torch"
                                        if dev == "cpu" else "[measured] CUDA context: used minus reserved"),
+            "op_overhead_us": ("[measured] forward + backward of torch_model.GPT at hidden 8, sequence 4: "
+                               "(3 layers - 1 layer) / 2 / (2 passes x operators per layer in workload.py)"
+                               if dev == "cpu" else "[inferred] 0: CUDA kernels launch asynchronously"),
             "efficiency": "[measured] scipy.optimize.curve_fit of eff(x) = max*x/(x+half) to the samples "
                           "below (relative time error); fit quality in calibration.fits. memory: plain copy and "
                           "residual-add kernels; memory_kernels: each memory-bound kernel class on its own",
