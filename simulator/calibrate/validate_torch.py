@@ -75,9 +75,10 @@ def _grid() -> list[RunConfig]:
 def _quick_grid() -> list[RunConfig]:
     C = RunConfig
     return [
-        C("q-l2-h64-s64-b2", 2, 64, 2, 64, 2, vocab=512),
-        C("q-l2-h64-s64-b2-ga2-full", 2, 64, 2, 64, 2, grad_accum=2, recompute="full", vocab=512),
-        C("q-l2-h64-s64-b2-dp2", 2, 64, 2, 64, 2, dp=2, vocab=512),
+        # Small, but not so small that the framework's per-step overheads dominate (CI sanity)
+        C("q-l2-h128-s128-b2", 2, 128, 4, 128, 2, vocab=512),
+        C("q-l2-h128-s128-b2-ga2-full", 2, 128, 4, 128, 2, grad_accum=2, recompute="full", vocab=512),
+        C("q-l2-h128-s128-b2-dp2", 2, 128, 4, 128, 2, dp=2, vocab=512),
     ]
 
 
