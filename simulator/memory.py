@@ -171,13 +171,12 @@ def activation_bytes(model: ModelSpec, plan: Plan, stage: int):
     if plan.offload.activations != "none":
         flight = np.minimum(flight, 2)  # current micro-batch plus one being copied
     acts = model.layers / plan.pp * layer_activation_bytes(model, plan) * flight
-    rebuilt = layer_activation_bytes(model, plan, "none") if plan.recompute == "full" else 0.0
-    if stage == 0:
-        acts = acts + sum(op.saved_bytes for op in embedding_ops(model, shard)) * np.ceil(flight)
-    if stage == plan.pp - 1:
-        head = sum(op.saved_bytes for op in head_ops(model, shard)) + loss_backward_transient_bytes(model, plan)
-        return acts + np.maximum(rebuilt, head)
-    return acts + rebuilt  # one layer rebuilt at a time
+    rebuilt = layer_activation_bytes(model, plan, "none") if plan.recompute == "full" else 0.0  # one layer
+    first = np.asarray(stage == 0)
+    last = np.asarray(stage == plan.pp - 1)
+    acts = acts + first * (sum(op.saved_bytes for op in embedding_ops(model, shard)) * np.ceil(flight))
+    head = sum(op.saved_bytes for op in head_ops(model, shard)) + loss_backward_transient_bytes(model, plan)
+    return acts + np.where(last, np.maximum(rebuilt, head), rebuilt)
 
 
 def buffer_bytes(model: ModelSpec, plan: Plan, cluster: Cluster):
