@@ -62,7 +62,7 @@ def optimizer_step_time(plan: Plan, cluster: Cluster, params) -> object:
         return 0.0
     state = 8.0 if plan.precision in ("fp32", "tf32") else 12.0
     nbytes = local * (grad_bytes_per_param(plan) + 2 * state + weight_bytes_per_param(plan.precision))
-    return memory_bound_time(nbytes, cluster.accelerator)
+    return memory_bound_time(nbytes, cluster.accelerator, "optimizer")
 
 
 def offload_time(model: ModelSpec, plan: Plan, cluster: Cluster, crit: StageCost, params, act_bytes_mb) -> object:

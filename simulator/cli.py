@@ -1,4 +1,4 @@
-"""`llmsim` command line: evaluate, validate, hardware list, models list.
+"""`llmsim` command line: evaluate, validate (--published, --torch), calibrate, hardware list, models list.
 
 Bad input exits with code 2 and one line on stderr naming the field, the value and what
 is allowed; never a traceback.
@@ -94,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     va = sub.add_parser("validate", help="compare predictions with measured runs")
     va.add_argument("--published", action="store_true", help="reproduce the published runs (scenarios/published)")
+    va.add_argument("--torch", action="store_true",
+                    help="run real torch training steps on this machine and compare (needs the calibrate extra)")
+    va.add_argument("--profile", default=None, metavar="P",
+                    help="--torch: calibrated accelerator profile (path or name in hardware_profiles/calibrated; "
+                         "default: the newest there)")
+    va.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="--torch: where to train")
+    va.add_argument("--quick", action="store_true", help="--torch: a tiny grid (CI)")
     va.add_argument("--json", action="store_true")
     va.add_argument("--engine", choices=("analytic",), default="analytic")
     va.add_argument("--fit-matmul", metavar="RUN_PREFIX", default=None,
@@ -130,6 +137,19 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--kind", required=True, choices=PLOT_KINDS)
     pl.add_argument("-o", "--out", required=True, help="output image, e.g. plot.png")
     pl.add_argument("--row", type=int, default=None, help="--kind memory: the table row to draw (default: best)")
+
+    ca = sub.add_parser("calibrate", help="measure this machine with torch and write a hardware profile")
+    ca.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ca.add_argument("--quick", action="store_true", help="a few shapes only (CI)")
+    ca.add_argument("--threads", type=int, default=None,
+                    help="CPU threads per device (default: half the cores, so DP=2 fills the machine)")
+    ca.add_argument("-o", "--output", required=True, metavar="FILE",
+                    help="accelerator profile to write, e.g. hardware_profiles/calibrated/NAME.yaml "
+                         "(NAME-node.yaml and NAME-net.yaml are written beside it)")
+    ca.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall: elapsed time; cpu: process CPU time, robust to other work on a shared machine "
+                         "(one-thread CPU devices only). validate --torch compares on the profile's clock")
+    ca.add_argument("--json", action="store_true")
 
     hw = sub.add_parser("hardware", help="hardware profiles")
     hw.add_argument("what", choices=("list",))
@@ -204,9 +224,61 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def cmd_calibrate(args) -> int:
+    from .calibrate import require_torch
+
+    require_torch()
+    from .calibrate.calibration import run_calibration
+
+    if args.threads is not None and args.threads < 1:
+        raise InputError("--threads", args.threads, "expected a positive integer")
+    log = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    summary = run_calibration(args.output, device=args.device, quick=args.quick, threads=args.threads, log=log,
+                              clock=args.clock)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(f"peak {summary['peak_tflops']} TFLOP/s (best measured GEMM), memory {summary['memory_bandwidth_gbs']} GB/s")
+    for k, fit in summary["fits"].items():
+        print(f"  {k:28s} max {fit['max']:.3f}  half {fit['half']:.3g}  (fit rel. RMS {100 * fit['rel_rms']:.0f}%, "
+              f"{fit['samples']} samples)")
+    ar = summary["allreduce"]
+    print(f"  all-reduce {ar['ranks']} ranks: {ar['latency_us']:.0f} us per step, {ar['bus_bandwidth_gbs']:.2f} GB/s bus")
+    print("wrote " + ", ".join(summary["paths"]))
+    return 0
+
+
+def cmd_validate_torch(args) -> int:
+    from .calibrate import require_torch
+
+    require_torch()
+    from .calibrate.validate_torch import run_validation
+
+    log = None if args.json else print
+    out = run_validation(args.profile, quick=args.quick, device=args.device, log=log)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    rows = [(r["config"], f"{1e3 * r['measured_step_s']:.1f}", f"{1e3 * r['predicted_step_s']:.1f}",
+             f"{r['step_error_pct']:+.1f}%", f"{r['measured_memory_mib']:.1f}", f"{r['predicted_memory_mib']:.1f}",
+             f"{r['memory_error_pct']:+.1f}%") for r in out["rows"]]
+    print()
+    print(_fmt_table(rows, ("config", "measured ms", "predicted ms", "error", "measured MiB", "predicted MiB",
+                            "error")))
+    extra = f" (wall clock {out['wall_mape_pct']:.1f}%)" if out["clock"] != "wall" else ""
+    print(f"\nstep-time MAPE {out['mape_pct']:.1f}% on the {out['clock']} clock{extra}, memory MAPE "
+          f"{out['memory_mape_pct']:.1f}% over {len(out['rows'])} configurations ({out['device']}, "
+          f"{out['threads']} thread(s) per device, profile {out['profile']})")
+    return 0
+
+
 def cmd_validate(args) -> int:
+    if args.torch and args.published:
+        raise InputError("validate", "--published --torch", "choose one of --published or --torch")
+    if args.torch:
+        return cmd_validate_torch(args)
     if not args.published:
-        raise InputError("validate", "", "choose what to validate against: --published")
+        raise InputError("validate", "", "choose what to validate against: --published or --torch")
     from .published import fit_matmul_max, validate_published
 
     if args.fit_matmul:
@@ -345,6 +417,8 @@ def main(argv=None) -> int:
             return cmd_evaluate(args)
         if args.command == "validate":
             return cmd_validate(args)
+        if args.command == "calibrate":
+            return cmd_calibrate(args)
         if args.command in COMMANDS:
             return COMMANDS[args.command](args)
         return cmd_list(args)

@@ -59,6 +59,16 @@ class Accelerator:
     attention: Efficiency
     memory: Efficiency
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    # Optional per-kernel curves for memory-bound operators whose achieved rate differs from
+    # a plain bandwidth-bound kernel (e.g. GELU's erf is compute-bound on a CPU). Keys are
+    # kernel classes (compute.MEMORY_KERNELS); absent classes use `memory`.
+    memory_kernels: Mapping[str, Efficiency] = field(default_factory=dict)
+    # Host-side framework cost per operator and pass (Python, dispatcher, autograd) that runs
+    # serially with the kernels: a CPU device. 0 where kernels launch asynchronously (GPUs).
+    op_overhead_s: float = 0.0
+
+    def memory_efficiency(self, kernel: str | None = None) -> Efficiency:
+        return self.memory_kernels.get(kernel, self.memory) if kernel else self.memory
 
     def peak(self, precision: str) -> float:
         if precision not in self.peak_flops:
@@ -154,7 +164,7 @@ def _efficiency(data: Mapping, key: str, where: str, size_key: str) -> Efficienc
 
 ACCELERATOR_KEYS = ("name", "description", "vendor", "peak_tflops", "memory_gib", "memory_bandwidth_gbs",
                     "host_link", "host_link_gbs", "tdp_w", "price_usd_per_hour", "framework_overhead_gib",
-                    "efficiency", "sources", "calibration")
+                    "efficiency", "sources", "calibration", "op_overhead_us")
 
 
 def accelerator_from_dict(data, where: str) -> Accelerator:
@@ -166,7 +176,10 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
     if not peak_flops:
         raise InputError(f"{where}.peak_tflops", dict(peaks), "at least one precision is needed")
     eff = F.require_mapping(data.get("efficiency"), f"{where}.efficiency")
-    F.reject_unknown(eff, ("matmul", "attention", "memory"), f"{where}.efficiency")
+    F.reject_unknown(eff, ("matmul", "attention", "memory", "memory_kernels"), f"{where}.efficiency")
+    kernels = F.require_mapping(eff.get("memory_kernels") or {}, f"{where}.efficiency.memory_kernels")
+    memory_kernels = {str(k): _efficiency(kernels, k, f"{where}.efficiency.memory_kernels", "half_bytes")
+                      for k in kernels}
     return Accelerator(
         name=F.text(data, "name", where),
         description=F.text(data, "description", where, ""),
@@ -181,6 +194,8 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
         attention=_efficiency(eff, "attention", f"{where}.efficiency", "half_flops"),
         memory=_efficiency(eff, "memory", f"{where}.efficiency", "half_bytes"),
         sources=_sources(data, where),
+        memory_kernels=memory_kernels,
+        op_overhead_s=F.number(data, "op_overhead_us", where, 0.0, minimum=0.0, strict_min=False) * 1e-6,
     )
 
 
@@ -240,29 +255,54 @@ def network_from_dict(data, where: str, need_sources: bool = True) -> Network:
 _KINDS = {"accelerators": accelerator_from_dict, "nodes": node_from_dict, "networks": network_from_dict}
 
 
+CALIBRATED = "calibrated"  # profiles written by `llmsim calibrate`, found by name as a fallback
+
+
 def available(kind: str) -> list[str]:
     folder = profiles_dir() / kind
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
+def _load_file(kind: str, path: Path, where: str):
+    profile = _KINDS[kind](load_yaml(path, where), where)
+    if profile.name != path.stem:
+        raise InputError(f"{where}.name", profile.name, f"must equal the file name {path.stem!r}")
+    return profile
+
+
 @lru_cache(maxsize=None)
 def _load(kind: str, name: str, root: str):
+    """hardware_profiles/KIND/NAME.yaml, else hardware_profiles/calibrated/NAME.yaml."""
     path = Path(root) / kind / f"{name}.yaml"
-    if not path.is_file():
-        raise InputError(f"cluster.{kind[:-1]}", name, "known: " + ", ".join(available(kind)))
     where = f"{kind}/{name}.yaml"
-    profile = _KINDS[kind](load_yaml(path, where), where)
-    if profile.name != name:
-        raise InputError(f"{where}.name", profile.name, f"must equal the file name {name!r}")
-    return profile
+    if not path.is_file():
+        path = Path(root) / CALIBRATED / f"{name}.yaml"
+        where = f"{CALIBRATED}/{name}.yaml"
+    if not path.is_file() or os.sep in name or "/" in name:
+        raise InputError(f"cluster.{kind[:-1]}", name, "known: " + ", ".join(available(kind)))
+    return _load_file(kind, path, where)
 
 
 def _by_name_or_path(kind: str, ref: str):
     """A profile by name (hardware_profiles/KIND/NAME.yaml) or by a path to a YAML file."""
     if ref.endswith((".yaml", ".yml")) or os.sep in ref:
         where = ref
-        return _KINDS[kind](load_yaml(ref, where), where)
+        profile = _KINDS[kind](load_yaml(ref, where), where)
+        if kind == "nodes":
+            profile = _with_siblings(profile, Path(ref).parent)
+        return profile
     return _load(kind, ref, str(profiles_dir()))
+
+
+def _with_siblings(node: "Node", folder: Path) -> "Node":
+    """A node loaded by path names its accelerator and network; files with those names beside it
+    win over hardware_profiles/ (how `llmsim calibrate` writes NAME.yaml, NAME-node.yaml, NAME-net.yaml)."""
+    changes = {}
+    for attr in ("accelerator", "network"):
+        sibling = folder / f"{getattr(node, attr)}.yaml"
+        if sibling.is_file():
+            changes[attr] = str(sibling)
+    return replace(node, **changes) if changes else node
 
 
 def load_accelerator(ref: str) -> Accelerator:

@@ -174,19 +174,38 @@ def layer_activation_bytes(model: ModelSpec, plan: Plan, recompute: str | None =
     return sum(op.saved_bytes for op in ops)
 
 
+def loss_backward_transient_bytes(model: ModelSpec, plan: Plan):
+    """Bytes the loss's backward pass holds on top of the saved tensors, at its start.
+
+    Cross-entropy's backward materialises the fp32 gradient of the log-probabilities and
+    then of the logits (4 B each per logit, vocab split over TP) while the saved softmax is
+    still live (PyTorch: nll_loss_backward, then _log_softmax_backward_data); both are
+    freed once the lm_head's backward has consumed them. Found comparing torch runs on CPU
+    with predictions (docs/calibration.md): two logits-sized fp32 buffers, as derived.
+    """
+    tokens = plan.micro_batch * model.seq_len / plan.cp
+    return 2 * 4 * tokens * model.vocab / plan.tp
+
+
 def activation_bytes(model: ModelSpec, plan: Plan, stage: int):
+    """Peak bytes of saved activations (and transients) on a device of pipeline stage `stage`.
+
+    The backward pass frees each operator's saved tensors as it passes it. So on the last
+    stage the peak is at the start of the backward pass (everything saved, plus the loss's
+    transient gradients), except under full recomputation, where the rebuilt layer comes
+    after the head's tensors are gone and the peak is the larger of the two moments.
+    """
     shard = shard_of(plan, model)
     flight = in_flight(plan, stage)
     if plan.offload.activations != "none":
         flight = np.minimum(flight, 2)  # current micro-batch plus one being copied
     acts = model.layers / plan.pp * layer_activation_bytes(model, plan) * flight
-    if plan.recompute == "full":
-        acts = acts + layer_activation_bytes(model, plan, "none")  # one layer rebuilt at a time
+    rebuilt = layer_activation_bytes(model, plan, "none") if plan.recompute == "full" else 0.0  # one layer
     first = np.asarray(stage == 0)
     last = np.asarray(stage == plan.pp - 1)
     acts = acts + first * (sum(op.saved_bytes for op in embedding_ops(model, shard)) * np.ceil(flight))
-    acts = acts + last * sum(op.saved_bytes for op in head_ops(model, shard))
-    return acts
+    head = sum(op.saved_bytes for op in head_ops(model, shard)) + loss_backward_transient_bytes(model, plan)
+    return acts + np.where(last, np.maximum(rebuilt, head), rebuilt)
 
 
 def buffer_bytes(model: ModelSpec, plan: Plan, cluster: Cluster):

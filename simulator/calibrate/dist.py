@@ -1,0 +1,119 @@
+"""Local multi-process torch.distributed: a launcher and the collective microbenchmark.
+
+`launch(fn, world_size, ...)` starts `world_size` spawned processes on this machine, each
+with `threads` intra-op threads, joined by gloo (CPU) or NCCL (CUDA, one GPU per rank),
+runs `fn(rank, world_size, *args)` in each and returns rank 0's result. `fn` must be a
+module-level function (spawn pickles it by name).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+import traceback
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, backend, threads, fn, args, queue):
+    import torch
+    import torch.distributed as dist
+
+    try:
+        torch.set_num_threads(threads)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        try:
+            out = fn(rank, world, *args)
+        finally:
+            dist.destroy_process_group()
+        queue.put((rank, True, out))
+    except BaseException:  # report, do not hang the parent
+        queue.put((rank, False, traceback.format_exc(limit=5)))
+
+
+def launch(fn, world_size: int, args: tuple = (), threads: int = 1, device: str = "cpu", timeout_s: float = 900):
+    """Run fn(rank, world_size, *args) in `world_size` local processes; rank 0's return value."""
+    import torch.multiprocessing as mp
+
+    backend = "nccl" if device == "cuda" else "gloo"
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    env_before = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # children inherit it before importing torch
+    try:
+        procs = [ctx.Process(target=_worker, args=(r, world_size, port, backend, threads, fn, args, queue))
+                 for r in range(world_size)]
+        for p in procs:
+            p.start()
+    finally:
+        if env_before is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env_before
+    results, errors = {}, []
+    deadline = time.monotonic() + timeout_s
+    import queue as _queue
+
+    try:
+        while len(results) + len(errors) < world_size:
+            try:
+                rank, ok, out = queue.get(timeout=1.0)
+            except _queue.Empty:
+                dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in results]
+                if dead:
+                    errors.append(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} without a result")
+                    break
+                if time.monotonic() > deadline:
+                    errors.append(f"no result within {timeout_s:.0f} s")
+                    break
+                continue
+            (results.__setitem__(rank, out) if ok else errors.append(f"rank {rank}: {out}"))
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+    if errors:
+        raise RuntimeError("distributed worker failed:\n" + "\n".join(errors))
+    return results[0]
+
+
+# ------------------------------------------------------------------ collective benchmark
+
+def _allreduce_worker(rank, world, sizes, reps, device):
+    import torch
+    import torch.distributed as dist
+
+    dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
+    out = []
+    for nbytes in sizes:
+        buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=dev)
+        for _ in range(2):  # warm-up: connection set-up, buffers
+            dist.all_reduce(buf)
+        times = []
+        for _ in range(reps):  # the same count on every rank: collectives must match
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(buf)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        out.append({"op": "all_reduce", "bytes": buf.numel() * 4, "ranks": world,
+                    "seconds": statistics.median(times)})
+    return out
+
+
+def collective_samples(device: str = "cpu", quick: bool = False, threads: int = 1, world_size: int = 2) -> list[dict]:
+    """Median all-reduce seconds over message sizes between `world_size` local processes."""
+    sizes = [2**k for k in ((12, 16, 20, 23) if quick else range(10, 27, 2))]
+    reps = 5 if quick else 15
+    return launch(_allreduce_worker, world_size, (sizes, reps, device), threads=threads, device=device)

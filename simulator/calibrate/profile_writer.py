@@ -1,0 +1,205 @@
+"""Turn microbenchmark samples and fits into hardware profiles (accelerator, node, network YAML).
+
+`llmsim calibrate -o DIR/NAME.yaml` writes three files that follow the ordinary schemas
+(hardware_profiles/README.md) and load with the ordinary loader:
+
+    DIR/NAME.yaml           accelerator: one "device" = one torch process with `threads`
+                            intra-op threads (CPU) or one GPU, with a `calibration:` block
+                            (date, torch version, device, threads, fits, raw samples)
+    DIR/NAME-node.yaml      node: devices_per_node such devices; scale-up link = the
+                            measured all-reduce between local processes (gloo or NCCL)
+    DIR/NAME-net.yaml       network: the same loopback numbers (a calibrated machine is one
+                            node; a scale-out network is never used, but a node names one)
+
+A node loaded by path finds its accelerator and network beside it (hardware.py), and
+profiles in hardware_profiles/calibrated/ are also found by name.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+from pathlib import Path
+
+import yaml
+
+GIB = 2**30
+
+
+def _meminfo() -> dict:
+    out = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, rest = line.split(":", 1)
+            out[key] = float(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def rss_bytes() -> float:
+    """Resident set size of this process (Linux), 0 when unknown."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _r(x, digits=4):
+    """Round to `digits` significant figures (keeps YAML readable; floats stay floats)."""
+    return float(f"{float(x):.{digits}g}")
+
+
+def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives: list) -> tuple[dict, dict, dict]:
+    """(accelerator, node, network) mappings. `info` describes the machine and the run."""
+    dev = info["device"]
+    peak = fits["peak_flops"]
+    mem_bw = fits["memory_bandwidth"]
+    coll = fits["allreduce"]
+    devices = info["devices_per_node"]
+    today = info["date"]
+    what = (f"{info['cpu_model']}, {info['threads']} thread(s) per device" if dev == "cpu"
+            else info.get("gpu_name", "CUDA device"))
+    how = (f"llmsim calibrate --device {dev}{' --quick' if info['quick'] else ''} --clock {info.get('clock', 'wall')}"
+           f" on {today}, torch {info['torch']}")
+    acc = {
+        "name": name,
+        "description": f"Calibrated {dev}: {what}",
+        "vendor": info.get("vendor", ""),
+        "peak_tflops": {k: _r(v / 1e12) for k, v in peak.items()},
+        "memory_gib": _r(info["memory_bytes"] / GIB),
+        "memory_bandwidth_gbs": _r(mem_bw / 1e9),
+        "host_link": "host memory (the CPU is the device)" if dev == "cpu" else "PCIe / host link",
+        "host_link_gbs": _r(fits["host_link"] / 1e9),
+        "tdp_w": _r(info["tdp_w"]),
+        "price_usd_per_hour": 0.0,
+        "framework_overhead_gib": _r(info["framework_overhead_bytes"] / GIB),
+        "op_overhead_us": _r(fits["op_overhead_s"] * 1e6),
+        "efficiency": {
+            "matmul": {"max": _r(fits["matmul"]["max"]), "half_flops": _r(fits["matmul"]["half"])},
+            "attention": {"max": _r(fits["attention"]["max"]), "half_flops": _r(fits["attention"]["half"])},
+            "memory": {"max": _r(fits["memory"]["max"]), "half_bytes": _r(fits["memory"]["half"])},
+            "memory_kernels": {k: {"max": _r(f["max"]), "half_bytes": _r(f["half"])}
+                               for k, f in fits.get("memory_kernels", {}).items()},
+        },
+        "sources": {
+            "peak_tflops": (f"[measured] best achieved GEMM rate over the microbenchmark shapes ({how}); "
+                            "not a theoretical peak, so efficiency.matmul is relative to it"),
+            "memory_gib": ("[measured] MemAvailable / devices_per_node at calibration time" if dev == "cpu"
+                           else "[measured] torch.cuda.get_device_properties().total_memory"),
+            "memory_bandwidth_gbs": ("[measured] best achieved rate of the memory-bound microbenchmarks "
+                                     "(bytes counted as workload.py counts them); for small working sets "
+                                     "this is cache bandwidth"),
+            "host_link_gbs": ("[inferred] the CPU is its own host: the measured memory bandwidth" if dev == "cpu"
+                              else "[measured] best pinned host-to-device copy rate"),
+            "tdp_w": "[estimate] not measurable from torch; a placeholder for energy estimates, set it by hand",
+            "price_usd_per_hour": "[estimate] own machine, not metered: 0; set training.price_usd_per_device_hour",
+            "framework_overhead_gib": ("[measured] resident memory of a process after importing torch"
+                                       if dev == "cpu" else "[measured] CUDA context: used minus reserved"),
+            "op_overhead_us": ("[measured] forward + backward of torch_model.GPT at hidden 8, sequence 4: "
+                               "(3 layers - 1 layer) / 2 / (2 passes x operators per layer in workload.py)"
+                               if dev == "cpu" else "[inferred] 0: CUDA kernels launch asynchronously"),
+            "efficiency": "[measured] scipy.optimize.curve_fit of eff(x) = max*x/(x+half) to the samples "
+                          "below (relative time error); fit quality in calibration.fits. memory: plain copy and "
+                          "residual-add kernels; memory_kernels: each memory-bound kernel class on its own",
+        },
+        "calibration": {
+            "date": today,
+            "tool": how,
+            "torch": info["torch"],
+            "device": dev,
+            "device_name": what,
+            "threads": info["threads"],
+            "clock": info.get("clock", "wall"),
+            "devices_per_node": devices,
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "fits": {k: {kk: (_r(vv) if isinstance(vv, float) else vv) for kk, vv in f.items()}
+                     for k, f in [(k, fits[k]) for k in ("matmul", "attention", "memory")]
+                     + [(f"memory_kernels.{k}", f) for k, f in fits.get("memory_kernels", {}).items()]},
+            "allreduce": {"ranks": coll["ranks"], "latency_us": _r(coll["latency_s"] * 1e6),
+                          "bus_bandwidth_gbs": _r(coll["bus_bandwidth"] / 1e9), "rel_rms": _r(coll["rel_rms"])},
+            "samples": [{**s, "work": _r(s["work"], 6), "seconds": _r(s["seconds"], 5)} for s in samples],
+            "collective_samples": [{**c, "seconds": _r(c["seconds"], 5)} for c in collectives],
+        },
+    }
+    backend = "gloo over loopback TCP" if dev == "cpu" else "NCCL"
+    node = {
+        "name": f"{name}-node",
+        "description": f"The calibrated machine: {devices} x {name} joined by {backend}",
+        "accelerator": name,
+        "devices_per_node": devices,
+        "scaleup": {"name": f"{backend} between local processes", "bandwidth_gbs": _r(coll["bus_bandwidth"] / 1e9),
+                    "domain_devices": devices, "latency_us": _r(coll["latency_s"] * 1e6), "efficiency": 1.0},
+        "network": f"{name}-net",
+        "nics": 1,
+        "nic_gbps": _r(coll["bus_bandwidth"] * 8 / 1e9),
+        "host_memory_gib": _r(info["host_memory_bytes"] / GIB),
+        "nvme_read_gbs": 1.0,
+        "nvme_write_gbs": 1.0,
+        "host_adam_params_per_s": _r(fits["adam_params_per_s"] * devices),
+        "sources": {
+            "devices_per_node": ("[measured] CPU cores / threads per device" if dev == "cpu"
+                                 else "[measured] torch.cuda.device_count()"),
+            "scaleup": (f"[measured] {coll['ranks']}-process all-reduce with torch.distributed ({backend}): "
+                        "bandwidth_gbs is the fitted bus bandwidth, so efficiency is 1.0; latency_us per ring step"),
+            "nics": "[inferred] one machine: the scale-out network is never used; loopback numbers stand in",
+            "nic_gbps": "[inferred] the measured loopback bus bandwidth",
+            "host_memory_gib": "[measured] MemTotal",
+            "nvme_read_gbs": "[estimate] not measured; placeholder for offload plans",
+            "nvme_write_gbs": "[estimate] not measured; placeholder for offload plans",
+            "host_adam_params_per_s": "[measured] best fused AdamW rate of one device x devices_per_node",
+        },
+    }
+    net = {
+        "name": f"{name}-net",
+        "description": "Loopback between local processes (stands in for a scale-out network on one machine)",
+        "latency_us": _r(coll["latency_s"] * 1e6),
+        "efficiency": 1.0,
+        "oversubscription": 1.0,
+        "sources": {"latency_us": f"[measured] {backend} all-reduce fit, per ring step",
+                    "efficiency": "[inferred] bandwidths are measured bus bandwidths"},
+    }
+    return acc, node, net
+
+
+def _dump(data: dict, path: Path, header: str) -> None:
+    """Block-style YAML; the raw sample lists (the calibration block's tail) one flow mapping a line."""
+    data = dict(data)
+    cal = dict(data.pop("calibration", None) or {})
+    tails = {k: cal.pop(k) for k in ("samples", "collective_samples") if k in cal}
+    if cal:
+        data["calibration"] = cal
+    text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=120)
+    for key, rows in tails.items():
+        text += f"  {key}:\n"
+        text += "".join("  - " + yaml.safe_dump(r, sort_keys=False, default_flow_style=True, width=10**6).strip() + "\n"
+                        for r in rows)
+    path.write_text(header + text, encoding="utf-8")
+
+
+def write_profiles(out: str | Path, acc: dict, node: dict, net: dict) -> list[Path]:
+    """Write the three files; `out` is the accelerator's path (its stem must be the profile name)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    header = "# Written by `llmsim calibrate`; schema in hardware_profiles/README.md.\n"
+    paths = [out, out.with_name(f"{node['name']}.yaml"), out.with_name(f"{net['name']}.yaml")]
+    for data, path in zip((acc, node, net), paths):
+        _dump(data, path, header)
+    return paths
+
+
+def today() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,84 @@
+"""A small GPT written in torch with the structure workload.py models, op for op.
+
+Per layer: LayerNorm -> fused QKV linear -> causal scaled_dot_product_attention (the
+flash kernel on CPU and CUDA) -> output linear -> residual add -> LayerNorm -> linear
+(4h) -> GELU -> linear -> residual add. Around the layers: token + learned position
+embedding, final LayerNorm, lm_head tied to the token embedding, fp32 cross-entropy.
+No dropout. AdamW (fused). Full recomputation wraps each layer in
+torch.utils.checkpoint (non-reentrant): only each layer's input is kept.
+
+`model_fields()` gives the simulator's model section for the same network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    layers: int = 2
+    hidden: int = 128
+    heads: int = 4
+    vocab: int = 2048
+    seq_len: int = 128
+
+    def model_fields(self) -> dict:
+        """The scenario `model` section describing this network to the simulator."""
+        return {"name": "torch-gpt", **asdict(self), "kv_heads": self.heads, "ffn_hidden": 4 * self.hidden,
+                "activation": "gelu", "norm": "layernorm", "position_embedding": "learned", "bias": True,
+                "tied_embeddings": True, "dropout": False}
+
+
+def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            h = cfg.hidden
+            self.ln1 = nn.LayerNorm(h)
+            self.qkv = nn.Linear(h, 3 * h)
+            self.proj = nn.Linear(h, h)
+            self.ln2 = nn.LayerNorm(h)
+            self.up = nn.Linear(h, 4 * h)
+            self.down = nn.Linear(4 * h, h)
+
+        def forward(self, x):
+            b, s, h = x.shape
+            nh = cfg.heads
+            # split (backward: one cat) rather than unbind of a permuted view (backward: a strided stack)
+            q, k, v = (t.view(b, s, nh, h // nh).transpose(1, 2) for t in self.qkv(self.ln1(x)).split(h, dim=-1))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
+            return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
+            self.pos = nn.Embedding(cfg.seq_len, cfg.hidden)
+            self.blocks = nn.ModuleList(Block() for _ in range(cfg.layers))
+            self.ln_f = nn.LayerNorm(cfg.hidden)
+            self.recompute = recompute
+
+        def forward(self, idx, targets):
+            s = idx.shape[1]
+            x = self.tok(idx) + self.pos(torch.arange(s, device=idx.device))
+            for blk in self.blocks:
+                if self.recompute == "full" and torch.is_grad_enabled():
+                    x = checkpoint(blk, x, use_reentrant=False)
+                else:
+                    x = blk(x)
+            logits = F.linear(self.ln_f(x), self.tok.weight)  # tied lm_head
+            return F.cross_entropy(logits.view(-1, cfg.vocab), targets.view(-1))
+
+    torch.manual_seed(0)
+    return GPT().to(device)
+
+
+def param_count(model) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,132 @@
+"""`llmsim calibrate` and `llmsim validate --torch`: the pipeline runs and its numbers are sane.
+
+Quick versions only (a few shapes, three tiny configurations); no timing asserts beyond a
+loose sanity factor: CI machines are noisy. CUDA tests skip without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("scipy")
+
+from simulator.cli import main  # noqa: E402
+from simulator.hardware import cluster_from_dict, load_accelerator, load_node  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SANITY = 3.0  # predictions within this factor of measurements
+
+
+@pytest.fixture(scope="module")
+def quick_profile(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cal") / "quick-cpu.yaml"
+    # one thread, CPU clock: robust to other work on a shared CI machine
+    assert main(["calibrate", "--device", "cpu", "--quick", "--threads", "1", "--clock", "cpu", "-o", str(out),
+                 "--json"]) == 0
+    return out
+
+
+def test_profile_loads_with_the_normal_loader(quick_profile):
+    acc = load_accelerator(str(quick_profile))
+    assert acc.name == "quick-cpu"
+    for eff in (acc.matmul, acc.attention, acc.memory, *acc.memory_kernels.values()):
+        assert 0 < eff.max <= 1 and eff.half >= 0
+    assert {"norm", "gelu", "cross_entropy", "optimizer"} <= set(acc.memory_kernels)
+    assert 1e9 < acc.peak("fp32") < 1e15
+    assert acc.hbm_bandwidth > 1e8
+    node = load_node(str(quick_profile.with_name("quick-cpu-node.yaml")))
+    assert node.devices_per_node >= 1 and node.scaleup.bandwidth > 0 and node.scaleup.latency_s > 0
+    cluster = cluster_from_dict({"node": str(quick_profile.with_name("quick-cpu-node.yaml"))})
+    assert cluster.accelerator.name == "quick-cpu"
+    data = __import__("yaml").safe_load(quick_profile.read_text())
+    cal = data["calibration"]
+    assert cal["torch"] == str(torch.__version__) and cal["device"] == "cpu" and cal["threads"] >= 1
+    assert cal["date"] and len(cal["samples"]) > 10 and len(cal["collective_samples"]) >= 3
+
+
+def test_validate_torch_quick_is_sane(quick_profile, capsys):
+    rc = main(["validate", "--torch", "--quick", "--profile", str(quick_profile), "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = out["rows"]
+    assert len(rows) >= 2 and math.isfinite(out["mape_pct"]) and math.isfinite(out["memory_mape_pct"])
+    for r in rows:
+        for meas, pred in ((r["measured_step_s"], r["predicted_step_s"]),
+                           (r["measured_memory_mib"], r["predicted_memory_mib"])):
+            assert math.isfinite(pred) and pred > 0 and meas > 0
+            assert 1 / SANITY < pred / meas < SANITY, r
+    assert any(r["dp"] == 2 for r in rows) and any(r["recompute"] == "full" for r in rows)
+
+
+def test_fit_recovers_a_known_curve():
+    from simulator.calibrate.fit import fit_allreduce, fit_efficiency
+
+    x = np.logspace(5, 10, 12)
+    peak = 1e11
+    t = (x + 3e7) / (peak * 0.8)
+    f = fit_efficiency(x, t, peak)
+    assert f["max"] == pytest.approx(0.8, rel=1e-3) and f["half"] == pytest.approx(3e7, rel=1e-2)
+    s = np.logspace(3, 8, 8)
+    ar = fit_allreduce(s, 2 * 50e-6 + s / 2e9, ranks=2)
+    assert ar["latency_s"] == pytest.approx(50e-6, rel=1e-2) and ar["bus_bandwidth"] == pytest.approx(2e9, rel=1e-2)
+
+
+def test_cpu_peak_memory_counts_live_tensor_bytes():
+    from simulator.calibrate.memtrack import peak_live_bytes
+
+    x = torch.randn(256, 1024, requires_grad=True)  # 1 MiB
+
+    def step():
+        y = (x * 2).relu()  # two 1 MiB tensors live, then the gradient
+        y.sum().backward()
+
+    peak = peak_live_bytes(step, baseline=2**20)
+    assert 3 * 2**20 <= peak <= 5 * 2**20
+
+
+def test_import_simulator_does_not_import_torch():
+    code = ("import sys, simulator, simulator.cli, simulator.calibrate; "
+            "assert 'torch' not in sys.modules and 'scipy' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_missing_torch_is_one_line_exit_2(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
+    assert main(["calibrate", "-o", str(tmp_path / "x.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install -e '.[calibrate]'" in err
+    assert main(["validate", "--torch"]) == 2
+    assert "pip install" in capsys.readouterr().err
+
+
+def test_bad_output_path_is_exit_2(capsys, tmp_path):
+    assert main(["calibrate", "--quick", "-o", str(tmp_path / "x.txt")]) == 2
+    assert "-o" in capsys.readouterr().err
+
+
+def test_committed_calibrated_profile_loads_by_name():
+    folder = ROOT / "hardware_profiles" / "calibrated"
+    names = [p.stem for p in folder.glob("*-node.yaml")]
+    assert names, "a calibrated profile is committed"
+    for node_name in names:
+        node = load_node(node_name)
+        acc = load_accelerator(node.accelerator)
+        assert acc.peak("fp32") > 0 and 0 < acc.matmul.max <= 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_calibrate_and_validate_quick(tmp_path, capsys):
+    out = tmp_path / "quick-cuda.yaml"
+    assert main(["calibrate", "--device", "cuda", "--quick", "-o", str(out), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["validate", "--torch", "--device", "cuda", "--quick", "--profile", str(out), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert rows and all(math.isfinite(r["predicted_step_s"]) for r in rows)
