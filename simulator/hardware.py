@@ -59,6 +59,9 @@ class Accelerator:
     attention: Efficiency
     memory: Efficiency
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    # Fractional slowdown of compute kernels while communication kernels run on the same
+    # device (SM and memory-bandwidth contention); 0 = none. Used by the graph engine.
+    overlap_slowdown: float = 0.0
 
     def peak(self, precision: str) -> float:
         if precision not in self.peak_flops:
@@ -166,7 +169,7 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
     if not peak_flops:
         raise InputError(f"{where}.peak_tflops", dict(peaks), "at least one precision is needed")
     eff = F.require_mapping(data.get("efficiency"), f"{where}.efficiency")
-    F.reject_unknown(eff, ("matmul", "attention", "memory"), f"{where}.efficiency")
+    F.reject_unknown(eff, ("matmul", "attention", "memory", "overlap_slowdown"), f"{where}.efficiency")
     return Accelerator(
         name=F.text(data, "name", where),
         description=F.text(data, "description", where, ""),
@@ -181,6 +184,8 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
         attention=_efficiency(eff, "attention", f"{where}.efficiency", "half_flops"),
         memory=_efficiency(eff, "memory", f"{where}.efficiency", "half_bytes"),
         sources=_sources(data, where),
+        overlap_slowdown=F.number(eff, "overlap_slowdown", f"{where}.efficiency", 0.0, minimum=0.0,
+                                  strict_min=False, maximum=10.0),
     )
 
 

@@ -1,0 +1,281 @@
+"""Discrete-event execution of a task graph, its critical path and memory timeline.
+
+Execution: every stream is an in-order queue (a CUDA stream, a NIC queue): a task starts
+when the task before it on its stream has ended and all its dependencies have ended.
+Tasks become ready through dependency counters, so one pass over the tasks and edges
+gives every start time (O(tasks + edges)); a cycle (an impossible explicit schedule) is
+an InputError. Different streams of a device overlap; that overlap comes only from the
+graph. While communication runs, compute kernels slow down by the accelerator profile's
+`efficiency.overlap_slowdown` (default 0, no slowdown): after a first pass each compute
+task is stretched by slowdown x (its overlap with the same device's communication
+tasks), and the graph is executed again (one fixed-point step).
+
+Breakdown from the critical path: walking back from the last task through the
+dependency or stream predecessor that bound each start gives a chain of tasks whose
+durations add up to the step time. The chain's tasks on the stage where it spends most
+time are attributed to their own categories (compute, recompute, tp_comm, ...); compute
+tasks of other stages on the chain are the pipeline bubble (fill and drain).
+
+Steady-state periodicity: a pipeline schedule repeats with period p micro-batches once
+past its warm-up, so the step time, breakdown and tasks are affine in m there. For large
+m, `simulate` executes the graph for m0 and m0 + p micro-batches (m0 = 2p) and
+extrapolates; tests check the equality with a full execution.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .errors import InputError
+from .graph import COMPUTE, STREAMS, TaskGraph, build
+from .result import BREAKDOWN_KEYS
+
+NS = len(STREAMS)
+
+
+@dataclass(frozen=True)
+class Execution:
+    graph: TaskGraph
+    start_s: list
+    end_s: list
+
+    @property
+    def release_s(self) -> list:
+        """When each task lets its stream go (its end plus a blocking send)."""
+        return [e + p for e, p in zip(self.end_s, self.graph.post)]
+
+    @property
+    def step_time_s(self) -> float:
+        return max(self.release_s) if self.end_s else 0.0
+
+
+def run(g: TaskGraph, durations=None) -> Execution:
+    """Start and end seconds of every task: in-order streams, dependencies respected."""
+    n = len(g.dur)
+    dur = g.dur if durations is None else durations
+    post = g.post
+    stream = g.stream
+    pending = [len(d) for d in g.deps]
+    after_end = [[] for _ in range(n)]
+    after_send = [[] for _ in range(n)]
+    for t, ds in enumerate(g.deps):
+        for d in ds:
+            if d >= 0:
+                after_end[d].append(t)
+            else:
+                after_send[~d].append(t)
+    queues = {}
+    for t in range(n):
+        queues.setdefault(stream[t], []).append(t)
+    ready = [0.0] * n
+    start = [0.0] * n
+    end = [0.0] * n
+    pos = dict.fromkeys(queues, 0)
+    free = dict.fromkeys(queues, 0.0)
+    todo = list(queues)
+    while todo:
+        s = todo.pop()
+        q = queues[s]
+        i, f = pos[s], free[s]
+        nq = len(q)
+        while i < nq:
+            t = q[i]
+            if pending[t]:
+                break
+            st = ready[t] if ready[t] > f else f
+            start[t] = st
+            e = end[t] = st + dur[t]
+            f = e + post[t]
+            i += 1
+            for us, te in ((after_end[t], e), (after_send[t], f)):
+                for u in us:
+                    pending[u] -= 1
+                    if ready[u] < te:
+                        ready[u] = te
+                    if not pending[u]:
+                        todo.append(stream[u])
+        pos[s], free[s] = i, f
+    if any(pos[s] < len(q) for s, q in queues.items()):
+        raise InputError("plan.schedule_ops", "cyclic", "the schedule waits on itself: a pass is ordered before "
+                         "the pass it depends on")
+    return Execution(g, start, end)
+
+
+def run_with_slowdown(g: TaskGraph, slowdown: float) -> Execution:
+    """Execute; with a compute slowdown under concurrent communication, stretch and re-run once."""
+    ex = run(g)
+    if slowdown <= 0:
+        return ex
+    per_stage = {}
+    for t in range(len(g.dur)):
+        if g.stream[t] % NS != COMPUTE and g.dur[t] > 0:
+            per_stage.setdefault(g.stage[t], []).append((ex.start_s[t], ex.end_s[t]))
+    merged = {s: _merge(v) for s, v in per_stage.items()}
+    dur = list(g.dur)
+    for t in range(len(g.dur)):
+        if g.stream[t] % NS == COMPUTE and g.stage[t] in merged:
+            dur[t] += slowdown * _overlap(merged[g.stage[t]], ex.start_s[t], ex.end_s[t])
+    return run(g, dur)
+
+
+def _merge(intervals):
+    out = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _overlap(merged, a, b) -> float:
+    import bisect
+    i = max(0, bisect.bisect_right([x[0] for x in merged], a) - 1)  # small lists per stage
+    tot = 0.0
+    while i < len(merged) and merged[i][0] < b:
+        tot += max(0.0, min(b, merged[i][1]) - max(a, merged[i][0]))
+        i += 1
+    return tot
+
+
+def critical_path(ex: Execution) -> list[int]:
+    """Task ids from the first to the last task of the chain that sets the step time."""
+    g = ex.graph
+    n = len(g.dur)
+    if not n:
+        return []
+    rel = ex.release_s
+    prev_on_stream = [-1] * n
+    last = {}
+    for t in range(n):
+        s = g.stream[t]
+        prev_on_stream[t] = last.get(s, -1)
+        last[s] = t
+    t = max(range(n), key=lambda k: (rel[k], -k))
+    path = [t]
+    while True:
+        cands = [(ex.end_s[d], d) if d >= 0 else (rel[~d], ~d) for d in g.deps[t]]
+        if prev_on_stream[t] >= 0:
+            cands.append((rel[prev_on_stream[t]], prev_on_stream[t]))
+        if not cands:
+            break
+        when, u = max(cands)
+        if when < ex.start_s[t] - 1e-9 * max(1.0, ex.start_s[t]) or when <= 0.0:
+            break
+        path.append(u)
+        t = u
+    path.reverse()
+    return path
+
+
+def breakdown(ex: Execution) -> dict:
+    """Seconds per BREAKDOWN_KEYS category along the critical path; they sum to the step time.
+
+    The chain's tasks on the stage where it spends most time count in their own
+    categories; compute passes of other stages on it are the pipeline bubble.
+    """
+    g = ex.graph
+    path = critical_path(ex)
+    out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+    if not path:
+        return out
+    on = {}
+    for t in path:
+        on[g.stage[t]] = on.get(g.stage[t], 0.0) + g.dur[t]
+    ref = max(on, key=lambda s: (on[s], -s))
+    for t in path:
+        own = g.stage[t] == ref
+        busy = g.dur[t] + g.post[t]
+        scale = (ex.end_s[t] - ex.start_s[t] + g.post[t]) / busy if busy > 0 else 1.0
+        for cat, sec in g.parts[t]:
+            out[cat if own or cat not in _PASS else "pipeline_bubble"] += sec * scale
+    out["other"] += max(0.0, ex.step_time_s - sum(out.values()))
+    return out
+
+
+_PASS = ("compute", "recompute", "tp_comm", "cp_comm")
+
+
+def memory_peaks(ex: Execution) -> list[float]:
+    """Peak activation bytes per stage over the step: taken at a pass's start, returned
+    at the end of the pass that consumes them (B, or W when split), frees first on ties."""
+    g = ex.graph
+    events = [[] for _ in range(g.p)]
+    for t, b in g.alloc.items():
+        events[g.stage[t]].append((ex.start_s[t], 1, b))
+    for t, b in g.free.items():
+        events[g.stage[t]].append((ex.end_s[t], 0, -b))
+    peaks = []
+    for i in range(g.p):
+        cur = peak = 0.0
+        for _, _, b in sorted(events[i]):
+            cur += b
+            peak = max(peak, cur)
+        peaks.append(g.base_bytes[i] + peak)
+    return peaks
+
+
+def memory_timeline(ex: Execution):
+    """pandas DataFrame (stage, time_s, activation_bytes) of the activation bytes over time."""
+    import pandas as pd
+
+    g = ex.graph
+    rows = []
+    for i in range(g.p):
+        ev = sorted([(ex.start_s[t], 1, b) for t, b in g.alloc.items() if g.stage[t] == i]
+                    + [(ex.end_s[t], 0, -b) for t, b in g.free.items() if g.stage[t] == i])
+        cur = g.base_bytes[i]
+        rows.append((i, 0.0, cur))
+        for ts, _, b in ev:
+            cur += b
+            rows.append((i, ts, cur))
+    return pd.DataFrame(rows, columns=["stage", "time_s", "activation_bytes"])
+
+
+@dataclass(frozen=True)
+class Simulation:
+    step_time_s: float
+    breakdown_s: dict
+    activation_peak_bytes: list  # per stage
+    simulated_tasks: int  # tasks actually executed
+    graph_tasks: int  # tasks in the full step's graph
+    simulation_s: float  # wall-clock seconds the simulation took
+    extrapolated: bool
+
+
+def _one(scenario, m, slowdown, schedule_ops=None):
+    g = build(scenario, m, schedule_ops)
+    ex = run_with_slowdown(g, slowdown)
+    return g, ex
+
+
+def simulate(scenario, periodic: bool = True, schedule_ops=None) -> Simulation:
+    """Step time, breakdown and activation peaks of `scenario` by executing its task graph."""
+    t0 = time.perf_counter()
+    plan = scenario.plan
+    p, m = plan.pp, plan.microbatches
+    slowdown = scenario.cluster.accelerator.overlap_slowdown
+    m0 = 2 * p
+    if periodic and schedule_ops is None and p > 1 and m >= m0 + 2 * p:
+        g0, ex0 = _one(scenario, m0, slowdown)
+        g1, ex1 = _one(scenario, m0 + p, slowdown)
+        k = (m - m0) / p
+        b0, b1 = breakdown(ex0), breakdown(ex1)
+        bd = {key: b0[key] + k * (b1[key] - b0[key]) for key in BREAKDOWN_KEYS}
+        step = ex0.step_time_s + k * (ex1.step_time_s - ex0.step_time_s)
+        peaks = [max(a, b) for a, b in zip(memory_peaks(ex0), memory_peaks(ex1))]
+        tasks = len(g0) + len(g1)
+        full = int(round(len(g0) + k * (len(g1) - len(g0))))
+        return Simulation(step, bd, peaks, tasks, full, time.perf_counter() - t0, True)
+    g, ex = _one(scenario, m, slowdown, schedule_ops)
+    return Simulation(ex.step_time_s, breakdown(ex), memory_peaks(ex), len(g), len(g),
+                      time.perf_counter() - t0, False)
+
+
+def execute(scenario, schedule_ops=None) -> Execution:
+    """The full execution of one step (for traces and timelines)."""
+    return _one(scenario, scenario.plan.microbatches, scenario.cluster.accelerator.overlap_slowdown,
+                schedule_ops)[1]
