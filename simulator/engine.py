@@ -192,7 +192,8 @@ def breakdown(ex: Execution) -> dict:
         scale = (ex.end_s[t] - ex.start_s[t] + g.post[t]) / busy if busy > 0 else 1.0
         for cat, sec in g.parts[t]:
             out[cat if own or cat not in _PASS else "pipeline_bubble"] += sec * scale
-    out["other"] += max(0.0, ex.step_time_s - sum(out.values()))
+    rest = ex.step_time_s - sum(out.values())
+    out["other"] += rest if rest > 1e-9 * ex.step_time_s else 0.0
     return out
 
 

@@ -81,7 +81,7 @@ def load_rows(folder: Path = PUBLISHED_DIR) -> tuple[list[dict], dict]:
     return rows, supplement
 
 
-def compare(row: dict, supplement: dict, engine: str = "analytic") -> Comparison:
+def compare(row: dict, supplement: dict, engine: str = "graph") -> Comparison:
     scenario = scenario_from_dict(row_scenario(row, supplement))
     result = evaluate(scenario, engine=engine)
     d = result.to_dict()
@@ -93,7 +93,7 @@ def compare(row: dict, supplement: dict, engine: str = "analytic") -> Comparison
     return Comparison(row["id"], metric, measured, predicted, d["feasible"], d["peak_memory_gib"])
 
 
-def validate_published(engine: str = "analytic", folder: Path = PUBLISHED_DIR) -> tuple[list[Comparison], float]:
+def validate_published(engine: str = "graph", folder: Path = PUBLISHED_DIR) -> tuple[list[Comparison], float]:
     """(per-row comparisons, MAPE in %) over every row with a measured value."""
     rows, supplement = load_rows(folder)
     out = [compare(r, supplement, engine) for r in rows]

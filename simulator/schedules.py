@@ -118,6 +118,12 @@ def explicit(ops_per_stage, p: int, m: int, v: int = 1, split_w: bool = False) -
         if sorted(parsed) != want:
             raise InputError(f"plan.schedule_ops[{i}]", ops, f"each of {'/'.join(passes)} for chunks 0..{v - 1} "
                              f"and micro-batches 0..{m - 1} exactly once")
+        at = {op: k for k, op in enumerate(parsed)}
+        for (kind, chunk, mb), k in at.items():
+            before = {BWD: FWD, WGT: BWD}.get(kind)
+            if before and at[(before, chunk, mb)] > k:
+                raise InputError(f"plan.schedule_ops[{i}]", f"{kind}{chunk}.{mb}",
+                                 f"must come after {before}{chunk}.{mb} on the same stage")
         out.append(parsed)
     return out
 
