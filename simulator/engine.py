@@ -267,7 +267,8 @@ def simulate(scenario, periodic: bool = True, schedule_ops=None) -> Simulation:
         b0, b1 = breakdown(ex0), breakdown(ex1)
         bd = {key: b0[key] + k * (b1[key] - b0[key]) for key in BREAKDOWN_KEYS}
         step = ex0.step_time_s + k * (ex1.step_time_s - ex0.step_time_s)
-        peaks = [max(a, b) for a, b in zip(memory_peaks(ex0), memory_peaks(ex1))]
+        # peaks are constant past the warm-up for 1F1B-like schedules, affine in m for GPipe
+        peaks = [a + k * (b - a) for a, b in zip(memory_peaks(ex0), memory_peaks(ex1))]
         tasks = len(g0) + len(g1)
         full = int(round(len(g0) + k * (len(g1) - len(g0))))
         return Simulation(step, bd, peaks, tasks, full, time.perf_counter() - t0, True)

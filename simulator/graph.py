@@ -271,8 +271,9 @@ def _stage(b: _Builder, plan: Plan, i, sc: _StageConst, order, hop, chunk_act, e
                 _send(b, t, hop, ("sf", i, ch, j))
         elif kind == BWD and p > 1 and (not first_stage or ch > 0):
             _send(b, t, hop, ("sb", i, ch, j))
-        if kind == grad_kind:
+        if kind == BWD:  # W keeps only a layer's inputs and output gradients: not tracked
             free[t] = chunk_act + emb_act if ch == 0 else chunk_act
+        if kind == grad_kind:
             if d["mb_reduce"] > 0:
                 r = d["mb_reduce"] / v
                 red = b.add(f"dp reduce-scatter {kind}{ch}.{j}", i, DP, r, [t], (("dp_comm", r),))
@@ -292,6 +293,32 @@ def _stage(b: _Builder, plan: Plan, i, sc: _StageConst, order, hop, chunk_act, e
     opt = b.add("optimizer step", i, COMPUTE, sc.optimizer_s, tail, (("optimizer", sc.optimizer_s),))
     if d["step_gather"] > 0 and not overlap:
         b.add("dp all-gather weights", i, DP, d["step_gather"], [opt], (("dp_comm", d["step_gather"]),))
+
+
+class _Uniform:
+    """Stage constants of a communication-free pipeline (see uniform_graph)."""
+
+    def __init__(self, v, fwd_s, bwd_s, wgt_s, split_w):
+        b = bwd_s if split_w else bwd_s + wgt_s
+        self.parts = {FWD: (("compute", fwd_s / v),), BWD: (("compute", b / v),), WGT: (("compute", wgt_s / v),)}
+        self.dur = {k: ps[0][1] for k, ps in self.parts.items()}
+        self.dp = dict(step_reduce=0.0, step_gather=0.0, mb_gather=0.0, mb_reduce=0.0)
+        self.off = dict(optimizer_copy=0.0, host_adam=0.0, nvme=0.0, params_mb=0.0, activations_mb=0.0)
+        self.optimizer_s = 0.0
+
+
+def uniform_graph(schedule: str, p: int, m: int, v: int = 1, fwd_s: float = 1.0, bwd_s: float = 2.0,
+                  wgt_s: float = 0.0, schedule_ops=None) -> TaskGraph:
+    """The graph of a communication-free pipeline whose stages all take `fwd_s`, `bwd_s` (input
+    gradient; the weight gradient `wgt_s` is added to it unless the schedule splits it off)
+    per micro-batch, split over v chunks: the setting of the textbook bubble formulas."""
+    plan = Plan(pp=p, vpp=v, schedule=schedule)
+    sc = _Uniform(plan.virtual_stages, fwd_s, bwd_s, wgt_s, schedule == "zb-h1")
+    b = _Builder(p, m)
+    for i, order in enumerate(stage_ops(schedule, p, m, plan.virtual_stages, schedule_ops)):
+        b.g.base_bytes.append(0.0)
+        _stage(b, plan, i, sc, order, 0.0, 1.0, 0.0)
+    return b.finish()
 
 
 def task_name(name) -> str:

@@ -68,20 +68,27 @@ def interleaved(p: int, m: int, v: int) -> list[list[tuple]]:
 
 
 def zb_h1(p: int, m: int) -> list[list[tuple]]:
-    """ZB-H1 (Qi et al. 2024) for F = B = W: unit-time greedy list schedule, B > F > W,
-    with at most p - i micro-batches in flight on stage i (activations freed after W)."""
-    done_f = [[-1] * m for _ in range(p)]  # unit-time slot at whose end F finished
+    """ZB-H1 (Qi et al. 2024) for F = B = W, built as a unit-time list schedule: each slot a
+    stage runs B if its gradient has arrived, else F if fewer than p - i micro-batches are
+    in flight (as in 1F1B; counted until their B), else a waiting W. Up to p - 1 W passes
+    are postponed, so the B passes run back to back through the drain and the postponed
+    W passes fill it: the bubble drops from (p-1)(F+B+W) to (p-1)(F+B-W), a third for
+    F = B = W (checked in tests/test_schedules.py)."""
+    done_f = [[-1] * m for _ in range(p)]  # slot at whose end F finished
     done_b = [[-1] * m for _ in range(p)]
     nf, nb, nw = [0] * p, [0] * p, [0] * p
     out = [[] for _ in range(p)]
     t = 0
     while any(nw[i] < m for i in range(p)):
         for i in range(p):
-            j = nb[i]
+            j, f = nb[i], nf[i]
             b_ready = j < nf[i] and -1 < done_f[i][j] < t and (i == p - 1 or -1 < done_b[i + 1][j] < t)
-            f = nf[i]
-            f_ready = f < m and (i == 0 or -1 < done_f[i - 1][f] < t) and nf[i] - nw[i] < p - i
-            if b_ready:
+            f_ready = f < m and (i == 0 or -1 < done_f[i - 1][f] < t) and nf[i] - nb[i] < p - i
+            w_due = nw[i] < nb[i] and (nb[i] - nw[i] > p - 1 or nf[i] == m)
+            if w_due and not b_ready:
+                out[i].append((WGT, 0, nw[i]))
+                nw[i] += 1
+            elif b_ready:
                 out[i].append((BWD, 0, j))
                 done_b[i][j] = t
                 nb[i] += 1
