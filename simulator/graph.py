@@ -69,20 +69,26 @@ class TaskGraph:
         return len(self.dur)
 
     def to_networkx(self):
-        """A networkx DiGraph: nodes are task ids with their attributes; edges are the
-        dependencies plus the order of tasks on each stream."""
+        """A networkx DiGraph: nodes are task ids with their attributes, plus a node
+        ("send", t) for the blocking send after task t; edges are the dependencies and the
+        order of tasks on each stream."""
         import networkx as nx
 
         g = nx.DiGraph()
         last = {}
         for t in range(len(self.dur)):
-            g.add_node(t, name=task_name(self.name[t]), stage=self.stage[t], stream=STREAMS[self.stream[t] % len(STREAMS)],
-                       duration_s=self.dur[t])
+            g.add_node(t, name=task_name(self.name[t]), stage=self.stage[t],
+                       stream=STREAMS[self.stream[t] % NS], duration_s=self.dur[t])
+            if self.post[t] > 0:
+                g.add_node(("send", t), name="send " + task_name(self.name[t]), stage=self.stage[t],
+                           stream=STREAMS[P2P], duration_s=self.post[t])
+                g.add_edge(t, ("send", t), kind="dependency")
             for d in self.deps[t]:
-                g.add_edge(d, t, kind="dependency")
+                g.add_edge(d if d >= 0 else ("send", ~d), t, kind="dependency")
             s = self.stream[t]
             if s in last:
-                g.add_edge(last[s], t, kind="stream")
+                u = last[s]
+                g.add_edge(("send", u) if self.post[u] > 0 else u, t, kind="stream")
             last[s] = t
         return g
 
