@@ -224,6 +224,9 @@ def _stage(b: _Builder, plan: Plan, i, sc: _StageConst, order, hop, chunk_act, e
     durs_k, parts_k = sc.dur, sc.parts
     alloc, free = gr.alloc, gr.free
     first_stage, last_stage = i == 0, i == p - 1
+    split = set(split_fwd) | set(split_bwd)
+    sends = p > 1
+    with_send = {kk: ps + (("pp_comm", hop),) for kk, ps in parts_k.items()}
     for k, (kind, ch, j) in enumerate(order):
         deps = blocking
         blocking = []
@@ -243,28 +246,37 @@ def _stage(b: _Builder, plan: Plan, i, sc: _StageConst, order, hop, chunk_act, e
                 deps.append(("sb", i + 1, ch, j))
             elif ch < v - 1:
                 deps.append(key[("sb", 0, ch + 1, j)])
-        name = (kind, ch, j)
-        pieces = nb if (k in split_fwd or k in split_bwd) else 1
-        dur, parts = durs_k[kind], parts_k[kind]
-        if pieces > 1:
-            dur, parts = dur / pieces, _split(parts, 1 / pieces)
-        for q in range(pieces):
+        snd = sends and ((kind == FWD and (not last_stage or ch < v - 1)) or
+                         (kind == BWD and (not first_stage or ch > 0)))
+        if k not in split:  # the common case, inlined for speed
             t = len(durs)
-            names.append(name)
+            names.append((kind, ch, j))
             stages.append(i)
             streams.append(cstream)
-            durs.append(dur)
-            posts.append(0.0)
-            partss.append(parts)
+            durs.append(durs_k[kind])
             syms.append(deps)
-            deps = []
-            if q == 0:
-                first = t
-            if k in split_fwd:
-                syms[t].append(gather_ids[split_fwd[k]][q])
-            if k in split_bwd:
-                r = d["step_reduce"] / (v * nb)
-                reduces.append(b.add(f"dp reduce chunk{ch}.{q}", i, DP, r, [t], (("dp_comm", r),)))
+            if snd:  # blocking send: the stream is held `hop` after the pass (see _send)
+                posts.append(hop)
+                partss.append(with_send[kind])
+                key[("sf" if kind == FWD else "sb", i, ch, j)] = ~t
+            else:
+                posts.append(0.0)
+                partss.append(parts_k[kind])
+            first = t
+        else:
+            dur, parts = durs_k[kind] / nb, _split(parts_k[kind], 1 / nb)
+            for q in range(nb):
+                t = b.add((kind, ch, j), i, COMPUTE, dur, deps, parts)
+                deps = []
+                if q == 0:
+                    first = t
+                if k in split_fwd:
+                    syms[t].append(gather_ids[split_fwd[k]][q])
+                if k in split_bwd:
+                    r = d["step_reduce"] / (v * nb)
+                    reduces.append(b.add(f"dp reduce chunk{ch}.{q}", i, DP, r, [t], (("dp_comm", r),)))
+            if snd:
+                _send(b, t, hop, ("sf" if kind == FWD else "sb", i, ch, j))
         cids.append(t)
         if kind == FWD:
             nbytes = chunk_act + emb_act if ch == 0 else chunk_act
@@ -273,10 +285,6 @@ def _stage(b: _Builder, plan: Plan, i, sc: _StageConst, order, hop, chunk_act, e
                 x = off["activations_mb"] / (2 * v)
                 o = b.add(f"activations D2H {kind}{ch}.{j}", i, HOST, x, [t], (("offload", x),), key=("d2h", i, ch, j))
                 free[o] = nbytes
-            if p > 1 and (not last_stage or ch < v - 1):
-                _send(b, t, hop, ("sf", i, ch, j))
-        elif kind == BWD and p > 1 and (not first_stage or ch > 0):
-            _send(b, t, hop, ("sb", i, ch, j))
         if kind == BWD:  # W keeps only a layer's inputs and output gradients: not tracked
             free[t] = chunk_act + emb_act if ch == 0 else chunk_act
         if kind == grad_kind:
