@@ -260,7 +260,7 @@ def simulate(scenario, periodic: bool = True, schedule_ops=None) -> Simulation:
     p, m = plan.pp, plan.microbatches
     slowdown = scenario.cluster.accelerator.overlap_slowdown
     m0 = 2 * p
-    if periodic and schedule_ops is None and p > 1 and m >= 6 * p:  # else a full run costs less
+    if periodic and schedule_ops is None and plan.schedule_ops is None and p > 1 and m >= 6 * p:  # else a full run costs less
         g0, ex0 = _one(scenario, m0, slowdown)
         g1, ex1 = _one(scenario, m0 + p, slowdown)
         k = (m - m0) / p

@@ -129,6 +129,8 @@ def build(scenario: Scenario, microbatches: int | None = None, schedule_ops=None
     model, plan, cluster = scenario.model, scenario.plan, scenario.cluster
     p, v = plan.pp, plan.virtual_stages
     m = plan.microbatches if microbatches is None else microbatches
+    if schedule_ops is None and plan.schedule_ops is not None and m == plan.microbatches:
+        schedule_ops = plan.schedule_ops
     orders = stage_ops(plan.schedule, p, m, v, schedule_ops)
     g = groups(plan, cluster)
     kinds = sorted({0, p - 1, min(1, p - 1)})

@@ -81,3 +81,20 @@ def test_explicit_schedule_that_waits_on_itself_is_an_input_error():
     ops = [["F0", "B0", "F1", "B1"], ["F1", "F0", "B0", "B1"]]
     with pytest.raises(InputError, match="waits on itself"):
         run(uniform_graph("1f1b", 2, 2, schedule_ops=ops))
+
+
+def test_scenario_schedule_ops_run_in_place_of_the_named_schedule(scenario):
+    kw = dict(cluster={"node": "dgx-a100", "nodes": 1}, tp=2, pp=2, dp=2, global_batch=6)  # m = 3
+    ops = [["F0", "F1", "B0", "F2", "B1", "B2"], ["F0", "B0", "F1", "B1", "F2", "B2"]]
+    from simulator.engine import simulate
+    named = simulate(scenario(**kw)).step_time_s
+    explicit = simulate(scenario(schedule_ops=ops, **kw)).step_time_s
+    gpipe_like = simulate(scenario(schedule_ops=[["F0", "F1", "F2", "B0", "B1", "B2"]] * 2, **kw)).step_time_s
+    assert explicit == pytest.approx(named, rel=1e-12)
+    assert gpipe_like >= named  # stage 1 cannot start a backward pass early
+
+
+def test_scenario_schedule_ops_of_the_wrong_shape_are_an_input_error(scenario):
+    with pytest.raises(InputError, match="plan.schedule_ops"):
+        scenario(cluster={"node": "dgx-a100", "nodes": 1}, tp=2, pp=2, dp=2, global_batch=6,
+                 schedule_ops=[["F0", "B0"]])
