@@ -197,27 +197,32 @@ def _stage(b: _Builder, plan: Plan, i, sc: _StageConst, order, hop, chunk_act, e
     act_off = off["activations_mb"] > 0
     pre_ids = {}
 
-    def pre(kk, after):
-        """Tasks op kk waits for that may run ahead of it: ZeRO-3 weight gather, weight and
-        activation reads from the host; they wait for the end of compute op `after`."""
+    def pre(kk, after, dp: bool, host: bool):
+        """Tasks op kk waits for that may run ahead of it: the ZeRO-3 weight gather (`dp`),
+        weight and activation reads from the host (`host`); they wait for the end of
+        compute op `after`."""
         kind, ch, j = order[kk]
         dep = [cids[after]] if after >= 0 else []
-        ids = []
-        if d["mb_gather"] > 0:
-            x = d["mb_gather"] / (2 * v)
-            ids.append(b.add(f"dp all-gather {kind}{ch}.{j}", i, DP, x, dep, (("dp_comm", x),)))
-        if off["params_mb"] > 0:
+        ids = pre_ids.setdefault(kk, [])
+        if not host:
+            pass
+        elif off["params_mb"] > 0:
             x = off["params_mb"] / (2 * v)
             ids.append(b.add(f"weights H2D {kind}{ch}.{j}", i, HOST, x, list(dep), (("offload", x),)))
-        if act_off and kind == BWD:
+        if host and act_off and kind == BWD and (ch, j) not in keep:
             x = off["activations_mb"] / (2 * v)
             h = b.add(f"activations H2D {kind}{ch}.{j}", i, HOST, x, dep + [("d2h", i, ch, j)], (("offload", x),))
             gr.alloc[h] = chunk_act + (emb_act if ch == 0 else 0.0)
             ids.append(h)
-        pre_ids[kk] = ids
+        if dp and d["mb_gather"] > 0:
+            x = d["mb_gather"] / (2 * v)
+            ids.append(b.add(f"dp all-gather {kind}{ch}.{j}", i, DP, x, dep, (("dp_comm", x),)))
 
     uses = [k for k, op in enumerate(order) if op[0] != WGT]
     nxt = dict(zip(uses, uses[1:]))
+    # activations whose backward pass is the very next pass stay on the device
+    at = {op: k for k, op in enumerate(order)}
+    keep = {(ch, j) for (kind, ch, j), k in at.items() if kind == FWD and nxt.get(k) == at[(BWD, ch, j)]}
     ahead = d["mb_gather"] > 0 or off["params_mb"] > 0 or act_off
     key = b.key
     names, stages, streams, durs, posts, partss, syms = (gr.name, gr.stage, gr.stream, gr.dur, gr.post, gr.parts,
@@ -233,10 +238,13 @@ def _stage(b: _Builder, plan: Plan, i, sc: _StageConst, order, hop, chunk_act, e
         deps = blocking
         blocking = []
         if ahead and kind != WGT:
-            if k == uses[0] or not overlap:
-                pre(k, k - 1)
-            if overlap and k in nxt:
-                pre(nxt[k], k - 1)
+            # host reads always run one pass ahead; ZeRO-3 gathers only with plan.dp_overlap
+            if k == uses[0]:
+                pre(k, -1, True, True)
+            elif not overlap:
+                pre(k, k - 1, True, False)
+            if k in nxt:
+                pre(nxt[k], k - 1, overlap, True)
             deps += pre_ids[k]
         if kind == FWD:
             if not first_stage:
@@ -283,7 +291,7 @@ def _stage(b: _Builder, plan: Plan, i, sc: _StageConst, order, hop, chunk_act, e
         if kind == FWD:
             nbytes = chunk_act + emb_act if ch == 0 else chunk_act
             alloc[first] = nbytes
-            if act_off:
+            if act_off and (ch, j) not in keep:
                 x = off["activations_mb"] / (2 * v)
                 o = b.add(f"activations D2H {kind}{ch}.{j}", i, HOST, x, [t], (("offload", x),), key=("d2h", i, ch, j))
                 free[o] = nbytes
