@@ -12,15 +12,18 @@ analytic.offload_parts; nothing is re-derived here):
   (schedules.py). TP and CP collectives inside a layer are folded into the pass that
   waits for them (exposed part only, as step.py computes it); recomputation into B.
   The optimizer step ends the stream.
-- p2p stream: the send of an activation (after F) or gradient (after B) to the
-  neighbouring stage; the receiving pass depends on it, and, as in Megatron-LM's
-  blocking p2p, so does the sender's next pass.
+- p2p: the send of an activation (after F) or gradient (after B) to the neighbouring
+  stage. Megatron-LM's p2p is blocking, so the sender's compute stream is held for the
+  transfer and the receiving pass waits for its end; the graph keeps it as the task's
+  `post` hold (an edge ~t means "after t's send") instead of a separate task, which
+  halves the task count; the trace and `to_networkx` show it as a p2p task.
 - dp stream: gradient reduce-scatter / all-reduce in buckets issued as the last
   backward pass of each chunk produces them (`plan.dp_overlap`; else after the backward
   passes), ZeRO-1/2 weight all-gather in buckets before the first forward pass of each
   chunk, ZeRO-2 per-micro-batch reduce-scatter, ZeRO-3/FSDP per-pass weight all-gather
   prefetched one pass ahead.
-- host stream (PCIe) and cpu: offload transfers and the host Adam step.
+- host stream (PCIe) and cpu: offload transfers (activations out after F and back one
+  pass ahead of B; ZeRO-Infinity weights one pass ahead) and the host Adam step.
 
 The arrays are built directly (fast); `to_networkx` gives the networkx DiGraph on demand.
 """
