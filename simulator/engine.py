@@ -41,35 +41,26 @@ class Execution:
     graph: TaskGraph
     start_s: list
     end_s: list
+    post_s: list  # the send hold after each task, as executed (shared links may lengthen it)
 
     @property
     def release_s(self) -> list:
         """When each task lets its stream go (its end plus a blocking send)."""
-        return [e + p for e, p in zip(self.end_s, self.graph.post)]
+        return [e + p for e, p in zip(self.end_s, self.post_s)]
 
     @property
     def step_time_s(self) -> float:
         return max(self.release_s) if self.end_s else 0.0
 
 
-def run(g: TaskGraph, durations=None) -> Execution:
+def run(g: TaskGraph, durations=None, posts=None) -> Execution:
     """Start and end seconds of every task: in-order streams, dependencies respected."""
     n = len(g.dur)
     dur = g.dur if durations is None else durations
-    post = g.post
+    post = g.post if posts is None else posts
     stream = g.stream
-    pending = [len(d) for d in g.deps]
-    after_end = [[] for _ in range(n)]
-    after_send = [[] for _ in range(n)]
-    for t, ds in enumerate(g.deps):
-        for d in ds:
-            if d >= 0:
-                after_end[d].append(t)
-            else:
-                after_send[~d].append(t)
-    queues = {}
-    for t in range(n):
-        queues.setdefault(stream[t], []).append(t)
+    after_end, after_send, queues, npend = _structure(g)
+    pending = list(npend)
     ready = [0.0] * n
     start = [0.0] * n
     end = [0.0] * n
@@ -101,24 +92,111 @@ def run(g: TaskGraph, durations=None) -> Execution:
     if any(pos[s] < len(q) for s, q in queues.items()):
         raise InputError("plan.schedule_ops", "cyclic", "the schedule waits on itself: a pass is ordered before "
                          "the pass it depends on")
-    return Execution(g, start, end)
+    return Execution(g, start, end, post)
+
+
+def _structure(g: TaskGraph):
+    """Dependents (after end / after send), per-stream queues and dependency counts; cached
+    on the graph, which a refinement executes twice."""
+    if "structure" not in g.cache:
+        n = len(g.dur)
+        after_end = [[] for _ in range(n)]
+        after_send = [[] for _ in range(n)]
+        for t, ds in enumerate(g.deps):
+            for d in ds:
+                if d >= 0:
+                    after_end[d].append(t)
+                else:
+                    after_send[~d].append(t)
+        queues = {}
+        for t, s in enumerate(g.stream):
+            queues.setdefault(s, []).append(t)
+        g.cache["structure"] = (after_end, after_send, queues, [len(d) for d in g.deps])
+    return g.cache["structure"]
 
 
 def run_with_slowdown(g: TaskGraph, slowdown: float) -> Execution:
-    """Execute; with a compute slowdown under concurrent communication, stretch and re-run once."""
+    """Execute, then refine once for contention: NIC transfers of a device that overlap
+    share its bandwidth (k at a time: each runs at 1/k of its rate), and compute kernels
+    slow down by `slowdown` x their overlap with communication; re-execute with the
+    stretched durations (one fixed-point step)."""
     ex = run(g)
-    if slowdown <= 0:
+    nic = g.nic
+    if slowdown <= 0 and not nic and not g.send_nic:
         return ex
-    per_stage = {}
-    for t in range(len(g.dur)):
-        if g.stream[t] % NS != COMPUTE and g.dur[t] > 0:
-            per_stage.setdefault(g.stage[t], []).append((ex.start_s[t], ex.end_s[t]))
-    merged = {s: _merge(v) for s, v in per_stage.items()}
-    dur = list(g.dur)
-    for t in range(len(g.dur)):
-        if g.stream[t] % NS == COMPUTE and g.stage[t] in merged:
-            dur[t] += slowdown * _overlap(merged[g.stage[t]], ex.start_s[t], ex.end_s[t])
-    return run(g, dur)
+    comm, links = {}, {}
+    if "comm" not in g.cache:
+        g.cache["comm"] = [t for t in range(len(g.dur)) if g.stream[t] % NS != COMPUTE or g.post[t] > 0]
+    for t in g.cache["comm"]:
+        st = g.stream[t] % NS
+        if st != COMPUTE and g.dur[t] > 0:
+            comm.setdefault(g.stage[t], []).append((ex.start_s[t], ex.end_s[t]))
+            if t in nic:
+                links.setdefault(g.stage[t], []).append((ex.start_s[t], ex.end_s[t], t, False))
+        if g.post[t] > 0:
+            comm.setdefault(g.stage[t], []).append((ex.end_s[t], ex.end_s[t] + g.post[t]))
+            if g.send_nic:
+                links.setdefault(g.stage[t], []).append((ex.end_s[t], ex.end_s[t] + g.post[t], t, True))
+    dur, post = list(g.dur), list(g.post)
+    changed = False
+    for intervals in links.values():
+        for t, is_send, extra in _shared(intervals):
+            if extra > 0:
+                changed = True
+                if is_send:
+                    post[t] += extra
+                else:
+                    dur[t] += extra
+    if slowdown > 0:
+        merged = {s: _merge(v) for s, v in comm.items()}
+        for t in range(len(g.dur)):
+            if g.stream[t] % NS == COMPUTE and g.stage[t] in merged:
+                extra = slowdown * _overlap(merged[g.stage[t]], ex.start_s[t], ex.end_s[t])
+                if extra > 0:
+                    changed = True
+                    dur[t] += extra
+    return run(g, dur, post) if changed else ex
+
+
+def _shared(intervals):
+    """(task, is_send, extra seconds) for transfers sharing one link, by processor sharing:
+    transfers start when the first execution started them and, while k run at once, each
+    moves at 1/k of its full rate; extra = finish under sharing - finish alone."""
+    intervals = sorted(intervals)
+    reach, overlapping = -1.0, False
+    for a, b, _, _ in intervals:
+        if a < reach:
+            overlapping = True
+            break
+        reach = max(reach, b)
+    if not overlapping:
+        return []
+    out = []
+    active = {}  # index -> remaining seconds at full rate
+    now, i, n = 0.0, 0, len(intervals)
+    while i < n or active:
+        if not active:
+            now = intervals[i][0]
+            active[i] = intervals[i][1] - intervals[i][0]
+            i += 1
+            continue
+        k = len(active)
+        least = min(active.values())
+        done_at = now + least * k
+        arrive = intervals[i][0] if i < n else float("inf")
+        step = ((arrive if arrive < done_at else done_at) - now) / k
+        for x in active:
+            active[x] -= step
+        now = arrive if arrive < done_at else done_at
+        for x in [x for x, r in active.items() if r <= 1e-15 * max(1.0, now)]:
+            del active[x]
+            a, b, t, is_send = intervals[x]
+            if now - b > 0:
+                out.append((t, is_send, now - b))
+        while i < n and intervals[i][0] <= now:
+            active[i] = intervals[i][1] - intervals[i][0]
+            i += 1
+    return out
 
 
 def _merge(intervals):
@@ -189,7 +267,7 @@ def breakdown(ex: Execution) -> dict:
     for t in path:
         own = g.stage[t] == ref
         busy = g.dur[t] + g.post[t]
-        scale = (ex.end_s[t] - ex.start_s[t] + g.post[t]) / busy if busy > 0 else 1.0
+        scale = (ex.end_s[t] - ex.start_s[t] + ex.post_s[t]) / busy if busy > 0 else 1.0
         for cat, sec in g.parts[t]:
             out[cat if own or cat not in _PASS else "pipeline_bubble"] += sec * scale
     rest = ex.step_time_s - sum(out.values())

@@ -67,6 +67,9 @@ class TaskGraph:
     alloc: dict = field(default_factory=dict)
     free: dict = field(default_factory=dict)
     base_bytes: list = field(default_factory=list)  # per stage: activations held all step
+    nic: set = field(default_factory=set)  # tasks whose transfer crosses the NIC (scale-out)
+    send_nic: bool = False  # pipeline sends cross the NIC
+    cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self):
         return len(self.dur)
@@ -146,10 +149,14 @@ def build(scenario: Scenario, microbatches: int | None = None, schedule_ops=None
     hop = float(costs[0].pp_comm) / v if p > 1 else 0.0
     per_kind = {i: _StageConst(plan, cluster, costs[i], g, chunk_act) for i in kinds}
     b = _Builder(p, m)
+    b.g.send_nic = p > 1 and bool(g.pp_crosses_domain)
+    dp_nic = bool(g.dp.domains > 1)
     for i in range(p):
         b.g.base_bytes.append(full_layer + (head_act if i == p - 1 else 0.0))
         _stage(b, plan, i, per_kind[i if i in per_kind else 1], orders[i], hop, chunk_act,
                emb_act if i == 0 else 0.0)
+    if dp_nic:  # DP collectives span scale-up domains: their inter-domain phase uses the NIC
+        b.g.nic = {t for t, s in enumerate(b.g.stream) if s % NS == DP}
     return b.finish()
 
 

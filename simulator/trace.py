@@ -34,9 +34,9 @@ def timeline(ex: Execution):
         stream = STREAMS[g.stream[t] % NS]
         rows.append((t, task_name(g.name[t]), g.stage[t], stream, ex.start_s[t], ex.end_s[t],
                      ex.end_s[t] - ex.start_s[t], _category([kv for kv in g.parts[t] if kv[0] != "pp_comm"])))
-        if g.post[t] > 0:
+        if ex.post_s[t] > 0:
             rows.append((t, "send " + task_name(g.name[t]), g.stage[t], STREAMS[P2P], ex.end_s[t],
-                         ex.end_s[t] + g.post[t], g.post[t], "pp_comm"))
+                         ex.end_s[t] + ex.post_s[t], ex.post_s[t], "pp_comm"))
     df = pd.DataFrame(rows, columns=["task", "name", "stage", "stream", "start_s", "end_s", "duration_s", "category"])
     return df.sort_values(["stage", "start_s", "task"], kind="stable").reset_index(drop=True)
 

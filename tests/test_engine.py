@@ -132,3 +132,34 @@ def test_result_json_carries_simulation_fields(scenario):
     assert d["engine"] == "graph"
     assert d["simulated_tasks"] > 0 and d["simulation_s"] > 0
     assert set(d["breakdown_s"]) == set(BREAKDOWN_KEYS)
+
+
+def test_transfers_sharing_the_nic_split_its_bandwidth():
+    """Two 4 s transfers on one link that start together each get half the bandwidth for
+    as long as both run: both end at 8 s (fair sharing), not at 4 s and 8 s."""
+    b = _Builder(1, 1)
+    b.g.base_bytes.append(0.0)
+    x = b.add("reduce", 0, DP, 4.0, [], (("dp_comm", 4.0),))
+    y = b.add("gemm", 0, COMPUTE, 0.0, [], (("compute", 0.0),))
+    b.g.post[y] = 4.0  # a 4 s blocking send after a zero-length pass
+    b.g.parts[y] = (("pp_comm", 4.0),)
+    g = b.finish()
+    g.nic, g.send_nic = {x}, True
+    ex = run_with_slowdown(g, 0.0)
+    assert ex.end_s[x] == pytest.approx(8.0)
+    assert ex.release_s[y] == pytest.approx(8.0)
+
+
+def test_a_transfer_arriving_late_shares_only_the_overlap():
+    """A 4 s transfer from 0 and a 2 s one from 2 s: at 2 s the first has 2 s left; both
+    run at half rate until the second's 2 s are done at 6 s; the first ends at 6 s too."""
+    b = _Builder(1, 1)
+    b.g.base_bytes.append(0.0)
+    x = b.add("reduce", 0, DP, 4.0, [], (("dp_comm", 4.0),))
+    y = b.add("gemm", 0, COMPUTE, 2.0, [], (("compute", 2.0),))
+    b.g.post[y] = 2.0
+    g = b.finish()
+    g.nic, g.send_nic = {x}, True
+    ex = run_with_slowdown(g, 0.0)
+    assert ex.end_s[x] == pytest.approx(6.0)
+    assert ex.release_s[y] == pytest.approx(6.0)
