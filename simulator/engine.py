@@ -124,29 +124,35 @@ def run_with_slowdown(g: TaskGraph, slowdown: float) -> Execution:
     nic = g.nic
     if slowdown <= 0 and not nic and not g.send_nic:
         return ex
-    comm, links = {}, {}
     if "comm" not in g.cache:
         g.cache["comm"] = [t for t in range(len(g.dur)) if g.stream[t] % NS != COMPUTE or g.post[t] > 0]
+    start, end, stage = ex.start_s, ex.end_s, g.stage
+    nic_iv, send_iv, comm = {}, {}, {}
     for t in g.cache["comm"]:
-        st = g.stream[t] % NS
-        if st != COMPUTE and g.dur[t] > 0:
-            comm.setdefault(g.stage[t], []).append((ex.start_s[t], ex.end_s[t]))
-            if t in nic:
-                links.setdefault(g.stage[t], []).append((ex.start_s[t], ex.end_s[t], t, False))
         if g.post[t] > 0:
-            comm.setdefault(g.stage[t], []).append((ex.end_s[t], ex.end_s[t] + g.post[t]))
+            iv = (end[t], end[t] + g.post[t], t, True)
             if g.send_nic:
-                links.setdefault(g.stage[t], []).append((ex.end_s[t], ex.end_s[t] + g.post[t], t, True))
+                send_iv.setdefault(stage[t], []).append(iv)
+        elif g.dur[t] > 0:
+            iv = (start[t], end[t], t, False)
+            if t in nic:
+                nic_iv.setdefault(stage[t], []).append(iv)
+        else:
+            continue
+        if slowdown > 0:
+            comm.setdefault(stage[t], []).append(iv[:2])
     dur, post = list(g.dur), list(g.post)
     changed = False
-    for intervals in links.values():
-        for t, is_send, extra in _shared(intervals):
-            if extra > 0:
-                changed = True
-                if is_send:
-                    post[t] += extra
-                else:
-                    dur[t] += extra
+    for i, ivs in nic_iv.items():
+        # sends follow one another on the compute stream: only those meeting a DP transfer share
+        spans = _merge([iv[:2] for iv in ivs])
+        ivs = ivs + [iv for iv in send_iv.get(i, ()) if _overlap(spans, iv[0], iv[1]) > 0]
+        for t, is_send, extra in _shared(ivs):
+            changed = True
+            if is_send:
+                post[t] += extra
+            else:
+                dur[t] += extra
     if slowdown > 0:
         merged = {s: _merge(v) for s, v in comm.items()}
         for t in range(len(g.dur)):
