@@ -10,8 +10,8 @@ Tasks (durations from step.stage_cost, step.dp_costs, analytic.optimizer_step_ti
 analytic.offload_parts; nothing is re-derived here):
 - compute stream: F, B, W of each (chunk, micro-batch) in the schedule's order
   (schedules.py). TP and CP collectives inside a layer are folded into the pass that
-  waits for them (exposed part only, as step.py computes it); recomputation into B.
-  The optimizer step ends the stream.
+  waits for them (exposed part only, as step.py computes it). R (recomputation) runs
+  right before each B when the plan recomputes. The optimizer step ends the stream.
 - p2p: the send of an activation (after F) or gradient (after B) to the neighbouring
   stage. Megatron-LM's p2p is blocking, so the sender's compute stream is held for the
   transfer and the receiving pass waits for its end; the graph keeps it as the task's
@@ -39,6 +39,8 @@ from .memory import layer_activation_bytes
 from .plan import Plan
 from .scenario import Scenario
 from .schedules import BWD, FWD, WGT, stage_ops
+
+RECOMPUTE = "R"  # activation recomputation, run right before the backward pass that needs it
 from .step import dp_costs, groups, stage_cost
 from .workload import embedding_ops, head_ops
 from .memory import _shard
@@ -166,13 +168,16 @@ class _StageConst:
     def __init__(self, plan: Plan, cluster, c, g, chunk_act):
         v = plan.virtual_stages
         split_w = plan.schedule == "zb-h1"
-        tp_b, cp_b = c.tp_comm - c.tp_comm_fwd, c.cp_comm - c.cp_comm_fwd
+        tp_b = c.tp_comm - c.tp_comm_fwd - c.tp_comm_recompute
+        cp_b = c.cp_comm - c.cp_comm_fwd - c.cp_comm_recompute
         bw = 0.0 if split_w else c.bwd_weight
         f = (("compute", c.fwd / v), ("tp_comm", c.tp_comm_fwd / v), ("cp_comm", c.cp_comm_fwd / v))
-        bb = (("compute", (c.bwd_input + bw) / v), ("recompute", c.recompute / v), ("tp_comm", tp_b / v),
-              ("cp_comm", cp_b / v))
+        r = (("recompute", c.recompute / v), ("tp_comm", c.tp_comm_recompute / v),
+             ("cp_comm", c.cp_comm_recompute / v))
+        bb = (("compute", (c.bwd_input + bw) / v), ("tp_comm", tp_b / v), ("cp_comm", cp_b / v))
         w = (("compute", c.bwd_weight / v),)
-        self.parts = {k: tuple((n, float(x)) for n, x in ps if x) for k, ps in ((FWD, f), (BWD, bb), (WGT, w))}
+        self.parts = {k: tuple((n, float(x)) for n, x in ps if x)
+                      for k, ps in ((FWD, f), (RECOMPUTE, r), (BWD, bb), (WGT, w))}
         self.dur = {k: sum(x for _, x in ps) for k, ps in self.parts.items()}
         self.dp = {k: float(x) for k, x in dp_costs(plan, cluster, c.params, g).items()}
         self.off = {k: float(x) for k, x in offload_parts(plan, cluster, c.params, chunk_act * v).items()}
@@ -242,6 +247,7 @@ def _stage(b: _Builder, plan: Plan, i, sc: _StageConst, order, hop, chunk_act, e
     alloc, free = gr.alloc, gr.free
     first_stage, last_stage = i == 0, i == p - 1
     split = set(split_fwd) | set(split_bwd)
+    recompute = durs_k.get(RECOMPUTE, 0.0) > 0
     sends = p > 1
     with_send = {kk: ps + (("pp_comm", hop),) for kk, ps in parts_k.items()}
     for k, (kind, ch, j) in enumerate(order):
@@ -266,6 +272,9 @@ def _stage(b: _Builder, plan: Plan, i, sc: _StageConst, order, hop, chunk_act, e
                 deps.append(("sb", i + 1, ch, j))
             elif ch < v - 1:
                 deps.append(key[("sb", 0, ch + 1, j)])
+        if kind == BWD and recompute:  # the pass's recomputation takes the pass's dependencies
+            t = b.add((RECOMPUTE, ch, j), i, COMPUTE, durs_k[RECOMPUTE], deps, parts_k[RECOMPUTE])
+            deps = []
         snd = sends and ((kind == FWD and (not last_stage or ch < v - 1)) or
                          (kind == BWD and (not first_stage or ch > 0)))
         if k not in split:  # the common case, inlined for speed
@@ -334,8 +343,9 @@ class _Uniform:
 
     def __init__(self, v, fwd_s, bwd_s, wgt_s, split_w):
         b = bwd_s if split_w else bwd_s + wgt_s
-        self.parts = {FWD: (("compute", fwd_s / v),), BWD: (("compute", b / v),), WGT: (("compute", wgt_s / v),)}
-        self.dur = {k: ps[0][1] for k, ps in self.parts.items()}
+        self.parts = {FWD: (("compute", fwd_s / v),), BWD: (("compute", b / v),), WGT: (("compute", wgt_s / v),),
+                      RECOMPUTE: ()}
+        self.dur = {k: sum(x for _, x in ps) for k, ps in self.parts.items()}
         self.dp = dict(step_reduce=0.0, step_gather=0.0, mb_gather=0.0, mb_reduce=0.0)
         self.off = dict(optimizer_copy=0.0, host_adam=0.0, nvme=0.0, params_mb=0.0, activations_mb=0.0)
         self.optimizer_s = 0.0
