@@ -42,15 +42,8 @@ class Execution:
     start_s: list
     end_s: list
     post_s: list  # the send hold after each task, as executed (shared links may lengthen it)
-
-    @property
-    def release_s(self) -> list:
-        """When each task lets its stream go (its end plus a blocking send)."""
-        return [e + p for e, p in zip(self.end_s, self.post_s)]
-
-    @property
-    def step_time_s(self) -> float:
-        return max(self.release_s) if self.end_s else 0.0
+    release_s: list  # when each task lets its stream go: its end plus its send hold
+    step_time_s: float
 
 
 def run(g: TaskGraph, durations=None, posts=None) -> Execution:
@@ -64,6 +57,7 @@ def run(g: TaskGraph, durations=None, posts=None) -> Execution:
     ready = [0.0] * n
     start = [0.0] * n
     end = [0.0] * n
+    rel = [0.0] * n
     pos = dict.fromkeys(queues, 0)
     free = dict.fromkeys(queues, 0.0)
     todo = list(queues)
@@ -79,7 +73,7 @@ def run(g: TaskGraph, durations=None, posts=None) -> Execution:
             st = ready[t] if ready[t] > f else f
             start[t] = st
             e = end[t] = st + dur[t]
-            f = e + post[t]
+            f = rel[t] = e + post[t]
             i += 1
             for us, te in ((after_end[t], e), (after_send[t], f)):
                 for u in us:
@@ -92,7 +86,7 @@ def run(g: TaskGraph, durations=None, posts=None) -> Execution:
     if any(pos[s] < len(q) for s, q in queues.items()):
         raise InputError("plan.schedule_ops", "cyclic", "the schedule waits on itself: a pass is ordered before "
                          "the pass it depends on")
-    return Execution(g, start, end, post)
+    return Execution(g, start, end, post, rel, max(rel) if rel else 0.0)
 
 
 def _structure(g: TaskGraph):
@@ -146,7 +140,7 @@ def run_with_slowdown(g: TaskGraph, slowdown: float) -> Execution:
     for i, ivs in nic_iv.items():
         # sends follow one another on the compute stream: only those meeting a DP transfer share
         spans = _merge([iv[:2] for iv in ivs])
-        ivs = ivs + [iv for iv in send_iv.get(i, ()) if _overlap(spans, iv[0], iv[1]) > 0]
+        ivs = ivs + _meeting(send_iv.get(i, ()), spans)
         for t, is_send, extra in _shared(ivs):
             changed = True
             if is_send:
@@ -162,6 +156,17 @@ def run_with_slowdown(g: TaskGraph, slowdown: float) -> Execution:
                     changed = True
                     dur[t] += extra
     return run(g, dur, post) if changed else ex
+
+
+def _meeting(intervals, spans):
+    """The intervals (in order of start) that overlap any of the merged, sorted spans."""
+    out, k = [], 0
+    for iv in intervals:
+        while k < len(spans) and spans[k][1] <= iv[0]:
+            k += 1
+        if k < len(spans) and spans[k][0] < iv[1]:
+            out.append(iv)
+    return out
 
 
 def _shared(intervals):
