@@ -5,10 +5,11 @@ when the task before it on its stream has ended and all its dependencies have en
 Tasks become ready through dependency counters, so one pass over the tasks and edges
 gives every start time (O(tasks + edges)); a cycle (an impossible explicit schedule) is
 an InputError. Different streams of a device overlap; that overlap comes only from the
-graph. While communication runs, compute kernels slow down by the accelerator profile's
-`efficiency.overlap_slowdown` (default 0, no slowdown): after a first pass each compute
-task is stretched by slowdown x (its overlap with the same device's communication
-tasks), and the graph is executed again (one fixed-point step).
+graph. Contention is then refined once: transfers that overlap on a device's NIC share
+its bandwidth (processor sharing: k at once each move at 1/k of their rate), and compute
+kernels slow down by the accelerator profile's `efficiency.overlap_slowdown` (default 0)
+times their overlap with communication; the graph is executed again with the stretched
+durations (one fixed-point step).
 
 Breakdown from the critical path: walking back from the last task through the
 dependency or stream predecessor that bound each start gives a chain of tasks whose
@@ -17,17 +18,15 @@ time are attributed to their own categories (compute, recompute, tp_comm, ...); 
 tasks of other stages on the chain are the pipeline bubble (fill and drain).
 
 Steady-state periodicity: a pipeline schedule repeats with period p micro-batches once
-past its warm-up, so the step time, breakdown and tasks are affine in m there. For large
-m, `simulate` executes the graph for m0 and m0 + p micro-batches (m0 = 2p) and
+past its warm-up, so the step time, breakdown, tasks and activation peaks are affine in m
+there. When m >= 6p, `simulate` executes the graph for 2p and 3p micro-batches and
 extrapolates; tests check the equality with a full execution.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
-
-import numpy as np
+from dataclasses import dataclass
 
 from .errors import InputError
 from .graph import COMPUTE, STREAMS, TaskGraph, build

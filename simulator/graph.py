@@ -32,10 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from .analytic import offload_parts, optimizer_step_time
-from .memory import layer_activation_bytes
+from .memory import _shard, layer_activation_bytes
 from .plan import Plan
 from .scenario import Scenario
 from .schedules import BWD, FWD, WGT, stage_ops
@@ -43,7 +41,6 @@ from .schedules import BWD, FWD, WGT, stage_ops
 RECOMPUTE = "R"  # activation recomputation, run right before the backward pass that needs it
 from .step import dp_costs, groups, stage_cost
 from .workload import embedding_ops, head_ops
-from .memory import _shard
 
 STREAMS = ("compute", "p2p", "dp", "host", "cpu")
 COMPUTE, P2P, DP, HOST, CPU = range(len(STREAMS))
@@ -381,7 +378,3 @@ def _send(b: _Builder, t: int, hop: float, key) -> None:
     g.post[t] = hop
     g.parts[t] = g.parts[t] + (("pp_comm", hop),)
     b.key[key] = ~t
-
-
-def full_task_count(scenario: Scenario) -> int:
-    return len(build(scenario))
