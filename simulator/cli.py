@@ -70,6 +70,10 @@ def _overrides(args) -> dict:
             raise InputError("--set", item, "expected FIELD=VALUE, e.g. plan.tp=8")
         k, v = item.split("=", 1)
         out[k.strip()] = parse_value(v)
+    # Changing the layout or the cluster on the command line re-derives dp unless it is given too.
+    reshaping = {"plan.tp", "plan.pp", "plan.cp", "cluster.nodes", "cluster.devices_per_node"}
+    if reshaping & set(out) and "plan.dp" not in out:
+        out["plan.dp"] = "auto"
     return out
 
 
@@ -88,7 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     va = sub.add_parser("validate", help="compare predictions with measured runs")
     va.add_argument("--published", action="store_true", help="reproduce the published runs (scenarios/published)")
     va.add_argument("--json", action="store_true")
-    va.add_argument("--engine", choices=("graph", "analytic"), default="graph")
+    va.add_argument("--engine", choices=("graph", "analytic"), default=None,
+                    help="graph (default) or analytic; --fit-matmul defaults to analytic, the engine the "
+                         "shipped A100 value was fitted with")
+    va.add_argument("--fit-matmul", metavar="RUN_PREFIX", default=None,
+                    help="fit the accelerator's matmul efficiency to the published runs whose id starts with "
+                         "RUN_PREFIX (e.g. korthikanti22) and print it; the profile's provenance")
 
     hw = sub.add_parser("hardware", help="hardware profiles")
     hw.add_argument("what", choices=("list",))
@@ -176,8 +185,15 @@ def cmd_evaluate(args) -> int:
 def cmd_validate(args) -> int:
     if not args.published:
         raise InputError("validate", "", "choose what to validate against: --published")
-    from .published import validate_published
+    from .published import fit_matmul_max, validate_published
 
+    args.engine = args.engine or ("analytic" if args.fit_matmul else "graph")
+    if args.fit_matmul:
+        value, comparisons = fit_matmul_max(args.fit_matmul, engine=args.engine)
+        mape = 100.0 * sum(abs(c.error) for c in comparisons) / len(comparisons)
+        print(f"fitted matmul efficiency max = {value} over {len(comparisons)} runs '{args.fit_matmul}*' "
+              f"(MAPE {mape:.1f}% on them)")
+        return 0
     comparisons, mape = validate_published(engine=args.engine)
     if args.json:
         rows = [dict(id=c.id, metric=c.metric, measured=c.measured, predicted=c.predicted,
@@ -199,7 +215,7 @@ def cmd_list(args) -> int:
         accs = [load_accelerator(n) for n in available("accelerators")]
         rows = [(a.name, f"{a.peak_flops.get('bf16', a.peak_flops.get('fp16', 0)) / 1e12:.0f}",
                  f"{a.hbm_bytes / 2**30:.0f}", f"{a.hbm_bandwidth / 1e9:.0f}", f"{a.price_usd_per_hour:.2f}",
-                 a.description) for a in accs]
+                 a.description.split(" (")[0][:50]) for a in accs]
         print(_fmt_table(rows, ("accelerator", "bf16 TFLOP/s", "HBM GiB", "HBM GB/s", "USD/h", "description")))
         nodes = [load_node(n) for n in available("nodes")]
         rows = [(n.name, n.accelerator, n.devices_per_node, n.scaleup.name, f"{n.nics}x{n.nic_bandwidth * 8 / 1e9:.0f}G",
@@ -233,6 +249,9 @@ def main(argv=None) -> int:
     except RecursionError:
         print("llmsim: error: scenario: too deeply nested", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

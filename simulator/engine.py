@@ -259,7 +259,7 @@ def critical_path(ex: Execution) -> list[int]:
     return path
 
 
-def breakdown(ex: Execution) -> dict:
+def breakdown(ex: Execution, ref: int | None = None) -> dict:
     """Seconds per BREAKDOWN_KEYS category along the critical path; they sum to the step time.
 
     The chain's tasks on the stage where it spends most time count in their own
@@ -270,10 +270,8 @@ def breakdown(ex: Execution) -> dict:
     out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
     if not path:
         return out
-    on = {}
-    for t in path:
-        on[g.stage[t]] = on.get(g.stage[t], 0.0) + g.dur[t]
-    ref = max(on, key=lambda s: (on[s], -s))
+    if ref is None:
+        ref = reference_stage(ex, path)
     for t in path:
         own = g.stage[t] == ref
         busy = g.dur[t] + g.post[t]
@@ -286,6 +284,16 @@ def breakdown(ex: Execution) -> dict:
 
 
 _PASS = ("compute", "recompute", "tp_comm", "cp_comm")
+
+
+def reference_stage(ex: Execution, path=None) -> int:
+    """The stage whose compute stream the critical path follows longest."""
+    g = ex.graph
+    on = {}
+    for t in critical_path(ex) if path is None else path:
+        if g.stream[t] % NS == COMPUTE:
+            on[g.stage[t]] = on.get(g.stage[t], 0.0) + g.dur[t]
+    return max(on, key=lambda s: (on[s], -s)) if on else 0
 
 
 def memory_peaks(ex: Execution) -> list[float]:
@@ -352,9 +360,12 @@ def simulate(scenario, periodic: bool = True, schedule_ops=None) -> Simulation:
         g0, ex0 = _one(scenario, m0, slowdown)
         g1, ex1 = _one(scenario, m0 + p, slowdown)
         k = (m - m0) / p
-        b0, b1 = breakdown(ex0), breakdown(ex1)
+        ref = reference_stage(ex1)
+        b0, b1 = breakdown(ex0, ref), breakdown(ex1, ref)
         bd = {key: b0[key] + k * (b1[key] - b0[key]) for key in BREAKDOWN_KEYS}
         step = ex0.step_time_s + k * (ex1.step_time_s - ex0.step_time_s)
+        if min(bd.values()) < -1e-9 * step:  # the critical path changed route: no extrapolation
+            return simulate(scenario, periodic=False)
         # peaks are constant past the warm-up for 1F1B-like schedules, affine in m for GPipe
         peaks = [a + k * (b - a) for a, b in zip(memory_peaks(ex0), memory_peaks(ex1))]
         tasks = len(g0) + len(g1)

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .analytic import offload_parts, optimizer_step_time
-from .memory import _shard, layer_activation_bytes
+from .memory import layer_activation_bytes, shard_of
 from .plan import Plan
 from .scenario import Scenario
 from .schedules import BWD, FWD, WGT, stage_ops
@@ -140,7 +140,7 @@ def build(scenario: Scenario, microbatches: int | None = None, schedule_ops=None
     g = groups(plan, cluster)
     kinds = sorted({0, p - 1, min(1, p - 1)})
     costs = {i: stage_cost(model, plan, cluster, i, g) for i in kinds}
-    shard = _shard(plan, model)
+    shard = shard_of(plan, model)
     chunk_act = model.layers / (p * v) * float(layer_activation_bytes(model, plan))
     emb_act = float(sum(op.saved_bytes for op in embedding_ops(model, shard)))
     head_act = float(sum(op.saved_bytes for op in head_ops(model, shard)))

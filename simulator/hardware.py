@@ -254,9 +254,7 @@ def available(kind: str) -> list[str]:
 def _load(kind: str, name: str, root: str):
     path = Path(root) / kind / f"{name}.yaml"
     if not path.is_file():
-        singular = kind[:-1]
-        raise InputError(f"cluster.{'node' if singular == 'node' else singular}", name,
-                         "known: " + ", ".join(available(kind)))
+        raise InputError(f"cluster.{kind[:-1]}", name, "known: " + ", ".join(available(kind)))
     where = f"{kind}/{name}.yaml"
     profile = _KINDS[kind](load_yaml(path, where), where)
     if profile.name != name:
@@ -293,9 +291,8 @@ def cluster_from_dict(data) -> Cluster:
     F.reject_unknown(data, CLUSTER_KEYS, "cluster")
     if data.get("node") is None and data.get("accelerator") is None:
         raise InputError("cluster.node", None, "give a node profile (e.g. dgx-a100) or an accelerator")
-    node_ref = data.get("node")
-    if node_ref is None:
-        node = _default_node_for(F.text(data, "accelerator", "cluster"))
+    if data.get("node") is None:
+        node = _default_node_for(load_accelerator(F.text(data, "accelerator", "cluster")).name)
     else:
         node = load_node(F.text(data, "node", "cluster"))
     acc_name = F.text(data, "accelerator", "cluster", node.accelerator)

@@ -126,7 +126,7 @@ def in_flight(plan: Plan, stage: int):
     return np.minimum(p - stage, m)
 
 
-def _shard(plan: Plan, model: ModelSpec) -> Shard:
+def shard_of(plan: Plan, model: ModelSpec) -> Shard:
     return Shard(micro_batch=plan.micro_batch, tp=plan.tp, cp=plan.cp, sp=plan.sp,
                  flash_attention=plan.flash_attention, act_bytes=4 if plan.precision in ("fp32", "tf32") else 2)
 
@@ -134,7 +134,7 @@ def _shard(plan: Plan, model: ModelSpec) -> Shard:
 def layer_activation_bytes(model: ModelSpec, plan: Plan, recompute: str | None = None):
     """Bytes one layer keeps for the backward pass of one micro-batch, under a recompute mode."""
     recompute = plan.recompute if recompute is None else recompute
-    shard = _shard(plan, model)
+    shard = shard_of(plan, model)
     ops = layer_ops(model, shard)
     if recompute == "full":
         tokens = plan.micro_batch * model.seq_len / plan.cp
@@ -146,7 +146,7 @@ def layer_activation_bytes(model: ModelSpec, plan: Plan, recompute: str | None =
 
 
 def activation_bytes(model: ModelSpec, plan: Plan, stage: int):
-    shard = _shard(plan, model)
+    shard = shard_of(plan, model)
     flight = in_flight(plan, stage)
     if plan.offload.activations != "none":
         flight = np.minimum(flight, 2)  # current micro-batch plus one being copied

@@ -124,8 +124,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         flash_attention=F.boolean(data, "flash_attention", "plan", True),
         dp_overlap=F.boolean(data, "dp_overlap", "plan", True),
         tp_comm_overlap=F.boolean(data, "tp_comm_overlap", "plan", False),
-        grad_precision=F.choice(data, "grad_precision", "plan", GRAD_PRECISIONS,
-                                "fp32" if precision in ("fp32", "tf32") else "fp32"),
+        grad_precision=F.choice(data, "grad_precision", "plan", GRAD_PRECISIONS, "fp32"),
         rank_order=order,
         schedule_ops=_schedule_ops(data.get("schedule_ops")),
     )
@@ -168,8 +167,6 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     if plan.schedule == "interleaved" and m % plan.pp:
         raise InputError("plan.global_batch", plan.global_batch, f"interleaved needs micro-batches per replica "
                          f"({m}) to be a multiple of pp={plan.pp}")
-    if plan.zero_stage > 0 and plan.dp == 1:
-        pass  # ZeRO over one replica shards nothing; allowed, it is a no-op
     if plan.schedule_ops is not None:
         from .schedules import explicit
         explicit(plan.schedule_ops, plan.pp, m, plan.virtual_stages, split_w=plan.schedule == "zb-h1")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .errors import InputError
@@ -81,8 +81,12 @@ def load_rows(folder: Path = PUBLISHED_DIR) -> tuple[list[dict], dict]:
     return rows, supplement
 
 
-def compare(row: dict, supplement: dict, engine: str = "graph") -> Comparison:
+def compare(row: dict, supplement: dict, engine: str = "graph", matmul_max: float | None = None) -> Comparison:
     scenario = scenario_from_dict(row_scenario(row, supplement))
+    if matmul_max is not None:
+        acc = scenario.cluster.accelerator
+        acc = replace(acc, matmul=replace(acc.matmul, max=matmul_max))
+        scenario = replace(scenario, cluster=replace(scenario.cluster, accelerator=acc))
     result = evaluate(scenario, engine=engine)
     d = result.to_dict()
     tflops = _num(row, "measured_tflops_per_gpu")
@@ -99,3 +103,30 @@ def validate_published(engine: str = "graph", folder: Path = PUBLISHED_DIR) -> t
     out = [compare(r, supplement, engine) for r in rows]
     mape = 100.0 * sum(abs(c.error) for c in out) / len(out) if out else math.nan
     return out, mape
+
+
+def fit_matmul_max(prefix: str, engine: str = "analytic", folder: Path = PUBLISHED_DIR) -> tuple[float, list[Comparison]]:
+    """Least-squares fit of the accelerator's matmul efficiency `max` to the runs whose id starts
+    with `prefix` (squared log error of the compared metric). Returns (max, comparisons at it).
+
+    This is the provenance of the A100 profile's matmul efficiency: one number for all runs
+    of the named data set, never a per-row constant.
+    """
+    from scipy.optimize import minimize_scalar
+
+    rows, supplement = load_rows(folder)
+    chosen = [r for r in rows if r["id"].startswith(prefix)]
+    if not chosen:
+        raise InputError("--fit-matmul", prefix, "no published run id starts with it")
+
+    def loss(x: float) -> float:
+        return sum(math.log(compare(r, supplement, engine, x).predicted / _measured(r)) ** 2 for r in chosen)
+
+    best = minimize_scalar(loss, bounds=(0.3, 1.0), method="bounded", options={"xatol": 1e-4})
+    value = round(float(best.x), 3)
+    return value, [compare(r, supplement, engine, value) for r in chosen]
+
+
+def _measured(row: dict) -> float:
+    tflops = _num(row, "measured_tflops_per_gpu")
+    return tflops if tflops is not None else _num(row, "measured_iter_time_s")

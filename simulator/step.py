@@ -16,7 +16,7 @@ import numpy as np
 from .comm import Placement, collective_time, placement, send_recv_time
 from .compute import op_times
 from .hardware import Cluster
-from .memory import _shard, stage_params, weight_bytes_per_param, grad_bytes_per_param
+from .memory import shard_of, stage_params, weight_bytes_per_param, grad_bytes_per_param
 from .model import ModelSpec
 from .plan import Plan
 from .workload import ATTENTION_CORE, MATMUL, Op, embedding_ops, head_ops, layer_ops
@@ -136,7 +136,7 @@ def _cp_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, g: Groups, ac
 
 def stage_cost(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int, g: Groups | None = None) -> StageCost:
     g = groups(plan, cluster) if g is None else g
-    shard = _shard(plan, model)
+    shard = shard_of(plan, model)
     layers = model.layers / plan.pp
     layer = ops_cost(layer_ops(model, shard), cluster, plan.precision, plan.flash_attention)
     fwd, bin_, bw = layers * layer.fwd, layers * layer.bwd_input, layers * layer.bwd_weight

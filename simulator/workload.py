@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .model import ModelSpec
 
 MATMUL, ATTENTION, MEMORY = "matmul", "attention", "memory"
@@ -79,14 +81,7 @@ def _elementwise(name, elements, bytes_per_element, saved, group=None):
 
 def local_heads(model: ModelSpec, tp) -> tuple:
     """Query heads and KV heads per TP rank; KV heads are replicated when tp > kv_heads."""
-    q = model.heads / tp
-    kv = model.kv_heads / tp
-    try:
-        kv = max(kv, 1.0)
-    except ValueError:  # numpy arrays
-        import numpy as np
-        kv = np.maximum(kv, 1.0)
-    return q, kv
+    return model.heads / tp, np.maximum(model.kv_heads / tp, 1.0)
 
 
 def layer_ops(model: ModelSpec, shard: Shard) -> list[Op]:

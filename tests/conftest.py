@@ -1,21 +1,20 @@
-import os
-from pathlib import Path
-
 import pytest
 
+from simulator.hardware import load_accelerator, load_network, load_node, Cluster
 from simulator.scenario import scenario_from_dict
 
-# Hardware profiles: the project's own folder unless LLMSIM_PROFILES points elsewhere.
-if "LLMSIM_PROFILES" not in os.environ and not (Path(__file__).parent.parent / "hardware_profiles" / "nodes").is_dir():
-    for candidate in ("/work/main/hardware_profiles", "/tmp/prof"):
-        if Path(candidate, "nodes").is_dir():
-            os.environ["LLMSIM_PROFILES"] = candidate
-            break
+
+@pytest.fixture
+def dgx_a100():
+    def make(nodes=1):
+        node = load_node("dgx-a100")
+        return Cluster(load_accelerator(node.accelerator), node, load_network(node.network), nodes, 8)
+    return make
 
 
 @pytest.fixture
 def scenario():
-    """A scenario builder: scenario(plan overrides..., model=..., cluster=...)."""
+    """A scenario mapping builder: scenario(plan overrides..., model=..., cluster=...)."""
     def make(model=None, cluster=None, **plan):
         plan = {"tp": 1, "pp": 1, "micro_batch": 1, "global_batch": 8, **plan}
         return scenario_from_dict({

@@ -1,0 +1,88 @@
+"""Bad input: exit code 2, one line naming the field, the value and what is allowed, no traceback."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GOOD = """
+model: {preset: megatron-gpt-1.7b}
+cluster: {node: dgx-a100, nodes: 1}
+plan: {tp: 1, pp: 1, dp: 8, micro_batch: 1, global_batch: 8}
+"""
+
+
+def run(tmp_path: Path, text: str, *flags):
+    f = tmp_path / "s.yaml"
+    f.write_text(text)
+    return subprocess.run([sys.executable, "-m", "simulator.cli", "evaluate", str(f), *flags],
+                          capture_output=True, text=True)
+
+
+def assert_clean_error(proc, *needles):
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+CASES = {
+    "not_yaml": ("model: [unclosed", ("invalid YAML",)),
+    "empty": ("", ("empty",)),
+    "wrong_shape": ("- a\n- b\n", ("scenario", "mapping")),
+    "unknown_key": (GOOD + "extra: 1\n", ("extra", "unknown key")),
+    "unknown_plan_key": (GOOD.replace("tp: 1,", "tp: 1, tensor: 2,"), ("plan.tensor", "unknown key")),
+    "unknown_preset": (GOOD.replace("megatron-gpt-1.7b", "gpt-9"), ("model.preset", "gpt-9")),
+    "unknown_node": (GOOD.replace("dgx-a100", "dgx-z9"), ("cluster.node", "dgx-z9")),
+    "wrong_type": (GOOD.replace("tp: 1,", "tp: eight,"), ("plan.tp", "eight", "integer")),
+    "string_number": (GOOD + "training: {tokens: 1e12}\n", ("training.tokens", "1e12", "number")),
+    "negative": (GOOD.replace("micro_batch: 1", "micro_batch: -4"), ("plan.micro_batch", "-4")),
+    "zero": (GOOD.replace("nodes: 1", "nodes: 0"), ("cluster.nodes", "0")),
+    "nan": (GOOD + "training: {tokens: .nan}\n", ("training.tokens", "nan")),
+    "absurd": (GOOD.replace("global_batch: 8", "global_batch: 100000000000000000000"), ("plan.global_batch",)),
+    "indivisible_heads": (GOOD.replace("tp: 1, pp: 1, dp: 8", "tp: 16, pp: 1, dp: 1").replace("nodes: 1", "nodes: 2"),
+                          ("plan.tp", "16", "heads")),
+    "device_count": (GOOD.replace("dp: 8", "dp: 4"), ("plan.dp", "8 devices")),
+    "batch_divisibility": (GOOD.replace("global_batch: 8", "global_batch: 12"), ("plan.global_batch", "12")),
+    "python_tag": (GOOD + "name: !!python/object/apply:os.system ['echo pwned']\n", ("invalid YAML",)),
+    "bool_for_number": (GOOD.replace("tp: 1,", "tp: true,"), ("plan.tp", "True")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_scenario_exits_2_with_one_line(tmp_path, case):
+    text, needles = CASES[case]
+    assert_clean_error(run(tmp_path, text), *needles)
+
+
+def test_yaml_tag_never_runs_code(tmp_path):
+    marker = tmp_path / "pwned"
+    proc = run(tmp_path, GOOD + f"name: !!python/object/apply:os.system ['touch {marker}']\n")
+    assert proc.returncode == 2 and not marker.exists()
+
+
+def test_missing_file_is_a_clean_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "evaluate", str(tmp_path / "nope.yaml")],
+                          capture_output=True, text=True)
+    assert_clean_error(proc, "nope.yaml", "not found")
+
+
+def test_bad_flag_value_is_a_clean_error(tmp_path):
+    assert_clean_error(run(tmp_path, GOOD, "--schedule", "zigzag"), "plan.schedule", "zigzag", "1f1b")
+
+
+def test_unknown_flag_is_a_clean_error(tmp_path):
+    assert_clean_error(run(tmp_path, GOOD, "--warp-speed", "9"), "unrecognized arguments")
+
+
+def test_out_of_memory_plan_is_a_result_not_an_error(tmp_path):
+    text = GOOD.replace("megatron-gpt-1.7b", "megatron-gpt-39b")
+    proc = run(tmp_path, text, "--json")
+    assert proc.returncode == 0, proc.stderr
+    import json
+    d = json.loads(proc.stdout)
+    assert d["feasible"] is False
+    assert "out of memory" in d["reason"] and "stage 0" in d["reason"] and "GiB" in d["reason"]

@@ -1,0 +1,52 @@
+"""Weights, gradients and optimizer states per device (Rajbhandari et al. 2020, ZeRO, Sec. 5)."""
+
+import pytest
+
+from simulator.memory import model_state_bytes
+from simulator.plan import Offload, Plan
+
+PSI = 1.0e9  # parameters on the device before sharding
+ND = 64
+
+
+def states(**kw):
+    return sum(model_state_bytes(PSI, Plan(dp=ND, **kw)))
+
+
+def test_mixed_precision_adam_is_16_bytes_per_parameter_with_16bit_grads():
+    assert states(grad_precision="bf16") == 16 * PSI
+
+
+def test_megatron_fp32_main_grads_make_18_bytes_per_parameter():
+    assert states(grad_precision="fp32") == 18 * PSI
+
+
+def test_zero1_shards_the_12_optimizer_bytes():
+    assert states(grad_precision="bf16", zero_stage=1) == pytest.approx(4 * PSI + 12 * PSI / ND)
+
+
+def test_zero2_also_shards_gradients():
+    assert states(grad_precision="bf16", zero_stage=2) == pytest.approx(2 * PSI + 14 * PSI / ND)
+
+
+def test_zero3_shards_everything():
+    assert states(grad_precision="bf16", zero_stage=3) == pytest.approx(16 * PSI / ND)
+
+
+def test_megatron_distributed_optimizer_is_6_plus_12_over_d():
+    # Megatron-LM docs (distributed optimizer): bf16 params + fp32 grads replicated, 12 B sharded.
+    assert states(grad_precision="fp32", zero_stage=1) == pytest.approx(6 * PSI + 12 * PSI / ND)
+
+
+def test_fp32_training_keeps_4_4_8_bytes():
+    assert states(precision="fp32") == 16 * PSI
+
+
+def test_context_parallel_ranks_join_the_sharding_group():
+    w, g, o = model_state_bytes(PSI, Plan(dp=8, cp=4, zero_stage=1))
+    assert o == pytest.approx(12 * PSI / 32)
+
+
+def test_optimizer_offload_leaves_no_optimizer_state_on_device():
+    w, g, o = model_state_bytes(PSI, Plan(dp=8, zero_stage=2, offload=Offload(optimizer="cpu")))
+    assert (w, g, o) == (2 * PSI, 0.0, 0.0)
