@@ -46,7 +46,7 @@ CASES = [dict(schedule="1f1b"), dict(schedule="interleaved", vpp=2), dict(schedu
 
 @pytest.mark.parametrize("kw", CASES)
 def test_steady_state_extrapolation_equals_full_simulation(scenario, kw):
-    s = plan(scenario, global_batch=64, **kw)  # m = 32 >= 6p: the fast path extrapolates
+    s = plan(scenario, global_batch=96, **kw)  # m = 48 = 12p: the fast path extrapolates
     fast, full = simulate(s, periodic=True), simulate(s, periodic=False)
     assert fast.extrapolated and not full.extrapolated
     assert fast.simulated_tasks < full.simulated_tasks == fast.graph_tasks
@@ -196,3 +196,21 @@ def test_graph_results_are_deterministic_except_the_wall_clock(scenario):
     b = evaluate(plan(scenario, schedule="zb-h1")).to_dict()
     a.pop("simulation_s"), b.pop("simulation_s")
     assert a == b
+
+
+def test_transfers_of_one_stream_queue_while_sharing_the_nic_with_others():
+    """dp stream: 4 s then 2 s back to back; a 2 s send from 0 s. The send and the first
+    transfer share the link until the send ends at 4 s; the first ends at 6 s, and the second,
+    queued behind it on its stream, then runs alone until 8 s."""
+    b = _Builder(1, 1)
+    b.g.base_bytes.append(0.0)
+    x1 = b.add("reduce 1", 0, DP, 4.0, [], (("dp_comm", 4.0),))
+    x2 = b.add("reduce 2", 0, DP, 2.0, [], (("dp_comm", 2.0),))
+    y = b.add("pass", 0, COMPUTE, 0.0, [], ())
+    b.g.post[y] = 2.0
+    g = b.finish()
+    g.nic, g.send_nic = {x1, x2}, True
+    ex = run_with_slowdown(g, 0.0)
+    assert ex.release_s[y] == pytest.approx(4.0)
+    assert ex.end_s[x1] == pytest.approx(6.0)
+    assert (ex.start_s[x2], ex.end_s[x2]) == pytest.approx((6.0, 8.0))
