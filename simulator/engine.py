@@ -19,9 +19,9 @@ tasks of other stages on the chain are the pipeline bubble (fill and drain).
 
 Steady-state periodicity: a pipeline schedule repeats with period p micro-batches once
 past its warm-up, so the step time, breakdown, tasks and activation peaks are affine in m
-there. When that saves work, `simulate` executes the graph for m0 and m0 + p micro-batches
-(m0 = p for non-interleaved ZeRO-0/1 plans without offload, else 2p) and extrapolates; tests check the
-equality with a full execution.
+there. For ZeRO-0/1 plans without offload, when it saves work, `simulate` executes the graph
+for m0 and m0 + p micro-batches (m0 = p, or 2p for interleaved) and extrapolates; tests
+check the equality with a full execution.
 """
 
 from __future__ import annotations
@@ -292,11 +292,20 @@ def breakdown(ex: Execution, ref: int | None = None) -> dict:
         return out
     if ref is None:
         ref = reference_stage(ex, path)
-    for t in path:
+    nxt = [ex.start_s[u] for u in path[1:]] + [ex.step_time_s]
+    for t, until in zip(path, nxt):
+        # the path holds task t from its start until the next task on it starts: its pass,
+        # then (if the next task waited for it) its send
         own = g.stage[t] == ref
-        busy = g.dur[t] + g.post[t]
-        scale = (ex.end_s[t] - ex.start_s[t] + ex.post_s[t]) / busy if busy > 0 else 1.0
-        for cat, sec in g.parts[t]:
+        ran = ex.end_s[t] - ex.start_s[t]
+        covered = until - ex.start_s[t]
+        parts = g.parts[t]
+        if g.post[t] > 0:  # the send's part comes last (graph._send)
+            parts, send = parts[:-1], parts[-1]
+            out[send[0]] += max(0.0, covered - ran)
+        nominal = sum(sec for _, sec in parts)
+        scale = min(covered, ran) / nominal if nominal > 0 else 0.0
+        for cat, sec in parts:
             out[cat if own or cat not in _PASS else "pipeline_bubble"] += sec * scale
     rest = ex.step_time_s - sum(out.values())
     out["other"] += rest if rest > 1e-9 * ex.step_time_s else 0.0
@@ -395,29 +404,24 @@ def simulate(scenario, periodic: bool = True, schedule_ops=None) -> Simulation:
     # Past p micro-batches 1F1B-like ZeRO-0/1 plans repeat exactly; interleaved warm-up
     # (up to 3p-2 chunks in flight), per-micro-batch ZeRO-2/3 and offload traffic settle one
     # period later (tests/test_engine.py checks both against full runs).
+    # Extrapolated only where a sweep of 384 GPT-3 plans found it exact (docs/engine.md):
+    # ZeRO-0/1 without offload. Per-micro-batch ZeRO-2/3 and offload traffic can change
+    # slope late (a slowly growing backlog), so those plans are executed in full.
     plain = plan.zero_stage <= 1 and plan.offload == type(plan.offload)()
-    m0 = p if plain and plan.virtual_stages == 1 else 2 * p
-    runs = 2 if plain else 3  # per-micro-batch DP/offload traffic: check one more period
-    cost = runs * m0 + p * runs * (runs - 1) // 2  # micro-batches executed by the fast path
-    if periodic and schedule_ops is None and plan.schedule_ops is None and p > 1 and m > cost:
-        exs = [_one(scenario, m0 + r * p, slowdown) for r in range(runs)]
-        steps = [ex.step_time_s for _, ex in exs]
-        exact = not any(_falls_behind(a[1], b[1]) for a, b in zip(exs, exs[1:]))  # a backlog would take over
-        if runs == 3 and abs((steps[2] - steps[1]) - (steps[1] - steps[0])) > 1e-9 * steps[2]:
-            exact = False
-        (g0, ex0), (g1, ex1) = exs[-2:]
-        m0 = m0 + (runs - 2) * p
+    m0 = p if plan.virtual_stages == 1 else 2 * p  # interleaved warm-up holds up to 3p-2 chunks
+    if periodic and plain and schedule_ops is None and plan.schedule_ops is None and p > 1 and m > 2 * m0 + p:
+        (g0, ex0), (g1, ex1) = _one(scenario, m0, slowdown), _one(scenario, m0 + p, slowdown)
         k = (m - m0) / p
         ref = reference_stage(ex1)
         b0, b1 = breakdown(ex0, ref), breakdown(ex1, ref)
         bd = {key: b0[key] + k * (b1[key] - b0[key]) for key in BREAKDOWN_KEYS}
         step = ex0.step_time_s + k * (ex1.step_time_s - ex0.step_time_s)
-        if exact and min(bd.values()) >= -1e-9 * step:  # else the critical path changed route
+        # a stream whose backlog grows, or a critical path that changes route: no extrapolation
+        if not _falls_behind(ex0, ex1) and min(bd.values()) >= -1e-9 * step:
             # peaks are constant past the warm-up for 1F1B-like schedules, affine in m for GPipe
             peaks = [a + k * (b - a) for a, b in zip(memory_peaks(ex0), memory_peaks(ex1))]
             full = int(round(len(g0) + k * (len(g1) - len(g0))))
-            return Simulation(step, bd, peaks, sum(len(g) for g, _ in exs), full,
-                              time.perf_counter() - t0, True)
+            return Simulation(step, bd, peaks, len(g0) + len(g1), full, time.perf_counter() - t0, True)
     g, ex = _one(scenario, m, slowdown, schedule_ops)
     return Simulation(ex.step_time_s, breakdown(ex), memory_peaks(ex), len(g), len(g),
                       time.perf_counter() - t0, False)

@@ -39,9 +39,10 @@ def test_graph_engine_reports_the_timeline_peak_as_peak_memory(scenario):
 
 
 CASES = [dict(schedule="1f1b"), dict(schedule="interleaved", vpp=2), dict(schedule="zb-h1"),
-         dict(schedule="gpipe"), dict(schedule="1f1b", zero_stage=2, dp_overlap=False),
-         dict(schedule="interleaved", vpp=2, zero_stage=3), dict(schedule="1f1b", zero_stage=0, recompute="full"),
-         dict(schedule="zb-h1", zero_stage=2), dict(schedule="interleaved", vpp=3, zero_stage=1, dp_overlap=False)]
+         dict(schedule="gpipe"), dict(schedule="1f1b", zero_stage=0, dp_overlap=False),
+         dict(schedule="interleaved", vpp=2, zero_stage=0), dict(schedule="1f1b", zero_stage=0, recompute="full"),
+         dict(schedule="zb-h1", zero_stage=1, dp_overlap=False), dict(schedule="interleaved", vpp=3, zero_stage=1,
+                                                                    dp_overlap=False)]
 
 
 @pytest.mark.parametrize("kw", CASES)
@@ -56,7 +57,12 @@ def test_steady_state_extrapolation_equals_full_simulation(scenario, kw):
     assert fast.activation_peak_bytes == pytest.approx(full.activation_peak_bytes, rel=1e-9)
 
 
-@pytest.mark.parametrize("kw", CASES[:4])
+def test_plans_with_per_micro_batch_traffic_are_executed_in_full(scenario):
+    for kw in (dict(zero_stage=2), dict(zero_stage=3), dict(offload={"activations": "cpu"})):
+        assert not simulate(plan(scenario, global_batch=96, **kw)).extrapolated
+
+
+@pytest.mark.parametrize("kw", CASES[:4] + [dict(zero_stage=3), dict(zero_stage=2, dp_overlap=False)])
 def test_breakdown_sums_to_step_time(scenario, kw):
     sim = simulate(plan(scenario, **kw), periodic=False)
     assert sum(sim.breakdown_s.values()) == pytest.approx(sim.step_time_s, rel=1e-12)
