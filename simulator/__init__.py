@@ -3,12 +3,17 @@
     from simulator import load_scenario, evaluate
     result = evaluate(load_scenario("scenarios/quickstart.yaml"))
     result.to_dict()["step_time_s"]
+
+    from simulator import sweep
+    table = sweep("scenarios/sweeps/gpt3-175b-tp-pp.yaml")   # pandas.DataFrame, one row per point
 """
 
 from .errors import InputError
 from .evaluate import evaluate
 from .result import Result
 from .scenario import Scenario, apply_overrides, load_scenario, read_scenario, scenario_from_dict
+from .space import Space, load_space, space_from_dict
+from .sweep import sweep  # the function: simulator.sweep(space) -> DataFrame (module: sys.modules["simulator.sweep"])
 
-__all__ = ["InputError", "Result", "Scenario", "apply_overrides", "evaluate", "load_scenario", "read_scenario",
-           "scenario_from_dict"]
+__all__ = ["InputError", "Result", "Scenario", "Space", "apply_overrides", "evaluate", "load_scenario", "load_space",
+           "read_scenario", "scenario_from_dict", "space_from_dict", "sweep"]

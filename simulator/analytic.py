@@ -21,19 +21,36 @@ from .hardware import Cluster
 from .memory import grad_bytes_per_param, weight_bytes_per_param
 from .model import ModelSpec
 from .plan import Plan
-from .step import StageCost, dp_costs, groups, stage_costs, stage_multiplicity
+from .step import StageCost, dp_costs, groups, representative_stage_costs
 
 
-def _pipeline(plan: Plan, costs: list[StageCost]):
-    """(critical stage, bubble seconds) for the schedule."""
-    crit = max(costs, key=lambda c: float(c.total))
-    if plan.pp == 1:
-        return crit, 0.0
+def _select(index, values: list):
+    """values[index] elementwise (index and values broadcast)."""
+    out = values[-1]
+    for i in range(len(values) - 2, -1, -1):
+        out = np.where(index == i, values[i], out)
+    return out
+
+
+def critical_stage(costs: list[StageCost]) -> StageCost:
+    """The slowest stage per micro-batch (the first one on ties), elementwise over plans."""
+    totals = np.stack(np.broadcast_arrays(*[np.asarray(c.total, dtype=float) for c in costs]))
+    index = np.argmax(totals, axis=0)
+    names = ("stage", "fwd", "bwd_input", "bwd_weight", "recompute", "tp_comm", "cp_comm", "pp_comm", "params")
+    return StageCost(**{n: _select(index, [getattr(c, n) for c in costs]) for n in names})
+
+
+def _pipeline(plan: Plan, costs: list[StageCost], mult: list):
+    """(critical stage, bubble seconds) for the schedule; `costs` are the representative
+    stages and `mult` how many stages each stands for (step.representative_stage_costs)."""
+    crit = critical_stage(costs)
     if plan.schedule == "zb-h1":
-        fill = sum(stage_multiplicity(plan, c.stage) * np.maximum(0.0, c.total - 2 * c.bwd_weight) for c in costs)
-        return crit, np.maximum(0.0, fill - np.maximum(0.0, crit.total - 2 * crit.bwd_weight))
-    fill = sum(stage_multiplicity(plan, c.stage) * c.total for c in costs) - crit.total
-    return crit, fill / plan.virtual_stages
+        fill = sum(k * np.maximum(0.0, c.total - 2 * c.bwd_weight) for k, c in zip(mult, costs))
+        bubble = np.maximum(0.0, fill - np.maximum(0.0, crit.total - 2 * crit.bwd_weight))
+    else:
+        fill = sum(k * c.total for k, c in zip(mult, costs)) - crit.total
+        bubble = fill / plan.virtual_stages
+    return crit, np.where(np.asarray(plan.pp) == 1, 0.0, bubble)
 
 
 def optimizer_step_time(plan: Plan, cluster: Cluster, params) -> object:
@@ -90,11 +107,12 @@ def offload_time(model: ModelSpec, plan: Plan, cluster: Cluster, crit: StageCost
             + m * np.maximum(0.0, d["activations_mb"] - crit.compute))
 
 
-def step_breakdown(model: ModelSpec, plan: Plan, cluster: Cluster, act_bytes_mb=0.0) -> dict:
-    """Exposed seconds per step by cause; they add up to the step time."""
-    costs = stage_costs(model, plan, cluster)
+def step_breakdown_arrays(model: ModelSpec, plan: Plan, cluster: Cluster, act_bytes_mb=0.0) -> dict:
+    """Exposed seconds per step by cause (they add up to the step time), elementwise over
+    plans whose sizes are numpy arrays (simulator.vector) or plain numbers."""
     g = groups(plan, cluster)
-    crit, bubble = _pipeline(plan, costs)
+    costs, mult = representative_stage_costs(model, plan, cluster, g)
+    crit, bubble = _pipeline(plan, costs, mult)
     m = plan.microbatches
 
     # Data-parallel traffic: per micro-batch collectives hide behind that micro-batch's
@@ -110,8 +128,8 @@ def step_breakdown(model: ModelSpec, plan: Plan, cluster: Cluster, act_bytes_mb=
             tail = d["step_reduce"] + d["step_gather"]
         dp_exposed = np.maximum(dp_exposed, m * per_mb + np.maximum(0.0, tail - c.stage * c.bwd))
 
-    params_crit = max(float(c.params) for c in costs)
-    out = {
+    params_crit = np.maximum.reduce(np.broadcast_arrays(*[np.asarray(c.params, dtype=float) for c in costs]))
+    return {
         "compute": m * crit.compute,
         "recompute": m * crit.recompute,
         "tp_comm": m * crit.tp_comm,
@@ -123,4 +141,8 @@ def step_breakdown(model: ModelSpec, plan: Plan, cluster: Cluster, act_bytes_mb=
         "offload": offload_time(model, plan, cluster, crit, params_crit, act_bytes_mb),
         "other": 0.0,
     }
-    return {k: float(v) for k, v in out.items()}
+
+
+def step_breakdown(model: ModelSpec, plan: Plan, cluster: Cluster, act_bytes_mb=0.0) -> dict:
+    """Exposed seconds per step by cause; they add up to the step time."""
+    return {k: float(v) for k, v in step_breakdown_arrays(model, plan, cluster, act_bytes_mb).items()}

@@ -77,6 +77,11 @@ def _overrides(args) -> dict:
     return out
 
 
+ENGINES = ("analytic", "graph")
+OBJECTIVE_NAMES = ("throughput", "cost", "time-to-train")
+PLOT_KINDS = ("breakdown", "memory", "pareto", "heatmap", "timeline", "scatter", "accelerators")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="llmsim", description="Analytical performance simulator for LLM training plans.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -98,6 +103,37 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--fit-matmul", metavar="RUN_PREFIX", default=None,
                     help="fit the accelerator's matmul efficiency to the published runs whose id starts with "
                          "RUN_PREFIX (e.g. korthikanti22) and print it; the profile's provenance")
+
+    sw = sub.add_parser("sweep", help="evaluate every point of a sweep space into a CSV or Parquet table")
+    sw.add_argument("space", help="space YAML file (base or base_file, sweep, constraints)")
+    sw.add_argument("-o", "--out", required=True, help="results.csv or results.parquet (written incrementally)")
+    sw.add_argument("--workers", type=int, default=None, help="local processes or Dask workers (default: all cores)")
+    sw.add_argument("--dask", default=None, metavar="ADDRESS|local",
+                    help="run on Dask distributed: a scheduler address, or `local` for a LocalCluster")
+    sw.add_argument("--resume", action="store_true", help="keep finished rows of OUT and evaluate only the rest")
+    sw.add_argument("--engine", choices=ENGINES, default="analytic")
+    sw.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+    se = sub.add_parser("search", help="enumerate and rank every valid plan for a model, cluster and batch")
+    se.add_argument("--model", required=True, help="model preset, HF config.json, or a YAML file with a model mapping")
+    se.add_argument("--cluster", required=True,
+                    help="node profile (with --nodes), or a YAML file with a cluster mapping")
+    se.add_argument("--nodes", type=int, default=None, help="nodes of the --cluster node profile (default 1)")
+    se.add_argument("--global-batch", type=int, required=True, help="sequences per step")
+    se.add_argument("--objective", choices=tuple(OBJECTIVE_NAMES), default="throughput")
+    se.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
+    se.add_argument("--engine", choices=("auto", "graph", "analytic"), default="auto",
+                    help="engine for the top candidates (auto: graph when installed)")
+    se.add_argument("--precision", default="bf16")
+    se.add_argument("--tokens", type=float, default=None, help="training tokens, for time and cost to train")
+    se.add_argument("--json", action="store_true", help="print the ranked plans as JSON")
+    se.add_argument("-o", "--out", default=None, help="also write the ranked plans to a .csv or .parquet file")
+
+    pl = sub.add_parser("plot", help="draw a results table (sweep, search, evaluate --json, validate --json)")
+    pl.add_argument("results", help="results .csv, .parquet or .json (a timeline table for --kind timeline)")
+    pl.add_argument("--kind", required=True, choices=PLOT_KINDS)
+    pl.add_argument("-o", "--out", required=True, help="output image, e.g. plot.png")
+    pl.add_argument("--row", type=int, default=None, help="--kind memory: the table row to draw (default: best)")
 
     hw = sub.add_parser("hardware", help="hardware profiles")
     hw.add_argument("what", choices=("list",))
@@ -208,6 +244,88 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from .sweep import sweep
+
+    if args.workers is not None and args.workers < 1:
+        raise InputError("--workers", args.workers, "expected an integer >= 1")
+    df = sweep(args.space, workers=args.workers, dask=args.dask, out=args.out, resume=args.resume,
+               engine=args.engine, progress=not args.no_progress)
+    feasible = int(df["feasible"].fillna(False).sum())
+    invalid = int(df["step_time_s"].isna().sum())
+    print(f"{len(df)} points: {feasible} feasible, {len(df) - feasible - invalid} out of memory, "
+          f"{invalid} invalid -> {args.out}")
+    return 0
+
+
+def _search_model(ref: str) -> dict:
+    from .yamlio import load_yaml
+
+    if ref.endswith(".json"):
+        return {"hf_config": ref}
+    if ref.endswith((".yaml", ".yml")):
+        data = load_yaml(ref, "--model")
+        return data.get("model", data) if isinstance(data, dict) else data
+    return {"preset": ref}
+
+
+def _search_cluster(ref: str, nodes) -> dict:
+    from .yamlio import load_yaml
+
+    if ref.endswith((".yaml", ".yml")):
+        data = load_yaml(ref, "--cluster")
+        data = dict(data.get("cluster", data)) if isinstance(data, dict) else data
+    else:
+        data = {"node": ref}
+    if nodes is not None:
+        data["nodes"] = nodes
+    data.setdefault("nodes", 1)
+    return data
+
+
+def cmd_search(args) -> int:
+    from .scenario import Training
+    from .search import SearchOptions, search
+
+    result = search(_search_model(args.model), _search_cluster(args.cluster, args.nodes), args.global_batch,
+                    objective=args.objective, top=args.top, engine=args.engine,
+                    options=SearchOptions(precision=args.precision), training=Training(tokens=args.tokens))
+    df = result.table
+    if args.out:
+        if args.out.endswith(".csv"):
+            df.to_csv(args.out, index=False)
+        elif args.out.endswith(".parquet"):
+            df.to_parquet(args.out, index=False)
+        else:
+            raise InputError("-o", args.out, "expected a .csv or .parquet file name")
+    if args.json:
+        print(json.dumps({"enumerated": result.enumerated, "valid": result.valid, "feasible": result.feasible,
+                          "ranked_by": result.ranked_by, "seconds": result.seconds, "notes": result.notes,
+                          "plans": json.loads(df.to_json(orient="records"))}, indent=2))
+        return 0
+    print(f"{result.enumerated:,} plans enumerated, {result.valid:,} valid, {result.feasible:,} fit in memory; "
+          f"ranked by {args.objective} ({result.ranked_by}) in {result.seconds:.1f} s")
+    for note in result.notes:
+        print("note: " + note)
+    rows = [(r.rank, r.tp, r.pp, r.dp, r.cp, r.vpp, r.micro_batch, r.schedule, "y" if r.sequence_parallel else "n",
+             r.recompute, r.zero_stage, "/".join(x for x in (r.offload_optimizer, r.offload_params,
+                                                               r.offload_activations)),
+             _human_time(r.step_time_s), f"{r.tokens_per_s:,.0f}", f"{100 * r.mfu:.1f}%",
+             f"{r.peak_memory_gib:.1f}", f"{r.usd_per_million_tokens:.3g}")
+            for r in df.itertuples(index=False)]
+    print(_fmt_table(rows, ("#", "tp", "pp", "dp", "cp", "vpp", "mb", "schedule", "sp", "recompute", "zero",
+                            "offload opt/par/act", "step", "tokens/s", "MFU", "GiB", "$/M tok")))
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from .plots import plot_file
+
+    plot_file(args.results, args.kind, args.out, row=args.row)
+    print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_list(args) -> int:
     if args.command == "hardware":
         from .hardware import available, load_accelerator, load_node
@@ -242,6 +360,8 @@ def main(argv=None) -> int:
             return cmd_evaluate(args)
         if args.command == "validate":
             return cmd_validate(args)
+        if args.command in COMMANDS:
+            return COMMANDS[args.command](args)
         return cmd_list(args)
     except InputError as exc:
         print(f"llmsim: error: {exc}", file=sys.stderr)
@@ -252,7 +372,13 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # output piped into `head`
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:
+        hint = "; rerun with --resume to continue" if args.command == "sweep" else ""
+        print(f"llmsim: interrupted{hint}", file=sys.stderr)
+        return 130
 
+
+COMMANDS = {"sweep": cmd_sweep, "search": cmd_search, "plot": cmd_plot}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,13 +11,27 @@ from dataclasses import replace
 
 from .analytic import step_breakdown
 from .errors import InputError
-from .memory import layer_activation_bytes, memory_by_stage
+from .memory import host_bytes, layer_activation_bytes, memory_by_stage
 from .result import Result
 from .scenario import Scenario
 from .workload import model_flops_per_sequence, recompute_flops_per_sequence
 
 GIB = 2**30
 ENGINES = ("graph", "analytic")
+
+
+def oom_reason(stage: int, parts: dict, total: float, capacity: float, accelerator: str) -> str:
+    """The reason of an out-of-memory result."""
+    shown = ", ".join(f"{k} {v / GIB:.1f}" for k, v in parts.items())
+    return (f"out of memory: pipeline stage {stage} needs {total / GIB:.1f} GiB "
+            f"({shown}) > {capacity / GIB:.1f} GiB on {accelerator}")
+
+
+def host_reason(per_device: float, devices_per_node: int, capacity: float, node: str) -> str:
+    """The reason of a result whose offloaded state does not fit in the hosts' memory."""
+    need = per_device * devices_per_node
+    return (f"out of host memory: offload needs {need / GIB:.1f} GiB per node ({devices_per_node} devices x "
+            f"{per_device / GIB:.1f}) > {capacity / GIB:.1f} GiB on {node}")
 
 
 def evaluate(scenario: Scenario, engine: str = "graph") -> Result:
@@ -37,11 +51,12 @@ def evaluate(scenario: Scenario, engine: str = "graph") -> Result:
     peak = max(stages, key=lambda s: s.total)
     capacity = cluster.accelerator.hbm_bytes
     feasible = peak.total <= capacity
-    reason = ""
-    if not feasible:
-        parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in peak.as_dict().items())
-        reason = (f"out of memory: pipeline stage {peak.stage} needs {peak.total / GIB:.1f} GiB "
-                  f"({parts}) > {capacity / GIB:.1f} GiB on {cluster.accelerator.name}")
+    reason = "" if feasible else oom_reason(peak.stage, peak.as_dict(), peak.total, capacity, cluster.accelerator.name)
+    # Devices of a node may hold any stage: size the host for the hungriest (first or last).
+    host = max(float(host_bytes(model, plan, 0)), float(host_bytes(model, plan, plan.pp - 1)))
+    if feasible and host * cluster.devices_per_node > cluster.node.host_memory_bytes:
+        feasible = False
+        reason = host_reason(host, cluster.devices_per_node, cluster.node.host_memory_bytes, cluster.node.name)
     if engine == "graph":
         breakdown = dict(sim.breakdown_s)
     else:

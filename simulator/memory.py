@@ -77,23 +77,24 @@ def layer_params_local(model: ModelSpec, tp) -> float:
     return attn + mlp + norm + bias
 
 
-def stage_params(model: ModelSpec, plan: Plan, stage: int) -> float:
-    """Parameters held by one device of pipeline stage `stage` (before ZeRO sharding)."""
+def stage_params(model: ModelSpec, plan: Plan, stage) -> float:
+    """Parameters held by one device of pipeline stage `stage` (before ZeRO sharding).
+    Broadcast-safe: plan sizes and `stage` may be numpy arrays."""
     p, t = plan.pp, plan.tp
     params = model.layers / p * layer_params_local(model, t)
-    if stage == 0:
-        pos = model.seq_len * model.hidden if model.position_embedding == "learned" else 0
-        params = params + model.vocab * model.hidden / t + pos
-    if stage == p - 1:
-        params = params + model.final_norm_params()
-        # Megatron keeps a copy of tied word embeddings on the last stage when pp > 1.
-        if not model.tied_embeddings or p > 1:
-            params = params + model.vocab * model.hidden / t
+    first = np.asarray(stage == 0)
+    last = np.asarray(stage == p - 1)
+    pos = model.seq_len * model.hidden if model.position_embedding == "learned" else 0
+    params = params + first * (model.vocab * model.hidden / t + pos)
+    params = params + last * model.final_norm_params()
+    # Megatron keeps a copy of tied word embeddings on the last stage when pp > 1.
+    head_copy = last & (np.asarray(not model.tied_embeddings) | (np.asarray(p) > 1))
+    params = params + head_copy * (model.vocab * model.hidden / t)
     return params
 
 
-def model_state_bytes(params, plan: Plan) -> tuple:
-    """(weights, gradients, optimizer) bytes on a device holding `params` before sharding."""
+def _sharded_states(params, plan: Plan) -> tuple:
+    """(weights, gradients, optimizer) bytes of `params` after ZeRO sharding over dp·cp."""
     shard = plan.dp * plan.cp
     z = plan.zero_stage
     w = params * weight_bytes_per_param(plan.precision)
@@ -105,20 +106,48 @@ def model_state_bytes(params, plan: Plan) -> tuple:
         g = g / shard
     if z >= 3:
         w = w / shard
+    return w, g, o
+
+
+def model_state_bytes(params, plan: Plan) -> tuple:
+    """(weights, gradients, optimizer) bytes on a device holding `params` before sharding."""
+    w, g, o = _sharded_states(params, plan)
     if plan.offload.optimizer != "none":
         o = 0.0 * o
-        if z >= 2:  # ZeRO-Offload moves the partitioned gradients to the host as well
+        if plan.zero_stage >= 2:  # ZeRO-Offload moves the partitioned gradients to the host as well
             g = 0.0 * g
     if plan.offload.params != "none":
         w = 0.0 * w
     return w, g, o
 
 
-def in_flight(plan: Plan, stage: int):
-    """Micro-batches (in units of L/p layers) whose activations stage `stage` holds at its peak."""
+def host_bytes(model: ModelSpec, plan: Plan, stage):
+    """Host (CPU) memory taken by one device of `stage` for what it offloads to `cpu`.
+
+    ZeRO-Offload (Ren et al. 2021) keeps the optimizer states, and with ZeRO-2/3 the
+    partitioned gradients, in host memory; ZeRO-Infinity (Rajbhandari et al. 2021) the
+    weights; activation offload the activations beyond the two micro-batches kept on the
+    device. NVMe targets use host memory only for staging buffers, not counted.
+    """
+    w, g, o = _sharded_states(stage_params(model, plan, stage), plan)
+    off = plan.offload
+    host = 0.0
+    if off.optimizer == "cpu":
+        host = host + o + (g if plan.zero_stage >= 2 else 0.0)
+    if off.params == "cpu":
+        host = host + w
+    if off.activations == "cpu":
+        extra = np.maximum(0.0, in_flight(plan, stage) - 2)
+        host = host + extra * model.layers / plan.pp * layer_activation_bytes(model, plan)
+    return host
+
+
+def in_flight(plan: Plan, stage):
+    """Micro-batches (in units of L/p layers) whose activations stage `stage` holds at its peak.
+    Broadcast-safe. With p = 1, 1F1B and ZB-H1 hold min(1, m) = 1 micro-batch."""
     p, m = plan.pp, plan.microbatches
-    if p == 1 or plan.schedule == "gpipe":
-        return m if plan.schedule == "gpipe" else 1
+    if plan.schedule == "gpipe":
+        return m
     if plan.schedule == "interleaved":
         v = plan.vpp
         chunks = np.minimum(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
@@ -153,10 +182,10 @@ def activation_bytes(model: ModelSpec, plan: Plan, stage: int):
     acts = model.layers / plan.pp * layer_activation_bytes(model, plan) * flight
     if plan.recompute == "full":
         acts = acts + layer_activation_bytes(model, plan, "none")  # one layer rebuilt at a time
-    if stage == 0:
-        acts = acts + sum(op.saved_bytes for op in embedding_ops(model, shard)) * np.ceil(flight)
-    if stage == plan.pp - 1:
-        acts = acts + sum(op.saved_bytes for op in head_ops(model, shard))
+    first = np.asarray(stage == 0)
+    last = np.asarray(stage == plan.pp - 1)
+    acts = acts + first * (sum(op.saved_bytes for op in embedding_ops(model, shard)) * np.ceil(flight))
+    acts = acts + last * sum(op.saved_bytes for op in head_ops(model, shard))
     return acts
 
 
@@ -173,11 +202,18 @@ def buffer_bytes(model: ModelSpec, plan: Plan, cluster: Cluster):
     return other
 
 
-def stage_memory(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int) -> StageMemory:
+def stage_memory_parts(model: ModelSpec, plan: Plan, cluster: Cluster, stage) -> StageMemory:
+    """Like stage_memory, without converting to float: fields broadcast over numpy plans."""
     w, g, o = model_state_bytes(stage_params(model, plan, stage), plan)
-    return StageMemory(stage=stage, weights=float(w), gradients=float(g), optimizer=float(o),
-                       activations=float(activation_bytes(model, plan, stage)),
-                       other=float(buffer_bytes(model, plan, cluster)))
+    return StageMemory(stage=stage, weights=w, gradients=g, optimizer=o,
+                       activations=activation_bytes(model, plan, stage),
+                       other=buffer_bytes(model, plan, cluster))
+
+
+def stage_memory(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int) -> StageMemory:
+    s = stage_memory_parts(model, plan, cluster, stage)
+    return StageMemory(stage=stage, weights=float(s.weights), gradients=float(s.gradients),
+                       optimizer=float(s.optimizer), activations=float(s.activations), other=float(s.other))
 
 
 def memory_by_stage(model: ModelSpec, plan: Plan, cluster: Cluster) -> list[StageMemory]:

@@ -47,8 +47,21 @@ def _training(data) -> Training:
     return Training(tokens=tokens, price_usd_per_device_hour=price)
 
 
-def scenario_from_dict(data: Any) -> Scenario:
-    """Validate a scenario mapping; raises InputError naming the first bad field."""
+def _parsed(cache: dict | None, section: str, data: Any, parse):
+    """parse(data), remembered in `cache` by the section's content (errors are not remembered)."""
+    if cache is None:
+        return parse(data)
+    key = (section, repr(data))  # equal reprs: equal content (a miss only re-parses)
+    if key not in cache:
+        cache[key] = parse(data)
+    return cache[key]
+
+
+def scenario_from_dict(data: Any, cache: dict | None = None) -> Scenario:
+    """Validate a scenario mapping; raises InputError naming the first bad field.
+
+    `cache` (a dict the caller keeps) makes the model and cluster sections parse once per
+    distinct content, e.g. across the points of a sweep; results are the same objects."""
     if data is None:
         raise InputError("scenario", None, "the scenario is empty; expected model, cluster and plan sections")
     data = F.require_mapping(data, "scenario")
@@ -56,8 +69,8 @@ def scenario_from_dict(data: Any) -> Scenario:
     for section in ("model", "cluster", "plan"):
         if data.get(section) is None:
             raise InputError(section, None, f"the {section} section is required")
-    model = model_from_dict(data["model"])
-    cluster = cluster_from_dict(data["cluster"])
+    model = _parsed(cache, "model", data["model"], model_from_dict)
+    cluster = _parsed(cache, "cluster", data["cluster"], cluster_from_dict)
     plan = plan_from_dict(data["plan"], devices=cluster.devices)
     validate(plan, model, cluster)
     name = data.get("name") or ""

@@ -109,18 +109,22 @@ class StageCost:
 
 
 def _tp_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, g: Groups, act_bytes: int):
-    """Exposed TP communication of one layer: forward, backward (per micro-batch).
+    """TP communication of one layer per micro-batch: (forward, backward) seconds.
 
     Two all-reduces of the b·s·h activation per layer in the forward pass and two in the
-    backward pass (Shoeybi et al. 2019, Megatron-LM); with sequence parallelism each
-    becomes an all-gather plus a reduce-scatter of the same volume (Korthikanti 2022).
+    backward pass (Shoeybi et al. 2019, Megatron-LM). With sequence parallelism each
+    becomes an all-gather plus a reduce-scatter of the same volume (Korthikanti 2022), and
+    the backward pass all-gathers the sequence-sharded input of the two column-parallel
+    GEMMs again for their weight gradients (Megatron-LM
+    LinearWithGradAccumulationAndAsyncCommunication.backward).
     """
     nbytes = act_bytes * plan.micro_batch * model.seq_len / plan.cp * model.hidden
     if plan.sp:
-        one = collective_time("all_gather", nbytes, g.tp, cluster) + collective_time("reduce_scatter", nbytes, g.tp, cluster)
-    else:
-        one = collective_time("all_reduce", nbytes, g.tp, cluster)
-    return 2 * one
+        gather = collective_time("all_gather", nbytes, g.tp, cluster)
+        fwd = 2 * (gather + collective_time("reduce_scatter", nbytes, g.tp, cluster))
+        return fwd, fwd + 2 * gather
+    fwd = 2 * collective_time("all_reduce", nbytes, g.tp, cluster)
+    return fwd, fwd
 
 
 def _cp_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, g: Groups, act_bytes: int):
@@ -134,29 +138,35 @@ def _cp_layer_comm(model: ModelSpec, plan: Plan, cluster: Cluster, g: Groups, ac
     return steps * hop, 2 * steps * hop
 
 
-def stage_cost(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int, g: Groups | None = None) -> StageCost:
+def stage_cost(model: ModelSpec, plan: Plan, cluster: Cluster, stage, g: Groups | None = None) -> StageCost:
+    """Seconds per micro-batch of one device of pipeline stage `stage`.
+
+    Broadcast-safe: plan sizes and `stage` may be numpy arrays (vectorised sweeps); the
+    first and last stage's extra operators are added with 0/1 indicators, not branches.
+    """
     g = groups(plan, cluster) if g is None else g
     shard = shard_of(plan, model)
     layers = model.layers / plan.pp
     layer = ops_cost(layer_ops(model, shard), cluster, plan.precision, plan.flash_attention)
     fwd, bin_, bw = layers * layer.fwd, layers * layer.bwd_input, layers * layer.bwd_weight
-    extra = []
-    if stage == 0:
-        extra += embedding_ops(model, shard)
-    if stage == plan.pp - 1:
-        extra += head_ops(model, shard)
-    if extra:
-        e = ops_cost(extra, cluster, plan.precision, plan.flash_attention)
-        fwd, bin_, bw = fwd + e.fwd, bin_ + e.bwd_input, bw + e.bwd_weight
+    first = np.asarray(stage == 0)
+    last = np.asarray(stage == plan.pp - 1)
+    emb = ops_cost(embedding_ops(model, shard), cluster, plan.precision, plan.flash_attention)
+    head = ops_cost(head_ops(model, shard), cluster, plan.precision, plan.flash_attention)
+    fwd = fwd + first * emb.fwd + last * head.fwd
+    bin_ = bin_ + first * emb.bwd_input + last * head.bwd_input
+    bw = bw + first * emb.bwd_weight + last * head.bwd_weight
 
-    tp_one = _tp_layer_comm(model, plan, cluster, g, shard.act_bytes) if plan.tp > 1 else 0.0
-    tp_fwd = tp_bwd = tp_one
+    has_tp = np.asarray(plan.tp) > 1
+    tp_one, tp_back = _tp_layer_comm(model, plan, cluster, g, shard.act_bytes)
+    tp_fwd, tp_bwd = np.where(has_tp, tp_one, 0.0), np.where(has_tp, tp_back, 0.0)
     if plan.tp_comm_overlap:
-        tp_fwd = np.maximum(0.0, tp_one - layer.matmul_fwd)
-        tp_bwd = np.maximum(0.0, tp_one - layer.bwd)
-    cp_fwd, cp_bwd = _cp_layer_comm(model, plan, cluster, g, shard.act_bytes) if plan.cp > 1 else (0.0, 0.0)
-    cp_fwd = np.maximum(0.0, cp_fwd - layer.attention_fwd)
-    cp_bwd = np.maximum(0.0, cp_bwd - layer.attention_bwd)
+        tp_fwd = np.maximum(0.0, tp_fwd - layer.matmul_fwd)
+        tp_bwd = np.maximum(0.0, tp_bwd - layer.bwd)
+    cp_fwd, cp_bwd = _cp_layer_comm(model, plan, cluster, g, shard.act_bytes)
+    has_cp = np.asarray(plan.cp) > 1
+    cp_fwd = np.maximum(0.0, np.where(has_cp, cp_fwd, 0.0) - layer.attention_fwd)
+    cp_bwd = np.maximum(0.0, np.where(has_cp, cp_bwd, 0.0) - layer.attention_bwd)
 
     recompute = 0.0
     tp_recompute = 0.0
@@ -169,13 +179,12 @@ def stage_cost(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int, g: Gr
     else:
         cp_recompute = 0.0
 
-    pp_comm = 0.0
-    if plan.pp > 1:
-        # Megatron-LM's scatter/gather optimisation sends 1/t of the activation per TP rank.
-        nbytes = shard.act_bytes * plan.micro_batch * model.seq_len / plan.cp * model.hidden / plan.tp
-        hop = send_recv_time(nbytes, g.pp_crosses_domain, cluster)
-        sends = (stage > 0) + (stage < plan.pp - 1)  # receive from the left, send to the right
-        pp_comm = plan.virtual_stages * sends * hop  # forward activation and backward gradient
+    # Megatron-LM's scatter/gather optimisation sends 1/t of the activation per TP rank.
+    nbytes = shard.act_bytes * plan.micro_batch * model.seq_len / plan.cp * model.hidden / plan.tp
+    hop = send_recv_time(nbytes, g.pp_crosses_domain, cluster)
+    # receive from the left, send to the right (as integers: numpy booleans would add as `or`)
+    sends = np.asarray(stage > 0, dtype=int) + np.asarray(stage < plan.pp - 1, dtype=int)
+    pp_comm = np.where(np.asarray(plan.pp) > 1, plan.virtual_stages * sends * hop, 0.0)  # activation, gradient
     return StageCost(stage=stage, fwd=fwd, bwd_input=bin_, bwd_weight=bw, recompute=recompute,
                      tp_comm=layers * (tp_fwd + tp_bwd + tp_recompute),
                      cp_comm=layers * (cp_fwd + cp_bwd + cp_recompute),
@@ -198,6 +207,24 @@ def stage_multiplicity(plan: Plan, stage: int) -> int:
     return plan.pp - 2
 
 
+def representative_stages(plan: Plan) -> tuple[list, list]:
+    """Stages (first, a middle one, last) standing for the whole pipeline, and how many
+    stages each stands for; broadcast-safe. With pp = 1 or 2 the repeated
+    representatives count zero times, so sums over them equal sums over all stages."""
+    pp = np.asarray(plan.pp)
+    stages = [np.zeros_like(pp), np.minimum(1, pp - 1), pp - 1]
+    mult = [np.ones_like(pp), np.maximum(pp - 2, 0), (pp > 1).astype(pp.dtype)]
+    return stages, mult
+
+
+def representative_stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster,
+                               g: Groups | None = None) -> tuple[list[StageCost], list]:
+    """StageCost of each representative stage and its multiplicity (see representative_stages)."""
+    g = groups(plan, cluster) if g is None else g
+    stages, mult = representative_stages(plan)
+    return [stage_cost(model, plan, cluster, s, g) for s in stages], mult
+
+
 # ------------------------------------------------------------------ data parallelism
 
 def dp_costs(plan: Plan, cluster: Cluster, params, g: Groups | None = None) -> dict:
@@ -212,10 +239,8 @@ def dp_costs(plan: Plan, cluster: Cluster, params, g: Groups | None = None) -> d
     g = groups(plan, cluster) if g is None else g
     grads = params * grad_bytes_per_param(plan)
     weights = params * weight_bytes_per_param(plan.precision)
-    n = plan.dp * plan.cp
     out = dict(step_reduce=0.0, step_gather=0.0, mb_gather=0.0, mb_reduce=0.0)
-    if n == 1:
-        return out
+    # With one rank (dp*cp = 1) every collective below takes zero time (comm.collective_time).
     z = plan.zero_stage
     if z == 0:
         out["step_reduce"] = collective_time("all_reduce", grads, g.dp, cluster)

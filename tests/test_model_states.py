@@ -50,3 +50,25 @@ def test_context_parallel_ranks_join_the_sharding_group():
 def test_optimizer_offload_leaves_no_optimizer_state_on_device():
     w, g, o = model_state_bytes(PSI, Plan(dp=8, zero_stage=2, offload=Offload(optimizer="cpu")))
     assert (w, g, o) == (2 * PSI, 0.0, 0.0)
+
+
+def test_offloaded_optimizer_states_fill_host_memory():
+    from simulator.memory import host_bytes, stage_params
+    from simulator.model import load_preset
+
+    model = load_preset("llama-2-70b")
+    plan = Plan(tp=8, dp=4, zero_stage=2, global_batch=4, offload=Offload(optimizer="cpu"))
+    params = stage_params(model, plan, 0)
+    # 12 B of Adam state and 4 B of fp32 gradients per parameter, sharded over dp = 4
+    assert host_bytes(model, plan, 0) == pytest.approx(params * 16 / 4)
+
+
+def test_plan_whose_offload_exceeds_host_memory_is_infeasible():
+    from simulator import evaluate, scenario_from_dict
+
+    s = scenario_from_dict({"model": {"preset": "llama-3.1-405b"}, "cluster": {"node": "dgx-h100", "nodes": 1},
+                            "plan": {"tp": 8, "zero_stage": 3, "global_batch": 1, "recompute": "full",
+                                     "offload": {"optimizer": "cpu", "params": "cpu"}}})
+    d = evaluate(s).to_dict()
+    # 405 B params x (2 weights + 4 grads + 12 optimizer) B = 7.3 TB > the DGX H100's 2 TiB host memory
+    assert d["feasible"] is False and d["reason"].startswith("out of host memory")

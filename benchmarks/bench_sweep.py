@@ -1,0 +1,73 @@
+"""Speed of the vectorised analytic path, of sweeps and of plan search.
+
+    LLMSIM_PROFILES=... python benchmarks/bench_sweep.py [--workers W]
+
+Prints:
+- plans/s of the vectorised analytic evaluation (simulator.vector, one process), over
+  every valid plan of GPT-3 175B on 1024 A100s with a 1536 batch;
+- points/s of `simulator.sweep` end to end (scenario validation, evaluation, rows) on
+  `workers` processes;
+- the wall time of the full plan search for GPT-3 175B on 1024 GPUs (target <= 10 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from simulator.hardware import cluster_from_dict
+from simulator.model import model_from_dict
+from simulator.search import SearchOptions, _evaluate_groups, search
+from simulator.space import space_from_dict
+from simulator.scenario import Training
+from simulator.sweep import sweep
+
+
+def bench_vector(repeat: int = 3) -> tuple[float, int]:
+    model = model_from_dict({"preset": "gpt3-175b"})
+    cluster = cluster_from_dict({"node": "dgx-a100", "nodes": 128})
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        groups, _ = _evaluate_groups(model, cluster, 1536, SearchOptions(), Training(), reasons=False)
+        best = min(best, time.perf_counter() - t)
+    plans = sum(len(b) for b, _ in groups)
+    return plans / best, plans
+
+
+def bench_sweep(workers: int) -> tuple[float, int]:
+    """A 19,440-point space over sizes and categorical fields (some points invalid)."""
+    space = space_from_dict({
+        "base": {"model": {"preset": "gpt3-175b"}, "cluster": {"node": "dgx-a100", "nodes": 128},
+                 "plan": {"global_batch": 1536, "dp": "auto", "sequence_parallel": True}},
+        "sweep": {"plan.global_batch": [512, 1024, 1536, 2048, 3072, 4096], "plan.tp": [1, 2, 4, 8],
+                  "plan.pp": [2, 4, 8, 16, 32], "plan.zero_stage": [0, 1, 2], "plan.recompute": ["none", "full"],
+                  "plan.micro_batch": [1, 2, 4], "plan.schedule": ["1f1b", "zb-h1", "gpipe"]}})
+    n = len(space.points())
+    t = time.perf_counter()
+    sweep(space, workers=workers, progress=False)
+    return n / (time.perf_counter() - t), n
+
+
+def bench_search() -> tuple[float, object]:
+    t = time.perf_counter()
+    result = search("gpt3-175b", {"node": "dgx-a100", "nodes": 128}, 1536, top=10, engine="analytic")
+    return time.perf_counter() - t, result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    args = ap.parse_args()
+    rate, plans = bench_vector()
+    print(f"vectorised analytic evaluation: {rate:,.0f} plans/s ({plans:,} plans, one process)")
+    rate, n = bench_sweep(args.workers)
+    print(f"sweep() end to end: {rate:,.0f} points/s ({n:,} points, {args.workers} workers)")
+    seconds, result = bench_search()
+    print(f"search GPT-3 175B on 1024 A100s, batch 1536: {seconds:.2f} s ({result.enumerated:,} enumerated, "
+          f"{result.valid:,} valid, {result.feasible:,} fit)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""Plan search: enumerate every valid plan for a model, a cluster and a global batch, rank them.
+
+Enumeration. A plan is a *shape* (tp, pp, cp, dp, vpp, micro_batch, schedule, sequence
+parallelism) times a *setting* (recompute, ZeRO stage, offload). `plan.validate`'s rules
+about shapes (device count, head and layer divisibility, batch multiples, interleaving)
+do not read the settings and its rules about settings (offload needs ZeRO) do not read
+the shape, so each shape and each setting is checked once with `validate` and the valid
+plans are the product of the valid shapes and the valid settings. Left out as duplicates:
+sequence parallelism at tp = 1 (it needs tp > 1), the interleaved schedule with one
+chunk (vpp = 1 is 1F1B) and, with flash attention, selective recomputation (it re-runs
+nothing). Sizes range over divisors; micro_batch, vpp and cp have caps (SearchOptions).
+
+Ranking. Every valid plan is evaluated with the vectorised analytic engine
+(simulator.vector), out-of-memory plans are dropped, the rest are ranked by the
+objective; the top candidates are then re-evaluated with the graph engine when it is
+installed (else they keep their analytic numbers) and re-ranked. The result says which
+engine ranked them. With a fixed cluster and price, throughput, cost per token and time
+to train give the same order; they differ once the search spans prices (`price_usd_per_device_hour`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+
+from .errors import InputError
+from .evaluate import evaluate
+from .hardware import Cluster, cluster_from_dict
+from .model import ModelSpec, model_from_dict
+from .plan import Offload, Plan, validate
+from .scenario import Scenario, Training
+from .vector import evaluate_batch, PlanBatch, SIZES
+
+OBJECTIVES = {  # column, ascending
+    "throughput": ("tokens_per_s", False),
+    "cost": ("usd_per_million_tokens", True),
+    "time-to-train": ("step_time_s", True),
+}
+OFFLOADS = {
+    "none": Offload(),
+    "optimizer-cpu": Offload(optimizer="cpu"),
+    "optimizer-params-cpu": Offload(optimizer="cpu", params="cpu"),
+    "activations-cpu": Offload(activations="cpu"),
+}
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """What to enumerate. Defaults cover every schedule, recompute mode, ZeRO stage and
+    the common offload settings; sizes range over the divisors that validate allows."""
+
+    schedules: tuple = ("1f1b", "interleaved", "zb-h1", "gpipe")
+    # With flash attention (the default) selective recomputation re-runs nothing and equals
+    # "none" (workload.py), so it is enumerated only when flash_attention is False.
+    recompute: tuple = ("none", "selective", "full")
+    zero_stages: tuple = (0, 1, 2, 3)
+    sequence_parallel: tuple = (False, True)
+    offloads: tuple = tuple(OFFLOADS)
+    precision: str = "bf16"
+    max_micro_batch: int = 16
+    max_vpp: int = 8
+    max_cp: int = 16
+    flash_attention: bool = True
+
+
+@dataclass
+class SearchResult:
+    """Ranked feasible plans (best first) and how they were found."""
+
+    table: pd.DataFrame
+    enumerated: int
+    valid: int
+    feasible: int
+    ranked_by: str
+    seconds: float
+    notes: list = field(default_factory=list)
+
+
+def _divisors(n: int, limit: int | None = None) -> list[int]:
+    return [d for d in range(1, (limit or n) + 1) if n % d == 0 and d <= n]
+
+
+def _shapes(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchOptions) -> tuple[list[Plan], int]:
+    """Valid shapes (as Plans with default settings) and how many were tried."""
+    n = cluster.devices
+    tried, valid = 0, []
+    for tp in _divisors(n):
+        for pp in _divisors(n // tp):
+            for cp in _divisors(n // (tp * pp), opts.max_cp):
+                dp = n // (tp * pp * cp)
+                for mb in _divisors(global_batch, opts.max_micro_batch):
+                    for schedule in opts.schedules:
+                        vpps = range(2, opts.max_vpp + 1) if schedule == "interleaved" else (1,)
+                        for vpp in vpps:
+                            for sp in opts.sequence_parallel:
+                                if sp and tp == 1:
+                                    continue  # sequence parallelism needs tp > 1: the same plan as sp off
+                                tried += 1
+                                plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, micro_batch=mb,
+                                            global_batch=global_batch, schedule=schedule, sequence_parallel=sp,
+                                            precision=opts.precision, flash_attention=opts.flash_attention)
+                                try:
+                                    validate(plan, model, cluster)
+                                except InputError:
+                                    continue
+                                valid.append(plan)
+    return valid, tried
+
+
+def _recompute_modes(opts: SearchOptions) -> list[str]:
+    return [r for r in opts.recompute if not (r == "selective" and opts.flash_attention)] or list(opts.recompute)
+
+
+def _settings(model: ModelSpec, cluster: Cluster, shape: Plan, opts: SearchOptions) -> list[dict]:
+    """Valid (recompute, zero_stage, offload) settings, checked on one valid shape."""
+    out = []
+    for recompute, zero, off in itertools.product(_recompute_modes(opts), opts.zero_stages, opts.offloads):
+        if off not in OFFLOADS:
+            raise InputError("search.offloads", off, "expected one of " + ", ".join(OFFLOADS))
+        setting = dict(recompute=recompute, zero_stage=zero, offload=OFFLOADS[off])
+        try:
+            validate(replace(shape, **setting), model, cluster)
+        except InputError:
+            continue
+        out.append(setting)
+    return out
+
+
+def _plan_columns(batch: PlanBatch, model: ModelSpec, cluster: Cluster) -> dict:
+    """The resolved-plan columns of simulator.table for a batch."""
+    n = len(batch)
+    cols = {"model": model.name, "accelerator": cluster.accelerator.name, "node": cluster.node.name,
+            "nodes": cluster.nodes, "devices": cluster.devices}
+    cols.update({k: getattr(batch, k) for k in SIZES})
+    cols["microbatches"] = batch.microbatches
+    cols.update(schedule=batch.schedule, sequence_parallel=batch.sequence_parallel, recompute=batch.recompute,
+                zero_stage=batch.zero_stage, precision=batch.precision, offload_optimizer=batch.offload.optimizer,
+                offload_params=batch.offload.params, offload_activations=batch.offload.activations,
+                flash_attention=batch.flash_attention)
+    return {k: np.broadcast_to(v, (n,)) if np.ndim(v) == 0 else v for k, v in cols.items()}
+
+
+def _result_columns(d: dict) -> dict:
+    out = {}
+    for key, value in d.items():
+        if key in ("memory_gib", "breakdown_s"):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        elif key not in ("scenario", "flop_convention", "memory_gib_by_stage", "devices", "global_batch", "seq_len"):
+            out[key] = value
+    return out
+
+
+def _evaluate_groups(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchOptions,
+                     training: Training, reasons: bool) -> tuple[list, int]:
+    """[(PlanBatch, evaluate_batch dict)] for every valid plan, grouped by categorical fields,
+    and how many plans were enumerated."""
+    shapes, tried_shapes = _shapes(model, cluster, global_batch, opts)
+    settings = _settings(model, cluster, shapes[0], opts) if shapes else []
+    by_group: dict = {}
+    for s in shapes:
+        by_group.setdefault((s.schedule, s.sequence_parallel), []).append(s)
+    out = []
+    for (schedule, sp), members in by_group.items():
+        sizes = {k: np.array([getattr(p, k) for p in members], dtype=np.int64) for k in SIZES}
+        for setting in settings:
+            batch = PlanBatch(**sizes, schedule=schedule, sequence_parallel=sp, precision=opts.precision,
+                              flash_attention=opts.flash_attention, **setting)
+            out.append((batch, evaluate_batch(model, cluster, batch, training, reasons=reasons)))
+    tried = tried_shapes * len(_recompute_modes(opts)) * len(opts.zero_stages) * len(opts.offloads)
+    return out, tried
+
+
+def _frame(model: ModelSpec, cluster: Cluster, batch: PlanBatch, d: dict, rows=None) -> pd.DataFrame:
+    cols = {**_plan_columns(batch, model, cluster), **_result_columns(d)}
+    n = len(batch)
+    cols = {k: np.broadcast_to(v, (n,)) if np.ndim(v) == 0 else np.asarray(v) for k, v in cols.items()}
+    if rows is not None:
+        cols = {k: v[rows] for k, v in cols.items()}
+    return pd.DataFrame(cols)
+
+
+def evaluate_all(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchOptions = SearchOptions(),
+                 training: Training = Training()) -> tuple[pd.DataFrame, int]:
+    """Every valid plan with its analytic result (one DataFrame row each), and how many plans were enumerated."""
+    groups, tried = _evaluate_groups(model, cluster, global_batch, opts, training, reasons=True)
+    if not groups:
+        return pd.DataFrame(), tried
+    return pd.concat([_frame(model, cluster, b, d) for b, d in groups], ignore_index=True), tried
+
+
+def _ranked_rows(model, cluster, groups: list, column: str, ascending: bool, count: int) -> tuple[pd.DataFrame, int]:
+    """The `count` best feasible plans as a DataFrame (ties: least memory first), and the feasible count."""
+    def col(key):
+        return np.concatenate([np.broadcast_to(np.asarray(d[key], dtype=float), (len(b),)) for b, d in groups])
+    feasible = np.concatenate([np.broadcast_to(d["feasible"], (len(b),)) for b, d in groups]).astype(bool)
+    gid = np.concatenate([np.full(len(b), g) for g, (b, _) in enumerate(groups)])
+    row = np.concatenate([np.arange(len(b)) for b, _ in groups])
+    score = col(column) if ascending else -col(column)
+    memory = col("peak_memory_gib")
+    keep = np.flatnonzero(feasible)
+    order = keep[np.lexsort((memory[keep], score[keep]))][:count]
+    frames = []
+    for g in np.unique(gid[order]):
+        picked = order[gid[order] == g]
+        b, d = groups[g]
+        frames.append(_frame(model, cluster, b, d, row[picked]).assign(_order=[int(np.flatnonzero(order == i)[0])
+                                                                               for i in picked]))
+    if not frames:
+        return pd.DataFrame(), 0
+    table = pd.concat(frames, ignore_index=True).sort_values("_order").drop(columns="_order")
+    return table.reset_index(drop=True), int(feasible.sum())
+
+
+def graph_engine_available() -> bool:
+    """True when the task-graph engine (simulator/graph.py and engine.py) is installed."""
+    return all(importlib.util.find_spec(f"simulator.{m}") is not None for m in ("graph", "engine"))
+
+
+def _scenario_of(row, model: ModelSpec, cluster: Cluster, training: Training) -> Scenario:
+    plan = Plan(tp=int(row.tp), pp=int(row.pp), dp=int(row.dp), cp=int(row.cp), vpp=int(row.vpp),
+                micro_batch=int(row.micro_batch), global_batch=int(row.global_batch), schedule=row.schedule,
+                sequence_parallel=bool(row.sequence_parallel), recompute=row.recompute,
+                zero_stage=int(row.zero_stage), precision=row.precision,
+                offload=Offload(row.offload_optimizer, row.offload_params, row.offload_activations),
+                flash_attention=bool(row.flash_attention))
+    return Scenario(model=model, cluster=cluster, plan=plan, training=training)
+
+
+def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch: int, *,
+           objective: str = "throughput", top: int = 10, engine: str = "auto",
+           options: SearchOptions = SearchOptions(), training: Training = Training()) -> SearchResult:
+    """Rank every valid plan; see the module docstring.
+
+    model: a ModelSpec, a model mapping ({preset: ...} or fields) or a preset name.
+    cluster: a Cluster or a cluster mapping ({node: dgx-a100, nodes: 128}).
+    engine: "auto" (graph for the top candidates when available), "graph" or "analytic".
+    """
+    start = time.perf_counter()
+    if objective not in OBJECTIVES:
+        raise InputError("--objective", objective, "expected one of " + ", ".join(OBJECTIVES))
+    if engine not in ("auto", "graph", "analytic"):
+        raise InputError("--engine", engine, "expected auto, graph or analytic")
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise InputError("--global-batch", global_batch, "expected an integer >= 1")
+    if top < 1:
+        raise InputError("--top", top, "expected an integer >= 1")
+    model = model_from_dict({"preset": model} if isinstance(model, str) else model) \
+        if not isinstance(model, ModelSpec) else model
+    cluster = cluster_from_dict(cluster) if not isinstance(cluster, Cluster) else cluster
+
+    groups, tried = _evaluate_groups(model, cluster, global_batch, options, training, reasons=False)
+    notes = []
+    valid = sum(len(b) for b, _ in groups)
+    if valid == 0:
+        return SearchResult(pd.DataFrame(), tried, 0, 0, "analytic", time.perf_counter() - start,
+                            ["no valid plan: check that the global batch is a multiple of some micro_batch*dp"])
+    column, ascending = OBJECTIVES[objective]
+    ranked, feasible = _ranked_rows(model, cluster, groups, column, ascending, 3 * top)
+    if feasible == 0:
+        notes.append("no valid plan fits in memory: try more devices, ZeRO-3, recomputation or offload")
+    ranked_by = "analytic"
+    if engine in ("auto", "graph") and len(ranked):
+        if graph_engine_available():
+            head = ranked.copy()
+            results = [evaluate(_scenario_of(r, model, cluster, training), engine="graph").to_dict()
+                       for r in head.itertuples(index=False)]
+            redone = pd.DataFrame([_result_columns(r) for r in results])
+            for key in redone.columns:
+                if key in head.columns:
+                    head[key] = redone[key].to_numpy()
+            head = head[head["feasible"].astype(bool)]
+            ranked = head.sort_values([column, "peak_memory_gib"], ascending=[ascending, True],
+                                      kind="stable").reset_index(drop=True)
+            ranked_by = f"analytic pre-filter, graph for the top {len(results)}"
+        elif engine == "graph":
+            notes.append("the graph engine is not installed: ranked with the analytic engine")
+    ranked.insert(0, "rank", np.arange(1, len(ranked) + 1))
+    return SearchResult(ranked.head(top).reset_index(drop=True), tried, valid, feasible, ranked_by,
+                        time.perf_counter() - start, notes)

@@ -1,0 +1,144 @@
+"""Result tables: one flat row per evaluated plan, with a fixed schema.
+
+A row holds the plan as resolved (model, accelerator, tp, pp, dp, ...) and the
+`Result.to_dict()` contract flattened: nested mappings become dotted columns
+(`memory_gib.weights`, `breakdown_s.compute`), the per-stage memory list becomes a
+JSON text column. `normalize` casts a frame to the schema so that tables built in
+memory, read back from CSV or from Parquet compare equal.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from .result import BREAKDOWN_KEYS, MEMORY_KEYS
+
+# Resolved plan description: column -> kind.
+PLAN_COLUMNS = {
+    "model": "str", "accelerator": "str", "node": "str", "nodes": "int", "devices": "int",
+    "tp": "int", "pp": "int", "dp": "int", "cp": "int", "vpp": "int", "micro_batch": "int",
+    "global_batch": "int", "microbatches": "int", "schedule": "str", "sequence_parallel": "bool",
+    "recompute": "str", "zero_stage": "int", "precision": "str", "offload_optimizer": "str",
+    "offload_params": "str", "offload_activations": "str", "flash_attention": "bool",
+}
+RESULT_SCALARS = {
+    "feasible": "bool", "reason": "str", "engine": "str", "step_time_s": "float", "tokens_per_s": "float",
+    "tokens_per_s_per_device": "float", "model_tflops_per_device": "float",
+    "hardware_tflops_per_device": "float", "mfu": "float", "hfu": "float", "peak_memory_gib": "float",
+    "peak_memory_stage": "int", "memory_capacity_gib": "float",
+}
+RESULT_TAIL = {
+    "model_flops_per_step": "float", "hardware_flops_per_step": "float", "price_usd_per_device_hour": "float",
+    "cost_usd_per_step": "float", "usd_per_million_tokens": "float", "training_tokens": "float",
+    "time_to_train_days": "float", "cost_to_train_usd": "float", "memory_gib_by_stage": "str",
+}
+RESULT_COLUMNS = {**RESULT_SCALARS, **{f"memory_gib.{k}": "float" for k in MEMORY_KEYS},
+                  **{f"breakdown_s.{k}": "float" for k in BREAKDOWN_KEYS}, **RESULT_TAIL}
+DROPPED = ("scenario", "flop_convention", "devices", "global_batch", "seq_len")
+
+
+def plan_row(scenario) -> dict:
+    """The resolved description of a valid scenario."""
+    p, c = scenario.plan, scenario.cluster
+    return {
+        "model": scenario.model.name, "accelerator": c.accelerator.name, "node": c.node.name, "nodes": c.nodes,
+        "devices": c.devices, "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "vpp": p.vpp,
+        "micro_batch": p.micro_batch, "global_batch": p.global_batch, "microbatches": p.microbatches,
+        "schedule": p.schedule, "sequence_parallel": p.sequence_parallel, "recompute": p.recompute,
+        "zero_stage": p.zero_stage, "precision": p.precision, "offload_optimizer": p.offload.optimizer,
+        "offload_params": p.offload.params, "offload_activations": p.offload.activations,
+        "flash_attention": p.flash_attention,
+    }
+
+
+def raw_plan_row(data: Mapping) -> dict:
+    """Best-effort description of a scenario mapping that failed validation (wrong types become None)."""
+    plan = data.get("plan") if isinstance(data.get("plan"), Mapping) else {}
+    cluster = data.get("cluster") if isinstance(data.get("cluster"), Mapping) else {}
+    model = data.get("model") if isinstance(data.get("model"), Mapping) else {}
+    off = plan.get("offload") if isinstance(plan.get("offload"), Mapping) else {}
+    raw = {"model": model.get("preset"), "accelerator": cluster.get("accelerator"), "node": cluster.get("node"),
+           "nodes": cluster.get("nodes"), **{k: plan.get(k) for k in PLAN_COLUMNS if k in plan},
+           **{f"offload_{k}": off.get(k) for k in ("optimizer", "params", "activations")}}
+    out = {}
+    for key, kind in PLAN_COLUMNS.items():
+        v = raw.get(key)
+        ok = {"int": isinstance(v, int) and not isinstance(v, bool), "bool": isinstance(v, bool),
+              "str": isinstance(v, str)}[kind]
+        out[key] = v if ok else None
+    return out
+
+
+def result_row(d: Mapping) -> dict:
+    """Flatten a `Result.to_dict()`."""
+    out = {}
+    for key, value in d.items():
+        if key in DROPPED:
+            continue
+        if key in ("memory_gib", "breakdown_s"):
+            for k, v in value.items():
+                out[f"{key}.{k}"] = v
+        elif key == "memory_gib_by_stage":
+            out[key] = json.dumps(value) if value is not None else None
+        else:
+            out[key] = value
+    return out
+
+
+def error_row(message: str) -> dict:
+    return {"feasible": False, "reason": message}
+
+
+def axis_kind(values) -> str:
+    """The column kind of an axis: int, float, bool or str (mixed types become text)."""
+    if all(isinstance(v, bool) for v in values):
+        return "bool"
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return "int"
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return "float"
+    return "str"
+
+
+def axis_cell(value: Any, kind: str):
+    if kind == "str":
+        return value if isinstance(value, str) else json.dumps(value)
+    return value
+
+
+def schema(axes: Mapping[str, str] | None = None) -> dict:
+    """Column -> kind for a table with the given axis columns."""
+    return {"point_index": "int", "point_id": "str", **(axes or {}), **PLAN_COLUMNS, **RESULT_COLUMNS}
+
+
+def _to_bool(v):
+    if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)):
+        return None
+    return v.strip().lower() == "true" if isinstance(v, str) else bool(v)
+
+
+_DTYPES = {"int": "Int64", "float": "float64", "bool": "boolean", "str": "object"}
+
+
+def normalize(df: pd.DataFrame, kinds: Mapping[str, str]) -> pd.DataFrame:
+    """Columns in schema order and dtypes; text columns hold Python str ('' when missing)."""
+    out = {}
+    for col, kind in kinds.items():
+        s = df[col] if col in df.columns else pd.Series([None] * len(df), dtype=object)
+        s = s.reset_index(drop=True)
+        if kind == "str":
+            s = s.astype(object).where(s.notna(), "")
+            if not all(type(v) is str for v in s):
+                s = s.map(str)
+        elif kind == "bool":
+            s = s.astype("boolean") if s.dtype == bool else s.astype(object).map(_to_bool).astype("boolean")
+        elif kind == "int":
+            s = pd.to_numeric(s, errors="coerce").astype("Float64").astype("Int64")
+        else:
+            s = pd.to_numeric(s, errors="coerce").astype("float64")
+        out[col] = list(s) if kind == "str" else s.astype(_DTYPES[kind]).array
+    return pd.DataFrame(out, index=range(len(df)))

@@ -1,0 +1,183 @@
+"""Vectorised analytic evaluation: many plans at once, one numpy array entry per plan.
+
+Plans that share the model, the cluster and every categorical field (schedule,
+recompute, sequence parallelism, ZeRO stage, precision, offload, flash attention, ...)
+form a group; their sizes (tp, pp, dp, cp, vpp, micro_batch, global_batch) become
+arrays in a `PlanBatch` and go through the same physics functions as a single
+evaluation (workload, compute, comm, memory, step, analytic, Result): there is no
+second copy of a formula here, only the bookkeeping that picks the peak-memory stage.
+
+Memory: a stage's memory is largest at the first, second or last stage (middle stages
+hold the same weights and no more in-flight activations than stage 1), so those three
+representatives give the same peak stage and bytes as evaluating every stage. The
+per-stage list (`memory_gib_by_stage`) is computed on request (`by_stage=True`, as
+sweeps do), with the stage index as a second array axis.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from .analytic import _select, step_breakdown_arrays
+from .evaluate import host_reason, oom_reason
+from .hardware import Cluster
+from .memory import host_bytes, layer_activation_bytes, stage_memory_parts
+from .model import ModelSpec
+from .plan import Plan
+from .result import GIB, MEMORY_KEYS, Result
+from .scenario import Scenario, Training
+from .step import representative_stages
+from .workload import model_flops_per_sequence, recompute_flops_per_sequence
+
+SIZES = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "global_batch")
+CATEGORICAL = tuple(f.name for f in fields(Plan) if f.name not in SIZES)
+
+
+@dataclass(frozen=True)
+class PlanBatch(Plan):
+    """A Plan whose sizes are int64 arrays (one entry per plan).
+
+    `sp` is the requested sequence_parallel flag: Plan.sp also requires tp > 1, but
+    every sequence-parallel formula reduces to the plain one at tp = 1, so the two agree.
+    """
+
+    @property
+    def sp(self) -> bool:
+        return self.sequence_parallel
+
+    def __len__(self) -> int:
+        return int(np.size(self.tp))
+
+
+def plan_batch(plans: list[Plan]) -> PlanBatch:
+    """Stack plans that share every categorical field."""
+    first = plans[0]
+    cats = {name: getattr(first, name) for name in CATEGORICAL}
+    sizes = {name: np.array([getattr(p, name) for p in plans], dtype=np.int64) for name in SIZES}
+    return PlanBatch(**sizes, **cats)
+
+
+def _peak_memory(model: ModelSpec, plan: PlanBatch, cluster: Cluster):
+    """(peak stage, total bytes, parts dict) per plan, over the representative stages."""
+    stages, _ = representative_stages(plan)
+    mems = [stage_memory_parts(model, plan, cluster, s) for s in stages]
+    n = len(plan)
+    totals = np.stack([np.broadcast_to(np.asarray(m.total, dtype=float), (n,)) for m in mems])
+    index = np.argmax(totals, axis=0)
+    stage = _select(index, stages)
+    parts = {k: np.broadcast_to(_select(index, [np.asarray(getattr(m, k), dtype=float) for m in mems]), (n,))
+             for k in MEMORY_KEYS}
+    total = parts["weights"] + parts["gradients"] + parts["optimizer"] + parts["activations"] + parts["other"]
+    return stage, total, parts
+
+
+def memory_by_stage_batch(model: ModelSpec, plan: PlanBatch, cluster: Cluster, unit: float = 1.0) -> list[list[dict]]:
+    """Per plan, the memory (bytes / unit, by part) of each of its pipeline stages, computed
+    for all stages of all plans at once (stage index along a second array axis)."""
+    n = len(plan)
+    pp = np.asarray(plan.pp).tolist()
+    stages = np.arange(max(pp))[:, None]  # (stages, 1) against (plans,)
+    m = stage_memory_parts(model, plan, cluster, stages)
+    per_plan = [(np.broadcast_to(np.asarray(getattr(m, k), dtype=float), (len(stages), n)) / unit).T.tolist()
+                for k in MEMORY_KEYS]
+    return [[dict(zip(MEMORY_KEYS, values)) for values in zip(*(part[j][:pp[j]] for part in per_plan))]
+            for j in range(n)]
+
+
+def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training: Training = Training(),
+                   price_usd_per_device_hour: float | None = None, name: str = "", reasons: bool = True,
+                   by_stage: bool = False) -> dict:
+    """The Result.to_dict() contract with an array per key.
+
+    Plans must be valid (plan.validate); out-of-memory ones are feasible=False with a reason
+    (reasons=False leaves the text out, for searches that drop those plans).
+    `memory_gib_by_stage` is a list per plan with by_stage=True, else None.
+    """
+    n = len(plan)
+    stage, total, parts = _peak_memory(model, plan, cluster)
+    capacity = cluster.accelerator.hbm_bytes
+    fits = total <= capacity
+    host = np.maximum(host_bytes(model, plan, 0), host_bytes(model, plan, plan.pp - 1))
+    host_fits = np.broadcast_to(host * cluster.devices_per_node <= cluster.node.host_memory_bytes, (n,))
+    feasible = fits & host_fits
+    act_mb = model.layers / plan.pp * layer_activation_bytes(model, plan)
+    breakdown = step_breakdown_arrays(model, plan, cluster, act_mb)
+    breakdown = {k: np.broadcast_to(np.asarray(v, dtype=float), (n,)) for k, v in breakdown.items()}
+    step = sum(breakdown.values())
+    seqs = plan.global_batch
+    model_flops = model_flops_per_sequence(model) * seqs
+    hw_flops = model_flops + recompute_flops_per_sequence(model, plan.recompute, plan.flash_attention) * seqs
+    price = price_usd_per_device_hour
+    if price is None:
+        price = training.price_usd_per_device_hour
+    if price is None:
+        price = cluster.accelerator.price_usd_per_hour
+    result = Result(
+        scenario=name, feasible=feasible, reason="", step_time_s=step, global_batch=seqs, seq_len=model.seq_len,
+        devices=cluster.devices, model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops,
+        peak_flops_per_device=cluster.accelerator.peak(plan.precision), peak_memory_bytes=total,
+        peak_memory_stage=stage, memory_bytes=parts, memory_by_stage=[], capacity_bytes=capacity,
+        breakdown_s=breakdown, price_usd_per_device_hour=price, training_tokens=training.tokens,
+        engine="analytic")
+    d = result.to_dict()
+    host = np.broadcast_to(np.asarray(host, dtype=float), (n,))
+
+    def why(i: int) -> str:
+        if feasible[i] or not reasons:
+            return ""
+        if not fits[i]:
+            return oom_reason(int(stage[i]), {k: float(parts[k][i]) for k in MEMORY_KEYS}, float(total[i]), capacity,
+                              cluster.accelerator.name)
+        return host_reason(float(host[i]), cluster.devices_per_node, cluster.node.host_memory_bytes, cluster.node.name)
+
+    d["reason"] = np.array([why(i) for i in range(n)], dtype=object)
+    d["memory_gib_by_stage"] = None
+    if by_stage:
+        d["memory_gib_by_stage"] = np.empty(n, dtype=object)
+        for j, stages in enumerate(memory_by_stage_batch(model, plan, cluster, unit=GIB)):
+            d["memory_gib_by_stage"][j] = stages
+    return d
+
+
+def _scenario_key(s: Scenario) -> tuple:
+    """Scenarios with equal keys share a batch. The cluster (unhashable) is keyed by identity:
+    scenarios parsed with a shared cache (scenario_from_dict(..., cache)) share it."""
+    cats = tuple(getattr(s.plan, name) for name in CATEGORICAL)
+    return (s.model, id(s.cluster), cats, s.training, s.name)
+
+
+def evaluate_many(scenarios: list[Scenario]) -> list[dict]:
+    """Result.to_dict() of each scenario (analytic engine), computed group by group with numpy."""
+    groups = defaultdict(list)
+    for i, s in enumerate(scenarios):
+        groups[_scenario_key(s)].append(i)
+    out: list[dict | None] = [None] * len(scenarios)
+    for members in groups.values():
+        s0 = scenarios[members[0]]
+        batch = plan_batch([scenarios[i].plan for i in members])
+        d = evaluate_batch(s0.model, s0.cluster, batch, s0.training, s0.price_usd_per_device_hour, s0.name,
+                           by_stage=True)
+        columns = {k: _column(v, len(members)) for k, v in d.items()}
+        for j, i in enumerate(members):
+            out[i] = {k: ({kk: vv[j] for kk, vv in v.items()} if isinstance(v, dict) else v[j])
+                      for k, v in columns.items()}
+    return out
+
+
+def _column(value, n: int):
+    """A batched to_dict value as a list of n Python values, as the scalar path gives them
+    (non-finite floats become None, like Result.to_dict)."""
+    if isinstance(value, dict):
+        return {k: _column(v, n) for k, v in value.items()}
+    if isinstance(value, np.ndarray) and value.ndim:
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            return [v if np.isfinite(v) else None for v in value.tolist()]
+        return value.tolist()
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not np.isfinite(value):
+        value = None
+    return [value] * n

@@ -1,0 +1,136 @@
+"""Each plot kind draws the expected bars or points, and writes a PNG."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simulator import evaluate, load_scenario
+from simulator import plots
+from simulator.result import BREAKDOWN_KEYS
+from simulator.space import space_from_dict
+from simulator.sweep import sweep
+
+BASE = {"model": {"preset": "megatron-gpt-39b"}, "cluster": {"node": "dgx-a100", "nodes": 2},
+        "plan": {"global_batch": 64, "dp": "auto", "zero_stage": 1}, "training": {"tokens": 1.0e+11}}
+
+
+@pytest.fixture(scope="module")
+def table():
+    space = space_from_dict({"base": BASE, "sweep": {"plan.tp": [1, 2, 4, 8], "plan.pp": [1, 2, 4],
+                                                     "plan.micro_batch": [1, 2]}})
+    return sweep(space, workers=1, progress=False)
+
+
+@pytest.fixture(scope="module")
+def accel_table():
+    space = space_from_dict({"base": {**BASE, "model": {"preset": "megatron-gpt-7.5b"}},
+                             "sweep": {"cluster.node": ["dgx-a100", "dgx-h100", "mi300x-node"], "plan.tp": [1, 2, 4]}})
+    return sweep(space, workers=1, progress=False)
+
+
+def _timeline():
+    rows = [(0, "compute", "F0", 0.0, 1.0), (0, "compute", "F1", 1.0, 2.0), (1, "compute", "F0", 1.1, 2.1),
+            (1, "compute", "B0", 2.1, 4.1), (0, "compute", "B0", 4.2, 6.2), (0, "dp", "allreduce", 6.2, 7.0),
+            (1, "pp", "send:F0", 2.0, 2.1)]
+    return pd.DataFrame(rows, columns=list(plots.TIMELINE_COLUMNS))
+
+
+def _bar_count(ax):
+    return sum(len(c) for c in ax.containers)
+
+
+def test_breakdown_has_one_stacked_bar_per_plan_and_part(table):
+    fig = plots.breakdown(table)
+    ax = fig.axes[0]
+    rows = table[table["step_time_s"].notna()].head(20)
+    parts = [k for k in BREAKDOWN_KEYS if rows[f"breakdown_s.{k}"].fillna(0).to_numpy().any()]
+    assert len(ax.containers) == len(parts)
+    assert all(len(c) == len(rows) for c in ax.containers)
+    tops = np.sum([[b.get_height() for b in c] for c in ax.containers], axis=0)
+    assert np.allclose(tops, rows["step_time_s"], rtol=1e-9)
+
+
+def test_memory_has_one_stacked_bar_per_stage_and_the_capacity_line():
+    result = evaluate(load_scenario("scenarios/gpt3-175b-1024xa100.yaml", {"plan.pp": 4, "plan.dp": 32,
+                                                                            "plan.vpp": 1, "plan.schedule": "1f1b"}))
+    d = result.to_dict()
+    fig = plots.memory(d)
+    ax = fig.axes[0]
+    assert len(ax.containers) == 5 and all(len(c) == 4 for c in ax.containers)
+    tops = np.sum([[b.get_height() for b in c] for c in ax.containers], axis=0)
+    assert np.allclose(tops, [sum(s.values()) for s in d["memory_gib_by_stage"]])
+    assert ax.lines[0].get_ydata()[0] == pytest.approx(d["memory_capacity_gib"])
+
+
+def test_pareto_has_every_feasible_point_and_the_non_dominated_ones(table):
+    fig = plots.pareto(table, x="step_time_s", y="peak_memory_gib", min_gain=0.0)
+    ax = fig.axes[0]
+    ok = table[table["feasible"].fillna(False).astype(bool)]
+    xs, ys = ok["step_time_s"].to_numpy(), ok["peak_memory_gib"].to_numpy()
+    dominated = [any(xs[j] <= xs[i] and ys[j] <= ys[i] and (xs[j] < xs[i] or ys[j] < ys[i]) for j in range(len(xs)))
+                 for i in range(len(xs))]
+    assert len(ax.collections[0].get_offsets()) == len(ok)
+    assert len(ax.collections[1].get_offsets()) == dominated.count(False)
+    assert len(ax.texts) == dominated.count(False)
+
+
+def test_heatmap_has_a_cell_per_tp_pp_and_crosses_where_no_plan_fits(table):
+    fig = plots.heatmap(table)
+    ax = fig.axes[0]
+    assert ax.images[0].get_array().shape == (3, 4)  # pp x tp
+    fits = table.groupby(["tp", "pp"])["feasible"].apply(lambda s: bool(s.fillna(False).any()))
+    assert sum(t.get_text() == plots.INFEASIBLE_MARK for t in ax.texts) == int((~fits).sum())
+    assert (~fits).sum() > 0 and fits.sum() > 0
+
+
+def test_timeline_has_one_bar_per_task_and_one_lane_per_stage_stream():
+    fig = plots.timeline(_timeline())
+    ax = fig.axes[0]
+    assert len(ax.patches) == 7
+    assert len(ax.get_yticks()) == 4  # (0, compute), (0, dp), (1, compute), (1, pp)
+
+
+def test_scatter_has_one_point_per_measurement():
+    df = pd.DataFrame({"id": list("abcde"), "measured": [1.0, 2.0, 3.0, 4.0, None],
+                       "predicted": [1.1, 1.9, 3.3, 3.8, 2.0]})
+    ax = plots.scatter(df).axes[0]
+    assert len(ax.collections[0].get_offsets()) == 4
+
+
+def test_accelerators_have_one_bar_per_accelerator_with_its_best_plan(accel_table):
+    fig = plots.accelerators(accel_table)
+    left, right = fig.axes
+    assert len(left.patches) == len(right.patches) == 3
+    ok = accel_table[accel_table["feasible"].fillna(False).astype(bool)]
+    best = ok.groupby("accelerator")["tokens_per_s"].max().sort_index()
+    assert np.allclose([p.get_height() for p in right.patches], best.to_numpy())
+
+
+@pytest.mark.parametrize("kind", list(plots.KINDS))
+def test_each_kind_writes_a_png(kind, table, accel_table, tmp_path):
+    src = tmp_path / "results.csv"
+    if kind == "timeline":
+        _timeline().to_csv(src, index=False)
+    elif kind == "scatter":
+        src = tmp_path / "v.json"
+        src.write_text(json.dumps({"rows": [{"id": "a", "measured": 1.0, "predicted": 1.2},
+                                            {"id": "b", "measured": 2.0, "predicted": 1.8}]}))
+    else:
+        (accel_table if kind == "accelerators" else table).to_csv(src, index=False)
+    out = tmp_path / f"{kind}.png"
+    plots.plot_file(src, kind, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_plot_writes_the_png(table, tmp_path):
+    import subprocess
+    import sys
+    src = tmp_path / "r.parquet"
+    table.to_parquet(src)
+    out = tmp_path / "heatmap.png"
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "plot", str(src), "--kind", "heatmap", "-o", str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,115 @@
+"""Plan search: exactly the plans validate accepts, ranked by the objective, numbers of evaluate()."""
+
+import itertools
+import math
+import subprocess
+import sys
+
+import pytest
+
+from simulator import InputError, evaluate
+from simulator.hardware import cluster_from_dict
+from simulator.model import model_from_dict
+from simulator.plan import Plan, validate
+from simulator.scenario import Training
+from simulator.search import OFFLOADS, SearchOptions, _scenario_of, evaluate_all, search
+
+MODEL = {"preset": "megatron-gpt-1.7b"}
+CLUSTER = {"node": "dgx-a100", "nodes": 1}
+OPTS = SearchOptions(max_micro_batch=4, max_vpp=3, max_cp=2, offloads=("none", "optimizer-cpu"))
+
+
+def _brute_force(model, cluster, global_batch, opts):
+    """Every combination of every field in range, kept when validate accepts it."""
+    n = cluster.devices
+    out = set()
+    for tp, pp, cp, mb, vpp in itertools.product(range(1, n + 1), range(1, n + 1), range(1, opts.max_cp + 1),
+                                                 range(1, opts.max_micro_batch + 1), range(1, opts.max_vpp + 1)):
+        if n % (tp * pp * cp):
+            continue
+        for schedule, sp, recompute, zero, off in itertools.product(
+                opts.schedules, (False, True), ("none", "full"), opts.zero_stages, opts.offloads):
+            if (sp and tp == 1) or (schedule == "interleaved" and vpp == 1):
+                continue  # the same plan as sp off; interleaving one chunk is 1F1B (search skips both)
+            plan = Plan(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, vpp=vpp, micro_batch=mb,
+                        global_batch=global_batch, schedule=schedule, sequence_parallel=sp, recompute=recompute,
+                        zero_stage=zero, offload=OFFLOADS[off])
+            try:
+                validate(plan, model, cluster)
+            except InputError:
+                continue
+            out.add((tp, pp, plan.dp, cp, vpp, mb, schedule, sp, recompute, zero, plan.offload.optimizer))
+    return out
+
+
+def test_search_enumerates_exactly_the_plans_validate_accepts():
+    model, cluster = model_from_dict(MODEL), cluster_from_dict(CLUSTER)
+    table, _ = evaluate_all(model, cluster, 16, OPTS)
+    got = {(r.tp, r.pp, r.dp, r.cp, r.vpp, r.micro_batch, r.schedule, bool(r.sequence_parallel), r.recompute,
+            r.zero_stage, r.offload_optimizer) for r in table.itertuples(index=False)}
+    assert len(got) == len(table)
+    assert got == _brute_force(model, cluster, 16, OPTS)
+
+
+def test_ranked_plans_carry_the_numbers_of_single_evaluations():
+    model, cluster = model_from_dict(MODEL), cluster_from_dict(CLUSTER)
+    result = search(model, cluster, 16, top=5, engine="analytic", options=OPTS)
+    for row in result.table.itertuples(index=False):
+        want = evaluate(_scenario_of(row, model, cluster, Training()), engine="analytic").to_dict()
+        for key in ("step_time_s", "tokens_per_s", "mfu", "peak_memory_gib", "usd_per_million_tokens"):
+            assert math.isclose(getattr(row, key), want[key], rel_tol=1e-12), key
+
+
+@pytest.mark.parametrize("objective,column,ascending", [("throughput", "tokens_per_s", False),
+                                                        ("cost", "usd_per_million_tokens", True),
+                                                        ("time-to-train", "step_time_s", True)])
+def test_plans_are_ranked_best_first_by_the_objective(objective, column, ascending):
+    result = search(MODEL, CLUSTER, 16, objective=objective, top=8, engine="analytic", options=OPTS)
+    values = list(result.table[column])
+    assert values == sorted(values, reverse=not ascending)
+    assert list(result.table["rank"]) == list(range(1, 9))
+
+
+def test_the_best_plan_is_the_best_feasible_plan_of_the_full_table():
+    model, cluster = model_from_dict(MODEL), cluster_from_dict(CLUSTER)
+    table, _ = evaluate_all(model, cluster, 16, OPTS)
+    best = table[table["feasible"]]["tokens_per_s"].max()
+    assert search(model, cluster, 16, top=1, engine="analytic", options=OPTS).table.loc[0, "tokens_per_s"] == best
+
+
+def test_out_of_memory_plans_are_not_ranked():
+    result = search({"preset": "megatron-gpt-39b"}, CLUSTER, 16, top=50, engine="analytic", options=OPTS)
+    assert result.feasible < result.valid
+    assert result.table["feasible"].all()
+
+
+def test_a_search_where_nothing_fits_says_so():
+    result = search({"preset": "megatron-gpt-1t"}, CLUSTER, 16, engine="analytic",
+                    options=SearchOptions(offloads=("none",), max_micro_batch=1, max_vpp=2))
+    assert result.valid > 0 and result.feasible == 0 and len(result.table) == 0
+    assert "fits in memory" in result.notes[0]
+
+
+def test_asking_for_the_graph_engine_says_which_engine_ranked(monkeypatch):
+    monkeypatch.setattr("simulator.search.graph_engine_available", lambda: False)
+    result = search(MODEL, CLUSTER, 16, top=3, engine="graph", options=OPTS)
+    assert result.ranked_by == "analytic"
+    assert "graph engine is not installed" in result.notes[0]
+
+
+def test_cli_search_prints_the_ranked_plans():
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "search", "--model", "megatron-gpt-1.7b",
+                           "--cluster", "dgx-a100", "--nodes", "1", "--global-batch", "16", "--top", "3"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "plans enumerated" in lines[0]
+    assert [ln.split()[0] for ln in lines[-3:]] == ["1", "2", "3"]
+
+
+def test_cli_search_with_a_bad_objective_exits_2():
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "search", "--model", "megatron-gpt-1.7b",
+                           "--cluster", "dgx-a100", "--global-batch", "16", "--objective", "fastest"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1

@@ -1,0 +1,80 @@
+"""The vectorised analytic path gives the same results as evaluate(), plan by plan."""
+
+import math
+import random
+
+import pytest
+
+from simulator import InputError, evaluate, scenario_from_dict
+from simulator.vector import evaluate_many
+
+BASE = {"model": {"preset": "gpt3-175b"}, "cluster": {"node": "dgx-a100", "nodes": 16},
+        "plan": {"global_batch": 256}, "training": {"tokens": 3.0e+11}}
+
+
+def _sample_scenarios(count=160, seed=5):
+    """Valid scenarios drawn from a grid that crosses every categorical plan field."""
+    grid = dict(tp=[1, 2, 4, 8], pp=[1, 2, 4, 8], cp=[1, 2], micro_batch=[1, 2, 4], vpp=[1, 2, 3],
+                schedule=["gpipe", "1f1b", "interleaved", "zb-h1"], recompute=["none", "selective", "full"],
+                sequence_parallel=[False, True], zero_stage=[0, 1, 2, 3], flash_attention=[True, False],
+                precision=["bf16", "fp32"], dp_overlap=[True, False], tp_comm_overlap=[False, True],
+                rank_order=["tp-cp-dp-pp", "dp-tp-cp-pp"],
+                offload=[{}, {"optimizer": "cpu"}, {"optimizer": "nvme", "params": "cpu"}, {"activations": "cpu"}])
+    rng = random.Random(seed)
+    out = []
+    while len(out) < count:
+        plan = {k: rng.choice(v) for k, v in grid.items()}
+        plan.update(global_batch=256, dp="auto")
+        data = {**BASE, "plan": plan}
+        try:
+            out.append(scenario_from_dict(data))
+        except InputError:
+            continue
+    return out
+
+
+def _close(a, b):
+    if isinstance(a, dict):
+        return all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, float) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-300)
+    return a == b
+
+
+@pytest.fixture(scope="module")
+def sample():
+    scenarios = _sample_scenarios()
+    return scenarios, evaluate_many(scenarios)
+
+
+def test_vectorised_results_equal_scalar_evaluate(sample):
+    scenarios, batched = sample
+    for s, got in zip(scenarios, batched):
+        want = evaluate(s, engine="analytic").to_dict()
+        for key, value in want.items():
+            if key == "memory_gib_by_stage":
+                assert len(value) == len(got[key]) == s.plan.pp
+                assert all(_close(a, b) for a, b in zip(value, got[key])), (key, s.plan)
+                continue
+            assert _close(value, got[key]), (key, s.plan, value, got[key])
+
+
+def test_sample_covers_out_of_memory_and_feasible_plans(sample):
+    feasible = {d["feasible"] for d in sample[1]}
+    assert feasible == {True, False}
+
+
+def test_vectorised_results_equal_scalar_evaluate_on_the_published_runs():
+    from simulator.published import load_rows, row_scenario
+
+    rows, supplement = load_rows()
+    scenarios = []
+    for row in rows:
+        try:
+            scenarios.append(scenario_from_dict(row_scenario(row, supplement)))
+        except InputError:
+            continue
+    assert len(scenarios) >= 10
+    for s, got in zip(scenarios, evaluate_many(scenarios)):
+        want = evaluate(s, engine="analytic").to_dict()
+        assert all(_close(v, got[k]) for k, v in want.items()), s.name
