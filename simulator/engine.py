@@ -279,14 +279,14 @@ def critical_path(ex: Execution) -> list[int]:
     return path
 
 
-def breakdown(ex: Execution, ref: int | None = None) -> dict:
+def breakdown(ex: Execution, ref: int | None = None, path=None) -> dict:
     """Seconds per BREAKDOWN_KEYS category along the critical path; they sum to the step time.
 
     The chain's tasks on the stage where it spends most time count in their own
     categories; compute passes of other stages on it are the pipeline bubble.
     """
     g = ex.graph
-    path = critical_path(ex)
+    path = critical_path(ex) if path is None else path
     out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
     if not path:
         return out
@@ -412,8 +412,9 @@ def simulate(scenario, periodic: bool = True, schedule_ops=None) -> Simulation:
     if periodic and plain and schedule_ops is None and plan.schedule_ops is None and p > 1 and m > 2 * m0 + p:
         (g0, ex0), (g1, ex1) = _one(scenario, m0, slowdown), _one(scenario, m0 + p, slowdown)
         k = (m - m0) / p
-        ref = reference_stage(ex1)
-        b0, b1 = breakdown(ex0, ref), breakdown(ex1, ref)
+        path1 = critical_path(ex1)
+        ref = reference_stage(ex1, path1)
+        b0, b1 = breakdown(ex0, ref), breakdown(ex1, ref, path1)
         bd = {key: b0[key] + k * (b1[key] - b0[key]) for key in BREAKDOWN_KEYS}
         step = ex0.step_time_s + k * (ex1.step_time_s - ex0.step_time_s)
         # a stream whose backlog grows, or a critical path that changes route: no extrapolation
