@@ -65,14 +65,13 @@ def optimizer_step_time(plan: Plan, cluster: Cluster, params) -> object:
     return memory_bound_time(nbytes, cluster.accelerator, "optimizer")
 
 
-def offload_time(model: ModelSpec, plan: Plan, cluster: Cluster, crit: StageCost, params, act_bytes_mb) -> object:
-    """Exposed seconds per step of CPU/NVMe offload (ZeRO-Offload, ZeRO-Infinity).
-
-    Optimizer offload: gradients go to the host, the host CPU runs Adam (its throughput is
-    a node-profile parameter shared by the node's devices), weights come back. NVMe adds
-    reading and writing the optimizer states. Parameter and activation offload stream
-    over the host link during compute and only their excess over compute is exposed.
-    """
+def offload_parts(plan: Plan, cluster: Cluster, params, act_bytes_mb) -> dict:
+    """Seconds of the offload transfers and host work of a device holding `params`
+    (ZeRO-Offload, ZeRO-Infinity): per step `optimizer_copy` (gradients to the host,
+    weights back, over the host link), `host_adam` (the host CPU's Adam, whose throughput
+    is a node-profile parameter shared by the node's devices), `nvme` (reading and writing
+    the optimizer states); per micro-batch `params_mb` (weights streamed in for the forward
+    and the backward pass) and `activations_mb` (saved activations out and back)."""
     off = plan.offload
     node, acc = cluster.node, cluster.accelerator
     host = acc.host_link_bandwidth
@@ -80,23 +79,32 @@ def offload_time(model: ModelSpec, plan: Plan, cluster: Cluster, crit: StageCost
     per_dev_nvme_w = node.nvme_write_bandwidth / cluster.devices_per_node
     shard = plan.dp * plan.cp if plan.zero_stage >= 1 else 1
     local = params / shard
-    m = plan.microbatches
-    t = 0.0
+    out = dict(optimizer_copy=0.0, host_adam=0.0, nvme=0.0, params_mb=0.0, activations_mb=0.0)
     if off.optimizer != "none":
-        copies = local * (grad_bytes_per_param(plan) + weight_bytes_per_param(plan.precision)) / host
-        adam = local * cluster.devices_per_node / node.host_adam_params_per_s
-        t = t + copies + adam
+        out["optimizer_copy"] = local * (grad_bytes_per_param(plan) + weight_bytes_per_param(plan.precision)) / host
+        out["host_adam"] = local * cluster.devices_per_node / node.host_adam_params_per_s
         if off.optimizer == "nvme":
             state = local * 12.0
-            t = t + state / per_dev_nvme_r + state / per_dev_nvme_w
+            out["nvme"] = state / per_dev_nvme_r + state / per_dev_nvme_w
     if off.params != "none":
         w = params / shard * weight_bytes_per_param(plan.precision)
         rate = host if off.params == "cpu" else np.minimum(host, per_dev_nvme_r)
-        t = t + m * np.maximum(0.0, 2 * w / rate - crit.compute)
+        out["params_mb"] = 2 * w / rate
     if off.activations != "none":
         rate = host if off.activations == "cpu" else np.minimum(host, np.minimum(per_dev_nvme_r, per_dev_nvme_w))
-        t = t + m * np.maximum(0.0, 2 * act_bytes_mb / rate - crit.compute)
-    return t
+        out["activations_mb"] = 2 * act_bytes_mb / rate
+    return out
+
+
+def offload_time(model: ModelSpec, plan: Plan, cluster: Cluster, crit: StageCost, params, act_bytes_mb) -> object:
+    """Exposed seconds per step of CPU/NVMe offload (ZeRO-Offload, ZeRO-Infinity): the
+    per-step parts in full; parameter and activation streams only in their excess over
+    the micro-batch's compute, which they overlap."""
+    d = offload_parts(plan, cluster, params, act_bytes_mb)
+    m = plan.microbatches
+    return (d["optimizer_copy"] + d["host_adam"] + d["nvme"]
+            + m * np.maximum(0.0, d["params_mb"] - crit.compute)
+            + m * np.maximum(0.0, d["activations_mb"] - crit.compute))
 
 
 def step_breakdown_arrays(model: ModelSpec, plan: Plan, cluster: Cluster, act_bytes_mb=0.0) -> dict:

@@ -89,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("evaluate", help="predict memory, step time, throughput and cost of one scenario")
     ev.add_argument("scenario", help="scenario YAML file")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
-    ev.add_argument("--engine", choices=("analytic",), default="analytic")
+    ev.add_argument("--engine", choices=("graph", "analytic"), default="graph",
+                    help="graph: execute the step's task graph (default); analytic: closed form, fast")
+    ev.add_argument("--trace", metavar="FILE", help="write a Chrome trace JSON of the step (open in ui.perfetto.dev)")
     _add_field_flags(ev)
 
     va = sub.add_parser("validate", help="compare predictions with measured runs")
@@ -102,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="--torch: where to train")
     va.add_argument("--quick", action="store_true", help="--torch: a tiny grid (CI)")
     va.add_argument("--json", action="store_true")
-    va.add_argument("--engine", choices=("analytic",), default="analytic")
+    va.add_argument("--engine", choices=("graph", "analytic"), default=None,
+                    help="graph (default) or analytic; --fit-matmul defaults to analytic, the engine the "
+                         "shipped A100 value was fitted with")
     va.add_argument("--fit-matmul", metavar="RUN_PREFIX", default=None,
                     help="fit the accelerator's matmul efficiency to the published runs whose id starts with "
                          "RUN_PREFIX (e.g. korthikanti22) and print it; the profile's provenance")
@@ -200,6 +204,12 @@ def render_result(d: dict, scenario) -> str:
     if d.get("time_to_train_days") is not None:
         lines.append(f"to train   {d['training_tokens']:.3g} tokens: {d['time_to_train_days']:.1f} days, "
                      f"${d['cost_to_train_usd']:,.0f}")
+    if d.get("simulated_tasks") is not None:
+        lines.append(f"engine     graph: {d['graph_tasks']:,} tasks in the step, {d['simulated_tasks']:,} executed "
+                     f"in {1e3 * d['simulation_s']:.0f} ms" + (" (steady state extrapolated)"
+                                                              if d.get("steady_state_extrapolated") else ""))
+    else:
+        lines.append(f"engine     {d['engine']}")
     lines += ["", "step time breakdown (exposed seconds)"]
     step = d["step_time_s"]
     rows = [(k, f"{v:.4g}", f"{100 * v / step:.1f}%") for k, v in d["breakdown_s"].items() if v > 0]
@@ -217,6 +227,10 @@ def cmd_evaluate(args) -> int:
     scenario = scenario_from_dict(data)
     result = evaluate(scenario, engine=args.engine)
     d = result.to_dict()
+    if args.trace:
+        from .trace import write_trace
+
+        write_trace(scenario, args.trace)
     if args.json:
         print(json.dumps(d, indent=2, sort_keys=False))
     else:
@@ -281,6 +295,7 @@ def cmd_validate(args) -> int:
         raise InputError("validate", "", "choose what to validate against: --published or --torch")
     from .published import fit_matmul_max, validate_published
 
+    args.engine = args.engine or ("analytic" if args.fit_matmul else "graph")
     if args.fit_matmul:
         value, comparisons = fit_matmul_max(args.fit_matmul, engine=args.engine)
         mape = 100.0 * sum(abs(c.error) for c in comparisons) / len(comparisons)
@@ -292,12 +307,12 @@ def cmd_validate(args) -> int:
         rows = [dict(id=c.id, metric=c.metric, measured=c.measured, predicted=c.predicted,
                      error_pct=100 * c.error, feasible=c.feasible, peak_memory_gib=c.peak_memory_gib)
                 for c in comparisons]
-        print(json.dumps({"rows": rows, "mape_pct": mape}, indent=2))
+        print(json.dumps({"engine": args.engine, "rows": rows, "mape_pct": mape}, indent=2))
         return 0
     rows = [(c.id, c.metric, f"{c.measured:.4g}", f"{c.predicted:.4g}", f"{100 * c.error:+.1f}%",
              f"{c.peak_memory_gib:.1f}") for c in comparisons]
     print(_fmt_table(rows, ("run", "metric", "measured", "predicted", "error", "peak GiB")))
-    print(f"\nMAPE {mape:.1f}% over {len(comparisons)} published runs")
+    print(f"\nMAPE {mape:.1f}% over {len(comparisons)} published runs ({args.engine} engine)")
     return 0
 
 

@@ -1,14 +1,23 @@
-"""evaluate(scenario) -> Result: memory, step time, throughput and cost of one plan."""
+"""evaluate(scenario) -> Result: memory, step time, throughput and cost of one plan.
+
+Two engines: `graph` (default) executes the task graph of one step (graph.py, engine.py)
+and reports its critical-path breakdown and the memory timeline's peak; `analytic`
+composes the per-stage costs in closed form (analytic.py), the fast path for sweeps.
+"""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .analytic import step_breakdown
+from .errors import InputError
 from .memory import host_bytes, layer_activation_bytes, memory_by_stage
 from .result import Result
 from .scenario import Scenario
 from .workload import model_flops_per_sequence, recompute_flops_per_sequence
 
 GIB = 2**30
+ENGINES = ("graph", "analytic")
 
 
 def oom_reason(stage: int, parts: dict, total: float, capacity: float, accelerator: str) -> str:
@@ -25,10 +34,20 @@ def host_reason(per_device: float, devices_per_node: int, capacity: float, node:
             f"{per_device / GIB:.1f}) > {capacity / GIB:.1f} GiB on {node}")
 
 
-def evaluate(scenario: Scenario, engine: str = "analytic") -> Result:
+def evaluate(scenario: Scenario, engine: str = "graph") -> Result:
     """Predict one training step of `scenario`. An out-of-memory plan is feasible=False with a reason."""
+    if engine not in ENGINES:
+        raise InputError("engine", engine, "graph or analytic")
     model, plan, cluster = scenario.model, scenario.plan, scenario.cluster
     stages = memory_by_stage(model, plan, cluster)
+    extra = {}
+    if engine == "graph":
+        from .engine import simulate
+
+        sim = simulate(scenario)
+        stages = [replace(s, activations=float(a)) for s, a in zip(stages, sim.activation_peak_bytes)]
+        extra = {"simulated_tasks": sim.simulated_tasks, "graph_tasks": sim.graph_tasks,
+                 "simulation_s": sim.simulation_s, "steady_state_extrapolated": sim.extrapolated}
     peak = max(stages, key=lambda s: s.total)
     capacity = cluster.accelerator.hbm_bytes
     feasible = peak.total <= capacity
@@ -38,8 +57,11 @@ def evaluate(scenario: Scenario, engine: str = "analytic") -> Result:
     if feasible and host * cluster.devices_per_node > cluster.node.host_memory_bytes:
         feasible = False
         reason = host_reason(host, cluster.devices_per_node, cluster.node.host_memory_bytes, cluster.node.name)
-    act_mb = model.layers / plan.pp * layer_activation_bytes(model, plan)
-    breakdown = step_breakdown(model, plan, cluster, act_mb)
+    if engine == "graph":
+        breakdown = dict(sim.breakdown_s)
+    else:
+        act_mb = model.layers / plan.pp * layer_activation_bytes(model, plan)
+        breakdown = step_breakdown(model, plan, cluster, act_mb)
     step = sum(breakdown.values())
     seqs = plan.global_batch
     model_flops = model_flops_per_sequence(model) * seqs
@@ -52,5 +74,5 @@ def evaluate(scenario: Scenario, engine: str = "analytic") -> Result:
         peak_memory_bytes=peak.total, peak_memory_stage=peak.stage, memory_bytes=peak.as_dict(),
         memory_by_stage=[s.as_dict() for s in stages], capacity_bytes=capacity, breakdown_s=breakdown,
         price_usd_per_device_hour=scenario.price_usd_per_device_hour,
-        training_tokens=scenario.training.tokens, engine=engine,
+        training_tokens=scenario.training.tokens, engine=engine, extra=extra,
     )

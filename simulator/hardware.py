@@ -69,6 +69,9 @@ class Accelerator:
 
     def memory_efficiency(self, kernel: str | None = None) -> Efficiency:
         return self.memory_kernels.get(kernel, self.memory) if kernel else self.memory
+    # Fractional slowdown of compute kernels while communication kernels run on the same
+    # device (SM and memory-bandwidth contention); 0 = none. Used by the graph engine.
+    overlap_slowdown: float = 0.0
 
     def peak(self, precision: str) -> float:
         if precision not in self.peak_flops:
@@ -176,7 +179,7 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
     if not peak_flops:
         raise InputError(f"{where}.peak_tflops", dict(peaks), "at least one precision is needed")
     eff = F.require_mapping(data.get("efficiency"), f"{where}.efficiency")
-    F.reject_unknown(eff, ("matmul", "attention", "memory", "memory_kernels"), f"{where}.efficiency")
+    F.reject_unknown(eff, ("matmul", "attention", "memory", "memory_kernels", "overlap_slowdown"), f"{where}.efficiency")
     kernels = F.require_mapping(eff.get("memory_kernels") or {}, f"{where}.efficiency.memory_kernels")
     memory_kernels = {str(k): _efficiency(kernels, k, f"{where}.efficiency.memory_kernels", "half_bytes")
                       for k in kernels}
@@ -196,6 +199,8 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
         sources=_sources(data, where),
         memory_kernels=memory_kernels,
         op_overhead_s=F.number(data, "op_overhead_us", where, 0.0, minimum=0.0, strict_min=False) * 1e-6,
+        overlap_slowdown=F.number(eff, "overlap_slowdown", f"{where}.efficiency", 0.0, minimum=0.0,
+                                  strict_min=False, maximum=10.0),
     )
 
 

@@ -200,12 +200,19 @@ def activation_bytes(model: ModelSpec, plan: Plan, stage: int):
     if plan.offload.activations != "none":
         flight = np.minimum(flight, 2)  # current micro-batch plus one being copied
     acts = model.layers / plan.pp * layer_activation_bytes(model, plan) * flight
-    rebuilt = layer_activation_bytes(model, plan, "none") if plan.recompute == "full" else 0.0  # one layer
     first = np.asarray(stage == 0)
-    last = np.asarray(stage == plan.pp - 1)
     acts = acts + first * (sum(op.saved_bytes for op in embedding_ops(model, shard)) * np.ceil(flight))
+    return acts + backward_extra_bytes(model, plan, np.asarray(stage == plan.pp - 1))
+
+
+def backward_extra_bytes(model: ModelSpec, plan: Plan, last):
+    """Bytes on top of the in-flight micro-batches' saved layer activations at a stage's
+    peak: the layer rebuilt by full recomputation, and on the last stage (`last`) the head's
+    saved tensors plus the loss's backward transient, whichever moment is larger."""
+    shard = shard_of(plan, model)
+    rebuilt = layer_activation_bytes(model, plan, "none") if plan.recompute == "full" else 0.0  # one layer
     head = sum(op.saved_bytes for op in head_ops(model, shard)) + loss_backward_transient_bytes(model, plan)
-    return acts + np.where(last, np.maximum(rebuilt, head), rebuilt)
+    return np.where(last, np.maximum(rebuilt, head), rebuilt)
 
 
 def buffer_bytes(model: ModelSpec, plan: Plan, cluster: Cluster):

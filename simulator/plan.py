@@ -55,6 +55,9 @@ class Plan:
     # fp32 "main grads" (--accumulate-allreduce-grads-in-fp32); DeepSpeed keeps 16-bit.
     grad_precision: str = "fp32"
     rank_order: str = "tp-cp-dp-pp"
+    # An explicit per-stage op order ("F0", "B0", "W0", "F1.0" = chunk 1 of micro-batch 0)
+    # run by the graph engine in place of the named schedule's (schedules.py).
+    schedule_ops: tuple | None = None
 
     @property
     def model_parallel(self) -> int:
@@ -81,7 +84,7 @@ class Plan:
 
 PLAN_KEYS = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "global_batch", "schedule", "sequence_parallel",
              "recompute", "zero_stage", "precision", "offload", "flash_attention", "dp_overlap",
-             "tp_comm_overlap", "grad_precision", "rank_order")
+             "tp_comm_overlap", "grad_precision", "rank_order", "schedule_ops")
 
 
 def plan_from_dict(data, devices: int | None = None) -> Plan:
@@ -123,7 +126,16 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         tp_comm_overlap=F.boolean(data, "tp_comm_overlap", "plan", False),
         grad_precision=F.choice(data, "grad_precision", "plan", GRAD_PRECISIONS, "fp32"),
         rank_order=order,
+        schedule_ops=_schedule_ops(data.get("schedule_ops")),
     )
+
+
+def _schedule_ops(value):
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(isinstance(s, (list, tuple)) for s in value):
+        raise InputError("plan.schedule_ops", value, "a list with one list of ops (F0, B0, W0, F1.0) per pipeline stage")
+    return tuple(tuple(str(op) for op in stage) for stage in value)
 
 
 def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
@@ -155,6 +167,9 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     if plan.schedule == "interleaved" and m % plan.pp:
         raise InputError("plan.global_batch", plan.global_batch, f"interleaved needs micro-batches per replica "
                          f"({m}) to be a multiple of pp={plan.pp}")
+    if plan.schedule_ops is not None:
+        from .schedules import explicit
+        explicit(plan.schedule_ops, plan.pp, m, plan.virtual_stages, split_w=plan.schedule == "zb-h1")
     off = plan.offload
     if off.optimizer != "none" and plan.zero_stage < 1:
         raise InputError("plan.offload.optimizer", off.optimizer, "optimizer offload (ZeRO-Offload) needs zero_stage >= 1")

@@ -81,7 +81,7 @@ def load_rows(folder: Path = PUBLISHED_DIR) -> tuple[list[dict], dict]:
     return rows, supplement
 
 
-def compare(row: dict, supplement: dict, engine: str = "analytic", matmul_max: float | None = None) -> Comparison:
+def compare(row: dict, supplement: dict, engine: str = "graph", matmul_max: float | None = None) -> Comparison:
     scenario = scenario_from_dict(row_scenario(row, supplement))
     if matmul_max is not None:
         acc = scenario.cluster.accelerator
@@ -97,7 +97,7 @@ def compare(row: dict, supplement: dict, engine: str = "analytic", matmul_max: f
     return Comparison(row["id"], metric, measured, predicted, d["feasible"], d["peak_memory_gib"])
 
 
-def validate_published(engine: str = "analytic", folder: Path = PUBLISHED_DIR) -> tuple[list[Comparison], float]:
+def validate_published(engine: str = "graph", folder: Path = PUBLISHED_DIR) -> tuple[list[Comparison], float]:
     """(per-row comparisons, MAPE in %) over every row with a measured value."""
     rows, supplement = load_rows(folder)
     out = [compare(r, supplement, engine) for r in rows]

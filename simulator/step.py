@@ -90,6 +90,10 @@ class StageCost:
     cp_comm: object  # exposed
     pp_comm: object  # send/recv on the critical path
     params: object  # parameters on the device before ZeRO sharding
+    tp_comm_fwd: object = 0.0  # the forward pass's share of tp_comm (the rest is backward + recompute)
+    cp_comm_fwd: object = 0.0  # the forward pass's share of cp_comm
+    tp_comm_recompute: object = 0.0  # the recomputation's share of tp_comm
+    cp_comm_recompute: object = 0.0  # the recomputation's share of cp_comm
 
     @property
     def bwd(self):
@@ -184,7 +188,9 @@ def stage_cost(model: ModelSpec, plan: Plan, cluster: Cluster, stage, g: Groups 
     return StageCost(stage=stage, fwd=fwd, bwd_input=bin_, bwd_weight=bw, recompute=recompute,
                      tp_comm=layers * (tp_fwd + tp_bwd + tp_recompute),
                      cp_comm=layers * (cp_fwd + cp_bwd + cp_recompute),
-                     pp_comm=pp_comm, params=stage_params(model, plan, stage))
+                     pp_comm=pp_comm, params=stage_params(model, plan, stage),
+                     tp_comm_fwd=layers * tp_fwd, cp_comm_fwd=layers * cp_fwd,
+                     tp_comm_recompute=layers * tp_recompute, cp_comm_recompute=layers * cp_recompute)
 
 
 def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster) -> list[StageCost]:

@@ -80,6 +80,9 @@ def test_cli_flags_override_the_file():
 
 
 def test_same_inputs_give_bit_identical_output():
-    run = lambda: subprocess.run([sys.executable, "-m", "simulator.cli", "evaluate", "scenarios/gpt3-175b-1024xa100.yaml",
-                                  "--json"], capture_output=True, text=True, check=True).stdout
+    """Bit-identical apart from `simulation_s`, the graph engine's wall-clock time (a measurement)."""
+    def run():
+        out = subprocess.run([sys.executable, "-m", "simulator.cli", "evaluate", "scenarios/gpt3-175b-1024xa100.yaml",
+                              "--json"], capture_output=True, text=True, check=True).stdout
+        return "\n".join(line for line in out.splitlines() if '"simulation_s"' not in line)
     assert run() == run()

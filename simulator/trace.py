@@ -1,0 +1,77 @@
+"""Timelines of an executed step: Chrome trace JSON (opens in Perfetto) and a DataFrame.
+
+Chrome trace event format (Google, "Trace Event Format"): one process per pipeline stage
+(it stands for every DP replica and TP rank of that stage, which run alike), one thread
+per stream (compute, p2p, dp, host, cpu); complete events ("ph": "X") with microsecond
+`ts` and `dur`; a counter track ("ph": "C") of the stage's activation memory.
+Open the file at https://ui.perfetto.dev (Open trace file) or chrome://tracing.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .engine import Execution, execute
+from .errors import InputError
+from .graph import NS, P2P, STREAMS, task_name
+
+US = 1e6
+GIB = 2**30
+
+
+def _category(parts) -> str:
+    return max(parts, key=lambda kv: kv[1])[0] if parts else "other"
+
+
+def timeline(ex: Execution):
+    """pandas DataFrame, one row per task: task, name, stage, stream, start_s, end_s,
+    duration_s, category (its largest breakdown part); blocking sends as p2p rows."""
+    import pandas as pd
+
+    g = ex.graph
+    rows = []
+    for t in range(len(g.dur)):
+        stream = STREAMS[g.stream[t] % NS]
+        rows.append((t, task_name(g.name[t]), g.stage[t], stream, ex.start_s[t], ex.end_s[t],
+                     ex.end_s[t] - ex.start_s[t], _category([kv for kv in g.parts[t] if kv[0] != "pp_comm"])))
+        if ex.post_s[t] > 0:
+            rows.append((t, "send " + task_name(g.name[t]), g.stage[t], STREAMS[P2P], ex.end_s[t],
+                         ex.end_s[t] + ex.post_s[t], ex.post_s[t], "pp_comm"))
+    df = pd.DataFrame(rows, columns=["task", "name", "stage", "stream", "start_s", "end_s", "duration_s", "category"])
+    return df.sort_values(["stage", "start_s", "task"], kind="stable").reset_index(drop=True)
+
+
+def chrome_trace(ex: Execution, title: str = "") -> dict:
+    """The trace as a dict with `traceEvents` (ph/ts/dur/pid/tid)."""
+    g = ex.graph
+    events = []
+    for i in range(g.p):
+        events.append({"ph": "M", "name": "process_name", "pid": i, "tid": 0,
+                       "args": {"name": f"pipeline stage {i}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": i, "tid": 0, "args": {"sort_index": i}})
+        for k, s in enumerate(STREAMS):
+            events.append({"ph": "M", "name": "thread_name", "pid": i, "tid": k, "args": {"name": s}})
+    df = timeline(ex)
+    tid = {s: k for k, s in enumerate(STREAMS)}
+    for r in df.itertuples(index=False):
+        events.append({"name": r.name, "cat": r.category, "ph": "X", "pid": int(r.stage), "tid": tid[r.stream],
+                       "ts": r.start_s * US, "dur": r.duration_s * US, "args": {"task": int(r.task)}})
+    from .engine import memory_timeline
+
+    for r in memory_timeline(ex).itertuples(index=False):
+        events.append({"name": "activations", "ph": "C", "pid": int(r.stage), "tid": 0, "ts": r.time_s * US,
+                       "args": {"GiB": r.activation_bytes / GIB}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"scenario": title, "step_time_s": ex.step_time_s,
+                          "symmetry": "one process per pipeline stage stands for all its DP replicas and TP ranks"}}
+
+
+def write_trace(scenario, path: str, schedule_ops=None) -> dict:
+    """Execute the full step of `scenario` and write its Chrome trace JSON to `path`."""
+    trace = chrome_trace(execute(scenario, schedule_ops), scenario.name)
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(trace, fh)
+    except OSError as exc:
+        raise InputError("--trace", str(path), f"cannot write the trace file ({exc.strerror})") from None
+    return trace
