@@ -243,5 +243,10 @@ def stage_memory(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int) -> 
 
 
 def memory_by_stage(model: ModelSpec, plan: Plan, cluster: Cluster) -> list[StageMemory]:
-    """Memory of every pipeline stage's devices (DP and TP ranks of a stage are alike)."""
-    return [stage_memory(model, plan, cluster, i) for i in range(plan.pp)]
+    """Memory of every pipeline stage's devices (DP and TP ranks of a stage are alike),
+    computed for all stages at once (the formulas broadcast over the stage index)."""
+    stages = np.arange(plan.pp)
+    parts = stage_memory_parts(model, plan, cluster, stages)
+    cols = {k: np.broadcast_to(np.asarray(getattr(parts, k), dtype=float), stages.shape)
+            for k in ("weights", "gradients", "optimizer", "activations", "other")}
+    return [StageMemory(stage=i, **{k: float(v[i]) for k, v in cols.items()}) for i in range(plan.pp)]
