@@ -310,7 +310,8 @@ KINDS = {"breakdown": breakdown, "memory": memory, "pareto": pareto, "heatmap": 
 
 def read_results(path: str | Path):
     """A results file: .csv / .parquet table, or .json (evaluate --json object, a list of
-    rows, or an object with `rows`, like `llmsim validate --json`)."""
+    rows, an object with `rows`, like `llmsim validate --json`, or an `evaluate --trace`
+    Chrome trace, read as its timeline table)."""
     path = Path(path)
     if not path.is_file():
         raise InputError("RESULTS", str(path), "file not found")
@@ -327,6 +328,9 @@ def read_results(path: str | Path):
             return pd.DataFrame(data["rows"])
         if isinstance(data, dict) and isinstance(data.get("plans"), list):
             return pd.DataFrame(data["plans"])
+        if isinstance(data, dict) and isinstance(data.get("traceEvents"), list):  # evaluate --trace
+            from .trace import trace_timeline
+            return trace_timeline(data)
         if isinstance(data, list):
             return pd.DataFrame(data)
         return data

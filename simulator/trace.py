@@ -66,6 +66,19 @@ def chrome_trace(ex: Execution, title: str = "") -> dict:
                           "symmetry": "one process per pipeline stage stands for all its DP replicas and TP ranks"}}
 
 
+def trace_timeline(trace: dict):
+    """The timeline table (stage, stream, name, start_s, end_s, duration_s, category) of a
+    Chrome trace written by `chrome_trace`: the inverse of its complete ("X") events."""
+    import pandas as pd
+
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"]
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    rows = [(e["name"], e["pid"], threads.get((e["pid"], e["tid"]), str(e["tid"])), e["ts"] / US,
+             (e["ts"] + e["dur"]) / US, e["dur"] / US, e.get("cat", "")) for e in trace["traceEvents"]
+            if e.get("ph") == "X"]
+    return pd.DataFrame(rows, columns=["name", "stage", "stream", "start_s", "end_s", "duration_s", "category"])
+
+
 def write_trace(scenario, path: str, schedule_ops=None) -> dict:
     """Execute the full step of `scenario` and write its Chrome trace JSON to `path`."""
     trace = chrome_trace(execute(scenario, schedule_ops), scenario.name)

@@ -107,3 +107,20 @@ def test_cli_unwritable_trace_path_exits_2(tmp_path, capsys):
     rc = main(["evaluate", "scenarios/quickstart.yaml", "--trace", str(tmp_path / "no" / "such" / "dir.json")])
     assert rc == 2
     assert "--trace" in capsys.readouterr().err
+
+
+def test_trace_reads_back_as_the_engines_timeline(scenario):
+    from simulator.trace import trace_timeline
+
+    ex = execute(one_f_one_b(scenario))
+    back = trace_timeline(json.loads(json.dumps(chrome_trace(ex))))
+    tl = timeline(ex)
+    assert list(back["name"]) == list(tl["name"]) and list(back["stream"]) == list(tl["stream"])
+    assert back["end_s"].to_numpy() == pytest.approx(tl["end_s"].to_numpy(), rel=1e-9, abs=1e-12)
+
+
+def test_cli_plots_a_trace_as_a_gantt_chart(tmp_path):
+    trace, png = tmp_path / "t.json", tmp_path / "t.png"
+    assert main(["evaluate", "scenarios/quickstart.yaml", "--pp", "2", "--trace", str(trace)]) == 0
+    assert main(["plot", str(trace), "--kind", "timeline", "-o", str(png)]) == 0
+    assert png.stat().st_size > 0
