@@ -229,17 +229,11 @@ def buffer_bytes(model: ModelSpec, plan: Plan, cluster: Cluster):
 
 
 def stage_memory_parts(model: ModelSpec, plan: Plan, cluster: Cluster, stage) -> StageMemory:
-    """Like stage_memory, without converting to float: fields broadcast over numpy plans."""
+    """Memory of a device of pipeline stage `stage`; fields broadcast over numpy plans and stages."""
     w, g, o = model_state_bytes(stage_params(model, plan, stage), plan)
     return StageMemory(stage=stage, weights=w, gradients=g, optimizer=o,
                        activations=activation_bytes(model, plan, stage),
                        other=buffer_bytes(model, plan, cluster))
-
-
-def stage_memory(model: ModelSpec, plan: Plan, cluster: Cluster, stage: int) -> StageMemory:
-    s = stage_memory_parts(model, plan, cluster, stage)
-    return StageMemory(stage=stage, weights=float(s.weights), gradients=float(s.gradients),
-                       optimizer=float(s.optimizer), activations=float(s.activations), other=float(s.other))
 
 
 def memory_by_stage(model: ModelSpec, plan: Plan, cluster: Cluster) -> list[StageMemory]:

@@ -193,20 +193,6 @@ def stage_cost(model: ModelSpec, plan: Plan, cluster: Cluster, stage, g: Groups 
                      tp_comm_recompute=layers * tp_recompute, cp_comm_recompute=layers * cp_recompute)
 
 
-def stage_costs(model: ModelSpec, plan: Plan, cluster: Cluster) -> list[StageCost]:
-    """Costs of the distinct stages: first, a middle one (if any) and last."""
-    g = groups(plan, cluster)
-    kinds = sorted({0, min(1, plan.pp - 1), plan.pp - 1})
-    return [stage_cost(model, plan, cluster, i, g) for i in kinds]
-
-
-def stage_multiplicity(plan: Plan, stage: int) -> int:
-    """How many pipeline stages share the cost of the representative `stage`."""
-    if stage == 0 or stage == plan.pp - 1:
-        return 1
-    return plan.pp - 2
-
-
 def representative_stages(plan: Plan) -> tuple[list, list]:
     """Stages (first, a middle one, last) standing for the whole pipeline, and how many
     stages each stands for; broadcast-safe. With pp = 1 or 2 the repeated
