@@ -18,7 +18,7 @@ import numpy as np
 
 from .compute import memory_bound_time
 from .hardware import Cluster
-from .memory import grad_bytes_per_param, weight_bytes_per_param
+from .memory import grad_bytes_per_param, microbatch_activation_bytes, weight_bytes_per_param
 from .model import ModelSpec
 from .plan import Plan
 from .step import StageCost, dp_costs, groups, representative_stage_costs
@@ -107,7 +107,7 @@ def offload_time(model: ModelSpec, plan: Plan, cluster: Cluster, crit: StageCost
             + m * np.maximum(0.0, d["activations_mb"] - crit.compute))
 
 
-def step_breakdown_arrays(model: ModelSpec, plan: Plan, cluster: Cluster, act_bytes_mb=0.0) -> dict:
+def step_breakdown_arrays(model: ModelSpec, plan: Plan, cluster: Cluster) -> dict:
     """Exposed seconds per step by cause (they add up to the step time), elementwise over
     plans whose sizes are numpy arrays (simulator.vector) or plain numbers."""
     g = groups(plan, cluster)
@@ -138,11 +138,11 @@ def step_breakdown_arrays(model: ModelSpec, plan: Plan, cluster: Cluster, act_by
         "dp_comm": dp_exposed,
         "pipeline_bubble": bubble,
         "optimizer": optimizer_step_time(plan, cluster, params_crit),
-        "offload": offload_time(model, plan, cluster, crit, params_crit, act_bytes_mb),
+        "offload": offload_time(model, plan, cluster, crit, params_crit, microbatch_activation_bytes(model, plan)),
         "other": 0.0,
     }
 
 
-def step_breakdown(model: ModelSpec, plan: Plan, cluster: Cluster, act_bytes_mb=0.0) -> dict:
+def step_breakdown(model: ModelSpec, plan: Plan, cluster: Cluster) -> dict:
     """Exposed seconds per step by cause; they add up to the step time."""
-    return {k: float(v) for k, v in step_breakdown_arrays(model, plan, cluster, act_bytes_mb).items()}
+    return {k: float(v) for k, v in step_breakdown_arrays(model, plan, cluster).items()}

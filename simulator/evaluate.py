@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from .analytic import step_breakdown
 from .errors import InputError
-from .memory import host_bytes, layer_activation_bytes, memory_by_stage
+from .memory import host_bytes_per_device, memory_by_stage
 from .result import Result
 from .scenario import Scenario
 from .workload import model_flops_per_sequence, recompute_flops_per_sequence
@@ -52,16 +52,14 @@ def evaluate(scenario: Scenario, engine: str = "graph") -> Result:
     capacity = cluster.accelerator.hbm_bytes
     feasible = peak.total <= capacity
     reason = "" if feasible else oom_reason(peak.stage, peak.as_dict(), peak.total, capacity, cluster.accelerator.name)
-    # Devices of a node may hold any stage: size the host for the hungriest (first or last).
-    host = max(float(host_bytes(model, plan, 0)), float(host_bytes(model, plan, plan.pp - 1)))
+    host = float(host_bytes_per_device(model, plan))
     if feasible and host * cluster.devices_per_node > cluster.node.host_memory_bytes:
         feasible = False
         reason = host_reason(host, cluster.devices_per_node, cluster.node.host_memory_bytes, cluster.node.name)
     if engine == "graph":
         breakdown = dict(sim.breakdown_s)
     else:
-        act_mb = model.layers / plan.pp * layer_activation_bytes(model, plan)
-        breakdown = step_breakdown(model, plan, cluster, act_mb)
+        breakdown = step_breakdown(model, plan, cluster)
     step = sum(breakdown.values())
     seqs = plan.global_batch
     model_flops = model_flops_per_sequence(model) * seqs

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .analytic import offload_parts, optimizer_step_time
-from .memory import backward_extra_bytes, layer_activation_bytes, shard_of
+from .memory import backward_extra_bytes, microbatch_activation_bytes, shard_of
 from .plan import Plan
 from .scenario import Scenario
 from .schedules import BWD, FWD, WGT, stage_ops
@@ -141,7 +141,7 @@ def build(scenario: Scenario, microbatches: int | None = None, schedule_ops=None
     kinds = sorted({0, p - 1, min(1, p - 1)})
     costs = {i: stage_cost(model, plan, cluster, i, g) for i in kinds}
     shard = shard_of(plan, model)
-    chunk_act = model.layers / (p * v) * float(layer_activation_bytes(model, plan))
+    chunk_act = float(microbatch_activation_bytes(model, plan)) / v
     emb_act = float(sum(op.saved_bytes for op in embedding_ops(model, shard)))
     extra = {last: float(backward_extra_bytes(model, plan, last)) for last in (False, True)}
     hop = float(costs[0].pp_comm) / v if p > 1 else 0.0

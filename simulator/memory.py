@@ -138,8 +138,14 @@ def host_bytes(model: ModelSpec, plan: Plan, stage):
         host = host + w
     if off.activations == "cpu":
         extra = np.maximum(0.0, in_flight(plan, stage) - 2)
-        host = host + extra * model.layers / plan.pp * layer_activation_bytes(model, plan)
+        host = host + extra * microbatch_activation_bytes(model, plan)
     return host
+
+
+def host_bytes_per_device(model: ModelSpec, plan: Plan):
+    """Host memory per device, sized for the hungriest stage (first or last): a node's
+    devices may hold any stage. Broadcast-safe."""
+    return np.maximum(host_bytes(model, plan, 0), host_bytes(model, plan, plan.pp - 1))
 
 
 def in_flight(plan: Plan, stage):
@@ -174,6 +180,11 @@ def layer_activation_bytes(model: ModelSpec, plan: Plan, recompute: str | None =
     return sum(op.saved_bytes for op in ops)
 
 
+def microbatch_activation_bytes(model: ModelSpec, plan: Plan):
+    """Bytes the L/p layers of a pipeline stage keep for the backward pass of one micro-batch."""
+    return model.layers / plan.pp * layer_activation_bytes(model, plan)
+
+
 def loss_backward_transient_bytes(model: ModelSpec, plan: Plan):
     """Bytes the loss's backward pass holds on top of the saved tensors, at its start.
 
@@ -199,7 +210,7 @@ def activation_bytes(model: ModelSpec, plan: Plan, stage: int):
     flight = in_flight(plan, stage)
     if plan.offload.activations != "none":
         flight = np.minimum(flight, 2)  # current micro-batch plus one being copied
-    acts = model.layers / plan.pp * layer_activation_bytes(model, plan) * flight
+    acts = microbatch_activation_bytes(model, plan) * flight
     first = np.asarray(stage == 0)
     acts = acts + first * (sum(op.saved_bytes for op in embedding_ops(model, shard)) * np.ceil(flight))
     return acts + backward_extra_bytes(model, plan, np.asarray(stage == plan.pp - 1))

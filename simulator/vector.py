@@ -24,7 +24,7 @@ import numpy as np
 from .analytic import _select, step_breakdown_arrays
 from .evaluate import host_reason, oom_reason
 from .hardware import Cluster
-from .memory import host_bytes, layer_activation_bytes, stage_memory_parts
+from .memory import host_bytes_per_device, stage_memory_parts
 from .model import ModelSpec
 from .plan import Plan
 from .result import GIB, MEMORY_KEYS, Result
@@ -100,11 +100,10 @@ def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training
     stage, total, parts = _peak_memory(model, plan, cluster)
     capacity = cluster.accelerator.hbm_bytes
     fits = total <= capacity
-    host = np.maximum(host_bytes(model, plan, 0), host_bytes(model, plan, plan.pp - 1))
+    host = host_bytes_per_device(model, plan)
     host_fits = np.broadcast_to(host * cluster.devices_per_node <= cluster.node.host_memory_bytes, (n,))
     feasible = fits & host_fits
-    act_mb = model.layers / plan.pp * layer_activation_bytes(model, plan)
-    breakdown = step_breakdown_arrays(model, plan, cluster, act_mb)
+    breakdown = step_breakdown_arrays(model, plan, cluster)
     breakdown = {k: np.broadcast_to(np.asarray(v, dtype=float), (n,)) for k, v in breakdown.items()}
     step = sum(breakdown.values())
     seqs = plan.global_batch

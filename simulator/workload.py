@@ -66,14 +66,13 @@ class Shard:
     act_bytes: int = 2  # bytes per activation element (16-bit training)
 
 
-def _linear(name, tokens, d_in, d_out, act_bytes, saved_in, w_bytes=None):
+def _linear(name, tokens, d_in, d_out, act_bytes, saved_in):
     """A dense layer y = x W on `tokens` rows: forward 2·T·d_in·d_out FLOPs, backward twice that.
 
     Weights are read in the compute precision: 16-bit under mixed precision, 4 B in fp32.
     """
-    w_bytes = act_bytes if w_bytes is None else w_bytes
     flops = 2 * tokens * d_in * d_out
-    traffic = act_bytes * tokens * (d_in + d_out) + w_bytes * d_in * d_out
+    traffic = act_bytes * (tokens * (d_in + d_out) + d_in * d_out)
     return Op(name, MATMUL, fwd_flops=flops, bwd_input_flops=flops, bwd_weight_flops=flops,
               fwd_bytes=traffic, bwd_bytes=2 * traffic, saved_bytes=saved_in)
 
