@@ -66,12 +66,12 @@ class Accelerator:
     # Host-side framework cost per operator and pass (Python, dispatcher, autograd) that runs
     # serially with the kernels: a CPU device. 0 where kernels launch asynchronously (GPUs).
     op_overhead_s: float = 0.0
-
-    def memory_efficiency(self, kernel: str | None = None) -> Efficiency:
-        return self.memory_kernels.get(kernel, self.memory) if kernel else self.memory
     # Fractional slowdown of compute kernels while communication kernels run on the same
     # device (SM and memory-bandwidth contention); 0 = none. Used by the graph engine.
     overlap_slowdown: float = 0.0
+
+    def memory_efficiency(self, kernel: str | None = None) -> Efficiency:
+        return self.memory_kernels.get(kernel, self.memory) if kernel else self.memory
 
     def peak(self, precision: str) -> float:
         if precision not in self.peak_flops:
