@@ -15,6 +15,7 @@ from typing import Mapping
 
 from . import fields as F
 from .errors import InputError
+from .resources import data_dir
 from .yamlio import load_yaml
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -24,9 +25,9 @@ TERA = 1e12
 
 
 def profiles_dir() -> Path:
-    """The hardware_profiles folder: $LLMSIM_PROFILES or the one beside the package."""
+    """The hardware_profiles folder: $LLMSIM_PROFILES or the one shipped in the package."""
     env = os.environ.get("LLMSIM_PROFILES")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "hardware_profiles"
+    return Path(env) if env else data_dir() / "hardware_profiles"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Mapping
 
 from . import fields as F
 from .errors import InputError
+from .resources import data_dir
 from .yamlio import load_yaml
 
 ACTIVATIONS = ("gelu", "swiglu")
@@ -18,7 +19,7 @@ POSITIONS = ("learned", "rope")
 
 
 def presets_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "models"
+    return data_dir() / "models"
 
 
 @dataclass(frozen=True)

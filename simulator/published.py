@@ -15,11 +15,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .errors import InputError
+from .resources import data_dir
 from .evaluate import evaluate
 from .scenario import scenario_from_dict
 from .yamlio import load_yaml
 
-PUBLISHED_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "published"
+PUBLISHED_DIR = data_dir() / "scenarios" / "published"
 
 
 @dataclass(frozen=True)
