@@ -50,7 +50,7 @@ def placement(sizes: dict, dims, order: str, domain: int) -> Placement:
 
 def _ring(kind: str, nbytes, n, link: Link):
     n = np.asarray(n, dtype=float)
-    factor = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0}[kind]
+    factor = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}[kind]
     steps = factor * (n - 1)
     t = steps * link.latency_s + factor * (n - 1) / np.maximum(n, 1) * nbytes / link.bus_bandwidth
     return np.where(n > 1, t, 0.0)
@@ -65,7 +65,7 @@ def _tree_all_reduce(nbytes, n, link: Link):
 def collective_time(kind: str, nbytes, group: Placement, cluster: Cluster):
     """Seconds for one collective of `nbytes` (full size) over a placed group.
 
-    kind: all_reduce | all_gather | reduce_scatter | all_to_all.
+    kind: all_reduce | all_gather | reduce_scatter.
     """
     up, out = cluster.node.scaleup, cluster.scaleout
     g, k = group.local, group.domains

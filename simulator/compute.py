@@ -33,36 +33,30 @@ MEMORY_KERNELS = {
 
 @dataclass(frozen=True)
 class OpTimes:
-    fwd: object
-    bwd_input: object
-    bwd_weight: object
+    """Seconds of an operator's forward, input-gradient and weight-gradient kernels."""
 
-    @property
-    def bwd(self):
-        return self.bwd_input + self.bwd_weight
+    fwd_s: object
+    bwd_input_s: object
+    bwd_weight_s: object
 
 
 def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
-    """Forward, backward-input and backward-weight seconds of one operator."""
-    peak = acc.peak(precision)
-    eff = acc.attention if op.kind == ATTENTION else acc.matmul
+    """Forward, backward-input and backward-weight seconds of one operator: each kernel the
+    slower of its executed FLOPs and its HBM traffic at the profile's achievable rates."""
     if op.kind in (MATMUL, ATTENTION):
-        fwd_c = _work_time(op.fwd_flops * op.fwd_exec_scale, peak, eff)
-        bin_c = _work_time(op.bwd_input_flops * op.bwd_exec_scale, peak, eff)
-        bw_c = _work_time(op.bwd_weight_flops, peak, eff)
+        peak = acc.peak(precision)
+        eff = acc.attention if op.kind == ATTENTION else acc.matmul
+        flops_s = [_work_time(x, peak, eff) for x in (op.fwd_flops, op.bwd_input_flops, op.bwd_weight_flops)]
+        mem = acc.memory
     else:
-        fwd_c = bin_c = bw_c = 0.0
-    mem = acc.memory_efficiency(MEMORY_KERNELS.get(op.name)) if op.kind not in (MATMUL, ATTENTION) else acc.memory
-    fwd_m = _work_time(op.fwd_bytes, acc.hbm_bandwidth, mem)
-    bwd_m = _work_time(op.bwd_bytes, acc.hbm_bandwidth, mem)
-    has_w = np.asarray(op.bwd_weight_flops) > 0
-    # The backward traffic is split between the input- and weight-gradient kernels.
-    bin_m = np.where(has_w, bwd_m / 2, bwd_m)
-    bw_m = np.where(has_w, bwd_m / 2, 0.0)
+        flops_s = [0.0, 0.0, 0.0]
+        mem = acc.memory_efficiency(MEMORY_KERNELS.get(op.name))
+    bytes_s = [_work_time(x, acc.hbm_bandwidth, mem) for x in (op.fwd_bytes, op.bwd_input_bytes, op.bwd_weight_bytes)]
     # A framework's host cost per operator and pass (profile op_overhead_us; 0 on GPUs) adds
     # to the forward and to the backward pass, where it is booked with the input gradient.
     o = acc.op_overhead_s
-    return OpTimes(np.maximum(fwd_c, fwd_m) + o, np.maximum(bin_c, bin_m) + o, np.maximum(bw_c, bw_m))
+    return OpTimes(np.maximum(flops_s[0], bytes_s[0]) + o, np.maximum(flops_s[1], bytes_s[1]) + o,
+                   np.maximum(flops_s[2], bytes_s[2]))
 
 
 def memory_bound_time(nbytes, acc: Accelerator, kernel: str | None = None):

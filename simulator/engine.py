@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from .errors import InputError
 from .graph import COMPUTE, STREAMS, TaskGraph, build
+from .layout import Layout
 from .result import BREAKDOWN_KEYS
 
 NS = len(STREAMS)
@@ -124,11 +125,11 @@ def run_with_slowdown(g: TaskGraph, slowdown: float) -> Execution:
     nic_iv, send_iv, comm = {}, {}, {}
     for t in g.cache["comm"]:
         if g.post[t] > 0:
-            iv = (end[t], end[t] + g.post[t], t, True)
+            iv = (end[t], end[t] + g.post[t], t, -1)  # queue -1: the stage's sends
             if g.send_nic:
                 send_iv.setdefault(stage[t], []).append(iv)
         elif g.dur[t] > 0:
-            iv = (start[t], end[t], t, False)
+            iv = (start[t], end[t], t, g.stream[t])
             if t in nic:
                 nic_iv.setdefault(stage[t], []).append(iv)
         else:
@@ -141,9 +142,9 @@ def run_with_slowdown(g: TaskGraph, slowdown: float) -> Execution:
         # sends follow one another on the compute stream: only those meeting a DP transfer share
         spans = _merge([iv[:2] for iv in ivs])
         ivs = ivs + _meeting(send_iv.get(i, ()), spans)
-        for t, is_send, extra in _shared(ivs):
+        for t, queue, extra in _shared(ivs):
             changed = True
-            if is_send:
+            if queue == -1:
                 post[t] += extra
             else:
                 dur[t] += extra
@@ -170,17 +171,18 @@ def _meeting(intervals, spans):
 
 
 def _shared(intervals):
-    """(task, is_send, extra seconds) for transfers sharing one link, by processor sharing.
+    """(task, queue, extra seconds) for transfers sharing one link, by processor sharing.
 
-    Transfers of one stream (the dp stream; the sends, which follow one another) queue in
-    order; the transfers at the heads of the streams share the link: while k are in
+    Transfers of one stream (the dp stream, a host-copy stream; the sends, which follow one
+    another: queue -1) queue in order; the transfers at the heads of the streams share the
+    link: while k are in
     service each moves at 1/k of its full rate. A transfer enters service at its start in
     the first execution (or when its predecessor on the stream leaves, if later); extra =
     its service time under sharing - its time alone.
     """
     queues = {}
     for iv in sorted(intervals):
-        queues.setdefault(iv[3], []).append(iv)  # one queue per stream: sends, dp
+        queues.setdefault(iv[3], []).append(iv)  # one queue per stream
     if len(queues) < 2:
         return []
     heads = {q: 0 for q in queues}
@@ -389,28 +391,27 @@ def _falls_behind(ex0: Execution, ex1: Execution) -> bool:
     return any(b1[s] - b0.get(s, 0.0) > slope * (1 + 1e-9) + 1e-12 for s in b1)
 
 
-def _one(scenario, m, slowdown, schedule_ops=None):
-    g = build(scenario, m, schedule_ops)
-    ex = run_with_slowdown(g, slowdown)
-    return g, ex
+def _one(layout: Layout, m: int, slowdown: float):
+    g = build(layout, m)
+    return g, run_with_slowdown(g, slowdown)
 
 
-def simulate(scenario, periodic: bool = True, schedule_ops=None) -> Simulation:
-    """Step time, breakdown and activation peaks of `scenario` by executing its task graph."""
+def simulate(layout: Layout, periodic: bool = True) -> Simulation:
+    """Step time, breakdown and activation peaks of a Layout by executing its task graph."""
     t0 = time.perf_counter()
-    plan = scenario.plan
-    p, m = plan.pp, plan.microbatches
-    slowdown = scenario.cluster.accelerator.overlap_slowdown
+    p, m = int(layout.p), int(layout.m)
+    plan = layout.plan
+    slowdown = layout.cluster.accelerator.overlap_slowdown
     # Past p micro-batches 1F1B-like ZeRO-0/1 plans repeat exactly; interleaved warm-up
-    # (up to 3p-2 chunks in flight), per-micro-batch ZeRO-2/3 and offload traffic settle one
-    # period later (tests/test_engine.py checks both against full runs).
-    # Extrapolated only where a sweep of 384 GPT-3 plans found it exact (docs/engine.md):
-    # ZeRO-0/1 without offload. Per-micro-batch ZeRO-2/3 and offload traffic can change
-    # slope late (a slowly growing backlog), so those plans are executed in full.
-    plain = plan.zero_stage <= 1 and plan.offload == type(plan.offload)()
-    m0 = p if plan.virtual_stages == 1 else 2 * p  # interleaved warm-up holds up to 3p-2 chunks
-    if periodic and plain and schedule_ops is None and plan.schedule_ops is None and p > 1 and m > 2 * m0 + p:
-        (g0, ex0), (g1, ex1) = _one(scenario, m0, slowdown), _one(scenario, m0 + p, slowdown)
+    # (up to 3p-2 chunks in flight) settles one period later (tests/test_engine.py checks
+    # both against full runs). Extrapolated only where a sweep of 384 GPT-3 plans found it
+    # exact (docs/engine.md): ZeRO-0/1 without offload, named schedules. Per-micro-batch
+    # ZeRO-2/3 and offload traffic can change slope late (a slowly growing backlog), so
+    # those plans are executed in full.
+    plain = plan.zero_stage <= 1 and plan.offload == type(plan.offload)() and plan.schedule_ops is None
+    m0 = p if layout.v == 1 else 2 * p
+    if periodic and plain and p > 1 and m > 2 * m0 + p:
+        (g0, ex0), (g1, ex1) = _one(layout, m0, slowdown), _one(layout, m0 + p, slowdown)
         k = (m - m0) / p
         path1 = critical_path(ex1)
         ref = reference_stage(ex1, path1)
@@ -423,12 +424,11 @@ def simulate(scenario, periodic: bool = True, schedule_ops=None) -> Simulation:
             peaks = [a + k * (b - a) for a, b in zip(memory_peaks(ex0), memory_peaks(ex1))]
             full = int(round(len(g0) + k * (len(g1) - len(g0))))
             return Simulation(step, bd, peaks, len(g0) + len(g1), full, time.perf_counter() - t0, True)
-    g, ex = _one(scenario, m, slowdown, schedule_ops)
+    g, ex = _one(layout, m, slowdown)
     return Simulation(ex.step_time_s, breakdown(ex), memory_peaks(ex), len(g), len(g),
                       time.perf_counter() - t0, False)
 
 
-def execute(scenario, schedule_ops=None) -> Execution:
+def execute(layout: Layout) -> Execution:
     """The full execution of one step (for traces and timelines)."""
-    return _one(scenario, scenario.plan.microbatches, scenario.cluster.accelerator.overlap_slowdown,
-                schedule_ops)[1]
+    return _one(layout, int(layout.m), layout.cluster.accelerator.overlap_slowdown)[1]

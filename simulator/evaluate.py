@@ -1,20 +1,22 @@
 """evaluate(scenario) -> Result: memory, step time, throughput and cost of one plan.
 
-Two engines: `graph` (default) executes the task graph of one step (graph.py, engine.py)
-and reports its critical-path breakdown and the memory timeline's peak; `analytic`
-composes the per-stage costs in closed form (analytic.py), the fast path for sweeps.
+The scenario is compiled once into a Layout (layout.py); one of two engines reads it:
+`graph` (default) executes the task graph of one step (graph.py, engine.py) and reports
+its critical-path breakdown and the memory timeline's peaks; `analytic` composes the
+Layout's costs in closed form (analytic.py), the fast path for sweeps.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from .analytic import step_breakdown
+from . import analytic
+from .economics import economics
 from .errors import InputError
-from .memory import host_bytes_per_device, memory_by_stage
-from .result import Result
+from .layout import Layout, compile_layout
+from .memory import StageMemory
+from .result import Result, require_finite
 from .scenario import Scenario
-from .workload import model_flops_per_sequence, recompute_flops_per_sequence
 
 GIB = 2**30
 ENGINES = ("graph", "analytic")
@@ -34,43 +36,56 @@ def host_reason(per_device: float, devices_per_node: int, capacity: float, node:
             f"{per_device / GIB:.1f}) > {capacity / GIB:.1f} GiB on {node}")
 
 
+def compile_scenario(scenario: Scenario) -> Layout:
+    return compile_layout(scenario.model, scenario.cluster, scenario.plan)
+
+
 def evaluate(scenario: Scenario, engine: str = "graph") -> Result:
-    """Predict one training step of `scenario`. An out-of-memory plan is feasible=False with a reason."""
+    """Predict one training step of `scenario`. A plan that does not fit is feasible=False with a reason."""
     if engine not in ENGINES:
         raise InputError("engine", engine, "graph or analytic")
-    model, plan, cluster = scenario.model, scenario.plan, scenario.cluster
-    stages = memory_by_stage(model, plan, cluster)
+    layout = compile_scenario(scenario)
+    stages = analytic.memory_by_stage(layout)
     extra = {}
     if engine == "graph":
         from .engine import simulate
 
-        sim = simulate(scenario)
+        sim = simulate(layout)
         stages = [replace(s, activations=float(a)) for s, a in zip(stages, sim.activation_peak_bytes)]
+        breakdown = dict(sim.breakdown_s)
         extra = {"simulated_tasks": sim.simulated_tasks, "graph_tasks": sim.graph_tasks,
                  "simulation_s": sim.simulation_s, "steady_state_extrapolated": sim.extrapolated}
+    else:
+        breakdown = {k: float(v) for k, v in analytic.step_breakdown(layout).items()}
+    return assemble(scenario, layout, engine, breakdown, stages, extra)
+
+
+def assemble(scenario: Scenario, layout: Layout, engine: str, breakdown: dict, stages: list[StageMemory],
+             extra: dict) -> Result:
+    """The Result of a scalar plan from an engine's breakdown and per-stage memory."""
+    cluster, plan = scenario.cluster, scenario.plan
+    stages = [StageMemory(i, *(float(getattr(s, k)) for k in ("weights", "gradients", "optimizer", "activations",
+                                                              "other"))) for i, s in enumerate(stages)]
     peak = max(stages, key=lambda s: s.total)
     capacity = cluster.accelerator.hbm_bytes
     feasible = peak.total <= capacity
     reason = "" if feasible else oom_reason(peak.stage, peak.as_dict(), peak.total, capacity, cluster.accelerator.name)
-    host = float(host_bytes_per_device(model, plan))
+    host = float(analytic.host_bytes_per_device(layout))
     if feasible and host * cluster.devices_per_node > cluster.node.host_memory_bytes:
         feasible = False
         reason = host_reason(host, cluster.devices_per_node, cluster.node.host_memory_bytes, cluster.node.name)
-    if engine == "graph":
-        breakdown = dict(sim.breakdown_s)
-    else:
-        breakdown = step_breakdown(model, plan, cluster)
     step = sum(breakdown.values())
-    seqs = plan.global_batch
-    model_flops = model_flops_per_sequence(model) * seqs
-    hw_flops = model_flops + recompute_flops_per_sequence(model, plan.recompute, plan.flash_attention) * seqs
+    require_finite({"step_time_s": step, **breakdown, "peak_memory_bytes": peak.total}, "evaluate")
+    tokens = plan.global_batch * scenario.model.seq_len
     return Result(
-        scenario=scenario.name, feasible=feasible, reason=reason, step_time_s=step,
-        global_batch=plan.global_batch, seq_len=model.seq_len, devices=cluster.devices,
-        model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops,
-        peak_flops_per_device=cluster.accelerator.peak(plan.precision),
-        peak_memory_bytes=peak.total, peak_memory_stage=peak.stage, memory_bytes=peak.as_dict(),
-        memory_by_stage=[s.as_dict() for s in stages], capacity_bytes=capacity, breakdown_s=breakdown,
-        price_usd_per_device_hour=scenario.price_usd_per_device_hour,
-        training_tokens=scenario.training.tokens, engine=engine, extra=extra,
-    )
+        scenario=scenario.name, engine=engine, feasible=feasible, reason=reason, step_time_s=step,
+        breakdown_s=breakdown, global_batch=plan.global_batch, seq_len=scenario.model.seq_len,
+        devices=cluster.devices, model_flops_per_step=float(layout.model_flops_per_step),
+        hardware_flops_per_step=float(layout.hardware_flops_per_step),
+        peak_flops_per_device=cluster.accelerator.peak(plan.precision), peak_memory_bytes=peak.total,
+        peak_memory_stage=peak.stage, memory_bytes=peak.as_dict(), memory_by_stage=[s.as_dict() for s in stages],
+        capacity_bytes=capacity, host_bytes_per_device=host,
+        economics=economics(step, tokens, cluster.devices, scenario.price_usd_per_device_hour,
+                            scenario.training.tokens),
+        extra=extra)
+

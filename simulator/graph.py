@@ -1,29 +1,34 @@
-"""Task graph of one training step: tasks on per-device streams and their dependencies.
+"""Task graph of one training step, built from a Layout: tasks on per-device streams and
+their dependencies.
 
 Symmetry: every data-parallel replica and every TP (and CP) rank of a pipeline stage runs
 the same tasks at the same times, so the graph holds one device per pipeline stage, p in
 all, whatever the device count; collectives over DP/TP/CP groups are tasks of that device
-whose durations come from comm.py for the whole group. Graph size grows with
+whose durations the Layout gives for the whole group. Graph size grows with
 pp x micro-batches x chunks, never with the number of devices.
 
-Tasks (durations from step.stage_cost, step.dp_costs, analytic.optimizer_step_time and
-analytic.offload_parts; nothing is re-derived here):
-- compute stream: F, B, W of each (chunk, micro-batch) in the schedule's order
-  (schedules.py). TP and CP collectives inside a layer are folded into the pass that
-  waits for them (exposed part only, as step.py computes it). R (recomputation) runs
-  right before each B when the plan recomputes. The optimizer step ends the stream.
-- p2p: the send of an activation (after F) or gradient (after B) to the neighbouring
-  stage. Megatron-LM's p2p is blocking, so the sender's compute stream is held for the
-  transfer and the receiving pass waits for its end; the graph keeps it as the task's
-  `post` hold (an edge ~t means "after t's send") instead of a separate task, which
-  halves the task count; the trace and `to_networkx` show it as a p2p task.
-- dp stream: gradient reduce-scatter / all-reduce in buckets issued as the last
-  backward pass of each chunk produces them (`plan.dp_overlap`; else after the backward
-  passes), ZeRO-1/2 weight all-gather in buckets before the first forward pass of each
-  chunk, ZeRO-2 per-micro-batch reduce-scatter, ZeRO-3/FSDP per-pass weight all-gather
+Tasks (every duration from the Layout; nothing is re-derived here):
+- compute stream: the passes of each (chunk, micro-batch) in the schedule's order: F, B
+  (backward with weight gradient), I (input gradient) and W (weight gradient). TP and CP
+  collectives inside a layer are folded into the pass that waits for them (their exposed
+  part). R (recomputation) runs right before each B or I when the plan recomputes. The
+  optimizer step ends the stream.
+- pipeline sends: the forward pass of virtual stage k waits for that of k-1, the backward
+  of k for that of k+1 (schedule placement); across devices through a send. Megatron-LM's
+  p2p is blocking, so the sender's compute stream is held for the transfer and the
+  receiving pass waits for its end; the graph keeps it as the task's `post` hold (an edge
+  ~t means "after t's send") instead of a separate task, which halves the task count; the
+  trace and `to_networkx` show it as a p2p task.
+- dp stream: the gradient reduction of the last micro-batch's backward of each chunk in
+  Megatron-LM's buckets (dataparallel.py; k buckets are two tasks: the first k-1 issued
+  after 1/k of the pass, the last after the pass, which gives the exact bucketed finish),
+  or after the last pass without `plan.dp_overlap`; the ZeRO-1/2 weight gather running
+  beside the first forward of each chunk, whose start it delays by the bucketed gather's
+  exposed part; ZeRO-2 per-micro-batch reduce-scatter; ZeRO-3/FSDP per-pass weight gathers
   prefetched one pass ahead.
-- host stream (PCIe) and cpu: offload transfers (activations out after F and back one
-  pass ahead of B; ZeRO-Infinity weights one pass ahead) and the host Adam step.
+- d2h and h2d streams (the host link, full duplex) and cpu: offload copies (offload.py):
+  activations out after F and back one pass ahead of their backward, ZeRO-Infinity weights
+  one pass ahead, ZeRO-Offload's gradients out, host Adam, weights back.
 
 The arrays are built directly (fast); `to_networkx` gives the networkx DiGraph on demand.
 """
@@ -32,20 +37,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .analytic import offload_parts, optimizer_step_time
-from .memory import backward_extra_bytes, microbatch_activation_bytes, shard_of
-from .plan import Plan
-from .scenario import Scenario
-from .schedules import BWD, FWD, WGT, stage_ops
+from .layout import Layout, StageLayout
+from .schedules import BACKWARDS, BWD, BWD_INPUT, FWD, WGT, Schedule, schedule_for
 
 RECOMPUTE = "R"  # activation recomputation, run right before the backward pass that needs it
-from .step import dp_costs, groups, stage_cost
-from .workload import embedding_ops
-
-STREAMS = ("compute", "p2p", "dp", "host", "cpu")
-COMPUTE, P2P, DP, HOST, CPU = range(len(STREAMS))
+STREAMS = ("compute", "p2p", "dp", "d2h", "h2d", "cpu")
+COMPUTE, P2P, DP, D2H, H2D, CPU = range(len(STREAMS))
 NS = len(STREAMS)
-DP_BUCKETS_PER_CHUNK = 4  # gradient / weight buckets per model chunk (Megatron-LM buckets ~40M params)
+TRANSFER_STREAMS = (DP, D2H, H2D)  # besides the sends: what shares a device's PCIe link with its NIC
 
 
 @dataclass
@@ -58,7 +57,7 @@ class TaskGraph:
     microbatches: int
     name: list = field(default_factory=list)
     stage: list = field(default_factory=list)
-    stream: list = field(default_factory=list)  # stage * len(STREAMS) + stream index
+    stream: list = field(default_factory=list)  # stage * NS + stream index
     dur: list = field(default_factory=list)
     post: list = field(default_factory=list)  # seconds the stream stays held after the task (blocking send)
     deps: list = field(default_factory=list)  # task id t: after t's end; ~t (negative): after t's send
@@ -66,7 +65,7 @@ class TaskGraph:
     alloc: dict = field(default_factory=dict)
     free: dict = field(default_factory=dict)
     base_bytes: list = field(default_factory=list)  # per stage: activations held all step
-    nic: set = field(default_factory=set)  # tasks whose transfer crosses the NIC (scale-out)
+    nic: set = field(default_factory=set)  # transfer tasks sharing the PCIe link with the NIC's traffic
     send_nic: bool = False  # pipeline sends cross the NIC
     cache: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -98,8 +97,12 @@ class TaskGraph:
         return g
 
 
-def _split(parts: tuple, k: float) -> tuple:
-    return tuple((c, v * k) for c, v in parts)
+def task_name(name) -> str:
+    """Readable name of a task: compute passes are stored as (kind, chunk, mb) tuples."""
+    if isinstance(name, tuple):
+        kind, ch, j = name
+        return f"{kind}{ch}.{j}"
+    return name
 
 
 class _Builder:
@@ -117,7 +120,7 @@ class _Builder:
         g.dur.append(dur)
         g.post.append(0.0)
         g.parts.append(parts)
-        self.sym.append(deps)
+        self.sym.append(list(deps))
         if key is not None:
             self.key[key] = t
         return t
@@ -128,124 +131,200 @@ class _Builder:
         return self.g
 
 
-def build(scenario: Scenario, microbatches: int | None = None, schedule_ops=None) -> TaskGraph:
-    """The task graph of one step of `scenario` (with `microbatches` in place of the plan's
-    count, for the periodic fast path)."""
-    model, plan, cluster = scenario.model, scenario.plan, scenario.cluster
-    p, v = plan.pp, plan.virtual_stages
-    m = plan.microbatches if microbatches is None else microbatches
-    if schedule_ops is None and plan.schedule_ops is not None and m == plan.microbatches:
-        schedule_ops = plan.schedule_ops
-    orders = stage_ops(plan.schedule, p, m, v, schedule_ops)
-    g = groups(plan, cluster)
-    kinds = sorted({0, p - 1, min(1, p - 1)})
-    costs = {i: stage_cost(model, plan, cluster, i, g) for i in kinds}
-    shard = shard_of(plan, model)
-    chunk_act = float(microbatch_activation_bytes(model, plan)) / v
-    emb_act = float(sum(op.saved_bytes for op in embedding_ops(model, shard)))
-    extra = {last: float(backward_extra_bytes(model, plan, last)) for last in (False, True)}
-    hop = float(costs[0].pp_comm) / v if p > 1 else 0.0
-    per_kind = {i: _StageConst(plan, cluster, costs[i], g, chunk_act) for i in kinds}
+@dataclass(frozen=True)
+class StageTasks:
+    """Durations, breakdown parts and sizes of one stage's tasks (per chunk pass)."""
+
+    parts: dict  # pass kind -> ((category, seconds), ...)
+    hop_s: float  # one pipeline send
+    buckets: int
+    step_reduce_s: float  # per chunk
+    step_gather_s: float
+    mb_gather_s: float  # per chunk pass
+    mb_reduce_s: float  # per chunk grad pass
+    act_d2h_s: float = 0.0
+    act_h2d_s: float = 0.0
+    weights_h2d_s: float = 0.0
+    gradients_d2h_s: float = 0.0
+    host_adam_s: float = 0.0
+    weights_back_h2d_s: float = 0.0
+    optimizer_s: float = 0.0
+    chunk_bytes: float = 0.0
+    embedding_bytes: float = 0.0
+    extra_bytes: float = 0.0
+
+    @property
+    def dur(self) -> dict:
+        return {k: sum(x for _, x in ps) for k, ps in self.parts.items()}
+
+
+def _pass_parts(fwd, bwd_in, bwd_w, rec, tp, cp, v):
+    """Breakdown parts of each pass kind, per chunk."""
+    def clean(ps):
+        return tuple((n, float(x) / v) for n, x in ps if x)
+
+    return {FWD: clean((("compute", fwd), ("tp_comm", tp[0]), ("cp_comm", cp[0]))),
+            RECOMPUTE: clean((("recompute", rec), ("tp_comm", tp[2]), ("cp_comm", cp[2]))),
+            BWD: clean((("compute", bwd_in + bwd_w), ("tp_comm", tp[1]), ("cp_comm", cp[1]))),
+            BWD_INPUT: clean((("compute", bwd_in), ("tp_comm", tp[1]), ("cp_comm", cp[1]))),
+            WGT: clean((("compute", bwd_w),))}
+
+
+def stage_tasks(layout: Layout, r: StageLayout) -> StageTasks:
+    v, x, d, o = layout.v, r.passes, r.dp, r.offload
+    parts = _pass_parts(x.fwd_s, x.bwd_input_s, x.bwd_weight_s, x.recompute_s,
+                        (x.tp_fwd_s, x.tp_bwd_s, x.tp_recompute_s), (x.cp_fwd_s, x.cp_bwd_s, x.cp_recompute_s), v)
+    a = r.activations
+    return StageTasks(
+        parts=parts, hop_s=float(layout.pp_hop_s), buckets=int(r.buckets), step_reduce_s=float(d.step_reduce_s) / v,
+        step_gather_s=float(d.step_gather_s) / v, mb_gather_s=float(d.mb_gather_s) / (2 * v),
+        mb_reduce_s=float(d.mb_reduce_s) / v, act_d2h_s=float(o.activations_d2h_s),
+        act_h2d_s=float(o.activations_h2d_s), weights_h2d_s=float(o.weights_h2d_s),
+        gradients_d2h_s=float(o.gradients_d2h_s), host_adam_s=float(o.host_adam_s),
+        weights_back_h2d_s=float(o.weights_back_h2d_s), optimizer_s=float(r.optimizer_s),
+        chunk_bytes=float(a.chunk_bytes), embedding_bytes=float(a.embedding_bytes), extra_bytes=float(a.extra_bytes))
+
+
+def build(layout: Layout, microbatches: int | None = None) -> TaskGraph:
+    """The task graph of one step (with `microbatches` in place of the plan's count, for the
+    periodic fast path; the schedule's order for that count)."""
+    plan = layout.plan
+    p, v = int(layout.p), int(layout.v)
+    m = int(layout.m) if microbatches is None else microbatches
+    schedule = layout.schedule
+    orders = schedule.orders(p, m, v)
+    kinds = {id(r): stage_tasks(layout, r) for r in layout.stages}
     b = _Builder(p, m)
+    g = layout.groups
     b.g.send_nic = p > 1 and bool(g.pp_crosses_domain)
-    dp_nic = bool(g.dp.domains > 1)
     for i in range(p):
-        b.g.base_bytes.append(extra[i == p - 1])
-        _stage(b, plan, i, per_kind[i if i in per_kind else 1], orders[i], hop, chunk_act,
-               emb_act if i == 0 else 0.0)
-    if dp_nic:  # DP collectives span scale-up domains: their inter-domain phase uses the NIC
-        b.g.nic = {t for t, s in enumerate(b.g.stream) if s % NS == DP}
+        st = kinds[id(layout.representative(i))]
+        b.g.base_bytes.append(st.extra_bytes)
+        _stage(b, schedule, plan, p, v, i, st, orders[i])
+    if bool(g.grad.domains > 1) or b.g.send_nic:
+        # the device's NIC transfers and host copies cross one PCIe link: they share it
+        transfer = {i * NS + s for i in range(p) for s in TRANSFER_STREAMS}
+        nic_dp = bool(g.grad.domains > 1)
+        b.g.nic = {t for t, s in enumerate(b.g.stream) if s in transfer and (nic_dp or s % NS != DP)}
     return b.finish()
 
 
-class _StageConst:
-    """Durations and breakdown parts of one stage's passes, DP and offload costs."""
-
-    def __init__(self, plan: Plan, cluster, c, g, chunk_act):
-        v = plan.virtual_stages
-        split_w = plan.schedule == "zb-h1"
-        tp_b = c.tp_comm - c.tp_comm_fwd - c.tp_comm_recompute
-        cp_b = c.cp_comm - c.cp_comm_fwd - c.cp_comm_recompute
-        bw = 0.0 if split_w else c.bwd_weight
-        f = (("compute", c.fwd / v), ("tp_comm", c.tp_comm_fwd / v), ("cp_comm", c.cp_comm_fwd / v))
-        r = (("recompute", c.recompute / v), ("tp_comm", c.tp_comm_recompute / v),
-             ("cp_comm", c.cp_comm_recompute / v))
-        bb = (("compute", (c.bwd_input + bw) / v), ("tp_comm", tp_b / v), ("cp_comm", cp_b / v))
-        w = (("compute", c.bwd_weight / v),)
-        self.parts = {k: tuple((n, float(x)) for n, x in ps if x)
-                      for k, ps in ((FWD, f), (RECOMPUTE, r), (BWD, bb), (WGT, w))}
-        self.dur = {k: sum(x for _, x in ps) for k, ps in self.parts.items()}
-        self.dp = {k: float(x) for k, x in dp_costs(plan, cluster, c.params, g).items()}
-        self.off = {k: float(x) for k, x in offload_parts(plan, cluster, c.params, chunk_act * v).items()}
-        self.optimizer_s = float(optimizer_step_time(plan, cluster, c.params))
+def uniform_graph(schedule: str, p: int, m: int, v: int = 1, fwd_s: float = 1.0, bwd_s: float = 2.0,
+                  wgt_s: float = 0.0, schedule_ops=None) -> TaskGraph:
+    """The graph of a communication-free pipeline whose stages all take `fwd_s`, `bwd_s`
+    (input gradient) and `wgt_s` (weight gradient) per micro-batch, split over the v chunks:
+    the setting of the textbook bubble formulas."""
+    ops = None if schedule_ops is None else tuple(tuple(stage) for stage in schedule_ops)
+    sched = schedule_for(schedule, p, m, v, ops)
+    chunks = sched.chunks(v)
+    parts = _pass_parts(fwd_s, bwd_s, wgt_s, 0.0, (0, 0, 0), (0, 0, 0), chunks)
+    st = StageTasks(parts=parts, hop_s=0.0, buckets=1, step_reduce_s=0.0, step_gather_s=0.0, mb_gather_s=0.0,
+                    mb_reduce_s=0.0, chunk_bytes=1.0)
+    plan = _UniformPlan()
+    b = _Builder(p, m)
+    for i, order in enumerate(sched.orders(p, m, chunks)):
+        b.g.base_bytes.append(0.0)
+        _stage(b, sched, plan, p, chunks, i, st, order)
+    return b.finish()
 
 
-def _stage(b: _Builder, plan: Plan, i, sc: _StageConst, order, hop, chunk_act, emb_act):
-    p, v = plan.pp, plan.virtual_stages
+@dataclass(frozen=True)
+class _Offload:
+    optimizer: str = "none"
+    params: str = "none"
+    activations: str = "none"
+
+
+@dataclass(frozen=True)
+class _UniformPlan:
+    dp_overlap: bool = True
+    offload: _Offload = _Offload()
+
+
+def _scaled(parts: tuple, k: float) -> tuple:
+    return tuple((c, x * k) for c, x in parts)
+
+
+def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: StageTasks, order):
+    """Add the tasks of pipeline stage i."""
     gr = b.g
-    d, off = sc.dp, sc.off
     overlap = plan.dp_overlap
-    nb = DP_BUCKETS_PER_CHUNK
-    grad_kind = WGT if plan.schedule == "zb-h1" else BWD
-    last_bwd, first_fwd = {}, {}
+    dur, parts = st.dur, st.parts
+    hop = st.hop_s
+    n_virtual = p * v
+    virtual = {}
+    for k in range(n_virtual):
+        stage, chunk = schedule.stage_chunk(k, p)
+        if stage == i:
+            virtual[chunk] = k
+    where = {k: schedule.stage_chunk(k, p)[0] for k in range(n_virtual)}
+    emb_chunk = next((c for c, k in virtual.items() if k == 0), None)
+
+    # the last pass producing each chunk's gradients, the first forward of each chunk
+    last_grad, first_fwd = {}, {}
     for k, (kind, ch, j) in enumerate(order):
-        if kind == grad_kind:
-            last_bwd[ch] = k
+        if kind in (BWD, WGT):
+            last_grad[ch] = k
         if kind == FWD and ch not in first_fwd:
             first_fwd[ch] = k
-    split_bwd = {k: ch for ch, k in last_bwd.items()} if d["step_reduce"] > 0 and overlap else {}
-    split_fwd = {k: ch for ch, k in first_fwd.items()} if d["step_gather"] > 0 and overlap else {}
-
-    # ZeRO-1/2 weight all-gather before each chunk's first forward (overlapped: in buckets)
+    reduce_at = {k: ch for ch, k in last_grad.items()} if st.step_reduce_s > 0 and overlap else {}
+    gather_at = {k: ch for ch, k in first_fwd.items()} if st.step_gather_s > 0 and overlap else {}
+    k_buckets = max(1, st.buckets)
+    # ZeRO-1/2 weight gathers of every chunk issued at the step's start, chunk by chunk (Megatron-
+    # LM dispatches the first chunks' before the warm-up and each later one ahead of its chunk:
+    # megatron/core/pipeline_parallel/schedules.py@d98e8a6, param_sync_func): the first bucket,
+    # then the rest
     gather_ids = {}
-    if split_fwd:
-        x = d["step_gather"] / (v * nb)
-        for ch in sorted(first_fwd):
-            gather_ids[ch] = [b.add(f"dp all-gather chunk{ch}.{q}", i, DP, x, [], (("dp_comm", x),)) for q in range(nb)]
-    blocking = []  # tasks the next compute pass waits for
-    reduces = []
-    cids = []  # compute task (last piece) of each op in order
-    act_off = off["activations_mb"] > 0
-    pre_ids = {}
+    for ch in sorted(gather_at.values()):
+        x1 = st.step_gather_s / k_buckets
+        x2 = st.step_gather_s - x1
+        gather_ids[ch] = [b.add(f"dp all-gather chunk{ch} bucket 1", i, DP, x1, [], (("dp_comm", x1),))]
+        if k_buckets > 1:
+            gather_ids[ch].append(b.add(f"dp all-gather chunk{ch} buckets 2-{k_buckets}", i, DP, x2, [],
+                                        (("dp_comm", x2),)))
 
-    def pre(kk, after, dp: bool, host: bool):
-        """Tasks op kk waits for that may run ahead of it: the ZeRO-3 weight gather (`dp`),
-        weight and activation reads from the host (`host`); they wait for the end of
-        compute op `after`."""
-        kind, ch, j = order[kk]
-        dep = [cids[after]] if after >= 0 else []
-        ids = pre_ids.setdefault(kk, [])
-        if not host:
-            pass
-        elif off["params_mb"] > 0:
-            x = off["params_mb"] / (2 * v)
-            ids.append(b.add(f"weights H2D {kind}{ch}.{j}", i, HOST, x, list(dep), (("offload", x),)))
-        if host and act_off and kind == BWD and (ch, j) not in keep:
-            x = off["activations_mb"] / (2 * v)
-            h = b.add(f"activations H2D {kind}{ch}.{j}", i, HOST, x, dep + [("d2h", i, ch, j)], (("offload", x),))
-            gr.alloc[h] = chunk_act + (emb_act if ch == 0 else 0.0)
-            ids.append(h)
-        if dp and d["mb_gather"] > 0:
-            x = d["mb_gather"] / (2 * v)
-            ids.append(b.add(f"dp all-gather {kind}{ch}.{j}", i, DP, x, dep, (("dp_comm", x),)))
-
+    act_off = st.act_d2h_s > 0
+    ahead = st.mb_gather_s > 0 or st.weights_h2d_s > 0 or act_off
     uses = [k for k, op in enumerate(order) if op[0] != WGT]
     nxt = dict(zip(uses, uses[1:]))
-    # activations whose backward pass is the very next pass stay on the device
     at = {op: k for k, op in enumerate(order)}
-    keep = {(ch, j) for (kind, ch, j), k in at.items() if kind == FWD and nxt.get(k) == at[(BWD, ch, j)]}
-    ahead = d["mb_gather"] > 0 or off["params_mb"] > 0 or act_off
+    # a chunk whose backward is the stage's very next pass stays on the device
+    keep = set()
+    for (kind, ch, j), k in at.items():
+        if kind == FWD:
+            bk = at.get((BWD, ch, j), at.get((BWD_INPUT, ch, j)))
+            if nxt.get(k) == bk:
+                keep.add((ch, j))
+    pre_ids = {}
+    cids = []
     key = b.key
     names, stages, streams, durs, posts, partss, syms = (gr.name, gr.stage, gr.stream, gr.dur, gr.post, gr.parts,
                                                         b.sym)
     cstream = i * NS + COMPUTE
-    durs_k, parts_k = sc.dur, sc.parts
     alloc, free = gr.alloc, gr.free
-    first_stage, last_stage = i == 0, i == p - 1
-    split = set(split_fwd) | set(split_bwd)
-    recompute = durs_k.get(RECOMPUTE, 0.0) > 0
-    sends = p > 1
-    with_send = {kk: ps + (("pp_comm", hop),) for kk, ps in parts_k.items()}
+    recompute = dur.get(RECOMPUTE, 0.0) > 0
+    with_send = {kk: ps + (("pp_comm", hop),) for kk, ps in parts.items()}
+    blocking = []
+    reduces = []
+
+    def pre(kk, after, dp: bool, host: bool):
+        """Tasks op kk waits for that may run ahead of it, after compute op `after` ends: the
+        ZeRO-3 weight gather (`dp`), weight and activation reads from the host (`host`)."""
+        kind, ch, j = order[kk]
+        dep = [cids[after]] if after >= 0 else []
+        ids = pre_ids.setdefault(kk, [])
+        if host and st.weights_h2d_s > 0:
+            x = st.weights_h2d_s
+            ids.append(b.add(f"weights H2D {kind}{ch}.{j}", i, H2D, x, dep, (("offload", x),)))
+        if host and act_off and kind in BACKWARDS and (ch, j) not in keep:
+            x = st.act_h2d_s
+            h = b.add(f"activations H2D {kind}{ch}.{j}", i, H2D, x, dep + [("d2h", i, ch, j)], (("offload", x),))
+            alloc[h] = st.chunk_bytes + (st.embedding_bytes if ch == emb_chunk else 0.0)
+            ids.append(h)
+        if dp and st.mb_gather_s > 0:
+            x = st.mb_gather_s
+            ids.append(b.add(f"dp all-gather {kind}{ch}.{j}", i, DP, x, dep, (("dp_comm", x),)))
+
     for k, (kind, ch, j) in enumerate(order):
         deps = blocking
         blocking = []
@@ -257,123 +336,85 @@ def _stage(b: _Builder, plan: Plan, i, sc: _StageConst, order, hop, chunk_act, e
                 pre(k, k - 1, True, False)
             if k in nxt:
                 pre(nxt[k], k - 1, overlap, True)
-            deps += pre_ids[k]
+            deps = deps + pre_ids.get(k, [])
+        vk = virtual[ch]
         if kind == FWD:
-            if not first_stage:
-                deps.append(key[("sf", i - 1, ch, j)])
-            elif ch > 0:
-                deps.append(("sf", p - 1, ch - 1, j))
-        elif kind == BWD:
-            if not last_stage:
-                deps.append(("sb", i + 1, ch, j))
-            elif ch < v - 1:
-                deps.append(key[("sb", 0, ch + 1, j)])
-        if kind == BWD and recompute:  # the pass's recomputation takes the pass's dependencies
-            t = b.add((RECOMPUTE, ch, j), i, COMPUTE, durs_k[RECOMPUTE], deps, parts_k[RECOMPUTE])
+            if vk > 0:
+                prev = where[vk - 1]
+                deps.append(("sf", vk - 1, j) if prev != i else ("F", vk - 1, j))
+        elif kind in BACKWARDS:
+            if vk < n_virtual - 1:
+                nxt_stage = where[vk + 1]
+                deps.append(("sb", vk + 1, j) if nxt_stage != i else ("B", vk + 1, j))
+        if kind in BACKWARDS and recompute:  # the pass's recomputation takes the pass's dependencies
+            b.add((RECOMPUTE, ch, j), i, COMPUTE, dur[RECOMPUTE], deps, parts[RECOMPUTE])
             deps = []
-        snd = sends and ((kind == FWD and (not last_stage or ch < v - 1)) or
-                         (kind == BWD and (not first_stage or ch > 0)))
-        if k not in split:  # the common case, inlined for speed
-            t = len(durs)
-            names.append((kind, ch, j))
-            stages.append(i)
-            streams.append(cstream)
-            durs.append(durs_k[kind])
-            syms.append(deps)
-            if snd:  # blocking send: the stream is held `hop` after the pass (see _send)
-                posts.append(hop)
-                partss.append(with_send[kind])
-                key[("sf" if kind == FWD else "sb", i, ch, j)] = ~t
-            else:
-                posts.append(0.0)
-                partss.append(parts_k[kind])
-            first = t
+        sends = (kind == FWD and vk < n_virtual - 1 and where[vk + 1] != i) or \
+                (kind in BACKWARDS and vk > 0 and where[vk - 1] != i)
+        d, ps = dur[kind], parts[kind]
+        first = len(durs)
+        kb = k_buckets
+        if k in gather_at and kb > 1:
+            # the chunk's buckets arrive one by one: its first bucket's layers wait for the
+            # first gather, its last bucket's for the rest; the pass runs in three pieces
+            c1, c2 = gather_ids[gather_at[k]]
+            b.add((kind, ch, j), i, COMPUTE, d / kb, deps + [c1], _scaled(ps, 1 / kb))
+            if kb > 2:
+                b.add((kind, ch, j), i, COMPUTE, d * (kb - 2) / kb, [], _scaled(ps, (kb - 2) / kb))
+            d, ps, deps = d / kb, _scaled(ps, 1 / kb), [c2]
+        elif k in gather_at:
+            deps = deps + gather_ids[gather_at[k]][:1]
+        split = k in reduce_at and kb > 1
+        if split:  # the first 1/k of the last grad pass issues the first k-1 buckets
+            b.add((kind, ch, j), i, COMPUTE, d / kb, deps, _scaled(ps, 1 / kb))
+            r1 = st.step_reduce_s * (kb - 1) / kb
+            reduces.append(b.add(f"dp reduce chunk{ch} buckets 1-{kb - 1}", i, DP, r1, [first],
+                                 (("dp_comm", r1),)))
+            d, ps, deps = d - d / kb, _scaled(ps, (kb - 1) / kb), []
+        t = len(durs)
+        names.append((kind, ch, j))
+        stages.append(i)
+        streams.append(cstream)
+        durs.append(d)
+        syms.append(deps)
+        if sends:
+            posts.append(hop)
+            partss.append(ps + (("pp_comm", hop),) if first != t else with_send[kind])
+            key[("sf" if kind == FWD else "sb", vk, j)] = ~t
         else:
-            dur, parts = durs_k[kind] / nb, _split(parts_k[kind], 1 / nb)
-            for q in range(nb):
-                t = b.add((kind, ch, j), i, COMPUTE, dur, deps, parts)
-                deps = []
-                if q == 0:
-                    first = t
-                if k in split_fwd:
-                    syms[t].append(gather_ids[split_fwd[k]][q])
-                if k in split_bwd:
-                    r = d["step_reduce"] / (v * nb)
-                    reduces.append(b.add(f"dp reduce chunk{ch}.{q}", i, DP, r, [t], (("dp_comm", r),)))
-            if snd:
-                _send(b, t, hop, ("sf" if kind == FWD else "sb", i, ch, j))
+            posts.append(0.0)
+            partss.append(ps)
+        key[("F" if kind == FWD else "B" if kind in BACKWARDS else "W", vk, j)] = t
+        if k in reduce_at:
+            r = st.step_reduce_s / (k_buckets if split else 1)
+            reduces.append(b.add(f"dp reduce chunk{ch}" + (f" bucket {k_buckets}" if split else ""), i, DP, r,
+                                 [t], (("dp_comm", r),)))
         cids.append(t)
         if kind == FWD:
-            nbytes = chunk_act + emb_act if ch == 0 else chunk_act
+            nbytes = st.chunk_bytes + (st.embedding_bytes if ch == emb_chunk else 0.0)
             alloc[first] = nbytes
             if act_off and (ch, j) not in keep:
-                x = off["activations_mb"] / (2 * v)
-                o = b.add(f"activations D2H {kind}{ch}.{j}", i, HOST, x, [t], (("offload", x),), key=("d2h", i, ch, j))
+                x = st.act_d2h_s
+                o = b.add(f"activations D2H {ch}.{j}", i, D2H, x, [t], (("offload", x),), key=("d2h", i, ch, j))
                 free[o] = nbytes
-        if kind == BWD:  # W keeps only a layer's inputs and output gradients: not tracked
-            free[t] = chunk_act + emb_act if ch == 0 else chunk_act
-        if kind == grad_kind:
-            if d["mb_reduce"] > 0:
-                r = d["mb_reduce"] / v
-                red = b.add(f"dp reduce-scatter {kind}{ch}.{j}", i, DP, r, [t], (("dp_comm", r),))
-                reduces.append(red)
-                if not overlap:
-                    blocking.append(red)
+        if kind in BACKWARDS:  # W keeps only a layer's inputs and output gradients: not tracked
+            free[t] = st.chunk_bytes + (st.embedding_bytes if ch == emb_chunk else 0.0)
+        if kind in (BWD, WGT) and st.mb_reduce_s > 0:
+            x = st.mb_reduce_s
+            red = b.add(f"dp reduce-scatter {kind}{ch}.{j}", i, DP, x, [t], (("dp_comm", x),))
+            reduces.append(red)
+            if not overlap:
+                blocking.append(red)
     last = cids[-1]
-    if d["step_reduce"] > 0 and not overlap:
-        r = d["step_reduce"] / (v * nb)
-        reduces += [b.add(f"dp reduce bucket{q}", i, DP, r, [last] + blocking, (("dp_comm", r),)) for q in range(v * nb)]
+    if st.step_reduce_s > 0 and not overlap:
+        r = st.step_reduce_s * v
+        reduces.append(b.add("dp reduce", i, DP, r, [last] + blocking, (("dp_comm", r),)))
     tail = reduces + blocking + [last]
-    if off["optimizer_copy"] > 0 or off["host_adam"] > 0:
-        x = b.add("optimizer D2H/H2D", i, HOST, off["optimizer_copy"], tail, (("offload", off["optimizer_copy"]),))
-        y = b.add("host Adam", i, CPU, off["host_adam"] + off["nvme"], [x],
-                  (("offload", off["host_adam"] + off["nvme"]),))
-        tail = [y]
-    opt = b.add("optimizer step", i, COMPUTE, sc.optimizer_s, tail, (("optimizer", sc.optimizer_s),))
-    if d["step_gather"] > 0 and not overlap:
-        b.add("dp all-gather weights", i, DP, d["step_gather"], [opt], (("dp_comm", d["step_gather"]),))
-
-
-class _Uniform:
-    """Stage constants of a communication-free pipeline (see uniform_graph)."""
-
-    def __init__(self, v, fwd_s, bwd_s, wgt_s, split_w):
-        b = bwd_s if split_w else bwd_s + wgt_s
-        self.parts = {FWD: (("compute", fwd_s / v),), BWD: (("compute", b / v),), WGT: (("compute", wgt_s / v),),
-                      RECOMPUTE: ()}
-        self.dur = {k: sum(x for _, x in ps) for k, ps in self.parts.items()}
-        self.dp = dict(step_reduce=0.0, step_gather=0.0, mb_gather=0.0, mb_reduce=0.0)
-        self.off = dict(optimizer_copy=0.0, host_adam=0.0, nvme=0.0, params_mb=0.0, activations_mb=0.0)
-        self.optimizer_s = 0.0
-
-
-def uniform_graph(schedule: str, p: int, m: int, v: int = 1, fwd_s: float = 1.0, bwd_s: float = 2.0,
-                  wgt_s: float = 0.0, schedule_ops=None) -> TaskGraph:
-    """The graph of a communication-free pipeline whose stages all take `fwd_s`, `bwd_s` (input
-    gradient; the weight gradient `wgt_s` is added to it unless the schedule splits it off)
-    per micro-batch, split over v chunks: the setting of the textbook bubble formulas."""
-    plan = Plan(pp=p, vpp=v, schedule=schedule)
-    sc = _Uniform(plan.virtual_stages, fwd_s, bwd_s, wgt_s, schedule == "zb-h1")
-    b = _Builder(p, m)
-    for i, order in enumerate(stage_ops(schedule, p, m, plan.virtual_stages, schedule_ops)):
-        b.g.base_bytes.append(0.0)
-        _stage(b, plan, i, sc, order, 0.0, 1.0, 0.0)
-    return b.finish()
-
-
-def task_name(name) -> str:
-    """Readable name of a task: compute passes are stored as (kind, chunk, mb) tuples."""
-    if isinstance(name, tuple):
-        kind, ch, j = name
-        return f"{kind}{ch}.{j}"
-    return name
-
-
-def _send(b: _Builder, t: int, hop: float, key) -> None:
-    """A blocking send after task t (Megatron-LM's p2p): the sender's compute stream is held
-    for `hop` seconds and the receiver waits for the end of the send; kept on the task as
-    `post` (the trace shows it on the p2p stream) rather than as a task of its own."""
-    g = b.g
-    g.post[t] = hop
-    g.parts[t] = g.parts[t] + (("pp_comm", hop),)
-    b.key[key] = ~t
+    if st.gradients_d2h_s > 0 or st.host_adam_s > 0:
+        x = b.add("gradients D2H", i, D2H, st.gradients_d2h_s, tail, (("offload", st.gradients_d2h_s),))
+        y = b.add("host Adam", i, CPU, st.host_adam_s, [x], (("offload", st.host_adam_s),))
+        tail = [b.add("weights H2D", i, H2D, st.weights_back_h2d_s, [y], (("offload", st.weights_back_h2d_s),))]
+    opt = b.add("optimizer step", i, COMPUTE, st.optimizer_s, tail, (("optimizer", st.optimizer_s),))
+    if st.step_gather_s > 0 and not overlap:
+        x = st.step_gather_s * v
+        b.add("dp all-gather weights", i, DP, x, [opt], (("dp_comm", x),))

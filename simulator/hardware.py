@@ -41,9 +41,6 @@ class Efficiency:
     max: float
     half: float
 
-    def at(self, size):
-        return self.max * size / (size + self.half)
-
 
 @dataclass(frozen=True)
 class Accelerator:

@@ -7,15 +7,14 @@ changes it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping
+from dataclasses import dataclass, fields
 
 from . import fields as F
 from .errors import InputError
 from .hardware import Cluster
 from .model import ModelSpec
+from .schedules import SCHEDULES, plan_schedule
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
@@ -60,10 +59,6 @@ class Plan:
     schedule_ops: tuple | None = None
 
     @property
-    def model_parallel(self) -> int:
-        return self.tp * self.pp * self.cp
-
-    @property
     def devices(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
 
@@ -77,14 +72,9 @@ class Plan:
         """Sequence parallelism takes effect only with tensor parallelism."""
         return self.sequence_parallel and self.tp > 1
 
-    @property
-    def virtual_stages(self) -> int:
-        return self.vpp if self.schedule == "interleaved" else 1
 
 
-PLAN_KEYS = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "global_batch", "schedule", "sequence_parallel",
-             "recompute", "zero_stage", "precision", "offload", "flash_attention", "dp_overlap",
-             "tp_comm_overlap", "grad_precision", "rank_order", "schedule_ops")
+PLAN_KEYS = tuple(f.name for f in fields(Plan))
 
 
 def plan_from_dict(data, devices: int | None = None) -> Plan:
@@ -115,7 +105,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         vpp=F.integer(data, "vpp", "plan", 1, maximum=10**4),
         micro_batch=F.integer(data, "micro_batch", "plan", 1, maximum=10**7),
         global_batch=F.integer(data, "global_batch", "plan", maximum=10**9),
-        schedule=F.choice(data, "schedule", "plan", SCHEDULES, "1f1b"),
+        schedule=F.choice(data, "schedule", "plan", tuple(SCHEDULES), "1f1b"),
         sequence_parallel=F.boolean(data, "sequence_parallel", "plan", False),
         recompute=F.choice(data, "recompute", "plan", RECOMPUTE, "none"),
         zero_stage=F.integer(data, "zero_stage", "plan", 0, minimum=0, maximum=3),
@@ -148,28 +138,19 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
         raise InputError("plan.tp", plan.tp, f"must divide kv_heads={model.kv_heads}, or be a multiple of it "
                          "(each KV head is then replicated tp/kv_heads times)")
     _divides("plan.tp", plan.tp, "model.ffn_hidden", model.ffn_hidden)
-    if plan.schedule != "interleaved" and plan.vpp != 1:
-        raise InputError("plan.vpp", plan.vpp, "vpp > 1 needs schedule: interleaved")
-    if plan.schedule == "interleaved" and plan.pp == 1:
-        raise InputError("plan.schedule", plan.schedule, "interleaved needs pp > 1")
-    stages = plan.pp * plan.virtual_stages
+    if plan.global_batch % (plan.micro_batch * plan.dp):
+        raise InputError("plan.global_batch", plan.global_batch,
+                         f"must be a multiple of micro_batch*dp = {plan.micro_batch * plan.dp}")
+    schedule = plan_schedule(plan)  # the schedule's own rules; an explicit order parsed and checked
+    stages = plan.pp * schedule.chunks(plan.vpp)
     if model.layers % stages:
-        raise InputError("plan.pp", plan.pp, f"pp*vpp = {stages} must divide layers={model.layers}")
+        raise InputError("plan.pp", plan.pp, f"pp x model chunks per device = {stages} must divide "
+                         f"layers={model.layers}")
     if plan.cp > 1 and model.seq_len % (2 * plan.cp):
         raise InputError("plan.cp", plan.cp, f"2*cp must divide seq_len={model.seq_len} (load-balanced causal chunks)")
     if plan.sp and (model.seq_len // plan.cp) % plan.tp:
         raise InputError("plan.sequence_parallel", True, f"tp={plan.tp} must divide the sequence per CP rank "
                          f"({model.seq_len // plan.cp})")
-    if plan.global_batch % (plan.micro_batch * plan.dp):
-        raise InputError("plan.global_batch", plan.global_batch,
-                         f"must be a multiple of micro_batch*dp = {plan.micro_batch * plan.dp}")
-    m = plan.microbatches
-    if plan.schedule == "interleaved" and m % plan.pp:
-        raise InputError("plan.global_batch", plan.global_batch, f"interleaved needs micro-batches per replica "
-                         f"({m}) to be a multiple of pp={plan.pp}")
-    if plan.schedule_ops is not None:
-        from .schedules import explicit
-        explicit(plan.schedule_ops, plan.pp, m, plan.virtual_stages, split_w=plan.schedule == "zb-h1")
     off = plan.offload
     if off.optimizer != "none" and plan.zero_stage < 1:
         raise InputError("plan.offload.optimizer", off.optimizer, "optimizer offload (ZeRO-Offload) needs zero_stage >= 1")

@@ -1,28 +1,36 @@
-"""Result of evaluating one scenario: memory, time, throughput, cost, and why."""
+"""Result of evaluating one scenario: memory, time, throughput, and why. Numbers only: the
+engines fill it, economics.py prices it, `to_dict` converts units at the edge."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from .economics import Economics
+from .memory import MEMORY_KEYS
+
 GIB = 2**30
+SECONDS_PER_DAY = 86400.0
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "pipeline_bubble",
                   "optimizer", "offload", "other")
-MEMORY_KEYS = ("weights", "gradients", "optimizer", "activations", "other")
+FLOP_CONVENTION = ("model FLOPs: useful forward and backward FLOPs, causal attention counted over its unmasked "
+                   "half, no recomputation (MFU); hardware FLOPs: executed FLOPs with recomputation and the "
+                   "kernels' extra work, e.g. flash attention's backward recomputing QK^T and a materialised "
+                   "attention's masked half (HFU). MFU <= HFU <= 1.")
 
 
 @dataclass(frozen=True)
 class Result:
-    """One evaluation. Times in seconds, memory in bytes; `to_dict` converts at the edge.
-
-    FLOP conventions: model FLOPs exclude recomputation (MFU, PaLM convention); hardware
-    FLOPs include it (HFU; Megatron-LM's "achieved TFLOP/s").
-    """
+    """One evaluation. Times in seconds, memory in bytes, FLOPs per step."""
 
     scenario: str
+    engine: str
     feasible: bool
     reason: str
     step_time_s: float
+    breakdown_s: dict  # BREAKDOWN_KEYS, exposed seconds summing to step_time_s
     global_batch: int
     seq_len: int
     devices: int
@@ -32,13 +40,11 @@ class Result:
     peak_memory_bytes: float
     peak_memory_stage: int
     memory_bytes: dict  # of the peak stage, MEMORY_KEYS
-    memory_by_stage: list  # list of dicts, one per pipeline stage
+    memory_by_stage: list  # one MEMORY_KEYS dict per pipeline stage
     capacity_bytes: float
-    breakdown_s: dict  # BREAKDOWN_KEYS, exposed seconds summing to step_time_s
-    price_usd_per_device_hour: float
-    training_tokens: float | None = None
-    engine: str = "analytic"
-    extra: dict = field(default_factory=dict)
+    host_bytes_per_device: float  # host memory taken by what a device offloads to the CPU
+    economics: Economics
+    extra: dict = field(default_factory=dict)  # engine details (graph: tasks simulated)
 
     @property
     def tokens_per_step(self) -> int:
@@ -56,14 +62,10 @@ class Result:
     def hfu(self) -> float:
         return self.hardware_flops_per_step / self.step_time_s / self.devices / self.peak_flops_per_device
 
-    @property
-    def cost_usd_per_step(self) -> float:
-        return self.step_time_s * self.devices * self.price_usd_per_device_hour / 3600.0
-
     def to_dict(self) -> dict:
         """The JSON contract of `llmsim evaluate --json` (units in the key names)."""
+        e = self.economics
         tps = self.tokens_per_s
-        usd_per_token = self.cost_usd_per_step / self.tokens_per_step
         out = {
             "scenario": self.scenario,
             "engine": self.engine,
@@ -81,22 +83,32 @@ class Result:
             "memory_capacity_gib": self.capacity_bytes / GIB,
             "memory_gib": {k: self.memory_bytes[k] / GIB for k in MEMORY_KEYS},
             "memory_gib_by_stage": [{k: st[k] / GIB for k in MEMORY_KEYS} for st in self.memory_by_stage],
+            "host_memory_gib_per_device": self.host_bytes_per_device / GIB,
             "breakdown_s": dict(self.breakdown_s),
             "devices": self.devices,
             "global_batch": self.global_batch,
             "seq_len": self.seq_len,
             "model_flops_per_step": self.model_flops_per_step,
             "hardware_flops_per_step": self.hardware_flops_per_step,
-            "price_usd_per_device_hour": self.price_usd_per_device_hour,
-            "cost_usd_per_step": self.cost_usd_per_step,
-            "usd_per_million_tokens": usd_per_token * 1e6,
-            "training_tokens": self.training_tokens,
-            "time_to_train_days": None,
-            "cost_to_train_usd": None,
-            "flop_convention": "model FLOPs exclude recomputation (MFU); hardware FLOPs include it (HFU)",
+            "price_usd_per_device_hour": e.price_usd_per_device_hour,
+            "cost_usd_per_step": e.cost_usd_per_step,
+            "usd_per_million_tokens": e.usd_per_million_tokens,
+            "training_tokens": e.training_tokens,
+            "time_to_train_days": None if e.time_to_train_s is None else e.time_to_train_s / SECONDS_PER_DAY,
+            "cost_to_train_usd": e.cost_to_train_usd,
+            "flop_convention": FLOP_CONVENTION,
         }
-        if self.training_tokens:
-            out["time_to_train_days"] = self.training_tokens / tps / 86400.0
-            out["cost_to_train_usd"] = self.training_tokens * usd_per_token
         out.update(self.extra)
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+
+
+def require_finite(values: dict, where: str) -> None:
+    """Raise if a computed number is not finite: inputs are bounded to physical ranges, so a
+    NaN or an infinity is a bug to report, never a result to print."""
+    from .errors import InputError
+
+    for key, value in values.items():
+        if isinstance(value, dict):
+            require_finite(value, where)
+        elif value is not None and not isinstance(value, (bool, str, list)) and not np.all(np.isfinite(value)):
+            raise InputError(where, key, "the prediction is not a finite number; please report this scenario")

@@ -20,7 +20,6 @@ to train give the same order; they differ once the search spans prices (`price_u
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import time
 from dataclasses import dataclass, field, replace
@@ -216,16 +215,11 @@ def _ranked_rows(model, cluster, groups: list, column: str, ascending: bool, cou
     return table.reset_index(drop=True), int(feasible.sum())
 
 
-def graph_engine_available() -> bool:
-    """True when the task-graph engine (simulator/graph.py and engine.py) is installed."""
-    return all(importlib.util.find_spec(f"simulator.{m}") is not None for m in ("graph", "engine"))
-
-
 def _scenario_of(row, model: ModelSpec, cluster: Cluster, training: Training) -> Scenario:
-    plan = Plan(tp=int(row.tp), pp=int(row.pp), dp=int(row.dp), cp=int(row.cp), vpp=int(row.vpp),
-                micro_batch=int(row.micro_batch), global_batch=int(row.global_batch), schedule=row.schedule,
-                sequence_parallel=bool(row.sequence_parallel), recompute=row.recompute,
-                zero_stage=int(row.zero_stage), precision=row.precision,
+    """The scenario of a ranked table row (its plan columns)."""
+    plan = Plan(**{k: int(getattr(row, k)) for k in SIZES},
+                **{k: getattr(row, k) for k in ("schedule", "recompute", "precision")},
+                sequence_parallel=bool(row.sequence_parallel), zero_stage=int(row.zero_stage),
                 offload=Offload(row.offload_optimizer, row.offload_params, row.offload_activations),
                 flash_attention=bool(row.flash_attention))
     return Scenario(model=model, cluster=cluster, plan=plan, training=training)
@@ -238,7 +232,7 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
 
     model: a ModelSpec, a model mapping ({preset: ...} or fields) or a preset name.
     cluster: a Cluster or a cluster mapping ({node: dgx-a100, nodes: 128}).
-    engine: "auto" (graph for the top candidates when available), "graph" or "analytic".
+    engine: "auto" or "graph" (the graph engine re-ranks the top candidates), or "analytic".
     """
     start = time.perf_counter()
     if objective not in OBJECTIVES:
@@ -265,20 +259,17 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
         notes.append("no valid plan fits in memory: try more devices, ZeRO-3, recomputation or offload")
     ranked_by = "analytic"
     if engine in ("auto", "graph") and len(ranked):
-        if graph_engine_available():
-            head = ranked.copy()
-            results = [evaluate(_scenario_of(r, model, cluster, training), engine="graph").to_dict()
-                       for r in head.itertuples(index=False)]
-            redone = pd.DataFrame([_result_columns(r) for r in results])
-            for key in redone.columns:
-                if key in head.columns:
-                    head[key] = redone[key].to_numpy()
-            head = head[head["feasible"].astype(bool)]
-            ranked = head.sort_values([column, "peak_memory_gib"], ascending=[ascending, True],
-                                      kind="stable").reset_index(drop=True)
-            ranked_by = f"analytic pre-filter, graph for the top {len(results)}"
-        elif engine == "graph":
-            notes.append("the graph engine is not installed: ranked with the analytic engine")
+        head = ranked.copy()
+        results = [evaluate(_scenario_of(r, model, cluster, training), engine="graph").to_dict()
+                   for r in head.itertuples(index=False)]
+        redone = pd.DataFrame([_result_columns(r) for r in results])
+        for key in redone.columns:
+            if key in head.columns:
+                head[key] = redone[key].to_numpy()
+        head = head[head["feasible"].astype(bool)]
+        ranked = head.sort_values([column, "peak_memory_gib"], ascending=[ascending, True],
+                                  kind="stable").reset_index(drop=True)
+        ranked_by = f"analytic pre-filter, graph for the top {len(results)}"
     ranked.insert(0, "rank", np.arange(1, len(ranked) + 1))
     return SearchResult(ranked.head(top).reset_index(drop=True), tried, valid, feasible, ranked_by,
                         time.perf_counter() - start, notes)

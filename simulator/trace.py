@@ -79,9 +79,11 @@ def trace_timeline(trace: dict):
     return pd.DataFrame(rows, columns=["name", "stage", "stream", "start_s", "end_s", "duration_s", "category"])
 
 
-def write_trace(scenario, path: str, schedule_ops=None) -> dict:
+def write_trace(scenario, path: str) -> dict:
     """Execute the full step of `scenario` and write its Chrome trace JSON to `path`."""
-    trace = chrome_trace(execute(scenario, schedule_ops), scenario.name)
+    from .evaluate import compile_scenario
+
+    trace = chrome_trace(execute(compile_scenario(scenario)), scenario.name)
     try:
         with open(path, "w", encoding="utf-8") as fh:
             json.dump(trace, fh)

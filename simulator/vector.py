@@ -3,15 +3,15 @@
 Plans that share the model, the cluster and every categorical field (schedule,
 recompute, sequence parallelism, ZeRO stage, precision, offload, flash attention, ...)
 form a group; their sizes (tp, pp, dp, cp, vpp, micro_batch, global_batch) become
-arrays in a `PlanBatch` and go through the same physics functions as a single
-evaluation (workload, compute, comm, memory, step, analytic, Result): there is no
-second copy of a formula here, only the bookkeeping that picks the peak-memory stage.
+arrays in a `PlanBatch`, which is compiled into one Layout of arrays and run through the
+analytic engine: the same code as a single evaluation (layout.py, analytic.py), with no
+second copy of a formula here.
 
 Memory: a stage's memory is largest at the first, second or last stage (middle stages
-hold the same weights and no more in-flight activations than stage 1), so those three
-representatives give the same peak stage and bytes as evaluating every stage. The
-per-stage list (`memory_gib_by_stage`) is computed on request (`by_stage=True`, as
-sweeps do), with the stage index as a second array axis.
+hold the same weights and no more in-flight activations than stage 1), so the Layout's
+three representatives give the peak stage and bytes. The per-stage list
+(`memory_gib_by_stage`) is computed on request (`by_stage=True`, as sweeps do), with the
+stage index as a second array axis.
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .analytic import _select, step_breakdown_arrays
+from . import analytic
+from .economics import economics
 from .evaluate import host_reason, oom_reason
 from .hardware import Cluster
-from .memory import host_bytes_per_device, stage_memory_parts
+from .layout import Layout, compile_layout
+from .memory import MEMORY_KEYS
 from .model import ModelSpec
 from .plan import Plan
-from .result import GIB, MEMORY_KEYS, Result
+from .result import GIB, Result
 from .scenario import Scenario, Training
-from .step import representative_stages
-from .workload import model_flops_per_sequence, recompute_flops_per_sequence
 
 SIZES = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "global_batch")
 CATEGORICAL = tuple(f.name for f in fields(Plan) if f.name not in SIZES)
@@ -60,29 +60,18 @@ def plan_batch(plans: list[Plan]) -> PlanBatch:
     return PlanBatch(**sizes, **cats)
 
 
-def _peak_memory(model: ModelSpec, plan: PlanBatch, cluster: Cluster):
-    """(peak stage, total bytes, parts dict) per plan, over the representative stages."""
-    stages, _ = representative_stages(plan)
-    mems = [stage_memory_parts(model, plan, cluster, s) for s in stages]
-    n = len(plan)
-    totals = np.stack([np.broadcast_to(np.asarray(m.total, dtype=float), (n,)) for m in mems])
-    index = np.argmax(totals, axis=0)
-    stage = _select(index, stages)
-    parts = {k: np.broadcast_to(_select(index, [np.asarray(getattr(m, k), dtype=float) for m in mems]), (n,))
-             for k in MEMORY_KEYS}
-    total = parts["weights"] + parts["gradients"] + parts["optimizer"] + parts["activations"] + parts["other"]
-    return stage, total, parts
-
-
-def memory_by_stage_batch(model: ModelSpec, plan: PlanBatch, cluster: Cluster, unit: float = 1.0) -> list[list[dict]]:
+def memory_by_stage_batch(layout: Layout, n: int, unit: float = 1.0) -> list[list[dict]]:
     """Per plan, the memory (bytes / unit, by part) of each of its pipeline stages, computed
     for all stages of all plans at once (stage index along a second array axis)."""
-    n = len(plan)
-    pp = np.asarray(plan.pp).tolist()
+    pp = np.asarray(layout.p).tolist()
     stages = np.arange(max(pp))[:, None]  # (stages, 1) against (plans,)
-    m = stage_memory_parts(model, plan, cluster, stages)
-    per_plan = [(np.broadcast_to(np.asarray(getattr(m, k), dtype=float), (len(stages), n)) / unit).T.tolist()
-                for k in MEMORY_KEYS]
+    first, middle, last = layout.stages
+    reps = [layout.stage_memory(r, stages) for r in layout.stages]
+    index = np.where(stages == 0, 0, np.where(stages == np.asarray(layout.p) - 1, 2, 1))
+    per_plan = []
+    for k in MEMORY_KEYS:
+        values = [np.broadcast_to(np.asarray(getattr(m, k), dtype=float), (len(stages), n)) for m in reps]
+        per_plan.append((np.choose(index, values) / unit).T.tolist())
     return [[dict(zip(MEMORY_KEYS, values)) for values in zip(*(part[j][:pp[j]] for part in per_plan))]
             for j in range(n)]
 
@@ -97,32 +86,33 @@ def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training
     `memory_gib_by_stage` is a list per plan with by_stage=True, else None.
     """
     n = len(plan)
-    stage, total, parts = _peak_memory(model, plan, cluster)
+    layout = compile_layout(model, cluster, plan)
+    peak = analytic.peak_memory(layout)
     capacity = cluster.accelerator.hbm_bytes
-    fits = total <= capacity
-    host = host_bytes_per_device(model, plan)
-    host_fits = np.broadcast_to(host * cluster.devices_per_node <= cluster.node.host_memory_bytes, (n,))
+    fits = np.broadcast_to(peak.total <= capacity, (n,))
+    host = np.broadcast_to(np.asarray(analytic.host_bytes_per_device(layout), dtype=float), (n,))
+    host_fits = host * cluster.devices_per_node <= cluster.node.host_memory_bytes
     feasible = fits & host_fits
-    breakdown = step_breakdown_arrays(model, plan, cluster)
-    breakdown = {k: np.broadcast_to(np.asarray(v, dtype=float), (n,)) for k, v in breakdown.items()}
+    breakdown = {k: np.broadcast_to(np.asarray(v, dtype=float), (n,))
+                 for k, v in analytic.step_breakdown(layout).items()}
     step = sum(breakdown.values())
-    seqs = plan.global_batch
-    model_flops = model_flops_per_sequence(model) * seqs
-    hw_flops = model_flops + recompute_flops_per_sequence(model, plan.recompute, plan.flash_attention) * seqs
     price = price_usd_per_device_hour
     if price is None:
         price = training.price_usd_per_device_hour
     if price is None:
         price = cluster.accelerator.price_usd_per_hour
+    parts = {k: np.broadcast_to(v, (n,)) for k, v in peak.parts.items()}
+    stage = np.broadcast_to(peak.stage, (n,))
+    total = np.broadcast_to(peak.total, (n,))
     result = Result(
-        scenario=name, feasible=feasible, reason="", step_time_s=step, global_batch=seqs, seq_len=model.seq_len,
-        devices=cluster.devices, model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops,
+        scenario=name, engine="analytic", feasible=feasible, reason="", step_time_s=step, breakdown_s=breakdown,
+        global_batch=plan.global_batch, seq_len=model.seq_len, devices=cluster.devices,
+        model_flops_per_step=layout.model_flops_per_step, hardware_flops_per_step=layout.hardware_flops_per_step,
         peak_flops_per_device=cluster.accelerator.peak(plan.precision), peak_memory_bytes=total,
         peak_memory_stage=stage, memory_bytes=parts, memory_by_stage=[], capacity_bytes=capacity,
-        breakdown_s=breakdown, price_usd_per_device_hour=price, training_tokens=training.tokens,
-        engine="analytic")
+        host_bytes_per_device=host,
+        economics=economics(step, plan.global_batch * model.seq_len, cluster.devices, price, training.tokens))
     d = result.to_dict()
-    host = np.broadcast_to(np.asarray(host, dtype=float), (n,))
 
     def why(i: int) -> str:
         if feasible[i] or not reasons:
@@ -136,7 +126,7 @@ def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training
     d["memory_gib_by_stage"] = None
     if by_stage:
         d["memory_gib_by_stage"] = np.empty(n, dtype=object)
-        for j, stages in enumerate(memory_by_stage_batch(model, plan, cluster, unit=GIB)):
+        for j, stages in enumerate(memory_by_stage_batch(layout, n, unit=GIB)):
             d["memory_gib_by_stage"][j] = stages
     return d
 

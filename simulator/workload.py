@@ -3,12 +3,22 @@
 Pure functions. Sizes are per device after tensor (tp), context (cp) and sequence
 parallel sharding. Conventions:
 
-- `fwd_flops`, `bwd_input_flops`, `bwd_weight_flops` are *counted* FLOPs (2 per
-  multiply-add, full s x s attention), so that three times the forward FLOPs of a GPT
-  model equals Megatron-LM's 72·B·s·l·h²·(1 + s/6h + V/12lh) (Narayanan et al. 2021).
-- `exec_scale` converts counted to executed FLOPs for kernels that do less or more
-  work: a causal flash-attention kernel skips the masked half of the scores in the
-  forward pass and recomputes them in the backward pass (Dao 2023, FlashAttention-2).
+- FLOPs are 2 per multiply-add. `fwd_flops`, `bwd_input_flops` and `bwd_weight_flops` are
+  what the kernels *execute*: they are what the roofline times (compute.py) and what
+  hardware FLOPs (HFU) count. `model_flops` is the useful work of the operator's forward and
+  backward passes (MFU). They differ only for attention. Decoder attention is causal: half
+  the s x s score matrix is masked. A flash kernel skips the masked blocks (its forward
+  executes half the full count) and recomputes QK^T in its backward (5 GEMM-sized products
+  where the math needs 4: Dao 2023, FlashAttention-2); the materialised path (cuBLAS
+  batched GEMMs around a fused softmax, Megatron-LM) executes the full matrix. Model FLOPs
+  count the unmasked half either way, so executed >= model FLOPs for every operator and
+  MFU <= HFU <= 1 by construction. Megatron-LM's formula (Narayanan et al. 2021) counts
+  the full s x s: it is the published-run comparison's business (published.py), not this
+  model's convention.
+- Bytes are the kernels' HBM traffic per pass (read inputs, write outputs). A linear's
+  input-gradient kernel reads dY and W and writes dX, its weight-gradient kernel reads X and
+  dY and writes dW: each moves what the forward moves. An elementwise op's backward reads
+  the saved input and the incoming gradient and writes the gradient: twice its forward.
 - `saved_bytes` are the activations kept for the backward pass. For a GPT layer with
   dropout and without flash attention they add up to Korthikanti et al. 2022, Sec. 4:
   sbh(34 + 5as/h) without parallelism, sbh(10 + 24/t + 5as/ht) with TP, and
@@ -16,9 +26,6 @@ parallel sharding. Conventions:
   "attention_core" (QK^T, softmax, dropout, AV; or the flash kernel) are what selective
   recomputation re-runs and whose saved tensors it drops (the 5as/h term); their
   inputs Q, K, V are saved by the QKV projection.
-- Bytes moved by memory-bound ops are estimates of the fused kernels' traffic (read
-  inputs, write outputs); the backward pass of an elementwise op moves about twice its
-  forward traffic (reads the saved input and the incoming gradient, writes the gradient).
 
 Numeric arguments may be numpy arrays (one entry per plan) for vectorised sweeps.
 """
@@ -39,19 +46,24 @@ ATTENTION_CORE = "attention_core"
 class Op:
     name: str
     kind: str  # matmul | attention | memory
-    fwd_flops: object = 0.0
+    fwd_flops: object = 0.0  # executed
     bwd_input_flops: object = 0.0
     bwd_weight_flops: object = 0.0
     fwd_bytes: object = 0.0
-    bwd_bytes: object = 0.0
+    bwd_input_bytes: object = 0.0
+    bwd_weight_bytes: object = 0.0
     saved_bytes: object = 0.0
     group: str | None = None
-    fwd_exec_scale: float = 1.0
-    bwd_exec_scale: float = 1.0
+    model_flops: object = None  # useful forward + backward FLOPs; None: the executed ones
 
     @property
     def flops(self):
+        """Executed FLOPs of the forward and backward passes."""
         return self.fwd_flops + self.bwd_input_flops + self.bwd_weight_flops
+
+    @property
+    def useful_flops(self):
+        return self.flops if self.model_flops is None else self.model_flops
 
 
 @dataclass(frozen=True)
@@ -59,27 +71,39 @@ class Shard:
     """How one micro-batch is split on a device."""
 
     micro_batch: object  # b
+    seq_len: object  # s, the model's sequence length
     tp: object = 1  # t
     cp: object = 1
     sp: bool = False  # sequence parallelism (only meaningful with tp > 1)
     flash_attention: bool = True
     act_bytes: int = 2  # bytes per activation element (16-bit training)
 
+    @property
+    def tokens(self):
+        """Tokens of one micro-batch on one device: b·s/cp (CP splits the sequence)."""
+        return self.micro_batch * self.seq_len / self.cp
+
+    @property
+    def replicated_tokens(self):
+        """Tokens an op outside the TP-split matrices (norms, dropouts, residuals) runs on:
+        all of them on every TP rank, or 1/t with sequence parallelism (Korthikanti et al.
+        2022, Sec. 4.2.2)."""
+        return self.tokens / self.tp if self.sp else self.tokens
+
 
 def _linear(name, tokens, d_in, d_out, act_bytes, saved_in):
-    """A dense layer y = x W on `tokens` rows: forward 2·T·d_in·d_out FLOPs, backward twice that.
-
-    Weights are read in the compute precision: 16-bit under mixed precision, 4 B in fp32.
-    """
+    """A dense layer y = x W on `tokens` rows: forward 2·T·d_in·d_out FLOPs, and as much again
+    for each of the input- and weight-gradient GEMMs; weights are read in the compute
+    precision (16-bit under mixed precision, 4 B in fp32)."""
     flops = 2 * tokens * d_in * d_out
     traffic = act_bytes * (tokens * (d_in + d_out) + d_in * d_out)
     return Op(name, MATMUL, fwd_flops=flops, bwd_input_flops=flops, bwd_weight_flops=flops,
-              fwd_bytes=traffic, bwd_bytes=2 * traffic, saved_bytes=saved_in)
+              fwd_bytes=traffic, bwd_input_bytes=traffic, bwd_weight_bytes=traffic, saved_bytes=saved_in)
 
 
 def _elementwise(name, elements, bytes_per_element, saved, group=None):
     traffic = elements * bytes_per_element
-    return Op(name, MEMORY, fwd_bytes=traffic, bwd_bytes=2 * traffic, saved_bytes=saved, group=group)
+    return Op(name, MEMORY, fwd_bytes=traffic, bwd_input_bytes=2 * traffic, saved_bytes=saved, group=group)
 
 
 def local_heads(model: ModelSpec, tp) -> tuple:
@@ -94,10 +118,7 @@ def layer_ops(model: ModelSpec, shard: Shard) -> list[Op]:
     s_kv = model.seq_len  # keys each query attends to, gathered around the CP ring
     h, f, d = model.hidden, model.ffn_hidden, model.head_dim
     q_heads, kv_heads = local_heads(model, t)
-    tokens = b * s
-    # Norms, dropouts and residuals run on the full sequence on every TP rank, or on 1/t of
-    # it with sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2).
-    rep = tokens / t if shard.sp else tokens
+    tokens, rep = shard.tokens, shard.replicated_tokens
     q_w, kv_w = q_heads * d, kv_heads * d
     drop = 1 if model.dropout else 0
     norm_bytes = 4 * a if model.norm == "layernorm" else 3 * a
@@ -108,26 +129,28 @@ def layer_ops(model: ModelSpec, shard: Shard) -> list[Op]:
     ops.append(Op(**{**qkv.__dict__, "saved_bytes": qkv.saved_bytes + a * tokens * (q_w + 2 * kv_w)}))
     if model.position_embedding == "rope":
         ops.append(_elementwise("rope", tokens * (q_w + kv_w), 2 * a, 0.0))
-    scores = b * q_heads * s * s_kv  # attention score elements per device
-    core_flops = 2 * tokens * s_kv * q_w  # one of QK^T or AV, counted over the full s x s
+    scores = b * q_heads * s * s_kv  # attention score elements per device (full s x s)
+    core = 2 * tokens * s_kv * q_w  # one of QK^T or AV over the full s x s
+    # useful work: QK^T and AV forward (2 products), their gradients (4), over the causal half
+    useful = 0.5 * 6 * core
     if shard.flash_attention:
         io = a * tokens * (2 * q_w + 2 * kv_w)
-        ops.append(Op("flash_attention", ATTENTION, fwd_flops=2 * core_flops, bwd_input_flops=4 * core_flops,
-                      fwd_bytes=io, bwd_bytes=2 * io, saved_bytes=4 * b * q_heads * s,  # fp32 log-sum-exp
-                      group=ATTENTION_CORE,
-                      # causal: half the blocks are skipped; backward recomputes QK^T (5 GEMMs vs 2)
-                      fwd_exec_scale=0.5, bwd_exec_scale=0.5 * 5 / 4))
+        # causal: masked blocks skipped; the backward recomputes QK^T (5 products where 4 are needed)
+        ops.append(Op("flash_attention", ATTENTION, fwd_flops=0.5 * 2 * core, bwd_input_flops=0.5 * 5 * core,
+                      fwd_bytes=io, bwd_input_bytes=2 * io, saved_bytes=4 * b * q_heads * s,  # fp32 log-sum-exp
+                      group=ATTENTION_CORE, model_flops=useful))
     else:
-        # cuBLAS batched GEMMs around a fused scale-mask-softmax and dropout (Megatron-LM).
+        # cuBLAS batched GEMMs around a fused scale-mask-softmax and dropout (Megatron-LM): the
+        # full score matrix is computed and masked.
         qk_io = a * (tokens * (q_w + kv_w) + scores)
-        ops.append(Op("qk_scores", MATMUL, fwd_flops=core_flops, bwd_input_flops=2 * core_flops,
-                      fwd_bytes=qk_io, bwd_bytes=2 * qk_io, group=ATTENTION_CORE))
+        ops.append(Op("qk_scores", MATMUL, fwd_flops=core, bwd_input_flops=2 * core, fwd_bytes=qk_io,
+                      bwd_input_bytes=2 * qk_io, group=ATTENTION_CORE, model_flops=useful / 2))
         ops.append(_elementwise("softmax", scores, 2 * a, a * scores, ATTENTION_CORE))
         if drop:
             ops.append(_elementwise("attn_dropout", scores, 2 * a + 1, (a + 1) * scores, ATTENTION_CORE))
         av_io = a * (scores + tokens * (kv_w + q_w))
-        ops.append(Op("attn_values", MATMUL, fwd_flops=core_flops, bwd_input_flops=2 * core_flops,
-                      fwd_bytes=av_io, bwd_bytes=2 * av_io, group=ATTENTION_CORE))
+        ops.append(Op("attn_values", MATMUL, fwd_flops=core, bwd_input_flops=2 * core, fwd_bytes=av_io,
+                      bwd_input_bytes=2 * av_io, group=ATTENTION_CORE, model_flops=useful / 2))
     # The projection's input is the attention output (flash attention's O).
     ops.append(_linear("attn_out", tokens, q_w, h, a, a * tokens * q_w))
     ops.append(_elementwise("attn_residual", rep * h, 3 * a + drop, drop * rep * h))
@@ -144,25 +167,21 @@ def layer_ops(model: ModelSpec, shard: Shard) -> list[Op]:
 
 
 def embedding_ops(model: ModelSpec, shard: Shard) -> list[Op]:
-    """Input side of the first pipeline stage: token (and learned position) embedding, dropout."""
-    b, t, a = shard.micro_batch, shard.tp, shard.act_bytes
-    tokens = b * model.seq_len / shard.cp
-    rep = tokens / t if shard.sp else tokens
+    """Input side of the first virtual stage: token (and learned position) embedding, dropout."""
+    a, rep = shard.act_bytes, shard.replicated_tokens
     drop = 1 if model.dropout else 0
     pos = 1 if model.position_embedding == "learned" else 0
     return [_elementwise("embedding", rep * model.hidden, (2 + pos) * a + drop, drop * rep * model.hidden)]
 
 
 def head_ops(model: ModelSpec, shard: Shard) -> list[Op]:
-    """Output side of the last pipeline stage: final norm, lm_head (vocab-parallel), cross-entropy.
+    """Output side of the last virtual stage: final norm, lm_head (vocab-parallel), cross-entropy.
 
     The cross-entropy keeps fp32 logits for the backward pass: 4·s·b·V/t bytes
     (Korthikanti et al. 2022, Sec. 4.3).
     """
-    b, t, a = shard.micro_batch, shard.tp, shard.act_bytes
-    tokens = b * model.seq_len / shard.cp
-    rep = tokens / t if shard.sp else tokens
-    h, v = model.hidden, model.vocab / t
+    a, tokens, rep = shard.act_bytes, shard.tokens, shard.replicated_tokens
+    h, v = model.hidden, model.vocab / shard.tp
     norm_bytes = 4 * a if model.norm == "layernorm" else 3 * a
     logits = tokens * v
     return [
@@ -173,19 +192,36 @@ def head_ops(model: ModelSpec, shard: Shard) -> list[Op]:
     ]
 
 
+def loss_backward_transient_bytes(model: ModelSpec, shard: Shard):
+    """Bytes the loss's backward pass holds on top of the saved tensors, at its start.
+
+    Cross-entropy's backward materialises the fp32 gradient of the log-probabilities and
+    then of the logits (4 B each per logit, vocab split over TP) while the saved softmax is
+    still live (PyTorch: nll_loss_backward, then _log_softmax_backward_data); both are
+    freed once the lm_head's backward has consumed them. Found comparing torch runs on CPU
+    with predictions (docs/calibration.md): two logits-sized fp32 buffers, as derived.
+    """
+    return 2 * 4 * shard.tokens * model.vocab / shard.tp
+
+
 def model_flops_per_sequence(model: ModelSpec) -> float:
-    """Counted training FLOPs (forward + backward, no recomputation) for one sequence."""
-    shard = Shard(micro_batch=1, flash_attention=True)
-    layer = sum(op.flops for op in layer_ops(model, shard))
-    head = sum(op.flops for op in head_ops(model, shard))
+    """Useful training FLOPs (forward + backward, no recomputation, causal attention) of one
+    sequence: what MFU counts."""
+    shard = Shard(micro_batch=1, seq_len=model.seq_len)
+    layer = sum(op.useful_flops for op in layer_ops(model, shard))
+    head = sum(op.useful_flops for op in head_ops(model, shard))
     return float(model.layers * layer + head)
 
 
-def recompute_flops_per_sequence(model: ModelSpec, recompute: str, flash_attention: bool) -> float:
-    """Counted forward FLOPs re-executed by activation recomputation, per sequence."""
-    if recompute == "none" or (recompute == "selective" and flash_attention):
-        return 0.0  # a flash kernel saves no score matrix: selective recompute has nothing to drop
-    ops = layer_ops(model, Shard(micro_batch=1, flash_attention=flash_attention))
+def executed_flops_per_sequence(model: ModelSpec, flash_attention: bool, recompute: str) -> float:
+    """FLOPs the kernels execute for one sequence's forward and backward passes, with the
+    forward passes that activation recomputation repeats: what HFU counts. Selective
+    recomputation re-runs the attention core, which a flash kernel does not save."""
+    shard = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=flash_attention)
+    ops = layer_ops(model, shard)
+    layer = sum(op.flops for op in ops)
     if recompute == "full":
-        return float(model.layers * sum(op.fwd_flops for op in ops))
-    return float(model.layers * sum(op.fwd_flops for op in ops if op.group == ATTENTION_CORE))
+        layer += sum(op.fwd_flops for op in ops)
+    elif recompute == "selective":
+        layer += sum(op.fwd_flops for op in ops if op.group == ATTENTION_CORE and not flash_attention)
+    return float(model.layers * layer + sum(op.flops for op in head_ops(model, shard)))

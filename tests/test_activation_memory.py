@@ -2,9 +2,10 @@
 
 import pytest
 
-from simulator.memory import in_flight, layer_activation_bytes
+from simulator.memory import layer_saved_bytes
 from simulator.model import ModelSpec
-from simulator.plan import Plan
+from simulator.schedules import SCHEDULES
+from simulator.workload import Shard
 
 S, B, H, A = 2048, 4, 6144, 48  # the paper's 22B-like shape
 
@@ -14,10 +15,14 @@ def gpt():
                      seq_len=S, activation="gelu", dropout=True)
 
 
-def plan(**kw):
-    base = dict(micro_batch=B, global_batch=B, flash_attention=False, precision="bf16")
-    base.update(kw)
-    return Plan(**base)
+def layer_activation_bytes(model, shard, recompute="none"):
+    return layer_saved_bytes(model, shard, recompute)
+
+
+def plan(tp=1, sequence_parallel=False, flash_attention=False, recompute="none"):
+    """The per-device geometry of one micro-batch, and the recompute mode."""
+    return Shard(micro_batch=B, seq_len=S, tp=tp, sp=sequence_parallel and tp > 1,
+                 flash_attention=flash_attention), recompute
 
 
 def sbh():
@@ -25,29 +30,29 @@ def sbh():
 
 
 def test_no_parallelism_is_sbh_34_plus_5as_over_h():
-    assert layer_activation_bytes(gpt(), plan()) == pytest.approx(sbh() * (34 + 5 * A * S / H))
+    assert layer_activation_bytes(gpt(), *plan()) == pytest.approx(sbh() * (34 + 5 * A * S / H))
 
 
 @pytest.mark.parametrize("t", [2, 4, 8])
 def test_tensor_parallel_is_sbh_10_plus_24_over_t_plus_5as_over_ht(t):
     expected = sbh() * (10 + 24 / t + 5 * A * S / (H * t))
-    assert layer_activation_bytes(gpt(), plan(tp=t)) == pytest.approx(expected)
+    assert layer_activation_bytes(gpt(), *plan(tp=t)) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("t", [2, 8])
 def test_tensor_plus_sequence_parallel_divides_everything_by_t(t):
     expected = sbh() * (34 + 5 * A * S / H) / t
-    assert layer_activation_bytes(gpt(), plan(tp=t, sequence_parallel=True)) == pytest.approx(expected)
+    assert layer_activation_bytes(gpt(), *plan(tp=t, sequence_parallel=True)) == pytest.approx(expected)
 
 
 def test_selective_recompute_drops_the_5as_over_h_term():
     expected = sbh() * 34 / 8
-    got = layer_activation_bytes(gpt(), plan(tp=8, sequence_parallel=True, recompute="selective"))
+    got = layer_activation_bytes(gpt(), *plan(tp=8, sequence_parallel=True, recompute="selective"))
     assert got == pytest.approx(expected)
 
 
 def test_full_recompute_keeps_2sbh_per_layer():
-    assert layer_activation_bytes(gpt(), plan(tp=8, recompute="full")) == pytest.approx(2 * sbh())
+    assert layer_activation_bytes(gpt(), *plan(tp=8, recompute="full")) == pytest.approx(2 * sbh())
 
 
 def test_flash_attention_keeps_no_score_matrix():
@@ -55,20 +60,20 @@ def test_flash_attention_keeps_no_score_matrix():
     # score tensors, plus the kernel's fp32 log-sum-exp (4·b·a·s bytes).
     m = ModelSpec(**{**gpt().__dict__, "dropout": False})
     expected = sbh() * (34 - 2) + 4 * B * A * S
-    assert layer_activation_bytes(m, plan(flash_attention=True)) == pytest.approx(expected)
+    assert layer_activation_bytes(m, *plan(flash_attention=True)) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("p,stage", [(4, 0), (4, 3), (8, 2)])
 def test_1f1b_stage_holds_p_minus_stage_microbatches(p, stage):
-    assert in_flight(Plan(pp=p, micro_batch=1, global_batch=64), stage) == p - stage
+    assert SCHEDULES["1f1b"].in_flight(p, 64, 1, stage)[0] == p - stage
 
 
 def test_gpipe_holds_every_microbatch():
-    assert in_flight(Plan(pp=4, micro_batch=1, global_batch=64, schedule="gpipe"), 0) == 64
+    assert SCHEDULES["gpipe"].in_flight(4, 64, 1, 0)[0] == 64
 
 
 @pytest.mark.parametrize("p,v", [(4, 2), (8, 3), (16, 2)])
 def test_interleaved_first_stage_matches_korthikanti_factor(p, v):
-    m = 4 * p
-    got = in_flight(Plan(pp=p, vpp=v, micro_batch=1, global_batch=m, schedule="interleaved"), 0)
-    assert got == pytest.approx(p * (1 + (p - 1) / (p * v)))
+    chunks, _ = SCHEDULES["interleaved"].in_flight(p, 4 * p, v, 0)
+    # Korthikanti et al. 2022, Sec. 4.2.3: p micro-batches times (1 + (p-1)/(p v)), in chunks of L/(p v) layers
+    assert chunks / v == pytest.approx(p * (1 + (p - 1) / (p * v)))

@@ -2,11 +2,17 @@
 
 import pytest
 
-from simulator.memory import model_state_bytes
 from simulator.plan import Offload, Plan
+from simulator.states import bytes_per_param, model_states
 
 PSI = 1.0e9  # parameters on the device before sharding
 ND = 64
+
+
+def model_state_bytes(params, plan):
+    """(weights, gradients, optimizer) bytes on a device holding `params` before sharding."""
+    s = model_states(params, plan, bytes_per_param(plan.precision, plan.grad_precision), plan.dp * plan.cp)
+    return s.weights_bytes, s.gradients_bytes, s.optimizer_bytes
 
 
 def states(**kw):
@@ -53,14 +59,15 @@ def test_optimizer_offload_leaves_no_optimizer_state_on_device():
 
 
 def test_offloaded_optimizer_states_fill_host_memory():
-    from simulator.memory import host_bytes, stage_params
     from simulator.model import load_preset
+    from simulator.states import stage_params
 
     model = load_preset("llama-2-70b")
     plan = Plan(tp=8, dp=4, zero_stage=2, global_batch=4, offload=Offload(optimizer="cpu"))
-    params = stage_params(model, plan, 0)
+    params = stage_params(model, 8, model.layers, True, True, True)
+    s = model_states(params, plan, bytes_per_param("bf16", "fp32"), 4)
     # 12 B of Adam state and 4 B of fp32 gradients per parameter, sharded over dp = 4
-    assert host_bytes(model, plan, 0) == pytest.approx(params * 16 / 4)
+    assert s.host_bytes == pytest.approx(params * 16 / 4)
 
 
 def test_plan_whose_offload_exceeds_host_memory_is_infeasible():

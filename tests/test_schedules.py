@@ -1,30 +1,37 @@
-"""Pipeline schedules executed on a communication-free pipeline of equal stages, where the
-bubble has closed forms: (p-1)/m for GPipe and 1F1B (Huang et al. 2019; Narayanan et al.
-2021), (p-1)/(v m) for interleaved 1F1B (Narayanan et al. 2021), and (p-1)(F+B-W) for
-ZB-H1 (Qi et al. 2024), a third of 1F1B's (p-1)(F+B+W) when F = B = W."""
+"""Pipeline schedules on a communication-free pipeline of equal stages, where the step time has
+closed forms worked by hand: (m + p - 1)(F + B) for GPipe and 1F1B (Huang et al. 2019;
+Narayanan et al. 2021), a bubble of (p-1)/(v m) for interleaved 1F1B (Narayanan et al. 2021),
+(p-1)(F+I-W) for ZB-H1 once m >= p (Qi et al. 2024), and for the V-shaped schedules the
+forward fill of p-1 chunks. Each schedule's in-flight counts, its closed form and the graph
+engine's execution of its order must agree."""
 
 import pytest
 
-from simulator.engine import run
+from simulator import evaluate
+from simulator.engine import run, simulate
 from simulator.errors import InputError
 from simulator.graph import uniform_graph
-from simulator.schedules import stage_ops
+from simulator.schedules import SCHEDULES, StageTimes, parse_explicit, peak_in_flight, pipeline_makespan, \
+    stage_times
+
+
+def step(schedule, p, m, v=1, f=1.0, b=2.0, w=0.0):
+    return run(uniform_graph(schedule, p, m, v, f, b, w)).step_time_s
 
 
 def bubble_fraction(schedule, p, m, v=1, f=1.0, b=2.0, w=0.0):
-    step = run(uniform_graph(schedule, p, m, v, f, b, w)).step_time_s
     ideal = m * (f + b + w)
-    return (step - ideal) / ideal
+    return (step(schedule, p, m, v, f, b, w) - ideal) / ideal
 
 
-@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (8, 32)])
-def test_1f1b_bubble_is_p_minus_1_over_m(p, m):
-    assert bubble_fraction("1f1b", p, m) == pytest.approx((p - 1) / m, rel=1e-12)
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (8, 32), (4, 1), (4, 2), (1, 5)])
+def test_1f1b_step_is_m_plus_p_minus_1_passes(p, m):
+    assert step("1f1b", p, m) == pytest.approx((m + p - 1) * 3.0, rel=1e-12)
 
 
-@pytest.mark.parametrize("p,m", [(4, 8), (8, 16)])
-def test_gpipe_bubble_is_p_minus_1_over_m(p, m):
-    assert bubble_fraction("gpipe", p, m) == pytest.approx((p - 1) / m, rel=1e-12)
+@pytest.mark.parametrize("p,m", [(4, 8), (8, 16), (4, 2), (1, 4)])
+def test_gpipe_step_is_m_plus_p_minus_1_passes(p, m):
+    assert step("gpipe", p, m) == pytest.approx((m + p - 1) * 3.0, rel=1e-12)
 
 
 @pytest.mark.parametrize("p,m,v", [(4, 8, 2), (4, 16, 4), (8, 32, 2), (2, 6, 3)])
@@ -40,61 +47,166 @@ def test_zb_h1_bubble_is_a_third_of_1f1b_when_f_b_w_are_equal(p, m):
     assert zb == pytest.approx(one / 3, rel=1e-12)
 
 
-def test_zb_h1_keeps_1f1b_micro_batches_in_flight():
-    p, m = 4, 12
-    for i, ops in enumerate(stage_ops("zb-h1", p, m)):
-        live = peak = 0
-        for kind, _, _ in ops:
-            live += {"F": 1, "B": -1, "W": 0}[kind]
-            peak = max(peak, live)
-        assert peak == p - i
+@pytest.mark.parametrize("p,m", [(4, 1), (4, 2), (4, 3), (8, 5), (6, 12)])
+def test_zb_h1_drain_is_filled_by_one_w_per_earlier_micro_batch(p, m):
+    # The last micro-batch drains through p-1 stages (F + I each); each waiting stage fills the
+    # drain with its postponed W passes, one per earlier micro-batch, at most p-1:
+    # bubble (p-1)(F+I) - min(m-1, p-1) W. With F = 1, I = 2, W = 1:
+    f, b, w = 1.0, 2.0, 1.0
+    expected = m * (f + b + w) + (p - 1) * (f + b) - min(m - 1, p - 1) * w
+    assert step("zb-h1", p, m, f=f, b=b, w=w) == pytest.approx(expected, rel=1e-12)
 
 
-@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 13), (8, 16)])
+def test_zb_v_leaves_only_the_forward_fill_when_passes_are_equal(p, m):
+    # Two chunks per device, F = I = W = 1 per chunk (3 per stage): every stage runs 6m units;
+    # stage p-1 cannot start before the first micro-batch's chunk-0 forward has crossed the p-1
+    # stages before it, and the order never idles after that: 6m + (p - 1).
+    assert step("zb-v", p, m, f=2.0, b=2.0, w=2.0) == pytest.approx(6 * m + p - 1, rel=1e-12)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (3, 9), (8, 16)])
+def test_dualpipe_v_leaves_only_the_forward_fill_when_passes_are_equal(p, m):
+    assert step("dualpipe-v", p, m, f=2.0, b=2.0, w=2.0) == pytest.approx(6 * m + p - 1, rel=1e-12)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (8, 24)])
+def test_zb_v_holds_at_most_2p_chunks_like_1f1b_stage_0(p, m):
+    # 1F1B's stage 0 holds p micro-batches of a whole stage = 2p chunks of half a stage; ZB-V's
+    # memory limit keeps every stage there once m >= 2p (Qi et al. 2024, Sec. 6)
+    orders = SCHEDULES["zb-v"].orders(p, m, 2)
+    assert [peak_in_flight(o)[0] for o in orders] == [2 * p] * p
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (8, 24)])
+def test_dualpipe_v_holds_2p_plus_1_chunks(p, m):
+    # DualPipe README table: activation per device PP + 1 for PP = 2p virtual stages. Counting
+    # the order: 2(p-r-1) + 2(r+1) = 2p forwards before the first backward, and the first
+    # pair of the steady phase adds one more forward before its backward.
+    orders = SCHEDULES["dualpipe-v"].orders(p, m, 2)
+    assert [peak_in_flight(o)[0] for o in orders] == [2 * p + 1] * p
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@pytest.mark.parametrize("p,m", [(1, 3), (2, 2), (2, 5), (4, 4), (4, 8), (4, 3), (3, 12), (8, 16)])
+def test_in_flight_closed_forms_equal_the_orders(name, p, m):
+    s = SCHEDULES[name]
+    v = 2 if name != "interleaved" or p > 1 else 1
+    if name in ("zb-v", "dualpipe-v") and m < 2 * p or name == "interleaved" and m % p:
+        pytest.skip("shape the schedule refuses")
+    v = s.chunks(v)
+    orders = s.orders(p, m, v)
+    for stage in range(p):
+        chunks, first = s.in_flight(p, m, v, stage)
+        want = peak_in_flight(orders[stage], 0 if stage == s.embedding_stage(p) else None)
+        assert int(chunks) == want[0]
+        if stage == s.embedding_stage(p):
+            assert int(first) == want[1]
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v"])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 12), (8, 16), (4, 2)])
+def test_closed_form_step_equals_the_order_executed_for_equal_passes(name, p, m):
+    s = SCHEDULES[name]
+    if name in ("zb-v", "dualpipe-v") and m < 2 * p or name == "interleaved" and m % p:
+        pytest.skip("shape the schedule refuses")
+    v = s.chunks(2)
+    f, b, w = 1.0, 1.0, 1.0  # per device and micro-batch, over its chunks
+    times = stage_times([f] * 3, [b] * 3, [w] * 3, [1, max(p - 2, 0), 1 if p > 1 else 0])
+    executed = pipeline_makespan(s, s.orders(p, m, v), p, v, [f / v] * p, [b / v] * p, [w / v] * p)
+    assert float(s.step_s(times, p, m, v)) == pytest.approx(executed, rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-v", 2),
+                                        ("dualpipe-v", 2)])
 def test_every_pass_appears_once_per_stage(schedule, v):
     p, m = 4, 8
-    passes = ("F", "B", "W") if schedule == "zb-h1" else ("F", "B")
-    for ops in stage_ops(schedule, p, m, v):
-        assert sorted(ops) == sorted((k, c, j) for k in passes for c in range(v) for j in range(m))
+    for ops in SCHEDULES[schedule].orders(p, m, v):
+        forwards = sorted((c, j) for k, c, j in ops if k == "F")
+        backwards = sorted((c, j) for k, c, j in ops if k in ("B", "I"))
+        weights = sorted((c, j) for k, c, j in ops if k == "W")
+        split = sorted((c, j) for k, c, j in ops if k == "I")
+        everything = sorted((c, j) for c in range(v) for j in range(m))
+        assert forwards == backwards == everything and weights == split
 
 
 def test_explicit_schedule_equal_to_1f1b_gives_1f1b_step():
     p, m = 2, 3
     ops = [["F0", "F1", "B0", "F2", "B1", "B2"], ["F0", "B0", "F1", "B1", "F2", "B2"]]
     explicit = run(uniform_graph("1f1b", p, m, schedule_ops=ops)).step_time_s
-    assert explicit == pytest.approx(run(uniform_graph("1f1b", p, m)).step_time_s)
+    assert explicit == pytest.approx(step("1f1b", p, m))
     assert explicit == pytest.approx((m + p - 1) * 3.0)
+
+
+def test_explicit_schedule_with_w_splits_the_backward():
+    orders = parse_explicit([["F0", "B0", "W0"]], 1, 1, 1)
+    assert orders == [[("F", 0, 0), ("I", 0, 0), ("W", 0, 0)]]
 
 
 def test_explicit_schedule_missing_a_pass_is_an_input_error():
     with pytest.raises(InputError, match="exactly once"):
-        stage_ops("1f1b", 2, 2, ops=[["F0", "F1", "B0", "B1"], ["F0", "B0", "F1"]])
+        parse_explicit([["F0", "F1", "B0", "B1"], ["F0", "B0", "F1"]], 2, 2, 1)
 
 
 def test_explicit_schedule_with_backward_before_forward_is_an_input_error():
     with pytest.raises(InputError, match="must come after F0.0"):
-        stage_ops("1f1b", 2, 2, ops=[["F0", "F1", "B0", "B1"], ["B0", "F0", "F1", "B1"]])
+        parse_explicit([["F0", "F1", "B0", "B1"], ["B0", "F0", "F1", "B1"]], 2, 2, 1)
 
 
 def test_explicit_schedule_that_waits_on_itself_is_an_input_error():
     # stage 1 wants F1 first, which stage 0 sends only after B0, which needs stage 1's B0
     ops = [["F0", "B0", "F1", "B1"], ["F1", "F0", "B0", "B1"]]
     with pytest.raises(InputError, match="waits on itself"):
-        run(uniform_graph("1f1b", 2, 2, schedule_ops=ops))
+        uniform_graph("1f1b", 2, 2, schedule_ops=ops)
+
+
+def test_a_deadlocking_schedule_is_refused_before_either_engine_runs(scenario):
+    ops = [["F0", "B0", "F1", "B1"], ["F1", "F0", "B0", "B1"]]
+    with pytest.raises(InputError, match="waits on itself"):
+        scenario(cluster={"node": "dgx-a100", "nodes": 1}, tp=4, pp=2, global_batch=2, schedule_ops=ops)
 
 
 def test_scenario_schedule_ops_run_in_place_of_the_named_schedule(scenario):
     kw = dict(cluster={"node": "dgx-a100", "nodes": 1}, tp=2, pp=2, dp=2, global_batch=6)  # m = 3
     ops = [["F0", "F1", "B0", "F2", "B1", "B2"], ["F0", "B0", "F1", "B1", "F2", "B2"]]
-    from simulator.engine import simulate
-    named = simulate(scenario(**kw)).step_time_s
-    explicit = simulate(scenario(schedule_ops=ops, **kw)).step_time_s
-    gpipe_like = simulate(scenario(schedule_ops=[["F0", "F1", "F2", "B0", "B1", "B2"]] * 2, **kw)).step_time_s
+    named = evaluate(scenario(**kw)).step_time_s
+    explicit = evaluate(scenario(schedule_ops=ops, **kw)).step_time_s
+    gpipe_like = evaluate(scenario(schedule_ops=[["F0", "F1", "F2", "B0", "B1", "B2"]] * 2, **kw)).step_time_s
     assert explicit == pytest.approx(named, rel=1e-12)
     assert gpipe_like >= named  # stage 1 cannot start a backward pass early
+
+
+def test_analytic_engine_runs_an_explicit_order_too(scenario):
+    kw = dict(cluster={"node": "dgx-a100", "nodes": 1}, tp=2, pp=2, dp=2, global_batch=6)
+    gpipe_like = scenario(schedule_ops=[["F0", "F1", "F2", "B0", "B1", "B2"]] * 2, **kw)
+    graph, analytic = evaluate(gpipe_like, "graph"), evaluate(gpipe_like, "analytic")
+    assert analytic.step_time_s == pytest.approx(graph.step_time_s, rel=0.02)
+    assert analytic.peak_memory_bytes == pytest.approx(graph.peak_memory_bytes, rel=1e-9)
 
 
 def test_scenario_schedule_ops_of_the_wrong_shape_are_an_input_error(scenario):
     with pytest.raises(InputError, match="plan.schedule_ops"):
         scenario(cluster={"node": "dgx-a100", "nodes": 1}, tp=2, pp=2, dp=2, global_batch=6,
                  schedule_ops=[["F0", "B0"]])
+
+
+@pytest.mark.parametrize("name", ["zb-v", "dualpipe-v"])
+def test_v_schedules_need_two_micro_batches_per_stage(scenario, name):
+    with pytest.raises(InputError, match="micro-batches"):
+        scenario(cluster={"node": "dgx-a100", "nodes": 1}, tp=2, pp=4, global_batch=4, schedule=name)
+
+
+@pytest.mark.parametrize("name", ["zb-v", "dualpipe-v"])
+def test_v_schedules_put_the_head_and_the_embedding_on_stage_0(scenario, name):
+    s = scenario(cluster={"node": "dgx-a100", "nodes": 1}, tp=2, pp=4, global_batch=8, schedule=name)
+    from simulator.evaluate import compile_scenario
+    layout = compile_scenario(s)
+    first, middle, last = layout.stages
+    assert bool(first.has_embedding) and bool(first.has_head) and not bool(last.has_head)
+    sim = simulate(layout, periodic=False)
+    assert sim.step_time_s > 0
+
+
+def test_stage_times_pick_the_slowest_counted_stage():
+    t = stage_times([1.0, 5.0, 2.0], [1.0, 5.0, 2.0], [0.0, 0.0, 0.0], [1, 0, 1])
+    assert isinstance(t, StageTimes) and t.critical == 2  # the middle stands for no stage

@@ -6,9 +6,14 @@ import networkx as nx
 import pytest
 
 from simulator.cli import main
-from simulator.engine import execute
+from simulator.engine import execute as execute_layout
+from simulator.evaluate import compile_scenario
 from simulator.graph import STREAMS
 from simulator.trace import chrome_trace, timeline
+
+
+def execute(scenario):
+    return execute_layout(compile_scenario(scenario))
 
 
 def one_f_one_b(scenario):

@@ -224,7 +224,7 @@ class Bench:
 
             times[layers] = self._time(fwd_bwd)
         spec = ModelSpec(**{k: v for k, v in GPTConfig(hidden=8, heads=2).model_fields().items()})
-        ops = len(layer_ops(spec, Shard(micro_batch=1)))
+        ops = len(layer_ops(spec, Shard(micro_batch=1, seq_len=spec.seq_len)))
         per_layer = max(0.0, (times[3] - times[1]) / 2)
         self._add("framework_overhead", "overhead", (ops,), "fp32", "fwd+bwd", 2 * ops, per_layer)
 

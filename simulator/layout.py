@@ -1,0 +1,166 @@
+"""The compile step: a validated scenario resolved once into a Layout, which both engines read.
+
+    Scenario ──compile──> Layout ──> analytic.py (closed forms)  ─┐
+                           │                                      ├─> evaluate.py -> Result
+                           └────────> graph.py -> engine.py ─────┘
+
+A Layout holds everything an engine needs and nothing it must derive again: the placed
+collective groups of the parallel dimensions (dims.py), the bound schedule (schedules.py),
+the per-device geometry of a micro-batch (workload.Shard), and, per representative pipeline
+stage, its layers, parameters, model states after ZeRO and offload, activation sizes,
+buffers, pass times, pipeline sends, data-parallel collectives and buckets, offload
+transfers and the optimizer step. The operator lists are built once per compile.
+
+Representative stages: stage 0, stage 1 (standing for every middle stage, which hold the
+same layers and costs) and stage p-1, with multiplicities 1, max(p-2, 0), 1 (p > 1). Where
+the first and the last virtual stage sit comes from the schedule's placement (loop: stages
+0 and p-1; V: both on stage 0). Sizes may be numpy arrays (one entry per plan) for the
+vectorised analytic engine (vector.py); the schedule and every categorical plan field are
+then shared by the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import numpy as np
+
+from . import schedules as S
+from .dataparallel import DPCosts, buckets, dp_costs
+from .dims import Groups, grad_group_size, groups
+from .memory import (ActivationSizes, StageMemory, activation_sizes, buffer_bytes, offloaded_activation_bytes,
+                     peak_activation_bytes)
+from .offload import OffloadCosts, offload_costs
+from .passes import PassTimes, cp_layer_comm_s, ops_time, pass_times, pp_hop_s, tp_layer_comm_s
+from .states import BytesPerParam, ModelStates, bytes_per_param, layer_params_local, model_states, optimizer_step_s, \
+    stage_params
+from .workload import Shard, embedding_ops, executed_flops_per_sequence, head_ops, layer_ops, model_flops_per_sequence
+
+FULL_PRECISION = ("fp32", "tf32")
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    """One representative pipeline stage: what one of its devices holds and runs."""
+
+    stage: object  # its index
+    count: object  # how many stages it stands for
+    layers: object
+    has_embedding: object
+    has_head: object
+    params: object  # before ZeRO sharding
+    states: ModelStates
+    activations: ActivationSizes
+    buffer_bytes: object
+    passes: PassTimes
+    sends: object  # pipeline sends per micro-batch (each blocks the sender for one hop)
+    dp: DPCosts
+    buckets: object  # gradient buckets per model chunk
+    offload: OffloadCosts
+    optimizer_s: object
+
+
+@dataclass(frozen=True)
+class Layout:
+    model: object
+    cluster: object
+    plan: object
+    schedule: S.Schedule
+    p: object  # pipeline stages
+    m: object  # micro-batches per step per replica
+    v: object  # model chunks per device
+    shard: Shard
+    groups: Groups
+    grad_group: object  # ranks sharing the weights (dp x cp)
+    per_param: BytesPerParam
+    pp_hop_s: object
+    stages: tuple  # StageLayout of stage 0, a middle stage, stage p-1
+    model_flops_per_step: object
+    hardware_flops_per_step: object
+
+    def representative(self, stage: int) -> StageLayout:
+        """The representative standing for scalar pipeline stage `stage`."""
+        return self.stages[0 if stage == 0 else 2 if stage == self.p - 1 else 1]
+
+    @property
+    def offloads_activations(self) -> bool:
+        return self.plan.offload.activations != "none"
+
+    def stage_memory(self, rep: StageLayout, stage=None) -> StageMemory:
+        """Peak bytes of a device of pipeline stage `stage` (default: the representative's own
+        index; any stage it stands for), from the schedule's in-flight counts."""
+        stage = rep.stage if stage is None else stage
+        chunks, first = self.schedule.in_flight(self.p, self.m, self.v, stage)
+        acts = peak_activation_bytes(rep.activations, chunks, first, self.offloads_activations)
+        s = rep.states
+        return StageMemory(stage, s.weights_bytes, s.gradients_bytes, s.optimizer_bytes, acts, rep.buffer_bytes)
+
+    def host_bytes(self, rep: StageLayout, stage=None):
+        """Host memory one device of the stage takes for what it offloads to the CPU."""
+        stage = rep.stage if stage is None else stage
+        host = rep.states.host_bytes
+        if self.plan.offload.activations == "cpu":
+            chunks, _ = self.schedule.in_flight(self.p, self.m, self.v, stage)
+            host = host + offloaded_activation_bytes(rep.activations, chunks)
+        return host
+
+
+def stage_layers(model, p, v):
+    """Layers of the first, a middle and the last stage's device. Every stage holds L/p today
+    (plan.validate checks that p·v divides L)."""
+    even = model.layers / p
+    return even, even, even
+
+
+def representative_stages(p):
+    """(stage indices, multiplicities) of the representatives; broadcast-safe. With p = 1 or 2
+    the repeated representatives count zero times."""
+    p = np.asarray(p)
+    return [np.zeros_like(p), np.minimum(1, p - 1), p - 1], [np.ones_like(p), np.maximum(p - 2, 0),
+                                                            (p > 1).astype(p.dtype)]
+
+
+def compile_layout(model, cluster, plan) -> Layout:
+    """Resolve a validated plan on a model and a cluster (plan sizes may be numpy arrays)."""
+    schedule = S.plan_schedule(plan)
+    p, m = plan.pp, plan.microbatches
+    v = schedule.chunks(plan.vpp)
+    act_bytes = 4 if plan.precision in FULL_PRECISION else 2
+    shard = Shard(micro_batch=plan.micro_batch, seq_len=model.seq_len, tp=plan.tp, cp=plan.cp, sp=plan.sp,
+                  flash_attention=plan.flash_attention, act_bytes=act_bytes)
+    g = groups(plan, cluster)
+    grad_group = grad_group_size(plan)
+    per = bytes_per_param(plan.precision, plan.grad_precision)
+    layer = layer_ops(model, shard)
+    layer_t = ops_time(layer, cluster, plan.precision)
+    emb_t = ops_time(embedding_ops(model, shard), cluster, plan.precision)
+    head_t = ops_time(head_ops(model, shard), cluster, plan.precision)
+    tp_s = tp_layer_comm_s(model, shard, g, cluster)
+    cp_s = cp_layer_comm_s(model, shard, g, cluster)
+    hop = pp_hop_s(model, shard, g, cluster)
+    layer_params = layer_params_local(model, plan.tp)
+    buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, layer_params, plan, per.weight, per.grad)
+    head_stage = schedule.head_stage(np.asarray(p))
+    indices, counts = representative_stages(p)
+    reps = []
+    for stage, count, layers in zip(indices, counts, stage_layers(model, p, v)):
+        has_emb = stage == schedule.embedding_stage(p)
+        has_head = stage == head_stage
+        head_copy = has_head & (np.asarray(not model.tied_embeddings) | (head_stage != schedule.embedding_stage(p)))
+        params = stage_params(model, plan.tp, layers, has_emb, has_head, head_copy)
+        states = model_states(params, plan, per, grad_group)
+        acts = activation_sizes(model, shard, plan.recompute, layers / v, has_emb, has_head, layer)
+        passes = pass_times(layer_t, layers, emb_t, head_t, has_emb, has_head, tp_s, cp_s, plan.recompute,
+                            plan.tp_comm_overlap, plan.flash_attention)
+        dp = dp_costs(plan.zero_stage, params, per.weight, per.grad, g.grad, cluster)
+        off = offload_costs(plan, cluster, params, states, per, acts.chunk_bytes, v, grad_group)
+        reps.append(StageLayout(
+            stage=stage, count=count, layers=layers, has_embedding=has_emb, has_head=has_head, params=params,
+            states=states, activations=acts, buffer_bytes=buffers, passes=passes,
+            sends=schedule.sends(p, v, stage),
+            dp=dp, buckets=buckets(params / v, grad_group), offload=off,
+            optimizer_s=optimizer_step_s(states, per, plan, cluster.accelerator)))
+    model_flops = model_flops_per_sequence(model) * plan.global_batch
+    hw_flops = executed_flops_per_sequence(model, plan.flash_attention, plan.recompute) * plan.global_batch
+    return Layout(model=model, cluster=cluster, plan=plan, schedule=schedule, p=p, m=m, v=v, shard=shard, groups=g,
+                  grad_group=grad_group, per_param=per, pp_hop_s=hop, stages=tuple(reps),
+                  model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops)

@@ -1,0 +1,81 @@
+"""CPU and NVMe offload: what crosses the host link, how long it takes, what it cannot hide.
+
+One model for both engines. Each device's host link (PCIe) is full duplex: copies to the
+host (D2H) and from it (H2D) run on two streams of their own, and in the graph engine they
+share the link with the device's NIC traffic (on DGX-class nodes the NICs sit behind the
+same PCIe switches: GPUDirect RDMA crosses the same x16 link). NVMe bandwidth is the node's,
+shared by its devices.
+
+- Activations (checkpoint offload): a chunk's saved activations go D2H after its forward
+  pass and come back H2D, issued one pass ahead of its backward pass; a chunk whose
+  backward pass is the very next pass stays on the device.
+- ZeRO-Infinity (Rajbhandari et al. 2021) weights: each device's shard streams H2D one pass
+  ahead of the forward and of the backward pass, every micro-batch.
+- ZeRO-Offload (Ren et al. 2021): per step the gradients go D2H, the host's CPU Adam
+  updates the states (its rate a node-profile figure shared by the node's devices; with
+  NVMe, the states are read and written there too), the weights come back H2D.
+
+Exposure (analytic engine): per micro-batch, what the busier direction moves beyond the
+micro-batch's compute (the copies overlap any pass); per step, the whole optimizer chain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .hardware import Cluster
+from .states import BytesPerParam, ModelStates
+
+
+@dataclass(frozen=True)
+class OffloadCosts:
+    """Seconds of one device's host traffic."""
+
+    activations_d2h_s: object  # per chunk pass (forward), of one micro-batch
+    activations_h2d_s: object  # per chunk pass (backward)
+    weights_h2d_s: object  # per chunk pass, forward and backward alike (ZeRO-Infinity)
+    gradients_d2h_s: object  # per step (ZeRO-Offload)
+    host_adam_s: object  # per step, CPU Adam and NVMe state traffic
+    weights_back_h2d_s: object  # per step, updated weights back to the device
+
+    @property
+    def per_step_s(self):
+        return self.gradients_d2h_s + self.host_adam_s + self.weights_back_h2d_s
+
+
+def offload_costs(plan, cluster: Cluster, params, states: ModelStates, per: BytesPerParam, chunk_act_bytes,
+                  chunks: int, shard_group) -> OffloadCosts:
+    """Transfer and host seconds of a device holding `params` (before ZeRO sharding)."""
+    off, node = plan.offload, cluster.node
+    host = cluster.accelerator.host_link_bandwidth
+    nvme_read = node.nvme_read_bandwidth / cluster.devices_per_node
+    nvme_write = node.nvme_write_bandwidth / cluster.devices_per_node
+    zero = 0.0 * params
+    act_out = act_in = weights_in = grads_out = adam = back = zero
+    if off.activations != "none":
+        out_rate = host if off.activations == "cpu" else np.minimum(host, nvme_write)
+        in_rate = host if off.activations == "cpu" else np.minimum(host, nvme_read)
+        act_out, act_in = chunk_act_bytes / out_rate, chunk_act_bytes / in_rate
+    if off.params != "none":
+        rate = host if off.params == "cpu" else np.minimum(host, nvme_read)
+        weights_in = params / shard_group * per.weight / chunks / rate
+    if off.optimizer != "none":
+        local = states.local_params
+        grads_out = local * per.grad / host
+        back = local * per.weight / host
+        adam = local * cluster.devices_per_node / node.host_adam_params_per_s
+        if off.optimizer == "nvme":
+            state = local * per.optimizer
+            adam = adam + state / nvme_read + state / nvme_write
+    return OffloadCosts(act_out, act_in, weights_in, grads_out, adam, back)
+
+
+def exposed_offload_s(costs: OffloadCosts, chunks: int, microbatches, compute_per_microbatch_s):
+    """Seconds per step the offload transfers add (analytic engine): per micro-batch the busier
+    direction's excess over the micro-batch's compute, plus the per-step optimizer chain."""
+    d2h = chunks * costs.activations_d2h_s
+    h2d = chunks * (costs.activations_h2d_s + 2 * costs.weights_h2d_s)
+    per_mb = np.maximum(0.0, np.maximum(d2h, h2d) - compute_per_microbatch_s)
+    return microbatches * per_mb + costs.per_step_s

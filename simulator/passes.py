@@ -1,0 +1,143 @@
+"""Per-micro-batch pass times of one device of a pipeline stage.
+
+Per micro-batch a stage's device runs the forward, input-gradient and weight-gradient
+kernels of its layers (plus the embedding where the first virtual stage sits and the
+lm_head and loss where the last one sits), the TP collectives inside each layer, the CP
+ring exchange of keys and values, and activation recomputation. All numbers are seconds
+per micro-batch, summed over the device's model chunks; they may be numpy arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .comm import collective_time, send_recv_time
+from .compute import op_times
+from .dims import Groups
+from .hardware import Cluster
+from .model import ModelSpec
+from .workload import ATTENTION_CORE, MATMUL, Op, Shard, local_heads
+
+
+@dataclass(frozen=True)
+class OpsTime:
+    """Summed kernel seconds of a list of operators."""
+
+    fwd_s: object
+    bwd_input_s: object
+    bwd_weight_s: object
+    attention_fwd_s: object  # forward of the attention core (hides the CP exchange)
+    attention_bwd_s: object
+    matmul_fwd_s: object  # forward of the other GEMMs (hides TP collectives when overlapped)
+
+
+def ops_time(ops: list[Op], cluster: Cluster, precision: str) -> OpsTime:
+    acc = cluster.accelerator
+    fwd = bwd_in = bwd_w = att_f = att_b = mm_f = 0.0
+    for op in ops:
+        t = op_times(op, acc, precision)
+        fwd, bwd_in, bwd_w = fwd + t.fwd_s, bwd_in + t.bwd_input_s, bwd_w + t.bwd_weight_s
+        if op.group == ATTENTION_CORE:
+            att_f, att_b = att_f + t.fwd_s, att_b + t.bwd_input_s + t.bwd_weight_s
+        elif op.kind == MATMUL:
+            mm_f = mm_f + t.fwd_s
+    return OpsTime(fwd, bwd_in, bwd_w, att_f, att_b, mm_f)
+
+
+@dataclass(frozen=True)
+class PassTimes:
+    """Seconds per micro-batch on one device of a pipeline stage (all its chunks)."""
+
+    fwd_s: object  # compute kernels
+    bwd_input_s: object
+    bwd_weight_s: object
+    recompute_s: object
+    tp_fwd_s: object  # exposed TP collectives of the forward pass
+    tp_bwd_s: object
+    tp_recompute_s: object
+    cp_fwd_s: object  # exposed CP exchange
+    cp_bwd_s: object
+    cp_recompute_s: object
+
+    @property
+    def forward_s(self):
+        """The forward passes as run: kernels and exposed collectives."""
+        return self.fwd_s + self.tp_fwd_s + self.cp_fwd_s
+
+    @property
+    def backward_input_s(self):
+        """The input-gradient passes as run, with their recomputation."""
+        return self.bwd_input_s + self.recompute_s + self.tp_bwd_s + self.cp_bwd_s + self.tp_recompute_s + \
+            self.cp_recompute_s
+
+    @property
+    def compute_s(self):
+        return self.fwd_s + self.bwd_input_s + self.bwd_weight_s
+
+    @property
+    def total_s(self):
+        return self.forward_s + self.backward_input_s + self.bwd_weight_s
+
+
+def tp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster):
+    """TP communication of one layer per micro-batch: (forward, backward) seconds.
+
+    Two all-reduces of the b·s·h activation per layer in the forward pass and two in the
+    backward pass (Shoeybi et al. 2019, Megatron-LM). With sequence parallelism each
+    becomes an all-gather plus a reduce-scatter of the same volume (Korthikanti 2022), and
+    the backward pass all-gathers the sequence-sharded input of the two column-parallel
+    GEMMs again for their weight gradients (Megatron-LM
+    LinearWithGradAccumulationAndAsyncCommunication.backward).
+    """
+    nbytes = shard.act_bytes * shard.tokens * model.hidden
+    if shard.sp:
+        gather = collective_time("all_gather", nbytes, groups.tp, cluster)
+        fwd = 2 * (gather + collective_time("reduce_scatter", nbytes, groups.tp, cluster))
+        return fwd, fwd + 2 * gather
+    fwd = 2 * collective_time("all_reduce", nbytes, groups.tp, cluster)
+    return fwd, fwd
+
+
+def cp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster):
+    """CP ring attention: cp-1 exchanges of the local K and V chunk forward, K, V and their
+    gradients backward (Liu et al. 2023, Ring Attention; Megatron-LM context parallelism)."""
+    _, kv_heads = local_heads(model, shard.tp)
+    kv_bytes = 2 * shard.act_bytes * shard.tokens * kv_heads * model.head_dim
+    hop = send_recv_time(kv_bytes, groups.cp.domains > 1, cluster)
+    steps = shard.cp - 1
+    return steps * hop, 2 * steps * hop
+
+
+def pp_hop_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster):
+    """One pipeline send of a micro-batch's activation or gradient. Megatron-LM's scatter/
+    gather optimisation sends 1/t of it per TP rank."""
+    nbytes = shard.act_bytes * shard.tokens * model.hidden / shard.tp
+    return np.where(np.asarray(groups.pp.size) > 1, send_recv_time(nbytes, groups.pp_crosses_domain, cluster), 0.0)
+
+
+def pass_times(layer: OpsTime, layers, embedding: OpsTime, head: OpsTime, has_embedding, has_head,
+               tp_layer_s: tuple, cp_layer_s: tuple, recompute: str, tp_comm_overlap: bool,
+               flash_attention: bool) -> PassTimes:
+    """Seconds per micro-batch of a device holding `layers` layers (and the embedding and
+    head where flagged). Broadcast-safe: the flags are 0/1 multipliers, not branches."""
+    emb, hd = np.asarray(has_embedding), np.asarray(has_head)
+    fwd = layers * layer.fwd_s + emb * embedding.fwd_s + hd * head.fwd_s
+    bwd_in = layers * layer.bwd_input_s + emb * embedding.bwd_input_s + hd * head.bwd_input_s
+    bwd_w = layers * layer.bwd_weight_s + emb * embedding.bwd_weight_s + hd * head.bwd_weight_s
+    tp_f, tp_b = tp_layer_s
+    if tp_comm_overlap:
+        tp_f = np.maximum(0.0, tp_f - layer.matmul_fwd_s)
+        tp_b = np.maximum(0.0, tp_b - layer.bwd_input_s - layer.bwd_weight_s)
+    cp_f = np.maximum(0.0, cp_layer_s[0] - layer.attention_fwd_s)
+    cp_b = np.maximum(0.0, cp_layer_s[1] - layer.attention_bwd_s)
+    zero = 0.0 * fwd
+    if recompute == "full":
+        rec, tp_r, cp_r = layers * layer.fwd_s, layers * tp_f, layers * cp_f
+    elif recompute == "selective" and not flash_attention:
+        # a flash kernel saves no score matrix: selective recomputation has nothing to drop
+        rec, tp_r, cp_r = layers * layer.attention_fwd_s, zero, zero
+    else:
+        rec, tp_r, cp_r = zero, zero, zero
+    return PassTimes(fwd, bwd_in, bwd_w, rec, layers * tp_f, layers * tp_b, tp_r, layers * cp_f, layers * cp_b, cp_r)

@@ -1,0 +1,111 @@
+"""Model states: parameters per device, bytes per parameter, ZeRO sharding, offload, Adam.
+
+- Bytes per parameter (Rajbhandari et al. 2020, ZeRO): mixed-precision Adam keeps 16-bit
+  weights (2 B), gradients (2 B in DeepSpeed; 4 B fp32 "main grads" in Megatron-LM, the
+  default here, `plan.grad_precision`), and fp32 master weights, momentum and variance
+  (12 B): 16 B/param with 16-bit gradients, 18 B with fp32 ones. Pure fp32 training keeps
+  4 + 4 + 8. FP8 training (Transformer Engine) adds an fp8 copy of the weights (1 B).
+- ZeRO stage 1 shards the optimizer states over the ranks that hold the same weights
+  (dp x cp in Megatron-LM: dims.grad_group_size), stage 2 also the gradients, stage 3 also
+  the weights.
+- Offload (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021): the
+  optimizer states, and with ZeRO-2/3 the partitioned gradients, live on the host; ZeRO-
+  Infinity also the weights. Offloaded to NVMe they take no host memory but staging buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .compute import memory_bound_time
+from .hardware import Accelerator
+from .model import ModelSpec
+
+FULL_PRECISION = ("fp32", "tf32")
+
+
+@dataclass(frozen=True)
+class BytesPerParam:
+    weight: float
+    grad: float
+    optimizer: float  # Adam: momentum and variance, plus the fp32 master copy under mixed precision
+
+
+def bytes_per_param(precision: str, grad_precision: str) -> BytesPerParam:
+    full = precision in FULL_PRECISION
+    weight = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 3.0}[precision]
+    grad = 4.0 if full or grad_precision == "fp32" else 2.0
+    return BytesPerParam(weight=weight, grad=grad, optimizer=8.0 if full else 12.0)
+
+
+def layer_params_local(model: ModelSpec, tp) -> object:
+    """Parameters of one layer held by one TP rank (Megatron column/row-parallel split).
+
+    Matrices and column-parallel biases are split t ways; norms and the row-parallel
+    biases are replicated; KV projections are replicated when tp > kv_heads.
+    """
+    h, f, d = model.hidden, model.ffn_hidden, model.head_dim
+    kv_local = np.maximum(model.kv_heads / tp, 1.0) * d
+    q_local = model.heads / tp * d
+    attn = h * (q_local + 2 * kv_local) + q_local * h
+    mlp = model.mlp_matrices * h * f / tp
+    norm = 2 * (2 * h if model.norm == "layernorm" and model.bias else h)
+    bias = (q_local + 2 * kv_local + (model.mlp_matrices - 1) * f / tp + 2 * h) if model.bias else 0.0
+    return attn + mlp + norm + bias
+
+
+def stage_params(model: ModelSpec, tp, layers, has_embedding, has_head, head_copy) -> object:
+    """Parameters one device of a pipeline stage holds before ZeRO sharding: its `layers`,
+    the word (and learned position) embedding where the first virtual stage sits, the final
+    norm and lm_head where the last one sits. `head_copy`: the stage keeps its own lm_head
+    matrix (untied embeddings, or tied ones on another stage: Megatron-LM keeps a copy and
+    all-reduces its gradient with the embedding's). Broadcast-safe."""
+    params = layers * layer_params_local(model, tp)
+    pos = model.seq_len * model.hidden if model.position_embedding == "learned" else 0
+    params = params + np.asarray(has_embedding) * (model.vocab * model.hidden / tp + pos)
+    params = params + np.asarray(has_head) * model.final_norm_params()
+    return params + np.asarray(head_copy) * (model.vocab * model.hidden / tp)
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Bytes of one device's model states, after ZeRO sharding and offload."""
+
+    weights_bytes: object
+    gradients_bytes: object
+    optimizer_bytes: object
+    host_bytes: object  # offloaded to host memory
+    local_params: object  # parameters whose optimizer states this device updates
+
+
+def model_states(params, plan, per: BytesPerParam, shard_group) -> ModelStates:
+    """Where the weights, gradients and optimizer states of `params` live."""
+    z = plan.zero_stage
+    local = params / shard_group if z >= 1 else params + 0.0 * shard_group
+    w = params * per.weight / (shard_group if z >= 3 else 1)
+    g = params * per.grad / (shard_group if z >= 2 else 1)
+    o = local * per.optimizer
+    off = plan.offload
+    host = 0.0
+    if off.optimizer != "none":
+        moved_grads = g if z >= 2 else 0.0  # ZeRO-Offload moves the partitioned gradients too
+        if off.optimizer == "cpu":
+            host = host + o + moved_grads
+        o, g = 0.0 * o, g - moved_grads
+    if off.params != "none":
+        if off.params == "cpu":
+            host = host + w
+        w = 0.0 * w
+    return ModelStates(w, g, o, host, local)
+
+
+def optimizer_step_s(states: ModelStates, per: BytesPerParam, plan, acc: Accelerator) -> object:
+    """Adam update of the local shard on the device: memory-bound, it reads the gradient and
+    the optimizer states (with the master weights), writes the states and the compute-precision
+    weight. Zero when the optimizer runs on the host (offload.py times that)."""
+    if plan.offload.optimizer != "none":
+        return 0.0 * states.local_params
+    nbytes = states.local_params * (per.grad + 2 * per.optimizer + per.weight)
+    return memory_bound_time(nbytes, acc, "optimizer")
