@@ -14,11 +14,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from simulator.engine import simulate  # noqa: E402
-from simulator.evaluate import evaluate  # noqa: E402
+from simulator.engine import simulate as simulate_layout  # noqa: E402
+from simulator.evaluate import compile_scenario, evaluate  # noqa: E402
 from simulator.scenario import load_scenario  # noqa: E402
 
 GPT3 = Path(__file__).resolve().parent.parent / "scenarios" / "gpt3-175b-1024xa100.yaml"
+
+
+def simulate(scenario, periodic=True):
+    return simulate_layout(compile_scenario(scenario), periodic)
 
 
 def best_ms(fn, repeat=7):

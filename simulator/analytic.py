@@ -40,12 +40,34 @@ def pipeline_times(layout: Layout) -> StageTimes:
     return stage_times(f, b, w, [r.count for r in layout.stages])
 
 
+def _reduce_tail_s(layout: Layout, reduce_s, grad_pass_s, buckets, times: StageTimes, i: int, stage):
+    """Seconds the step's gradient reduction outlasts the stage's last pass (dp_overlap).
+
+    Each chunk's reduction is issued in buckets during the last pass producing its gradients
+    (dataparallel.bucketed_overlap_s) and queues behind the chunks before it on the dp stream;
+    the schedule says what the stage still runs after that pass (Schedule.grad_tail).
+    """
+    v = layout.v
+    f, b, w = times.f[i] / v, times.b[i] / v, times.w[i] / v
+    r = reduce_s / v
+    k = np.asarray(buckets, dtype=float)
+    tails = layout.schedule.grad_tail(layout.p, layout.m, v, stage)
+    ends = [-(n_f * f + n_b * (b + w) + n_i * b + n_w * w) for n_f, n_b, n_i, n_w in tails]
+    queue = -np.inf
+    for c in sorted(range(len(ends)), key=lambda c: float(np.min(ends[c]))):
+        first = np.maximum(queue, ends[c] - grad_pass_s + grad_pass_s / k) + r * (k - 1) / k
+        queue = np.where(c < np.asarray(v), np.maximum(first, ends[c]) + r / k, queue)
+    return np.maximum(0.0, queue) * (np.asarray(reduce_s) > 0)
+
+
 def _dp_exposed_s(layout: Layout, r: StageLayout, times: StageTimes, i: int):
     d, plan, v = r.dp, layout.plan, layout.v
     f, b = times.f[i], times.b[i] + times.w[i]
+    # the gradients of a chunk are complete at its last backward pass, or at its last W
+    grad_pass = (times.w[i] if layout.schedule.split_backward else b) / v
     if plan.dp_overlap:
-        per_mb = np.maximum(0.0, d.mb_gather_s - f) + np.maximum(0.0, d.mb_reduce_s - b)
-        tail = bucketed_overlap_s(d.step_reduce_s / v, b / v, r.buckets) * (d.step_reduce_s > 0)
+        per_mb = np.maximum(0.0, d.mb_gather_s - f) + np.maximum(0.0, d.mb_reduce_s - grad_pass * v)
+        tail = _reduce_tail_s(layout, d.step_reduce_s, grad_pass, r.buckets, times, i, r.stage)
         head = bucketed_overlap_s(d.step_gather_s / v, f / v, r.buckets) * (d.step_gather_s > 0)
     else:
         per_mb = d.mb_gather_s + d.mb_reduce_s
@@ -72,13 +94,18 @@ def step_breakdown(layout: Layout) -> dict:
     cp = pick([x.cp_fwd_s + x.cp_bwd_s + x.cp_recompute_s for x in passes])
     busy = m * (compute + recompute + tp + cp + sends)
     counted = [np.asarray(r.count) > 0 for r in reps]
+    period = pick([times.total(i) for i in range(len(reps))])
     dp = np.maximum.reduce(np.broadcast_arrays(*[np.where(c, _dp_exposed_s(layout, r, times, i), 0.0)
                                                  for i, (r, c) in enumerate(zip(reps, counted))]))
     optimizer = np.maximum.reduce(np.broadcast_arrays(*[np.where(c, r.optimizer_s, 0.0)
                                                         for r, c in zip(reps, counted)]))
     offload = np.maximum.reduce(np.broadcast_arrays(*[
-        np.where(c, exposed_offload_s(r.offload, layout.v, m, r.passes.compute_s + r.passes.recompute_s), 0.0)
-        for r, c in zip(reps, counted)]))
+        np.where(c, exposed_offload_s(r.offload, layout.v, m,
+                                      layout.schedule.offloaded_chunks(layout.p, m, layout.v, r.stage)
+                                      if layout.offloads_activations else (0.0, 0.0),
+                                      times.f[i] / layout.v, (times.b[i] + times.w[i]) / layout.v, times.total(i),
+                                      period), 0.0)
+        for i, (r, c) in enumerate(zip(reps, counted))]))
     del crit
     return {
         "compute": m * compute,

@@ -38,13 +38,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .layout import Layout, StageLayout
-from .schedules import BACKWARDS, BWD, BWD_INPUT, FWD, WGT, Schedule, schedule_for
+from .schedules import BACKWARDS, BWD, BWD_INPUT, FWD, WGT, Explicit, Schedule, cached_orders, schedule_for
 
 RECOMPUTE = "R"  # activation recomputation, run right before the backward pass that needs it
 STREAMS = ("compute", "p2p", "dp", "d2h", "h2d", "cpu")
 COMPUTE, P2P, DP, D2H, H2D, CPU = range(len(STREAMS))
 NS = len(STREAMS)
-TRANSFER_STREAMS = (DP, D2H, H2D)  # besides the sends: what shares a device's PCIe link with its NIC
 
 
 @dataclass
@@ -65,7 +64,7 @@ class TaskGraph:
     alloc: dict = field(default_factory=dict)
     free: dict = field(default_factory=dict)
     base_bytes: list = field(default_factory=list)  # per stage: activations held all step
-    nic: set = field(default_factory=set)  # transfer tasks sharing the PCIe link with the NIC's traffic
+    nic: set = field(default_factory=set)  # tasks whose transfer crosses the NIC (scale-out)
     send_nic: bool = False  # pipeline sends cross the NIC
     cache: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -192,7 +191,7 @@ def build(layout: Layout, microbatches: int | None = None) -> TaskGraph:
     p, v = int(layout.p), int(layout.v)
     m = int(layout.m) if microbatches is None else microbatches
     schedule = layout.schedule
-    orders = schedule.orders(p, m, v)
+    orders = schedule.orders(p, m, v) if isinstance(schedule, Explicit) else cached_orders(schedule.name, p, m, v)
     kinds = {id(r): stage_tasks(layout, r) for r in layout.stages}
     b = _Builder(p, m)
     g = layout.groups
@@ -201,11 +200,8 @@ def build(layout: Layout, microbatches: int | None = None) -> TaskGraph:
         st = kinds[id(layout.representative(i))]
         b.g.base_bytes.append(st.extra_bytes)
         _stage(b, schedule, plan, p, v, i, st, orders[i])
-    if bool(g.grad.domains > 1) or b.g.send_nic:
-        # the device's NIC transfers and host copies cross one PCIe link: they share it
-        transfer = {i * NS + s for i in range(p) for s in TRANSFER_STREAMS}
-        nic_dp = bool(g.grad.domains > 1)
-        b.g.nic = {t for t, s in enumerate(b.g.stream) if s in transfer and (nic_dp or s % NS != DP)}
+    if bool(g.grad.domains > 1):  # DP collectives span scale-up domains: their inter-domain phase uses the NIC
+        b.g.nic = {t for t, s in enumerate(b.g.stream) if s % NS == DP}
     return b.finish()
 
 

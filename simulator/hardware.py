@@ -22,6 +22,12 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 GIB = 2**30
 GB = 1e9
 TERA = 1e12
+# Physical ranges of profile numbers: a rate below 1 MB/s or a latency above a second is a
+# typo, and would make a prediction overflow or divide by almost nothing.
+RATE = dict(minimum=1e-3, maximum=1e7)  # GB/s or Gb/s
+GIBS = dict(minimum=1e-3, maximum=1e9)
+TFLOPS = dict(minimum=1e-6, maximum=1e7)
+LATENCY = dict(minimum=0.0, strict_min=False, maximum=1e6)  # microseconds
 
 
 def profiles_dir() -> Path:
@@ -159,7 +165,7 @@ def _sources(data: Mapping, where: str) -> dict:
 def _efficiency(data: Mapping, key: str, where: str, size_key: str) -> Efficiency:
     d = F.require_mapping(data.get(key), f"{where}.{key}")
     F.reject_unknown(d, ("max", size_key), f"{where}.{key}")
-    return Efficiency(max=F.number(d, "max", f"{where}.{key}", maximum=1.0),
+    return Efficiency(max=F.number(d, "max", f"{where}.{key}", minimum=1e-3, maximum=1.0),
                       half=F.number(d, size_key, f"{where}.{key}", minimum=0.0, strict_min=False))
 
 
@@ -173,7 +179,8 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
     F.reject_unknown(data, ACCELERATOR_KEYS, where)
     peaks = F.require_mapping(data.get("peak_tflops"), f"{where}.peak_tflops")
     F.reject_unknown(peaks, PRECISIONS, f"{where}.peak_tflops")
-    peak_flops = {p: F.number(peaks, p, f"{where}.peak_tflops") * TERA for p in PRECISIONS if peaks.get(p) is not None}
+    peak_flops = {p: F.number(peaks, p, f"{where}.peak_tflops", **TFLOPS) * TERA for p in PRECISIONS
+                  if peaks.get(p) is not None}
     if not peak_flops:
         raise InputError(f"{where}.peak_tflops", dict(peaks), "at least one precision is needed")
     eff = F.require_mapping(data.get("efficiency"), f"{where}.efficiency")
@@ -185,10 +192,10 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
         name=F.text(data, "name", where),
         description=F.text(data, "description", where, ""),
         peak_flops=peak_flops,
-        hbm_bytes=F.number(data, "memory_gib", where) * GIB,
-        hbm_bandwidth=F.number(data, "memory_bandwidth_gbs", where) * GB,
-        host_link_bandwidth=F.number(data, "host_link_gbs", where) * GB,
-        tdp_w=F.number(data, "tdp_w", where),
+        hbm_bytes=F.number(data, "memory_gib", where, **GIBS) * GIB,
+        hbm_bandwidth=F.number(data, "memory_bandwidth_gbs", where, **RATE) * GB,
+        host_link_bandwidth=F.number(data, "host_link_gbs", where, **RATE) * GB,
+        tdp_w=F.number(data, "tdp_w", where, maximum=1e6),
         price_usd_per_hour=F.number(data, "price_usd_per_hour", where, minimum=0.0, strict_min=False),
         framework_overhead_bytes=F.number(data, "framework_overhead_gib", where, minimum=0.0, strict_min=False) * GIB,
         matmul=_efficiency(eff, "matmul", f"{where}.efficiency", "half_flops"),
@@ -206,9 +213,9 @@ def _link(data: Mapping, where: str) -> tuple[Link, int]:
     d = F.require_mapping(data, where)
     F.reject_unknown(d, ("name", "bandwidth_gbs", "domain_devices", "latency_us", "efficiency"), where)
     link = Link(name=F.text(d, "name", where, "scale-up"),
-                bandwidth=F.number(d, "bandwidth_gbs", where) * GB,
-                latency_s=F.number(d, "latency_us", where, minimum=0.0, strict_min=False) * 1e-6,
-                efficiency=F.number(d, "efficiency", where, maximum=1.0))
+                bandwidth=F.number(d, "bandwidth_gbs", where, **RATE) * GB,
+                latency_s=F.number(d, "latency_us", where, **LATENCY) * 1e-6,
+                efficiency=F.number(d, "efficiency", where, minimum=1e-3, maximum=1.0))
     return link, F.integer(d, "domain_devices", where, 1)
 
 
@@ -230,11 +237,11 @@ def node_from_dict(data, where: str) -> Node:
         scaleup_domain=max(domain, devices),
         network=F.text(data, "network", where),
         nics=F.integer(data, "nics", where, maximum=4096),
-        nic_bandwidth=F.number(data, "nic_gbps", where) * GB / 8,
-        host_memory_bytes=F.number(data, "host_memory_gib", where) * GIB,
-        nvme_read_bandwidth=F.number(data, "nvme_read_gbs", where) * GB,
-        nvme_write_bandwidth=F.number(data, "nvme_write_gbs", where) * GB,
-        host_adam_params_per_s=F.number(data, "host_adam_params_per_s", where),
+        nic_bandwidth=F.number(data, "nic_gbps", where, **RATE) * GB / 8,
+        host_memory_bytes=F.number(data, "host_memory_gib", where, **GIBS) * GIB,
+        nvme_read_bandwidth=F.number(data, "nvme_read_gbs", where, **RATE) * GB,
+        nvme_write_bandwidth=F.number(data, "nvme_write_gbs", where, **RATE) * GB,
+        host_adam_params_per_s=F.number(data, "host_adam_params_per_s", where, minimum=1e3, maximum=1e15),
         sources=_sources(data, where),
     )
 
@@ -248,8 +255,8 @@ def network_from_dict(data, where: str, need_sources: bool = True) -> Network:
     return Network(
         name=F.text(data, "name", where, "custom"),
         description=F.text(data, "description", where, ""),
-        latency_s=F.number(data, "latency_us", where, minimum=0.0, strict_min=False) * 1e-6,
-        efficiency=F.number(data, "efficiency", where, maximum=1.0),
+        latency_s=F.number(data, "latency_us", where, **LATENCY) * 1e-6,
+        efficiency=F.number(data, "efficiency", where, minimum=1e-3, maximum=1.0),
         oversubscription=F.number(data, "oversubscription", where, 1.0, minimum=1.0, strict_min=False, maximum=1e3),
         sources=_sources(data, where) if need_sources else dict(data.get("sources") or {}),
     )

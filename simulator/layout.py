@@ -27,9 +27,8 @@ import numpy as np
 from . import schedules as S
 from .dataparallel import DPCosts, buckets, dp_costs
 from .dims import Groups, grad_group_size, groups
-from .memory import (ActivationSizes, StageMemory, activation_sizes, buffer_bytes, offloaded_activation_bytes,
-                     peak_activation_bytes)
-from .offload import OffloadCosts, offload_costs
+from .memory import ActivationSizes, StageMemory, activation_sizes, buffer_bytes, peak_activation_bytes
+from .offload import OffloadCosts, offload_costs, resident_chunks_with_offload
 from .passes import PassTimes, cp_layer_comm_s, ops_time, pass_times, pp_hop_s, tp_layer_comm_s
 from .states import BytesPerParam, ModelStates, bytes_per_param, layer_params_local, model_states, optimizer_step_s, \
     stage_params
@@ -85,22 +84,30 @@ class Layout:
     def offloads_activations(self) -> bool:
         return self.plan.offload.activations != "none"
 
+    def resident_chunks(self, rep: StageLayout, stage=None):
+        """(chunks in flight, chunks on the device, embedding chunks in flight) at the stage's peak."""
+        stage = rep.stage if stage is None else stage
+        chunks, first = self.schedule.in_flight(self.p, self.m, self.v, stage)
+        resident = chunks
+        if self.offloads_activations:
+            resident = resident_chunks_with_offload(rep.offload, chunks, rep.passes.fwd_s / self.v)
+        return chunks, resident, first
+
     def stage_memory(self, rep: StageLayout, stage=None) -> StageMemory:
         """Peak bytes of a device of pipeline stage `stage` (default: the representative's own
         index; any stage it stands for), from the schedule's in-flight counts."""
         stage = rep.stage if stage is None else stage
-        chunks, first = self.schedule.in_flight(self.p, self.m, self.v, stage)
-        acts = peak_activation_bytes(rep.activations, chunks, first, self.offloads_activations)
+        _, resident, first = self.resident_chunks(rep, stage)
+        acts = peak_activation_bytes(rep.activations, resident, first)
         s = rep.states
         return StageMemory(stage, s.weights_bytes, s.gradients_bytes, s.optimizer_bytes, acts, rep.buffer_bytes)
 
     def host_bytes(self, rep: StageLayout, stage=None):
         """Host memory one device of the stage takes for what it offloads to the CPU."""
-        stage = rep.stage if stage is None else stage
         host = rep.states.host_bytes
         if self.plan.offload.activations == "cpu":
-            chunks, _ = self.schedule.in_flight(self.p, self.m, self.v, stage)
-            host = host + offloaded_activation_bytes(rep.activations, chunks)
+            chunks, resident, _ = self.resident_chunks(rep, stage)
+            host = host + (chunks - resident) * rep.activations.chunk_bytes
         return host
 
 

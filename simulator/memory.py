@@ -9,8 +9,8 @@
 - On top of the saved tensors, at the moment a stage peaks: the layer rebuilt by full
   recomputation, and where the last virtual stage sits the head's saved tensors plus the
   loss's backward transient, whichever moment is larger.
-- Activation offload keeps at most two chunks on the device (the one being computed and
-  one being copied out or prefetched back); the rest waits in host memory.
+- Activation offload keeps few chunks on the device (offload.resident_chunks_with_offload);
+  the rest waits in host memory.
 - Other: the framework's reserve (a profile parameter) and communication buffers.
 """
 
@@ -21,9 +21,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .workload import ATTENTION_CORE, Shard, embedding_ops, head_ops, layer_ops, loss_backward_transient_bytes
-
-OFFLOAD_RESIDENT_CHUNKS = 2  # computing one, copying another (offload.py's streams)
-
 
 def layer_saved_bytes(model, shard: Shard, recompute: str, ops=None):
     """Bytes one layer keeps for the backward pass of one micro-batch under a recompute mode."""
@@ -54,21 +51,10 @@ def activation_sizes(model, shard: Shard, recompute: str, layers_per_chunk, has_
     return ActivationSizes(chunk, emb, np.where(has_head, np.maximum(rebuilt, head), rebuilt))
 
 
-def resident_chunks(in_flight_chunks, offloaded: bool):
-    """Chunks whose activations sit on the device at the peak."""
-    return np.minimum(in_flight_chunks, OFFLOAD_RESIDENT_CHUNKS) if offloaded else in_flight_chunks
-
-
-def peak_activation_bytes(sizes: ActivationSizes, in_flight_chunks, in_flight_embedding, offloaded: bool):
-    """A stage's peak activation bytes for the schedule's in-flight counts."""
-    chunks = resident_chunks(in_flight_chunks, offloaded)
-    emb = np.minimum(in_flight_embedding, chunks)
-    return chunks * sizes.chunk_bytes + emb * sizes.embedding_bytes + sizes.extra_bytes
-
-
-def offloaded_activation_bytes(sizes: ActivationSizes, in_flight_chunks):
-    """Host bytes holding the offloaded chunks at the peak."""
-    return np.maximum(0, in_flight_chunks - OFFLOAD_RESIDENT_CHUNKS) * sizes.chunk_bytes
+def peak_activation_bytes(sizes: ActivationSizes, resident_chunks, in_flight_embedding):
+    """A stage's peak activation bytes for the chunks resident at its peak."""
+    emb = np.minimum(in_flight_embedding, resident_chunks)
+    return resident_chunks * sizes.chunk_bytes + emb * sizes.embedding_bytes + sizes.extra_bytes
 
 
 def buffer_bytes(framework_overhead_bytes, layer_params, plan, weight_bytes_per_param, grad_bytes_per_param):

@@ -1,10 +1,11 @@
 """CPU and NVMe offload: what crosses the host link, how long it takes, what it cannot hide.
 
 One model for both engines. Each device's host link (PCIe) is full duplex: copies to the
-host (D2H) and from it (H2D) run on two streams of their own, and in the graph engine they
-share the link with the device's NIC traffic (on DGX-class nodes the NICs sit behind the
-same PCIe switches: GPUDirect RDMA crosses the same x16 link). NVMe bandwidth is the node's,
-shared by its devices.
+host (D2H) and from it (H2D) run on two in-order streams of their own, shared by every
+transfer of that direction (activations, weights, optimizer copies). NVMe bandwidth is the
+node's, shared by its devices. Not modelled: on DGX-class nodes the NICs sit behind the same
+PCIe switches (GPUDirect RDMA crosses the GPU's x16 link), and all the node's devices copy
+through the hosts' DRAM at once.
 
 - Activations (checkpoint offload): a chunk's saved activations go D2H after its forward
   pass and come back H2D, issued one pass ahead of its backward pass; a chunk whose
@@ -72,10 +73,31 @@ def offload_costs(plan, cluster: Cluster, params, states: ModelStates, per: Byte
     return OffloadCosts(act_out, act_in, weights_in, grads_out, adam, back)
 
 
-def exposed_offload_s(costs: OffloadCosts, chunks: int, microbatches, compute_per_microbatch_s):
-    """Seconds per step the offload transfers add (analytic engine): per micro-batch the busier
-    direction's excess over the micro-batch's compute, plus the per-step optimizer chain."""
-    d2h = chunks * costs.activations_d2h_s
-    h2d = chunks * (costs.activations_h2d_s + 2 * costs.weights_h2d_s)
-    per_mb = np.maximum(0.0, np.maximum(d2h, h2d) - compute_per_microbatch_s)
-    return microbatches * per_mb + costs.per_step_s
+def exposed_offload_s(costs: OffloadCosts, chunks: int, microbatches, offloaded_chunks: tuple, forward_chunk_s,
+                      backward_chunk_s, stage_s, period_s):
+    """Seconds per step the offload transfers add (analytic engine), the larger of two bounds:
+    latency, each read issued one pass ahead waits beyond the pass it overlaps (a forward or a
+    backward pass: `offloaded_chunks` counts both, schedules.offloaded_in_order), less the
+    slack the stage has per micro-batch against the pipeline's period (`period_s`, the
+    slowest stage's micro-batch; `stage_s`, this stage's); throughput, the busier direction's
+    total beyond the step's period. Plus the per-step optimizer chain, which nothing overlaps."""
+    during_fwd, during_bwd = offloaded_chunks
+    offloaded = during_fwd + during_bwd
+    passes = 2 * microbatches * chunks
+    weights = costs.weights_h2d_s
+    read = costs.activations_h2d_s + weights
+    waits = (during_fwd * np.maximum(0.0, read - forward_chunk_s) + during_bwd * np.maximum(0.0, read - backward_chunk_s)
+             + (passes - offloaded) * np.maximum(0.0, weights - forward_chunk_s))
+    latency = microbatches * np.maximum(0.0, waits / microbatches - (period_s - stage_s))
+    d2h = offloaded * costs.activations_d2h_s
+    h2d = offloaded * costs.activations_h2d_s + passes * weights
+    throughput = np.maximum(0.0, np.maximum(d2h, h2d) - microbatches * period_s)
+    return np.maximum(latency, throughput) + costs.per_step_s
+
+
+def resident_chunks_with_offload(costs: OffloadCosts, in_flight_chunks, forward_chunk_s):
+    """Chunks an offloading stage holds at its peak: the one in use, the one being read back,
+    the one being copied out, and, when a copy out takes longer than a forward pass, the
+    backlog that a run of forward passes leaves: 1 - f/copy of each chunk in flight."""
+    behind = np.maximum(0.0, 1.0 - forward_chunk_s / np.maximum(np.asarray(costs.activations_d2h_s), 1e-30))
+    return np.minimum(in_flight_chunks, 2 + np.maximum(1, np.ceil(in_flight_chunks * behind)))

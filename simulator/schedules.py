@@ -96,6 +96,7 @@ class Schedule:
     name = ""
     placement = "loop"
     description = ""
+    split_backward = False  # the last pass producing a chunk's gradients is a W
 
     def chunks(self, vpp: int) -> int:
         """Model chunks per device for the plan's `vpp`."""
@@ -123,6 +124,21 @@ class Schedule:
         """(chunks, embedding chunks) in flight at the stage's peak; broadcast-safe."""
         return _generic_in_flight(self, p, m, v, stage)
 
+    def offloaded_chunks(self, p, m, v, stage) -> tuple:
+        """Chunk passes of a stage whose activations activation offload copies out and reads
+        back, as (reads overlapping a forward pass, reads overlapping a backward pass): all
+        but those whose backward is the stage's very next pass (offloaded_in_order; cached
+        per shape; broadcast-safe)."""
+        fn = _offloaded_cached
+        return tuple(_per_shape(lambda pp, mm, vv, ss, k=k: fn(self.name, pp, mm, vv, ss)[k], p, m, v, stage)
+                     for k in (0, 1))
+
+    def grad_tail(self, p, m, v, stage) -> list:
+        """Per chunk, the passes (F, B, I, W) a stage runs after the last pass producing that
+        chunk's gradients, where its reduction starts. Loop placement: in the cooldown of
+        Megatron-LM's interleaved order chunk c's last backward is followed by c·p others."""
+        return [(0, c * np.asarray(p) * (np.asarray(v) > c), 0, 0) for c in range(int(np.max(v)))]
+
     def sends(self, p, v, stage) -> tuple:
         """(forward, backward) pipeline sends per micro-batch of a stage's device: a forward
         pass sends to the next virtual stage, a backward pass to the previous one, when that
@@ -145,21 +161,43 @@ class Schedule:
 def _generic_in_flight(schedule: Schedule, p, m, v, stage):
     """In-flight counts read from the schedule's own orders (cached per shape); used where no
     closed form is given, and broadcast over numpy arrays of shapes."""
-    arrays = np.broadcast_arrays(np.asarray(p), np.asarray(m), np.asarray(v), np.asarray(stage))
-    if arrays[0].ndim == 0:
-        return _peak_cached(schedule.name, int(p), int(m), int(v), int(stage))
-    chunks = np.zeros(arrays[0].shape)
-    first = np.zeros(arrays[0].shape)
-    for idx in np.ndindex(arrays[0].shape):
-        pp, mm, vv, ss = (int(a[idx]) for a in arrays)
-        chunks[idx], first[idx] = _peak_cached(schedule.name, pp, mm, vv, min(ss, pp - 1))
-    return chunks, first
+    return tuple(_per_shape(lambda pp, mm, vv, ss, k=k: _peak_cached(schedule.name, pp, mm, vv, ss)[k],
+                            p, m, v, stage) for k in (0, 1))
 
 
 @lru_cache(maxsize=4096)
 def _peak_cached(name: str, p: int, m: int, v: int, stage: int) -> tuple[int, int]:
     s = SCHEDULES[name]
     return peak_in_flight(s.orders(p, m, v)[stage], 0 if stage == s.embedding_stage(p) else None)
+
+
+@lru_cache(maxsize=4096)
+def _grad_tail_cached(name: str, p: int, m: int, v: int, stage: int) -> list:
+    return grad_tail_in_order(cached_orders(name, p, m, v)[stage], v)
+
+
+@lru_cache(maxsize=4096)
+def _offloaded_cached(name: str, p: int, m: int, v: int, stage: int) -> tuple[int, int]:
+    return offloaded_in_order(cached_orders(name, p, m, v)[stage])
+
+
+def _per_shape(fn, p, m, v, stage):
+    """fn(p, m, v, stage) on ints, elementwise over numpy arrays of shapes (computed once per
+    distinct shape: a batch of plans shares few)."""
+    arrays = np.broadcast_arrays(np.asarray(p), np.asarray(m), np.asarray(v), np.asarray(stage))
+    if arrays[0].ndim == 0:
+        return fn(int(p), int(m), int(v), min(int(stage), int(p) - 1))
+    keys = np.stack([a.ravel().astype(np.int64) for a in arrays], axis=1)
+    unique, inverse = np.unique(keys, axis=0, return_inverse=True)
+    values = np.array([fn(int(pp), int(mm), int(vv), min(int(ss), int(pp) - 1)) for pp, mm, vv, ss in unique],
+                      dtype=float)
+    return values[inverse.ravel()].reshape(arrays[0].shape)
+
+
+@lru_cache(maxsize=512)
+def cached_orders(name: str, p: int, m: int, v: int) -> tuple:
+    """A named schedule's orders (immutable), built once per shape."""
+    return tuple(tuple(o) for o in SCHEDULES[name].orders(p, m, v))
 
 
 class GPipe(Schedule):
@@ -175,6 +213,9 @@ class GPipe(Schedule):
         every = np.broadcast_to(np.asarray(m), np.broadcast(np.asarray(p), np.asarray(stage)).shape) if np.ndim(
             stage) or np.ndim(p) else m
         return every, every
+
+    def offloaded_chunks(self, p, m, v, stage):
+        return _one_f_one_b_offloaded(m + 0 * np.asarray(stage), m)
 
     def step_s(self, t, p, m, v):
         # The first micro-batch's forward reaches the last stage after every other stage's
@@ -203,6 +244,9 @@ class OneFOneB(Schedule):
     def in_flight(self, p, m, v, stage):
         n = np.minimum(np.asarray(p) - stage, m)
         return n, n
+
+    def offloaded_chunks(self, p, m, v, stage):
+        return _one_f_one_b_offloaded(m, np.minimum(np.asarray(p) - stage - 1, m))
 
     def step_s(self, t, p, m, v):
         # Narayanan et al. 2021: bubble (p-1)(f+b) for equal stages, for every m >= 1.
@@ -258,6 +302,17 @@ class Interleaved(Schedule):
         one = np.minimum(p - stage, m)
         return np.where(v == 1, one, warm), np.where(v == 1, one, first)
 
+    def offloaded_chunks(self, p, m, v, stage):
+        p, v, stage = np.asarray(p), np.asarray(v), np.asarray(stage)
+        warm = np.where(v == 1, np.minimum(p - stage - 1, m), np.minimum(2 * (p - stage - 1) + (v - 1) * p, m * v))
+        fwd, bwd = _one_f_one_b_offloaded(m * v, warm)
+        # On the last stage (warm-up (v-1)p) the steady pair (F of virtual micro-batch W+k, B of k)
+        # is one chunk's own forward and backward when k falls in the first p of each group of
+        # p·v: that chunk stays on the device.
+        pairs = m * v - warm
+        kept = (pairs // (p * v)) * p + np.minimum(pairs % (p * v), p)
+        return np.where((stage == p - 1) & (v > 1), fwd - kept, fwd), bwd
+
     def step_s(self, t, p, m, v):
         # the fill and drain pass through 1/v of each other stage (Narayanan et al. 2021)
         return m * t.pick(tuple(t.total(i) for i in range(len(t.f)))) + t.others(t.total) / v
@@ -273,6 +328,7 @@ class ZBH1(Schedule):
 
     name = "zb-h1"
     description = "zero-bubble H1: split backward, W fills the drain (Qi et al. 2024)"
+    split_backward = True
 
     def orders(self, p, m, v):
         done_f = [[-1] * m for _ in range(p)]  # slot at whose end F finished
@@ -307,6 +363,10 @@ class ZBH1(Schedule):
         n = np.minimum(np.asarray(p) - stage, m)
         return n, n
 
+    def offloaded_chunks(self, p, m, v, stage):
+        # ZB-H1's forwards and input-gradient passes come in 1F1B's order (W passes aside)
+        return _one_f_one_b_offloaded(m, np.minimum(np.asarray(p) - stage - 1, m))
+
     def step_s(self, t, p, m, v):
         # The last micro-batch's backward drains through the p-1 other stages (f + b each, as
         # in 1F1B); a stage waiting in the drain runs its postponed W passes instead, one per
@@ -322,6 +382,7 @@ class _VShape(Schedule):
     virtual stage), split backward passes; needs m >= 2p micro-batches."""
 
     placement = "v"
+    split_backward = True
 
     def chunks(self, vpp):
         return 2
@@ -333,13 +394,18 @@ class _VShape(Schedule):
             raise InputError("plan.global_batch", m, f"{self.name} needs at least 2*pp = {2 * p} micro-batches per "
                              f"replica, got {m}")
 
+    def grad_tail(self, p, m, v, stage) -> list:
+        return [tuple(_per_shape(lambda pp, mm, vv, ss, c=c, k=k: _grad_tail_cached(self.name, pp, mm, vv, ss)[c][k],
+                                 p, m, v, stage) for k in range(4)) for c in range(2)]
+
     def step_s(self, t, p, m, v):
-        # For equal chunk passes F = I = W = t the order never idles once a stage has
-        # started, and the last stage starts after the p-1 forward chunks before it:
-        # 2m(F+I+W) + (p-1)F (tests/test_schedules.py). With unequal passes that fill is a
-        # lower bound; the graph engine executes the order itself.
-        crit = t.pick(tuple(t.total(i) for i in range(len(t.f))))
-        return m * crit + t.others(lambda i: t.f[i]) / v
+        """The order executed with the stages' pass times (pipeline_makespan): the V-shaped
+        orders are built for equal passes, F = I = W, where they never idle once a stage has
+        started and the step is 2m(F+I+W) + (p-1)F (tests/test_schedules.py); with unequal
+        passes they idle in ways no simple form follows. Past the warm-up the order repeats
+        every p micro-batches, so two short executions give the step for any m."""
+        return _per_plan(lambda i, pp, mm, vv: _periodic_makespan(self, _stage_lists(t, i, pp, vv), pp, mm, vv),
+                         p, m, v)
 
 
 class ZBV(_VShape):
@@ -466,6 +532,7 @@ class Explicit(Schedule):
         self.base, self.name, self.placement = base, base.name, base.placement
         self.description = f"explicit order (placement of {base.name})"
         self._orders = parse_explicit(ops, p, m, v)
+        self.split_backward = any(kind == WGT for order in self._orders for kind, _, _ in order)
         pipeline_makespan(self, self._orders, p, v, [0.0] * p, [0.0] * p, [0.0] * p)  # no order waiting on itself
 
     def chunks(self, vpp):
@@ -480,10 +547,14 @@ class Explicit(Schedule):
     def in_flight(self, p, m, v, stage):
         return peak_in_flight(self._orders[int(stage)], 0 if int(stage) == self.embedding_stage(p) else None)
 
+    def offloaded_chunks(self, p, m, v, stage):
+        return offloaded_in_order(self._orders[int(stage)])
+
+    def grad_tail(self, p, m, v, stage):
+        return grad_tail_in_order(self._orders[int(stage)], v)
+
     def step_s(self, t, p, m, v):
-        kinds = [0] + [1] * (p - 2) + [len(t.f) - 1] if p > 1 else [0]
-        per = [[float(x[k]) / v for k in kinds] for x in (t.f, t.b, t.w)]
-        return pipeline_makespan(self, self._orders, p, v, *per)
+        return pipeline_makespan(self, self._orders, p, v, *_stage_lists(t, (), p, v))
 
 
 ONE_F_ONE_B = OneFOneB()
@@ -514,6 +585,42 @@ def peak_in_flight(order: list[tuple], first_chunk: int | None = 0) -> tuple[int
             live -= 1
             first -= chunk == first_chunk
     return peak, peak_first
+
+
+def grad_tail_in_order(order: list[tuple], v: int) -> list:
+    """Per chunk, the (F, B, I, W) passes after the chunk's last B or W on one stage's order."""
+    out = []
+    for c in range(v):
+        last = max(k for k, (kind, ch, _) in enumerate(order) if ch == c and kind in (BWD, WGT))
+        after = [kind for kind, _, _ in order[last + 1:]]
+        out.append(tuple(after.count(kind) for kind in (FWD, BWD, BWD_INPUT, WGT)))
+    return out
+
+
+def offloaded_in_order(order: list[tuple]) -> tuple[int, int]:
+    """Forward passes on one stage's order not followed at once by their own backward pass
+    (their activations are copied out and read back), as (reads issued during a forward
+    pass, reads issued during a backward pass): a read is issued one pass ahead."""
+    uses = [op for op in order if op[0] != WGT]
+    kept = {a[1:] for a, b in zip(uses, uses[1:]) if a[0] == FWD and b[0] in BACKWARDS and b[1:] == a[1:]}
+    during_fwd = during_bwd = 0
+    for before, op in zip([None] + uses, uses):  # the read runs during the pass before its backward
+        if op[0] in BACKWARDS and op[1:] not in kept:
+            during_fwd += before is not None and before[0] == FWD
+            during_bwd += before is None or before[0] != FWD
+    return during_fwd, during_bwd
+
+
+def _one_f_one_b_offloaded(total, warm):
+    """offloaded_in_order for a 1F1B-like order of `total` forward and backward passes with
+    `warm` warm-up forwards: no warm-up, every forward is followed by its own backward; else
+    every chunk is copied out, the steady pairs read during a forward and the cooldown during a
+    backward (all forwards first: the first backward reads during the last forward)."""
+    total, warm = np.asarray(total), np.asarray(warm)
+    none = (warm == 0) | (total == 1)  # a single micro-batch's backward follows its forward
+    fwd = np.where(none, 0, np.where(warm < total, total - warm, 1))
+    bwd = np.where(none, 0, np.where(warm < total, warm, total - 1))
+    return fwd, bwd
 
 
 _OP = re.compile(r"^([FBW])(\d+)(?:\.(\d+))?$")
@@ -552,6 +659,38 @@ def parse_explicit(ops_per_stage, p: int, m: int, v: int) -> list[list[tuple]]:
                                  f"must come after {before}{chunk}.{mb} on the same stage")
         out.append(parsed)
     return out
+
+
+def _stage_lists(t: StageTimes, index: tuple, p: int, v: int) -> tuple:
+    """Per-stage, per-chunk pass times (f, b, w) of one plan from the representatives."""
+    kinds = [0] + [1] * (p - 2) + [len(t.f) - 1] if p > 1 else [0]
+    return tuple([float(np.asarray(x[k])[index]) / v for k in kinds] for x in (t.f, t.b, t.w))
+
+
+def _per_plan(fn, p, m, v):
+    """fn(index, p, m, v) for a scalar plan, or elementwise over arrays of plans."""
+    shape = np.broadcast(np.asarray(p), np.asarray(m), np.asarray(v)).shape
+    if not shape:
+        return fn((), int(p), int(m), int(v))
+    out = np.empty(shape)
+    for idx in np.ndindex(shape):
+        out[idx] = fn(idx, *(int(np.broadcast_to(np.asarray(x), shape)[idx]) for x in (p, m, v)))
+    return out
+
+
+def _periodic_makespan(schedule: Schedule, times: tuple, p: int, m: int, v: int) -> float:
+    """pipeline_makespan of the schedule's order for m micro-batches; past 2p + p micro-batches
+    from two executions of the periodic order (affine in m), checked against a third."""
+    def run(k):
+        return pipeline_makespan(schedule, cached_orders(schedule.name, p, k, v), p, v, *times)
+
+    m0 = 2 * p
+    if m <= m0 + 2 * p:
+        return run(m)
+    t0, t1, t2 = run(m0), run(m0 + p), run(m0 + 2 * p)
+    if abs((t2 - t1) - (t1 - t0)) > 1e-9 * t2:
+        return run(m)
+    return t0 + (m - m0) / p * (t1 - t0)
 
 
 def pipeline_makespan(schedule: Schedule, orders: list[list[tuple]], p: int, v: int, f, b, w,

@@ -192,8 +192,14 @@ def evaluate_all(model: ModelSpec, cluster: Cluster, global_batch: int, opts: Se
     return pd.concat([_frame(model, cluster, b, d) for b, d in groups], ignore_index=True), tried
 
 
+def _offloads(batch: PlanBatch) -> int:
+    """How many of the model states and activations a plan offloads."""
+    return sum(getattr(batch.offload, k) != "none" for k in ("optimizer", "params", "activations"))
+
+
 def _ranked_rows(model, cluster, groups: list, column: str, ascending: bool, count: int) -> tuple[pd.DataFrame, int]:
-    """The `count` best feasible plans as a DataFrame (ties: least memory first), and the feasible count."""
+    """The `count` best feasible plans as a DataFrame (ties: fewer offloads, then least memory), and the
+    feasible count."""
     def col(key):
         return np.concatenate([np.broadcast_to(np.asarray(d[key], dtype=float), (len(b),)) for b, d in groups])
     feasible = np.concatenate([np.broadcast_to(d["feasible"], (len(b),)) for b, d in groups]).astype(bool)
@@ -201,8 +207,10 @@ def _ranked_rows(model, cluster, groups: list, column: str, ascending: bool, cou
     row = np.concatenate([np.arange(len(b)) for b, _ in groups])
     score = col(column) if ascending else -col(column)
     memory = col("peak_memory_gib")
+    offloads = np.concatenate([np.full(len(b), _offloads(b)) for b, _ in groups])
     keep = np.flatnonzero(feasible)
-    order = keep[np.lexsort((memory[keep], score[keep]))][:count]
+    # ties: the plan that offloads less, then the one that needs less memory
+    order = keep[np.lexsort((memory[keep], offloads[keep], score[keep]))][:count]
     frames = []
     for g in np.unique(gid[order]):
         picked = order[gid[order] == g]
@@ -267,8 +275,10 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
             if key in head.columns:
                 head[key] = redone[key].to_numpy()
         head = head[head["feasible"].astype(bool)]
-        ranked = head.sort_values([column, "peak_memory_gib"], ascending=[ascending, True],
-                                  kind="stable").reset_index(drop=True)
+        head = head.assign(_offloads=sum((head[f"offload_{k}"] != "none").astype(int)
+                                         for k in ("optimizer", "params", "activations")))
+        ranked = head.sort_values([column, "_offloads", "peak_memory_gib"], ascending=[ascending, True, True],
+                                  kind="stable").drop(columns="_offloads").reset_index(drop=True)
         ranked_by = f"analytic pre-filter, graph for the top {len(results)}"
     ranked.insert(0, "rank", np.arange(1, len(ranked) + 1))
     return SearchResult(ranked.head(top).reset_index(drop=True), tried, valid, feasible, ranked_by,

@@ -202,14 +202,14 @@ def test_a_transfer_arriving_late_shares_only_the_overlap():
 def test_activation_offload_keeps_few_micro_batches_on_the_device(scenario):
     """1F1B stage 1 holds p - 1 = 3 micro-batches without offload; with activations copied to
     the host after F and back one pass ahead of B it holds at most 3 (one being written out,
-    one being read back, one in use) and the analytic engine counts 2 (transfers hidden)."""
+    one being read back, one in use), as the analytic engine counts when the copies keep up."""
     base = plan(scenario, global_batch=64)
     off = plan(scenario, global_batch=64, offload={"activations": "cpu"})
     chunk = float(compile_scenario(base).representative(1).activations.chunk_bytes)
     on_device = simulate(off, periodic=False).activation_peak_bytes[1]  # stage 1: no embedding input
     assert simulate(base, periodic=False).activation_peak_bytes[1] == pytest.approx(3 * chunk)  # p - i = 3
     assert on_device <= 3 * chunk * (1 + 1e-12)
-    assert activation_bytes(off, 1) == pytest.approx(2 * chunk)
+    assert activation_bytes(off, 1) == pytest.approx(3 * chunk)
     assert on_device < simulate(base, periodic=False).activation_peak_bytes[0]
 
 

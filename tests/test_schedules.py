@@ -11,8 +11,8 @@ from simulator import evaluate
 from simulator.engine import run, simulate
 from simulator.errors import InputError
 from simulator.graph import uniform_graph
-from simulator.schedules import SCHEDULES, StageTimes, parse_explicit, peak_in_flight, pipeline_makespan, \
-    stage_times
+from simulator.schedules import SCHEDULES, StageTimes, offloaded_in_order, parse_explicit, peak_in_flight, \
+    pipeline_makespan, stage_times
 
 
 def step(schedule, p, m, v=1, f=1.0, b=2.0, w=0.0):
@@ -102,6 +102,19 @@ def test_in_flight_closed_forms_equal_the_orders(name, p, m):
         assert int(chunks) == want[0]
         if stage == s.embedding_stage(p):
             assert int(first) == want[1]
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@pytest.mark.parametrize("p,m", [(1, 1), (1, 3), (2, 1), (2, 5), (4, 4), (4, 8), (4, 3), (3, 12), (8, 16)])
+def test_offloaded_chunk_counts_equal_the_orders(name, p, m):
+    s = SCHEDULES[name]
+    if name in ("zb-v", "dualpipe-v") and m < 2 * p or name == "interleaved" and m % p:
+        pytest.skip("shape the schedule refuses")
+    v = s.chunks(2 if p > 1 else 1)
+    orders = s.orders(p, m, v)
+    for stage in range(p):
+        got = tuple(int(x) for x in s.offloaded_chunks(p, m, v, stage))
+        assert got == offloaded_in_order(orders[stage])
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v"])

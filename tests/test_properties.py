@@ -1,0 +1,95 @@
+"""Invariants every prediction obeys, checked over 2,000 random valid plans per engine
+(tests/plans.py draws them: every schedule, recompute mode, ZeRO stage, offload target,
+TP/CP/PP shape, sequence length up to 32k).
+
+- MFU <= HFU <= 1: useful FLOPs never exceed executed ones, and no device runs faster than
+  its peak.
+- The step takes at least the hardware FLOPs spread evenly over every device at peak.
+- A plan that fits reports a peak within the device's memory and host memory within the host.
+- Every number is finite.
+- The engines agree within 10 % on ZeRO-0/1 plans without offload, for every schedule and
+  every number of micro-batches.
+- Doubling TP (halving DP, same micro-batches per replica) never raises a device's memory.
+"""
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from plans import plan_dicts, scenario_of
+from simulator import InputError, evaluate, scenario_from_dict
+
+RUNS = settings(max_examples=2000, deadline=None, derandomize=True, database=None,
+                suppress_health_check=list(HealthCheck))
+AGREE = 0.10
+
+
+def check_invariants(r):
+    d = r.to_dict()
+    numbers = [d["step_time_s"], d["mfu"], d["hfu"], d["peak_memory_gib"], *d["breakdown_s"].values(),
+               *d["memory_gib"].values(), d["cost_usd_per_step"]]
+    assert all(x is not None and math.isfinite(x) for x in numbers), d
+    assert r.mfu <= r.hfu * (1 + 1e-12) and r.hfu <= 1 + 1e-9, (r.mfu, r.hfu)
+    floor = r.hardware_flops_per_step / (r.devices * r.peak_flops_per_device)
+    assert r.step_time_s >= floor * (1 - 1e-9)
+    if r.feasible:
+        assert r.peak_memory_bytes <= r.capacity_bytes
+
+
+@given(plan_dicts())
+@RUNS
+def test_analytic_predictions_obey_the_invariants(data):
+    check_invariants(evaluate(scenario_of(data), "analytic"))
+
+
+@given(plan_dicts())
+@RUNS
+def test_graph_predictions_obey_the_invariants_and_agree_on_zero_0_1(data):
+    s = scenario_of(data)
+    g = evaluate(s, "graph")
+    check_invariants(g)
+    p = s.plan
+    if p.zero_stage <= 1 and p.offload == type(p.offload)():
+        a = evaluate(s, "analytic")
+        assert abs(a.step_time_s - g.step_time_s) <= AGREE * g.step_time_s, (a.step_time_s, g.step_time_s)
+
+
+@given(plan_dicts(zero_stages=(0, 1, 2, 3)))
+@RUNS
+def test_memory_does_not_rise_with_tensor_parallelism(data):
+    s = scenario_of(data)
+    plan = data["plan"]
+    if plan["dp"] % 2:
+        return
+    wider = {"tp": 2 * s.plan.tp, "dp": s.plan.dp // 2, "global_batch": s.plan.global_batch // 2}
+    try:
+        t2 = scenario_from_dict({**data, "plan": {**plan, **wider}})
+    except InputError:
+        return  # tp no longer divides the heads, or the sequence for sequence parallelism
+    before, after = evaluate(s, "analytic"), evaluate(t2, "analytic")
+    assert after.peak_memory_bytes <= before.peak_memory_bytes * (1 + 1e-9)
+
+
+def test_a_non_physical_bandwidth_is_refused():
+    with pytest.raises(InputError, match="nvme"):
+        scenario_from_dict({"model": {"preset": "megatron-gpt-1.7b"},
+                            "cluster": {"node": _node_with(nvme_read_gbs=5e-324), "nodes": 1},
+                            "plan": {"global_batch": 8}})
+
+
+def _node_with(**fields) -> str:
+    """A copy of the dgx-a100 node profile with `fields` changed, written to a temporary file."""
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+
+    from simulator.hardware import profiles_dir
+
+    data = yaml.safe_load((profiles_dir() / "nodes" / "dgx-a100.yaml").read_text())
+    data.update(fields)
+    folder = Path(tempfile.mkdtemp())
+    path = folder / "dgx-a100.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
