@@ -13,7 +13,7 @@ from typing import Mapping
 from . import fields as F
 from .errors import InputError
 from .hardware import Cluster
-from .model import ModelSpec
+from .model import ModelSpec, refuse_unmodelled
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 RECOMPUTE = ("none", "selective", "full")
@@ -140,6 +140,7 @@ def _schedule_ops(value):
 
 def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     """Raise InputError for a plan that cannot be laid out on this model and cluster."""
+    refuse_unmodelled(model)  # MoE, MLA, MTP, ...: until the cost model handles them
     if plan.devices != cluster.devices:
         raise InputError("plan.dp", plan.dp, f"tp*pp*dp*cp = {plan.tp}*{plan.pp}*{plan.dp}*{plan.cp} = "
                          f"{plan.devices} must equal the cluster's {cluster.devices} devices")
