@@ -251,7 +251,7 @@ class ModelSpec:
     def active_params(self, mtp: bool = True) -> int:
         """Parameters one token uses: every parameter but the routed experts it is not sent to.
 
-        Convention of Mixtral (46.7B / 12.9B, arXiv 2401.04088 Sec. 1) and DeepSeek-V3
+        Convention of Mistral AI's Mixtral announcement (46.7B / 12.9B) and DeepSeek-V3
         (README_WEIGHTS.md: 36.7B "including 0.9B for Embedding and 0.9B for the output
         Head"): the whole embedding table counts. OpenAI's gpt-oss model card counts the
         unembedding but not the embedding: subtract embedding_params() to compare. Equal to

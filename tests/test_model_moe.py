@@ -22,7 +22,7 @@ def test_mixtral_8x7b_has_46_7b_parameters_12_9b_active():
     assert (total, active) == (46_702_792_704, 12_879_925_248)
     m = load_preset("mixtral-8x7b")
     assert (m.params(), m.active_params()) == (total, active)
-    assert round(total / GB, 1) == 46.7 and round(active / GB, 1) == 12.9  # Mistral AI: 46.7B / 12.9B
+    assert round(total / GB, 1) == 46.7 and round(active / GB, 1) == 12.9  # Mistral AI's announcement
 
 
 def test_mixtral_8x22b_has_141b_parameters_39b_active():
