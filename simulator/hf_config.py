@@ -42,10 +42,20 @@ def read_config(path: str, field: str = "model.hf_config") -> dict:
             raise InputError(field, path, "expected a regular file (a config.json)")
         if p.stat().st_size > MAX_BYTES:
             raise InputError(field, path, f"larger than {MAX_BYTES} bytes: not a config.json")
-        cfg = json.loads(p.read_text(encoding="utf-8"))
+        cfg = json.loads(p.read_text(encoding="utf-8"), object_pairs_hook=lambda pairs: _unique(pairs, field))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise InputError(field, path, f"expected a JSON config.json ({exc.__class__.__name__})") from None
     return dict(F.require_mapping(cfg, field))
+
+
+def _unique(pairs: list, field: str) -> dict:
+    """A JSON object whose keys are all different (json.loads would keep the last silently)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise InputError(f"{field}.{key}", value, "duplicate key in config.json")
+        out[key] = value
+    return out
 
 
 def _name(cfg: Mapping, path: str) -> str:

@@ -121,6 +121,13 @@ def test_a_directory_or_huge_file_is_not_read_as_a_config(tmp_path):
         load_hf_config(str(big), seq_len=4096)
 
 
+def test_a_duplicate_key_is_refused(tmp_path):
+    path = tmp_path / "dup.json"
+    path.write_text('{"hidden_size": 4096, "num_hidden_layers": 32, "hidden_size": 8192}')
+    with pytest.raises(InputError, match=r"model\.hf_config\.hidden_size: got 8192; duplicate key"):
+        load_hf_config(str(path), seq_len=4096)
+
+
 def test_hf_config_in_a_scenario_file_is_relative_to_the_file(tmp_path):
     folder = tmp_path / "runs"
     folder.mkdir()
