@@ -55,8 +55,8 @@ class ModelSpec:
     tied_embeddings: bool = True
     dropout: bool = False
     description: str = ""
-    head_dim: int | None = None  # width of one query/key head; default hidden // heads
-    attention: str | None = None  # mha | gqa | mla; default mha if kv_heads == heads else gqa
+    head_dim: int | None = None  # width of one query/key head; default hidden // heads (mla: nope + rope)
+    attention: str | None = None  # mha | gqa | mla; mha and gqa follow from kv_heads (== heads: mha)
     # Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1); 0 unless mla.
     q_lora_rank: int = 0  # 0 with mla: full-rank query projection (DeepSeek-V2-Lite)
     kv_lora_rank: int = 0
@@ -106,17 +106,18 @@ class ModelSpec:
 
     @property
     def v_width(self) -> int:
-        """Width of V, and of the attention output the O projection reads: kv_heads x v_head_dim."""
+        """Width of V: kv_heads x v_head_dim."""
         return self.kv_heads * self.v_head_dim
+
+    @property
+    def attn_out_width(self) -> int:
+        """Width of the attention output the O projection reads: heads x v_head_dim."""
+        return self.heads * self.v_head_dim
 
     @property
     def mlp_matrices(self) -> int:
         """Weight matrices of size hidden x width in an MLP: 2 for GELU, 3 for the gated SwiGLU/GeGLU."""
         return 2 if self.activation == "gelu" else 3
-
-    @property
-    def is_moe(self) -> bool:
-        return self.experts > 0
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether layer `index` (from 0) routes tokens to experts: DeepSeek's rule, as in
@@ -150,8 +151,8 @@ class ModelSpec:
         MHA/GQA: W_Q (h x q), W_K, W_V (h x kv each), W_O (v x h); with biases q + 2 kv + h
         (Megatron-LM ColumnParallel QKV + RowParallel O; GQA per Ainslie et al. 2023).
         MLA (DeepSeek-V2 arXiv 2405.04434 Sec. 2.1.2-2.1.3; vllm deepseek_v2.py, commit
-        002d6073, DeepseekV2MLAAttention): W_DQ (h x q_lora) + RMSNorm(q_lora) + W_UQ (q_lora x heads*(nope+rope)),
-        or one W_Q (h x heads*(nope+rope)) when q_lora_rank is 0; W_DKV+W_KR fused
+        002d6073, DeepseekV2MLAAttention): W_DQ (h x q_lora) + RMSNorm(q_lora) + W_UQ
+        (q_lora x heads*(nope+rope)), or one W_Q (h x heads*(nope+rope)) when q_lora_rank is 0; W_DKV+W_KR fused
         (h x (kv_lora + rope)) + RMSNorm(kv_lora); W_UK+W_UV fused (kv_lora x heads*(nope+v));
         W_O (heads*v x h). MLA models carry no biases (refused at validation).
         """
@@ -161,9 +162,9 @@ class ModelSpec:
             q = h * qk if not self.q_lora_rank else h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * qk
             kv = (h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
                   + self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim))
-            return q + kv + self.heads * self.v_head_dim * h
+            return q + kv + self.attn_out_width * h
         q, k, v = self.q_width, self.kv_hidden, self.v_width
-        weights = h * (q + k + v) + self.heads * self.v_head_dim * h
+        weights = h * (q + k + v) + self.attn_out_width * h
         return weights + (q + k + v + h if self.bias else 0)
 
     def mlp_params(self, width: int) -> int:
@@ -207,11 +208,13 @@ class ModelSpec:
         12h^2 + 13h for GPT (Narayanan et al. 2021, Eq. 2)."""
         return self.moe_layer_params() if self.is_moe_layer(index) else self.dense_layer_params()
 
-    def layer_active_params(self, index: int = 0) -> int:
-        """Parameters of layer `index` that one token uses (top_k of the routed experts)."""
-        if not self.is_moe_layer(index):
-            return self.dense_layer_params()
+    def moe_layer_active_params(self) -> int:
+        """Parameters of an MoE layer that one token uses (top_k of the routed experts)."""
         return self.attention_params() + self.moe_active_params() + self.layer_norm_params()
+
+    def layer_active_params(self, index: int = 0) -> int:
+        """Parameters of layer `index` that one token uses."""
+        return self.moe_layer_active_params() if self.is_moe_layer(index) else self.dense_layer_params()
 
     def embedding_params(self) -> int:
         pos = self.seq_len * self.hidden if self.position_embedding == "learned" else 0
@@ -224,17 +227,16 @@ class ModelSpec:
         return 0 if self.tied_embeddings else self.vocab * self.hidden
 
     def mtp_module_params(self, active: bool = False) -> int:
-        """One multi-token-prediction module (DeepSeek-V3 arXiv 2412.19437 Sec. 2.2, Eq. 21-23;
-        deepseek-ai/DeepSeek-V3 README_WEIGHTS.md, commit 0b39205): RMSNorms of the hidden
+        """One multi-token-prediction module (DeepSeek-V3 arXiv 2412.19437 Sec. 2.2;
+        deepseek-ai/DeepSeek-V3 README_WEIGHTS.md, commit 9b4e9788): RMSNorms of the hidden
         state and of the next token's embedding, the projection M (2h x h), one transformer
         block (an MoE layer when the model has experts) and the norm before the shared output
         head. The embedding and the output head are the main model's (not counted again).
         With `active`, the block counts only the experts one token uses."""
-        moe = self.experts > 0
-        if active and moe:
-            block = self.attention_params() + self.moe_active_params() + self.layer_norm_params()
+        if not self.experts:
+            block = self.dense_layer_params()
         else:
-            block = self.moe_layer_params() if moe else self.dense_layer_params()
+            block = self.moe_layer_active_params() if active else self.moe_layer_params()
         return block + 2 * self.hidden * self.hidden + 3 * self._norm(self.hidden)
 
     def _outside_layers(self) -> int:
@@ -257,8 +259,7 @@ class ModelSpec:
         unembedding but not the embedding: subtract embedding_params() to compare. Equal to
         params() for a dense model."""
         moe = self.moe_layers
-        active = self.attention_params() + self.moe_active_params() + self.layer_norm_params() if moe else 0
-        total = (self.layers - moe) * self.dense_layer_params() + moe * active
+        total = (self.layers - moe) * self.dense_layer_params() + moe * self.moe_layer_active_params()
         extra = self.mtp_layers * self.mtp_module_params(active=True) if mtp else 0
         return total + self._outside_layers() + extra
 
