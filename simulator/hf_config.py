@@ -83,7 +83,7 @@ def _sliding_window(cfg: Mapping, model_type, layers: int, where: str) -> tuple[
     types = cfg.get("layer_types")
     if types is not None:
         if not isinstance(types, list) or len(types) != layers or \
-                not set(types) <= {"full_attention", "sliding_attention"}:
+                not all(t in ("full_attention", "sliding_attention") for t in types):
             raise InputError(f"{where}.layer_types", types, f"expected {layers} of full_attention / sliding_attention")
         sliding = [t == "sliding_attention" for t in types]
         if not any(sliding):
@@ -153,7 +153,7 @@ def hf_fields(path: str, seq_len) -> dict:
         if seq > positions:
             raise InputError("model.seq_len", seq, f"GPT-2's learned position table has n_positions={positions} rows")
         act = cfg.get("activation_function", "gelu_new")
-        if act not in _HF_ACT:
+        if not isinstance(act, str) or act not in _HF_ACT:
             raise InputError(f"{where}.activation_function", act, "expected one of " + ", ".join(_HF_ACT))
         # GPT2Config defaults: n_inner None = 4 * n_embd; tie_word_embeddings True.
         return dict(name=name, layers=cfg.get("n_layer"), hidden=hidden, heads=cfg.get("n_head"),
@@ -172,7 +172,7 @@ def hf_fields(path: str, seq_len) -> dict:
     known = model_type in DENSE_TYPES + MOE_TYPES
     act = cfg.get("hidden_act", "silu")
     acts = _GATED_ACT if known else _HF_ACT
-    if act not in acts:
+    if not isinstance(act, str) or act not in acts:
         raise InputError(f"{where}.hidden_act", act, "expected one of " + ", ".join(acts))
     layers = F.integer(cfg, "num_hidden_layers", where)
     heads = F.integer(cfg, "num_attention_heads", where)

@@ -105,6 +105,17 @@ def test_a_qwen_moe_pattern_llmsim_cannot_express_is_refused(tmp_path, change, k
         load_hf_config(_write(tmp_path, cfg), seq_len=4096)
 
 
+@pytest.mark.parametrize("change,key", [
+    ({"hidden_act": ["silu"]}, "hidden_act"),
+    ({"layer_types": [{"a": 1}] * 36}, "layer_types"),
+    ({"num_local_experts": "128"}, "num_local_experts"),
+])
+def test_a_value_of_the_wrong_type_is_one_line_naming_the_key(tmp_path, change, key):
+    cfg = {**_config("gpt-oss-120b"), **change}
+    with pytest.raises(InputError, match=rf"\.{key}: "):
+        load_hf_config(_write(tmp_path, cfg), seq_len=4096)
+
+
 def test_an_irregular_layer_pattern_is_refused(tmp_path):
     cfg = _config("gpt-oss-120b")
     cfg["layer_types"] = ["full_attention"] * 2 + cfg["layer_types"][2:]
