@@ -413,14 +413,10 @@ def cmd_list(args) -> int:
         print()
         print(_fmt_table(rows, ("node", "accelerator", "devices", "scale-up", "NICs", "network")))
         return 0
-    from .model import available_presets, load_preset
+    from .model import preset_table
 
-    rows = []
-    for name in available_presets():
-        m = load_preset(name)
-        rows.append((name, f"{m.params() / 1e9:.2f}", m.layers, m.hidden, f"{m.heads}/{m.kv_heads}", m.ffn_hidden,
-                     m.vocab, m.seq_len, m.activation))
-    print(_fmt_table(rows, ("preset", "params B", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq", "act")))
+    headers, rows = preset_table()
+    print(_fmt_table(rows, headers))
     return 0
 
 

@@ -1,8 +1,12 @@
-"""Transformer model spec: presets (models/*.yaml), explicit fields, or a Hugging Face config.json."""
+"""Transformer model spec: presets (models/*.yaml), explicit fields, or a Hugging Face config.json.
+
+A spec describes a decoder-only transformer: dense (GPT, Llama), Mixture-of-Experts (Mixtral,
+DeepSeek, Qwen-MoE, GPT-OSS, Grok) and multi-head latent attention (DeepSeek-V2/V3). The
+parameter counts here are pure functions of the spec; the cost model builds on them.
+"""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -10,12 +14,17 @@ from typing import Mapping
 
 from . import fields as F
 from .errors import InputError
+from .hf_config import hf_fields
 from .resources import data_dir
 from .yamlio import load_yaml
 
-ACTIVATIONS = ("gelu", "swiglu")
+ACTIVATIONS = ("gelu", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")
+ATTENTIONS = ("mha", "gqa", "mla")
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+MOE_FIELDS = ("top_k", "expert_ffn_hidden", "shared_experts", "shared_expert_ffn_hidden", "dense_layers",
+              "moe_layer_freq")
 
 
 def presets_dir() -> Path:
@@ -24,88 +33,323 @@ def presets_dir() -> Path:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only transformer (GPT / Llama family)."""
+    """A decoder-only transformer: dense (GPT / Llama family) or Mixture-of-Experts.
+
+    Layer `i` (from 0) has a routed-expert MLP when `is_moe_layer(i)`, else a dense MLP of
+    width `ffn_hidden`. Defaults describe a dense model exactly as before the MoE fields
+    existed; `__post_init__` fills the derived defaults (head_dim, attention, widths).
+    """
 
     name: str
     layers: int
     hidden: int
     heads: int
     kv_heads: int
-    ffn_hidden: int
+    ffn_hidden: int  # width of a dense MLP (every layer of a dense model)
     vocab: int
     seq_len: int
     activation: str = "gelu"
     norm: str = "layernorm"
     position_embedding: str = "learned"
-    bias: bool = True
+    bias: bool = True  # biases on every linear layer (MoE router and experts too) and on LayerNorms
     tied_embeddings: bool = True
     dropout: bool = False
     description: str = ""
+    head_dim: int | None = None  # width of one query/key head; default hidden // heads (mla: nope + rope)
+    attention: str | None = None  # mha | gqa | mla; mha and gqa follow from kv_heads (== heads: mha)
+    # Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1); 0 unless mla.
+    q_lora_rank: int = 0  # 0 with mla: full-rank query projection (DeepSeek-V2-Lite)
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int | None = None  # default head_dim (mha, gqa)
+    # Mixture of Experts; experts == 0 is a dense model.
+    experts: int = 0  # routed experts per MoE layer
+    top_k: int = 0  # routed experts per token
+    expert_ffn_hidden: int | None = None  # width of one routed expert; default ffn_hidden
+    shared_experts: int = 0  # experts every token goes through (DeepSeekMoE, Qwen2-MoE)
+    shared_expert_ffn_hidden: int | None = None  # default expert_ffn_hidden
+    dense_layers: int = 0  # leading layers with a dense MLP (DeepSeek first_k_dense_replace)
+    moe_layer_freq: int = 1  # past dense_layers, layer i is MoE when i % moe_layer_freq == 0
+    mtp_layers: int = 0  # multi-token-prediction modules (DeepSeek-V3 num_nextn_predict_layers)
+    # Sliding-window attention: layer i attends to the last `sliding_window` tokens when
+    # i % sliding_window_freq == 0 (Mistral: every layer; GPT-OSS: every other); 0 = none.
+    sliding_window: int = 0
+    sliding_window_freq: int = 1
+
+    def __post_init__(self):
+        fill = lambda key, value: object.__setattr__(self, key, value)  # noqa: E731 (frozen dataclass)
+        if self.attention == "mla":
+            fill("head_dim", self.qk_nope_head_dim + self.qk_rope_head_dim)
+        else:
+            if self.head_dim is None:
+                fill("head_dim", self.hidden // self.heads)
+            fill("attention", "mha" if self.kv_heads == self.heads else "gqa")
+        if self.v_head_dim is None:
+            fill("v_head_dim", self.head_dim)
+        if self.expert_ffn_hidden is None:
+            fill("expert_ffn_hidden", self.ffn_hidden if self.experts else 0)
+        if self.shared_expert_ffn_hidden is None:
+            fill("shared_expert_ffn_hidden", self.expert_ffn_hidden if self.shared_experts else 0)
+
+    # ------------------------------------------------------------ widths
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def q_width(self) -> int:
+        """Width of the queries (output of the Q projection): heads x head_dim."""
+        return self.heads * self.head_dim
 
     @property
     def kv_hidden(self) -> int:
-        """Width of K (and of V): kv_heads x head_dim."""
+        """Width of K: kv_heads x head_dim (with MLA, the decompressed keys: heads x (nope + rope))."""
         return self.kv_heads * self.head_dim
 
     @property
-    def mlp_matrices(self) -> int:
-        """Weight matrices of size hidden x ffn_hidden in the MLP: 2 for GELU, 3 for SwiGLU."""
-        return 3 if self.activation == "swiglu" else 2
+    def v_width(self) -> int:
+        """Width of V: kv_heads x v_head_dim."""
+        return self.kv_heads * self.v_head_dim
 
-    def layer_params(self) -> int:
-        """Parameters of one transformer layer (attention, MLP, two norms)."""
-        h, kv, f = self.hidden, self.kv_hidden, self.ffn_hidden
-        attn = h * (h + 2 * kv) + h * h
-        mlp = self.mlp_matrices * h * f
-        norm = 2 * (2 * h if self.norm == "layernorm" and self.bias else h)
-        bias = (h + 2 * kv + h + (f * (self.mlp_matrices - 1)) + h) if self.bias else 0
-        return attn + mlp + norm + bias
+    @property
+    def attn_out_width(self) -> int:
+        """Width of the attention output the O projection reads: heads x v_head_dim."""
+        return self.heads * self.v_head_dim
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of size hidden x width in an MLP: 2 for GELU, 3 for the gated SwiGLU/GeGLU."""
+        return 2 if self.activation == "gelu" else 3
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether layer `index` (from 0) routes tokens to experts: DeepSeek's rule, as in
+        vllm-project/vllm vllm/model_executor/models/deepseek_v2.py (commit 002d6073),
+        DeepseekV2DecoderLayer: layer_idx >= first_k_dense_replace and
+        layer_idx % moe_layer_freq == 0."""
+        return self.experts > 0 and index >= self.dense_layers and index % self.moe_layer_freq == 0
+
+    @property
+    def moe_layers(self) -> int:
+        """Number of MoE layers among the `layers` (MTP modules not included): the multiples of
+        moe_layer_freq in [dense_layers, layers)."""
+        if not self.experts:
+            return 0
+        return max(0, (self.layers - 1) // self.moe_layer_freq - (self.dense_layers - 1) // self.moe_layer_freq)
+
+    def is_sliding_window_layer(self, index: int) -> bool:
+        """Whether layer `index` attends only to the last `sliding_window` tokens (Mistral 7B,
+        arXiv 2310.06825 Sec. 2; GPT-OSS layer_types alternate sliding/full from layer 0)."""
+        return self.sliding_window > 0 and index % self.sliding_window_freq == 0
+
+    # ------------------------------------------------------------ parameter counts per part
+
+    def _norm(self, width: int) -> int:
+        """One normalisation layer: LayerNorm has a gain and (with biases) a shift, RMSNorm a gain."""
+        return 2 * width if self.norm == "layernorm" and self.bias else width
+
+    def attention_params(self) -> int:
+        """Parameters of one attention block (projections and their biases; no pre-norm).
+
+        MHA/GQA: W_Q (h x q), W_K, W_V (h x kv each), W_O (v x h); with biases q + 2 kv + h
+        (Megatron-LM ColumnParallel QKV + RowParallel O; GQA per Ainslie et al. 2023).
+        MLA (DeepSeek-V2 arXiv 2405.04434 Sec. 2.1.2-2.1.3; vllm deepseek_v2.py, commit
+        002d6073, DeepseekV2MLAAttention): W_DQ (h x q_lora) + RMSNorm(q_lora) + W_UQ
+        (q_lora x heads*(nope+rope)), or one W_Q (h x heads*(nope+rope)) when q_lora_rank is 0; W_DKV+W_KR fused
+        (h x (kv_lora + rope)) + RMSNorm(kv_lora); W_UK+W_UV fused (kv_lora x heads*(nope+v));
+        W_O (heads*v x h). MLA models carry no biases (refused at validation).
+        """
+        h = self.hidden
+        if self.attention == "mla":
+            qk = self.heads * self.head_dim
+            q = h * qk if not self.q_lora_rank else h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * qk
+            kv = (h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+                  + self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim))
+            return q + kv + self.attn_out_width * h
+        q, k, v = self.q_width, self.kv_hidden, self.v_width
+        weights = h * (q + k + v) + self.attn_out_width * h
+        return weights + (q + k + v + h if self.bias else 0)
+
+    def mlp_params(self, width: int) -> int:
+        """One MLP of intermediate size `width`: up (and gate) h x width, down width x h, and
+        biases (width per up/gate matrix, h for down) when the model has biases. A routed
+        expert, a shared expert and a dense MLP are each one of these (Mixtral, arXiv 2401.04088
+        Sec. 2.1; DeepSeekMoE arXiv 2401.06066 Sec. 3)."""
+        m, h = self.mlp_matrices, self.hidden
+        return m * h * width + ((m - 1) * width + h if self.bias else 0)
+
+    def router_params(self) -> int:
+        """The gate: h x experts (+ experts biases when the model has biases, GPT-OSS).
+        DeepSeek-V3's auxiliary-loss-free balancing bias (e_score_correction_bias) is updated
+        by a rule, not by gradients (arXiv 2412.19437 Sec. 2.1.2): not a trained parameter."""
+        return self.hidden * self.experts + (self.experts if self.bias else 0)
+
+    def moe_params(self) -> int:
+        """MLP part of one MoE layer: router + every routed expert + shared experts."""
+        return (self.router_params() + self.experts * self.mlp_params(self.expert_ffn_hidden)
+                + self.shared_experts * self.mlp_params(self.shared_expert_ffn_hidden))
+
+    def moe_active_params(self) -> int:
+        """MLP parameters one token uses in an MoE layer: router, top_k routed experts, shared experts."""
+        return (self.router_params() + self.top_k * self.mlp_params(self.expert_ffn_hidden)
+                + self.shared_experts * self.mlp_params(self.shared_expert_ffn_hidden))
+
+    def layer_norm_params(self) -> int:
+        """The two pre-norms of a layer (attention, MLP)."""
+        return 2 * self._norm(self.hidden)
+
+    def dense_layer_params(self) -> int:
+        """A layer with a dense MLP of width ffn_hidden: attention + MLP + two norms."""
+        return self.attention_params() + self.mlp_params(self.ffn_hidden) + self.layer_norm_params()
+
+    def moe_layer_params(self) -> int:
+        """A layer with routed experts: attention + router + experts + shared experts + two norms."""
+        return self.attention_params() + self.moe_params() + self.layer_norm_params()
+
+    def layer_params(self, index: int = 0) -> int:
+        """Parameters of layer `index` (from 0); every layer of a dense model is the same:
+        12h^2 + 13h for GPT (Narayanan et al. 2021, Eq. 2)."""
+        return self.moe_layer_params() if self.is_moe_layer(index) else self.dense_layer_params()
+
+    def moe_layer_active_params(self) -> int:
+        """Parameters of an MoE layer that one token uses (top_k of the routed experts)."""
+        return self.attention_params() + self.moe_active_params() + self.layer_norm_params()
+
+    def layer_active_params(self, index: int = 0) -> int:
+        """Parameters of layer `index` that one token uses."""
+        return self.moe_layer_active_params() if self.is_moe_layer(index) else self.dense_layer_params()
 
     def embedding_params(self) -> int:
         pos = self.seq_len * self.hidden if self.position_embedding == "learned" else 0
         return self.vocab * self.hidden + pos
 
     def final_norm_params(self) -> int:
-        return 2 * self.hidden if self.norm == "layernorm" and self.bias else self.hidden
+        return self._norm(self.hidden)
 
     def lm_head_params(self) -> int:
         return 0 if self.tied_embeddings else self.vocab * self.hidden
 
-    def params(self) -> int:
-        """Total trainable parameters (a tied lm_head is counted once)."""
-        return (self.layers * self.layer_params() + self.embedding_params()
-                + self.final_norm_params() + self.lm_head_params())
+    def mtp_module_params(self, active: bool = False) -> int:
+        """One multi-token-prediction module (DeepSeek-V3 arXiv 2412.19437 Sec. 2.2;
+        deepseek-ai/DeepSeek-V3 README_WEIGHTS.md, commit 9b4e9788): RMSNorms of the hidden
+        state and of the next token's embedding, the projection M (2h x h), one transformer
+        block (an MoE layer when the model has experts) and the norm before the shared output
+        head. The embedding and the output head are the main model's (not counted again).
+        With `active`, the block counts only the experts one token uses."""
+        if not self.experts:
+            block = self.dense_layer_params()
+        else:
+            block = self.moe_layer_active_params() if active else self.moe_layer_params()
+        return block + 2 * self.hidden * self.hidden + 3 * self._norm(self.hidden)
+
+    def _outside_layers(self) -> int:
+        return self.embedding_params() + self.final_norm_params() + self.lm_head_params()
+
+    def params(self, mtp: bool = True) -> int:
+        """Total trainable parameters (a tied lm_head counted once); `mtp` adds the
+        multi-token-prediction modules, which are trained with the model."""
+        moe = self.moe_layers
+        total = (self.layers - moe) * self.dense_layer_params() + moe * self.moe_layer_params()
+        extra = self.mtp_layers * self.mtp_module_params() if mtp else 0
+        return total + self._outside_layers() + extra
+
+    def active_params(self, mtp: bool = True) -> int:
+        """Parameters one token uses: every parameter but the routed experts it is not sent to.
+
+        Convention of Mistral AI's Mixtral announcement (46.7B / 12.9B) and DeepSeek-V3
+        (README_WEIGHTS.md: 36.7B "including 0.9B for Embedding and 0.9B for the output
+        Head"): the whole embedding table counts. OpenAI's gpt-oss model card counts the
+        unembedding but not the embedding: subtract embedding_params() to compare. Equal to
+        params() for a dense model."""
+        moe = self.moe_layers
+        total = (self.layers - moe) * self.dense_layer_params() + moe * self.moe_layer_active_params()
+        extra = self.mtp_layers * self.mtp_module_params(active=True) if mtp else 0
+        return total + self._outside_layers() + extra
+
+    def shape_summary(self) -> str:
+        """The MoE shape in one short text: '8x14336 top-2', '256x2048 top-8 +1 shared, 3 dense',
+        '-' for a dense model."""
+        if not self.experts:
+            return "-"
+        out = f"{self.experts}x{self.expert_ffn_hidden} top-{self.top_k}"
+        if self.shared_experts:
+            out += f" +{self.shared_experts} shared"
+        if self.dense_layers:
+            out += f", {self.dense_layers} dense"
+        if self.moe_layer_freq > 1:
+            out += f", every {self.moe_layer_freq}"
+        return out
 
 
-MODEL_KEYS = ("preset", "hf_config", "name", "description", "layers", "hidden", "heads", "kv_heads", "ffn_hidden",
-              "vocab", "seq_len", "activation", "norm", "position_embedding", "bias", "tied_embeddings", "dropout",
-              "source")
-_SHAPE_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len")
+MODEL_KEYS = ("preset", "hf_config", "name", "description", "layers", "hidden", "heads", "kv_heads", "head_dim",
+              "attention", *MLA_FIELDS, "ffn_hidden", "dense_ffn_hidden", "experts", *MOE_FIELDS, "mtp_layers",
+              "sliding_window", "sliding_window_freq", "vocab", "seq_len", "activation", "norm",
+              "position_embedding", "bias", "tied_embeddings", "dropout", "source")
+
+
+def _dense_width(data: Mapping, field: str) -> int | None:
+    """ffn_hidden, also spelled dense_ffn_hidden (the width of a dense-MLP layer of an MoE model)."""
+    ffn = F.integer(data, "ffn_hidden", field, None, maximum=10**8)
+    dense = F.integer(data, "dense_ffn_hidden", field, None, maximum=10**8)
+    if ffn is not None and dense is not None and ffn != dense:
+        raise InputError(f"{field}.dense_ffn_hidden", dense, f"is another name for ffn_hidden={ffn}: give one")
+    return ffn if ffn is not None else dense
 
 
 def _spec_from_fields(data: Mapping, field: str, base: ModelSpec | None = None) -> ModelSpec:
     """Build a spec from explicit fields; missing ones fall back to `base` (a preset or HF config)."""
-    def default(key, fallback=F._MISSING):
-        return getattr(base, key) if base is not None else fallback
+    def default(key, fallback=F._MISSING, keep=True):
+        return getattr(base, key) if base is not None and keep else fallback
+
+    def count(key, fallback=0, keep=True, maximum=10**6):
+        return F.integer(data, key, field, default(key, fallback, keep), minimum=0, maximum=maximum)
 
     hidden = F.integer(data, "hidden", field, default("hidden"), maximum=10**7)
     heads = F.integer(data, "heads", field, default("heads"), maximum=10**5)
     activation = F.choice(data, "activation", field, ACTIVATIONS, default("activation", "gelu"))
-    # A changed width or head count invalidates the base's derived sizes.
-    kv_default = base.kv_heads if base is not None and "heads" not in data else heads
-    ffn_default = base.ffn_hidden if base is not None and "hidden" not in data else (
-        4 * hidden if activation == "gelu" else F._MISSING)
+    # A changed width, head count, attention or expert count invalidates the base's derived sizes.
+    same_width = "hidden" not in data
+    same_heads = same_width and "heads" not in data
+    mla_kept = base is not None and base.attention == "mla" and "attention" not in data
+    attention = F.choice(data, "attention", field, ATTENTIONS, "mla" if mla_kept else None)
+    mla = attention == "mla"
+    kv_heads = F.integer(data, "kv_heads", field, default("kv_heads", heads, keep=same_heads), maximum=10**5)
+    head_dim = F.integer(data, "head_dim", field,
+                         default("head_dim", None, keep=same_heads and "attention" not in data and not mla),
+                         maximum=10**5)
+    if head_dim is None and not mla and hidden % heads:
+        raise InputError(f"{field}.heads", heads, f"must divide hidden={hidden} (or give head_dim)")
+    if attention == "mha" and kv_heads != heads:
+        raise InputError(f"{field}.attention", "mha", f"needs kv_heads = heads = {heads}; got kv_heads={kv_heads}")
+    mla_values = {k: count(k, 0, keep=mla_kept, maximum=10**5) for k in MLA_FIELDS}
+    if mla and head_dim is not None and head_dim != mla_values["qk_nope_head_dim"] + mla_values["qk_rope_head_dim"]:
+        raise InputError(f"{field}.head_dim", head_dim, "with attention: mla the query/key head is "
+                         "qk_nope_head_dim + qk_rope_head_dim: leave head_dim out")
+    if not mla:  # the value head of MHA/GQA is head_dim wide
+        mla_values["v_head_dim"] = F.integer(data, "v_head_dim", field, None, maximum=10**5)
+
+    experts = count("experts", 0, maximum=100_000)
+    moe_kept = base is not None and "experts" not in data
+    widths_kept = moe_kept and same_width and base.experts > 0
+    dense_layers = count("dense_layers", 0, keep=moe_kept, maximum=100_000)
+    moe_layer_freq = F.integer(data, "moe_layer_freq", field, default("moe_layer_freq", 1, keep=moe_kept),
+                               maximum=100_000)
+    dense = _dense_width(data, field)
+    expert_ffn = F.integer(data, "expert_ffn_hidden", field, default("expert_ffn_hidden", None, keep=widths_kept),
+                           maximum=10**8)
+    if dense is None:
+        if base is not None and same_width:
+            dense = base.ffn_hidden
+        elif experts and expert_ffn is not None and not dense_layers and moe_layer_freq == 1:
+            dense = expert_ffn  # no dense layer to size: one width, as in Mixtral's config.json
+        elif activation == "gelu":
+            dense = 4 * hidden
+        else:
+            missing = "expert_ffn_hidden" if experts and expert_ffn is None else "ffn_hidden"
+            raise InputError(f"{field}.{missing}", None, "required integer is missing")
     spec = ModelSpec(
         name=F.text(data, "name", field, default("name", "custom")),
         description=F.text(data, "description", field, default("description", "")),
         layers=F.integer(data, "layers", field, default("layers"), maximum=100_000),
-        hidden=hidden, heads=heads,
-        kv_heads=F.integer(data, "kv_heads", field, kv_default, maximum=10**5),
-        ffn_hidden=F.integer(data, "ffn_hidden", field, ffn_default, maximum=10**8),
+        hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim, attention=attention,
+        ffn_hidden=dense,
         vocab=F.integer(data, "vocab", field, default("vocab"), maximum=10**8),
         seq_len=F.integer(data, "seq_len", field, default("seq_len"), maximum=10**8),
         activation=activation,
@@ -115,16 +359,87 @@ def _spec_from_fields(data: Mapping, field: str, base: ModelSpec | None = None) 
         bias=F.boolean(data, "bias", field, default("bias", True)),
         tied_embeddings=F.boolean(data, "tied_embeddings", field, default("tied_embeddings", True)),
         dropout=F.boolean(data, "dropout", field, default("dropout", False)),
+        **mla_values,
+        experts=experts,
+        top_k=count("top_k", 0, keep=moe_kept, maximum=100_000),
+        expert_ffn_hidden=expert_ffn,
+        shared_experts=count("shared_experts", 0, keep=moe_kept, maximum=100_000),
+        shared_expert_ffn_hidden=F.integer(
+            data, "shared_expert_ffn_hidden", field,
+            default("shared_expert_ffn_hidden", None, keep=widths_kept and "shared_experts" not in data),
+            maximum=10**8),
+        dense_layers=dense_layers, moe_layer_freq=moe_layer_freq,
+        mtp_layers=count("mtp_layers", 0, maximum=1000),
+        sliding_window=count("sliding_window", 0, maximum=10**8),
+        sliding_window_freq=F.integer(data, "sliding_window_freq", field, default("sliding_window_freq", 1),
+                                      maximum=100_000),
     )
     return check_shapes(spec, field)
 
 
 def check_shapes(spec: ModelSpec, field: str = "model") -> ModelSpec:
-    if spec.hidden % spec.heads:
-        raise InputError(f"{field}.heads", spec.heads, f"must divide hidden={spec.hidden}")
+    """Raise InputError, naming the field, for a spec no real model has."""
+    def bad(key, allowed):
+        raise InputError(f"{field}.{key}", getattr(spec, key), allowed)
+
     if spec.kv_heads > spec.heads or spec.heads % spec.kv_heads:
-        raise InputError(f"{field}.kv_heads", spec.kv_heads, f"must divide heads={spec.heads}")
+        bad("kv_heads", f"must divide heads={spec.heads}")
+    if spec.attention == "mla":
+        if spec.kv_heads != spec.heads:
+            bad("kv_heads", f"MLA decompresses keys and values for every head: kv_heads must equal heads={spec.heads}")
+        for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(spec, key) < 1:
+                bad(key, "attention: mla needs an integer >= 1")
+        if spec.bias:
+            bad("bias", "MLA models (DeepSeek-V2/V3) have no biases: set bias: false")
+    else:
+        for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim"):
+            if getattr(spec, key):
+                bad(key, "only with attention: mla")
+        if spec.v_head_dim != spec.head_dim:
+            bad("v_head_dim", f"only with attention: mla (MHA/GQA values have head_dim={spec.head_dim})")
+    if not spec.experts:
+        for key in MOE_FIELDS:
+            if getattr(spec, key) != (1 if key == "moe_layer_freq" else 0):
+                bad(key, "only with experts >= 1 (a Mixture-of-Experts model)")
+    else:
+        if not 1 <= spec.top_k <= spec.experts:
+            bad("top_k", f"expected an integer from 1 to experts={spec.experts}")
+        if spec.expert_ffn_hidden < 1:
+            bad("expert_ffn_hidden", "expected an integer >= 1")
+        if bool(spec.shared_experts) != bool(spec.shared_expert_ffn_hidden):
+            bad("shared_expert_ffn_hidden", "expected an integer >= 1 with shared_experts >= 1, else 0")
+        if spec.dense_layers >= spec.layers:
+            bad("dense_layers", f"must be < layers={spec.layers} (an MoE model has at least one MoE layer)")
+        if not spec.moe_layers:
+            bad("moe_layer_freq", f"leaves no MoE layer among layers {spec.dense_layers}..{spec.layers - 1}")
+    if spec.sliding_window_freq != 1 and not spec.sliding_window:
+        bad("sliding_window_freq", "only with sliding_window >= 1")
     return spec
+
+
+def refuse_unmodelled(spec: ModelSpec) -> None:
+    """Raise InputError for a model the cost model (workload, memory, time) does not model yet.
+
+    The evaluation path calls this (plan.validate) so that an MoE, MLA, MTP or sliding-window
+    model is never computed as a dense one. Remove each check when the cost model handles it."""
+    if spec.experts:
+        raise InputError("model.experts", spec.experts, "MoE models are not yet modelled by the cost model")
+    if spec.attention == "mla":
+        raise InputError("model.attention", "mla", "multi-head latent attention is not yet modelled by the cost "
+                         "model")
+    if spec.mtp_layers:
+        raise InputError("model.mtp_layers", spec.mtp_layers, "multi-token prediction is not yet modelled by the "
+                         "cost model")
+    if spec.head_dim * spec.heads != spec.hidden:
+        raise InputError("model.head_dim", spec.head_dim, f"head_dim x heads != hidden ({spec.heads} x "
+                         f"{spec.head_dim} != {spec.hidden}) is not yet modelled by the cost model")
+    if spec.activation == "geglu":
+        raise InputError("model.activation", "geglu", "GeGLU is not yet modelled by the cost model (swiglu has "
+                         "the same GEMM shapes)")
+    if spec.sliding_window and spec.sliding_window < spec.seq_len:
+        raise InputError("model.sliding_window", spec.sliding_window, f"sliding-window attention shorter than "
+                         f"seq_len={spec.seq_len} is not yet modelled by the cost model")
 
 
 def available_presets() -> list[str]:
@@ -142,62 +457,58 @@ def load_preset(name: str) -> ModelSpec:
     return _spec_from_fields(data, where)
 
 
+def load_hf_config(path: str, seq_len=None) -> ModelSpec:
+    """A spec from a Hugging Face config.json (simulator.hf_config); `seq_len` is required:
+    a config.json states the longest context, not the length a training run uses."""
+    return _spec_from_fields(hf_fields(path, seq_len), f"model.hf_config[{Path(path).name}]")
+
+
 def model_from_dict(data) -> ModelSpec:
-    """The scenario's `model` section: {preset: NAME} (fields may override), {hf_config: PATH} or fields."""
+    """The scenario's `model` section: {preset: NAME} (fields may override), {hf_config: PATH,
+    seq_len: N} or fields. A null preset or hf_config counts as absent, so an override that
+    switches the model source sets the other one to null."""
     data = F.require_mapping(data, "model")
     F.reject_unknown(data, MODEL_KEYS, "model")
     if data.get("preset") is not None and data.get("hf_config") is not None:
-        raise InputError("model.hf_config", data["hf_config"], "give preset or hf_config, not both")
+        raise InputError("model.hf_config", data["hf_config"], "give preset or hf_config, not both (to replace "
+                         "one by the other, set the first to null)")
     base = None
     if data.get("preset") is not None:
         base = load_preset(F.text(data, "preset", "model"))
     elif data.get("hf_config") is not None:
-        base = load_hf_config(F.text(data, "hf_config", "model"))
+        base = load_hf_config(F.text(data, "hf_config", "model"), data.get("seq_len"))
     overrides = {k: v for k, v in data.items() if k not in ("preset", "hf_config", "source")}
     if base is not None and not overrides:
         return base
     return _spec_from_fields(overrides, "model", base)
 
 
-# ------------------------------------------------------------------ Hugging Face import
+def resolve_hf_config(scenario: dict, folder: Path) -> dict:
+    """A scenario file's mapping with a relative model.hf_config made relative to `folder`,
+    the file's own folder (a path given on the command line stays relative to the current
+    directory). Anything malformed is left for model_from_dict to report."""
+    model = scenario.get("model")
+    path = model.get("hf_config") if isinstance(model, Mapping) else None
+    if not isinstance(path, str) or not path.strip() or Path(path).is_absolute():
+        return scenario
+    return {**scenario, "model": {**model, "hf_config": str(Path(folder) / path)}}
 
-_HF_ACT = {"silu": "swiglu", "swish": "swiglu", "gelu": "gelu", "gelu_new": "gelu", "gelu_fast": "gelu",
-           "gelu_pytorch_tanh": "gelu"}
 
+def preset_table() -> tuple[tuple, list[tuple]]:
+    """(headers, rows) of every preset for `llmsim models list`: total and active parameters
+    in billions (main model + MTP modules when it has some), shape and MoE shape."""
+    def billions(main, mtp):
+        return f"{main / 1e9:.2f}" + (f"+{mtp / 1e9:.2f}" if mtp else "")
 
-def load_hf_config(path: str) -> ModelSpec:
-    """Import a Hugging Face config.json (Llama, Mistral, Qwen2, GPT-2 keys); no network."""
-    field = "model.hf_config"
-    p = Path(path)
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(field, path, "file not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(field, path, f"expected a JSON config.json ({exc.__class__.__name__})") from None
-    cfg = F.require_mapping(cfg, field)
-    where = f"{field} {p.name}"
-    if "n_embd" in cfg:  # GPT-2 naming
-        hidden = F.integer(cfg, "n_embd", where)
-        act = cfg.get("activation_function", "gelu_new")
-        data = dict(name=p.stem, layers=cfg.get("n_layer"), hidden=hidden, heads=cfg.get("n_head"),
-                    ffn_hidden=cfg.get("n_inner") or 4 * hidden, vocab=cfg.get("vocab_size"),
-                    seq_len=cfg.get("n_positions") or cfg.get("n_ctx"),
-                    activation=_HF_ACT.get(act, act), norm="layernorm", position_embedding="learned", bias=True,
-                    tied_embeddings=cfg.get("tie_word_embeddings", True), dropout=bool(cfg.get("resid_pdrop", 0)))
-    elif "hidden_size" in cfg:  # Llama, Mistral, Qwen2
-        act = cfg.get("hidden_act", "silu")
-        heads = cfg.get("num_attention_heads")
-        seq = cfg.get("max_position_embeddings")
-        data = dict(name=p.stem, layers=cfg.get("num_hidden_layers"), hidden=cfg.get("hidden_size"), heads=heads,
-                    kv_heads=cfg.get("num_key_value_heads") or heads, ffn_hidden=cfg.get("intermediate_size"),
-                    vocab=cfg.get("vocab_size"), seq_len=seq, activation=_HF_ACT.get(act, act),
-                    norm="rmsnorm", position_embedding="rope",
-                    # Qwen2's q/k/v biases (h + 2*kv_hidden per layer, < 0.01% of the parameters) are ignored:
-                    # `bias` means biases on every linear layer and norm, as in GPT.
-                    bias=False,
-                    tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                    dropout=bool(cfg.get("attention_dropout", 0.0)))
-    else:
-        raise InputError(field, path, "expected Llama/Mistral/Qwen2 (hidden_size, ...) or GPT-2 (n_embd, ...) keys")
-    return _spec_from_fields(data, where)
+    headers = ("preset", "params B", "active B", "layers", "hidden", "heads/kv", "ffn", "experts", "vocab", "seq",
+               "act")
+    rows = []
+    for name in available_presets():
+        m = load_preset(name)
+        heads = f"{m.heads} mla" if m.attention == "mla" else f"{m.heads}/{m.kv_heads}"
+        ffn = m.ffn_hidden if m.moe_layers < m.layers else "-"  # the width of the dense-MLP layers
+        mtp = m.mtp_layers * m.mtp_module_params(), m.mtp_layers * m.mtp_module_params(active=True)
+        rows.append((name, billions(m.params(mtp=False), mtp[0]), billions(m.active_params(mtp=False), mtp[1]),
+                     m.layers, m.hidden, heads,
+                     ffn, m.shape_summary(), m.vocab, m.seq_len, m.activation))
+    return headers, rows

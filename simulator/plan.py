@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from . import fields as F
 from .errors import InputError
 from .hardware import Cluster
-from .model import ModelSpec
+from .model import ModelSpec, refuse_unmodelled
 from .schedules import SCHEDULES, plan_schedule
 
 RECOMPUTE = ("none", "selective", "full")
@@ -130,6 +130,7 @@ def _schedule_ops(value):
 
 def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     """Raise InputError for a plan that cannot be laid out on this model and cluster."""
+    refuse_unmodelled(model)  # MoE, MLA, MTP, ...: until the cost model handles them
     if plan.devices != cluster.devices:
         raise InputError("plan.dp", plan.dp, f"tp*pp*dp*cp = {plan.tp}*{plan.pp}*{plan.dp}*{plan.cp} = "
                          f"{plan.devices} must equal the cluster's {cluster.devices} devices")

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 from . import fields as F
 from .errors import InputError
 from .hardware import Cluster, cluster_from_dict
-from .model import ModelSpec, model_from_dict
+from .model import ModelSpec, model_from_dict, resolve_hf_config
 from .plan import Plan, plan_from_dict, validate
 from .yamlio import load_yaml
 
@@ -83,7 +83,7 @@ def read_scenario(path: str | Path) -> dict:
     raw = load_yaml(path, "scenario")
     if raw is None:
         raise InputError("scenario", str(path), "the file is empty; expected model, cluster and plan sections")
-    return dict(F.require_mapping(raw, "scenario"))
+    return resolve_hf_config(dict(F.require_mapping(raw, "scenario")), Path(path).parent)
 
 
 def apply_overrides(data: Mapping, overrides: Mapping[str, Any]) -> dict:

@@ -34,21 +34,21 @@ def test_every_preset_loads():
 
 
 def test_llama_config_json_imports_gqa_and_swiglu():
-    m = load_hf_config(str(HF / "llama-3.1-8b.json"))
+    m = load_hf_config(str(HF / "llama-3.1-8b.json"), seq_len=8192)
     assert (m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.vocab) == (32, 4096, 32, 8, 14336, 128256)
     assert (m.activation, m.norm, m.position_embedding, m.tied_embeddings) == ("swiglu", "rmsnorm", "rope", False)
 
 
 def test_gpt2_config_json_defaults_ffn_to_4h_and_ties_embeddings():
     cfg = json.loads((HF / "gpt2.json").read_text())
-    m = load_hf_config(str(HF / "gpt2.json"))
+    m = load_hf_config(str(HF / "gpt2.json"), seq_len=1024)
     assert m.ffn_hidden == 4 * cfg["n_embd"] and m.tied_embeddings and m.activation == "gelu"
     assert m.params() == pytest.approx(124_439_808, rel=1e-3)  # GPT-2 small, as counted by transformers
 
 
 @pytest.mark.parametrize("name", ["mistral-7b-v0.1", "qwen2-7b"])
 def test_other_hf_families_import(name):
-    m = load_hf_config(str(HF / f"{name}.json"))
+    m = load_hf_config(str(HF / f"{name}.json"), seq_len=4096)
     assert m.kv_heads < m.heads and m.activation == "swiglu"
 
 

@@ -1,0 +1,200 @@
+"""Hugging Face config.json import: the keys of a released checkpoint, as llmsim model fields.
+
+Families read: GPT-2 (n_embd ...), Llama / Mistral / Qwen2 / Qwen3 (dense), Mixtral,
+Qwen2-MoE / Qwen3-MoE, DeepSeek-V2 / V3 (MLA, shared experts, leading dense layers, MTP)
+and GPT-OSS (biases, alternating sliding-window layers). A config with expert or latent
+attention keys of another family, or a layer pattern llmsim cannot express, is refused with
+the key named: never imported as a dense model. No network: the file is read from disk.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping
+
+from . import fields as F
+from .errors import InputError
+
+MAX_BYTES = 1 << 20  # a config.json is a few kB; anything larger is not one
+DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
+# Keys that only MoE / latent-attention / multi-token-prediction configs carry.
+EXPERT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "num_experts_per_tok", "experts_per_token",
+               "moe_intermediate_size", "n_shared_experts", "shared_expert_intermediate_size",
+               "first_k_dense_replace", "decoder_sparse_step", "moe_layer_freq")
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+OTHER_VARIANT_KEYS = ("num_nextn_predict_layers",)
+# Plain GELU MLP (2 matrices) for GPT-style families; the gated families below are GLUs.
+_HF_ACT = {"silu": "swiglu", "swish": "swiglu", "gelu": "gelu", "gelu_new": "gelu", "gelu_fast": "gelu",
+           "gelu_pytorch_tanh": "gelu"}
+_GATED_ACT = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_new": "geglu", "gelu_fast": "geglu",
+              "gelu_pytorch_tanh": "geglu"}
+
+
+def read_config(path: str, field: str = "model.hf_config") -> dict:
+    """The JSON object of a config.json: a regular file of at most MAX_BYTES, UTF-8."""
+    p = Path(path)
+    try:
+        if not p.exists():
+            raise InputError(field, path, "file not found")
+        if not p.is_file():
+            raise InputError(field, path, "expected a regular file (a config.json)")
+        if p.stat().st_size > MAX_BYTES:
+            raise InputError(field, path, f"larger than {MAX_BYTES} bytes: not a config.json")
+        cfg = json.loads(p.read_text(encoding="utf-8"), object_pairs_hook=lambda pairs: _unique(pairs, field))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise InputError(field, path, f"expected a JSON config.json ({exc.__class__.__name__})") from None
+    return dict(F.require_mapping(cfg, field))
+
+
+def _unique(pairs: list, field: str) -> dict:
+    """A JSON object whose keys are all different (json.loads would keep the last silently)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise InputError(f"{field}.{key}", value, "duplicate key in config.json")
+        out[key] = value
+    return out
+
+
+def _name(cfg: Mapping, path: str) -> str:
+    """The checkpoint's name (`_name_or_path`, last path part), else its model_type."""
+    for key in ("_name_or_path", "model_type"):
+        value = cfg.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.rstrip("/").split("/")[-1] or value
+    stem = Path(path).stem
+    return stem if stem != "config" else "hf-model"
+
+
+def _present(cfg: Mapping, keys) -> list[str]:
+    return [k for k in keys if cfg.get(k) not in (None, 0, False, [], "")]
+
+
+def _sliding_window(cfg: Mapping, model_type, layers: int, where: str) -> tuple[int, int]:
+    """(sliding_window, sliding_window_freq): which layers attend to a window of recent tokens.
+
+    `layer_types` (transformers >= 4.54: GPT-OSS, Gemma) must be sliding on the layers
+    i % f == 0 and full elsewhere; Qwen's `use_sliding_window` (window on the layers past
+    max_window_layers) is refused; otherwise a `sliding_window` applies to every layer (Mistral
+    v0.1, transformers MistralAttention), unless `use_sliding_window` is false."""
+    window = cfg.get("sliding_window")
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers or \
+                not all(t in ("full_attention", "sliding_attention") for t in types):
+            raise InputError(f"{where}.layer_types", types, f"expected {layers} of full_attention / sliding_attention")
+        sliding = [t == "sliding_attention" for t in types]
+        if not any(sliding):
+            return 0, 1
+        for freq in range(1, layers + 1):
+            if all(s == (i % freq == 0) for i, s in enumerate(sliding)):
+                return F.integer(cfg, "sliding_window", where), freq
+        raise InputError(f"{where}.layer_types", types, "llmsim models sliding-window layers i % f == 0 only")
+    if str(model_type).startswith("qwen"):
+        if cfg.get("use_sliding_window"):
+            raise InputError(f"{where}.use_sliding_window", True, "Qwen's sliding window above max_window_layers is "
+                             "not modelled")
+        return 0, 1
+    if window is None or cfg.get("use_sliding_window") is False:
+        return 0, 1
+    return F.integer(cfg, "sliding_window", where), 1
+
+
+def _moe_fields(cfg: Mapping, model_type: str, where: str) -> dict:
+    """Expert fields of a known MoE family (the keys of each family's transformers config class)."""
+    key = {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts", "deepseek_v2": "n_routed_experts",
+           "deepseek_v3": "n_routed_experts"}.get(model_type, "num_experts")
+    out = dict(experts=F.integer(cfg, key, where), top_k=F.integer(cfg, "num_experts_per_tok", where))
+    width = "moe_intermediate_size" if model_type in ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3") \
+        else "intermediate_size"
+    out["expert_ffn_hidden"] = F.integer(cfg, width, where)
+    if model_type.startswith("deepseek"):
+        # vllm deepseek_v2.py (commit 002d6073) DeepseekV2MoE: one shared MLP of
+        # moe_intermediate_size * n_shared_experts, i.e. n_shared_experts experts of that width.
+        shared = F.integer(cfg, "n_shared_experts", where, 0, minimum=0)
+        out.update(shared_experts=shared, shared_expert_ffn_hidden=out["expert_ffn_hidden"] if shared else None,
+                   dense_layers=F.integer(cfg, "first_k_dense_replace", where, 0, minimum=0),
+                   moe_layer_freq=F.integer(cfg, "moe_layer_freq", where, 1))
+    elif model_type.startswith("qwen"):
+        # transformers Qwen2MoeDecoderLayer: MoE where (i + 1) % decoder_sparse_step == 0 and i
+        # not in mlp_only_layers; only the all-MoE case matches llmsim's layer rule.
+        if F.integer(cfg, "decoder_sparse_step", where, 1) != 1:
+            raise InputError(f"{where}.decoder_sparse_step", cfg["decoder_sparse_step"], "only 1 (every layer MoE) "
+                             "is modelled")
+        if cfg.get("mlp_only_layers"):
+            raise InputError(f"{where}.mlp_only_layers", cfg["mlp_only_layers"], "only [] is modelled")
+        shared = F.integer(cfg, "shared_expert_intermediate_size", where, 0, minimum=0)
+        if shared and model_type == "qwen3_moe":
+            raise InputError(f"{where}.shared_expert_intermediate_size", shared, "Qwen3-MoE has no shared expert")
+        # Qwen2-MoE's sigmoid shared_expert_gate (hidden x 1 per layer, < 0.01% of the
+        # parameters) is not modelled, as Qwen2's q/k/v biases.
+        out.update(shared_experts=1 if shared else 0, shared_expert_ffn_hidden=shared or None)
+    return out
+
+
+def hf_fields(path: str, seq_len) -> dict:
+    """llmsim model fields (a mapping for model.py's parser) from a Hugging Face config.json.
+
+    `seq_len` is the training sequence length: required, since max_position_embeddings is
+    the longest context a model supports, not what a training run uses."""
+    field = "model.hf_config"
+    if seq_len is None:
+        raise InputError("model.seq_len", None, "required with hf_config: set model.seq_len to the training "
+                         "sequence length (config.json's max_position_embeddings is the longest context)")
+    seq = F.integer({"seq_len": seq_len}, "seq_len", "model", maximum=10**8)
+    cfg = read_config(path, field)
+    where = f"{field}[{Path(path).name}]"
+    name = _name(cfg, path)
+    if "n_embd" in cfg:  # GPT-2 naming
+        hidden = F.integer(cfg, "n_embd", where)
+        positions = F.integer(cfg, "n_positions", where, cfg.get("n_ctx"))
+        if seq > positions:
+            raise InputError("model.seq_len", seq, f"GPT-2's learned position table has n_positions={positions} rows")
+        act = cfg.get("activation_function", "gelu_new")
+        if not isinstance(act, str) or act not in _HF_ACT:
+            raise InputError(f"{where}.activation_function", act, "expected one of " + ", ".join(_HF_ACT))
+        # GPT2Config defaults: n_inner None = 4 * n_embd; tie_word_embeddings True.
+        return dict(name=name, layers=cfg.get("n_layer"), hidden=hidden, heads=cfg.get("n_head"),
+                    ffn_hidden=cfg.get("n_inner") or 4 * hidden, vocab=cfg.get("vocab_size"), seq_len=seq,
+                    activation=_HF_ACT[act], norm="layernorm", position_embedding="learned", bias=True,
+                    tied_embeddings=cfg.get("tie_word_embeddings", True), dropout=bool(cfg.get("resid_pdrop", 0)))
+    if "hidden_size" not in cfg:
+        raise InputError(field, path, "expected Llama/Mistral/Qwen/Mixtral/DeepSeek/GPT-OSS (hidden_size, ...) or "
+                         "GPT-2 (n_embd, ...) keys")
+    model_type = cfg.get("model_type")
+    if model_type not in DENSE_TYPES + MOE_TYPES:
+        found = _present(cfg, EXPERT_KEYS + MLA_KEYS + OTHER_VARIANT_KEYS)
+        if found:
+            raise InputError(f"{where}.{found[0]}", cfg[found[0]], f"model_type {model_type!r} is not a family llmsim "
+                             "imports with experts or latent attention (" + ", ".join(MOE_TYPES) + ")")
+    known = model_type in DENSE_TYPES + MOE_TYPES
+    act = cfg.get("hidden_act", "silu")
+    acts = _GATED_ACT if known else _HF_ACT
+    if not isinstance(act, str) or act not in acts:
+        raise InputError(f"{where}.hidden_act", act, "expected one of " + ", ".join(acts))
+    layers = F.integer(cfg, "num_hidden_layers", where)
+    heads = F.integer(cfg, "num_attention_heads", where)
+    window, window_freq = _sliding_window(cfg, model_type, layers, where)
+    data = dict(name=name, layers=layers, hidden=F.integer(cfg, "hidden_size", where), heads=heads,
+                kv_heads=F.integer(cfg, "num_key_value_heads", where, heads),
+                ffn_hidden=F.integer(cfg, "intermediate_size", where), vocab=F.integer(cfg, "vocab_size", where),
+                seq_len=seq, activation=acts[act], norm="rmsnorm", position_embedding="rope",
+                # Qwen2's q/k/v biases (h + 2*kv_hidden per layer, < 0.01% of the parameters) are
+                # ignored: `bias` means biases on every linear layer, as in GPT and GPT-OSS.
+                bias=model_type == "gpt_oss" and bool(cfg.get("attention_bias", True)),
+                tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                dropout=bool(cfg.get("attention_dropout", 0.0)),
+                sliding_window=window, sliding_window_freq=window_freq)
+    if model_type in ("deepseek_v2", "deepseek_v3"):
+        # Multi-head latent attention; transformers writes head_dim = qk_rope_head_dim for
+        # rotary purposes, so the query/key head is derived from the MLA dims instead.
+        data.update(attention="mla", kv_heads=heads, q_lora_rank=F.integer(cfg, "q_lora_rank", where, 0, minimum=0),
+                    **{k: F.integer(cfg, k, where) for k in MLA_KEYS[1:]},
+                    mtp_layers=F.integer(cfg, "num_nextn_predict_layers", where, 0, minimum=0))
+    elif cfg.get("head_dim") is not None:
+        data["head_dim"] = F.integer(cfg, "head_dim", where)
+    if model_type in MOE_TYPES:
+        data.update(_moe_fields(cfg, model_type, where))
+    return data

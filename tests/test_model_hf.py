@@ -1,0 +1,158 @@
+"""Hugging Face config.json import: MoE and latent-attention families, what is refused, where
+the file is found, the model's name and its training sequence length."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from simulator.errors import InputError
+from simulator.model import load_hf_config, model_from_dict
+from simulator.scenario import load_scenario, read_scenario
+
+HF = Path(__file__).parent / "data" / "hf"
+
+
+def _config(name: str) -> dict:
+    return json.loads((HF / f"{name}.json").read_text())
+
+
+def _write(tmp_path, cfg: dict, name="config.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_mixtral_config_imports_as_eight_experts_top_two():
+    m = load_hf_config(str(HF / "mixtral-8x7b-instruct-v0.1.json"), seq_len=4096)
+    assert (m.experts, m.top_k, m.expert_ffn_hidden, m.moe_layers, m.seq_len) == (8, 2, 14336, 32, 4096)
+
+
+def test_deepseek_v3_config_imports_mla_shared_expert_dense_layers_and_mtp():
+    m = load_hf_config(str(HF / "deepseek-v3.json"), seq_len=4096)
+    assert (m.attention, m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim) == \
+        ("mla", 1536, 512, 128, 64, 128)
+    assert (m.experts, m.top_k, m.shared_experts, m.shared_expert_ffn_hidden, m.dense_layers, m.ffn_hidden,
+            m.mtp_layers) == (256, 8, 1, 2048, 3, 18432, 1)
+
+
+def test_qwen2_moe_config_imports_its_shared_expert():
+    # Qwen1.5-MoE-A2.7B: 24 layers of 60 experts (1408, top-4) + one shared expert of 5632,
+    # hidden 2048, 16 heads, vocab 151936 untied; Qwen's blog: "14.3B parameters in total".
+    m = load_hf_config(str(HF / "qwen1.5-moe-a2.7b.json"), seq_len=4096)
+    h = 2048
+    layer = 4 * h * h + 60 * 3 * h * 1408 + 3 * h * 5632 + 60 * h + 2 * h
+    assert (m.shared_experts, m.shared_expert_ffn_hidden) == (1, 5632)
+    assert m.params() == 24 * layer + 2 * 151936 * h + h and round(m.params() / 1e9, 1) == 14.3
+
+
+def test_gpt_oss_config_imports_biases_head_dim_and_alternating_windows():
+    m = load_hf_config(str(HF / "gpt-oss-120b.json"), seq_len=4096)
+    assert (m.bias, m.head_dim, m.q_width, m.sliding_window, m.sliding_window_freq) == (True, 64, 4096, 128, 2)
+    assert [m.is_sliding_window_layer(i) for i in range(4)] == [True, False, True, False]
+
+
+def test_the_name_comes_from_name_or_path_else_model_type():
+    assert load_hf_config(str(HF / "qwen1.5-moe-a2.7b.json"), seq_len=4096).name == "Qwen1.5-MoE-A2.7B"
+    assert load_hf_config(str(HF / "mixtral-8x22b-v0.1.json"), seq_len=4096).name == "mixtral"
+
+
+def test_seq_len_is_required_and_never_max_position_embeddings():
+    with pytest.raises(InputError, match=r"^model\.seq_len: got None; required with hf_config"):
+        model_from_dict({"hf_config": str(HF / "qwen2-7b.json")})
+    m = model_from_dict({"hf_config": str(HF / "qwen2-7b.json"), "seq_len": 4096})
+    assert m.seq_len == 4096 and _config("qwen2-7b")["max_position_embeddings"] == 131072
+
+
+def test_gpt2_seq_len_cannot_exceed_its_learned_position_table():
+    with pytest.raises(InputError, match=r"model\.seq_len.*n_positions=1024"):
+        load_hf_config(str(HF / "gpt2.json"), seq_len=2048)
+
+
+def test_mistral_sliding_window_is_kept_and_refused_only_beyond_the_window():
+    from simulator import scenario_from_dict
+    plan = {"tp": 8, "micro_batch": 1, "global_batch": 8}
+    cluster = {"node": "dgx-h100", "nodes": 1}
+    path = str(HF / "mistral-7b-v0.1.json")
+    ok = scenario_from_dict({"model": {"hf_config": path, "seq_len": 4096}, "cluster": cluster, "plan": plan})
+    assert ok.model.sliding_window == 4096
+    with pytest.raises(InputError, match=r"model\.sliding_window: got 4096.*seq_len=8192"):
+        scenario_from_dict({"model": {"hf_config": path, "seq_len": 8192}, "cluster": cluster, "plan": plan})
+
+
+def test_an_unknown_model_type_with_expert_keys_is_refused_naming_the_key(tmp_path):
+    cfg = {**_config("mixtral-8x7b-instruct-v0.1"), "model_type": "brand_new_moe"}
+    with pytest.raises(InputError, match=r"\.num_local_experts: got 8; model_type 'brand_new_moe'"):
+        load_hf_config(_write(tmp_path, cfg), seq_len=4096)
+
+
+def test_an_unknown_model_type_with_latent_attention_keys_is_refused(tmp_path):
+    cfg = {**_config("llama-3.1-8b"), "model_type": "latent_llama", "kv_lora_rank": 512}
+    with pytest.raises(InputError, match=r"\.kv_lora_rank: got 512"):
+        load_hf_config(_write(tmp_path, cfg), seq_len=4096)
+
+
+@pytest.mark.parametrize("change,key", [
+    ({"decoder_sparse_step": 2}, "decoder_sparse_step"),
+    ({"mlp_only_layers": [0, 5]}, "mlp_only_layers"),
+    ({"use_sliding_window": True}, "use_sliding_window"),
+    ({"num_experts_per_tok": None}, "num_experts_per_tok"),
+])
+def test_a_qwen_moe_pattern_llmsim_cannot_express_is_refused(tmp_path, change, key):
+    cfg = {**_config("qwen1.5-moe-a2.7b"), **change}
+    with pytest.raises(InputError, match=rf"\.{key}: "):
+        load_hf_config(_write(tmp_path, cfg), seq_len=4096)
+
+
+@pytest.mark.parametrize("change,key", [
+    ({"hidden_act": ["silu"]}, "hidden_act"),
+    ({"layer_types": [{"a": 1}] * 36}, "layer_types"),
+    ({"num_local_experts": "128"}, "num_local_experts"),
+])
+def test_a_value_of_the_wrong_type_is_one_line_naming_the_key(tmp_path, change, key):
+    cfg = {**_config("gpt-oss-120b"), **change}
+    with pytest.raises(InputError, match=rf"\.{key}: "):
+        load_hf_config(_write(tmp_path, cfg), seq_len=4096)
+
+
+def test_an_irregular_layer_pattern_is_refused(tmp_path):
+    cfg = _config("gpt-oss-120b")
+    cfg["layer_types"] = ["full_attention"] * 2 + cfg["layer_types"][2:]
+    with pytest.raises(InputError, match=r"\.layer_types: "):
+        load_hf_config(_write(tmp_path, cfg), seq_len=4096)
+
+
+def test_a_directory_or_huge_file_is_not_read_as_a_config(tmp_path):
+    with pytest.raises(InputError, match="expected a regular file"):
+        load_hf_config(str(tmp_path), seq_len=4096)
+    big = tmp_path / "big.json"
+    big.write_text(" " * (2 << 20))
+    with pytest.raises(InputError, match="not a config.json"):
+        load_hf_config(str(big), seq_len=4096)
+
+
+def test_a_duplicate_key_is_refused(tmp_path):
+    path = tmp_path / "dup.json"
+    path.write_text('{"hidden_size": 4096, "num_hidden_layers": 32, "hidden_size": 8192}')
+    with pytest.raises(InputError, match=r"model\.hf_config\.hidden_size: got 8192; duplicate key"):
+        load_hf_config(str(path), seq_len=4096)
+
+
+def test_hf_config_in_a_scenario_file_is_relative_to_the_file(tmp_path):
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    shutil.copy(HF / "llama-3.1-8b.json", folder / "llama.json")
+    scenario = folder / "llama.yaml"
+    scenario.write_text("model: {hf_config: llama.json, seq_len: 8192}\n"
+                        "cluster: {node: dgx-h100, nodes: 1}\nplan: {tp: 8, micro_batch: 1, global_batch: 8}\n")
+    assert load_scenario(scenario).model.params() == 8_030_261_248
+    assert read_scenario(scenario)["model"]["hf_config"] == str(folder / "llama.json")
+
+
+def test_a_null_preset_lets_an_override_switch_to_hf_config():
+    both = {"preset": "llama-3.1-8b", "hf_config": str(HF / "qwen2-7b.json"), "seq_len": 4096}
+    with pytest.raises(InputError, match=r"model\.hf_config.*not both"):
+        model_from_dict(both)
+    m = model_from_dict({**both, "preset": None})
+    assert (m.layers, m.hidden, m.seq_len) == (28, 3584, 4096)
