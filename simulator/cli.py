@@ -392,6 +392,11 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def _validated(acc) -> str:
+    """yes / no (efficiencies checked against measured runs or not) / - (the profile does not say)."""
+    return "-" if acc.validation is None else "yes" if acc.validation.validated else "no"
+
+
 def cmd_list(args) -> int:
     if args.command == "hardware":
         from .hardware import available, load_accelerator, load_node
@@ -399,8 +404,13 @@ def cmd_list(args) -> int:
         accs = [load_accelerator(n) for n in available("accelerators")]
         rows = [(a.name, f"{a.peak_flops.get('bf16', a.peak_flops.get('fp16', 0)) / 1e12:.0f}",
                  f"{a.hbm_bytes / 2**30:.0f}", f"{a.hbm_bandwidth / 1e9:.0f}", f"{a.price_usd_per_hour:.2f}",
-                 a.description.split(" (")[0][:50]) for a in accs]
-        print(_fmt_table(rows, ("accelerator", "bf16 TFLOP/s", "HBM GiB", "HBM GB/s", "USD/h", "description")))
+                 _validated(a), a.description.split(" (")[0][:50]) for a in accs]
+        print(_fmt_table(rows, ("accelerator", "bf16 TFLOP/s", "HBM GiB", "HBM GB/s", "USD/h", "validated",
+                                "description")))
+        unchecked = [a for a in accs if a.validation and not a.validation.validated]
+        if unchecked:
+            print("\nnot validated against runs (the profile's validation.reason):")
+            print("\n".join(f"  {a.name}: {a.validation.reason}" for a in unchecked))
         nodes = [load_node(n) for n in available("nodes")]
         rows = [(n.name, n.accelerator, n.devices_per_node, n.scaleup.name, f"{n.nics}x{n.nic_bandwidth * 8 / 1e9:.0f}G",
                  n.network) for n in nodes]
