@@ -15,6 +15,7 @@ from simulator.published import fit_matmul_max
 from simulator.validation import load_runs, validate_published
 from simulator.validation.report import Comparison, summaries, Outcome
 from simulator.validation.runs import PUBLISHED_DIR, read_csv
+from simulator.validation.features import feature
 from simulator.validation.stats import relative_error, summarise
 from simulator.errors import InputError
 
@@ -194,9 +195,18 @@ def test_runs_llmsim_cannot_express_today_are_the_stated_ones(runs):
     assert len(blocked) == 33
 
 
-def test_torchtitan_405b_stages_are_126_layers_split_15_16x6_15(runs):
-    r = runs["tt_t5_405B_512gpu_1F1B"]
-    assert dict(r.reasons).keys() >= {"uneven-pipeline-stages", "fp8-linears"}
+def test_torchtitan_405b_needs_uneven_ranks_and_its_interleaved_run_a_stage_layout(runs):
+    assert {"uneven-pipeline-stages", "fp8-linears"} <= dict(runs["tt_t5_405B_512gpu_1F1B"].reasons).keys()
+    assert "pipeline-layout" in dict(runs["tt_t5_405B_512gpu_Interleaved1F1B"].reasons)
+
+
+def test_uneven_ranks_are_said_as_megatrons_first_and_last_rank_layers():
+    ranks = [15, 16, 16, 16, 16, 16, 16, 15]  # 126 layers: 15 + 6 x 16 + 15
+    scenario = {"plan": {}}
+    feature("uneven-pipeline-stages").apply(scenario, {"rank_layers": ranks})
+    assert scenario["plan"] == {"first_stage_layers": 15, "last_stage_layers": 15}
+    with pytest.raises(InputError, match="equal"):
+        feature("uneven-pipeline-stages").apply({"plan": {}}, {"rank_layers": [15, 16, 17, 15]})
 
 
 def test_vtrain_vocab_is_gpt2_padded_to_128_times_tp(runs):

@@ -15,7 +15,8 @@ Each feature here knows
   fallback is used only when asked (`llmsim validate --published --approximate`), and the
   run is then reported apart, as approximated.
 
-The future field names (plan.first_stage_layers, plan.last_stage_layers, plan.recompute:
+The future field names (plan.first_stage_layers, plan.last_stage_layers, plan.pipeline_layout,
+plan.recompute:
 op-selective, plan.fp8_recipe, plan.compile, plan.fsdp_reshard_after_forward,
 model.activation: squared-relu) follow issue 9; where the schema ends up naming them
 differently, only the probe and `apply` below change.
@@ -53,29 +54,42 @@ class Feature:
 
 # ---------------------------------------------------------------- uneven pipeline stages
 
-def _stage_layers(value) -> list[int]:
-    if not isinstance(value, dict) or not isinstance(value.get("stage_layers"), list):
-        raise InputError("features.uneven-pipeline-stages", value,
-                         "expected {stage_layers: [layers of each (virtual) stage, first to last]}")
-    return [int(n) for n in value["stage_layers"]]
+def _layers(value, name: str, what: str) -> list[int]:
+    if not isinstance(value, dict) or not isinstance(value.get(what), list):
+        raise InputError(f"features.{name}", value, f"expected {{{what}: [layers, first to last]}}")
+    return [int(n) for n in value[what]]
 
 
 def _apply_uneven(scenario: dict, value) -> None:
-    """Megatron-Core's --decoder-first/last-pipeline-num-layers: the first and the last stage
-    are given, the stages between split the rest evenly."""
-    layers = _stage_layers(value)
-    middle = set(layers[1:-1])
-    if len(middle) > 1:
+    """Megatron-Core's --decoder-first/last-pipeline-num-layers (num_layers_in_first/last_
+    pipeline_stage): layers of the first and the last pipeline rank; the ranks between split
+    the rest evenly, and with interleaving each rank splits its layers evenly over its virtual
+    stages (NVIDIA/Megatron-LM@d98e8a64dd megatron/core/transformer/transformer_block.py
+    get_num_layers_to_build)."""
+    layers = _layers(value, "uneven-pipeline-stages", "rank_layers")
+    if len(set(layers[1:-1])) > 1:
         raise InputError("features.uneven-pipeline-stages", layers,
-                         "stages between the first and the last must hold equal layer counts")
+                         "ranks between the first and the last must hold equal layer counts")
     scenario["plan"].update(first_stage_layers=layers[0], last_stage_layers=layers[-1])
 
 
 UNEVEN_STAGES = Feature(
     "uneven-pipeline-stages",
-    "pipeline stages hold different layer counts (e.g. 126 layers over 8 stages: 15, 16 x 6, 15); "
-    "llmsim needs pp x vpp to divide the layers",
+    "pipeline ranks hold different layer counts (e.g. 126 layers over 8 ranks: 15, 16 x 6, 15, "
+    "Megatron's --decoder-first/last-pipeline-num-layers); llmsim needs pp x vpp to divide the layers",
     _plan_key("first_stage_layers"), _apply_uneven)
+
+
+def _apply_layout(scenario: dict, value) -> None:
+    scenario["plan"]["pipeline_layout"] = _layers(value, "pipeline-layout", "stage_layers")
+
+
+PIPELINE_LAYOUT = Feature(
+    "pipeline-layout",
+    "virtual pipeline stages of one rank hold different layer counts (torchtitan Interleaved1F1B "
+    "with 126 layers over 16 stages: 7, 8 x 14, 7, so rank 0 runs 7 + 8); only a per-stage layout "
+    "(Megatron's --pipeline-model-parallel-layout) says it, first/last rank counts cannot",
+    _plan_key("pipeline_layout"), _apply_layout)
 
 
 # ---------------------------------------------------------------- activation checkpointing
@@ -175,7 +189,7 @@ SQUARED_RELU = Feature(
     _squared_relu_fallback, equivalent=True)
 
 
-FEATURES = {f.name: f for f in (UNEVEN_STAGES, OP_SELECTIVE_RECOMPUTE, FP8_LINEARS, EAGER_MODE, ASYNC_TP,
+FEATURES = {f.name: f for f in (UNEVEN_STAGES, PIPELINE_LAYOUT, OP_SELECTIVE_RECOMPUTE, FP8_LINEARS, EAGER_MODE, ASYNC_TP,
                                 FSDP_NO_RESHARD, SQUARED_RELU)}
 
 
