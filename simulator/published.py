@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .errors import InputError
 from .validation import fit_matmul_max, validate_published
-from .validation.runs import PUBLISHED_DIR, source_of, load_supplement, map_row, read_csv
+from .validation.runs import PUBLISHED_DIR, load_supplement, map_row, read_csv, source_of
 
 __all__ = ["PUBLISHED_DIR", "fit_matmul_max", "load_rows", "row_scenario", "validate_published"]
 

@@ -42,6 +42,14 @@ def _set(section: str, **fields) -> Callable[[dict, Any], None]:
     return apply
 
 
+def _entered_as(text: str, section: str = "plan", **fields) -> Callable[[dict, Any], str]:
+    """A fallback that sets `fields` in `section` and says so."""
+    def fallback(scenario: dict, value: Any) -> str:
+        scenario.setdefault(section, {}).update(fields)
+        return text
+    return fallback
+
+
 @dataclass(frozen=True)
 class Feature:
     name: str
@@ -94,17 +102,14 @@ PIPELINE_LAYOUT = Feature(
 
 # ---------------------------------------------------------------- activation checkpointing
 
-def _op_sac_fallback(scenario: dict, value) -> str:
-    scenario["plan"]["recompute"] = "selective"
-    return ("op-level selective AC entered as recompute: selective (Megatron's core-attention recompute; "
-            "with flash attention it recomputes nothing, so memory and time are those of no recompute)")
-
-
 OP_SELECTIVE_RECOMPUTE = Feature(
     "op-selective-recompute",
     "torchtitan op-level selective activation checkpointing (saves matmul outputs except every "
     "other one, attention and reduce-scatter outputs; recomputes the rest)",
-    lambda: "op-selective" in plan_schema.RECOMPUTE, _set("plan", recompute="op-selective"), _op_sac_fallback)
+    lambda: "op-selective" in plan_schema.RECOMPUTE, _set("plan", recompute="op-selective"),
+    _entered_as("op-level selective AC entered as recompute: selective (Megatron's core-attention recompute; "
+                "with flash attention it recomputes nothing, so memory and time are those of no recompute)",
+                recompute="selective"))
 
 
 # ---------------------------------------------------------------- FP8
@@ -142,15 +147,12 @@ FP8_LINEARS = Feature(
 
 # ---------------------------------------------------------------- kernels and framework
 
-def _eager_fallback(scenario: dict, value) -> str:
-    return "eager PyTorch predicted as if compiled (llmsim's memory-bound kernels are fused ones)"
-
-
 EAGER_MODE = Feature(
     "eager-mode",
     "eager PyTorch without torch.compile: unfused memory-bound kernels; llmsim counts the "
     "traffic of fused kernels and has no setting for fusion",
-    _plan_key("compile"), _set("plan", compile=False), _eager_fallback)
+    _plan_key("compile"), _set("plan", compile=False),
+    _entered_as("eager PyTorch predicted as if compiled (llmsim's memory-bound kernels are fused ones)"))
 
 
 def _async_tp_supported() -> bool:
@@ -163,30 +165,22 @@ ASYNC_TP = Feature(
     _async_tp_supported, _set("plan", tp_comm_overlap=True))
 
 
-def _no_reshard_fallback(scenario: dict, value) -> str:
-    return ("FSDP2 without resharding after forward (one all-gather per step under PP) entered as "
-            "zero_stage 3 (gathers every micro-batch)")
-
-
 FSDP_NO_RESHARD = Feature(
     "fsdp-no-reshard-after-forward",
     "FSDP2 with reshard_after_forward=False (torchtitan with PP): parameters stay gathered "
     "across the micro-batches of a step",
     _plan_key("fsdp_reshard_after_forward"), _set("plan", fsdp_reshard_after_forward=False),
-    _no_reshard_fallback)
-
-
-def _squared_relu_fallback(scenario: dict, value) -> str:
-    scenario["model"]["activation"] = "gelu"
-    return ("squared-ReLU MLP entered as gelu: both are 2-GEMM MLPs with one elementwise op that "
-            "reads and writes the same bytes and keeps its input")
+    _entered_as("FSDP2 without resharding after forward (one all-gather per step under PP) entered as "
+                "zero_stage 3 (gathers every micro-batch)"))
 
 
 SQUARED_RELU = Feature(
     "squared-relu",
     "squared-ReLU MLP (Nemotron)",
     lambda: "squared-relu" in model_schema.ACTIVATIONS, _set("model", activation="squared-relu"),
-    _squared_relu_fallback, equivalent=True)
+    _entered_as("squared-ReLU MLP entered as gelu: both are 2-GEMM MLPs with one elementwise op that "
+                "reads and writes the same bytes and keeps its input", "model", activation="gelu"),
+    equivalent=True)
 
 
 FEATURES = {f.name: f for f in (UNEVEN_STAGES, PIPELINE_LAYOUT, OP_SELECTIVE_RECOMPUTE, FP8_LINEARS, EAGER_MODE, ASYNC_TP,

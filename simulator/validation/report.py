@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..errors import InputError
 from ..evaluate import evaluate
 from ..hardware import load_accelerator
 from .runs import (APPROXIMATED, NOT_EXPRESSIBLE, PREDICTED, PUBLISHED_DIR, SLOWER_WHEN_HIGHER, SPEED_METRICS,
@@ -157,7 +158,7 @@ def _accelerators(outcomes) -> dict:
     for name in dict.fromkeys(o.run.accelerator for o in outcomes):
         try:
             v = load_accelerator(name).validation
-        except Exception:  # a missing profile is already a row's reason
+        except InputError:  # a missing profile is already a row's reason
             v = None
         out[name] = {"validated": v.validated if v else None, "reason": v.reason if v else ""}
     return out
