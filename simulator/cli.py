@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--engine", choices=("graph", "analytic"), default=None,
                     help="graph (default) or analytic; --fit-matmul defaults to analytic, the engine the "
                          "shipped A100 value was fitted with")
+    va.add_argument("--approximate", action="store_true",
+                    help="--published: also predict the runs llmsim cannot express, with the nearest scenario it "
+                         "can (each approximation named; reported apart from the expressible runs)")
     va.add_argument("--fit-matmul", metavar="RUN_PREFIX", default=None,
                     help="fit the accelerator's matmul efficiency to the published runs whose id starts with "
                          "RUN_PREFIX (e.g. korthikanti22) and print it; the profile's provenance")
@@ -293,26 +296,17 @@ def cmd_validate(args) -> int:
         return cmd_validate_torch(args)
     if not args.published:
         raise InputError("validate", "", "choose what to validate against: --published or --torch")
-    from .published import fit_matmul_max, validate_published
+    from .validation import fit_matmul_max, format_report, validate_published
 
     args.engine = args.engine or ("analytic" if args.fit_matmul else "graph")
     if args.fit_matmul:
-        value, comparisons = fit_matmul_max(args.fit_matmul, engine=args.engine)
-        mape = 100.0 * sum(abs(c.error) for c in comparisons) / len(comparisons)
-        print(f"fitted matmul efficiency max = {value} over {len(comparisons)} runs '{args.fit_matmul}*' "
+        value, outcomes = fit_matmul_max(args.fit_matmul, engine=args.engine)
+        mape = 100.0 * sum(abs(o.primary.error) for o in outcomes) / len(outcomes)
+        print(f"fitted matmul efficiency max = {value} over {len(outcomes)} runs '{args.fit_matmul}*' "
               f"(MAPE {mape:.1f}% on them)")
         return 0
-    comparisons, mape = validate_published(engine=args.engine)
-    if args.json:
-        rows = [dict(id=c.id, metric=c.metric, measured=c.measured, predicted=c.predicted,
-                     error_pct=100 * c.error, feasible=c.feasible, peak_memory_gib=c.peak_memory_gib)
-                for c in comparisons]
-        print(json.dumps({"engine": args.engine, "rows": rows, "mape_pct": mape}, indent=2))
-        return 0
-    rows = [(c.id, c.metric, f"{c.measured:.4g}", f"{c.predicted:.4g}", f"{100 * c.error:+.1f}%",
-             f"{c.peak_memory_gib:.1f}") for c in comparisons]
-    print(_fmt_table(rows, ("run", "metric", "measured", "predicted", "error", "peak GiB")))
-    print(f"\nMAPE {mape:.1f}% over {len(comparisons)} published runs ({args.engine} engine)")
+    report = validate_published(engine=args.engine, approximate=args.approximate)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 
 
@@ -398,6 +392,11 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def _validated(acc) -> str:
+    """yes / no (efficiencies checked against measured runs or not) / - (the profile does not say)."""
+    return "-" if acc.validation is None else "yes" if acc.validation.validated else "no"
+
+
 def cmd_list(args) -> int:
     if args.command == "hardware":
         from .hardware import available, load_accelerator, load_node
@@ -405,8 +404,13 @@ def cmd_list(args) -> int:
         accs = [load_accelerator(n) for n in available("accelerators")]
         rows = [(a.name, f"{a.peak_flops.get('bf16', a.peak_flops.get('fp16', 0)) / 1e12:.0f}",
                  f"{a.hbm_bytes / 2**30:.0f}", f"{a.hbm_bandwidth / 1e9:.0f}", f"{a.price_usd_per_hour:.2f}",
-                 a.description.split(" (")[0][:50]) for a in accs]
-        print(_fmt_table(rows, ("accelerator", "bf16 TFLOP/s", "HBM GiB", "HBM GB/s", "USD/h", "description")))
+                 _validated(a), a.description.split(" (")[0][:50]) for a in accs]
+        print(_fmt_table(rows, ("accelerator", "bf16 TFLOP/s", "HBM GiB", "HBM GB/s", "USD/h", "validated",
+                                "description")))
+        unchecked = [a for a in accs if a.validation and not a.validation.validated]
+        if unchecked:
+            print("\nnot validated against runs (the profile's validation.reason):")
+            print("\n".join(f"  {a.name}: {a.validation.reason}" for a in unchecked))
         nodes = [load_node(n) for n in available("nodes")]
         rows = [(n.name, n.accelerator, n.devices_per_node, n.scaleup.name, f"{n.nics}x{n.nic_bandwidth * 8 / 1e9:.0f}G",
                  n.network) for n in nodes]

@@ -49,6 +49,15 @@ class Efficiency:
 
 
 @dataclass(frozen=True)
+class Validation:
+    """Whether a profile's efficiencies were checked against measured runs, and if not, why
+    (e.g. transferred from another accelerator). Optional in a profile (`validation:`)."""
+
+    validated: bool
+    reason: str
+
+
+@dataclass(frozen=True)
 class Accelerator:
     name: str
     description: str
@@ -73,6 +82,7 @@ class Accelerator:
     # Fractional slowdown of compute kernels while communication kernels run on the same
     # device (SM and memory-bandwidth contention); 0 = none. Used by the graph engine.
     overlap_slowdown: float = 0.0
+    validation: Validation | None = field(default=None, compare=False)
 
     def memory_efficiency(self, kernel: str | None = None) -> Efficiency:
         return self.memory_kernels.get(kernel, self.memory) if kernel else self.memory
@@ -171,7 +181,7 @@ def _efficiency(data: Mapping, key: str, where: str, size_key: str) -> Efficienc
 
 ACCELERATOR_KEYS = ("name", "description", "vendor", "peak_tflops", "memory_gib", "memory_bandwidth_gbs",
                     "host_link", "host_link_gbs", "tdp_w", "price_usd_per_hour", "framework_overhead_gib",
-                    "efficiency", "sources", "calibration", "op_overhead_us")
+                    "efficiency", "sources", "calibration", "op_overhead_us", "validation")
 
 
 def accelerator_from_dict(data, where: str) -> Accelerator:
@@ -206,7 +216,16 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
         op_overhead_s=F.number(data, "op_overhead_us", where, 0.0, minimum=0.0, strict_min=False) * 1e-6,
         overlap_slowdown=F.number(eff, "overlap_slowdown", f"{where}.efficiency", 0.0, minimum=0.0,
                                   strict_min=False, maximum=10.0),
+        validation=_validation(data.get("validation"), f"{where}.validation"),
     )
+
+
+def _validation(data, where: str) -> Validation | None:
+    if data is None:
+        return None
+    data = F.require_mapping(data, where)
+    F.reject_unknown(data, ("validated", "reason"), where)
+    return Validation(validated=F.boolean(data, "validated", where), reason=F.text(data, "reason", where))
 
 
 def _link(data: Mapping, where: str) -> tuple[Link, int]:
