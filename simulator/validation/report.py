@@ -1,10 +1,12 @@
 """Predict the published runs and report the error per source, accelerator, precision and metric.
 
 Each run is compared on what it measured (runs.py: the source's `metrics`), in the source's
-own convention: Megatron-LM's achieved TFLOP/s count the recomputation (our hardware
-TFLOP/s), MFU does not (our mfu), iteration and step times are our step time, torchtitan's
-TPS/GPU are our tokens per second per device, and its memory is the peak over ranks (our
-worst pipeline stage). The "speed" metric is each run's primary measurement with its sign
+own convention: Megatron-LM's achieved TFLOP/s count the recomputation (hardware TFLOP/s),
+MFU does not, and both count attention over the full s x s matrix (Narayanan et al. 2021,
+Eq. 3), where llmsim's own model FLOPs count the causal half: FLOP-based metrics are
+therefore the source's FLOP count over our predicted step time (`published_flop_metrics`).
+Iteration and step times are our step time, torchtitan's TPS/GPU are our tokens per second
+per device, and its memory is the peak over ranks (our worst pipeline stage). The "speed" metric is each run's primary measurement with its sign
 turned so that + means predicted faster than measured; it makes rows that measured
 different quantities comparable in one MAPE.
 """
@@ -18,6 +20,7 @@ from pathlib import Path
 from ..errors import InputError
 from ..evaluate import evaluate
 from ..hardware import load_accelerator
+from ..workload import executed_flops_per_sequence
 from .runs import (APPROXIMATED, NOT_EXPRESSIBLE, PREDICTED, PUBLISHED_DIR, SLOWER_WHEN_HIGHER, SPEED_METRICS,
                    Run, load_runs, source_titles)
 from .stats import Summary, relative_error, summarise
@@ -76,8 +79,22 @@ def predict(run: Run, engine: str = "graph", matmul_max: float | None = None) ->
     if matmul_max is not None:
         scenario = with_matmul_max(scenario, matmul_max)
     d = evaluate(scenario, engine=engine).to_dict()
+    d.update(published_flop_metrics(scenario, d["step_time_s"]))
     comparisons = tuple(Comparison(m.metric, m.value, float(d[m.metric]), m.primary) for m in run.measurements)
     return Outcome(run, comparisons, d["feasible"], d["reason"], d["peak_memory_gib"])
+
+
+def published_flop_metrics(scenario, step_time_s: float) -> dict:
+    """TFLOP/s per device, MFU and HFU with Megatron-LM's FLOP count (full s x s attention; with
+    the recomputed forward passes for the hardware figures): what the kernels of the unfused
+    attention path execute (workload.executed_flops_per_sequence with flash_attention=False)."""
+    model, plan, cluster = scenario.model, scenario.plan, scenario.cluster
+    per_device = plan.global_batch / step_time_s / cluster.devices
+    model_flops = executed_flops_per_sequence(model, False, "none") * per_device
+    hardware_flops = executed_flops_per_sequence(model, False, plan.recompute) * per_device
+    peak = cluster.accelerator.peak(plan.precision)
+    return {"model_tflops_per_device": model_flops / 1e12, "hardware_tflops_per_device": hardware_flops / 1e12,
+            "mfu": model_flops / peak, "hfu": hardware_flops / peak}
 
 
 def _metric_errors(outcomes, metric: str) -> list[tuple[str, float]]:
