@@ -255,12 +255,12 @@ def cmd_calibrate(args) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
-    print(f"peak {summary['peak_tflops']} TFLOP/s (best measured GEMM), memory {summary['memory_bandwidth_gbs']} GB/s")
+    print(f"peak {summary['peak_tflops']} TFLOP/s (best measured GEMM), memory {summary['memory_bandwidth_gb_per_s']} GB/s")
     for k, fit in summary["fits"].items():
         print(f"  {k:28s} max {fit['max']:.3f}  half {fit['half']:.3g}  (fit rel. RMS {100 * fit['rel_rms']:.0f}%, "
               f"{fit['samples']} samples)")
     ar = summary["allreduce"]
-    print(f"  all-reduce {ar['ranks']} ranks: {ar['latency_us']:.0f} us per step, {ar['bus_bandwidth_gbs']:.2f} GB/s bus")
+    print(f"  all-reduce {ar['ranks']} ranks: {ar['latency_us']:.0f} us per step, {ar['bus_bandwidth_gb_per_s']:.2f} GB/s bus")
     print("wrote " + ", ".join(summary["paths"]))
     return 0
 
@@ -403,7 +403,7 @@ def cmd_list(args) -> int:
 
         accs = [load_accelerator(n) for n in available("accelerators")]
         rows = [(a.name, f"{a.peak_flops.get('bf16', a.peak_flops.get('fp16', 0)) / 1e12:.0f}",
-                 f"{a.hbm_bytes / 2**30:.0f}", f"{a.hbm_bandwidth / 1e9:.0f}", f"{a.price_usd_per_hour:.2f}",
+                 f"{a.hbm_bytes / 2**30:.0f}", f"{a.hbm_bytes_per_s / 1e9:.0f}", f"{a.price_usd_per_hour:.2f}",
                  _validated(a), a.description.split(" (")[0][:50]) for a in accs]
         print(_fmt_table(rows, ("accelerator", "bf16 TFLOP/s", "HBM GiB", "HBM GB/s", "USD/h", "validated",
                                 "description")))
@@ -412,7 +412,7 @@ def cmd_list(args) -> int:
             print("\nnot validated against runs (the profile's validation.reason):")
             print("\n".join(f"  {a.name}: {a.validation.reason}" for a in unchecked))
         nodes = [load_node(n) for n in available("nodes")]
-        rows = [(n.name, n.accelerator, n.devices_per_node, n.scaleup.name, f"{n.nics}x{n.nic_bandwidth * 8 / 1e9:.0f}G",
+        rows = [(n.name, n.accelerator, n.devices_per_node, n.scaleup.name, f"{n.nics}x{n.nic_bytes_per_s * 8 / 1e9:.0f}G",
                  n.network) for n in nodes]
         print()
         print(_fmt_table(rows, ("node", "accelerator", "devices", "scale-up", "NICs", "network")))

@@ -52,13 +52,13 @@ def _ring(kind: str, nbytes, n, link: Link):
     n = np.asarray(n, dtype=float)
     factor = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}[kind]
     steps = factor * (n - 1)
-    t = steps * link.latency_s + factor * (n - 1) / np.maximum(n, 1) * nbytes / link.bus_bandwidth
+    t = steps * link.latency_s + factor * (n - 1) / np.maximum(n, 1) * nbytes / link.bus_bytes_per_s
     return np.where(n > 1, t, 0.0)
 
 
 def _tree_all_reduce(nbytes, n, link: Link):
     n = np.asarray(n, dtype=float)
-    t = 2 * np.ceil(np.log2(np.maximum(n, 1))) * link.latency_s + 2 * nbytes / link.bus_bandwidth
+    t = 2 * np.ceil(np.log2(np.maximum(n, 1))) * link.latency_s + 2 * nbytes / link.bus_bytes_per_s
     return np.where(n > 1, t, 0.0)
 
 
@@ -82,6 +82,6 @@ def collective_time(kind: str, nbytes, group: Placement, cluster: Cluster):
 def send_recv_time(nbytes, crosses_domain, cluster: Cluster):
     """Point-to-point transfer between neighbouring pipeline stages."""
     up, out = cluster.node.scaleup, cluster.scaleout
-    t_up = up.latency_s + nbytes / up.bus_bandwidth
-    t_out = out.latency_s + nbytes / out.bus_bandwidth
+    t_up = up.latency_s + nbytes / up.bus_bytes_per_s
+    t_out = out.latency_s + nbytes / out.bus_bytes_per_s
     return np.where(crosses_domain, t_out, t_up)

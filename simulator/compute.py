@@ -51,7 +51,7 @@ def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
     else:
         flops_s = [0.0, 0.0, 0.0]
         mem = acc.memory_efficiency(MEMORY_KERNELS.get(op.name))
-    bytes_s = [_work_time(x, acc.hbm_bandwidth, mem) for x in (op.fwd_bytes, op.bwd_input_bytes, op.bwd_weight_bytes)]
+    bytes_s = [_work_time(x, acc.hbm_bytes_per_s, mem) for x in (op.fwd_bytes, op.bwd_input_bytes, op.bwd_weight_bytes)]
     # A framework's host cost per operator and pass (profile op_overhead_us; 0 on GPUs) adds
     # to the forward and to the backward pass, where it is booked with the input gradient.
     o = acc.op_overhead_s
@@ -61,4 +61,4 @@ def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
 
 def memory_bound_time(nbytes, acc: Accelerator, kernel: str | None = None):
     """Seconds for a bandwidth-bound kernel (of class `kernel`, e.g. "optimizer") moving `nbytes`."""
-    return _work_time(nbytes, acc.hbm_bandwidth, acc.memory_efficiency(kernel))
+    return _work_time(nbytes, acc.hbm_bytes_per_s, acc.memory_efficiency(kernel))

@@ -63,8 +63,8 @@ class Accelerator:
     description: str
     peak_flops: Mapping[str, float]  # precision -> dense FLOP/s
     hbm_bytes: float
-    hbm_bandwidth: float  # B/s
-    host_link_bandwidth: float  # B/s, one direction
+    hbm_bytes_per_s: float  # B/s
+    host_link_bytes_per_s: float  # B/s, one direction
     tdp_w: float
     price_usd_per_hour: float
     framework_overhead_bytes: float
@@ -99,13 +99,13 @@ class Link:
     """A link class for collectives: per-device one-direction bandwidth, latency, efficiency."""
 
     name: str
-    bandwidth: float  # B/s per device, one direction, line rate
+    bytes_per_s: float  # per device, one direction, line rate
     latency_s: float  # per collective step
     efficiency: float  # achieved bus bandwidth / line rate
 
     @property
-    def bus_bandwidth(self) -> float:
-        return self.bandwidth * self.efficiency
+    def bus_bytes_per_s(self) -> float:
+        return self.bytes_per_s * self.efficiency
 
 
 @dataclass(frozen=True)
@@ -128,10 +128,10 @@ class Node:
     scaleup_domain: int
     network: str
     nics: int
-    nic_bandwidth: float  # B/s per NIC, one direction
+    nic_bytes_per_s: float  # B/s per NIC, one direction
     host_memory_bytes: float
-    nvme_read_bandwidth: float
-    nvme_write_bandwidth: float
+    nvme_read_bytes_per_s: float
+    nvme_write_bytes_per_s: float
     host_adam_params_per_s: float
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -158,7 +158,7 @@ class Cluster:
     @property
     def scaleout(self) -> Link:
         """Each device's share of its node's NICs across the network."""
-        per_device = self.node.nics * self.node.nic_bandwidth / self.devices_per_node
+        per_device = self.node.nics * self.node.nic_bytes_per_s / self.devices_per_node
         return Link(self.network.name, per_device / self.network.oversubscription,
                     self.network.latency_s, self.network.efficiency)
 
@@ -179,8 +179,8 @@ def _efficiency(data: Mapping, key: str, where: str, size_key: str) -> Efficienc
                       half=F.number(d, size_key, f"{where}.{key}", minimum=0.0, strict_min=False))
 
 
-ACCELERATOR_KEYS = ("name", "description", "vendor", "peak_tflops", "memory_gib", "memory_bandwidth_gbs",
-                    "host_link", "host_link_gbs", "tdp_w", "price_usd_per_hour", "framework_overhead_gib",
+ACCELERATOR_KEYS = ("name", "description", "vendor", "peak_tflops", "memory_gib", "memory_bandwidth_gb_per_s",
+                    "host_link", "host_link_gb_per_s", "tdp_w", "price_usd_per_hour", "framework_overhead_gib",
                     "efficiency", "sources", "calibration", "op_overhead_us", "validation")
 
 
@@ -203,8 +203,8 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
         description=F.text(data, "description", where, ""),
         peak_flops=peak_flops,
         hbm_bytes=F.number(data, "memory_gib", where, **GIBS) * GIB,
-        hbm_bandwidth=F.number(data, "memory_bandwidth_gbs", where, **RATE) * GB,
-        host_link_bandwidth=F.number(data, "host_link_gbs", where, **RATE) * GB,
+        hbm_bytes_per_s=F.number(data, "memory_bandwidth_gb_per_s", where, **RATE) * GB,
+        host_link_bytes_per_s=F.number(data, "host_link_gb_per_s", where, **RATE) * GB,
         tdp_w=F.number(data, "tdp_w", where, maximum=1e6),
         price_usd_per_hour=F.number(data, "price_usd_per_hour", where, minimum=0.0, strict_min=False),
         framework_overhead_bytes=F.number(data, "framework_overhead_gib", where, minimum=0.0, strict_min=False) * GIB,
@@ -230,16 +230,16 @@ def _validation(data, where: str) -> Validation | None:
 
 def _link(data: Mapping, where: str) -> tuple[Link, int]:
     d = F.require_mapping(data, where)
-    F.reject_unknown(d, ("name", "bandwidth_gbs", "domain_devices", "latency_us", "efficiency"), where)
+    F.reject_unknown(d, ("name", "bandwidth_gb_per_s", "domain_devices", "latency_us", "efficiency"), where)
     link = Link(name=F.text(d, "name", where, "scale-up"),
-                bandwidth=F.number(d, "bandwidth_gbs", where, **RATE) * GB,
+                bytes_per_s=F.number(d, "bandwidth_gb_per_s", where, **RATE) * GB,
                 latency_s=F.number(d, "latency_us", where, **LATENCY) * 1e-6,
                 efficiency=F.number(d, "efficiency", where, minimum=1e-3, maximum=1.0))
     return link, F.integer(d, "domain_devices", where, 1)
 
 
-NODE_KEYS = ("name", "description", "accelerator", "devices_per_node", "scaleup", "network", "nics", "nic_gbps",
-             "host_memory_gib", "nvme_read_gbs", "nvme_write_gbs", "host_adam_params_per_s", "sources")
+NODE_KEYS = ("name", "description", "accelerator", "devices_per_node", "scaleup", "network", "nics", "nic_gbit_per_s",
+             "host_memory_gib", "nvme_read_gb_per_s", "nvme_write_gb_per_s", "host_adam_params_per_s", "sources")
 
 
 def node_from_dict(data, where: str) -> Node:
@@ -256,10 +256,10 @@ def node_from_dict(data, where: str) -> Node:
         scaleup_domain=max(domain, devices),
         network=F.text(data, "network", where),
         nics=F.integer(data, "nics", where, maximum=4096),
-        nic_bandwidth=F.number(data, "nic_gbps", where, **RATE) * GB / 8,
+        nic_bytes_per_s=F.number(data, "nic_gbit_per_s", where, **RATE) * GB / 8,
         host_memory_bytes=F.number(data, "host_memory_gib", where, **GIBS) * GIB,
-        nvme_read_bandwidth=F.number(data, "nvme_read_gbs", where, **RATE) * GB,
-        nvme_write_bandwidth=F.number(data, "nvme_write_gbs", where, **RATE) * GB,
+        nvme_read_bytes_per_s=F.number(data, "nvme_read_gb_per_s", where, **RATE) * GB,
+        nvme_write_bytes_per_s=F.number(data, "nvme_write_gb_per_s", where, **RATE) * GB,
         host_adam_params_per_s=F.number(data, "host_adam_params_per_s", where, minimum=1e3, maximum=1e15),
         sources=_sources(data, where),
     )

@@ -50,9 +50,9 @@ def offload_costs(plan, cluster: Cluster, params, states: ModelStates, per: Byte
                   chunks: int, shard_group) -> OffloadCosts:
     """Transfer and host seconds of a device holding `params` (before ZeRO sharding)."""
     off, node = plan.offload, cluster.node
-    host = cluster.accelerator.host_link_bandwidth
-    nvme_read = node.nvme_read_bandwidth / cluster.devices_per_node
-    nvme_write = node.nvme_write_bandwidth / cluster.devices_per_node
+    host = cluster.accelerator.host_link_bytes_per_s
+    nvme_read = node.nvme_read_bytes_per_s / cluster.devices_per_node
+    nvme_write = node.nvme_write_bytes_per_s / cluster.devices_per_node
     zero = 0.0 * params
     act_out = act_in = weights_in = grads_out = adam = back = zero
     if off.activations != "none":

@@ -41,9 +41,9 @@ def test_profile_loads_with_the_normal_loader(quick_profile):
         assert 0 < eff.max <= 1 and eff.half >= 0
     assert {"norm", "gelu", "cross_entropy", "optimizer"} <= set(acc.memory_kernels)
     assert 1e9 < acc.peak("fp32") < 1e15
-    assert acc.hbm_bandwidth > 1e8
+    assert acc.hbm_bytes_per_s > 1e8
     node = load_node(str(quick_profile.with_name("quick-cpu-node.yaml")))
-    assert node.devices_per_node >= 1 and node.scaleup.bandwidth > 0 and node.scaleup.latency_s > 0
+    assert node.devices_per_node >= 1 and node.scaleup.bytes_per_s > 0 and node.scaleup.latency_s > 0
     cluster = cluster_from_dict({"node": str(quick_profile.with_name("quick-cpu-node.yaml"))})
     assert cluster.accelerator.name == "quick-cpu"
     data = __import__("yaml").safe_load(quick_profile.read_text())
@@ -76,7 +76,7 @@ def test_fit_recovers_a_known_curve():
     assert f["max"] == pytest.approx(0.8, rel=1e-3) and f["half"] == pytest.approx(3e7, rel=1e-2)
     s = np.logspace(3, 8, 8)
     ar = fit_allreduce(s, 2 * 50e-6 + s / 2e9, ranks=2)
-    assert ar["latency_s"] == pytest.approx(50e-6, rel=1e-2) and ar["bus_bandwidth"] == pytest.approx(2e9, rel=1e-2)
+    assert ar["latency_s"] == pytest.approx(50e-6, rel=1e-2) and ar["bus_bytes_per_s"] == pytest.approx(2e9, rel=1e-2)
 
 
 def test_cpu_peak_memory_counts_live_tensor_bytes():

@@ -24,7 +24,7 @@ def test_ring_all_reduce_inside_a_node_follows_2_n_minus_1_over_n(dgx_a100):
     cluster = dgx_a100(1)
     link = cluster.node.scaleup
     size, n = 1.0e9, 8
-    expected = 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * size / (link.bandwidth * link.efficiency)
+    expected = 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * size / (link.bytes_per_s * link.efficiency)
     got = collective_time("all_reduce", size, Placement(n, n, 1), cluster)
     assert float(got) == pytest.approx(expected)
 

@@ -45,5 +45,5 @@ def test_every_number_has_a_source(kind):
 
 def test_dgx_nodes_match_the_issue():
     a, h = load_node("dgx-a100"), load_node("dgx-h100")
-    assert (a.devices_per_node, a.nics, a.nic_bandwidth * 8) == (8, 8, 200e9)
-    assert (h.devices_per_node, h.nics, h.nic_bandwidth * 8) == (8, 8, 400e9)
+    assert (a.devices_per_node, a.nics, a.nic_bytes_per_s * 8) == (8, 8, 200e9)
+    assert (h.devices_per_node, h.nics, h.nic_bytes_per_s * 8) == (8, 8, 400e9)

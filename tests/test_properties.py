@@ -74,7 +74,7 @@ def test_memory_does_not_rise_with_tensor_parallelism(data):
 def test_a_non_physical_bandwidth_is_refused():
     with pytest.raises(InputError, match="nvme"):
         scenario_from_dict({"model": {"preset": "megatron-gpt-1.7b"},
-                            "cluster": {"node": _node_with(nvme_read_gbs=5e-324), "nodes": 1},
+                            "cluster": {"node": _node_with(nvme_read_gb_per_s=5e-324), "nodes": 1},
                             "plan": {"global_batch": 8}})
 
 

@@ -122,6 +122,6 @@ def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, t
     acc, node, net = build_profiles(out.stem, info, fits, bench.samples, colls)
     paths = write_profiles(out, acc, node, net)
     summary = {"paths": [str(p) for p in paths], "peak_tflops": acc["peak_tflops"],
-               "memory_bandwidth_gbs": acc["memory_bandwidth_gbs"], "efficiency": acc["efficiency"],
+               "memory_bandwidth_gb_per_s": acc["memory_bandwidth_gb_per_s"], "efficiency": acc["efficiency"],
                "fits": acc["calibration"]["fits"], "allreduce": acc["calibration"]["allreduce"]}
     return summary

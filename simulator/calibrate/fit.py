@@ -69,7 +69,7 @@ def fit_allreduce(nbytes, seconds, ranks: int) -> dict:
 
     popt, _ = curve_fit(model, s, t, p0=(10.0, 9.0), sigma=t, bounds=((0.0, 6.0), (1e5, 13.0)), maxfev=20000)
     lat_us, log_bw = popt
-    return {"latency_s": float(lat_us) * 1e-6, "bus_bandwidth": float(10.0 ** log_bw),
+    return {"latency_s": float(lat_us) * 1e-6, "bus_bytes_per_s": float(10.0 ** log_bw),
             "rel_rms": _rel_rms(model(s, *popt), t), "samples": int(len(s))}
 
 

@@ -80,9 +80,9 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
         "vendor": info.get("vendor", ""),
         "peak_tflops": {k: _r(v / 1e12) for k, v in peak.items()},
         "memory_gib": _r(info["memory_bytes"] / GIB),
-        "memory_bandwidth_gbs": _r(mem_bw / 1e9),
+        "memory_bandwidth_gb_per_s": _r(mem_bw / 1e9),
         "host_link": "host memory (the CPU is the device)" if dev == "cpu" else "PCIe / host link",
-        "host_link_gbs": _r(fits["host_link"] / 1e9),
+        "host_link_gb_per_s": _r(fits["host_link"] / 1e9),
         "tdp_w": _r(info["tdp_w"]),
         "price_usd_per_hour": 0.0,
         "framework_overhead_gib": _r(info["framework_overhead_bytes"] / GIB),
@@ -99,10 +99,10 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
                             "not a theoretical peak, so efficiency.matmul is relative to it"),
             "memory_gib": ("[measured] MemAvailable / devices_per_node at calibration time" if dev == "cpu"
                            else "[measured] torch.cuda.get_device_properties().total_memory"),
-            "memory_bandwidth_gbs": ("[measured] best achieved rate of the memory-bound microbenchmarks "
+            "memory_bandwidth_gb_per_s": ("[measured] best achieved rate of the memory-bound microbenchmarks "
                                      "(bytes counted as workload.py counts them); for small working sets "
                                      "this is cache bandwidth"),
-            "host_link_gbs": ("[inferred] the CPU is its own host: the measured memory bandwidth" if dev == "cpu"
+            "host_link_gb_per_s": ("[inferred] the CPU is its own host: the measured memory bandwidth" if dev == "cpu"
                               else "[measured] best pinned host-to-device copy rate"),
             "tdp_w": "[estimate] not measurable from torch; a placeholder for energy estimates, set it by hand",
             "price_usd_per_hour": "[estimate] own machine, not metered: 0; set training.price_usd_per_device_hour",
@@ -130,7 +130,7 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
                      for k, f in [(k, fits[k]) for k in ("matmul", "attention", "memory")]
                      + [(f"memory_kernels.{k}", f) for k, f in fits.get("memory_kernels", {}).items()]},
             "allreduce": {"ranks": coll["ranks"], "latency_us": _r(coll["latency_s"] * 1e6),
-                          "bus_bandwidth_gbs": _r(coll["bus_bandwidth"] / 1e9), "rel_rms": _r(coll["rel_rms"])},
+                          "bus_bandwidth_gb_per_s": _r(coll["bus_bytes_per_s"] / 1e9), "rel_rms": _r(coll["rel_rms"])},
             "samples": [{**s, "work": _r(s["work"], 6), "seconds": _r(s["seconds"], 5)} for s in samples],
             "collective_samples": [{**c, "seconds": _r(c["seconds"], 5)} for c in collectives],
         },
@@ -141,25 +141,25 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
         "description": f"The calibrated machine: {devices} x {name} joined by {backend}",
         "accelerator": name,
         "devices_per_node": devices,
-        "scaleup": {"name": f"{backend} between local processes", "bandwidth_gbs": _r(coll["bus_bandwidth"] / 1e9),
+        "scaleup": {"name": f"{backend} between local processes", "bandwidth_gb_per_s": _r(coll["bus_bytes_per_s"] / 1e9),
                     "domain_devices": devices, "latency_us": _r(coll["latency_s"] * 1e6), "efficiency": 1.0},
         "network": f"{name}-net",
         "nics": 1,
-        "nic_gbps": _r(coll["bus_bandwidth"] * 8 / 1e9),
+        "nic_gbit_per_s": _r(coll["bus_bytes_per_s"] * 8 / 1e9),
         "host_memory_gib": _r(info["host_memory_bytes"] / GIB),
-        "nvme_read_gbs": 1.0,
-        "nvme_write_gbs": 1.0,
+        "nvme_read_gb_per_s": 1.0,
+        "nvme_write_gb_per_s": 1.0,
         "host_adam_params_per_s": _r(fits["adam_params_per_s"] * devices),
         "sources": {
             "devices_per_node": ("[measured] CPU cores / threads per device" if dev == "cpu"
                                  else "[measured] torch.cuda.device_count()"),
             "scaleup": (f"[measured] {coll['ranks']}-process all-reduce with torch.distributed ({backend}): "
-                        "bandwidth_gbs is the fitted bus bandwidth, so efficiency is 1.0; latency_us per ring step"),
+                        "bandwidth_gb_per_s is the fitted bus bandwidth, so efficiency is 1.0; latency_us per ring step"),
             "nics": "[inferred] one machine: the scale-out network is never used; loopback numbers stand in",
-            "nic_gbps": "[inferred] the measured loopback bus bandwidth",
+            "nic_gbit_per_s": "[inferred] the measured loopback bus bandwidth",
             "host_memory_gib": "[measured] MemTotal",
-            "nvme_read_gbs": "[estimate] not measured; placeholder for offload plans",
-            "nvme_write_gbs": "[estimate] not measured; placeholder for offload plans",
+            "nvme_read_gb_per_s": "[estimate] not measured; placeholder for offload plans",
+            "nvme_write_gb_per_s": "[estimate] not measured; placeholder for offload plans",
             "host_adam_params_per_s": "[measured] best fused AdamW rate of one device x devices_per_node",
         },
     }
