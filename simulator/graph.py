@@ -281,15 +281,14 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
 
     act_off = st.act_d2h_s > 0
     ahead = st.mb_gather_s > 0 or st.weights_h2d_s > 0 or act_off
-    uses = [k for k, op in enumerate(order) if op[0] != WGT]
-    nxt = dict(zip(uses, uses[1:]))
-    at = {op: k for k, op in enumerate(order)}
-    # a chunk whose backward is the stage's very next pass stays on the device
-    keep = set()
-    for (kind, ch, j), k in at.items():
-        if kind == FWD:
-            bk = at.get((BWD, ch, j), at.get((BWD_INPUT, ch, j)))
-            if nxt.get(k) == bk:
+    keep, nxt, uses = set(), {}, []
+    if ahead:
+        uses = [k for k, op in enumerate(order) if op[0] != WGT]
+        nxt = dict(zip(uses, uses[1:]))
+        at = {op: k for k, op in enumerate(order)}
+        # a chunk whose backward is the stage's very next pass stays on the device
+        for (kind, ch, j), k in at.items():
+            if kind == FWD and nxt.get(k) == at.get((BWD, ch, j), at.get((BWD_INPUT, ch, j))):
                 keep.add((ch, j))
     pre_ids = {}
     cids = []
@@ -299,9 +298,26 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
     cstream = i * NS + COMPUTE
     alloc, free = gr.alloc, gr.free
     recompute = dur.get(RECOMPUTE, 0.0) > 0
-    with_send = {kk: ps + (("pp_comm", hop),) for kk, ps in parts.items()}
     blocking = []
     reduces = []
+    mb_reduce = st.mb_reduce_s > 0
+
+    # everything about a pass that depends only on its kind and chunk
+    template = {}
+    for ch, vk in virtual.items():
+        chunk_bytes = st.chunk_bytes + (st.embedding_bytes if ch == emb_chunk else 0.0)
+        for kind in (FWD, BWD, BWD_INPUT, WGT):
+            if kind == FWD:
+                dep = None if vk == 0 else (("sf" if where[vk - 1] != i else "F"), vk - 1)
+                sends = vk < n_virtual - 1 and where[vk + 1] != i
+            elif kind == WGT:
+                dep, sends = None, False
+            else:
+                dep = None if vk == n_virtual - 1 else (("sb" if where[vk + 1] != i else "B"), vk + 1)
+                sends = vk > 0 and where[vk - 1] != i
+            own = "F" if kind == FWD else "W" if kind == WGT else "B"
+            template[(kind, ch)] = (vk, dep, sends, own, ("sf" if kind == FWD else "sb"), dur[kind], parts[kind],
+                                    parts[kind] + (("pp_comm", hop),), chunk_bytes)
 
     def pre(kk, after, dp: bool, host: bool):
         """Tasks op kk waits for that may run ahead of it, after compute op `after` ends: the
@@ -315,13 +331,16 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
         if host and act_off and kind in BACKWARDS and (ch, j) not in keep:
             x = st.act_h2d_s
             h = b.add(f"activations H2D {kind}{ch}.{j}", i, H2D, x, dep + [("d2h", i, ch, j)], (("offload", x),))
-            alloc[h] = st.chunk_bytes + (st.embedding_bytes if ch == emb_chunk else 0.0)
+            alloc[h] = template[(kind, ch)][8]
             ids.append(h)
         if dp and st.mb_gather_s > 0:
             x = st.mb_gather_s
             ids.append(b.add(f"dp all-gather {kind}{ch}.{j}", i, DP, x, dep, (("dp_comm", x),)))
 
-    for k, (kind, ch, j) in enumerate(order):
+    special = set(gather_at) | set(reduce_at)
+    for k, op in enumerate(order):
+        kind, ch, j = op
+        vk, dep, sends, own, send_key, d, ps, ps_send, nbytes = template[(kind, ch)]
         deps = blocking
         blocking = []
         if ahead and kind != WGT:
@@ -333,69 +352,60 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
             if k in nxt:
                 pre(nxt[k], k - 1, overlap, True)
             deps = deps + pre_ids.get(k, [])
-        vk = virtual[ch]
-        if kind == FWD:
-            if vk > 0:
-                prev = where[vk - 1]
-                deps.append(("sf", vk - 1, j) if prev != i else ("F", vk - 1, j))
-        elif kind in BACKWARDS:
-            if vk < n_virtual - 1:
-                nxt_stage = where[vk + 1]
-                deps.append(("sb", vk + 1, j) if nxt_stage != i else ("B", vk + 1, j))
-        if kind in BACKWARDS and recompute:  # the pass's recomputation takes the pass's dependencies
+        if dep is not None:
+            deps.append((dep[0], dep[1], j))
+        if recompute and kind in BACKWARDS:  # the pass's recomputation takes the pass's dependencies
             b.add((RECOMPUTE, ch, j), i, COMPUTE, dur[RECOMPUTE], deps, parts[RECOMPUTE])
             deps = []
-        sends = (kind == FWD and vk < n_virtual - 1 and where[vk + 1] != i) or \
-                (kind in BACKWARDS and vk > 0 and where[vk - 1] != i)
-        d, ps = dur[kind], parts[kind]
         first = len(durs)
-        kb = k_buckets
-        if k in gather_at and kb > 1:
-            # the chunk's buckets arrive one by one: its first bucket's layers wait for the
-            # first gather, its last bucket's for the rest; the pass runs in three pieces
-            c1, c2 = gather_ids[gather_at[k]]
-            b.add((kind, ch, j), i, COMPUTE, d / kb, deps + [c1], _scaled(ps, 1 / kb))
-            if kb > 2:
-                b.add((kind, ch, j), i, COMPUTE, d * (kb - 2) / kb, [], _scaled(ps, (kb - 2) / kb))
-            d, ps, deps = d / kb, _scaled(ps, 1 / kb), [c2]
-        elif k in gather_at:
-            deps = deps + gather_ids[gather_at[k]][:1]
-        split = k in reduce_at and kb > 1
-        if split:  # the first 1/k of the last grad pass issues the first k-1 buckets
-            b.add((kind, ch, j), i, COMPUTE, d / kb, deps, _scaled(ps, 1 / kb))
-            r1 = st.step_reduce_s * (kb - 1) / kb
-            reduces.append(b.add(f"dp reduce chunk{ch} buckets 1-{kb - 1}", i, DP, r1, [first],
-                                 (("dp_comm", r1),)))
-            d, ps, deps = d - d / kb, _scaled(ps, (kb - 1) / kb), []
+        if k in special:
+            kb = k_buckets
+            if k in gather_at and kb > 1:
+                # the chunk's buckets arrive one by one: its first bucket's layers wait for the
+                # first gather, its last bucket's for the rest; the pass runs in three pieces
+                c1, c2 = gather_ids[gather_at[k]]
+                b.add(op, i, COMPUTE, d / kb, deps + [c1], _scaled(ps, 1 / kb))
+                if kb > 2:
+                    b.add(op, i, COMPUTE, d * (kb - 2) / kb, [], _scaled(ps, (kb - 2) / kb))
+                d, ps, deps = d / kb, _scaled(ps, 1 / kb), [c2]
+            elif k in gather_at:
+                deps = deps + gather_ids[gather_at[k]][:1]
+            if k in reduce_at and kb > 1:  # the first 1/k of the last grad pass issues k-1 buckets
+                b.add(op, i, COMPUTE, d / kb, deps, _scaled(ps, 1 / kb))
+                r1 = st.step_reduce_s * (kb - 1) / kb
+                reduces.append(b.add(f"dp reduce chunk{ch} buckets 1-{kb - 1}", i, DP, r1, [first],
+                                     (("dp_comm", r1),)))
+                d, ps, deps = d - d / kb, _scaled(ps, (kb - 1) / kb), []
+            ps_send = ps + (("pp_comm", hop),)
         t = len(durs)
-        names.append((kind, ch, j))
+        names.append(op)
         stages.append(i)
         streams.append(cstream)
         durs.append(d)
         syms.append(deps)
         if sends:
             posts.append(hop)
-            partss.append(ps + (("pp_comm", hop),) if first != t else with_send[kind])
-            key[("sf" if kind == FWD else "sb", vk, j)] = ~t
+            partss.append(ps_send)
+            key[(send_key, vk, j)] = ~t
         else:
             posts.append(0.0)
             partss.append(ps)
-        key[("F" if kind == FWD else "B" if kind in BACKWARDS else "W", vk, j)] = t
+        key[(own, vk, j)] = t
         if k in reduce_at:
+            split = k_buckets > 1
             r = st.step_reduce_s / (k_buckets if split else 1)
             reduces.append(b.add(f"dp reduce chunk{ch}" + (f" bucket {k_buckets}" if split else ""), i, DP, r,
                                  [t], (("dp_comm", r),)))
         cids.append(t)
         if kind == FWD:
-            nbytes = st.chunk_bytes + (st.embedding_bytes if ch == emb_chunk else 0.0)
             alloc[first] = nbytes
             if act_off and (ch, j) not in keep:
                 x = st.act_d2h_s
                 o = b.add(f"activations D2H {ch}.{j}", i, D2H, x, [t], (("offload", x),), key=("d2h", i, ch, j))
                 free[o] = nbytes
-        if kind in BACKWARDS:  # W keeps only a layer's inputs and output gradients: not tracked
-            free[t] = st.chunk_bytes + (st.embedding_bytes if ch == emb_chunk else 0.0)
-        if kind in (BWD, WGT) and st.mb_reduce_s > 0:
+        elif kind != WGT:  # W keeps only a layer's inputs and output gradients: not tracked
+            free[t] = nbytes
+        if mb_reduce and (kind == BWD or kind == WGT):
             x = st.mb_reduce_s
             red = b.add(f"dp reduce-scatter {kind}{ch}.{j}", i, DP, x, [t], (("dp_comm", x),))
             reduces.append(red)
