@@ -4,6 +4,9 @@ critical-path breakdown, agreement with the analytic engine, overlap and symmetr
 import dataclasses
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+
+from plans import plan_dicts, scenario_of
 
 from simulator.engine import critical_path, execute, run, run_with_slowdown, simulate as simulate_layout
 from simulator.evaluate import compile_scenario, evaluate
@@ -65,9 +68,30 @@ def test_steady_state_extrapolation_equals_full_simulation(scenario, kw):
     assert fast.activation_peak_bytes == pytest.approx(full.activation_peak_bytes, rel=1e-9)
 
 
-def test_plans_with_per_micro_batch_traffic_are_executed_in_full(scenario):
-    for kw in (dict(zero_stage=2), dict(zero_stage=3), dict(offload={"activations": "cpu"})):
-        assert not simulate(plan(scenario, global_batch=96, **kw)).extrapolated
+def test_plans_with_activation_offload_are_executed_in_full(scenario):
+    assert not simulate(plan(scenario, global_batch=96, offload={"activations": "cpu"})).extrapolated
+
+
+@pytest.mark.parametrize("kw", [dict(zero_stage=2), dict(zero_stage=3), dict(zero_stage=3, schedule="interleaved", vpp=2),
+                                dict(zero_stage=2, dp_overlap=False), dict(zero_stage=3, offload={"optimizer": "cpu"})])
+def test_per_micro_batch_traffic_extrapolates_to_the_full_simulation(scenario, kw):
+    s = plan(scenario, global_batch=96, **kw)
+    fast, full = simulate(s, periodic=True), simulate(s, periodic=False)
+    assert fast.extrapolated
+    assert fast.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
+    assert fast.activation_peak_bytes == pytest.approx(full.activation_peak_bytes, rel=1e-9)
+
+
+@given(plan_dicts())
+@settings(max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+def test_steady_state_extrapolation_equals_full_simulation_on_random_plans(data):
+    data["plan"]["global_batch"] *= 4  # enough micro-batches for the fast path
+    layout = compile_scenario(scenario_of(data))
+    fast = simulate_layout(layout, True)
+    if fast.extrapolated:
+        full = simulate_layout(layout, False)
+        assert fast.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
+        assert fast.activation_peak_bytes == pytest.approx(full.activation_peak_bytes, rel=1e-9)
 
 
 @pytest.mark.parametrize("kw", CASES[:4] + [dict(zero_stage=3), dict(zero_stage=2, dp_overlap=False),
