@@ -2,8 +2,10 @@
 
 Chrome trace event format (Google, "Trace Event Format"): one process per pipeline stage
 (it stands for every DP replica and TP rank of that stage, which run alike), one thread
-per stream (compute, p2p, dp, host, cpu); complete events ("ph": "X") with microsecond
-`ts` and `dur`; a counter track ("ph": "C") of the stage's activation memory.
+per stream (compute, p2p, dp, d2h, h2d, cpu) plus `tp` and `cp` threads showing the
+exposed TP and CP collectives folded into each pass (the pass's last part, after its
+kernels); complete events ("ph": "X") with microsecond `ts` and `dur` and the task's
+breakdown parts in `args`; a counter track ("ph": "C") of the stage's activation memory.
 Open the file at https://ui.perfetto.dev (Open trace file) or chrome://tracing.
 """
 
@@ -23,17 +25,32 @@ def _category(parts) -> str:
     return max(parts, key=lambda kv: kv[1])[0] if parts else "other"
 
 
+COLLECTIVE_ROWS = {"tp_comm": ("tp", "TP collectives"), "cp_comm": ("cp", "CP exchange")}
+THREADS = STREAMS + tuple(stream for stream, _ in COLLECTIVE_ROWS.values())
+
+
 def timeline(ex: Execution):
     """pandas DataFrame, one row per task: task, name, stage, stream, start_s, end_s,
-    duration_s, category (its largest breakdown part); blocking sends as p2p rows."""
+    duration_s, category (its largest breakdown part); blocking sends as p2p rows; the
+    exposed TP/CP collectives of a pass as rows of their own (streams tp, cp) at its end."""
     import pandas as pd
 
     g = ex.graph
     rows = []
     for t in range(len(g.dur)):
         stream = STREAMS[g.stream[t] % NS]
-        rows.append((t, task_name(g.name[t]), g.stage[t], stream, ex.start_s[t], ex.end_s[t],
-                     ex.end_s[t] - ex.start_s[t], _category([kv for kv in g.parts[t] if kv[0] != "pp_comm"])))
+        ran = ex.end_s[t] - ex.start_s[t]
+        parts = [kv for kv in g.parts[t] if kv[0] != "pp_comm"]
+        rows.append((t, task_name(g.name[t]), g.stage[t], stream, ex.start_s[t], ex.end_s[t], ran,
+                     _category(parts)))
+        nominal = sum(x for _, x in parts)
+        end = ex.end_s[t]
+        for cat, x in reversed(parts):
+            if cat in COLLECTIVE_ROWS and x > 0 and nominal > 0:
+                thread, label = COLLECTIVE_ROWS[cat]
+                d = ran * x / nominal
+                rows.append((t, f"{label} {task_name(g.name[t])}", g.stage[t], thread, end - d, end, d, cat))
+                end -= d
         if ex.post_s[t] > 0:
             rows.append((t, "send " + task_name(g.name[t]), g.stage[t], STREAMS[P2P], ex.end_s[t],
                          ex.end_s[t] + ex.post_s[t], ex.post_s[t], "pp_comm"))
@@ -49,13 +66,15 @@ def chrome_trace(ex: Execution, title: str = "") -> dict:
         events.append({"ph": "M", "name": "process_name", "pid": i, "tid": 0,
                        "args": {"name": f"pipeline stage {i}"}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": i, "tid": 0, "args": {"sort_index": i}})
-        for k, s in enumerate(STREAMS):
+        for k, s in enumerate(THREADS):
             events.append({"ph": "M", "name": "thread_name", "pid": i, "tid": k, "args": {"name": s}})
     df = timeline(ex)
-    tid = {s: k for k, s in enumerate(STREAMS)}
+    tid = {s: k for k, s in enumerate(THREADS)}
     for r in df.itertuples(index=False):
+        parts = {cat: sec for cat, sec in g.parts[r.task]} if r.stream in STREAMS else {r.category: r.duration_s}
         events.append({"name": r.name, "cat": r.category, "ph": "X", "pid": int(r.stage), "tid": tid[r.stream],
-                       "ts": r.start_s * US, "dur": r.duration_s * US, "args": {"task": int(r.task)}})
+                       "ts": r.start_s * US, "dur": r.duration_s * US,
+                       "args": {"task": int(r.task), "parts_s": parts}})
     from .engine import memory_timeline
 
     for r in memory_timeline(ex).itertuples(index=False):

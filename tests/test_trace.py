@@ -37,7 +37,7 @@ def test_trace_has_one_process_per_stage_and_one_thread_per_stream(scenario):
     procs = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     assert procs == {i: f"pipeline stage {i}" for i in range(4)}
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert sorted(set(threads.values())) == sorted(STREAMS)
+    assert sorted(set(threads.values())) == sorted(STREAMS + ("tp", "cp"))
 
 
 def test_1f1b_trace_orders_passes_like_1f1b(scenario):
@@ -129,3 +129,17 @@ def test_cli_plots_a_trace_as_a_gantt_chart(tmp_path):
     assert main(["evaluate", "scenarios/quickstart.yaml", "--pp", "2", "--trace", str(trace)]) == 0
     assert main(["plot", str(trace), "--kind", "timeline", "-o", str(png)]) == 0
     assert png.stat().st_size > 0
+
+
+def test_exposed_tp_collectives_have_rows_of_their_own(scenario):
+    ex = execute(one_f_one_b(scenario))  # tp = 2 without overlap: every pass waits for its all-reduces
+    df = timeline(ex)
+    tp = df[df.stream == "tp"]
+    assert len(tp) > 0 and (tp.category == "tp_comm").all()
+    passes = df[(df.stream == "compute") & df.name.str.match(r"^[FB]\d")]
+    first = passes.iloc[0]
+    row = tp[tp.task == first.task].iloc[0]
+    # it ends with its pass, and takes the pass's TP share of the executed time
+    g = ex.graph
+    share = dict(g.parts[first.task])["tp_comm"] / sum(x for c, x in g.parts[first.task] if c != "pp_comm")
+    assert row.end_s == pytest.approx(first.end_s) and row.duration_s == pytest.approx(share * first.duration_s)
