@@ -41,7 +41,7 @@ def case(label, overrides=None, periodic=True):
     ev_best, _ = best_ms(lambda: evaluate(s, "graph"), 3)
     an_best, _ = best_ms(lambda: evaluate(s, "analytic"), 3)
     print(f"{label:58s} devices {s.cluster.devices:>7,}  pp {s.plan.pp:>2} m {s.plan.microbatches:>4} "
-          f"v {s.plan.virtual_stages}  tasks {sim.graph_tasks:>6,} (ran {sim.simulated_tasks:>6,})  "
+          f"v {compile_scenario(s).v}  tasks {sim.graph_tasks:>6,} (ran {sim.simulated_tasks:>6,})  "
           f"simulate {best:6.1f} ms (median {med:6.1f})  evaluate graph {ev_best:6.1f} ms, analytic {an_best:5.1f} ms")
 
 

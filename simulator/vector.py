@@ -65,7 +65,6 @@ def memory_by_stage_batch(layout: Layout, n: int, unit: float = 1.0) -> list[lis
     for all stages of all plans at once (stage index along a second array axis)."""
     pp = np.asarray(layout.p).tolist()
     stages = np.arange(max(pp))[:, None]  # (stages, 1) against (plans,)
-    first, middle, last = layout.stages
     reps = [layout.stage_memory(r, stages) for r in layout.stages]
     index = np.where(stages == 0, 0, np.where(stages == np.asarray(layout.p) - 1, 2, 1))
     per_plan = []
