@@ -149,6 +149,17 @@ def test_graph_and_analytic_agree_within_3_percent_on_plans(scenario, kw):
     assert abs(g - a) / a * 100 < AGREE_PCT
 
 
+@pytest.mark.parametrize("kw", [dict(zero_stage=2, dp_overlap=False), dict(zero_stage=3, dp_overlap=False),
+                                dict(zero_stage=3), dict(zero_stage=1, offload={"activations": "cpu"}),
+                                dict(zero_stage=2, offload={"optimizer": "cpu"}),
+                                dict(zero_stage=3, offload={"optimizer": "cpu", "params": "cpu"})])
+def test_graph_and_analytic_agree_within_15_percent_on_zero_2_3_and_offload_plans(scenario, kw):
+    s = plan(scenario, model={"preset": "megatron-gpt-18b"}, global_batch=96, **kw)
+    g, a = evaluate(s, "graph"), evaluate(s, "analytic")
+    assert abs(g.step_time_s - a.step_time_s) / a.step_time_s < 0.15
+    assert abs(g.peak_memory_bytes - a.peak_memory_bytes) / a.peak_memory_bytes < 0.05
+
+
 def test_overlapped_gradient_reduction_hides_behind_backward(scenario):
     on = simulate(plan(scenario, zero_stage=0, dp_overlap=True), periodic=False)
     off = simulate(plan(scenario, zero_stage=0, dp_overlap=False), periodic=False)
