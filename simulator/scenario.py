@@ -79,7 +79,11 @@ def scenario_from_dict(data: Any, cache: dict | None = None) -> Scenario:
 
 
 def read_scenario(path: str | Path) -> dict:
-    """The raw mapping of a scenario file (before overrides and validation)."""
+    """The raw mapping of a scenario file (before overrides and validation): a path, or the
+    name of a shipped scenario (resources.resolve_data_file)."""
+    from .resources import resolve_data_file
+
+    path = resolve_data_file(path, "scenario")
     raw = load_yaml(path, "scenario")
     if raw is None:
         raise InputError("scenario", str(path), "the file is empty; expected model, cluster and plan sections")

@@ -314,7 +314,10 @@ def space_from_dict(data: Any, base_dir: str | Path = ".") -> Space:
 
 
 def load_space(path: str | Path) -> Space:
-    """Read a space YAML file."""
+    """Read a space YAML file: a path, or the name of a shipped space (`sweeps/gpt3-175b-tp-pp`)."""
+    from .resources import resolve_data_file
+
+    path = resolve_data_file(path, "space")
     raw = load_yaml(path, "space")
     if raw is None:
         raise InputError("space", str(path), "the file is empty; expected base or base_file, and sweep")
