@@ -39,19 +39,24 @@ def human_time(seconds) -> str:
 
 # ------------------------------------------------------------------ memory
 
-def stage_memory_rows(stages: list[dict], capacity_gib: float) -> list[tuple]:
-    """One row per pipeline stage (GiB), runs of stages that print the same merged into one
-    row named by their range ("1-14")."""
-    rows, start = [], 0
-    cells = [tuple(f"{s[k]:.1f}" for k in MEMORY_KEYS) for s in stages]
+def stage_memory_rows(stages: list[dict], capacity_gib: float, max_rows: int = 8) -> list[tuple]:
+    """Per pipeline stage (GiB): one row each for up to `max_rows` stages; beyond that the
+    first and last stage alone and the others in contiguous bands, each band shown by its
+    hungriest stage and named by its range with `max` ("1-10 max")."""
+    n = len(stages)
     totals = [sum(s[k] for k in MEMORY_KEYS) for s in stages]
-    for i in range(1, len(stages) + 1):
-        if i < len(stages) and cells[i] == cells[start]:
-            continue
-        name = str(start) if i - 1 == start else f"{start}-{i - 1}"
-        total = totals[start]
-        rows.append((name, *cells[start], f"{total:.1f}", f"{100 * total / capacity_gib:.0f}%"))
-        start = i
+    if n <= max_rows:
+        bands = [(i, i) for i in range(n)]
+    else:
+        inner = max_rows - 2
+        edges = [1 + round(j * (n - 2) / inner) for j in range(inner + 1)]
+        bands = [(0, 0)] + [(a, b - 1) for a, b in zip(edges, edges[1:]) if b > a] + [(n - 1, n - 1)]
+    rows = []
+    for a, b in bands:
+        i = max(range(a, b + 1), key=lambda k: totals[k])
+        name = str(a) if a == b else f"{a}-{b} max"
+        rows.append((name, *(f"{stages[i][k]:.1f}" for k in MEMORY_KEYS), f"{totals[i]:.1f}",
+                     f"{100 * totals[i] / capacity_gib:.0f}%"))
     return rows
 
 
@@ -131,7 +136,7 @@ def nearest_fits(data: dict, scenario, limit: int = 3) -> list[dict]:
     found = [r for r in (attempt([c]) for c in singles) if r]
     if not found:
         pairs = [(a, b) for a, b in itertools.combinations(singles, 2)
-                 if a[1].keys().isdisjoint(b[1].keys()) or a[1].keys() == {"plan.dp"}]
+                 if (a[1].keys() - {"plan.dp"}).isdisjoint(b[1].keys() - {"plan.dp"})]
         found = [r for r in (attempt(list(pair)) for pair in pairs) if r]
     return sorted(found, key=lambda r: (r["step_time_s"], r["change"]))[:limit]
 

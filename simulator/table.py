@@ -38,7 +38,7 @@ RESULT_TAIL = {
 }
 RESULT_COLUMNS = {**RESULT_SCALARS, **{f"memory_gib.{k}": "float" for k in MEMORY_KEYS},
                   **{f"breakdown_s.{k}": "float" for k in BREAKDOWN_KEYS}, **RESULT_TAIL}
-DROPPED = ("scenario", "flop_convention", "devices", "global_batch", "seq_len")
+DROPPED = ("scenario", "flop_convention", "devices", "global_batch", "seq_len", "diagnostics")
 
 
 def plan_row(scenario) -> dict:
