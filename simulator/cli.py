@@ -135,8 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("-o", "--out", default=None, help="scenario YAML to write (default: print it)")
     im.add_argument("--json", action="store_true", help="print the mapping report as JSON")
     _add_field_flags(im)
-    im.add_argument("megatron_args", nargs=argparse.REMAINDER,
-                    help="megatron: Megatron-LM arguments after `--` instead of a file")
+    im.epilog = "megatron: Megatron-LM arguments may follow `--` instead of a file"
 
     va = sub.add_parser("validate", help="compare predictions with measured runs")
     va.add_argument("--published", action="store_true", help="reproduce the published runs (scenarios/published)")
@@ -325,7 +324,9 @@ def cmd_import(args) -> int:
     if source is None and not extra:
         raise InputError("import", None, f"give the {args.kind} config file")
     imported = import_config(args.kind, source, _overrides(args), argv=extra or None)
-    text = yaml.safe_dump(imported.scenario, sort_keys=False)
+    order = ("name", "model", "cluster", "plan", "training")
+    scenario = {k: imported.scenario[k] for k in order if k in imported.scenario}
+    text = yaml.safe_dump(scenario, sort_keys=False)
     if args.json:
         print(json.dumps({"scenario": imported.scenario, "mapped": imported.mapped, "ignored": imported.ignored,
                           "unmapped": imported.unmapped}, indent=2, default=str))
@@ -626,7 +627,13 @@ def cmd_list(args) -> int:
 
 def main(argv=None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = []
+    if argv[:1] == ["import"] and "--" in argv:  # llmsim import megatron [options] -- MEGATRON ARGS
+        extra = argv[argv.index("--") + 1:]
+        argv = argv[:argv.index("--")]
     args = parser.parse_args(argv)
+    args.megatron_args = extra
     try:
         if args.command in COMMANDS:
             return COMMANDS[args.command](args)
