@@ -55,30 +55,36 @@ def _outside_legend(ax, **kw) -> None:
 
 
 def _one(df: pd.DataFrame, column: str):
+    """The one value of `column` (missing ones aside), "N columns" when there are several."""
     if column not in df.columns:
         return None
-    values = [v for v in pd.unique(df[column].dropna())]
-    return values[0] if len(values) == 1 else (f"{len(values)} {column}s" if values else None)
+    values = [v for v in pd.unique(df[column].dropna()) if v != ""]
+    if len(values) == 1:
+        v = values[0]
+        return int(v) if isinstance(v, (int, np.integer)) or (isinstance(v, float) and v.is_integer()) else v
+    return f"{len(values)} values of {column}" if values else None
 
 
 def context(df) -> str:
-    """"model, cluster, batch" of a results table or row (what it holds one value of)."""
+    """"model, cluster, batch" of a results table or row (as far as it holds one value of each)."""
     if isinstance(df, Mapping):
         df = pd.DataFrame([df])
-    model = _one(df, "model")
-    if "nodes" in df.columns and df["nodes"].nunique() == 1 and df["node"].nunique() == 1:
-        cluster = f"{int(df['nodes'].iloc[0])} x {df['node'].iloc[0]}"
-        if "devices" in df.columns and df["devices"].nunique() == 1:
-            cluster += f" ({int(df['devices'].iloc[0])} x {df['accelerator'].iloc[0]})"
-    elif "accelerator" in df.columns and df["accelerator"].nunique() > 1:
-        cluster = f"{df['accelerator'].nunique()} accelerators"
+    model, nodes, node = _one(df, "model"), _one(df, "nodes"), _one(df, "node")
+    devices, accelerator = _one(df, "devices"), _one(df, "accelerator")
+    single = all(isinstance(v, (int, np.integer)) for v in (nodes,)) and node is not None and "values" not in str(node)
+    if single:
+        cluster = f"{nodes} x {node}"
+        if devices is not None and accelerator is not None and "values" not in str(accelerator):
+            cluster += f" ({devices} x {accelerator})"
+    elif "nodes" in df.columns and df["nodes"].notna().any():
+        kinds, sizes = df["node"].dropna().nunique(), df["nodes"].dropna()
+        cluster = (f"{kinds} node types, " if kinds > 1 else f"{node}, ") + (
+            f"{int(sizes.min())}-{int(sizes.max())} nodes" if sizes.nunique() > 1 else f"{int(sizes.iloc[0])} nodes")
     else:
-        cluster = "several cluster sizes" if "nodes" in df.columns else None
+        cluster = None
     batch = _one(df, "global_batch")
-    parts = [str(model) if model is not None else None, cluster,
-             f"global batch {int(batch)}" if isinstance(batch, (int, np.integer, float)) and not pd.isna(batch)
-             else (str(batch) if batch else None)]
-    return ", ".join(p for p in parts if p)
+    parts = [model, cluster, f"global batch {batch}" if batch is not None else None]
+    return ", ".join(str(p) for p in parts if p is not None)
 
 
 def _title(ax, what: str, df, extra: str = "") -> None:
@@ -448,9 +454,8 @@ def accelerators(df: pd.DataFrame, by: str = "accelerator"):
     right.set_ylabel(label("tokens_per_s_per_device"))
     for panel in (left, right):
         panel.set_xlabel(by)
-    model, batch = _one(df, "model"), _one(df, "global_batch")
-    fig.suptitle(f"Accelerators, the best plan of each (most tokens/s)\n{model}, global batch {batch}, "
-                 f"{_one(df, 'nodes')} nodes each", fontsize=10)
+    fig.suptitle(f"Accelerators, the best plan of each (most tokens/s)\n{_one(df, 'model')}, global batch "
+                 f"{_one(df, 'global_batch')}, {_one(df, 'nodes')} nodes each", fontsize=10)
     fig.tight_layout()
     return fig
 
