@@ -7,7 +7,8 @@ zero_optimization.stage; offload_optimizer.device / offload_param.device none|cp
 (and the older zero_optimization.cpu_offload = optimizer offload to cpu); fp16 / bf16
 enabled; DeepSpeed keeps 16-bit gradients (grad_precision bf16 for bf16 and fp16 for fp16).
 A DeepSpeed config has no model: give --preset (or --hf-config, model fields) with the
-cluster. Values "auto" (filled by the HF Trainer) are refused: the number is not in the file.
+cluster, and --global-batch (--micro-batch) when the config leaves the batch sizes to the HF
+Trainer. Values "auto" (filled by the HF Trainer) are refused: the number is not in the file.
 """
 
 from __future__ import annotations
@@ -57,9 +58,7 @@ def read(path: str | Path) -> Imported:
         steps = accumulation or 1
         a.derive("gradient_accumulation_steps", "plan.micro_batch", f"{total} / ({steps} x dp)",
                  lambda c: total // (steps * c["dp"]))
-    elif micro is None:
-        a.refuse("train_micro_batch_size_per_gpu", "give train_micro_batch_size_per_gpu or train_batch_size")
-    a.used("gradient_accumulation_steps")
+    a.used("gradient_accumulation_steps")  # neither batch size given (the HF Trainer fills them): --global-batch
 
     stage = a.number("zero_optimization.stage", 0)
     a.map("zero_optimization.stage", "plan.zero_stage", stage)
