@@ -21,7 +21,7 @@ _MISSING = object()
 
 
 def _is_bool(value) -> bool:
-    return isinstance(value, bool) or type(value).__name__ == "bool_"
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"))
 
 
 def require_mapping(value: Any, field: str) -> Mapping:

@@ -46,6 +46,8 @@ def resolve_data_file(ref: str | Path, field: str) -> Path:
     """A scenario or sweep-space file: `ref` as a path when it exists, else a shipped one by
     name, so that `quickstart`, `quickstart.yaml`, `scenarios/quickstart.yaml` and
     `sweeps/gpt3-175b-tp-pp` work from any folder with an installed wheel."""
+    if not isinstance(ref, (str, Path)) or not str(ref):
+        raise InputError(field, ref, "expected a file path or the name of a shipped scenario")
     path = Path(ref)
     if path.exists() or path.is_absolute():
         return path

@@ -257,9 +257,9 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
     engine: "auto" (graph for the top candidates when available), "graph" or "analytic".
     """
     start = time.perf_counter()
-    if objective not in OBJECTIVES:
+    if not isinstance(objective, str) or objective not in OBJECTIVES:
         raise InputError("--objective", objective, "expected one of " + ", ".join(OBJECTIVES))
-    if engine not in ("auto", "graph", "analytic"):
+    if not isinstance(engine, str) or engine not in ("auto", "graph", "analytic"):
         raise InputError("--engine", engine, "expected auto, graph or analytic")
     if isinstance(global_batch, np.integer):
         global_batch = int(global_batch)
@@ -273,6 +273,8 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
         raise InputError("options", options, "expected a SearchOptions")
     if not 0.0 <= options.memory_headroom < 1.0:
         raise InputError("--memory-headroom", options.memory_headroom, "expected a fraction from 0 to 0.99")
+    if not isinstance(training, Training):
+        raise InputError("training", training, "expected a Training")
     model = model_from_dict({"preset": model} if isinstance(model, str) else model) \
         if not isinstance(model, ModelSpec) else model
     cluster = cluster_from_dict(cluster) if not isinstance(cluster, Cluster) else cluster

@@ -87,7 +87,7 @@ class Space:
 
 def _axis_values(name: str, spec: Any) -> tuple:
     where = f"sweep.{name}"
-    if spec == "auto":
+    if isinstance(spec, str) and spec == "auto":
         if name != "plan.dp":
             raise InputError(where, spec, "`auto` is allowed for plan.dp only")
         return ("auto",)
@@ -112,6 +112,7 @@ def _axis_values(name: str, spec: Any) -> tuple:
         values = [spec]  # a single value: a fixed override
     if not values:
         raise InputError(where, spec, "expected at least one value")
+    values = [v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v for v in values]
     for v in values:
         if isinstance(v, (dict, list)) or (isinstance(v, float) and not math.isfinite(v)):
             raise InputError(where, v, "expected numbers, text or true/false")
@@ -332,6 +333,8 @@ def space_from_dict(data: Any, base_dir: str | Path = ".") -> Space:
     """Validate a space mapping; `base_file` is resolved against `base_dir`."""
     data = F.require_mapping(data, "space")
     F.reject_unknown(data, SPACE_KEYS, "")
+    if not isinstance(base_dir, (str, Path)):
+        raise InputError("base_dir", base_dir, "expected a folder path")
     if ("base" in data) == ("base_file" in data):
         raise InputError("base", None, "give exactly one of base (a scenario) or base_file (a path)")
     if "base_file" in data:

@@ -131,8 +131,9 @@ def _expanded_size(root) -> int:
 
 def parse_yaml(raw: str, where: str) -> Any:
     """One YAML document as plain Python data; InputError (one line, naming `where`) otherwise."""
-    loader = _Loader(raw)
+    loader = None
     try:
+        loader = _Loader(raw)
         node = loader.get_single_node()
         if node is None:
             return None
@@ -149,7 +150,8 @@ def parse_yaml(raw: str, where: str) -> Any:
     except RecursionError:
         raise InputError(where, "nesting", "the document is nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def read_text(path: str | Path, field: str = "file", max_bytes: int = MAX_FILE_BYTES) -> str:
