@@ -331,8 +331,9 @@ def cmd_import(args) -> int:
         print(json.dumps({"scenario": imported.scenario, "mapped": imported.mapped, "ignored": imported.ignored,
                           "unmapped": imported.unmapped}, indent=2, default=str))
     else:
-        print(f"# {len(imported.mapped)} keys mapped, {len(imported.ignored)} ignored (no effect on step time or "
-              f"memory), {len(imported.unmapped)} unmapped (not modelled)")
+        keys = len({m["key"] for m in imported.mapped})
+        print(f"# {keys} keys mapped, {len(imported.ignored)} ignored (no effect on step time or memory), "
+              f"{len(imported.unmapped)} unmapped (not modelled)")
         for m in imported.mapped:
             print(f"#   mapped    {m['key']} = {m['value']!r} -> {m['field']}")
         for m in imported.unmapped:

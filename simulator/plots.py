@@ -313,9 +313,11 @@ def _palette(kinds: list[str]) -> dict:
     """A colour per task kind: a pipeline send of a kind ("send F") in the light shade of that
     kind's colour (tab20 pairs), every other kind its own dark shade."""
     cmap = matplotlib.colormaps["tab20"]
-    bases = list(dict.fromkeys(k.removeprefix("send ").removeprefix("recv ") for k in kinds))
-    return {k: cmap((2 * bases.index(k.removeprefix("send ").removeprefix("recv ")) + (k.startswith(("send ", "recv ")))) % 20)
-            for k in kinds}
+
+    def base(k):
+        return k.removeprefix("send ").removeprefix("recv ")
+    bases = list(dict.fromkeys(base(k) for k in kinds))
+    return {k: cmap((2 * bases.index(base(k)) + k.startswith(("send ", "recv "))) % 20) for k in kinds}
 
 
 def _busy_at(starts, ends, edges) -> np.ndarray:

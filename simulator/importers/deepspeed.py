@@ -20,7 +20,8 @@ from .common import Account, Imported
 
 IGNORED = ("steps_per_print", "wall_clock_breakdown", "optimizer.params.*", "scheduler.*", "gradient_clipping",
            "fp16.loss_scale*", "fp16.initial_scale_power", "fp16.hysteresis", "fp16.min_loss_scale",
-           "zero_allow_untested_optimizer", "zero_optimization.offload_*.nvme_path", "zero_optimization.offload_*.pin_memory",
+           "zero_allow_untested_optimizer", "zero_optimization.offload_*.nvme_path",
+           "zero_optimization.offload_*.pin_memory",
            "zero_optimization.stage3_gather_*", "tensorboard.*", "wandb.*", "csv_monitor.*", "flops_profiler.*",
            "prescale_gradients", "zero_optimization.offload_param.max_in_cpu", "comms_logger.*")
 REASONS = {"zero_optimization.*bucket*": "collective bucketing is not modelled",
@@ -31,7 +32,8 @@ REASONS = {"zero_optimization.*bucket*": "collective bucketing is not modelled",
            "zero_optimization.offload_*.buffer_*": "NVMe staging buffers are not modelled",
            "zero_optimization.offload_*.pipeline_*": "NVMe read/write pipelining is not modelled",
            "aio.*": "NVMe asynchronous I/O settings are not modelled (the node profile's NVMe bandwidth is used)",
-           "activation_checkpointing.*": "DeepSpeed activation checkpointing is set by the model code; give --recompute"}
+           "activation_checkpointing.*": "DeepSpeed activation checkpointing is set by the model code; "
+                                         "give --recompute"}
 
 
 def read(path: str | Path) -> Imported:

@@ -111,7 +111,8 @@ def _number(a: Account, key: str, default=None, integer=True):
 def read_args(args: dict) -> Imported:
     a = Account(args, "megatron")
     if a.has("num-experts") or a.has("num-moe-experts"):
-        a.refuse("num-experts" if a.has("num-experts") else "num-moe-experts", "mixture-of-experts models are not modelled")
+        a.refuse("num-experts" if a.has("num-experts") else "num-moe-experts",
+                 "mixture-of-experts models are not modelled")
     layers = _number(a, "num-layers")
     hidden = _number(a, "hidden-size")
     heads = _number(a, "num-attention-heads")
@@ -228,7 +229,8 @@ NEMO_IGNORED = ("run.*", "exp_manager.*", "hydra.*", "trainer.accelerator", "tra
                 "model.rotary_percentage", "model.rotary_base", "model.attention_type", "model.tokenizer.*",
                 "model.native_amp_*", "model.hysteresis", "model.seed", "model.resume_from_checkpoint",
                 "model.use_cpu_initialization", "model.onnx_safe", "model.apex_transformer_log_level",
-                "model.gc_interval", "model.nsys_profile.*", "model.data.*", "model.optim.lr", "model.optim.weight_decay",
+                "model.gc_interval", "model.nsys_profile.*", "model.data.*", "model.optim.lr",
+                "model.optim.weight_decay",
                 "model.optim.betas", "model.optim.sched.*", "model.max_position_embeddings", "model.deterministic_mode",
                 "model.sync_batch_comm", "model.mcore_gpt", "model.transformer_engine", "model.fp8_*",
                 "model.make_vocab_size_divisible_by", "model.rampup_batch_size", "model.resume_from_checkpoint",
