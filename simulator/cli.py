@@ -576,10 +576,10 @@ def cmd_search(args) -> int:
              _human_time(r.step_time_s), f"{r.tokens_per_s:,.0f}", f"{100 * r.mfu:.1f}%",
              f"{r.peak_memory_gib:.1f}", f"{r.usd_per_million_tokens:.3g}", r.equivalent_plans)
             for r in df.itertuples(index=False)]
+    if len(df) and (df["equivalent_plans"] > 1).any():
+        print("note: 'same as' counts the enumerated plans with these identical numbers (the first one is shown)")
     print(_fmt_table(rows, ("#", "tp", "pp", "dp", "cp", "vpp", "mb", "schedule", "sp", "recompute", "zero",
                             "offload opt/par/act", "step", "tokens/s", "MFU", "GiB", "$/M tok", "same as")))
-    if len(df) and (df["equivalent_plans"] > 1).any():
-        print("same as: how many enumerated plans give these identical numbers (the simplest one is shown)")
     return 0
 
 
