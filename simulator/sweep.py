@@ -312,15 +312,17 @@ class _ParquetStore(_Store):
         return self.keep_valid(df, index_of, str(self.out))
 
     def start(self, resume: bool, kept: pd.DataFrame | None) -> None:
-        """Fresh: remove old output and parts. Resume: the kept rows become one part (damaged
-        parts and a damaged OUT are removed)."""
-        shutil.rmtree(self.parts, ignore_errors=True)
-        if self.out.exists():
-            self.out.unlink()
+        """Fresh: remove old output and parts. Resume: the kept rows become one part, written
+        before the old parts and OUT (damaged ones included) are removed."""
         self.parts.mkdir(exist_ok=True)
         self.run = uuid.uuid4().hex[:8]
         if kept is not None and len(kept):
             self._write_part(kept, f"part-{self.run}-kept")
+        for old in self.parts.iterdir():
+            if not old.name.startswith(f"part-{self.run}-"):
+                old.unlink()
+        if self.out.exists():
+            self.out.unlink()
 
     def append(self, rows: list[dict], index: int) -> None:
         self._write_part(self.frame(rows), f"part-{self.run}-{index:08d}")

@@ -7,7 +7,6 @@ import io
 import os
 import time
 
-import numpy as np
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -99,5 +98,27 @@ def test_any_flag_value_is_a_result_or_one_line(flag, value):
     _check(*_run(["evaluate", "quickstart", flag, value, "--engine", "analytic"]))
 
 
-def test_numpy_values_survive_a_round_trip():
-    assert np.int64(3) == 3  # keeps numpy imported for the API checks in test_api_errors.py
+CONSTRAINTS = st.sampled_from(["plan.tp * plan.pp <= 8", "plan.tp ** plan.pp < 100", "plan.recompute != 'none'",
+                               "plan.tp in [1, 2]", "plan.dp > 0", "plan.micro_batch // 0", "plan.zz > 1",
+                               "not plan.tp", "'a' * plan.tp == 'aa'", "plan.tp ** 2 ** 2 ** 9", "(", "x.y.z",
+                               "__import__('os')", "plan.tp.real", "[1][0]", "plan.global_batch % plan.dp == 0"])
+
+
+@given(axes=st.dictionaries(st.sampled_from(["plan.tp", "plan.pp", "plan.micro_batch", "plan.recompute",
+                                             "plan.zero_stage", "cluster.nodes", "plan.dp", "model.preset", "tp",
+                                             "plan.schedule"]),
+                            st.one_of(st.lists(VALUES, max_size=3), VALUES,
+                                      st.fixed_dictionaries({"range": st.lists(VALUES, max_size=3)}),
+                                      st.fixed_dictionaries({"pow2": st.lists(VALUES, max_size=3)})), max_size=3),
+       constraints=st.lists(CONSTRAINTS, max_size=2))
+def test_sweep_of_any_space_is_a_table_or_one_line(tmp_path_factory, axes, constraints):
+    folder = tmp_path_factory.mktemp("fuzz")
+    space = {"base": BASE, "sweep": axes, "constraints": constraints}
+    try:
+        text = yaml.safe_dump(space, allow_unicode=True)
+    except (ValueError, OverflowError):
+        return
+    (folder / "space.yaml").write_text(text, encoding="utf-8")
+    rc, out, err, seconds = _run(["sweep", str(folder / "space.yaml"), "-o", str(folder / "o.csv"), "--workers", "1",
+                                  "--no-progress"])
+    _check(rc, out, err, seconds)
