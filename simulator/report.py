@@ -60,6 +60,12 @@ def stage_memory_rows(stages: list[dict], capacity_gib: float, max_rows: int = 8
     return rows
 
 
+def _offloads(plan) -> bool:
+    from .plan import Offload
+
+    return plan.offload != Offload()
+
+
 def offload_bytes_per_node(scenario) -> dict:
     """Host RAM and NVMe that the offloaded state of one node's devices takes (bytes), sized for
     the hungriest pipeline stage (memory.host_bytes_per_device). NVMe bytes are what the
@@ -155,7 +161,7 @@ def render_result(d: dict, scenario, data: dict | None = None) -> str:
         f"global_batch={p.global_batch} ({p.microbatches} micro-batches) schedule={p.schedule} "
         f"sp={p.sequence_parallel} recompute={p.recompute} zero={p.zero_stage} {p.precision}"
         + (f" offload optimizer/params/activations={p.offload.optimizer}/{p.offload.params}/"
-           f"{p.offload.activations}" if p.offload != type(p.offload)() else ""),
+           f"{p.offload.activations}" if _offloads(p) else ""),
         "",
         f"feasible   {'yes' if d['feasible'] else 'NO: ' + d['reason']}",
         "",
@@ -165,7 +171,7 @@ def render_result(d: dict, scenario, data: dict | None = None) -> str:
     stages = d.get("memory_gib_by_stage") or [d["memory_gib"]]
     lines.append(fmt_table(stage_memory_rows(stages, d["memory_capacity_gib"]),
                            ("stage", *MEMORY_KEYS, "total", "of HBM")))
-    if p.offload != type(p.offload)():
+    if _offloads(p):
         off = offload_bytes_per_node(scenario)
         lines.append(f"offload    per node ({c.devices_per_node} devices): host RAM {off['host_bytes'] / GIB:.1f} of "
                      f"{off['host_capacity_bytes'] / GIB:.0f} GiB on {c.node.name}, NVMe "

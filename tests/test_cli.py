@@ -178,3 +178,19 @@ def test_user_calibrated_profiles_are_found_by_name(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["devices"] >= 1
     shutil.rmtree(calibrated)
+
+
+def test_offload_per_node_is_the_offloaded_states_of_its_devices():
+    """ZeRO-3 over the 8 devices of one node: optimizer states (12 B/param) and fp32 gradients
+    (4 B/param) sharded 8 ways to NVMe, 16-bit weights (2 B/param) to host RAM, so the node
+    holds 16 B and 2 B per parameter of the model in all."""
+    from simulator.model import load_preset
+    from simulator.report import offload_bytes_per_node
+    from simulator import scenario_from_dict
+    params = load_preset("megatron-gpt-1.7b").params()
+    s = scenario_from_dict({"model": {"preset": "megatron-gpt-1.7b"}, "cluster": {"node": "dgx-a100"},
+                            "plan": {"dp": 8, "global_batch": 8, "zero_stage": 3,
+                                     "offload": {"optimizer": "nvme", "params": "cpu"}}})
+    off = offload_bytes_per_node(s)
+    assert off["nvme_bytes"] == pytest.approx(16 * params, rel=1e-12)
+    assert off["host_bytes"] == pytest.approx(2 * params, rel=1e-12)

@@ -154,6 +154,7 @@ def read_args(args: dict) -> Imported:
     if vocab is None:
         a.refuse(vocab_key, "the tokenizer's vocabulary size is unknown; give --vocab-size")
     a.map(vocab_key, "model.vocab", padded_vocab(vocab, _number(a, "make-vocab-size-divisible-by", 128), tp))
+    a.used("tokenizer-type")
     vpp = None
     if a.has("num-layers-per-virtual-pipeline-stage"):
         per = _number(a, "num-layers-per-virtual-pipeline-stage")
