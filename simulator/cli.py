@@ -232,8 +232,9 @@ def _number_flag(value, flag: str, minimum: float = 0.0, strict_min: bool = True
                     strict_min=strict_min, maximum=maximum)
 
 
-def _scenario_data(args) -> dict:
-    """The scenario mapping of `evaluate`: the file or the imported config, with the flags applied."""
+def _scenario_data(args) -> tuple[dict, list[str]]:
+    """The scenario mapping of `evaluate` (the file or the imported config, with the flags
+    applied) and the notes on what an imported config says that llmsim does not model."""
     from .scenario import apply_overrides, read_scenario
 
     overrides = _overrides(args)
@@ -244,13 +245,11 @@ def _scenario_data(args) -> dict:
 
         kind, path = args.source
         imported = import_config(kind, path, overrides)
-        for note in imported.unmapped:
-            print(f"llmsim: note: {kind} {note['key']} = {note['value']!r} is not modelled: {note['why']}",
-                  file=sys.stderr)
-        return imported.scenario
+        return imported.scenario, [f"llmsim: note: {kind} {n['key']} = {n['value']!r} is not modelled: {n['why']}"
+                                   for n in imported.unmapped]
     if args.scenario is None:
         raise InputError("scenario", None, "give a scenario file (or a shipped name) or --from KIND FILE")
-    return _renamed(apply_overrides(read_scenario(args.scenario), overrides), overrides)
+    return _renamed(apply_overrides(read_scenario(args.scenario), overrides), overrides), []
 
 
 def _write_target(path: str, flag: str) -> Path:
@@ -270,7 +269,7 @@ def cmd_evaluate(args) -> int:
     from .report import render_result
     from .scenario import scenario_from_dict
 
-    data = _scenario_data(args)
+    data, notes = _scenario_data(args)
     scenario = scenario_from_dict(data)
     result = evaluate(scenario, engine=args.engine)
     d = result.to_dict()
@@ -278,6 +277,8 @@ def cmd_evaluate(args) -> int:
         from .trace import write_trace
 
         write_trace(scenario, str(_write_target(args.trace, "--trace")))
+    for note in notes:  # after the input is known to be good: an error stays one line
+        print(note, file=sys.stderr)
     if args.json:
         print(json.dumps(d, indent=2, sort_keys=False))
     else:

@@ -38,6 +38,7 @@ RESULT_TAIL = {
 }
 RESULT_COLUMNS = {**RESULT_SCALARS, **{f"memory_gib.{k}": "float" for k in MEMORY_KEYS},
                   **{f"breakdown_s.{k}": "float" for k in BREAKDOWN_KEYS}, **RESULT_TAIL}
+INT64 = (-2**63, 2**63 - 1)
 DROPPED = ("scenario", "flop_convention", "devices", "global_batch", "seq_len", "diagnostics")
 
 
@@ -67,8 +68,8 @@ def raw_plan_row(data: Mapping) -> dict:
     out = {}
     for key, kind in PLAN_COLUMNS.items():
         v = raw.get(key)
-        ok = {"int": isinstance(v, int) and not isinstance(v, bool), "bool": isinstance(v, bool),
-              "str": isinstance(v, str)}[kind]
+        ok = {"int": isinstance(v, int) and not isinstance(v, bool) and INT64[0] <= v <= INT64[1],
+              "bool": isinstance(v, bool), "str": isinstance(v, str)}[kind]
         out[key] = v if ok else None
     return out
 
@@ -91,9 +92,6 @@ def result_row(d: Mapping) -> dict:
 
 def error_row(message: str) -> dict:
     return {"feasible": False, "reason": message}
-
-
-INT64 = (-2**63, 2**63 - 1)
 
 
 def axis_kind(values) -> str:

@@ -6,12 +6,15 @@ import contextlib
 import io
 import os
 import time
+from pathlib import Path
 
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simulator.cli import main
+
+TORCHTITAN = Path(__file__).parent / "data" / "imports" / "torchtitan-llama3_70b.toml"
 
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -93,9 +96,11 @@ def test_evaluate_any_text_is_a_result_or_one_line(tmp_path_factory, text):
 @given(flag=st.sampled_from(["--tp", "--pp", "--global-batch", "--nodes", "--tokens", "--vpp", "--schedule",
                              "--precision", "--zero-stage", "--micro-batch", "--offload-optimizer", "--cp"]),
        value=st.one_of(st.integers(-5, 2**70).map(str), st.floats().map(repr),
-                       st.sampled_from(["1e21", "-1", "0", "nan", "inf", "true", "8.5", "", "auto", "010", "1:04"])))
-def test_any_flag_value_is_a_result_or_one_line(flag, value):
-    _check(*_run(["evaluate", "quickstart", flag, value, "--engine", "analytic"]))
+                       st.sampled_from(["1e21", "-1", "0", "nan", "inf", "true", "8.5", "", "auto", "010", "1:04"])),
+       imported=st.booleans())
+def test_any_flag_value_is_a_result_or_one_line(flag, value, imported):
+    source = ["--from", "torchtitan", str(TORCHTITAN), "--node", "dgx-h100"] if imported else ["quickstart"]
+    _check(*_run(["evaluate", *source, flag, value, "--engine", "analytic"]))
 
 
 CONSTRAINTS = st.sampled_from(["plan.tp * plan.pp <= 8", "plan.tp ** plan.pp < 100", "plan.recompute != 'none'",

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from .. import fields as F
 from ..errors import InputError
 
 
@@ -31,15 +32,14 @@ class Imported:
         for dotted, fn in self.deferred.items():
             if dotted in given:
                 continue
+            plan = F.require_mapping(scenario.get("plan", {}), "plan")
             if not context:
-                plan = scenario.get("plan", {})
                 devices = cluster_from_dict(scenario.get("cluster")).devices
-                split = plan.get("tp", 1) * plan.get("pp", 1) * plan.get("cp", 1)
-                dp = plan.get("dp")
-                context = {"devices": devices, "dp": devices // split if dp in (None, "auto") else dp,
-                           "layers": model_from_dict(scenario.get("model")).layers}
-            context.update(global_batch=scenario.get("plan", {}).get("global_batch"),
-                           seq_len=model_from_dict(scenario.get("model")).seq_len)
+                split = math.prod(F.integer(plan, k, "plan", 1, maximum=10**6) for k in ("tp", "pp", "cp"))
+                dp = devices // split if plan.get("dp") in (None, "auto") else F.integer(plan, "dp", "plan")
+                model = model_from_dict(scenario.get("model"))
+                context = {"devices": devices, "dp": max(1, dp), "layers": model.layers, "seq_len": model.seq_len}
+            context["global_batch"] = F.integer(plan, "global_batch", "plan", 1, maximum=10**9)
             set_field(scenario, dotted, fn(context))
         return scenario
 
@@ -83,9 +83,9 @@ class Account:
 
     def number(self, key: str, default=None, integer: bool = True):
         """A numeric value (an integer unless integer=False); text numbers like "8" are read too."""
-        value = self.get(key, default)
-        if value is None or value is default:
-            return value
+        if not self.has(key):
+            return default
+        value = self.flat[key]
         if isinstance(value, str):
             try:
                 value = float(value) if not integer else int(value)
