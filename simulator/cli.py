@@ -615,6 +615,13 @@ def cmd_list(args) -> int:
                  n.network) for n in nodes]
         print()
         print(_fmt_table(rows, ("node", "accelerator", "devices", "scale-up", "NICs", "network")))
+        from .hardware import CALIBRATED, profiles_dir
+        from .resources import user_calibrated_dir
+
+        for folder in (profiles_dir() / CALIBRATED, user_calibrated_dir()):
+            names = sorted(p.stem for p in folder.glob("*-node.yaml")) if folder.is_dir() else []
+            if names:
+                print(f"\ncalibrated nodes in {folder}: " + ", ".join(names))
         return 0
     from .model import available_presets, load_preset
 
