@@ -159,7 +159,7 @@ def render_result(d: dict, scenario, data: dict | None = None) -> str:
         f"cluster    {c.nodes} x {c.node.name} = {c.devices} x {c.accelerator.name}",
         f"plan       tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} vpp={p.vpp} micro_batch={p.micro_batch} "
         f"global_batch={p.global_batch} ({p.microbatches} micro-batches) schedule={p.schedule} "
-        f"sp={p.sequence_parallel} recompute={p.recompute} zero={p.zero_stage} {p.precision}"
+        f"sp={p.sp} recompute={p.recompute} zero={p.zero_stage} {p.precision}"
         + (f" offload optimizer/params/activations={p.offload.optimizer}/{p.offload.params}/"
            f"{p.offload.activations}" if _offloads(p) else ""),
         "",
