@@ -6,6 +6,11 @@
 
     from simulator import sweep
     table = sweep("scenarios/sweeps/gpt3-175b-tp-pp.yaml")   # pandas.DataFrame, one row per point
+    table = sweep({"base_file": "scenarios/quickstart.yaml", "sweep": {"plan.tp": [1, 2, 4], "plan.dp": "auto"}})
+
+Scenario and space files are paths or the names of shipped ones (`quickstart`). Every bad
+argument or input raises InputError (a ValueError) whose message is one line naming the
+field, the value and what is allowed; NumPy scalars are accepted where numbers are.
 """
 
 from .errors import InputError

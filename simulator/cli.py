@@ -1,17 +1,22 @@
-"""`llmsim` command line: evaluate, validate (--published, --torch), calibrate, hardware list, models list.
+"""`llmsim` command line: evaluate, compare, import, sweep, search, plot, validate (--published,
+--torch), calibrate, hardware list, models list, scenarios list.
 
 Bad input exits with code 2 and one line on stderr naming the field, the value and what
-is allowed; never a traceback.
+is allowed; never a traceback (an unexpected error, a bug, is one line with exit code 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
+import os
 import sys
+from pathlib import Path
 
+from . import fields as F
 from .errors import InputError
+from .report import fmt_table as _fmt_table
+from .report import human_time as _human_time
 
 # Every scenario field settable from the command line: flag -> dotted field.
 FIELD_FLAGS = {
@@ -28,19 +33,20 @@ FLAG_PREFIX = {"plan.offload": "offload-"}
 
 
 def parse_value(text: str):
-    """A command-line value as YAML would type it, except that 1e9 is a number."""
-    low = text.strip().lower()
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    for kind in (int, float):
-        try:
-            value = kind(text)
-        except ValueError:
-            continue
-        return value
-    return text
+    """A command-line value typed as a YAML 1.2 scalar in a scenario file would be."""
+    from .yamlio import parse_scalar
+
+    return parse_scalar(text)
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("llmsim")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,28 +77,65 @@ def _overrides(args) -> dict:
         k, v = item.split("=", 1)
         out[k.strip()] = parse_value(v)
     # Changing the layout or the cluster on the command line re-derives dp unless it is given too.
-    reshaping = {"plan.tp", "plan.pp", "plan.cp", "cluster.nodes", "cluster.devices_per_node"}
+    reshaping = {"plan.tp", "plan.pp", "plan.cp", "cluster.nodes", "cluster.devices_per_node", "cluster.node",
+                 "cluster.accelerator"}
     if reshaping & set(out) and "plan.dp" not in out:
         out["plan.dp"] = "auto"
+    # --vpp picks the schedule unless --schedule is given: one chunk is 1F1B, more are interleaved.
+    if "plan.vpp" in out and "plan.schedule" not in out and isinstance(out["plan.vpp"], int):
+        out["plan.schedule"] = "interleaved" if out["plan.vpp"] > 1 else "1f1b"
     return out
 
 
+def _renamed(data: dict, overrides: dict) -> dict:
+    """The scenario named for its overrides too (`quickstart + tp=4, preset=llama-3.1-70b`),
+    unless --set name=... names it."""
+    if not overrides or "name" in overrides:
+        return data
+    shown = ", ".join(f"{k.split('.', 1)[-1]}={v}" for k, v in overrides.items()
+                      if not (k == "plan.dp" and v == "auto") and not k == "plan.schedule")
+    return {**data, "name": f"{data.get('name') or 'scenario'} + {shown}"} if shown else data
+
+
 ENGINES = ("analytic", "graph")
+IMPORT_KINDS = ("torchtitan", "megatron", "deepspeed")
 OBJECTIVE_NAMES = ("throughput", "cost", "time-to-train")
 PLOT_KINDS = ("breakdown", "memory", "pareto", "heatmap", "timeline", "scatter", "accelerators")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="llmsim", description="Analytical performance simulator for LLM training plans.")
+    p.add_argument("--version", action="version", version=f"llmsim {version()}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     ev = sub.add_parser("evaluate", help="predict memory, step time, throughput and cost of one scenario")
-    ev.add_argument("scenario", help="scenario YAML file")
+    ev.add_argument("scenario", nargs="?", default=None,
+                    help="scenario YAML file, or the name of a shipped one (llmsim scenarios list)")
+    ev.add_argument("--from", dest="source", nargs=2, metavar=("KIND", "FILE"), default=None,
+                    help="instead of a scenario: a torchtitan TOML, Megatron-LM arguments or NeMo YAML, or a "
+                         "DeepSpeed JSON config (KIND: " + ", ".join(IMPORT_KINDS) + ")")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.add_argument("--engine", choices=("graph", "analytic"), default="graph",
                     help="graph: execute the step's task graph (default); analytic: closed form, fast")
     ev.add_argument("--trace", metavar="FILE", help="write a Chrome trace JSON of the step (open in ui.perfetto.dev)")
     _add_field_flags(ev)
+
+    co = sub.add_parser("compare", help="evaluate scenarios and show them side by side, differences marked")
+    co.add_argument("scenarios", nargs="+", help="two or more scenario files (or shipped names)")
+    co.add_argument("--json", action="store_true")
+    co.add_argument("--engine", choices=("graph", "analytic"), default="graph")
+    _add_field_flags(co)
+
+    im = sub.add_parser("import", help="turn a torchtitan, Megatron-LM/NeMo or DeepSpeed config into a scenario",
+                        description="Every key of the source is reported: mapped to a scenario field, ignored "
+                                    "(no effect on step time or memory), or unmapped (llmsim cannot express it).")
+    im.add_argument("kind", choices=IMPORT_KINDS)
+    im.add_argument("source", nargs="?", default=None,
+                    help="the config file (megatron: an arguments file, a launch script or a NeMo YAML)")
+    im.add_argument("-o", "--out", default=None, help="scenario YAML to write (default: print it)")
+    im.add_argument("--json", action="store_true", help="print the mapping report as JSON")
+    _add_field_flags(im)
+    im.epilog = "megatron: Megatron-LM arguments may follow `--` instead of a file"
 
     va = sub.add_parser("validate", help="compare predictions with measured runs")
     va.add_argument("--published", action="store_true", help="reproduce the published runs (scenarios/published)")
@@ -117,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("sweep", help="evaluate every point of a sweep space into a CSV or Parquet table")
     sw.add_argument("space", help="space YAML file (base or base_file, sweep, constraints)")
     sw.add_argument("-o", "--out", required=True, help="results.csv or results.parquet (written incrementally)")
-    sw.add_argument("--workers", type=int, default=None, help="local processes or Dask workers (default: all cores)")
+    sw.add_argument("--workers", default=None, help="local processes or Dask workers (default: all cores)")
     sw.add_argument("--dask", default=None, metavar="ADDRESS|local",
                     help="run on Dask distributed: a scheduler address, or `local` for a LocalCluster")
     sw.add_argument("--resume", action="store_true", help="keep finished rows of OUT and evaluate only the rest")
@@ -128,14 +171,24 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--model", required=True, help="model preset, HF config.json, or a YAML file with a model mapping")
     se.add_argument("--cluster", required=True,
                     help="node profile (with --nodes), or a YAML file with a cluster mapping")
-    se.add_argument("--nodes", type=int, default=None, help="nodes of the --cluster node profile (default 1)")
-    se.add_argument("--global-batch", type=int, required=True, help="sequences per step")
+    se.add_argument("--nodes", default=None, help="nodes of the --cluster node profile (default 1)")
+    se.add_argument("--global-batch", required=True, help="sequences per step")
     se.add_argument("--objective", choices=tuple(OBJECTIVE_NAMES), default="throughput")
-    se.add_argument("--top", type=int, default=10, help="plans to show (default 10)")
+    se.add_argument("--top", default="10", help="plans to show (default 10)")
     se.add_argument("--engine", choices=("auto", "graph", "analytic"), default="auto",
                     help="engine for the top candidates (auto: graph when installed)")
     se.add_argument("--precision", default="bf16")
-    se.add_argument("--tokens", type=float, default=None, help="training tokens, for time and cost to train")
+    se.add_argument("--tokens", default=None, help="training tokens, for time and cost to train")
+    se.add_argument("--no-offload", action="store_true", help="no optimizer, parameter or activation offload")
+    se.add_argument("--schedule", action="append", default=None, metavar="S",
+                    help="only these pipeline schedules (repeat or comma-separate): gpipe, 1f1b, interleaved, zb-h1")
+    se.add_argument("--recompute", action="append", default=None, metavar="R",
+                    help="only these recomputation modes (repeat or comma-separate): none, selective, full")
+    se.add_argument("--zero-stage", action="append", default=None, metavar="Z", help="only these ZeRO stages")
+    se.add_argument("--max-tp", default=None, metavar="N", help="largest tensor-parallel size")
+    se.add_argument("--max-pp", default=None, metavar="N", help="largest pipeline-parallel size")
+    se.add_argument("--memory-headroom", default=None, metavar="FRACTION",
+                    help="keep this fraction of device memory free, e.g. 0.1 (default 0)")
     se.add_argument("--json", action="store_true", help="print the ranked plans as JSON")
     se.add_argument("-o", "--out", default=None, help="also write the ranked plans to a .csv or .parquet file")
 
@@ -143,16 +196,16 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("results", help="results .csv, .parquet or .json (a timeline table for --kind timeline)")
     pl.add_argument("--kind", required=True, choices=PLOT_KINDS)
     pl.add_argument("-o", "--out", required=True, help="output image, e.g. plot.png")
-    pl.add_argument("--row", type=int, default=None, help="--kind memory: the table row to draw (default: best)")
+    pl.add_argument("--row", default=None, help="--kind memory: the table row to draw (default: best)")
 
     ca = sub.add_parser("calibrate", help="measure this machine with torch and write a hardware profile")
     ca.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ca.add_argument("--quick", action="store_true", help="a few shapes only (CI)")
-    ca.add_argument("--threads", type=int, default=None,
+    ca.add_argument("--threads", default=None,
                     help="CPU threads per device (default: half the cores, so DP=2 fills the machine)")
-    ca.add_argument("-o", "--output", required=True, metavar="FILE",
-                    help="accelerator profile to write, e.g. hardware_profiles/calibrated/NAME.yaml "
-                         "(NAME-node.yaml and NAME-net.yaml are written beside it)")
+    ca.add_argument("-o", "--output", required=True, metavar="NAME|FILE",
+                    help="a NAME (written to the user's calibrated profiles, found by name from anywhere) or an "
+                         "accelerator profile path NAME.yaml (NAME-node.yaml and NAME-net.yaml are written beside it)")
     ca.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="wall: elapsed time; cpu: process CPU time, robust to other work on a shared machine "
                          "(one-thread CPU devices only). validate --torch compares on the profile's clock")
@@ -162,95 +215,182 @@ def build_parser() -> argparse.ArgumentParser:
     hw.add_argument("what", choices=("list",))
     mo = sub.add_parser("models", help="model presets")
     mo.add_argument("what", choices=("list",))
+    sc = sub.add_parser("scenarios", help="shipped scenarios and sweep spaces (usable by name)")
+    sc.add_argument("what", choices=("list",))
     return p
 
 
-def _fmt_table(rows: list[tuple], header: tuple) -> str:
-    cols = [header] + [tuple(str(c) for c in r) for r in rows]
-    widths = [max(len(r[i]) for r in cols) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cols]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+def _int_flag(value, flag: str, default=None, minimum: int = 1, maximum: int = 10**9):
+    """An integer flag validated like a scenario field (one line naming the flag otherwise)."""
+    if value is None:
+        return default
+    return F.integer({flag: parse_value(value) if isinstance(value, str) else value}, flag, "",
+                     minimum=minimum, maximum=maximum)
 
 
-def _human_time(seconds: float) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "-"
-    if seconds < 1:
-        return f"{seconds * 1e3:.1f} ms"
-    if seconds < 120:
-        return f"{seconds:.2f} s"
-    return f"{seconds / 60:.1f} min"
+def _number_flag(value, flag: str, minimum: float = 0.0, strict_min: bool = True, maximum: float = F.ABSURD):
+    if value is None:
+        return None
+    return F.number({flag: parse_value(value) if isinstance(value, str) else value}, flag, "", minimum=minimum,
+                    strict_min=strict_min, maximum=maximum)
 
 
-def render_result(d: dict, scenario) -> str:
-    """The readable report of `llmsim evaluate`."""
-    m, c, p = scenario.model, scenario.cluster, scenario.plan
-    lines = [
-        f"scenario   {d['scenario'] or '-'}",
-        f"model      {m.name}: {m.params() / 1e9:.2f} B params, {m.layers} layers, hidden {m.hidden}, seq {m.seq_len}",
-        f"cluster    {c.nodes} x {c.node.name} = {c.devices} x {c.accelerator.name}",
-        f"plan       tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} vpp={p.vpp} micro_batch={p.micro_batch} "
-        f"global_batch={p.global_batch} ({p.microbatches} micro-batches) schedule={p.schedule} "
-        f"sp={p.sequence_parallel} recompute={p.recompute} zero={p.zero_stage} {p.precision}",
-        "",
-        f"feasible   {'yes' if d['feasible'] else 'NO: ' + d['reason']}",
-        f"step time  {_human_time(d['step_time_s'])}",
-        f"throughput {d['tokens_per_s']:,.0f} tokens/s ({d['tokens_per_s_per_device']:,.1f} per device)",
-        f"per device {d['model_tflops_per_device']:.1f} model TFLOP/s (MFU {100 * d['mfu']:.1f}%), "
-        f"{d['hardware_tflops_per_device']:.1f} hardware TFLOP/s (HFU {100 * d['hfu']:.1f}%)",
-        f"memory     {d['peak_memory_gib']:.1f} of {d['memory_capacity_gib']:.1f} GiB (stage {d['peak_memory_stage']}): "
-        + ", ".join(f"{k} {v:.1f}" for k, v in d["memory_gib"].items()),
-        f"cost       ${d['cost_usd_per_step']:.4g} per step, ${d['usd_per_million_tokens']:.4g} per million tokens "
-        f"at ${d['price_usd_per_device_hour']:.2f}/device-hour",
-    ]
-    if d.get("time_to_train_days") is not None:
-        lines.append(f"to train   {d['training_tokens']:.3g} tokens: {d['time_to_train_days']:.1f} days, "
-                     f"${d['cost_to_train_usd']:,.0f}")
-    if d.get("simulated_tasks") is not None:
-        lines.append(f"engine     graph: {d['graph_tasks']:,} tasks in the step, {d['simulated_tasks']:,} executed "
-                     f"in {1e3 * d['simulation_s']:.0f} ms" + (" (steady state extrapolated)"
-                                                              if d.get("steady_state_extrapolated") else ""))
-    else:
-        lines.append(f"engine     {d['engine']}")
-    lines += ["", "step time breakdown (exposed seconds)"]
-    step = d["step_time_s"]
-    rows = [(k, f"{v:.4g}", f"{100 * v / step:.1f}%") for k, v in d["breakdown_s"].items() if v > 0]
-    lines.append(_fmt_table(rows, ("part", "seconds", "share")))
-    lines.append("")
-    lines.append("MFU counts model FLOPs (no recomputation); HFU counts hardware FLOPs (with it).")
-    return "\n".join(lines)
+def _scenario_data(args) -> tuple[dict, list[str]]:
+    """The scenario mapping of `evaluate` (the file or the imported config, with the flags
+    applied) and the notes on what an imported config says that llmsim does not model."""
+    from .scenario import apply_overrides, read_scenario
+
+    overrides = _overrides(args)
+    if args.source is not None:
+        if args.scenario is not None:
+            raise InputError("--from", " ".join(args.source), "give a scenario file or --from, not both")
+        from .importers import import_config
+
+        kind, path = args.source
+        imported = import_config(kind, path, overrides)
+        return imported.scenario, [f"llmsim: note: {kind} {n['key']} = {n['value']!r} is not modelled: {n['why']}"
+                                   for n in imported.unmapped]
+    if args.scenario is None:
+        raise InputError("scenario", None, "give a scenario file (or a shipped name) or --from KIND FILE")
+    return _renamed(apply_overrides(read_scenario(args.scenario), overrides), overrides), []
+
+
+def _write_target(path: str, flag: str) -> Path:
+    """An output file path whose folder is created; a directory is refused."""
+    out = Path(path)
+    if out.is_dir():
+        raise InputError(flag, path, "expected a file name, got a directory")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(flag, path, f"cannot create its folder ({exc.strerror or exc.__class__.__name__})") from None
+    return out
 
 
 def cmd_evaluate(args) -> int:
     from .evaluate import evaluate
-    from .scenario import apply_overrides, read_scenario, scenario_from_dict
+    from .report import render_result
+    from .scenario import scenario_from_dict
 
-    data = apply_overrides(read_scenario(args.scenario), _overrides(args))
+    data, notes = _scenario_data(args)
     scenario = scenario_from_dict(data)
     result = evaluate(scenario, engine=args.engine)
     d = result.to_dict()
     if args.trace:
         from .trace import write_trace
 
-        write_trace(scenario, args.trace)
+        write_trace(scenario, str(_write_target(args.trace, "--trace")))
+    for note in notes:  # after the input is known to be good: an error stays one line
+        print(note, file=sys.stderr)
     if args.json:
         print(json.dumps(d, indent=2, sort_keys=False))
     else:
-        print(render_result(d, scenario))
+        print(render_result(d, scenario, data))
+    if args.trace:
+        print(f"wrote the Chrome trace of the step to {Path(args.trace).resolve()} (open it in ui.perfetto.dev)",
+              file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def cmd_compare(args) -> int:
+    from .evaluate import evaluate
+    from .report import compare_row, render_compare
+    from .scenario import apply_overrides, read_scenario, scenario_from_dict
+
+    if len(args.scenarios) < 2:
+        raise InputError("compare", args.scenarios, "expected two or more scenario files")
+    overrides = _overrides(args)
+    names, rows, results = [], [], []
+    for ref in args.scenarios:
+        data = _renamed(apply_overrides(read_scenario(ref), overrides), overrides)
+        scenario = scenario_from_dict(data)
+        d = evaluate(scenario, engine=args.engine).to_dict()
+        names.append(scenario.name or Path(ref).stem)
+        rows.append(compare_row(d, scenario))
+        results.append(d)
+    if args.json:
+        keys = [k for k in results[0] if len({json.dumps(r.get(k), sort_keys=True) for r in results}) > 1]
+        print(json.dumps({"scenarios": names, "results": results, "differing_keys": keys}, indent=2))
+        return 0
+    print(render_compare(names, rows, highlight=sys.stdout.isatty() and not os.environ.get("NO_COLOR")))
+    return 0
+
+
+def cmd_import(args) -> int:
+    import yaml
+
+    from .importers import import_config
+
+    source = args.source
+    extra = [a for a in (args.megatron_args or []) if a != "--"]
+    if extra and args.kind != "megatron":
+        raise InputError("import", " ".join(extra), "arguments after the file are read for megatron only")
+    if source is None and not extra:
+        raise InputError("import", None, f"give the {args.kind} config file")
+    imported = import_config(args.kind, source, _overrides(args), argv=extra or None)
+    order = ("name", "model", "cluster", "plan", "training")
+    scenario = {k: imported.scenario[k] for k in order if k in imported.scenario}
+    text = yaml.safe_dump(scenario, sort_keys=False)
+    if args.json:
+        print(json.dumps({"scenario": imported.scenario, "mapped": imported.mapped, "ignored": imported.ignored,
+                          "unmapped": imported.unmapped}, indent=2, default=str))
+    else:
+        keys = len({m["key"] for m in imported.mapped})
+        print(f"# {keys} keys mapped, {len(imported.ignored)} ignored (no effect on step time or memory), "
+              f"{len(imported.unmapped)} unmapped (not modelled)")
+        for m in imported.mapped:
+            print(f"#   mapped    {m['key']} = {m['value']!r} -> {m['field']}")
+        for m in imported.unmapped:
+            print(f"#   UNMAPPED  {m['key']} = {m['value']!r}: {m['why']}")
+        for m in imported.ignored:
+            print(f"#   ignored   {m['key']}")
+        if args.out is None:
+            print(text, end="")
+    if args.out is not None:
+        out = _write_target(args.out, "-o")
+        out.write_text(f"# imported by llmsim {version()} from {args.kind} {source or ' '.join(extra)}\n" + text,
+                       encoding="utf-8")
+        print(f"wrote {out}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _calibration_output(ref: str) -> Path:
+    """-o of calibrate: a bare NAME goes to the user's calibrated profiles (found by name from
+    anywhere, never inside the installed package); a path is taken as it is."""
+    from .resources import user_calibrated_dir
+
+    if "/" not in ref and os.sep not in ref and not ref.endswith((".yaml", ".yml")):
+        F.text({"-o": ref}, "-o", "")
+        return user_calibrated_dir() / f"{ref}.yaml"
+    return Path(ref)
+
+
+def _calibrated_profile(ref):
+    """--profile of validate --torch: a path, a name among the user's or the shipped calibrated
+    profiles, or (None) the newest of them."""
+    from .hardware import CALIBRATED, profiles_dir
+    from .resources import user_calibrated_dir
+
+    folders = [user_calibrated_dir(), profiles_dir() / CALIBRATED]
+    if ref is not None:
+        if ref.endswith((".yaml", ".yml")) or "/" in ref or os.sep in ref:
+            return ref
+        found = [f / f"{ref}.yaml" for f in folders if (f / f"{ref}.yaml").is_file()]
+        return str(found[0]) if found else ref
+    accs = [p for f in folders if f.is_dir() for p in f.glob("*.yaml") if (f / f"{p.stem}-node.yaml").is_file()]
+    return str(max(accs, key=lambda p: p.stat().st_mtime)) if accs else None
 
 
 def cmd_calibrate(args) -> int:
     from .calibrate import require_torch
 
+    threads = _int_flag(args.threads, "--threads", maximum=4096)
+    out = _calibration_output(args.output)
     require_torch()
     from .calibrate.calibration import run_calibration
 
-    if args.threads is not None and args.threads < 1:
-        raise InputError("--threads", args.threads, "expected a positive integer")
     log = (lambda m: print(m, file=sys.stderr)) if args.json else print
-    summary = run_calibration(args.output, device=args.device, quick=args.quick, threads=args.threads, log=log,
+    summary = run_calibration(out, device=args.device, quick=args.quick, threads=threads, log=log,
                               clock=args.clock)
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -272,7 +412,7 @@ def cmd_validate_torch(args) -> int:
     from .calibrate.validate_torch import run_validation
 
     log = None if args.json else print
-    out = run_validation(args.profile, quick=args.quick, device=args.device, log=log)
+    out = run_validation(_calibrated_profile(args.profile), quick=args.quick, device=args.device, log=log)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -313,12 +453,16 @@ def cmd_validate(args) -> int:
 def cmd_sweep(args) -> int:
     from .sweep import sweep
 
-    if args.workers is not None and args.workers < 1:
-        raise InputError("--workers", args.workers, "expected an integer >= 1")
-    df = sweep(args.space, workers=args.workers, dask=args.dask, out=args.out, resume=args.resume,
-               engine=args.engine, progress=not args.no_progress)
+    workers = _int_flag(args.workers, "--workers", maximum=4096)
+    df = sweep(args.space, workers=workers, dask=args.dask, out=args.out, resume=args.resume,
+               engine=args.engine, progress=not args.no_progress,
+               log=lambda m: print(f"llmsim: warning: {m}", file=sys.stderr))
     feasible = int(df["feasible"].fillna(False).sum())
     invalid = int(df["step_time_s"].isna().sum())
+    if len(df) and invalid == len(df):
+        reasons = list(dict.fromkeys(df["reason"]))[:3]
+        raise InputError("sweep", args.space, f"none of its {len(df)} points is a valid scenario (rows in "
+                         f"{args.out}); first reasons: " + " | ".join(reasons))
     print(f"{len(df)} points: {feasible} feasible, {len(df) - feasible - invalid} out of memory, "
           f"{invalid} invalid -> {args.out}")
     return 0
@@ -331,7 +475,8 @@ def _search_model(ref: str) -> dict:
         return {"hf_config": ref}
     if ref.endswith((".yaml", ".yml")):
         data = load_yaml(ref, "--model")
-        return data.get("model", data) if isinstance(data, dict) else data
+        data = data.get("model", data) if isinstance(data, dict) else data
+        return dict(F.require_mapping(data, "--model"))
     return {"preset": ref}
 
 
@@ -340,55 +485,106 @@ def _search_cluster(ref: str, nodes) -> dict:
 
     if ref.endswith((".yaml", ".yml")):
         data = load_yaml(ref, "--cluster")
-        data = dict(data.get("cluster", data)) if isinstance(data, dict) else data
+        data = data.get("cluster", data) if isinstance(data, dict) else data
+        data = dict(F.require_mapping(data, "--cluster"))
     else:
         data = {"node": ref}
     if nodes is not None:
-        data["nodes"] = nodes
+        data["nodes"] = _int_flag(nodes, "--nodes", maximum=10**7)
     data.setdefault("nodes", 1)
     return data
 
 
+def _choices(values, flag: str, allowed) -> tuple | None:
+    """Repeated or comma-separated choices of a flag, each checked."""
+    if values is None:
+        return None
+    out = []
+    for item in values:
+        for v in str(item).split(","):
+            v = parse_value(v.strip())
+            if v not in allowed or isinstance(v, bool):
+                raise InputError(flag, v, "expected one of " + ", ".join(map(str, allowed)))
+            if v not in out:
+                out.append(v)
+    return tuple(out)
+
+
+def _search_options(args):
+    from dataclasses import replace
+
+    from .plan import PRECISIONS, RECOMPUTE, SCHEDULES
+    from .search import SearchOptions
+
+    opts = SearchOptions(precision=_choices([args.precision], "--precision", PRECISIONS)[0])
+    changes = {}
+    if args.no_offload:
+        changes["offloads"] = ("none",)
+    for name, flag, allowed in (("schedules", "--schedule", SCHEDULES), ("recompute", "--recompute", RECOMPUTE),
+                                ("zero_stages", "--zero-stage", (0, 1, 2, 3))):
+        chosen = _choices(getattr(args, name if name != "schedules" else "schedule")
+                          if name != "zero_stages" else args.zero_stage, flag, allowed)
+        if chosen is not None:
+            changes[name] = chosen
+    if args.max_tp is not None:
+        changes["max_tp"] = _int_flag(args.max_tp, "--max-tp", maximum=10**6)
+    if args.max_pp is not None:
+        changes["max_pp"] = _int_flag(args.max_pp, "--max-pp", maximum=10**6)
+    if args.memory_headroom is not None:
+        changes["memory_headroom"] = _number_flag(args.memory_headroom, "--memory-headroom", strict_min=False,
+                                                  maximum=0.99)
+    return replace(opts, **changes)
+
+
 def cmd_search(args) -> int:
     from .scenario import Training
-    from .search import SearchOptions, search
+    from .search import search
 
-    result = search(_search_model(args.model), _search_cluster(args.cluster, args.nodes), args.global_batch,
-                    objective=args.objective, top=args.top, engine=args.engine,
-                    options=SearchOptions(precision=args.precision), training=Training(tokens=args.tokens))
+    global_batch = _int_flag(args.global_batch, "--global-batch")
+    top = _int_flag(args.top, "--top", maximum=10**5)
+    tokens = _number_flag(args.tokens, "--tokens")
+    out = _write_target(args.out, "-o") if args.out else None
+    if out is not None and out.suffix not in (".csv", ".parquet"):
+        raise InputError("-o", args.out, "expected a .csv or .parquet file name")
+    result = search(_search_model(args.model), _search_cluster(args.cluster, args.nodes), global_batch,
+                    objective=args.objective, top=top, engine=args.engine, options=_search_options(args),
+                    training=Training(tokens=tokens))
     df = result.table
-    if args.out:
-        if args.out.endswith(".csv"):
-            df.to_csv(args.out, index=False)
-        elif args.out.endswith(".parquet"):
-            df.to_parquet(args.out, index=False)
+    if out is not None:
+        if out.suffix == ".csv":
+            df.to_csv(out, index=False)
         else:
-            raise InputError("-o", args.out, "expected a .csv or .parquet file name")
+            df.to_parquet(out, index=False)
     if args.json:
         print(json.dumps({"enumerated": result.enumerated, "valid": result.valid, "feasible": result.feasible,
-                          "ranked_by": result.ranked_by, "seconds": result.seconds, "notes": result.notes,
-                          "plans": json.loads(df.to_json(orient="records"))}, indent=2))
+                          "ranked_by": result.ranked_by, "notes": result.notes,
+                          "plans": json.loads(df.to_json(orient="records")),
+                          "diagnostics": {"seconds": result.seconds}}, indent=2))
         return 0
     print(f"{result.enumerated:,} plans enumerated, {result.valid:,} valid, {result.feasible:,} fit in memory; "
-          f"ranked by {args.objective} ({result.ranked_by}) in {result.seconds:.1f} s")
+          f"ranked by {args.objective} ({result.ranked_by})")
     for note in result.notes:
         print("note: " + note)
     rows = [(r.rank, r.tp, r.pp, r.dp, r.cp, r.vpp, r.micro_batch, r.schedule, "y" if r.sequence_parallel else "n",
              r.recompute, r.zero_stage, "/".join(x for x in (r.offload_optimizer, r.offload_params,
                                                                r.offload_activations)),
              _human_time(r.step_time_s), f"{r.tokens_per_s:,.0f}", f"{100 * r.mfu:.1f}%",
-             f"{r.peak_memory_gib:.1f}", f"{r.usd_per_million_tokens:.3g}")
+             f"{r.peak_memory_gib:.1f}", f"{r.usd_per_million_tokens:.3g}", r.equivalent_plans)
             for r in df.itertuples(index=False)]
+    if len(df) and (df["equivalent_plans"] > 1).any():
+        print("note: 'same as' counts the enumerated plans with these identical numbers (the first one is shown)")
     print(_fmt_table(rows, ("#", "tp", "pp", "dp", "cp", "vpp", "mb", "schedule", "sp", "recompute", "zero",
-                            "offload opt/par/act", "step", "tokens/s", "MFU", "GiB", "$/M tok")))
+                            "offload opt/par/act", "step", "tokens/s", "MFU", "GiB", "$/M tok", "same as")))
     return 0
 
 
 def cmd_plot(args) -> int:
     from .plots import plot_file
 
-    plot_file(args.results, args.kind, args.out, row=args.row)
-    print(f"wrote {args.out}")
+    row = _int_flag(args.row, "--row", minimum=0, maximum=10**9)
+    out = _write_target(args.out, "-o")
+    plot_file(args.results, args.kind, out, row=row)
+    print(f"wrote {out}")
     return 0
 
 
@@ -398,6 +594,13 @@ def _validated(acc) -> str:
 
 
 def cmd_list(args) -> int:
+    if args.command == "scenarios":
+        from .resources import bundled_scenarios, data_dir
+
+        for name in bundled_scenarios():
+            print(name)
+        print(f"\n(in {data_dir() / 'scenarios'}; give a name to evaluate or sweep, e.g. `llmsim evaluate quickstart`)")
+        return 0
     if args.command == "hardware":
         from .hardware import available, load_accelerator, load_node
 
@@ -416,6 +619,13 @@ def cmd_list(args) -> int:
                  n.network) for n in nodes]
         print()
         print(_fmt_table(rows, ("node", "accelerator", "devices", "scale-up", "NICs", "network")))
+        from .hardware import CALIBRATED, profiles_dir
+        from .resources import user_calibrated_dir
+
+        for folder in (profiles_dir() / CALIBRATED, user_calibrated_dir()):
+            names = sorted(p.stem for p in folder.glob("*-node.yaml")) if folder.is_dir() else []
+            if names:
+                print(f"\ncalibrated nodes in {folder}: " + ", ".join(names))
         return 0
     from .model import preset_table
 
@@ -426,14 +636,14 @@ def cmd_list(args) -> int:
 
 def main(argv=None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = []
+    if argv[:1] == ["import"] and "--" in argv:  # llmsim import megatron [options] -- MEGATRON ARGS
+        extra = argv[argv.index("--") + 1:]
+        argv = argv[:argv.index("--")]
     args = parser.parse_args(argv)
+    args.megatron_args = extra
     try:
-        if args.command == "evaluate":
-            return cmd_evaluate(args)
-        if args.command == "validate":
-            return cmd_validate(args)
-        if args.command == "calibrate":
-            return cmd_calibrate(args)
         if args.command in COMMANDS:
             return COMMANDS[args.command](args)
         return cmd_list(args)
@@ -441,7 +651,7 @@ def main(argv=None) -> int:
         print(f"llmsim: error: {exc}", file=sys.stderr)
         return 2
     except RecursionError:
-        print("llmsim: error: scenario: too deeply nested", file=sys.stderr)
+        print("llmsim: error: input: too deeply nested", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head`
         sys.stderr.close()
@@ -450,9 +660,17 @@ def main(argv=None) -> int:
         hint = "; rerun with --resume to continue" if args.command == "sweep" else ""
         print(f"llmsim: interrupted{hint}", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug, not bad input: one line, and the traceback with LLMSIM_DEBUG=1
+        if os.environ.get("LLMSIM_DEBUG"):
+            raise
+        text = str(exc).splitlines()[0][:200] if str(exc) else ""
+        print(f"llmsim: internal error (please report; LLMSIM_DEBUG=1 shows where): {type(exc).__name__}: {text}",
+              file=sys.stderr)
+        return 1
 
 
-COMMANDS = {"sweep": cmd_sweep, "search": cmd_search, "plot": cmd_plot}
+COMMANDS = {"evaluate": cmd_evaluate, "compare": cmd_compare, "import": cmd_import, "validate": cmd_validate,
+            "calibrate": cmd_calibrate, "sweep": cmd_sweep, "search": cmd_search, "plot": cmd_plot}
 
 if __name__ == "__main__":
     sys.exit(main())

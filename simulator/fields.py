@@ -1,13 +1,14 @@
 """Typed field readers for dicts loaded from YAML or JSON.
 
 Every reader names the dotted field in its error. Booleans are never numbers, strings
-are never numbers (PyYAML reads `1e9` as a string: write `1.0e+09`), and NaN, inf and
-absurdly large values are refused.
+are never numbers, and NaN, inf and absurdly large values are refused. NumPy scalars are
+accepted as the Python values they hold (numpy.int64(8) is 8).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Iterable, Mapping
 
 from .errors import InputError
@@ -17,6 +18,10 @@ from .errors import InputError
 ABSURD = 1e30
 
 _MISSING = object()
+
+
+def _is_bool(value) -> bool:
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"))
 
 
 def require_mapping(value: Any, field: str) -> Mapping:
@@ -46,9 +51,12 @@ def number(data: Mapping, key: str, field: str, default=_MISSING, *, minimum: fl
             raise InputError(path, None, "required number is missing")
         return default
     value = data[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(path, value, "expected a number (write 1.0e+09, not 1e9)")
-    value = float(value)
+    if _is_bool(value) or not isinstance(value, numbers.Real):
+        raise InputError(path, value, "expected a number")
+    try:
+        value = float(value)
+    except OverflowError:
+        raise InputError(path, data[key], f"expected a number <= {maximum:g}") from None
     if not math.isfinite(value):
         raise InputError(path, value, "expected a finite number")
     low_ok = value > minimum if strict_min else value >= minimum
@@ -67,12 +75,15 @@ def integer(data: Mapping, key: str, field: str, default=_MISSING, *, minimum: i
             raise InputError(path, None, "required integer is missing")
         return default
     value = data[key]
-    if isinstance(value, bool):
+    if _is_bool(value):
         raise InputError(path, value, "expected an integer")
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int):
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        value = float(value)
+        if math.isfinite(value) and value.is_integer():
+            value = int(value)
+    if not isinstance(value, numbers.Integral):
         raise InputError(path, value, "expected an integer")
+    value = int(value)
     if value < minimum or value > maximum:
         raise InputError(path, value, f"expected an integer from {minimum} to {maximum}")
     return value
@@ -85,9 +96,9 @@ def boolean(data: Mapping, key: str, field: str, default=_MISSING) -> bool:
             raise InputError(path, None, "required true/false is missing")
         return default
     value = data[key]
-    if not isinstance(value, bool):
+    if not _is_bool(value):
         raise InputError(path, value, "expected true or false")
-    return value
+    return bool(value)
 
 
 def choice(data: Mapping, key: str, field: str, options: Iterable[str], default=_MISSING) -> str:
@@ -100,7 +111,7 @@ def choice(data: Mapping, key: str, field: str, options: Iterable[str], default=
     value = data[key]
     if not isinstance(value, str) or value not in options:
         raise InputError(path, value, "expected one of " + ", ".join(options))
-    return value
+    return str(value)
 
 
 def text(data: Mapping, key: str, field: str, default=_MISSING) -> str:
@@ -112,4 +123,4 @@ def text(data: Mapping, key: str, field: str, default=_MISSING) -> str:
     value = data[key]
     if not isinstance(value, str) or not value.strip():
         raise InputError(path, value, "expected non-empty text")
-    return value
+    return str(value)

@@ -15,7 +15,7 @@ from typing import Mapping
 
 from . import fields as F
 from .errors import InputError
-from .resources import data_dir
+from .resources import data_dir, user_calibrated_dir
 from .yamlio import load_yaml
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -301,12 +301,14 @@ def _load_file(kind: str, path: Path, where: str):
 
 @lru_cache(maxsize=None)
 def _load(kind: str, name: str, root: str):
-    """hardware_profiles/KIND/NAME.yaml, else hardware_profiles/calibrated/NAME.yaml."""
+    """hardware_profiles/KIND/NAME.yaml, else hardware_profiles/calibrated/NAME.yaml, else the
+    user's calibrated profiles (resources.user_calibrated_dir)."""
     path = Path(root) / kind / f"{name}.yaml"
     where = f"{kind}/{name}.yaml"
-    if not path.is_file():
-        path = Path(root) / CALIBRATED / f"{name}.yaml"
-        where = f"{CALIBRATED}/{name}.yaml"
+    for folder in (Path(root) / CALIBRATED, user_calibrated_dir()):
+        if not path.is_file():
+            path = folder / f"{name}.yaml"
+            where = f"{CALIBRATED}/{name}.yaml"
     if not path.is_file() or os.sep in name or "/" in name:
         raise InputError(f"cluster.{kind[:-1]}", name, "known: " + ", ".join(available(kind)))
     return _load_file(kind, path, where)

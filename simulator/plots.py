@@ -3,8 +3,12 @@
 Inputs are the tables of simulator.sweep / simulator.search (one row per plan, columns
 of simulator.table), a `Result.to_dict()` for memory, a timeline table (stage, stream,
 name, start_s, end_s) for the Gantt chart, and a table with `measured` and `predicted`
-columns for the validation scatter. `KINDS` maps the `llmsim plot --kind` names to
-functions; `plot_file` reads a results file and writes a PNG.
+columns (and `metric`) for the validation scatter. Every plot names the model, the
+cluster and the batch in its title (as far as its input says them), puts units on its
+axes and keeps its legend outside the data. `KINDS` maps the `llmsim plot --kind` names
+to functions; `plot_file` reads a results file and writes a PNG.
+
+The backend is left to matplotlib (inline in notebooks, Agg without a display).
 """
 
 from __future__ import annotations
@@ -14,8 +18,6 @@ from pathlib import Path
 from typing import Mapping
 
 import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -26,10 +28,68 @@ from .result import BREAKDOWN_KEYS, MEMORY_KEYS  # noqa: E402
 INFEASIBLE_MARK = "×"
 
 
+# Axis labels with units for the table's columns.
+LABELS = {
+    "step_time_s": "step time (s)", "tokens_per_s": "throughput (tokens/s)",
+    "tokens_per_s_per_device": "throughput per device (tokens/s)", "mfu": "MFU (fraction of peak)",
+    "hfu": "HFU (fraction of peak)", "peak_memory_gib": "peak memory per device (GiB)",
+    "usd_per_million_tokens": "cost ($ per million tokens)", "cost_usd_per_step": "cost ($ per step)",
+    "time_to_train_days": "time to train (days)", "cost_to_train_usd": "cost to train ($)",
+    "model_tflops_per_device": "model TFLOP/s per device", "hardware_tflops_per_device": "hardware TFLOP/s per device",
+}
+
+
+def label(column: str) -> str:
+    return LABELS.get(column, column.replace("_", " "))
+
+
 def _axes(ax, size=(8, 4.5)):
     if ax is None:
         fig, ax = plt.subplots(figsize=size)
     return ax.figure, ax
+
+
+def _outside_legend(ax, **kw) -> None:
+    """The legend right of the axes, never over the data."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8, **kw)
+
+
+def _one(df: pd.DataFrame, column: str):
+    """The one value of `column` (missing ones aside), "N columns" when there are several."""
+    if column not in df.columns:
+        return None
+    values = [v for v in pd.unique(df[column].dropna()) if v != ""]
+    if len(values) == 1:
+        v = values[0]
+        return int(v) if isinstance(v, (int, np.integer)) or (isinstance(v, float) and v.is_integer()) else v
+    return f"{len(values)} values of {column}" if values else None
+
+
+def context(df) -> str:
+    """"model, cluster, batch" of a results table or row (as far as it holds one value of each)."""
+    if isinstance(df, Mapping):
+        df = pd.DataFrame([df])
+    model, nodes, node = _one(df, "model"), _one(df, "nodes"), _one(df, "node")
+    devices, accelerator = _one(df, "devices"), _one(df, "accelerator")
+    single = all(isinstance(v, (int, np.integer)) for v in (nodes,)) and node is not None and "values" not in str(node)
+    if single:
+        cluster = f"{nodes} x {node}"
+        if devices is not None and accelerator is not None and "values" not in str(accelerator):
+            cluster += f" ({devices} x {accelerator})"
+    elif "nodes" in df.columns and df["nodes"].notna().any():
+        kinds, sizes = df["node"].dropna().nunique(), df["nodes"].dropna()
+        cluster = (f"{kinds} node types, " if kinds > 1 else f"{node}, ") + (
+            f"{int(sizes.min())}-{int(sizes.max())} nodes" if sizes.nunique() > 1 else f"{int(sizes.iloc[0])} nodes")
+    else:
+        cluster = None
+    batch = _one(df, "global_batch")
+    parts = [model, cluster, f"global batch {batch}" if batch is not None else None]
+    return ", ".join(str(p) for p in parts if p is not None)
+
+
+def _title(ax, what: str, df, extra: str = "") -> None:
+    where = context(df) if df is not None else ""
+    ax.set_title(f"{what}\n{where}{extra}" if where or extra else what, fontsize=10)
 
 
 def _require(df: pd.DataFrame, columns, kind: str) -> None:
@@ -62,14 +122,21 @@ def _feasible(df: pd.DataFrame) -> pd.DataFrame:
 
 # ------------------------------------------------------------------ step-time breakdown
 
+def best_rows(df: pd.DataFrame, n: int) -> pd.DataFrame:
+    """The n feasible plans with the shortest step time (then the out-of-memory ones)."""
+    rows = df[df["step_time_s"].notna()]
+    ok = rows["feasible"].fillna(False).astype(bool) if "feasible" in rows.columns else pd.Series(True, rows.index)
+    return rows.assign(_bad=~ok).sort_values(["_bad", "step_time_s"], kind="stable").drop(columns="_bad").head(n)
+
+
 def breakdown(df: pd.DataFrame, ax=None, labels=None, max_plans: int = 20):
-    """Stacked bars of the exposed step-time parts, one bar per plan (rows with a step
-    time, out-of-memory ones included; at most `max_plans`, in table order). One bar
-    container per part that is non-zero somewhere."""
+    """Stacked bars of the exposed step-time parts of the `max_plans` best plans (shortest
+    step time among those that fit; table order when given fewer). One bar container per
+    part that is non-zero somewhere."""
     cols = [f"breakdown_s.{k}" for k in BREAKDOWN_KEYS]
-    _require(df, cols, "breakdown")
-    rows = df[df["step_time_s"].notna()].head(max_plans)
-    fig, ax = _axes(ax, (max(6, 0.6 * len(rows) + 3), 4.5))
+    _require(df, cols + ["step_time_s"], "breakdown")
+    rows = best_rows(df, max_plans)
+    fig, ax = _axes(ax, (max(6, 0.6 * len(rows) + 5), 4.8))
     x = np.arange(len(rows))
     bottom = np.zeros(len(rows))
     for key in BREAKDOWN_KEYS:
@@ -80,9 +147,11 @@ def breakdown(df: pd.DataFrame, ax=None, labels=None, max_plans: int = 20):
         bottom += values
     labels = labels if labels is not None else [plan_label(r) for r in rows.to_dict("records")]
     ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=8)
-    ax.set_ylabel("step time (s)")
-    ax.set_title("Step-time breakdown (exposed seconds)")
-    ax.legend(fontsize=8, ncol=2)
+    ax.set_xlabel("plan (fastest first)")
+    ax.set_ylabel("step time (s), exposed parts")
+    valid = int(df["step_time_s"].notna().sum())
+    _title(ax, f"Step-time breakdown of the {len(rows)} fastest of {valid} plans", df)
+    _outside_legend(ax)
     fig.tight_layout()
     return fig
 
@@ -104,9 +173,10 @@ def stages_of(result) -> tuple[list[dict], float]:
     return stages, float(get("memory_capacity_gib"))
 
 
-def memory(result, ax=None):
+def memory(result, ax=None, scenario=None):
     """Stacked bars of weights, gradients, optimizer, activations and other per pipeline
-    stage, with the device capacity as a dashed line; one bar container per part."""
+    stage, with the device capacity as a dashed line; one bar container per part. The
+    title names the model, cluster and batch from `scenario` (a Scenario) or the row."""
     stages, capacity = stages_of(result)
     fig, ax = _axes(ax, (max(5, 0.35 * len(stages) + 3), 4.5))
     x = np.arange(len(stages))
@@ -119,8 +189,16 @@ def memory(result, ax=None):
     ax.set_xticks(x, [str(i) for i in x] if len(stages) > 1 else ["peak stage"])
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel("memory per device (GiB)")
-    ax.set_title("Memory per pipeline stage")
-    ax.legend(fontsize=8)
+    if scenario is not None:
+        c = scenario.cluster
+        where = (f"{scenario.model.name}, {c.nodes} x {c.node.name} ({c.devices} x {c.accelerator.name}), "
+                 f"global batch {scenario.plan.global_batch}")
+        ax.set_title(f"Memory per pipeline stage\n{where}", fontsize=10)
+    else:
+        _title(ax, "Memory per pipeline stage", dict(result) if "model" in result else None,
+               "" if "model" in result else f"{result.get('scenario') or 'scenario'}: {result.get('devices')} devices, "
+               f"global batch {result.get('global_batch')}")
+    _outside_legend(ax)
     fig.tight_layout()
     return fig
 
@@ -170,10 +248,10 @@ def pareto(df: pd.DataFrame, ax=None, x: str | None = None, y: str | None = None
             where = " ".join(f"{r[c]}" + (" nodes" if c == "nodes" else "") for c in many)
             ax.annotate((where + ": " if where else "") + plan_label(r), (r[x], r[y]), fontsize=7, xytext=(4, 4),
                         textcoords="offset points")
-    ax.set_xlabel(x.replace("_", " "))
-    ax.set_ylabel(y.replace("_", " "))
-    ax.set_title("Time vs cost")
-    ax.legend(fontsize=8)
+    ax.set_xlabel(label(x))
+    ax.set_ylabel(label(y))
+    _title(ax, f"{label(x).split(' (')[0].capitalize()} vs {label(y).split(' (')[0]}", df)
+    _outside_legend(ax)
     fig.tight_layout()
     return fig
 
@@ -214,10 +292,10 @@ def heatmap(df: pd.DataFrame, ax=None, value: str = "tokens_per_s"):
             ax.text(j, i, text, ha="center", va="center", fontsize=8, color="black" if np.isnan(v) else "white")
     ax.set_xticks(range(len(tps)), [str(t) for t in tps])
     ax.set_yticks(range(len(pps)), [str(p) for p in pps])
-    ax.set_xlabel("tensor parallel (TP)")
-    ax.set_ylabel("pipeline parallel (PP)")
-    ax.set_title(f"Best {value.replace('_', ' ')} ({INFEASIBLE_MARK}: no plan fits)")
-    fig.colorbar(im, ax=ax)
+    ax.set_xlabel("tensor-parallel size TP (devices)")
+    ax.set_ylabel("pipeline-parallel size PP (stages)")
+    _title(ax, f"Best {label(value)} per TP x PP ({INFEASIBLE_MARK}: no plan fits)", df)
+    fig.colorbar(im, ax=ax, label=label(value))
     fig.tight_layout()
     return fig
 
@@ -227,50 +305,126 @@ def heatmap(df: pd.DataFrame, ax=None, value: str = "tokens_per_s"):
 TIMELINE_COLUMNS = ("stage", "stream", "name", "start_s", "end_s")
 
 
-def timeline(tl: pd.DataFrame, ax=None, max_tasks: int = 5000):
-    """Gantt chart: one row per (stage, stream), one bar per task coloured by its kind
-    (the task name up to the first ':' or digit)."""
+def _kind(name) -> str:
+    return str(name).split(":")[0].rstrip("0123456789 _.") or str(name)
+
+
+def _palette(kinds: list[str]) -> dict:
+    """A colour per task kind: a pipeline send of a kind ("send F") in the light shade of that
+    kind's colour (tab20 pairs), every other kind its own dark shade."""
+    cmap = matplotlib.colormaps["tab20"]
+
+    def base(k):
+        return k.removeprefix("send ").removeprefix("recv ")
+    bases = list(dict.fromkeys(base(k) for k in kinds))
+    return {k: cmap((2 * bases.index(base(k)) + k.startswith(("send ", "recv "))) % 20) for k in kinds}
+
+
+def _busy_at(starts, ends, edges) -> np.ndarray:
+    """Busy seconds of the intervals [starts, ends) before each of `edges` (the integral of
+    the number of running intervals), by interpolating it between the intervals' ends."""
+    times = np.concatenate([starts, ends])
+    steps = np.concatenate([np.ones(len(starts)), -np.ones(len(ends))])
+    order = np.argsort(times, kind="stable")
+    times, running = times[order], np.cumsum(steps[order])
+    area = np.concatenate([[0.0], np.cumsum(running[:-1] * np.diff(times))])
+    return np.interp(edges, times, area, left=0.0, right=area[-1])
+
+
+def aggregate_timeline(tl: pd.DataFrame, max_bars: int = 5000, bins: int = 800) -> tuple[pd.DataFrame, float]:
+    """Bars to draw: every task, or, with more than `max_bars` tasks, per lane (stage, stream)
+    the step cut into `bins` equal time bins, each drawn in the colour of the task kind busiest
+    in it (runs of bins of one kind as one bar). Returns (stage, stream, kind, start_s, end_s)
+    rows and the bin width (0: not aggregated)."""
+    df = pd.DataFrame({"stage": tl["stage"].astype(int).to_numpy(), "stream": tl["stream"].astype(str).to_numpy(),
+                       "kind": [_kind(n) for n in tl["name"]], "start_s": tl["start_s"].astype(float).to_numpy(),
+                       "end_s": tl["end_s"].astype(float).to_numpy()})
+    if len(df) <= max_bars:
+        return df, 0.0
+    t0, t1 = float(df["start_s"].min()), float(df["end_s"].max())
+    edges = np.linspace(t0, t1, bins + 1)
+    width = (t1 - t0) / bins
+    rows = []
+    for (stage, stream), lane in df.groupby(["stage", "stream"], sort=True):
+        kinds = list(dict.fromkeys(lane["kind"]))
+        busy = np.array([np.diff(_busy_at(g["start_s"].to_numpy(), g["end_s"].to_numpy(), edges))
+                         for _, g in ((k, lane[lane["kind"] == k]) for k in kinds)])
+        top = np.where(busy.max(axis=0) > 0, busy.argmax(axis=0), -1)
+        change = np.flatnonzero(np.diff(top)) + 1
+        for a, b in zip(np.concatenate([[0], change]), np.concatenate([change, [bins]])):
+            if top[a] >= 0:
+                rows.append((stage, stream, kinds[top[a]], edges[a], edges[b]))
+    return pd.DataFrame(rows, columns=["stage", "stream", "kind", "start_s", "end_s"]), width
+
+
+def timeline(tl: pd.DataFrame, ax=None, max_tasks: int = 5000, title: str | None = None):
+    """Gantt chart: one row per (stage, stream) of every pipeline stage, bars coloured by the
+    task kind (the name up to the first ':' or digit). Beyond `max_tasks` tasks, each lane is
+    drawn in time bins coloured by their busiest kind (aggregate_timeline), and the title says so."""
     _require(tl, TIMELINE_COLUMNS, "timeline")
-    tl = tl.head(max_tasks)
-    lanes = sorted({(int(s), str(k)) for s, k in zip(tl["stage"], tl["stream"])})
-    fig, ax = _axes(ax, (10, 0.4 * len(lanes) + 1.5))
-    kinds = [str(n).split(":")[0].rstrip("0123456789 _") or str(n) for n in tl["name"]]
-    palette = {k: f"C{i % 10}" for i, k in enumerate(dict.fromkeys(kinds))}
+    bars, resolution = aggregate_timeline(tl, max_tasks)
+    lanes = sorted({(int(s), str(k)) for s, k in zip(bars["stage"], bars["stream"])})
+    fig, ax = _axes(ax, (11, min(0.3 * len(lanes) + 2, 30)))
+    palette = _palette(list(dict.fromkeys(bars["kind"])))
     index = {lane: i for i, lane in enumerate(lanes)}
-    for (s, k, start, end), kind in zip(tl[["stage", "stream", "start_s", "end_s"]].itertuples(index=False), kinds):
-        ax.barh(index[(int(s), str(k))], end - start, left=start, height=0.8, color=palette[kind])
+    for (stage, stream, kind), group in bars.groupby(["stage", "stream", "kind"], sort=False):
+        ax.broken_barh(list(zip(group["start_s"], group["end_s"] - group["start_s"])),
+                       (index[(int(stage), str(stream))] - 0.4, 0.8), facecolors=palette[kind])
     handles = [matplotlib.patches.Patch(color=c, label=k) for k, c in palette.items()]
-    ax.legend(handles=handles, fontsize=7, loc="upper right", ncol=min(4, len(handles)))
-    ax.set_yticks(range(len(lanes)), [f"stage {s} {k}" for s, k in lanes], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("time (s)")
-    ax.set_title("Pipeline timeline")
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, title="task kind")
+    ax.set_yticks(range(len(lanes)), [f"stage {s} {k}" for s, k in lanes], fontsize=7 if len(lanes) > 24 else 8)
+    ax.set_ylim(len(lanes) - 0.5, -0.5)
+    ax.set_xlabel("time in the step (s)")
+    ax.set_ylabel("pipeline stage and stream")
+    stages = len({s for s, _ in lanes})
+    what = f"{len(tl):,} tasks on {stages} pipeline stages"
+    if resolution:
+        what += (f"; aggregated into {1e3 * resolution:.3g} ms bins, each drawn as the task kind busiest in it "
+                 f"({len(bars):,} bars)")
+    ax.set_title(f"{title or 'Pipeline timeline'}\n{what}", fontsize=10)
     fig.tight_layout()
     return fig
 
 
 # ------------------------------------------------------------------ predicted vs measured
 
+METRIC_UNITS = {"hardware_tflops_per_device": "hardware TFLOP/s per device", "step_time_s": "step time (s)",
+                "model_tflops_per_device": "model TFLOP/s per device", "tokens_per_s_per_device": "tokens/s per device",
+                "peak_memory_gib": "peak memory (GiB)", "memory_mib": "memory (MiB)"}
+
+
 def scatter(df: pd.DataFrame, ax=None, measured: str = "measured", predicted: str = "predicted",
-            label: str | None = "id"):
-    """Predicted against measured values with the y = x line and +-20 % band."""
+            label: str | None = "id", metric: str = "metric"):
+    """Predicted against measured values with the y = x line and +-20 % band; one panel per
+    metric (a `metric` column), each on its own axes with the metric's unit."""
     _require(df, [measured, predicted], "scatter")
     pts = df.dropna(subset=[measured, predicted])
-    fig, ax = _axes(ax, (5.5, 5))
-    ax.scatter(pts[measured], pts[predicted], s=20, color="tab:blue", zorder=3)
-    lo = float(min(pts[measured].min(), pts[predicted].min())) if len(pts) else 0.0
-    hi = float(max(pts[measured].max(), pts[predicted].max())) if len(pts) else 1.0
-    line = np.array([lo, hi])
-    ax.plot(line, line, color="black", linewidth=1, label="y = x")
-    ax.fill_between(line, 0.8 * line, 1.2 * line, color="grey", alpha=0.2, label="±20 %")
-    if label and label in pts.columns:
-        for r in pts.to_dict("records"):
-            ax.annotate(str(r[label]), (r[measured], r[predicted]), fontsize=6, xytext=(3, 3),
-                        textcoords="offset points")
-    ax.set_xlabel(f"measured {measured if measured != 'measured' else ''}".strip())
-    ax.set_ylabel(f"predicted {predicted if predicted != 'predicted' else ''}".strip())
-    ax.set_title("Predicted vs measured")
-    ax.legend(fontsize=8)
+    metrics = list(dict.fromkeys(pts[metric])) if metric in pts.columns else [None]
+    if ax is None:
+        fig, axes = plt.subplots(1, max(1, len(metrics)), figsize=(5.5 * max(1, len(metrics)) + 1.5, 5),
+                                 squeeze=False)
+        axes = list(axes[0])
+    else:
+        fig, axes = ax.figure, [ax]
+        if len(metrics) > 1:
+            raise InputError("plot --kind scatter", ", ".join(map(str, metrics)), "one metric per axes; pass ax=None")
+    for ax, m in zip(axes, metrics):
+        sub = pts if m is None else pts[pts[metric] == m]
+        ax.scatter(sub[measured], sub[predicted], s=20, color="tab:blue", zorder=3, label="runs")
+        lo = float(min(sub[measured].min(), sub[predicted].min())) if len(sub) else 0.0
+        hi = float(max(sub[measured].max(), sub[predicted].max())) if len(sub) else 1.0
+        line = np.array([lo, hi])
+        ax.plot(line, line, color="black", linewidth=1, label="y = x")
+        ax.fill_between(line, 0.8 * line, 1.2 * line, color="grey", alpha=0.2, label="±20 %")
+        if label and label in sub.columns:
+            for r in sub.to_dict("records"):
+                ax.annotate(str(r[label]), (r[measured], r[predicted]), fontsize=6, xytext=(3, 3),
+                            textcoords="offset points")
+        unit = METRIC_UNITS.get(m, str(m).replace("_", " ")) if m is not None else "value"
+        ax.set_xlabel(f"measured {unit}")
+        ax.set_ylabel(f"predicted {unit}")
+        ax.set_title(f"Predicted vs measured: {unit}\n{len(sub)} runs", fontsize=10)
+    _outside_legend(axes[-1])
     fig.tight_layout()
     return fig
 
@@ -286,18 +440,24 @@ def accelerator_best(df: pd.DataFrame, by: str = "accelerator") -> pd.DataFrame:
 
 
 def accelerators(df: pd.DataFrame, by: str = "accelerator"):
-    """Two bar panels, one bar per accelerator: $ per million tokens and tokens/s of its best plan."""
+    """Two bar panels, one bar per accelerator, each its best plan: $ per million tokens and
+    tokens/s per device (comparable across clusters of different sizes)."""
     best = accelerator_best(df, by)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(max(8, 1.2 * len(best) + 4), 4.5))
-    names = list(best[by].astype(str))
+    _require(best, ["tokens_per_s_per_device"], "accelerators")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(8, 1.2 * len(best) + 4), 4.8))
+    names = [f"{n}\n({int(d)} devices)" if "devices" in best.columns else str(n)
+             for n, d in zip(best[by].astype(str), best.get("devices", best[by]))]
     x = np.arange(len(best))
     left.bar(x, best["usd_per_million_tokens"], color="tab:orange")
-    left.set_xticks(x, names, rotation=45, ha="right")
-    left.set_ylabel("$ per million tokens")
-    right.bar(x, best["tokens_per_s"], color="tab:green")
-    right.set_xticks(x, names, rotation=45, ha="right")
-    right.set_ylabel("tokens/s")
-    fig.suptitle("Accelerators: best plan of each")
+    left.set_xticks(x, names, rotation=45, ha="right", fontsize=8)
+    left.set_ylabel(label("usd_per_million_tokens"))
+    right.bar(x, best["tokens_per_s_per_device"], color="tab:green")
+    right.set_xticks(x, names, rotation=45, ha="right", fontsize=8)
+    right.set_ylabel(label("tokens_per_s_per_device"))
+    for panel in (left, right):
+        panel.set_xlabel(by)
+    fig.suptitle(f"Accelerators, the best plan of each (most tokens/s)\n{_one(df, 'model')}, global batch "
+                 f"{_one(df, 'global_batch')}, {_one(df, 'nodes')} nodes each", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -312,18 +472,21 @@ def read_results(path: str | Path):
     """A results file: .csv / .parquet table, or .json (evaluate --json object, a list of
     rows, an object with `rows`, like `llmsim validate --json`, or an `evaluate --trace`
     Chrome trace, read as its timeline table)."""
+    from .yamlio import parse_json, read_text
+
     path = Path(path)
-    if not path.is_file():
-        raise InputError("RESULTS", str(path), "file not found")
-    if path.suffix == ".csv":
-        return pd.read_csv(path)
-    if path.suffix == ".parquet":
-        return pd.read_parquet(path)
-    if path.suffix == ".json":
+    if path.suffix not in (".csv", ".parquet", ".json"):
+        raise InputError("RESULTS", str(path), "expected a .csv, .parquet or .json file")
+    if path.suffix in (".csv", ".parquet"):
+        read_text  # the same checks as text files: a regular file that exists
+        if not path.is_file():
+            raise InputError("RESULTS", str(path), "file not found (or not a regular file)")
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            raise InputError("RESULTS", str(path), "not valid JSON") from None
+            return pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
+        except Exception as exc:  # pandas and pyarrow raise many kinds for damaged files
+            raise InputError("RESULTS", str(path), f"cannot read the table ({type(exc).__name__})") from None
+    if path.suffix == ".json":
+        data = parse_json(read_text(path, "RESULTS", max_bytes=256 * 2**20), f"RESULTS {path}")
         if isinstance(data, dict) and isinstance(data.get("rows"), list):
             return pd.DataFrame(data["rows"])
         if isinstance(data, dict) and isinstance(data.get("plans"), list):
@@ -351,12 +514,20 @@ def plot_file(results: str | Path, kind: str, out: str | Path, row: int | None =
                 pick = ok["tokens_per_s"].idxmax() if "tokens_per_s" in ok.columns else ok.index[0]
                 data = ok.loc[pick].to_dict()
             else:
+                if not 0 <= row < len(data):
+                    raise InputError("--row", row, f"expected a row from 0 to {len(data) - 1}")
                 data = data.iloc[row].to_dict()
+        elif not isinstance(data, Mapping) or "memory_capacity_gib" not in data:
+            raise InputError("RESULTS", str(results), "--kind memory needs a results table or an evaluate --json")
         fig = memory(data)
     else:
         if not isinstance(data, pd.DataFrame):
             raise InputError("RESULTS", str(results), f"--kind {kind} needs a table (.csv, .parquet or a JSON list)")
         fig = KINDS[kind](data)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(out, dpi=110, bbox_inches="tight")
+    except (OSError, ValueError) as exc:
+        raise InputError("-o", str(out), f"cannot write the image ({exc.__class__.__name__}: {exc})") from None
+    finally:
+        plt.close(fig)
     return fig

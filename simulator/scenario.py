@@ -79,7 +79,11 @@ def scenario_from_dict(data: Any, cache: dict | None = None) -> Scenario:
 
 
 def read_scenario(path: str | Path) -> dict:
-    """The raw mapping of a scenario file (before overrides and validation)."""
+    """The raw mapping of a scenario file (before overrides and validation): a path, or the
+    name of a shipped scenario (resources.resolve_data_file)."""
+    from .resources import resolve_data_file
+
+    path = resolve_data_file(path, "scenario")
     raw = load_yaml(path, "scenario")
     if raw is None:
         raise InputError("scenario", str(path), "the file is empty; expected model, cluster and plan sections")
@@ -88,8 +92,12 @@ def read_scenario(path: str | Path) -> dict:
 
 def apply_overrides(data: Mapping, overrides: Mapping[str, Any]) -> dict:
     """Set dotted fields (`plan.tp`, `cluster.nodes`) on a copy of a scenario mapping."""
+    data = F.require_mapping(data, "scenario")
+    overrides = F.require_mapping(overrides, "overrides")
     out = copy.deepcopy(dict(data))
     for dotted, value in overrides.items():
+        if not isinstance(dotted, str) or not all(dotted.split(".")):
+            raise InputError("overrides", dotted, "expected dotted field names such as plan.tp")
         parts = dotted.split(".")
         node = out
         for i, part in enumerate(parts[:-1]):
@@ -104,4 +112,6 @@ def apply_overrides(data: Mapping, overrides: Mapping[str, Any]) -> dict:
 
 
 def load_scenario(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Scenario:
-    return scenario_from_dict(apply_overrides(read_scenario(path), overrides or {}))
+    """A validated scenario from a file (or a shipped name) with dotted-field overrides; bad
+    input raises InputError."""
+    return scenario_from_dict(apply_overrides(read_scenario(path), overrides if overrides is not None else {}))

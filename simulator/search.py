@@ -65,6 +65,10 @@ class SearchOptions:
     max_vpp: int = 8
     max_cp: int = 16
     flash_attention: bool = True
+    max_tp: int | None = None  # None: up to the device count
+    max_pp: int | None = None
+    # Fraction of device memory a plan must leave free (allocator fragmentation, a safety margin).
+    memory_headroom: float = 0.0
 
 
 @dataclass
@@ -88,8 +92,8 @@ def _shapes(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchO
     """Valid shapes (as Plans with default settings) and how many were tried."""
     n = cluster.devices
     tried, valid = 0, []
-    for tp in _divisors(n):
-        for pp in _divisors(n // tp):
+    for tp in _divisors(n, min(n, opts.max_tp or n)):
+        for pp in _divisors(n // tp, min(n // tp, opts.max_pp or n)):
             for cp in _divisors(n // (tp * pp), opts.max_cp):
                 dp = n // (tp * pp * cp)
                 for mb in _divisors(global_batch, opts.max_micro_batch):
@@ -149,7 +153,8 @@ def _result_columns(d: dict) -> dict:
     for key, value in d.items():
         if key in ("memory_gib", "breakdown_s"):
             out.update({f"{key}.{k}": v for k, v in value.items()})
-        elif key not in ("scenario", "flop_convention", "memory_gib_by_stage", "devices", "global_batch", "seq_len"):
+        elif key not in ("scenario", "flop_convention", "memory_gib_by_stage", "devices", "global_batch", "seq_len",
+                         "diagnostics"):
             out[key] = value
     return out
 
@@ -197,9 +202,13 @@ def _offloads(batch: PlanBatch) -> int:
     return sum(getattr(batch.offload, k) != "none" for k in ("optimizer", "params", "activations"))
 
 
-def _ranked_rows(model, cluster, groups: list, column: str, ascending: bool, count: int) -> tuple[pd.DataFrame, int]:
-    """The `count` best feasible plans as a DataFrame (ties: fewer offloads, then least memory), and the
-    feasible count."""
+def _ranked_rows(model, cluster, groups: list, column: str, ascending: bool, count: int,
+                 headroom: float = 0.0) -> tuple[pd.DataFrame, int]:
+    """The `count` best feasible plans as a DataFrame (ties: fewer offloads, then least memory),
+    and the feasible count.
+
+    Plans whose numbers are identical (step time, peak memory and cost, bit for bit) are one
+    row: the first in enumeration order, with `equivalent_plans` counting them all."""
     def col(key):
         return np.concatenate([np.broadcast_to(np.asarray(d[key], dtype=float), (len(b),)) for b, d in groups])
     feasible = np.concatenate([np.broadcast_to(d["feasible"], (len(b),)) for b, d in groups]).astype(bool)
@@ -208,17 +217,24 @@ def _ranked_rows(model, cluster, groups: list, column: str, ascending: bool, cou
     score = col(column) if ascending else -col(column)
     memory = col("peak_memory_gib")
     offloads = np.concatenate([np.full(len(b), _offloads(b)) for b, _ in groups])
+    if headroom:
+        feasible &= memory <= col("memory_capacity_gib") * (1.0 - headroom)
     keep = np.flatnonzero(feasible)
+    if not len(keep):
+        return pd.DataFrame(), 0
+    numbers = np.stack([col("step_time_s")[keep], memory[keep], col("usd_per_million_tokens")[keep]], axis=1)
+    _, first, counts = np.unique(numbers, axis=0, return_index=True, return_counts=True)
+    unique = keep[np.sort(first)]
+    same = dict(zip(keep[first], counts))
     # ties: the plan that offloads less, then the one that needs less memory
-    order = keep[np.lexsort((memory[keep], offloads[keep], score[keep]))][:count]
+    order = unique[np.lexsort((memory[unique], offloads[unique], score[unique]))][:count]
     frames = []
     for g in np.unique(gid[order]):
         picked = order[gid[order] == g]
         b, d = groups[g]
-        frames.append(_frame(model, cluster, b, d, row[picked]).assign(_order=[int(np.flatnonzero(order == i)[0])
-                                                                               for i in picked]))
-    if not frames:
-        return pd.DataFrame(), 0
+        frames.append(_frame(model, cluster, b, d, row[picked]).assign(
+            _order=[int(np.flatnonzero(order == i)[0]) for i in picked],
+            equivalent_plans=[int(same[i]) for i in picked]))
     table = pd.concat(frames, ignore_index=True).sort_values("_order").drop(columns="_order")
     return table.reset_index(drop=True), int(feasible.sum())
 
@@ -243,14 +259,24 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
     engine: "auto" or "graph" (the graph engine re-ranks the top candidates), or "analytic".
     """
     start = time.perf_counter()
-    if objective not in OBJECTIVES:
+    if not isinstance(objective, str) or objective not in OBJECTIVES:
         raise InputError("--objective", objective, "expected one of " + ", ".join(OBJECTIVES))
-    if engine not in ("auto", "graph", "analytic"):
+    if not isinstance(engine, str) or engine not in ("auto", "graph", "analytic"):
         raise InputError("--engine", engine, "expected auto, graph or analytic")
+    if isinstance(global_batch, np.integer):
+        global_batch = int(global_batch)
+    if isinstance(top, np.integer):
+        top = int(top)
     if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
         raise InputError("--global-batch", global_batch, "expected an integer >= 1")
-    if top < 1:
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise InputError("--top", top, "expected an integer >= 1")
+    if not isinstance(options, SearchOptions):
+        raise InputError("options", options, "expected a SearchOptions")
+    if not 0.0 <= options.memory_headroom < 1.0:
+        raise InputError("--memory-headroom", options.memory_headroom, "expected a fraction from 0 to 0.99")
+    if not isinstance(training, Training):
+        raise InputError("training", training, "expected a Training")
     model = model_from_dict({"preset": model} if isinstance(model, str) else model) \
         if not isinstance(model, ModelSpec) else model
     cluster = cluster_from_dict(cluster) if not isinstance(cluster, Cluster) else cluster
@@ -262,7 +288,7 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
         return SearchResult(pd.DataFrame(), tried, 0, 0, "analytic", time.perf_counter() - start,
                             ["no valid plan: check that the global batch is a multiple of some micro_batch*dp"])
     column, ascending = OBJECTIVES[objective]
-    ranked, feasible = _ranked_rows(model, cluster, groups, column, ascending, 3 * top)
+    ranked, feasible = _ranked_rows(model, cluster, groups, column, ascending, 3 * top, options.memory_headroom)
     if feasible == 0:
         notes.append("no valid plan fits in memory: try more devices, ZeRO-3, recomputation or offload")
     ranked_by = "analytic"
@@ -275,6 +301,8 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
             if key in head.columns:
                 head[key] = redone[key].to_numpy()
         head = head[head["feasible"].astype(bool)]
+        if options.memory_headroom:
+            head = head[head["peak_memory_gib"] <= head["memory_capacity_gib"] * (1 - options.memory_headroom)]
         head = head.assign(_offloads=sum((head[f"offload_{k}"] != "none").astype(int)
                                          for k in ("optimizer", "params", "activations")))
         ranked = head.sort_values([column, "_offloads", "peak_memory_gib"], ascending=[ascending, True, True],

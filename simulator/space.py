@@ -16,7 +16,10 @@ A space file (YAML):
 Points are the Cartesian product of the `sweep` axes in file order (the last axis varies
 fastest). A constraint is a small expression over dotted fields (numbers, strings,
 true/false, + - * / // % **, comparisons, and/or/not, `in [..]`); it is interpreted by
-a whitelist walker over Python's AST, never by eval. A field a constraint names is read
+a whitelist walker over Python's AST, never by eval, and bounded: at most MAX_CONSTRAINT_CHARS
+characters, numbers within +-MAX_MAGNITUDE (a `**` that would leave them is refused before it
+is computed), text of at most MAX_TEXT characters (no `%` formatting), and all constraints of
+a space evaluated within CONSTRAINT_BUDGET_S seconds. A field a constraint names is read
 from the point, then the base scenario, then the plan's defaults; `plan.dp: auto` reads
 as devices / (tp*pp*cp) when the cluster's size is known from the base.
 """
@@ -27,6 +30,7 @@ import ast
 import itertools
 import math
 import operator
+import time
 from dataclasses import dataclass, field, fields as dc_fields
 from pathlib import Path
 from typing import Any, Mapping
@@ -39,6 +43,10 @@ from .yamlio import load_yaml
 
 SPACE_KEYS = ("name", "description", "base", "base_file", "sweep", "constraints")
 MAX_POINTS = 10_000_000
+MAX_CONSTRAINT_CHARS = 500
+MAX_MAGNITUDE = 1e30  # as fields.ABSURD: no count or size of a training plan is larger
+MAX_TEXT = 1000
+CONSTRAINT_BUDGET_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -64,10 +72,14 @@ class Space:
         """The points (dotted field -> value) that satisfy every constraint, in product order."""
         names = self.fields
         out = []
-        for combo in itertools.product(*(v for _, v in self.axes)):
+        start = time.monotonic()
+        for n, combo in enumerate(itertools.product(*(v for _, v in self.axes))):
             point = dict(zip(names, combo))
             if all(_truth(c, point, self.base) for c in self._compiled):
                 out.append(point)
+            if self._compiled and n % 1024 == 1023 and time.monotonic() - start > CONSTRAINT_BUDGET_S:
+                raise InputError("constraints", list(self.constraints), f"evaluating them over the space takes "
+                                 f"more than {CONSTRAINT_BUDGET_S:g} s; simplify them or shrink the sweep")
         return out
 
 
@@ -75,7 +87,7 @@ class Space:
 
 def _axis_values(name: str, spec: Any) -> tuple:
     where = f"sweep.{name}"
-    if spec == "auto":
+    if isinstance(spec, str) and spec == "auto":
         if name != "plan.dp":
             raise InputError(where, spec, "`auto` is allowed for plan.dp only")
         return ("auto",)
@@ -100,6 +112,7 @@ def _axis_values(name: str, spec: Any) -> tuple:
         values = [spec]  # a single value: a fixed override
     if not values:
         raise InputError(where, spec, "expected at least one value")
+    values = [v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v for v in values]
     for v in values:
         if isinstance(v, (dict, list)) or (isinstance(v, float) and not math.isfinite(v)):
             raise InputError(where, v, "expected numbers, text or true/false")
@@ -181,9 +194,11 @@ def compile_constraint(text: Any):
     """Parse one constraint; raises InputError for syntax or forbidden constructs."""
     if not isinstance(text, str) or not text.strip():
         raise InputError("constraints", text, "expected an expression as text, e.g. plan.tp * plan.pp <= 64")
+    if len(text) > MAX_CONSTRAINT_CHARS:
+        raise InputError("constraints", text, f"at most {MAX_CONSTRAINT_CHARS} characters")
     try:
         tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         raise InputError("constraints", text, "not a valid expression") from None
     _check(tree, text)
     return (text, tree.body)
@@ -246,22 +261,23 @@ def _value(node, point, base, text):
         return [_value(e, point, base, text) for e in node.elts]
     if isinstance(node, ast.UnaryOp):
         v = _value(node.operand, point, base, text)
-        return (not v) if isinstance(node.op, ast.Not) else (-v if isinstance(node.op, ast.USub) else +v)
+        if isinstance(node.op, ast.Not):
+            return not v
+        if not _is_number(v):
+            raise InputError("constraints", text, f"cannot negate {v!r}: not a number")
+        return -v if isinstance(node.op, ast.USub) else +v
     if isinstance(node, ast.BoolOp):
         vals = (_value(v, point, base, text) for v in node.values)
         return all(vals) if isinstance(node.op, ast.And) else any(vals)
     if isinstance(node, ast.BinOp):
         a, b = _value(node.left, point, base, text), _value(node.right, point, base, text)
-        if isinstance(node.op, ast.Pow) and abs(b) > 64:
-            raise InputError("constraints", text, "exponent too large")
-        try:
-            return _BINOPS[type(node.op)](a, b)
-        except (TypeError, ZeroDivisionError) as exc:
-            raise InputError("constraints", text, f"cannot compute: {exc}") from None
+        return _arithmetic(node.op, a, b, text)
     if isinstance(node, ast.Compare):
         left = _value(node.left, point, base, text)
         for op, comp in zip(node.ops, node.comparators):
             right = _value(comp, point, base, text)
+            if isinstance(op, (ast.In, ast.NotIn)) and not isinstance(right, (list, str)):
+                raise InputError("constraints", text, f"`in` needs a list or text on its right, got {right!r}")
             try:
                 if not _CMPOPS[type(op)](left, right):
                     return False
@@ -270,6 +286,40 @@ def _value(node, point, base, text):
             left = right
         return True
     raise InputError("constraints", text, f"unsupported expression {type(node).__name__}")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _arithmetic(op, a, b, text: str):
+    """a op b with its operands and result kept in bounds (checked before computing)."""
+    if isinstance(op, ast.Mod) and isinstance(a, str):
+        raise InputError("constraints", text, "% on text (formatting) is not allowed")
+    if isinstance(op, ast.Mult) and (isinstance(a, (str, list)) or isinstance(b, (str, list))):
+        count, seq = (b, a) if isinstance(a, (str, list)) else (a, b)
+        if not _is_number(count) or count * len(seq) > MAX_TEXT:
+            raise InputError("constraints", text, f"repetition beyond {MAX_TEXT} characters or items")
+    if isinstance(op, ast.Pow):
+        if not (_is_number(a) and _is_number(b)):
+            raise InputError("constraints", text, "** needs numbers")
+        if abs(b) > 64:
+            raise InputError("constraints", text, "** exponents beyond 64 are not allowed")
+        if abs(a) > 1 and b > 0 and b * math.log10(abs(a)) > math.log10(MAX_MAGNITUDE):
+            raise InputError("constraints", text, f"** result beyond {MAX_MAGNITUDE:g}")
+        if a == 0 and b < 0:
+            raise InputError("constraints", text, "cannot compute: 0 to a negative power")
+    try:
+        out = _BINOPS[type(op)](a, b)
+    except (TypeError, ZeroDivisionError, OverflowError, ValueError) as exc:
+        raise InputError("constraints", text, f"cannot compute: {exc}") from None
+    if _is_number(out) and not (abs(out) <= MAX_MAGNITUDE):
+        raise InputError("constraints", text, f"a value beyond {MAX_MAGNITUDE:g}")
+    if isinstance(out, complex):
+        raise InputError("constraints", text, "cannot compute: a complex number")
+    if isinstance(out, (str, list)) and len(out) > MAX_TEXT:
+        raise InputError("constraints", text, f"text or lists beyond {MAX_TEXT} characters or items")
+    return out
 
 
 def _truth(compiled, point: Mapping, base: Mapping) -> bool:
@@ -283,6 +333,8 @@ def space_from_dict(data: Any, base_dir: str | Path = ".") -> Space:
     """Validate a space mapping; `base_file` is resolved against `base_dir`."""
     data = F.require_mapping(data, "space")
     F.reject_unknown(data, SPACE_KEYS, "")
+    if not isinstance(base_dir, (str, Path)):
+        raise InputError("base_dir", base_dir, "expected a folder path")
     if ("base" in data) == ("base_file" in data):
         raise InputError("base", None, "give exactly one of base (a scenario) or base_file (a path)")
     if "base_file" in data:
@@ -314,7 +366,10 @@ def space_from_dict(data: Any, base_dir: str | Path = ".") -> Space:
 
 
 def load_space(path: str | Path) -> Space:
-    """Read a space YAML file."""
+    """Read a space YAML file: a path, or the name of a shipped space (`sweeps/gpt3-175b-tp-pp`)."""
+    from .resources import resolve_data_file
+
+    path = resolve_data_file(path, "space")
     raw = load_yaml(path, "space")
     if raw is None:
         raise InputError("space", str(path), "the file is empty; expected base or base_file, and sweep")

@@ -5,13 +5,17 @@ order, `point_index`), the point's fields as written (dotted columns), the plan 
 resolved and the flattened result (simulator.table). A point whose scenario is invalid
 is a row with feasible=False and the InputError's message as its reason.
 
-Output (`out=`): `.csv` rows are appended chunk by chunk (one write and fsync per chunk;
-a torn last line is cut off on resume); `.parquet` chunks go to part files in
-`OUT.parts/` (written to a temporary name, then renamed), merged into OUT at the end.
-Each row carries `point_id`, a hash of the base scenario, the point's values and the
-engine, so `resume=True` skips finished points and ignores rows of another space. The
-final table is always rebuilt from the stored rows, sorted by point_index: an
-interrupted and resumed sweep writes the same table as an uninterrupted one.
+Output (`out=`): `.csv` rows are appended (one write and fsync per flush; a torn last line
+is cut off on resume); `.parquet` rows go to part files in `OUT.parts/` (written to a
+temporary name, then renamed), merged into OUT at the end. Rows are flushed at least every
+FLUSH_S seconds while results arrive (graph-engine chunks are a few points). One sweep at a
+time writes an output: `OUT.lock` is held (flock) and a second sweep is refused. The
+space's digest (base, axes, constraints, engine) is stored beside it in `OUT.llmsim.json`;
+`resume=True` refuses a changed space, keeps the finished rows, drops (and names) damaged
+ones, and evaluates the rest. Each row carries `point_id`, a hash of the base scenario, the
+point's values and the engine. The final table is always rebuilt from the stored rows,
+sorted by point_index: an interrupted and resumed sweep writes the same table as an
+uninterrupted one.
 
 Execution: in-process (workers=1), local processes (a fork pool on Linux, spawn
 elsewhere; default: all cores), or Dask distributed (`dask="local"` starts a LocalCluster, any other value is a
@@ -24,20 +28,31 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import sys
+import time
 import uuid
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
+from . import fields as F
 from .errors import InputError
-from .space import Space, load_space
+from .space import Space, load_space, space_from_dict
 
 if TYPE_CHECKING:  # pandas is imported when a sweep runs, not with the package
     import pandas as pd
 
 FORMATS = (".csv", ".parquet")
+FLUSH_S = 1.0  # rows reach the output at least this often (plus one chunk's evaluation)
+
+
+def space_digest(space: Space, engine: str) -> str:
+    """SHA-256 of what decides a sweep's rows: base scenario, axes in order, constraints, engine."""
+    text = json.dumps({"base": space.base, "axes": [[f, list(v)] for f, v in space.axes],
+                       "constraints": list(space.constraints), "engine": engine}, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _base_text(base: dict) -> str:
@@ -114,10 +129,60 @@ def evaluate_chunk(items: list, base: dict, axes: dict, engine: str = "analytic"
 # ------------------------------------------------------------------ stores
 
 class _Store:
-    """Incremental row storage for one output path."""
+    """Incremental row storage for one output path, its lock and its space record."""
 
-    def __init__(self, out: Path, kinds: dict):
-        self.out, self.kinds = out, kinds
+    def __init__(self, out: Path, kinds: dict, log: Callable[[str], None]):
+        self.out, self.kinds, self.log = out, kinds, log
+        self._lock = None
+
+    @property
+    def meta(self) -> Path:
+        return self.out.with_name(self.out.name + ".llmsim.json")
+
+    def lock(self) -> None:
+        """Hold OUT.lock exclusively until release(); refused when another sweep holds it."""
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.out.with_name(self.out.name + ".lock"), "a+")
+        try:
+            import fcntl
+
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:  # no flock (Windows): no lock
+            pass
+        except OSError:
+            fh.close()
+            raise InputError("-o", str(self.out), "another sweep is writing this output (its lock "
+                             f"{self.out.name}.lock is held); wait for it or choose another file") from None
+        self._lock = fh
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def has_rows(self) -> bool:
+        return self.out.exists()
+
+    def check_space(self, digest: str) -> None:
+        """Resume: the stored rows must come from this space."""
+        if not self.has_rows():
+            return
+        try:
+            stored = json.loads(self.meta.read_text(encoding="utf-8")).get("space_sha256")
+        except (OSError, ValueError, AttributeError):
+            stored = None
+        if stored is None:
+            raise InputError("--resume", str(self.out), f"no space record ({self.meta.name}) beside it, so its rows "
+                             "cannot be verified; rerun without --resume")
+        if stored != digest:
+            raise InputError("--resume", str(self.out), "the space changed since these rows were written (digest "
+                             f"{stored[:12]} != {digest[:12]}); rerun without --resume or write to another file")
+
+    def write_meta(self, digest: str, points: int, engine: str) -> None:
+        tmp = self.meta.with_name(self.meta.name + ".tmp")
+        tmp.write_text(json.dumps({"space_sha256": digest, "points": points, "engine": engine}) + "\n",
+                       encoding="utf-8")
+        os.replace(tmp, self.meta)
 
     def frame(self, rows: list[dict]) -> pd.DataFrame:
         import pandas as pd
@@ -125,9 +190,26 @@ class _Store:
         from . import table
         return table.normalize(pd.DataFrame(rows), self.kinds)
 
+    def keep_valid(self, df, index_of: dict, where: str):
+        """The rows of `df` that belong to this space and are complete; the others are named."""
+        bad = ~(df["point_id"].isin(index_of) & df["feasible"].notna())
+        expected = df["point_id"].map(index_of)
+        bad |= expected.isna() | (df["point_index"].astype("Float64") != expected.astype("Float64")).fillna(True)
+        if bad.any():
+            self.log(f"{where}: {int(bad.sum())} row(s) do not match this space or lack fields; they are "
+                     "dropped and recomputed")
+        return df[~bad]
+
+
+_CELL = {"int": re.compile(r"^-?[0-9]+$"), "bool": re.compile(r"^(True|False)$")}
+
 
 class _CsvStore(_Store):
-    def load(self) -> pd.DataFrame | None:
+    def load(self, index_of: dict) -> pd.DataFrame | None:
+        """The stored rows that are intact; damaged lines are named and dropped."""
+        import csv
+        import io
+
         import pandas as pd
 
         from . import table
@@ -138,21 +220,49 @@ class _CsvStore(_Store):
             raw = raw[: raw.rfind(b"\n") + 1]
             with open(self.out, "wb") as fh:
                 fh.write(raw)
-        if not raw.strip():
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.log(f"{self.out}: not UTF-8 text; all its rows are recomputed")
             return None
-        df = pd.read_csv(self.out, dtype=str, keep_default_na=False)
-        df = df.replace("", None)
-        return table.normalize(df, self.kinds)
+        lines = list(csv.reader(io.StringIO(text)))
+        if not lines:
+            return None
+        header = list(self.kinds)
+        if lines[0] != header:
+            self.log(f"{self.out}: its columns are not this space's; all its rows are recomputed")
+            return None
+        good, bad = [], []
+        for number, cells in enumerate(lines[1:], start=2):
+            if len(cells) != len(header) or not self._cells_ok(cells):
+                bad.append(number)
+            else:
+                good.append(cells)
+        if bad:
+            shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+            self.log(f"{self.out}: {len(bad)} damaged line(s) dropped (line {shown}); they are recomputed, "
+                     f"{len(good)} row(s) kept")
+        if not good:
+            return None
+        df = pd.DataFrame(good, columns=header).replace("", None)
+        return self.keep_valid(table.normalize(df, self.kinds), index_of, str(self.out))
+
+    def _cells_ok(self, cells: list[str]) -> bool:
+        for cell, kind in zip(cells, self.kinds.values()):
+            if cell == "" or kind == "str":
+                continue
+            if kind == "float":
+                try:
+                    float(cell)
+                except ValueError:
+                    return False
+            elif not _CELL[kind].match(cell):
+                return False
+        return True
 
     def start(self, resume: bool, kept: pd.DataFrame | None) -> None:
-        """Fresh: truncate to a header. Resume: append to the file as it is, unless its
-        columns are not this space's, in which case it is rewritten (atomically) with the kept rows."""
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        header = ",".join(self.kinds) + "\n"
-        if resume and self.out.exists():
-            with open(self.out, encoding="utf-8") as fh:
-                if fh.readline() == header:
-                    return
+        """Fresh: truncate to a header. Resume: rewrite (atomically) with the kept rows, so that
+        damaged or foreign lines are gone before new rows are appended."""
         self.finish(kept if kept is not None else self.frame([]))
 
     def append(self, rows: list[dict], index: int) -> None:
@@ -176,27 +286,43 @@ class _ParquetStore(_Store):
     def parts(self) -> Path:
         return self.out.with_name(self.out.name + ".parts")
 
-    def load(self) -> pd.DataFrame | None:
+    def has_rows(self) -> bool:
+        return self.out.exists() or (self.parts.is_dir() and any(self.parts.glob("part-*.parquet")))
+
+    def _read(self, path: Path):
         import pandas as pd
 
         from . import table
-        frames = []
-        if self.out.exists():
-            frames.append(pd.read_parquet(self.out))
-        if self.parts.is_dir():
-            frames += [pd.read_parquet(p) for p in sorted(self.parts.glob("part-*.parquet"))]
-        frames = [table.normalize(f, self.kinds) for f in frames if len(f)]
-        return table.normalize(pd.concat(frames, ignore_index=True), self.kinds) if frames else None
+        try:
+            return table.normalize(pd.read_parquet(path), self.kinds)
+        except Exception as exc:  # pyarrow raises many kinds for damaged files
+            self.log(f"{path}: unreadable Parquet ({type(exc).__name__}); its rows are recomputed")
+            return None
+
+    def load(self, index_of: dict) -> pd.DataFrame | None:
+        import pandas as pd
+
+        from . import table
+        paths = ([self.out] if self.out.exists() else []) + (
+            sorted(self.parts.glob("part-*.parquet")) if self.parts.is_dir() else [])
+        frames = [f for f in (self._read(p) for p in paths) if f is not None and len(f)]
+        if not frames:
+            return None
+        df = table.normalize(pd.concat(frames, ignore_index=True), self.kinds)
+        return self.keep_valid(df, index_of, str(self.out))
 
     def start(self, resume: bool, kept: pd.DataFrame | None) -> None:
-        """Fresh: remove old output and parts. Resume: keep both (they are merged, deduplicated)."""
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        if not resume:
-            shutil.rmtree(self.parts, ignore_errors=True)
-            if self.out.exists():
-                self.out.unlink()
+        """Fresh: remove old output and parts. Resume: the kept rows become one part, written
+        before the old parts and OUT (damaged ones included) are removed."""
         self.parts.mkdir(exist_ok=True)
         self.run = uuid.uuid4().hex[:8]
+        if kept is not None and len(kept):
+            self._write_part(kept, f"part-{self.run}-kept")
+        for old in self.parts.iterdir():
+            if not old.name.startswith(f"part-{self.run}-"):
+                old.unlink()
+        if self.out.exists():
+            self.out.unlink()
 
     def append(self, rows: list[dict], index: int) -> None:
         self._write_part(self.frame(rows), f"part-{self.run}-{index:08d}")
@@ -213,11 +339,13 @@ class _ParquetStore(_Store):
         shutil.rmtree(self.parts, ignore_errors=True)
 
 
-def _store(out, kinds) -> _Store:
+def _store(out, kinds, log) -> _Store:
     out = Path(out)
     if out.suffix not in FORMATS:
         raise InputError("-o", str(out), "expected a .csv or .parquet file name")
-    return (_CsvStore if out.suffix == ".csv" else _ParquetStore)(out, kinds)
+    if out.is_dir():
+        raise InputError("-o", str(out), "expected a file name, got a directory")
+    return (_CsvStore if out.suffix == ".csv" else _ParquetStore)(out, kinds, log)
 
 
 # ------------------------------------------------------------------ execution
@@ -272,7 +400,11 @@ def _run_dask(fn: Callable, chunks: list, address: str, workers: int | None) -> 
                                processes=True, dashboard_address=None)
         client = Client(cluster)
     else:
-        client = Client(address)
+        try:
+            client = Client(address, timeout="10s")
+        except (OSError, TimeoutError, ValueError, TypeError) as exc:
+            raise InputError("--dask", address, f"cannot reach a Dask scheduler there ({type(exc).__name__}); "
+                             "give its address (tcp://host:8786) or `local`") from None
     try:
         futures = client.map(fn, chunks, pure=False)
         for fut in as_completed(futures):
@@ -283,19 +415,48 @@ def _run_dask(fn: Callable, chunks: list, address: str, workers: int | None) -> 
             cluster.close()
 
 
-def sweep(space: Space | str | Path, *, workers: int | None = None, dask: str | None = None,
+def _chunk_size(engine: str, vectorize: bool, todo: int, workers: int) -> int:
+    """Points per chunk: a chunk takes well under FLUSH_S (graph: tens of ms a point;
+    analytic one by one: 1-3 ms; vectorised: ~10 us), and there are at least two per worker."""
+    cap = 2 if engine == "graph" else (1024 if vectorize else 64)
+    return max(1, min(cap, math.ceil(todo / (2 * workers)) if todo else 1))
+
+
+def _argument(value, name: str, minimum: int = 1, maximum: int = 10**6):
+    """An optional integer argument of sweep() (numpy integers accepted)."""
+    if value is None:
+        return None
+    return F.integer({name: value}, name, "", minimum=minimum, maximum=maximum)
+
+
+def sweep(space: Space | Mapping | str | Path, *, workers: int | None = None, dask: str | None = None,
           out: str | Path | None = None, resume: bool = False, engine: str = "analytic",
           vectorize: bool = True, chunk_size: int | None = None, progress: bool = True,
-          on_chunk: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+          on_chunk: Callable[[int, int], None] | None = None,
+          log: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Evaluate every point of `space`; see the module docstring.
 
+    space: a Space, a space mapping (as in a space file; base_file relative to the current
+    folder), or the path or shipped name of a space file.
     workers: local processes (default: os.cpu_count(); 1 runs in this process).
     dask: "local" or a scheduler address; runs the chunks on Dask distributed instead.
     out: a .csv or .parquet path written incrementally; resume: keep its finished rows.
     on_chunk(done, total): called after each chunk is stored (tests use it to interrupt).
+    log(message): damaged rows dropped on resume (default: printed to stderr).
+    Bad arguments raise InputError.
     """
     if engine not in ("analytic", "graph"):
         raise InputError("--engine", engine, "expected analytic or graph")
+    workers = _argument(workers, "workers", maximum=4096)
+    chunk_size = _argument(chunk_size, "chunk_size", maximum=10**7)
+    for name, flag in (("resume", resume), ("vectorize", vectorize), ("progress", progress)):
+        F.boolean({name: flag}, name, "")
+    if dask is not None and not isinstance(dask, str):
+        raise InputError("dask", dask, "expected `local` or a scheduler address")
+    if out is not None and not isinstance(out, (str, Path)):
+        raise InputError("out", out, "expected a .csv or .parquet path")
+    if resume and out is None:
+        raise InputError("resume", resume, "resume needs an output file (out=)")
     if engine == "graph":
         from .search import graph_engine_available
 
@@ -305,60 +466,94 @@ def sweep(space: Space | str | Path, *, workers: int | None = None, dask: str | 
 
     from . import table
 
-    if not isinstance(space, Space):
+    log = log or (lambda message: print(f"llmsim: warning: {message}", file=sys.stderr))
+    if isinstance(space, Mapping):
+        space = space_from_dict(space)
+    elif isinstance(space, (str, Path)):
         space = load_space(space)
+    elif not isinstance(space, Space):
+        raise InputError("space", type(space).__name__, "expected a Space, a space mapping or a space file")
     points = space.points()
     axes = {name: table.axis_kind(values) for name, values in space.axes}
     kinds = table.schema(axes)
     base_text = _base_text(space.base)
     items = [(i, point_id(base_text, p, engine), p) for i, p in enumerate(points)]
-    wanted = {pid for _, pid, _ in items}
+    index_of = {pid: i for i, pid, _ in items}
 
-    store = _store(out, kinds) if out is not None else None
-    kept = None
-    if store is not None:
+    store = _store(out, kinds, log) if out is not None else None
+    if store is None:
+        return _run(space, items, axes, kinds, None, workers, dask, engine, vectorize, chunk_size, progress, on_chunk)
+    store.lock()
+    try:
+        digest = space_digest(space, engine)
+        kept = None
         if resume:
-            kept = store.load()
+            store.check_space(digest)
+            kept = store.load(index_of)
             if kept is not None:
-                kept = kept[kept["point_id"].isin(wanted)].drop_duplicates("point_id", keep="last")
+                kept = kept.drop_duplicates("point_id", keep="last")
+        store.write_meta(digest, len(items), engine)
         store.start(resume, kept)
-    done = set(kept["point_id"]) if kept is not None else set()
-    todo = [it for it in items if it[1] not in done]
+        done = set(kept["point_id"]) if kept is not None else set()
+        todo = [it for it in items if it[1] not in done]
+        _run(space, todo, axes, kinds, store, workers, dask, engine, vectorize, chunk_size, progress, on_chunk,
+             total=len(items))
+        frame = store.load(index_of)
+        if frame is None:
+            frame = table.normalize(pd.DataFrame(), kinds)
+        frame = frame.drop_duplicates("point_id", keep="last")
+        frame = table.normalize(frame.sort_values("point_index", kind="stable").reset_index(drop=True), kinds)
+        store.finish(frame)
+        return frame
+    finally:
+        store.release()
+
+
+def _run(space, todo, axes, kinds, store, workers, dask, engine, vectorize, chunk_size, progress, on_chunk,
+         total=None):
+    """Evaluate `todo` in chunks; rows go to `store` (flushed at least every FLUSH_S while results
+    arrive, and before each on_chunk call) or, without one, are returned as a table."""
+    import pandas as pd
+    from tqdm import tqdm
+
+    from . import table
 
     workers = workers or os.cpu_count() or 1
-    size = chunk_size or max(1, min(1024, math.ceil(len(todo) / (2 * workers)) if todo else 1))
+    total = len(todo) if total is None else total
+    size = chunk_size or _chunk_size(engine, vectorize, len(todo), workers)
     chunks = _chunks(_by_group(todo), size)
     fn = partial(evaluate_chunk, base=space.base, axes=axes, engine=engine, vectorize=vectorize)
     runner = _run_dask(fn, chunks, dask, workers) if dask else _LocalRunner(fn, chunks, workers)
-
-    from tqdm import tqdm
-
     rows: list[dict] = []
-    bar = tqdm(total=len(items), initial=len(items) - len(todo), file=sys.stderr, disable=not progress,
-               unit="pt", desc=space.name or "sweep")
+    pending: list[dict] = []
+    flushed_at, parts = time.monotonic(), 0
+
+    def flush():
+        nonlocal flushed_at, parts
+        if pending:
+            store.append(pending, parts)
+            parts += 1
+            pending.clear()
+        flushed_at = time.monotonic()
+
+    bar = tqdm(total=total, initial=total - len(todo), file=sys.stderr, disable=not progress, unit="pt",
+               desc=space.name or "sweep")
     try:
         for n, chunk_rows in enumerate(runner):
-            if store is not None:
-                store.append(chunk_rows, n)
-            else:
-                rows.extend(chunk_rows)
+            (pending if store is not None else rows).extend(chunk_rows)
+            if store is not None and (on_chunk is not None or time.monotonic() - flushed_at >= FLUSH_S
+                                      or len(pending) >= 8192):
+                flush()
             bar.update(len(chunk_rows))
             if on_chunk is not None:
                 on_chunk(n + 1, len(chunks))
+        if store is not None:
+            flush()
     finally:
         bar.close()
         if hasattr(runner, "close"):
             runner.close()
-
-    if store is None:
-        frame = table.normalize(pd.DataFrame(rows), kinds) if rows else table.normalize(pd.DataFrame(), kinds)
-    else:
-        frame = store.load()
-        if frame is None:
-            frame = table.normalize(pd.DataFrame(), kinds)
-        frame = frame[frame["point_id"].isin(wanted)].drop_duplicates("point_id", keep="last")
-    frame = frame.sort_values("point_index", kind="stable").reset_index(drop=True)
-    frame = table.normalize(frame, kinds)
     if store is not None:
-        store.finish(frame)
-    return frame
+        return None
+    frame = table.normalize(pd.DataFrame(rows), kinds)
+    return table.normalize(frame.sort_values("point_index", kind="stable").reset_index(drop=True), kinds)

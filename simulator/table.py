@@ -38,7 +38,8 @@ RESULT_TAIL = {
 }
 RESULT_COLUMNS = {**RESULT_SCALARS, **{f"memory_gib.{k}": "float" for k in MEMORY_KEYS},
                   **{f"breakdown_s.{k}": "float" for k in BREAKDOWN_KEYS}, **RESULT_TAIL}
-DROPPED = ("scenario", "flop_convention", "devices", "global_batch", "seq_len")
+INT64 = (-2**63, 2**63 - 1)
+DROPPED = ("scenario", "flop_convention", "devices", "global_batch", "seq_len", "diagnostics")
 
 
 def plan_row(scenario) -> dict:
@@ -67,8 +68,8 @@ def raw_plan_row(data: Mapping) -> dict:
     out = {}
     for key, kind in PLAN_COLUMNS.items():
         v = raw.get(key)
-        ok = {"int": isinstance(v, int) and not isinstance(v, bool), "bool": isinstance(v, bool),
-              "str": isinstance(v, str)}[kind]
+        ok = {"int": isinstance(v, int) and not isinstance(v, bool) and INT64[0] <= v <= INT64[1],
+              "bool": isinstance(v, bool), "str": isinstance(v, str)}[kind]
         out[key] = v if ok else None
     return out
 
@@ -94,11 +95,12 @@ def error_row(message: str) -> dict:
 
 
 def axis_kind(values) -> str:
-    """The column kind of an axis: int, float, bool or str (mixed types become text)."""
+    """The column kind of an axis: int, float, bool or str (mixed types become text, and so do
+    integers outside int64, written exactly)."""
     if all(isinstance(v, bool) for v in values):
         return "bool"
     if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        return "int"
+        return "int" if all(INT64[0] <= v <= INT64[1] for v in values) else "str"
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
         return "float"
     return "str"
@@ -124,6 +126,25 @@ def _to_bool(v):
 _DTYPES = {"int": "Int64", "float": "float64", "bool": "boolean", "str": "object"}
 
 
+def _exact_int(v):
+    """An integer cell as a Python int (None when missing); never through float64."""
+    if v is None or v is pd.NA or v == "" or (isinstance(v, float) and np.isnan(v)):
+        return None
+    if isinstance(v, str):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        if not float(v).is_integer():
+            raise ValueError(f"{v!r} is not an integer")
+        return int(v)
+    return int(v)
+
+
+def _int_column(s: pd.Series) -> pd.Series:
+    if s.dtype.kind in "iu" or str(s.dtype) in ("Int64", "Int32"):
+        return s.astype("Int64")
+    return pd.Series(pd.array([_exact_int(v) for v in s], dtype="Int64"))
+
+
 def normalize(df: pd.DataFrame, kinds: Mapping[str, str]) -> pd.DataFrame:
     """Columns in schema order and dtypes; text columns hold Python str ('' when missing)."""
     out = {}
@@ -137,7 +158,7 @@ def normalize(df: pd.DataFrame, kinds: Mapping[str, str]) -> pd.DataFrame:
         elif kind == "bool":
             s = s.astype("boolean") if s.dtype == bool else s.astype(object).map(_to_bool).astype("boolean")
         elif kind == "int":
-            s = pd.to_numeric(s, errors="coerce").astype("Float64").astype("Int64")
+            s = _int_column(s)
         else:
             s = pd.to_numeric(s, errors="coerce").astype("float64")
         out[col] = list(s) if kind == "str" else s.astype(_DTYPES[kind]).array

@@ -38,7 +38,18 @@ CASES = {
     "unknown_preset": (GOOD.replace("megatron-gpt-1.7b", "gpt-9"), ("model.preset", "gpt-9")),
     "unknown_node": (GOOD.replace("dgx-a100", "dgx-z9"), ("cluster.node", "dgx-z9")),
     "wrong_type": (GOOD.replace("tp: 1,", "tp: eight,"), ("plan.tp", "eight", "integer")),
-    "string_number": (GOOD + "training: {tokens: 1e12}\n", ("training.tokens", "1e12", "number")),
+    "string_number": (GOOD + "training: {tokens: '1e12'}\n", ("training.tokens", "1e12", "number")),
+    "base_60": (GOOD.replace("global_batch: 8", "global_batch: 1:04"), ("plan.global_batch", "1:04", "integer")),
+    "yaml11_bool": (GOOD + "plan: {sequence_parallel: on}\n", ("duplicate key 'plan'",)),
+    "yes_is_text": (GOOD.replace("global_batch: 8", "global_batch: 8, sequence_parallel: yes"),
+                    ("plan.sequence_parallel", "yes", "true or false")),
+    "duplicate_key": (GOOD.replace("tp: 1,", "tp: 1, tp: 2,"), ("duplicate key 'tp'", "line 4")),
+    "duplicate_section": (GOOD + "model: {preset: gpt3-175b}\n", ("duplicate key 'model'",)),
+    "alias_bomb": ("a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+                   "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+                   "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n" + GOOD, ("aliases expand",)),
+    "recursive_alias": ("a: &a [*a]\n" + GOOD, ("recursive alias",)),
+    "merge_key": (GOOD.replace("plan: {", "plan: {<<: {zero_stage: 1}, "), ("plan.<<", "unknown key")),
     "negative": (GOOD.replace("micro_batch: 1", "micro_batch: -4"), ("plan.micro_batch", "-4")),
     "zero": (GOOD.replace("nodes: 1", "nodes: 0"), ("cluster.nodes", "0")),
     "nan": (GOOD + "training: {tokens: .nan}\n", ("training.tokens", "nan")),
@@ -56,6 +67,19 @@ CASES = {
 def test_bad_scenario_exits_2_with_one_line(tmp_path, case):
     text, needles = CASES[case]
     assert_clean_error(run(tmp_path, text), *needles)
+
+
+def test_yaml_numbers_follow_yaml_1_2(tmp_path):
+    from simulator.yamlio import parse_yaml
+    assert parse_yaml("a: 010\nb: 1e9\nc: 1:04\nd: 0o10\ne: 1_000\nf: no\ng: .inf\nh: 2001-12-14", "t") == {
+        "a": 10, "b": 1e9, "c": "1:04", "d": "0o10", "e": "1_000", "f": "no", "g": float("inf"), "h": "2001-12-14"}
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/null"])
+def test_a_device_file_is_refused(device):
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "evaluate", device], capture_output=True, text=True,
+                          timeout=30)
+    assert_clean_error(proc, device, "regular file")
 
 
 def test_yaml_tag_never_runs_code(tmp_path):

@@ -30,3 +30,10 @@ def test_notebook_executes(path):
     NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert errors == []
+    plotting = [c for c in nb.cells if c.cell_type == "code" and "plots." in c.source
+                and any(f"plots.{k}(" in c.source for k in ("memory", "pareto", "heatmap", "breakdown", "timeline",
+                                                              "scatter", "accelerators"))]
+    assert plotting, "the notebook draws nothing"
+    for cell in plotting:  # each figure shows inline, once
+        images = [o for o in cell.outputs if "image/png" in o.get("data", {})]
+        assert len(images) == 1, cell.source

@@ -41,15 +41,30 @@ def _bar_count(ax):
     return sum(len(c) for c in ax.containers)
 
 
-def test_breakdown_has_one_stacked_bar_per_plan_and_part(table):
-    fig = plots.breakdown(table)
+def _legend_is_outside(ax):
+    fig = ax.figure
+    fig.canvas.draw()
+    legend = ax.get_legend().get_window_extent()
+    return legend.x0 >= ax.get_window_extent().x1 - 1
+
+
+def _names_the_setting(text, model="megatron-gpt-39b", cluster="2 x dgx-a100", batch="global batch 64"):
+    return all(part in text for part in (model, cluster, batch))
+
+
+def test_breakdown_draws_the_fastest_plans_with_one_container_per_part(table):
+    fig = plots.breakdown(table, max_plans=5)
     ax = fig.axes[0]
-    rows = table[table["step_time_s"].notna()].head(20)
-    parts = [k for k in BREAKDOWN_KEYS if rows[f"breakdown_s.{k}"].fillna(0).to_numpy().any()]
+    ok = table[table["feasible"].fillna(False).astype(bool)]
+    fastest = ok.sort_values("step_time_s").head(5)
+    parts = [k for k in BREAKDOWN_KEYS if fastest[f"breakdown_s.{k}"].fillna(0).to_numpy().any()]
     assert len(ax.containers) == len(parts)
-    assert all(len(c) == len(rows) for c in ax.containers)
+    assert all(len(c) == 5 for c in ax.containers)
     tops = np.sum([[b.get_height() for b in c] for c in ax.containers], axis=0)
-    assert np.allclose(tops, rows["step_time_s"], rtol=1e-9)
+    assert np.allclose(tops, fastest["step_time_s"], rtol=1e-9)
+    assert ax.get_ylabel() == "step time (s), exposed parts"
+    assert _names_the_setting(ax.get_title()) and "5 fastest" in ax.get_title()
+    assert _legend_is_outside(ax)
 
 
 def test_memory_has_one_stacked_bar_per_stage_and_the_capacity_line():
@@ -62,6 +77,9 @@ def test_memory_has_one_stacked_bar_per_stage_and_the_capacity_line():
     tops = np.sum([[b.get_height() for b in c] for c in ax.containers], axis=0)
     assert np.allclose(tops, [sum(s.values()) for s in d["memory_gib_by_stage"]])
     assert ax.lines[0].get_ydata()[0] == pytest.approx(d["memory_capacity_gib"])
+    assert ax.get_ylabel() == "memory per device (GiB)" and _legend_is_outside(ax)
+    fig = plots.memory(d, scenario=load_scenario("scenarios/gpt3-175b-1024xa100.yaml"))
+    assert "gpt3-175b, 128 x dgx-a100 (1024 x a100-sxm-80gb), global batch 1536" in fig.axes[0].get_title()
 
 
 def test_pareto_has_every_feasible_point_and_the_non_dominated_ones(table):
@@ -74,6 +92,8 @@ def test_pareto_has_every_feasible_point_and_the_non_dominated_ones(table):
     assert len(ax.collections[0].get_offsets()) == len(ok)
     assert len(ax.collections[1].get_offsets()) == dominated.count(False)
     assert len(ax.texts) == dominated.count(False)
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("step time (s)", "peak memory per device (GiB)")
+    assert _names_the_setting(ax.get_title()) and _legend_is_outside(ax)
 
 
 def test_heatmap_has_a_cell_per_tp_pp_and_crosses_where_no_plan_fits(table):
@@ -83,13 +103,36 @@ def test_heatmap_has_a_cell_per_tp_pp_and_crosses_where_no_plan_fits(table):
     fits = table.groupby(["tp", "pp"])["feasible"].apply(lambda s: bool(s.fillna(False).any()))
     assert sum(t.get_text() == plots.INFEASIBLE_MARK for t in ax.texts) == int((~fits).sum())
     assert (~fits).sum() > 0 and fits.sum() > 0
+    assert ax.get_xlabel() == "tensor-parallel size TP (devices)" and _names_the_setting(ax.get_title())
+    assert fig.axes[1].get_ylabel() == "throughput (tokens/s)"  # the colour bar
+
+
+def _bars(ax):
+    return sum(len(c.get_paths()) for c in ax.collections)
 
 
 def test_timeline_has_one_bar_per_task_and_one_lane_per_stage_stream():
     fig = plots.timeline(_timeline())
     ax = fig.axes[0]
-    assert len(ax.patches) == 7
+    assert _bars(ax) == 7
     assert len(ax.get_yticks()) == 4  # (0, compute), (0, dp), (1, compute), (1, pp)
+    assert ax.get_xlabel() == "time in the step (s)" and "aggregated" not in ax.get_title()
+    assert _legend_is_outside(ax)
+
+
+def test_a_dense_timeline_keeps_every_stage_and_says_what_it_aggregated():
+    """16 stages x 1,000 back-to-back tasks: more than the 5,000 bars drawn at most."""
+    rows = [(stage, "compute", f"F{i}", stage + 0.01 * i, stage + 0.01 * i + 0.009)
+            for stage in range(16) for i in range(1000)]
+    tl = pd.DataFrame(rows, columns=list(plots.TIMELINE_COLUMNS))
+    fig = plots.timeline(tl)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"stage {s} compute" for s in range(16)]
+    assert _bars(ax) <= 5000
+    assert "16,000 tasks on 16 pipeline stages; aggregated into" in ax.get_title()
+    starts = [p.vertices[:, 0].min() for c in ax.collections for p in c.get_paths()]
+    ends = [p.vertices[:, 0].max() for c in ax.collections for p in c.get_paths()]
+    assert min(starts) == pytest.approx(tl["start_s"].min()) and max(ends) == pytest.approx(tl["end_s"].max())
 
 
 def test_scatter_has_one_point_per_measurement():
@@ -99,13 +142,26 @@ def test_scatter_has_one_point_per_measurement():
     assert len(ax.collections[0].get_offsets()) == 4
 
 
+def test_scatter_draws_one_panel_per_metric_with_its_unit():
+    df = pd.DataFrame({"id": list("abcd"), "metric": ["step_time_s", "step_time_s", "hardware_tflops_per_device",
+                                                       "hardware_tflops_per_device"],
+                       "measured": [1.0, 2.0, 150.0, 160.0], "predicted": [1.1, 1.9, 148.0, 170.0]})
+    fig = plots.scatter(df)
+    assert len(fig.axes) == 2
+    assert [a.get_xlabel() for a in fig.axes] == ["measured step time (s)", "measured hardware TFLOP/s per device"]
+    assert [len(a.collections[0].get_offsets()) for a in fig.axes] == [2, 2]
+
+
 def test_accelerators_have_one_bar_per_accelerator_with_its_best_plan(accel_table):
     fig = plots.accelerators(accel_table)
     left, right = fig.axes
     assert len(left.patches) == len(right.patches) == 3
     ok = accel_table[accel_table["feasible"].fillna(False).astype(bool)]
     best = ok.groupby("accelerator")["tokens_per_s"].max().sort_index()
-    assert np.allclose([p.get_height() for p in right.patches], best.to_numpy())
+    devices = ok.groupby("accelerator")["devices"].first().sort_index()
+    assert np.allclose([p.get_height() for p in right.patches], best.to_numpy() / devices.to_numpy())
+    assert right.get_ylabel() == "throughput per device (tokens/s)"
+    assert "megatron-gpt-7.5b, global batch 64" in fig._suptitle.get_text()
 
 
 @pytest.mark.parametrize("kind", list(plots.KINDS))
@@ -120,8 +176,12 @@ def test_each_kind_writes_a_png(kind, table, accel_table, tmp_path):
     else:
         (accel_table if kind == "accelerators" else table).to_csv(src, index=False)
     out = tmp_path / f"{kind}.png"
-    plots.plot_file(src, kind, out)
+    fig = plots.plot_file(src, kind, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for ax in fig.axes:
+        if ax.get_label() != "<colorbar>":
+            assert ax.get_xlabel() and ax.get_ylabel(), kind
+    assert fig.axes[0].get_title() or fig._suptitle is not None
 
 
 def test_cli_plot_writes_the_png(table, tmp_path):
@@ -134,3 +194,18 @@ def test_cli_plot_writes_the_png(table, tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_plot_into_a_missing_folder_creates_it(table, tmp_path):
+    import subprocess
+    import sys
+    src = tmp_path / "r.csv"
+    table.to_csv(src, index=False)
+    out = tmp_path / "new" / "deeper" / "b.png"
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "plot", str(src), "--kind", "breakdown", "-o",
+                           str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "plot", str(src), "--kind", "memory", "--row",
+                           "99999", "-o", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "--row" in proc.stderr

@@ -1,5 +1,6 @@
 """Sweep spaces: axis values, product order, constraints, errors."""
 
+import re
 import subprocess
 import sys
 
@@ -77,3 +78,20 @@ def test_bad_space_on_the_command_line_is_one_line_and_exit_2(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0
     assert "sweep.plan.tp.range" in proc.stderr
+
+
+BOUNDED = {"2 ** 2 ** 2 ** 40": "exponents", "((2**64)**64)**64": "beyond", "10.0 ** 400": "beyond",
+           "1e20 * 1e20": "beyond", "'a' * 10**9": "repetition", "[1] * 10**6": "repetition", "-'x'": "negate",
+           "'%*d' % (10**9, 1)": "formatting", "plan.tp in 5": "`in`", "1 / 0": "division by zero",
+           "(-8) ** 0.5": "complex", "0 ** -1": "negative power", "x" * 501: "500 characters"}
+
+
+@pytest.mark.parametrize("constraint", sorted(BOUNDED))
+def test_constraints_are_bounded_and_fail_as_one_input_error(constraint):
+    import time
+    base = {"model": {"preset": "megatron-gpt-1.7b"}, "cluster": {"node": "dgx-a100", "nodes": 2},
+            "plan": {"global_batch": 64}}
+    start = time.monotonic()
+    with pytest.raises(InputError, match=re.escape(BOUNDED[constraint])):
+        space_from_dict({"base": base, "sweep": {"plan.tp": [1, 2]}, "constraints": [constraint]}).points()
+    assert time.monotonic() - start < 1.0

@@ -11,7 +11,7 @@ import importlib
 import pandas as pd
 import pytest
 
-from simulator import apply_overrides, evaluate, scenario_from_dict
+from simulator import InputError, apply_overrides, evaluate, scenario_from_dict
 from simulator.space import space_from_dict
 from simulator.sweep import sweep
 
@@ -147,16 +147,116 @@ def test_a_torn_last_csv_line_is_dropped_and_recomputed_on_resume(tmp_path):
     text = (tmp_path / "full.csv").read_text()
     lines = text.splitlines(keepends=True)
     out.write_text("".join(lines[:10]) + lines[10][:40])  # header, 9 rows, and a row cut short
+    (tmp_path / "torn.csv.llmsim.json").write_text((tmp_path / "full.csv.llmsim.json").read_text())
     resumed = sweep(_space(), workers=1, progress=False, out=out, resume=True)
     pd.testing.assert_frame_equal(resumed, full)
 
 
-def test_resume_ignores_rows_of_another_base(tmp_path):
+def test_resume_refuses_a_changed_space(tmp_path):
     out = tmp_path / "o.csv"
     other = space_from_dict({**SPACE, "base": {**BASE, "plan": {"global_batch": 128, "dp": "auto"}}})
     sweep(other, workers=1, progress=False, out=out)
-    resumed = sweep(_space(), workers=1, progress=False, out=out, resume=True)
-    pd.testing.assert_frame_equal(resumed, sweep(_space(), workers=1, progress=False))
+    with pytest.raises(InputError, match="the space changed"):
+        sweep(_space(), workers=1, progress=False, out=out, resume=True)
+    reordered = space_from_dict({**SPACE, "sweep": dict(reversed(list(SPACE["sweep"].items())))})
+    sweep(_space(), workers=1, progress=False, out=out)
+    with pytest.raises(InputError, match="the space changed"):  # same points, other point_index values
+        sweep(reordered, workers=1, progress=False, out=out, resume=True)
+
+
+def test_resume_without_a_space_record_is_refused(tmp_path):
+    out = tmp_path / "o.csv"
+    sweep(_space(), workers=1, progress=False, out=out)
+    (tmp_path / "o.csv.llmsim.json").unlink()
+    with pytest.raises(InputError, match="cannot be verified"):
+        sweep(_space(), workers=1, progress=False, out=out, resume=True)
+
+
+def test_a_second_sweep_into_the_same_output_is_refused(tmp_path):
+    out = tmp_path / "o.parquet"
+    store = sweep_module._store(out, {}, print)
+    store.lock()
+    try:
+        with pytest.raises(InputError, match="another sweep is writing"):
+            sweep(_space(), workers=1, progress=False, out=out)
+    finally:
+        store.release()
+    sweep(_space(), workers=1, progress=False, out=out)  # free again
+
+
+@pytest.mark.parametrize("damage", ["fields", "garbage", "type"])
+def test_damaged_csv_rows_are_named_dropped_and_recomputed(tmp_path, damage):
+    full = sweep(_space(), workers=1, progress=False, out=tmp_path / "full.csv")
+    out = tmp_path / "d.csv"
+    lines = (tmp_path / "full.csv").read_text().splitlines(keepends=True)
+    cells = lines[5].split(",")
+    lines[5] = {"fields": ",".join(cells[:10]) + "\n", "garbage": "\x00\x01 not a row\n",
+                "type": ",".join(["x7"] + cells[1:])}[damage]
+    out.write_text("".join(lines))
+    (tmp_path / "d.csv.llmsim.json").write_text((tmp_path / "full.csv.llmsim.json").read_text())
+    messages = []
+    resumed = sweep(_space(), workers=1, progress=False, out=out, resume=True, log=messages.append)
+    pd.testing.assert_frame_equal(resumed, full)
+    assert len(messages) == 1 and str(out) in messages[0] and "line 6" in messages[0], messages
+
+
+def test_a_damaged_parquet_output_is_named_and_recomputed(tmp_path):
+    full = sweep(_space(), workers=1, progress=False, out=tmp_path / "full.parquet")
+    out = tmp_path / "d.parquet"
+    out.write_bytes((tmp_path / "full.parquet").read_bytes()[:300])
+    (tmp_path / "d.parquet.llmsim.json").write_text((tmp_path / "full.parquet.llmsim.json").read_text())
+    messages = []
+    resumed = sweep(_space(), workers=1, progress=False, out=out, resume=True, log=messages.append)
+    pd.testing.assert_frame_equal(resumed, full)
+    assert len(messages) == 1 and "unreadable Parquet" in messages[0]
+
+
+def test_rows_reach_the_output_at_least_every_two_seconds(tmp_path, monkeypatch):
+    """Chunks that take 0.4 s each: the stored rows never lag more than 2 s behind."""
+    import time
+    real = sweep_module.evaluate_chunk
+    writes = []
+
+    def slow(items, **kw):
+        time.sleep(0.4)
+        return real(items, **kw)
+    monkeypatch.setattr(sweep_module, "evaluate_chunk", slow)
+    append = sweep_module._CsvStore.append
+
+    def spy(self, rows, index):
+        writes.append(time.monotonic())
+        return append(self, rows, index)
+    monkeypatch.setattr(sweep_module._CsvStore, "append", spy)
+    start = time.monotonic()
+    sweep(_space(), workers=1, progress=False, out=tmp_path / "o.csv", chunk_size=8)
+    gaps = [b - a for a, b in zip([start] + writes, writes)]
+    assert len(writes) >= 2 and max(gaps) <= 2.0, gaps
+
+
+def test_sweep_accepts_a_mapping_and_numpy_integers():
+    import numpy as np
+    pd.testing.assert_frame_equal(sweep(SPACE, workers=np.int64(1), progress=False),
+                                  sweep(_space(), workers=1, progress=False))
+
+
+@pytest.mark.parametrize("kwargs", [{"workers": -1}, {"workers": "2"}, {"chunk_size": -1}, {"chunk_size": 0},
+                                    {"engine": "fast"}, {"resume": True}, {"progress": "yes"}, {"dask": 3},
+                                    {"out": 5}])
+def test_bad_sweep_arguments_raise_input_error(kwargs):
+    with pytest.raises(InputError):
+        sweep(_space(), **{"progress": False, **kwargs})
+
+
+def test_integers_beyond_int64_are_kept_exactly_as_text(tmp_path):
+    big = [2**53 + 1, 2**63 + 5]
+    space = space_from_dict({**SPACE, "sweep": {"plan.tp": [1], "training.tokens": big}})
+    for suffix in (".csv", ".parquet"):
+        df = sweep(space, workers=1, progress=False, out=tmp_path / f"o{suffix}")
+        assert list(df["training.tokens"]) == [str(v) for v in big]
+    exact = space_from_dict({**SPACE, "sweep": {"plan.tp": [1], "training.tokens": [2**53 + 1, 2**62 + 1]}})
+    for suffix in (".csv", ".parquet"):
+        df = sweep(exact, workers=1, progress=False, out=tmp_path / f"e{suffix}")
+        assert [int(v) for v in df["training.tokens"]] == [2**53 + 1, 2**62 + 1]
 
 
 def test_local_processes_give_the_in_process_table():

@@ -109,7 +109,8 @@ def test_cli_unknown_engine_exits_2_with_one_line(capsys):
 
 
 def test_cli_unwritable_trace_path_exits_2(tmp_path, capsys):
-    rc = main(["evaluate", "scenarios/quickstart.yaml", "--trace", str(tmp_path / "no" / "such" / "dir.json")])
+    (tmp_path / "file").write_text("")
+    rc = main(["evaluate", "scenarios/quickstart.yaml", "--trace", str(tmp_path / "file" / "dir.json")])
     assert rc == 2
     assert "--trace" in capsys.readouterr().err
 

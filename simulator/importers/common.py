@@ -1,0 +1,162 @@
+"""What every importer shares: the key-by-key account of a source config."""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from .. import fields as F
+from ..errors import InputError
+
+
+@dataclass
+class Imported:
+    """A scenario mapping and the account of every source key."""
+
+    scenario: dict
+    mapped: list = field(default_factory=list)  # {key, value, field}
+    ignored: list = field(default_factory=list)  # {key, value}
+    unmapped: list = field(default_factory=list)  # {key, value, why}
+    # Fields that need the cluster or the model (dp, layers): dotted field -> fn(context), where
+    # context has devices, dp, layers, global_batch, seq_len; applied in order by resolve().
+    deferred: dict = field(default_factory=dict)
+
+    def resolve(self, scenario: dict, given) -> dict:
+        """Fill the deferred fields that `given` (overridden field names) does not set."""
+        from ..hardware import cluster_from_dict
+        from ..model import model_from_dict
+
+        context = {}
+        for dotted, fn in self.deferred.items():
+            if dotted in given:
+                continue
+            plan = F.require_mapping(scenario.get("plan", {}), "plan")
+            if not context:
+                devices = cluster_from_dict(scenario.get("cluster")).devices
+                split = math.prod(F.integer(plan, k, "plan", 1, maximum=10**6) for k in ("tp", "pp", "cp"))
+                dp = devices // split if plan.get("dp") in (None, "auto") else F.integer(plan, "dp", "plan")
+                model = model_from_dict(scenario.get("model"))
+                context = {"devices": devices, "dp": max(1, dp), "layers": model.layers, "seq_len": model.seq_len}
+            context["global_batch"] = F.integer(plan, "global_batch", "plan", 1, maximum=10**9)
+            set_field(scenario, dotted, fn(context))
+        return scenario
+
+
+def flatten(data: Mapping, prefix: str = "") -> dict:
+    """Nested mappings as dotted keys (lists stay values)."""
+    out = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def set_field(scenario: dict, dotted: str, value) -> None:
+    node = scenario
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+class Account:
+    """Reads a flattened source and records what became of each key."""
+
+    def __init__(self, source: Mapping, where: str):
+        self.flat = flatten(source)
+        self.where = where
+        self.scenario: dict = {}
+        self.result = Imported(self.scenario)
+        self._seen: set = set()
+
+    def has(self, key: str) -> bool:
+        return key in self.flat and self.flat[key] is not None
+
+    def get(self, key: str, default=None):
+        value = self.flat.get(key)
+        return default if value is None else value
+
+    def number(self, key: str, default=None, integer: bool = True):
+        """A numeric value (an integer unless integer=False); text numbers like "8" are read too."""
+        if not self.has(key):
+            return default
+        value = self.flat[key]
+        if isinstance(value, str):
+            try:
+                value = float(value) if not integer else int(value)
+            except ValueError:
+                self.refuse(key, f"expected a number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            self.refuse(key, f"expected a number, got {value!r}")
+        if integer:
+            if float(value) != int(value):
+                self.refuse(key, f"expected an integer, got {value!r}")
+            return int(value)
+        return float(value)
+
+    def map(self, key: str, dotted: str, value) -> None:
+        """Source `key` sets scenario field `dotted` to `value`."""
+        set_field(self.scenario, dotted, value)
+        self.result.mapped.append({"key": key, "value": self.flat.get(key, "(absent: default)"),
+                                   "field": f"{dotted}={value}"})
+        self._seen.add(key)
+
+    def derive(self, key: str, dotted: str, how: str, fn) -> None:
+        """Source `key` sets `dotted` to fn(context) once the cluster and model are known
+        (Imported.resolve); `how` says how, for the report."""
+        self.result.deferred[dotted] = fn
+        self.result.mapped.append({"key": key, "value": self.flat.get(key, "(absent: default)"),
+                                   "field": f"{dotted}={how}"})
+        self._seen.add(key)
+
+    def used(self, *keys: str) -> None:
+        """Keys read to derive a mapped field (recorded with the field they went into, or here as such)."""
+        for key in keys:
+            if key in self.flat and key not in self._seen:
+                self.result.mapped.append({"key": key, "value": self.flat[key], "field": "(read with the above)"})
+                self._seen.add(key)
+
+    def unmapped(self, key: str, why: str) -> None:
+        if key in self.flat and key not in self._seen:
+            self.result.unmapped.append({"key": key, "value": self.flat[key], "why": why})
+            self._seen.add(key)
+
+    def refuse(self, key: str, why: str):
+        raise InputError(f"{self.where} {key}", self.flat.get(key), why)
+
+    def finish(self, ignored: Iterable[str], reasons: Mapping[str, str] | None = None) -> Imported:
+        """Every key not yet accounted for: `ignored` (fnmatch patterns) or unmapped (with the
+        reason of its pattern in `reasons`, else "not modelled by llmsim")."""
+        ignored = list(ignored)
+        reasons = reasons or {}
+        for key, value in self.flat.items():
+            if key in self._seen:
+                continue
+            why = next((r for pattern, r in reasons.items() if fnmatch.fnmatchcase(key, pattern)), None)
+            if why is None and any(fnmatch.fnmatchcase(key, p) for p in ignored):
+                self.result.ignored.append({"key": key, "value": value})
+            else:
+                self.result.unmapped.append({"key": key, "value": value, "why": why or "not modelled by llmsim"})
+            self._seen.add(key)
+        return self.result
+
+
+def padded_vocab(vocab: int, multiple: int, tp: int) -> int:
+    """Megatron-LM pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP
+    (megatron/training/tokenizer/tokenizer.py, _vocab_size_with_padding)."""
+    step = multiple * tp
+    return -(-vocab // step) * step
+
+
+# Vocabulary sizes of tokenizers that configs name instead of giving a size.
+TOKENIZER_VOCAB = {
+    "GPT2BPETokenizer": 50257,  # GPT-2 BPE (Radford et al. 2019)
+    "meta-llama/Meta-Llama-3-8B": 128256, "meta-llama/Meta-Llama-3-70B": 128256,
+    "meta-llama/Meta-Llama-3.1-8B": 128256, "meta-llama/Meta-Llama-3.1-70B": 128256,
+    "meta-llama/Llama-3.1-8B": 128256, "meta-llama/Llama-3.1-70B": 128256, "meta-llama/Llama-3.1-405B": 128256,
+}

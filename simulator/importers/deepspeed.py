@@ -1,0 +1,86 @@
+"""DeepSpeed config (JSON) -> scenario plan.
+
+Keys as DeepSpeed's config documentation names them (deepspeed/runtime/config.py,
+zero/config.py): train_batch_size = train_micro_batch_size_per_gpu x
+gradient_accumulation_steps x data-parallel size (any two give the third with the cluster);
+zero_optimization.stage; offload_optimizer.device / offload_param.device none|cpu|nvme
+(and the older zero_optimization.cpu_offload = optimizer offload to cpu); fp16 / bf16
+enabled; DeepSpeed keeps 16-bit gradients (grad_precision bf16 for bf16 and fp16 for fp16).
+A DeepSpeed config has no model: give --preset (or --hf-config, model fields) with the
+cluster, and --global-batch (--micro-batch) when the config leaves the batch sizes to the HF
+Trainer. Values "auto" (filled by the HF Trainer) are refused: the number is not in the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..yamlio import parse_json, read_text
+from .common import Account, Imported
+
+IGNORED = ("steps_per_print", "wall_clock_breakdown", "optimizer.params.*", "scheduler.*", "gradient_clipping",
+           "fp16.loss_scale*", "fp16.initial_scale_power", "fp16.hysteresis", "fp16.min_loss_scale",
+           "zero_allow_untested_optimizer", "zero_optimization.offload_*.nvme_path",
+           "zero_optimization.offload_*.pin_memory",
+           "zero_optimization.stage3_gather_*", "tensorboard.*", "wandb.*", "csv_monitor.*", "flops_profiler.*",
+           "prescale_gradients", "zero_optimization.offload_param.max_in_cpu", "comms_logger.*")
+REASONS = {"zero_optimization.*bucket*": "collective bucketing is not modelled",
+           "zero_optimization.overlap_comm": "DeepSpeed's comm overlap is modelled by plan.dp_overlap (default on)",
+           "zero_optimization.contiguous_gradients": "buffer layout is not modelled",
+           "zero_optimization.stage3_*": "ZeRO-3 prefetch and persistence thresholds are not modelled",
+           "zero_optimization.sub_group_size": "not modelled",
+           "zero_optimization.offload_*.buffer_*": "NVMe staging buffers are not modelled",
+           "zero_optimization.offload_*.pipeline_*": "NVMe read/write pipelining is not modelled",
+           "aio.*": "NVMe asynchronous I/O settings are not modelled (the node profile's NVMe bandwidth is used)",
+           "activation_checkpointing.*": "DeepSpeed activation checkpointing is set by the model code; "
+                                         "give --recompute"}
+
+
+def read(path: str | Path) -> Imported:
+    data = parse_json(read_text(path, "deepspeed"), f"deepspeed {path}")
+    if not isinstance(data, dict):
+        from ..errors import InputError
+        raise InputError(f"deepspeed {path}", type(data).__name__, "expected a JSON object (a DeepSpeed config)")
+    a = Account(data, "deepspeed")
+    for key, value in a.flat.items():
+        if value == "auto":
+            a.refuse(key, "'auto' is filled in by the HF Trainer at run time; write the number")
+    a.scenario["name"] = f"deepspeed-{Path(str(path)).stem}"
+    micro = a.number("train_micro_batch_size_per_gpu")
+    accumulation = a.number("gradient_accumulation_steps")
+    total = a.number("train_batch_size")
+    if micro is not None:
+        a.map("train_micro_batch_size_per_gpu", "plan.micro_batch", micro)
+    if total is not None:
+        a.map("train_batch_size", "plan.global_batch", total)
+    if micro is not None and accumulation is not None and total is None:
+        a.derive("gradient_accumulation_steps", "plan.global_batch", f"{micro} x {accumulation} x dp",
+                 lambda c: micro * accumulation * c["dp"])
+    elif micro is None and total is not None:
+        steps = accumulation or 1
+        a.derive("gradient_accumulation_steps", "plan.micro_batch", f"{total} / ({steps} x dp)",
+                 lambda c: total // (steps * c["dp"]))
+    a.used("gradient_accumulation_steps")  # neither batch size given (the HF Trainer fills them): --global-batch
+
+    stage = a.number("zero_optimization.stage", 0)
+    a.map("zero_optimization.stage", "plan.zero_stage", stage)
+    for key, field in (("zero_optimization.offload_optimizer.device", "optimizer"),
+                       ("zero_optimization.offload_param.device", "params")):
+        device = str(a.get(key, "none"))
+        if device not in ("none", "cpu", "nvme"):
+            a.refuse(key, "expected none, cpu or nvme")
+        if a.has(key):
+            a.map(key, f"plan.offload.{field}", device)
+    if a.get("zero_optimization.cpu_offload"):
+        a.map("zero_optimization.cpu_offload", "plan.offload.optimizer", "cpu")
+    bf16 = bool(a.get("bf16.enabled", False))
+    fp16 = bool(a.get("fp16.enabled", False))
+    precision = "bf16" if bf16 else "fp16" if fp16 else "fp32"
+    a.map("bf16.enabled" if bf16 else "fp16.enabled", "plan.precision", precision)
+    a.used("bf16.enabled", "fp16.enabled")
+    a.scenario["plan"]["grad_precision"] = precision if precision != "fp32" else "fp32"
+    opt = str(a.get("optimizer.type", "Adam"))
+    if opt.lower() not in ("adam", "adamw", "fusedadam", "cpuadam"):
+        a.refuse("optimizer.type", "llmsim models Adam's optimizer states only")
+    a.used("optimizer.type")
+    return a.finish(IGNORED, REASONS)

@@ -1,0 +1,350 @@
+"""Megatron-LM arguments (a launch script, an arguments file or an argument list) or a NeMo
+(Megatron) YAML config -> scenario.
+
+Argument names and defaults are Megatron-LM's (megatron/training/arguments.py): tied
+embeddings, learned positions, GeLU, LayerNorm, biases and no overlap of the gradient
+reduction unless flags say otherwise; --ffn-hidden-size defaults to 4h, or with --swiglu to
+int(8h/3 / 64) * 64; the vocabulary is padded to a multiple of make-vocab-size-divisible-by
+(128) x TP. --use-distributed-optimizer shards the optimizer states over data-parallel ranks
+(ZeRO-1). torchrun's --nproc_per_node and --nnodes give the cluster's shape.
+
+A launch script is read as its shell words: `NAME=value` assignments are substituted into
+`$NAME` / `${NAME}`, everything else that is not a `--flag` and its values (array
+syntax, torchrun, the script path) is skipped. A value left as a shell expression (`$1`) is
+refused when a mapped key needs it.
+
+NeMo YAML keys are the launcher's (`trainer`, `model`, `model.optim`), as in NVIDIA's
+dgxc-benchmarking configs; optim distributed_fused_adam accumulates into a full bf16 gradient
+buffer and reduce-scatters once per step (ZeRO-1 timing; see shared/validation/nemo-dgxc-h100.md).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from ..errors import InputError
+from ..yamlio import parse_yaml, read_text
+from .common import TOKENIZER_VOCAB, Account, Imported, padded_vocab
+
+STORE_TRUE = {"fp16", "bf16", "swiglu", "sequence-parallel", "use-distributed-optimizer", "overlap-grad-reduce",
+              "overlap-param-gather", "tp-comm-overlap", "untie-embeddings-and-output-weights", "disable-bias-linear",
+              "group-query-attention", "recompute-activations", "use-flash-attn", "grad-reduce-in-bf16",
+              "accumulate-allreduce-grads-in-fp32", "use-mcore-models", "mock-data", "fp8-param-gather",
+              "apply-layernorm-1p", "cross-entropy-loss-fusion", "calculate-per-token-loss", "manual-gc",
+              "log-throughput", "profile", "no-create-attention-mask-in-dataloader", "no-mmap-bin-files"}
+IGNORED_ARGS = ("lr*", "min-lr", "decoupled-*", "weight-decay", "adam-*", "clip-grad", "init-method-std", "seed",
+                "log-*", "save*", "load", "eval-*", "data-*", "split", "vocab-file", "merge-file", "tokenizer-model",
+                "tensorboard-*", "wandb-*", "exit-*", "ckpt-*", "distributed-timeout-minutes", "num-workers",
+                "mock-data", "profile*", "master_addr", "master_port", "node_rank", "use-mcore-models",
+                "max-position-embeddings", "tiktoken-pattern", "no-create-attention-mask-in-dataloader",
+                "no-mmap-bin-files", "manual-gc*", "calculate-per-token-loss", "empty-unused-memory-level",
+                "lr-*", "train-samples", "rotary-*", "kv-channels", "apply-layernorm-1p", "attention-dropout",
+                "hidden-dropout", "fp8-amax-*", "make-vocab-size-divisible-by")
+ARG_REASONS = {"rampup-batch-size": "the batch-size ramp-up of the first steps is not modelled",
+               "cross-entropy-loss-fusion": "kernel fusion is not modelled (efficiencies are the profile's)",
+               "overlap-param-gather": "parameter all-gather overlap is not modelled separately"}
+
+
+# ------------------------------------------------------------------ arguments
+
+_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}?")
+
+
+def script_words(text: str) -> list[str]:
+    """The shell words of a launch script with simple variables substituted."""
+    text = text.replace("\\\n", " ")
+    try:
+        words = shlex.split(text, comments=True)
+    except ValueError as exc:
+        raise InputError("megatron", "script", f"cannot split it into shell words ({exc})") from None
+    env: dict[str, str] = {}
+    out = []
+    for word in words:
+        m = _ASSIGN.match(word)
+        if m and not m.group(2).startswith("("):
+            env[m.group(1)] = _VAR.sub(lambda v: env.get(v.group(1), v.group(2) or v.group(0)), m.group(2))
+            continue
+        out.extend(_VAR.sub(lambda v: env.get(v.group(1), v.group(2) or v.group(0)), word).split()
+                   if word.startswith("--") and " " in word else
+                   [_VAR.sub(lambda v: env.get(v.group(1), v.group(2) or v.group(0)), word)])
+    return out
+
+
+def parse_args(words: list[str]) -> dict:
+    """{flag name (no dashes): value} of the `--flag [value...]` words; store-true flags are True,
+    a flag with several values gets a list."""
+    args: dict = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if not word.startswith("--") or len(word) < 3:
+            continue
+        name, _, inline = word[2:].partition("=")
+        values = [inline] if inline else []
+        if name not in STORE_TRUE and not inline:
+            while i < len(words) and not words[i].startswith("--") and _is_value(words[i]):
+                values.append(words[i])
+                i += 1
+        if name in args:
+            raise InputError(f"megatron --{name}", values, "given twice")
+        args[name] = True if not values else (values[0] if len(values) == 1 else values)
+    return args
+
+
+def _is_value(word: str) -> bool:
+    """A word that belongs to the preceding flag (not array syntax, a program, or a script)."""
+    return not (word in ("(", ")", "torchrun", "python", "python3") or word.endswith(("=(", ".py"))
+                or word.startswith("${") and word.endswith("[@]}"))
+
+
+def _number(a: Account, key: str, default=None, integer=True):
+    value = a.get(key, default)
+    if isinstance(value, str) and value.startswith("$"):
+        a.refuse(key, f"the value is the shell expression {value}; give the arguments with their values")
+    return a.number(key, default, integer)
+
+
+def read_args(args: dict) -> Imported:
+    a = Account(args, "megatron")
+    if a.has("num-experts") or a.has("num-moe-experts"):
+        a.refuse("num-experts" if a.has("num-experts") else "num-moe-experts",
+                 "mixture-of-experts models are not modelled")
+    layers = _number(a, "num-layers")
+    hidden = _number(a, "hidden-size")
+    heads = _number(a, "num-attention-heads")
+    if None in (layers, hidden, heads):
+        raise InputError("megatron", "model", "needs --num-layers, --hidden-size and --num-attention-heads")
+    swiglu = bool(a.get("swiglu", False))
+    model = {"name": f"megatron-{layers}l-{hidden}h", "layers": layers, "hidden": hidden, "heads": heads}
+    a.scenario["name"] = f"megatron-{layers}l-{hidden}h"
+    for key, field in (("num-layers", "layers"), ("hidden-size", "hidden"), ("num-attention-heads", "heads")):
+        a.map(key, f"model.{field}", model[field])
+    a.scenario["model"]["name"] = model["name"]
+    kv = _number(a, "num-query-groups", heads) if a.get("group-query-attention") else heads
+    a.map("num-query-groups" if a.has("num-query-groups") else "num-attention-heads", "model.kv_heads", kv)
+    a.used("group-query-attention")
+    ffn = _number(a, "ffn-hidden-size", int(8 * hidden / 3 / 64) * 64 if swiglu else 4 * hidden)
+    a.map("ffn-hidden-size" if a.has("ffn-hidden-size") else "hidden-size", "model.ffn_hidden", ffn)
+    a.map("swiglu", "model.activation", "swiglu" if swiglu else "gelu")
+    a.map("seq-length", "model.seq_len", _number(a, "seq-length", 2048))
+    norm = str(a.get("normalization", "LayerNorm"))
+    if norm not in ("LayerNorm", "RMSNorm"):
+        a.refuse("normalization", "expected LayerNorm or RMSNorm")
+    a.map("normalization", "model.norm", norm.lower())
+    position = str(a.get("position-embedding-type", "learned_absolute"))
+    if position not in ("learned_absolute", "rope"):
+        a.refuse("position-embedding-type", "expected learned_absolute or rope")
+    a.map("position-embedding-type", "model.position_embedding", "rope" if position == "rope" else "learned")
+    a.map("disable-bias-linear", "model.bias", not a.get("disable-bias-linear", False))
+    a.map("untie-embeddings-and-output-weights", "model.tied_embeddings",
+          not a.get("untie-embeddings-and-output-weights", False))
+
+    tp = _number(a, "tensor-model-parallel-size", 1)
+    pp = _number(a, "pipeline-model-parallel-size", 1)
+    a.map("tensor-model-parallel-size", "plan.tp", tp)
+    a.map("pipeline-model-parallel-size", "plan.pp", pp)
+    a.map("context-parallel-size", "plan.cp", _number(a, "context-parallel-size", 1))
+    vocab_key = "vocab-size" if a.has("vocab-size") else "tokenizer-type"
+    vocab = _number(a, "vocab-size") if a.has("vocab-size") else TOKENIZER_VOCAB.get(a.get("tokenizer-type",
+                                                                                           "GPT2BPETokenizer"))
+    if vocab is None:
+        a.refuse(vocab_key, "the tokenizer's vocabulary size is unknown; give --vocab-size")
+    a.map(vocab_key, "model.vocab", padded_vocab(vocab, _number(a, "make-vocab-size-divisible-by", 128), tp))
+    a.used("tokenizer-type")
+    vpp = None
+    if a.has("num-layers-per-virtual-pipeline-stage"):
+        per = _number(a, "num-layers-per-virtual-pipeline-stage")
+        vpp = layers // (pp * per)
+        a.map("num-layers-per-virtual-pipeline-stage", "plan.vpp", vpp)
+    elif a.has("virtual-pipeline-model-parallel-size"):
+        vpp = _number(a, "virtual-pipeline-model-parallel-size")
+        a.map("virtual-pipeline-model-parallel-size", "plan.vpp", vpp)
+    a.scenario["plan"]["schedule"] = "interleaved" if vpp and vpp > 1 else "1f1b"
+    a.map("micro-batch-size", "plan.micro_batch", _number(a, "micro-batch-size", 1))
+    if not a.has("global-batch-size"):
+        a.refuse("global-batch-size", "required: llmsim needs the global batch")
+    global_batch = _number(a, "global-batch-size")
+    a.map("global-batch-size", "plan.global_batch", global_batch)
+    a.map("sequence-parallel", "plan.sequence_parallel", bool(a.get("sequence-parallel", False)))
+    precision = "fp8" if a.has("fp8-format") else "bf16" if a.get("bf16") else "fp16" if a.get("fp16") else "fp32"
+    a.map("fp8-format" if a.has("fp8-format") else "bf16" if a.get("bf16") else "fp16", "plan.precision", precision)
+    a.used("fp16", "bf16", "fp8-param-gather")
+    grads = "bf16" if a.get("grad-reduce-in-bf16") else "fp32"
+    a.map("grad-reduce-in-bf16", "plan.grad_precision", grads)
+    a.used("accumulate-allreduce-grads-in-fp32")
+    a.map("use-distributed-optimizer", "plan.zero_stage", 1 if a.get("use-distributed-optimizer") else 0)
+    a.map("overlap-grad-reduce", "plan.dp_overlap", bool(a.get("overlap-grad-reduce", False)))
+    a.map("tp-comm-overlap", "plan.tp_comm_overlap", bool(a.get("tp-comm-overlap", False)))
+    backend = str(a.get("attention-backend", "auto"))
+    a.map("attention-backend", "plan.flash_attention", backend in ("auto", "flash", "fused") or
+          bool(a.get("use-flash-attn")))
+    a.used("use-flash-attn")
+    _recompute_args(a, layers, pp)
+
+    if a.has("nproc_per_node"):
+        a.map("nproc_per_node", "cluster.devices_per_node", _number(a, "nproc_per_node"))
+    if a.has("nnodes"):
+        a.map("nnodes", "cluster.nodes", _number(a, "nnodes"))
+    seq = _number(a, "seq-length", 2048)
+    if a.has("train-iters"):
+        a.map("train-iters", "training.tokens", float(_number(a, "train-iters") * global_batch * seq))
+    elif a.has("train-samples"):
+        a.map("train-samples", "training.tokens", float(_number(a, "train-samples") * seq))
+    return a.finish(IGNORED_ARGS, ARG_REASONS)
+
+
+def _recompute_args(a: Account, layers: int, pp: int) -> None:
+    granularity = a.get("recompute-granularity")
+    if a.get("recompute-activations"):
+        granularity = granularity or "selective"
+    if granularity in (None, False):
+        a.map("recompute-granularity", "plan.recompute", "none")
+        return
+    if granularity not in ("full", "selective"):
+        a.refuse("recompute-granularity", "expected full or selective")
+    if granularity == "full":
+        method = a.get("recompute-method", "uniform")
+        num = _number(a, "recompute-num-layers", 1)
+        if not (method == "uniform" and num == 1) and not (method == "block" and num >= layers // pp):
+            a.refuse("recompute-num-layers", "recomputing only some layers is not modelled (llmsim recomputes "
+                     "every layer with full recomputation)")
+        a.used("recompute-method", "recompute-num-layers")
+    a.map("recompute-granularity" if a.has("recompute-granularity") else "recompute-activations", "plan.recompute",
+          granularity)
+    a.used("recompute-activations")
+
+
+# ------------------------------------------------------------------ NeMo YAML
+
+NEMO_IGNORED = ("run.*", "exp_manager.*", "hydra.*", "trainer.accelerator", "trainer.logger", "trainer.enable_*",
+                "trainer.use_distributed_sampler", "trainer.max_epochs", "trainer.max_time", "trainer.log_*",
+                "trainer.val_check_interval", "trainer.limit_*", "trainer.num_sanity_val_steps",
+                "trainer.gradient_clip_val", "model.init_method_std", "model.use_scaled_init_method",
+                "model.*dropout", "model.kv_channels", "model.apply_query_key_layer_scaling", "model.layernorm_epsilon",
+                "model.do_layer_norm_weight_decay", "model.pre_process", "model.post_process", "model.headscale",
+                "model.transformer_block_type", "model.openai_gelu", "model.normalize_attention_scores",
+                "model.rotary_percentage", "model.rotary_base", "model.attention_type", "model.tokenizer.*",
+                "model.native_amp_*", "model.hysteresis", "model.seed", "model.resume_from_checkpoint",
+                "model.use_cpu_initialization", "model.onnx_safe", "model.apex_transformer_log_level",
+                "model.gc_interval", "model.nsys_profile.*", "model.data.*", "model.optim.lr",
+                "model.optim.weight_decay",
+                "model.optim.betas", "model.optim.sched.*", "model.max_position_embeddings", "model.deterministic_mode",
+                "model.sync_batch_comm", "model.mcore_gpt", "model.transformer_engine", "model.fp8_*",
+                "model.make_vocab_size_divisible_by", "model.rampup_batch_size", "model.resume_from_checkpoint",
+                "model.persist_layer_norm", "model.fp32_residual_connection", "model.fp16_lm_cross_entropy",
+                "model.megatron_amp_O2", "model.num_micro_batches_with_partial_activation_checkpoints",
+                "model.activations_checkpoint_layers_per_pipeline", "model.fsdp_*", "model.ub_tp_comm_overlap_cfg.*",
+                "model.tp_comm_atomic_*", "model.sharp", "model.nemo_path")
+NEMO_REASONS = {"model.*fusion": "kernel fusion is not modelled (efficiencies are the profile's)",
+                "model.grad_*": "gradient-reduction bucketing details are not modelled",
+                "model.gradient_as_bucket_view": "gradient-reduction bucketing details are not modelled",
+                "model.optim.*bucket*": "gradient-reduction bucketing details are not modelled",
+                "model.optim.contiguous_*": "buffer layout is not modelled",
+                "model.optim.overlap_param_sync": "parameter all-gather overlap is not modelled separately",
+                "model.overlap_p2p_comm": "pipeline send/receive overlap is not modelled separately",
+                "model.batch_p2p_comm": "pipeline send/receive batching is not modelled",
+                "model.defer_embedding_wgrad_compute": "not modelled", "model.wgrad_deferral_limit": "not modelled",
+                "model.fp8_params": "fp8 parameter copies are not modelled separately"}
+NEMO_ACTIVATIONS = {"gelu": "gelu", "swiglu": "swiglu", "fast-swiglu": "swiglu"}
+
+
+def read_nemo(data: dict) -> Imported:
+    a = Account(data, "nemo")
+    if a.has("model.num_moe_experts"):
+        a.refuse("model.num_moe_experts", "mixture-of-experts models are not modelled")
+    m = lambda key: f"model.{key}"  # noqa: E731
+    layers, hidden, heads = (a.number(m(k)) for k in ("num_layers", "hidden_size", "num_attention_heads"))
+    if None in (layers, hidden, heads):
+        raise InputError("nemo", "model", "needs model.num_layers, hidden_size and num_attention_heads")
+    a.scenario["name"] = f"nemo-{a.get('run.name', 'megatron')}"
+    a.map(m("num_layers"), "model.layers", layers)
+    a.map(m("hidden_size"), "model.hidden", hidden)
+    a.map(m("num_attention_heads"), "model.heads", heads)
+    a.scenario["model"]["name"] = str(a.get("run.name", "nemo-model"))
+    a.map(m("num_query_groups"), "model.kv_heads", a.number(m("num_query_groups"), heads))
+    activation = NEMO_ACTIVATIONS.get(str(a.get(m("activation"), "gelu")))
+    if activation is None:
+        a.refuse(m("activation"), "modelled: " + ", ".join(NEMO_ACTIVATIONS))
+    a.map(m("activation"), "model.activation", activation)
+    a.map(m("ffn_hidden_size"), "model.ffn_hidden", a.number(m("ffn_hidden_size"), 4 * hidden))
+    seq = a.number(m("encoder_seq_length"), 2048)
+    a.map(m("encoder_seq_length"), "model.seq_len", seq)
+    norm = str(a.get(m("normalization"), "layernorm")).lower()
+    if norm not in ("layernorm", "rmsnorm"):
+        a.refuse(m("normalization"), "expected layernorm or rmsnorm")
+    a.map(m("normalization"), "model.norm", norm)
+    position = str(a.get(m("position_embedding_type"), "learned_absolute"))
+    if position not in ("learned_absolute", "rope"):
+        a.refuse(m("position_embedding_type"), "expected learned_absolute or rope")
+    a.map(m("position_embedding_type"), "model.position_embedding", "rope" if position == "rope" else "learned")
+    a.map(m("bias"), "model.bias", bool(a.get(m("bias"), True)))
+    a.map(m("share_embeddings_and_output_weights"), "model.tied_embeddings",
+          bool(a.get(m("share_embeddings_and_output_weights"), True)))
+    tp = a.number(m("tensor_model_parallel_size"), 1)
+    tokenizer = a.get(m("tokenizer.type"))
+    if tokenizer not in TOKENIZER_VOCAB:
+        a.refuse(m("tokenizer.type"), "the tokenizer's vocabulary size is unknown; give --vocab")
+    a.map(m("tokenizer.type"), "model.vocab",
+          padded_vocab(TOKENIZER_VOCAB[tokenizer], a.number(m("make_vocab_size_divisible_by"), 128), tp))
+
+    a.map(m("tensor_model_parallel_size"), "plan.tp", tp)
+    a.map(m("pipeline_model_parallel_size"), "plan.pp", a.number(m("pipeline_model_parallel_size"), 1))
+    a.map(m("context_parallel_size"), "plan.cp", a.number(m("context_parallel_size"), 1))
+    vpp = a.number(m("virtual_pipeline_model_parallel_size"), 1)
+    a.map(m("virtual_pipeline_model_parallel_size"), "plan.vpp", vpp)
+    a.scenario["plan"]["schedule"] = "interleaved" if vpp > 1 else "1f1b"
+    a.map(m("micro_batch_size"), "plan.micro_batch", a.number(m("micro_batch_size"), 1))
+    global_batch = a.number(m("global_batch_size"))
+    a.map(m("global_batch_size"), "plan.global_batch", global_batch)
+    a.map(m("sequence_parallel"), "plan.sequence_parallel", bool(a.get(m("sequence_parallel"), False)))
+    precision = {"bf16": "bf16", "bf16-mixed": "bf16", "16": "fp16", "16-mixed": "fp16", "32": "fp32"}.get(
+        str(a.get("trainer.precision", "32")))
+    if precision is None:
+        a.refuse("trainer.precision", "expected bf16, bf16-mixed, 16, 16-mixed or 32")
+    a.map("trainer.precision", "plan.precision", "fp8" if a.get(m("fp8")) else precision)
+    a.used(m("fp8"))
+    granularity = a.get(m("activations_checkpoint_granularity"))
+    if granularity == "full" and (a.get(m("activations_checkpoint_method")) != "uniform"
+                                  or a.number(m("activations_checkpoint_num_layers"), 1) != 1):
+        a.refuse(m("activations_checkpoint_num_layers"), "recomputing only some layers is not modelled")
+    a.map(m("activations_checkpoint_granularity"), "plan.recompute", granularity or "none")
+    a.used(m("activations_checkpoint_method"), m("activations_checkpoint_num_layers"))
+    optimizer = str(a.get(m("optim.name"), "fused_adam"))
+    if optimizer not in ("fused_adam", "distributed_fused_adam", "adam", "adamw", "mcore_distributed_optim"):
+        a.refuse(m("optim.name"), "llmsim models Adam's optimizer states only")
+    a.map(m("optim.name"), "plan.zero_stage", 0 if optimizer in ("fused_adam", "adam", "adamw") else 1)
+    a.map(m("optim.overlap_grad_sync"), "plan.dp_overlap", bool(a.get(m("optim.overlap_grad_sync"), False)))
+    grads = str(a.get(m("optim.grad_sync_dtype"), "fp32"))
+    a.map(m("optim.grad_sync_dtype"), "plan.grad_precision", "bf16" if grads in ("bf16", "bfloat16") else "fp32")
+    a.map(m("ub_tp_comm_overlap"), "plan.tp_comm_overlap", bool(a.get(m("ub_tp_comm_overlap"), False)))
+    a.map(m("use_flash_attention"), "plan.flash_attention", bool(a.get(m("use_flash_attention"), True)))
+    if a.get(m("fsdp")):
+        a.refuse(m("fsdp"), "NeMo FSDP is not modelled; use zero_stage 3 in a scenario")
+    a.used(m("fsdp"))
+    a.map("trainer.num_nodes", "cluster.nodes", a.number("trainer.num_nodes", 1))
+    a.map("trainer.devices", "cluster.devices_per_node", a.number("trainer.devices", 8))
+    if a.number("trainer.accumulate_grad_batches", 1) != 1:
+        a.refuse("trainer.accumulate_grad_batches", "NeMo derives accumulation from the batch sizes; expected 1")
+    a.used("trainer.accumulate_grad_batches")
+    if a.has("trainer.max_steps"):
+        a.map("trainer.max_steps", "training.tokens", float(a.number("trainer.max_steps") * global_batch * seq))
+    return a.finish(NEMO_IGNORED, NEMO_REASONS)
+
+
+def read(path: str | Path | None, argv: list[str] | None = None) -> Imported:
+    """A NeMo YAML (by its suffix), an arguments file or launch script, or `argv`."""
+    if argv:
+        if path is not None:
+            argv = [str(path), *argv]
+        return read_args(parse_args([w for a in argv for w in (a.split() if a.startswith("--") else [a])]))
+    text = read_text(path, "megatron")
+    if str(path).endswith((".yaml", ".yml")):
+        data = parse_yaml(text, f"megatron {path}")
+        if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+            raise InputError(f"megatron {path}", type(data).__name__, "expected a NeMo config with a model section")
+        return read_nemo(data)
+    return read_args(parse_args(script_words(text)))

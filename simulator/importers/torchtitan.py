@@ -1,0 +1,164 @@
+"""torchtitan job config (TOML) -> scenario.
+
+Keys as torchtitan's JobConfig names them (torchtitan/config/job_config.py; the train_configs
+under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
+
+- [model] name + flavor -> a preset: llama3 8B/70B/405B are Llama 3.1's shapes
+  (torchtitan/models/llama3/__init__.py @00f555e: dim, n_layers, n_heads, n_kv_heads, FFN
+  multiplier); converters = float8 -> precision fp8 (Float8 linears).
+- [training] local_batch_size (or batch_size, older) is per data-parallel rank; global batch =
+  global_batch_size when set, else local x dp; seq_len; steps -> training tokens;
+  mixed_precision_param -> precision, mixed_precision_reduce -> gradient precision.
+- [parallelism] data_parallel_shard_degree (FSDP2: ZeRO-3 over the shard group; -1 fills the
+  devices) and data_parallel_replicate_degree (DDP); both > 1 is HSDP, which llmsim cannot
+  express (it shards over every data-parallel rank) and is refused. tensor_parallel_degree
+  (torchtitan's TP plan shards the norms' sequence too: sequence parallelism),
+  enable_async_tensor_parallel -> TP overlap, pipeline_parallel_degree / _schedule /
+  _microbatch_size / _layers_per_stage, context_parallel_degree.
+- [activation_checkpoint] mode none|selective|full; selective_ac_option "op" is per-op
+  selective recomputation; an integer (every N-th layer) is refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import InputError
+from ..yamlio import read_text
+from .common import Account, Imported
+
+PRESETS = {("llama3", "8B"): "llama-3.1-8b", ("llama3", "70B"): "llama-3.1-70b",
+           ("llama3", "405B"): "llama-3.1-405b"}
+SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved"}
+PRECISIONS = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
+IGNORED = ("job.*", "profiling.*", "metrics.*", "checkpoint.*", "optimizer.lr", "optimizer.eps",
+           "optimizer.weight_decay", "optimizer.beta*", "optimizer.implementation", "lr_scheduler.*",
+           "training.max_norm", "training.dataset", "training.dataset_path", "training.seed", "training.deterministic",
+           "training.gc_freq", "validation.*", "model.tokenizer_path", "model.hf_assets_path", "comm.*",
+           "float8.filter_fqns", "experimental.*", "fault_tolerance.*", "memory_estimation.*")
+REASONS = {
+    "training.compile": "torch.compile kernel fusion is not modelled (efficiencies are the profile's)",
+    "compile.*": "torch.compile kernel fusion is not modelled (efficiencies are the profile's)",
+    "float8.*": "float8 details (all-gather in float8, scale precomputation) are not modelled",
+}
+
+
+def _toml(path) -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    text = read_text(path, "torchtitan")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"torchtitan {path}", "invalid TOML", f"expected a TOML job config ({exc})") from None
+
+
+def read(path: str | Path) -> Imported:
+    a = Account(_toml(path), "torchtitan")
+    name, flavor = a.get("model.name"), a.get("model.flavor")
+    if (name, flavor) not in PRESETS:
+        a.refuse("model.flavor", f"no llmsim preset for torchtitan model {name!r} flavor {flavor!r}; known: "
+                 + ", ".join(f"{n} {f}" for n, f in PRESETS) + " (give model fields in a scenario instead)")
+    a.map("model.flavor", "model.preset", PRESETS[(name, flavor)])
+    a.used("model.name")
+    a.scenario["name"] = f"torchtitan-{name}-{flavor}"
+
+    converters = a.get("model.converters", [])
+    converters = [converters] if isinstance(converters, str) else list(converters)
+    precision = PRECISIONS.get(a.get("training.mixed_precision_param", "bfloat16"))
+    if precision is None:
+        a.refuse("training.mixed_precision_param", "expected bfloat16, float16 or float32")
+    a.map("training.mixed_precision_param", "plan.precision", precision)
+    if "float8" in converters:
+        a.map("model.converters", "plan.precision", "fp8")
+    elif converters:
+        a.refuse("model.converters", "only float8 is modelled")
+    else:
+        a.used("model.converters")
+    reduce = PRECISIONS.get(a.get("training.mixed_precision_reduce", "float32"))
+    a.map("training.mixed_precision_reduce", "plan.grad_precision", reduce if reduce in ("fp32", "bf16") else "fp32")
+
+    opt = str(a.get("optimizer.name", "AdamW"))
+    if opt not in ("AdamW", "Adam"):
+        a.refuse("optimizer.name", "llmsim models Adam(W)'s optimizer states only")
+    a.used("optimizer.name")
+
+    tp = a.number("parallelism.tensor_parallel_degree", 1)
+    pp = a.number("parallelism.pipeline_parallel_degree", 1)
+    cp = a.number("parallelism.context_parallel_degree", 1)
+    a.map("parallelism.tensor_parallel_degree", "plan.tp", tp)
+    a.map("parallelism.tensor_parallel_degree", "plan.sequence_parallel", tp > 1)
+    a.map("parallelism.pipeline_parallel_degree", "plan.pp", pp)
+    a.map("parallelism.context_parallel_degree", "plan.cp", cp)
+    if a.number("parallelism.expert_parallel_degree", 1) > 1:
+        a.refuse("parallelism.expert_parallel_degree", "mixture-of-experts plans are not modelled")
+    a.used("parallelism.expert_parallel_degree")
+    if a.has("parallelism.enable_async_tensor_parallel"):
+        a.map("parallelism.enable_async_tensor_parallel", "plan.tp_comm_overlap",
+              bool(a.get("parallelism.enable_async_tensor_parallel")))
+
+    replicate = a.number("parallelism.data_parallel_replicate_degree", 1)
+    shard = a.number("parallelism.data_parallel_shard_degree", -1)
+    if replicate > 1 and shard != 1:
+        a.refuse("parallelism.data_parallel_replicate_degree", f"replicate {replicate} x shard {shard} is HSDP; llmsim "
+                 "shards ZeRO over every data-parallel rank (set one of the two degrees to 1)")
+    if shard == 1:
+        a.map("parallelism.data_parallel_replicate_degree", "plan.zero_stage", 0)  # DDP
+        a.used("parallelism.data_parallel_shard_degree")
+        dp = replicate
+    else:
+        a.map("parallelism.data_parallel_shard_degree", "plan.zero_stage", 3)  # FSDP2: parameters sharded too
+        a.used("parallelism.data_parallel_replicate_degree")
+        dp = shard if shard > 0 else None
+    if dp is not None:
+        a.map("parallelism.data_parallel_shard_degree" if shard != 1 else "parallelism.data_parallel_replicate_degree",
+              "plan.dp", dp)
+
+    if pp > 1:
+        schedule = str(a.get("parallelism.pipeline_parallel_schedule", "1F1B"))
+        if schedule not in SCHEDULES:
+            a.refuse("parallelism.pipeline_parallel_schedule", "modelled: " + ", ".join(SCHEDULES))
+        a.map("parallelism.pipeline_parallel_schedule", "plan.schedule", SCHEDULES[schedule])
+        micro = a.number("parallelism.pipeline_parallel_microbatch_size", 1)
+        a.map("parallelism.pipeline_parallel_microbatch_size", "plan.micro_batch", micro)
+        if schedule == "Interleaved1F1B":
+            if not a.has("parallelism.pipeline_parallel_layers_per_stage"):
+                a.refuse("parallelism.pipeline_parallel_schedule", "Interleaved1F1B: give "
+                         "pipeline_parallel_layers_per_stage (llmsim needs the stages per rank, --vpp)")
+            per_stage = a.number("parallelism.pipeline_parallel_layers_per_stage")
+            a.derive("parallelism.pipeline_parallel_layers_per_stage", "plan.vpp",
+                     f"layers / (pp x {per_stage})", lambda c: c["layers"] // (pp * per_stage))
+    local = a.number("training.local_batch_size", None)
+    local_key = "training.local_batch_size"
+    if local is None:
+        local, local_key = a.number("training.batch_size", 8), "training.batch_size"
+    if pp == 1:
+        a.map(local_key, "plan.micro_batch", local)
+    global_batch = a.number("training.global_batch_size", -1)
+    if global_batch > 0:
+        a.map("training.global_batch_size", "plan.global_batch", global_batch)
+        a.used(local_key)
+    else:
+        a.derive(local_key, "plan.global_batch", f"{local} x dp", lambda c: local * c["dp"])
+        a.used("training.global_batch_size")
+    seq_len = a.number("training.seq_len", 2048)
+    a.map("training.seq_len", "model.seq_len", seq_len)
+    if a.has("training.steps"):
+        steps = a.number("training.steps")
+        a.derive("training.steps", "training.tokens", f"{steps} x global_batch x seq_len",
+                 lambda c: float(steps * c["global_batch"] * c["seq_len"]))
+
+    mode = str(a.get("activation_checkpoint.mode", "selective"))
+    if mode not in ("none", "selective", "full"):
+        a.refuse("activation_checkpoint.mode", "expected none, selective or full")
+    if mode == "selective":
+        option = str(a.get("activation_checkpoint.selective_ac_option", "2"))
+        if option != "op":
+            a.refuse("activation_checkpoint.selective_ac_option", "layer-wise recomputation (every N-th layer) "
+                     "is not modelled; use 'op' or mode 'full'")
+        a.used("activation_checkpoint.selective_ac_option")
+    a.map("activation_checkpoint.mode", "plan.recompute", mode)
+    return a.finish(IGNORED, REASONS)
+

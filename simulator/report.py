@@ -1,0 +1,271 @@
+"""The readable reports of `llmsim evaluate` and `llmsim compare`.
+
+`render_result` prints one result: the scenario, a per-stage memory table, host RAM and
+NVMe per node when the plan offloads, and then either the step time, throughput and cost
+of a plan that fits, or, for one that does not, why and which small changes would make it
+fit (`nearest_fits`, evaluated with the analytic engine). Step time and cost of a plan
+that does not fit are never shown as if they were results.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+
+from .errors import InputError
+from .result import MEMORY_KEYS
+
+GIB = 2**30
+
+
+def fmt_table(rows: list[tuple], header: tuple) -> str:
+    cols = [header] + [tuple(str(c) for c in r) for r in rows]
+    widths = [max(len(r[i]) for r in cols) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cols]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def human_time(seconds) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    if seconds < 120:
+        return f"{seconds:.2f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+# ------------------------------------------------------------------ memory
+
+def stage_memory_rows(stages: list[dict], capacity_gib: float, max_rows: int = 8) -> list[tuple]:
+    """Per pipeline stage (GiB): one row each for up to `max_rows` stages; beyond that the
+    first and last stage alone and the others in contiguous bands, each band shown by its
+    hungriest stage and named by its range with `max` ("1-10 max")."""
+    n = len(stages)
+    totals = [sum(s[k] for k in MEMORY_KEYS) for s in stages]
+    if n <= max_rows:
+        bands = [(i, i) for i in range(n)]
+    else:
+        inner = max_rows - 2
+        edges = [1 + round(j * (n - 2) / inner) for j in range(inner + 1)]
+        bands = [(0, 0)] + [(a, b - 1) for a, b in zip(edges, edges[1:]) if b > a] + [(n - 1, n - 1)]
+    rows = []
+    for a, b in bands:
+        i = max(range(a, b + 1), key=lambda k: totals[k])
+        name = str(a) if a == b else f"{a}-{b} max"
+        rows.append((name, *(f"{stages[i][k]:.1f}" for k in MEMORY_KEYS), f"{totals[i]:.1f}",
+                     f"{100 * totals[i] / capacity_gib:.0f}%"))
+    return rows
+
+
+def _offloads(plan) -> bool:
+    from .plan import Offload
+
+    return plan.offload != Offload()
+
+
+def offload_bytes_per_node(scenario) -> dict:
+    """Host RAM and NVMe that the offloaded state of one node's devices takes (bytes), sized for
+    the hungriest pipeline stage (analytic.host_bytes_per_device). NVMe bytes are what the
+    `nvme` targets would keep in host RAM were they `cpu`."""
+    from .analytic import host_bytes_per_device
+    from .layout import compile_layout
+    from .plan import Offload
+
+    plan, per_node = scenario.plan, scenario.cluster.devices_per_node
+
+    def placed(target: str) -> float:
+        off = Offload(*("cpu" if t == target else "none" for t in (plan.offload.optimizer, plan.offload.params,
+                                                                   plan.offload.activations)))
+        layout = compile_layout(scenario.model, scenario.cluster, replace(plan, offload=off))
+        return float(host_bytes_per_device(layout)) * per_node
+
+    return {"host_bytes": placed("cpu"), "host_capacity_bytes": scenario.cluster.node.host_memory_bytes,
+            "nvme_bytes": placed("nvme")}
+
+
+# ------------------------------------------------------------------ what would fit
+
+def _candidates(data: dict, scenario) -> list[tuple[str, dict]]:
+    """Single changes of the plan, smallest first: (flag text, dotted overrides)."""
+    p = scenario.plan
+    out = []
+    for mode in ("selective", "full"):
+        if ("none", "selective", "full").index(mode) > ("none", "selective", "full").index(p.recompute):
+            out.append((f"--recompute {mode}", {"plan.recompute": mode}))
+    mb = p.micro_batch // 2
+    while mb >= 1:
+        out.append((f"--micro-batch {mb}", {"plan.micro_batch": mb}))
+        mb //= 2
+    for z in range(p.zero_stage + 1, 4):
+        out.append((f"--zero-stage {z}", {"plan.zero_stage": z}))
+    if p.tp > 1 and not p.sequence_parallel:
+        out.append(("--sequence-parallel true", {"plan.sequence_parallel": True}))
+    if p.offload.optimizer == "none":
+        out.append(("--offload-optimizer cpu" + (" --zero-stage 1" if p.zero_stage < 1 else ""),
+                    {"plan.offload.optimizer": "cpu", "plan.zero_stage": max(1, p.zero_stage)}))
+    for dim in ("tp", "pp"):
+        for factor in (2, 4):
+            size = getattr(p, dim) * factor
+            change = {f"plan.{dim}": size, "plan.dp": "auto"}
+            text = f"--{dim} {size}"
+            if dim == "pp" and p.schedule == "interleaved":
+                change.update({"plan.vpp": 1, "plan.schedule": "1f1b"})
+                text += " --vpp 1"
+            out.append((text, change))
+    return out
+
+
+def nearest_fits(data: dict, scenario, limit: int = 3) -> list[dict]:
+    """The changes of one setting (recompute, micro-batch, ZeRO stage, sequence parallelism,
+    optimizer offload, tp or pp) that make an infeasible plan fit, fastest first; when none
+    does, pairs of them. Each: {change, step_time_s, peak_memory_gib} (analytic engine)."""
+    from .evaluate import evaluate
+    from .scenario import apply_overrides, scenario_from_dict
+
+    singles = _candidates(data, scenario)
+
+    def attempt(changes) -> dict | None:
+        merged = {}
+        for _, c in changes:
+            merged.update(c)
+        try:
+            s = scenario_from_dict(apply_overrides(data, merged))
+        except InputError:
+            return None
+        d = evaluate(s, engine="analytic").to_dict()
+        if not d["feasible"]:
+            return None
+        return {"change": " ".join(t for t, _ in changes), "step_time_s": d["step_time_s"],
+                "peak_memory_gib": d["peak_memory_gib"]}
+
+    found = [r for r in (attempt([c]) for c in singles) if r]
+    if not found:
+        pairs = [(a, b) for a, b in itertools.combinations(singles, 2)
+                 if (a[1].keys() - {"plan.dp"}).isdisjoint(b[1].keys() - {"plan.dp"})]
+        found = [r for r in (attempt(list(pair)) for pair in pairs) if r]
+    return sorted(found, key=lambda r: (r["step_time_s"], r["change"]))[:limit]
+
+
+# ------------------------------------------------------------------ evaluate
+
+def render_result(d: dict, scenario, data: dict | None = None) -> str:
+    """The readable report of `llmsim evaluate`. `data`, the scenario mapping, lets an
+    infeasible plan list what would fit."""
+    m, c, p = scenario.model, scenario.cluster, scenario.plan
+    lines = [
+        f"scenario   {d['scenario'] or '-'}",
+        f"model      {m.name}: {m.params() / 1e9:.2f} B params, {m.layers} layers, hidden {m.hidden}, seq {m.seq_len}",
+        f"cluster    {c.nodes} x {c.node.name} = {c.devices} x {c.accelerator.name}",
+        f"plan       tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} vpp={p.vpp} micro_batch={p.micro_batch} "
+        f"global_batch={p.global_batch} ({p.microbatches} micro-batches) schedule={p.schedule} "
+        f"sp={p.sp} recompute={p.recompute} zero={p.zero_stage} {p.precision}"
+        + (f" offload optimizer/params/activations={p.offload.optimizer}/{p.offload.params}/"
+           f"{p.offload.activations}" if _offloads(p) else ""),
+        "",
+        f"feasible   {'yes' if d['feasible'] else 'NO: ' + d['reason']}",
+        "",
+        f"memory per device by pipeline stage (GiB; capacity {d['memory_capacity_gib']:.1f} GiB on "
+        f"{c.accelerator.name}, peak at stage {d['peak_memory_stage']})",
+    ]
+    stages = d.get("memory_gib_by_stage") or [d["memory_gib"]]
+    lines.append(fmt_table(stage_memory_rows(stages, d["memory_capacity_gib"]),
+                           ("stage", *MEMORY_KEYS, "total", "of HBM")))
+    if _offloads(p):
+        off = offload_bytes_per_node(scenario)
+        lines.append(f"offload    per node ({c.devices_per_node} devices): host RAM {off['host_bytes'] / GIB:.1f} of "
+                     f"{off['host_capacity_bytes'] / GIB:.0f} GiB on {c.node.name}, NVMe "
+                     f"{off['nvme_bytes'] / GIB:.1f} GiB")
+    lines.append("")
+    if not d["feasible"]:
+        lines += _what_would_fit(data, scenario)
+        return "\n".join(lines)
+    lines += [
+        f"step time  {human_time(d['step_time_s'])}  ({d['engine']} engine)",
+        f"throughput {d['tokens_per_s']:,.0f} tokens/s ({d['tokens_per_s_per_device']:,.1f} per device)",
+        f"per device {d['model_tflops_per_device']:.1f} model TFLOP/s (MFU {100 * d['mfu']:.1f}%), "
+        f"{d['hardware_tflops_per_device']:.1f} hardware TFLOP/s (HFU {100 * d['hfu']:.1f}%)",
+        f"cost       ${d['cost_usd_per_step']:.4g} per step, ${d['usd_per_million_tokens']:.4g} per million tokens "
+        f"at ${d['price_usd_per_device_hour']:.2f}/device-hour",
+    ]
+    if d.get("time_to_train_days") is not None:
+        lines.append(f"to train   {d['training_tokens']:.3g} tokens: {d['time_to_train_days']:.1f} days, "
+                     f"${d['cost_to_train_usd']:,.0f}")
+    if d.get("graph_tasks") is not None:
+        lines.append(f"engine     graph: {d['graph_tasks']:,} tasks in the step, {d['simulated_tasks']:,} executed"
+                     + (" (steady state extrapolated)" if d.get("steady_state_extrapolated") else ""))
+    lines += ["", "step time breakdown (exposed seconds)"]
+    step = d["step_time_s"]
+    rows = [(k, f"{v:.4g}", f"{100 * v / step:.1f}%") for k, v in d["breakdown_s"].items() if v > 0]
+    lines.append(fmt_table(rows, ("part", "seconds", "share")))
+    lines.append("")
+    lines.append("MFU counts model FLOPs (no recomputation); HFU counts hardware FLOPs (with it).")
+    return "\n".join(lines)
+
+
+def _what_would_fit(data, scenario) -> list[str]:
+    out = ["The plan does not fit, so it has no step time, throughput or cost."]
+    if data is None:
+        return out
+    fits = nearest_fits(data, scenario)
+    if not fits:
+        return out + ["No change of one or two of recompute, micro-batch, ZeRO stage, sequence parallelism, "
+                      "optimizer offload, tp or pp fits: it needs more or larger devices."]
+    out.append("What would fit (analytic engine; fastest first):")
+    out.append(fmt_table([(f["change"], human_time(f["step_time_s"]), f"{f['peak_memory_gib']:.1f}") for f in fits],
+                         ("change", "step time", "peak GiB")))
+    return out
+
+
+# ------------------------------------------------------------------ compare
+
+COMPARE_ROWS = (  # label, key of the row dict
+    ("model", "model"), ("cluster", "cluster"), ("devices", "devices"), ("tp", "tp"), ("pp", "pp"), ("dp", "dp"),
+    ("cp", "cp"), ("vpp", "vpp"), ("micro_batch", "micro_batch"), ("global_batch", "global_batch"),
+    ("schedule", "schedule"), ("sequence_parallel", "sequence_parallel"), ("recompute", "recompute"),
+    ("zero_stage", "zero_stage"), ("precision", "precision"), ("offload opt/par/act", "offload"),
+    ("feasible", "feasible"), ("peak memory GiB", "peak_memory_gib"), ("step time", "step_time"),
+    ("tokens/s", "tokens_per_s"), ("tokens/s per device", "tokens_per_s_per_device"), ("MFU", "mfu"),
+    ("$ per M tokens", "usd_per_million_tokens"), ("days to train", "time_to_train_days"),
+)
+
+
+def compare_row(d: dict, scenario) -> dict:
+    """The displayed values of one compared scenario (text, as shown)."""
+    p, c = scenario.plan, scenario.cluster
+    ok = d["feasible"]
+
+    def valid(text):
+        return text if ok else "-"
+    return {
+        "model": scenario.model.name, "cluster": f"{c.nodes} x {c.node.name} ({c.accelerator.name})",
+        "devices": str(c.devices), "tp": str(p.tp), "pp": str(p.pp), "dp": str(p.dp), "cp": str(p.cp),
+        "vpp": str(p.vpp), "micro_batch": str(p.micro_batch), "global_batch": str(p.global_batch),
+        "schedule": p.schedule, "sequence_parallel": str(p.sequence_parallel).lower(), "recompute": p.recompute,
+        "zero_stage": str(p.zero_stage), "precision": p.precision,
+        "offload": f"{p.offload.optimizer}/{p.offload.params}/{p.offload.activations}",
+        "feasible": "yes" if ok else "NO", "peak_memory_gib": f"{d['peak_memory_gib']:.1f}",
+        "step_time": valid(human_time(d["step_time_s"])), "tokens_per_s": valid(f"{d['tokens_per_s']:,.0f}"),
+        "tokens_per_s_per_device": valid(f"{d['tokens_per_s_per_device']:,.1f}"),
+        "mfu": valid(f"{100 * d['mfu']:.1f}%"), "usd_per_million_tokens": valid(f"{d['usd_per_million_tokens']:.4g}"),
+        "time_to_train_days": valid(f"{d['time_to_train_days']:.1f}") if d.get("time_to_train_days") else "-",
+    }
+
+
+def render_compare(names: list[str], rows: list[dict], highlight: bool = False) -> str:
+    """Scenarios side by side, one column each; a row whose values differ is marked `*`
+    (and bold when `highlight`)."""
+    table, differing = [], []
+    for label, key in COMPARE_ROWS:
+        values = [r[key] for r in rows]
+        differs = len(set(values)) > 1
+        differing.append(differs)
+        table.append(("*" if differs else "", label, *values))
+    text = fmt_table(table, ("", "", *names))
+    if not highlight:
+        return text + "\n\n* differs"
+    lines = text.split("\n")
+    out = lines[:2] + [f"\033[1m{line}\033[0m" if d else line for line, d in zip(lines[2:], differing)]
+    return "\n".join(out) + "\n\n* differs (bold)"

@@ -1,0 +1,196 @@
+"""The command line around the physics: version, compare, search restrictions, flag checks,
+scenario names, traces, sweeps that refuse, and no traceback on any path."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args, cwd=None, **env):
+    return subprocess.run([sys.executable, "-m", "simulator.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, "NO_COLOR": "1", **env}, timeout=300)
+
+
+def one_line_error(proc, *needles):
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_version():
+    from importlib.metadata import version
+    proc = cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"llmsim {version('llmsim')}"
+
+
+def test_compare_shows_scenarios_side_by_side_and_marks_differences():
+    proc = cli("compare", "scenarios/quickstart.yaml", "scenarios/gpt3-175b-1024xa100.yaml", "--engine", "analytic",
+               cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[1] if line.startswith("*") else line.split()[0]: line.startswith("*")
+            for line in proc.stdout.splitlines()[2:] if line.strip() and not line.startswith("* differs")}
+    assert rows["model"] and rows["tp"] and not rows["cp"] and not rows["precision"]
+    proc = cli("compare", "quickstart", "quickstart", "--tp", "4", "--engine", "analytic", "--json")
+    d = json.loads(proc.stdout)
+    assert d["differing_keys"] == [] and len(d["results"]) == 2
+
+
+def test_scenario_name_follows_the_overrides():
+    d = json.loads(cli("evaluate", "quickstart", "--preset", "llama-3.1-70b", "--tp", "8", "--engine", "analytic",
+                       "--json").stdout)
+    assert d["scenario"] == "quickstart-llama3-8b-64xh100 + preset=llama-3.1-70b, tp=8"
+
+
+def test_node_refills_dp_and_vpp_picks_the_schedule():
+    d = json.loads(cli("evaluate", "quickstart", "--node", "dgx-b200", "--nodes", "2", "--engine", "analytic",
+                       "--json").stdout)
+    assert d["devices"] == 16 and d["feasible"] is not None  # dp refilled: 16 / tp 2
+    proc = cli("evaluate", "scenarios/gpt3-175b-1024xa100.yaml", "--tp", "4", "--pp", "32", "--vpp", "1",
+               "--micro-batch", "2", "--engine", "analytic")
+    assert proc.returncode == 0 and "schedule=1f1b" in proc.stdout and "feasible   yes" in proc.stdout
+
+
+def test_an_infeasible_plan_shows_why_and_what_would_fit_not_a_step_time():
+    proc = cli("evaluate", "quickstart", "--tp", "1", "--micro-batch", "8", "--recompute", "none", "--engine",
+               "analytic")
+    assert proc.returncode == 0
+    out = proc.stdout
+    assert "NO: out of memory" in out and "What would fit" in out
+    before = out.split("The plan does not fit")[0]
+    assert "step time" not in before and "throughput" not in before and "$" not in before
+    change = out.split("What would fit")[1].splitlines()[3].split("  ")[0].split()
+    fixed = cli("evaluate", "quickstart", "--tp", "1", "--micro-batch", "8", "--recompute", "none", *change,
+                "--engine", "analytic", "--json")
+    assert json.loads(fixed.stdout)["feasible"] is True  # the suggested change does fit
+
+
+def test_the_report_has_a_row_per_stage_and_offload_per_node():
+    out = cli("evaluate", "scenarios/gpt3-175b-1024xa100.yaml", "--pp", "4", "--vpp", "1", "--zero-stage", "1",
+              "--offload-optimizer", "cpu", "--engine", "analytic").stdout
+    table = out.split("peak at stage")[1].split("\noffload")[0].splitlines()[3:]
+    assert [row.split()[0] for row in table] == ["0", "1", "2", "3"]
+    assert "offload    per node (8 devices): host RAM" in out
+
+
+def test_trace_prints_the_path_it_wrote(tmp_path):
+    proc = cli("evaluate", "quickstart", "--trace", "new/step.json", "--json", cwd=tmp_path)
+    assert proc.returncode == 0
+    assert str(tmp_path / "new" / "step.json") in proc.stderr and (tmp_path / "new" / "step.json").is_file()
+    json.loads(proc.stdout)  # stdout stays one JSON object
+
+
+def test_search_restrictions_and_collapsed_duplicates():
+    proc = cli("search", "--model", "megatron-gpt-1.7b", "--cluster", "dgx-a100", "--global-batch", "64", "--engine",
+               "analytic", "--no-offload", "--schedule", "1f1b", "--max-tp", "2", "--recompute", "none,full",
+               "--memory-headroom", "0.5", "--top", "20", "--json")
+    assert proc.returncode == 0, proc.stderr
+    plans = json.loads(proc.stdout)["plans"]
+    assert plans and all(p["tp"] <= 2 and p["schedule"] == "1f1b" and p["recompute"] in ("none", "full")
+                         and p["offload_optimizer"] == p["offload_params"] == p["offload_activations"] == "none"
+                         and p["peak_memory_gib"] <= 0.5 * p["memory_capacity_gib"] for p in plans)
+    numbers = [(p["step_time_s"], p["peak_memory_gib"], p["usd_per_million_tokens"]) for p in plans]
+    assert len(set(numbers)) == len(numbers)
+    assert "seconds" not in json.loads(proc.stdout) and "diagnostics" in json.loads(proc.stdout)
+
+
+BAD_FLAGS = [
+    (("search", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--global-batch", "1e21"), "--global-batch"),
+    (("search", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--global-batch", "64", "--tokens", "-1"),
+     "--tokens"),
+    (("search", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--global-batch", "64", "--precision", "fp7"),
+     "--precision"),
+    (("search", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--global-batch", "64", "--top", "0"), "--top"),
+    (("search", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--global-batch", "64", "--schedule", "zigzag"),
+     "--schedule"),
+    (("search", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--global-batch", "64", "--memory-headroom", "2"),
+     "--memory-headroom"),
+    (("evaluate", "quickstart", "--tp", "1e3"), "plan.tp"),
+    (("evaluate", "quickstart", "--tokens", "-1"), "training.tokens"),
+    (("evaluate", "quickstart", "--sequence-parallel", "maybe"), "plan.sequence_parallel"),
+    (("sweep", "sweeps/gpt3-175b-tp-pp", "-o", "x.csv", "--workers", "0"), "--workers"),
+    (("sweep", "sweeps/gpt3-175b-tp-pp", "-o", ".", "--workers", "1"), "-o"),
+    (("sweep", "sweeps/gpt3-175b-tp-pp", "-o", "x.csv", "--dask", "tcp://127.0.0.1:1", "--no-progress"), "--dask"),
+    (("evaluate", "no-such-scenario"), "file not found"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD_FLAGS, ids=[" ".join(a[:2] + a[-2:]) for a, _ in BAD_FLAGS])
+def test_bad_flags_exit_2_with_one_line(args, needle, tmp_path):
+    one_line_error(cli(*args, cwd=tmp_path), needle)
+
+
+@pytest.mark.parametrize("content", ["- a\n- b\n", "", "cluster: [1, 2]\n"])
+def test_search_cluster_files_that_are_not_mappings(tmp_path, content):
+    f = tmp_path / "c.yaml"
+    f.write_text(content)
+    one_line_error(cli("search", "--model", "gpt3-175b", "--cluster", str(f), "--global-batch", "64"), "--cluster")
+
+
+def test_a_sweep_whose_points_are_all_invalid_exits_2_with_the_first_reasons(tmp_path):
+    space = tmp_path / "s.yaml"
+    space.write_text("base_file: " + str(ROOT / "scenarios" / "quickstart.yaml") + "\nsweep:\n  plan.tp: [3, 5]\n")
+    proc = cli("sweep", str(space), "-o", str(tmp_path / "o.csv"), "--workers", "1", "--no-progress")
+    one_line_error(proc, "none of its 2 points", "first reasons: plan.dp")
+
+
+def test_a_second_sweep_into_the_same_output_is_one_line(tmp_path):
+    from simulator import sweep as sweep_fn  # noqa: F401
+    import importlib
+    store = importlib.import_module("simulator.sweep")._store(tmp_path / "o.csv", {}, print)
+    store.lock()
+    try:
+        proc = cli("sweep", "sweeps/gpt3-175b-tp-pp", "-o", str(tmp_path / "o.csv"), "--no-progress")
+    finally:
+        store.release()
+    one_line_error(proc, "another sweep is writing")
+
+
+def test_calibrate_to_a_name_writes_to_the_user_folder(tmp_path):
+    from simulator.cli import _calibration_output
+    os.environ["LLMSIM_HOME"] = str(tmp_path)
+    try:
+        assert _calibration_output("mybox") == tmp_path / "calibrated" / "mybox.yaml"
+        assert _calibration_output("profiles/mybox.yaml") == Path("profiles/mybox.yaml")
+    finally:
+        del os.environ["LLMSIM_HOME"]
+
+
+def test_user_calibrated_profiles_are_found_by_name(tmp_path):
+    import shutil
+    calibrated = tmp_path / "calibrated"
+    calibrated.mkdir()
+    shipped = ROOT / "hardware_profiles" / "calibrated"
+    for f in shipped.glob("cpu-epyc-2c*.yaml"):
+        text = f.read_text().replace("cpu-epyc-2c", "userbox")
+        (calibrated / f.name.replace("cpu-epyc-2c", "userbox")).write_text(text)
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("model: {preset: megatron-gpt-1.7b, layers: 2}\ncluster: {node: userbox-node}\n"
+                        "plan: {micro_batch: 1, global_batch: 2, precision: fp32}\n")
+    proc = cli("evaluate", str(scenario), "--engine", "analytic", "--json", LLMSIM_HOME=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["devices"] >= 1
+    shutil.rmtree(calibrated)
+
+
+def test_offload_per_node_is_the_offloaded_states_of_its_devices():
+    """ZeRO-3 over the 8 devices of one node: optimizer states (12 B/param) and fp32 gradients
+    (4 B/param) sharded 8 ways to NVMe, 16-bit weights (2 B/param) to host RAM, so the node
+    holds 16 B and 2 B per parameter of the model in all."""
+    from simulator.model import load_preset
+    from simulator.report import offload_bytes_per_node
+    from simulator import scenario_from_dict
+    params = load_preset("megatron-gpt-1.7b").params()
+    s = scenario_from_dict({"model": {"preset": "megatron-gpt-1.7b"}, "cluster": {"node": "dgx-a100"},
+                            "plan": {"dp": 8, "global_batch": 8, "zero_stage": 3,
+                                     "offload": {"optimizer": "nvme", "params": "cpu"}}})
+    off = offload_bytes_per_node(s)
+    assert off["nvme_bytes"] == pytest.approx(16 * params, rel=1e-12)
+    assert off["host_bytes"] == pytest.approx(2 * params, rel=1e-12)

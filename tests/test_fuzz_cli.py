@@ -1,0 +1,129 @@
+"""Hypothesis over scenario files: `llmsim evaluate` exits 0 with a result or 2 with one line,
+never a traceback or an internal error, and never takes more than 10 s. Run in-process (main()),
+kept small for CI; HYPOTHESIS_PROFILE=long runs more examples."""
+
+import contextlib
+import io
+import os
+import time
+from pathlib import Path
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simulator.cli import main
+
+TORCHTITAN = Path(__file__).parent / "data" / "imports" / "torchtitan-llama3_70b.toml"
+
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.register_profile("long", max_examples=2000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+BASE = {"model": {"preset": "megatron-gpt-1.7b"}, "cluster": {"node": "dgx-a100", "nodes": 1},
+        "plan": {"tp": 2, "pp": 2, "dp": 2, "micro_batch": 1, "global_batch": 8, "schedule": "1f1b",
+                 "recompute": "selective", "zero_stage": 1}, "training": {"tokens": 1.0e+10}}
+FIELDS = ["model.preset", "model.layers", "model.hidden", "model.heads", "model.kv_heads", "model.seq_len",
+          "model.vocab", "model.activation", "cluster.node", "cluster.nodes", "cluster.accelerator",
+          "cluster.devices_per_node", "plan.tp", "plan.pp", "plan.dp", "plan.cp", "plan.vpp", "plan.micro_batch",
+          "plan.global_batch", "plan.schedule", "plan.sequence_parallel", "plan.recompute", "plan.zero_stage",
+          "plan.precision", "plan.offload.optimizer", "plan.offload.params", "plan.offload.activations",
+          "plan.grad_precision", "plan.rank_order", "plan.flash_attention", "training.tokens",
+          "training.price_usd_per_device_hour", "plan.extra", "extra"]
+VALUES = st.one_of(
+    st.integers(-3, 130), st.sampled_from([0, 1, 2, 4, 8, 16, 64, 96, 2**31, 2**63, 10**30, 10**400]),
+    st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.none(),
+    st.sampled_from(["1f1b", "interleaved", "gpipe", "zb-h1", "none", "full", "cpu", "nvme", "bf16", "fp8",
+                     "auto", "gpt3-175b", "llama-3.1-8b", "dgx-h100", "mi300x", "tp-cp-dp-pp", "", "1e9", "ü"]),
+    st.lists(st.integers(0, 4), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+
+
+def _set(data, dotted, value):
+    node = data
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[parts[-1]] = value
+
+
+def _run(args):
+    out, err = io.StringIO(), io.StringIO()
+    start = time.monotonic()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(args)
+        except SystemExit as exc:  # argparse
+            rc = exc.code
+    return rc, out.getvalue(), err.getvalue(), time.monotonic() - start
+
+
+def _check(rc, out, err, seconds):
+    assert seconds < 10, seconds
+    assert "Traceback" not in err and "internal error" not in err, err
+    assert rc in (0, 2), (rc, err)
+    if rc == 2:
+        assert len(err.strip().splitlines()) == 1, err
+    else:
+        assert out
+
+
+@given(changes=st.lists(st.tuples(st.sampled_from(FIELDS), VALUES), max_size=4),
+       engine=st.sampled_from(["analytic", "graph"]))
+def test_evaluate_any_scenario_is_a_result_or_one_line(tmp_path_factory, changes, engine):
+    data = yaml.safe_load(yaml.safe_dump(BASE))
+    for dotted, value in changes:
+        _set(data, dotted, value)
+    path = tmp_path_factory.mktemp("fuzz") / "s.yaml"
+    try:
+        text = yaml.safe_dump(data, allow_unicode=True)
+    except (ValueError, OverflowError):
+        return
+    path.write_text(text, encoding="utf-8")
+    _check(*_run(["evaluate", str(path), "--engine", engine, "--json"]))
+
+
+@given(text=st.text(max_size=200))
+def test_evaluate_any_text_is_a_result_or_one_line(tmp_path_factory, text):
+    path = tmp_path_factory.mktemp("fuzz") / "s.yaml"
+    path.write_text(text, encoding="utf-8")
+    _check(*_run(["evaluate", str(path), "--engine", "analytic"]))
+
+
+@given(flag=st.sampled_from(["--tp", "--pp", "--global-batch", "--nodes", "--tokens", "--vpp", "--schedule",
+                             "--precision", "--zero-stage", "--micro-batch", "--offload-optimizer", "--cp"]),
+       value=st.one_of(st.integers(-5, 2**70).map(str), st.floats().map(repr),
+                       st.sampled_from(["1e21", "-1", "0", "nan", "inf", "true", "8.5", "", "auto", "010", "1:04"])),
+       imported=st.booleans())
+def test_any_flag_value_is_a_result_or_one_line(flag, value, imported):
+    source = ["--from", "torchtitan", str(TORCHTITAN), "--node", "dgx-h100"] if imported else ["quickstart"]
+    _check(*_run(["evaluate", *source, flag, value, "--engine", "analytic"]))
+
+
+CONSTRAINTS = st.sampled_from(["plan.tp * plan.pp <= 8", "plan.tp ** plan.pp < 100", "plan.recompute != 'none'",
+                               "plan.tp in [1, 2]", "plan.dp > 0", "plan.micro_batch // 0", "plan.zz > 1",
+                               "not plan.tp", "'a' * plan.tp == 'aa'", "plan.tp ** 2 ** 2 ** 9", "(", "x.y.z",
+                               "__import__('os')", "plan.tp.real", "[1][0]", "plan.global_batch % plan.dp == 0"])
+
+
+@given(axes=st.dictionaries(st.sampled_from(["plan.tp", "plan.pp", "plan.micro_batch", "plan.recompute",
+                                             "plan.zero_stage", "cluster.nodes", "plan.dp", "model.preset", "tp",
+                                             "plan.schedule"]),
+                            st.one_of(st.lists(VALUES, max_size=3), VALUES,
+                                      st.fixed_dictionaries({"range": st.lists(VALUES, max_size=3)}),
+                                      st.fixed_dictionaries({"pow2": st.lists(VALUES, max_size=3)})), max_size=3),
+       constraints=st.lists(CONSTRAINTS, max_size=2))
+def test_sweep_of_any_space_is_a_table_or_one_line(tmp_path_factory, axes, constraints):
+    folder = tmp_path_factory.mktemp("fuzz")
+    space = {"base": BASE, "sweep": axes, "constraints": constraints}
+    try:
+        text = yaml.safe_dump(space, allow_unicode=True)
+    except (ValueError, OverflowError):
+        return
+    (folder / "space.yaml").write_text(text, encoding="utf-8")
+    rc, out, err, seconds = _run(["sweep", str(folder / "space.yaml"), "-o", str(folder / "o.csv"), "--workers", "1",
+                                  "--no-progress"])
+    _check(rc, out, err, seconds)

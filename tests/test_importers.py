@@ -1,0 +1,198 @@
+"""Importers: real public configs (tests/data/imports, sources in SOURCES.md) become the scenario
+their authors ran, and every key of the source is accounted for."""
+
+import json
+import subprocess
+import sys
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from simulator import InputError, scenario_from_dict
+from simulator.importers import import_config
+from simulator.importers.common import flatten
+
+DATA = Path(__file__).parent / "data" / "imports"
+
+
+def _plan(imported, *keys):
+    return {k: imported.scenario["plan"].get(k) for k in keys}
+
+
+def _accounted(imported) -> list:
+    return [m["key"] for m in imported.mapped] + [m["key"] for m in imported.ignored + imported.unmapped]
+
+
+@pytest.mark.parametrize("name", ["torchtitan-llama3_8b.toml", "torchtitan-llama3_70b.toml",
+                                  "torchtitan-llama3_405b.toml"])
+def test_every_torchtitan_key_is_mapped_ignored_or_unmapped(name):
+    imported = import_config("torchtitan", DATA / name, {"cluster.node": "dgx-h100", "cluster.nodes": 8})
+    keys = set(flatten(tomllib.loads((DATA / name).read_text())))
+    accounted = _accounted(imported)
+    assert keys <= set(accounted)
+    assert len(imported.ignored + imported.unmapped) == len({m["key"] for m in imported.ignored + imported.unmapped})
+    scenario_from_dict(imported.scenario)  # a valid scenario
+
+
+def test_torchtitan_llama3_8b_is_fsdp_with_a_local_batch_of_one_per_rank():
+    imported = import_config("torchtitan", DATA / "torchtitan-llama3_8b.toml",
+                             {"cluster.node": "dgx-a100", "cluster.nodes": 8})  # "a preset for 64 A100 GPUs"
+    assert imported.scenario["model"] == {"preset": "llama-3.1-8b", "seq_len": 8192}
+    # batch_size 1 per data-parallel rank x 64 FSDP ranks; 1000 steps of 64 x 8192 tokens
+    assert _plan(imported, "tp", "pp", "cp", "dp", "zero_stage", "micro_batch", "global_batch", "recompute") == {
+        "tp": 1, "pp": 1, "cp": 1, "dp": "auto", "zero_stage": 3, "micro_batch": 1, "global_batch": 64,
+        "recompute": "selective"}
+    assert imported.scenario["training"]["tokens"] == 1000 * 64 * 8192
+    assert "training.compile" in [m["key"] for m in imported.unmapped]
+
+
+def test_torchtitan_llama3_405b_maps_float8_and_async_tp_and_reports_compile():
+    imported = import_config("torchtitan", DATA / "torchtitan-llama3_405b.toml",
+                             {"cluster.node": "dgx-h100", "cluster.nodes": 16})  # "a preset for 128 H100 GPUs"
+    assert _plan(imported, "tp", "sequence_parallel", "tp_comm_overlap", "precision", "recompute", "global_batch") == {
+        "tp": 8, "sequence_parallel": True, "tp_comm_overlap": True, "precision": "fp8", "recompute": "full",
+        "global_batch": 2 * 16}  # batch_size 2 x dp = 128 / 8
+    assert {"training.compile", "float8.enable_fsdp_float8_all_gather"} <= {m["key"] for m in imported.unmapped}
+
+
+def test_torchtitan_hsdp_and_layerwise_recompute_are_refused(tmp_path):
+    text = (DATA / "torchtitan-llama3_8b.toml").read_text()
+    hsdp = tmp_path / "hsdp.toml"
+    hsdp.write_text(text.replace("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2"))
+    with pytest.raises(InputError, match="HSDP"):
+        import_config("torchtitan", hsdp, {"cluster.node": "dgx-a100"})
+    layerwise = tmp_path / "ac.toml"
+    layerwise.write_text(text.replace("selective_ac_option = 'op'", "selective_ac_option = '2'"))
+    with pytest.raises(InputError, match="selective_ac_option"):
+        import_config("torchtitan", layerwise, {"cluster.node": "dgx-a100"})
+
+
+# Rows of shared/validation/nemo-dgxc-h100.csv, read by hand from the same runs' configs (ids there).
+NEMO_ROWS = {
+    "nemo-llama3.1_8b.yaml": ("dgxc-llama31-8b-bf16-8gpu", dict(
+        layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256, seq_len=8192, activation="swiglu",
+        tied_embeddings=False, tp=1, pp=1, cp=2, vpp=1, schedule="1f1b", micro_batch=1, global_batch=128,
+        sequence_parallel=False, recompute="none", zero_stage=1, precision="bf16", tp_comm_overlap=False,
+        dp_overlap=True, grad_precision="bf16", nodes=1, dp=4)),
+    "nemo-llama3.1_70b.yaml": ("dgxc-llama31-70b-bf16-64gpu", dict(
+        layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=128512, seq_len=8192, activation="swiglu",
+        tied_embeddings=False, tp=4, pp=4, cp=2, vpp=5, schedule="interleaved", micro_batch=1, global_batch=128,
+        sequence_parallel=True, recompute="none", zero_stage=1, precision="bf16", tp_comm_overlap=True,
+        dp_overlap=True, grad_precision="bf16", nodes=8, dp=2)),
+    "nemo-gpt3_175b_hydra.yaml": ("dgxc-gpt3-175b-fp8-128gpu", dict(
+        layers=96, hidden=12288, heads=96, kv_heads=96, ffn_hidden=49152, vocab=50688, seq_len=2048, activation="gelu",
+        tied_embeddings=True, tp=4, pp=8, cp=1, vpp=12, schedule="interleaved", micro_batch=1, global_batch=256,
+        sequence_parallel=True, recompute="none", zero_stage=1, precision="fp8", tp_comm_overlap=True,
+        dp_overlap=True, grad_precision="bf16", nodes=16, dp=4)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NEMO_ROWS))
+def test_nemo_configs_import_as_the_validation_rows_of_the_same_runs(name):
+    """The 70B launcher yaml is for 8 nodes, as the 64-GPU row; the 8B one for 1 node."""
+    _, want = NEMO_ROWS[name]
+    imported = import_config("megatron", DATA / name, {"cluster.node": "dgx-h100"})
+    s = scenario_from_dict(imported.scenario)
+    got = {**{k: getattr(s.model, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
+                                                 "seq_len", "activation", "tied_embeddings")},
+           **{k: getattr(s.plan, k) for k in ("tp", "pp", "cp", "vpp", "schedule", "micro_batch", "global_batch",
+                                                "sequence_parallel", "recompute", "zero_stage", "precision",
+                                                "tp_comm_overlap", "dp_overlap", "grad_precision", "dp")},
+           "nodes": s.cluster.nodes}
+    assert got == want
+    keys = set(flatten(yaml.safe_load((DATA / name).read_text())))
+    assert keys <= set(_accounted(imported))
+
+
+def test_nemo_squared_relu_is_refused():
+    with pytest.raises(InputError, match="model.activation"):
+        import_config("megatron", DATA / "nemo-nemotron4-15b-synth.yaml", {"cluster.node": "dgx-h100"})
+
+
+def test_megatron_launch_script_gives_gpt3_175b():
+    imported = import_config("megatron", DATA / "megatron-train_gpt3_175b_distributed.sh",
+                             {"cluster.node": "dgx-a100", "cluster.nodes": 128})
+    s = scenario_from_dict(imported.scenario)
+    assert (s.model.layers, s.model.hidden, s.model.heads, s.model.ffn_hidden, s.model.seq_len) == (
+        96, 12288, 96, 4 * 12288, 2048)
+    assert s.model.vocab == 51200  # GPT-2's 50257 padded to a multiple of 128 x TP 8
+    assert (s.plan.tp, s.plan.pp, s.plan.dp, s.plan.micro_batch, s.plan.global_batch, s.plan.precision) == (
+        8, 16, 8, 1, 1536, "fp16")
+    assert not s.plan.dp_overlap and s.plan.zero_stage == 0  # Megatron defaults without the flags
+    assert "rampup-batch-size" in [m["key"] for m in imported.unmapped]
+    assert {"lr", "save", "data-path"} <= {m["key"] for m in imported.ignored}
+
+
+def test_megatron_arguments_and_their_refusals():
+    args = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32", "--group-query-attention",
+            "--num-query-groups", "8", "--swiglu", "--seq-length", "4096", "--micro-batch-size", "2",
+            "--global-batch-size", "64", "--bf16", "--vocab-size", "32000", "--use-distributed-optimizer"]
+    imported = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args)
+    s = scenario_from_dict(imported.scenario)
+    assert (s.model.kv_heads, s.model.ffn_hidden, s.model.vocab) == (8, 10880, 32000)  # int(8*4096/3/64)*64
+    assert (s.plan.zero_stage, s.plan.precision, s.plan.global_batch) == (1, "bf16", 64)
+    with pytest.raises(InputError, match="num-experts"):
+        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + ["--num-experts", "8"])
+    with pytest.raises(InputError, match="recompute-num-layers"):
+        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + [
+            "--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "2"])
+
+
+def test_deepspeed_zero_infinity_offloads_to_nvme():
+    imported = import_config("deepspeed", DATA / "deepspeed-ds_zero_stage_infinity_config.json",
+                             {"model.preset": "megatron-gpt-7.5b", "cluster.node": "dgx-a100"})
+    assert _plan(imported, "zero_stage", "micro_batch", "global_batch", "precision", "grad_precision") == {
+        "zero_stage": 3, "micro_batch": 4, "global_batch": 4 * 1 * 8, "precision": "fp16", "grad_precision": "fp16"}
+    assert imported.scenario["plan"]["offload"] == {"optimizer": "nvme", "params": "nvme"}
+    assert "aio.block_size" in [m["key"] for m in imported.unmapped]
+    scenario_from_dict(imported.scenario)
+
+
+def test_deepspeed_legacy_cpu_offload_and_batch_from_the_total():
+    imported = import_config("deepspeed", DATA / "deepspeed-ds_zero2_cpu_offload_config.json",
+                             {"model.preset": "megatron-gpt-1.7b", "cluster.node": "dgx-a100"})
+    assert _plan(imported, "zero_stage", "micro_batch", "global_batch") == {
+        "zero_stage": 2, "micro_batch": 2, "global_batch": 16}  # 16 / (1 x 8)
+    assert imported.scenario["plan"]["offload"] == {"optimizer": "cpu"}
+    keys = set(flatten(json.loads((DATA / "deepspeed-ds_zero2_cpu_offload_config.json").read_text())))
+    assert keys <= set(_accounted(imported))
+
+
+def test_deepspeed_auto_values_are_refused(tmp_path):
+    f = tmp_path / "auto.json"
+    f.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2}}))
+    with pytest.raises(InputError, match="auto"):
+        import_config("deepspeed", f, {"model.preset": "megatron-gpt-1.7b", "cluster.node": "dgx-a100"})
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "simulator.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_evaluate_from_a_torchtitan_config_reports_what_it_does_not_model():
+    proc = _cli("evaluate", "--from", "torchtitan", str(DATA / "torchtitan-llama3_70b.toml"), "--node", "dgx-h100",
+                "--nodes", "8", "--engine", "analytic", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["feasible"] is True
+    assert "compile.enable" in proc.stderr and "not modelled" in proc.stderr
+
+
+def test_import_writes_a_scenario_that_evaluates(tmp_path):
+    out = tmp_path / "sub" / "gpt3.yaml"
+    proc = _cli("import", "megatron", str(DATA / "megatron-train_gpt3_175b_distributed.sh"), "--node", "dgx-a100",
+                "--nodes", "128", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "UNMAPPED  rampup-batch-size" in proc.stdout
+    proc = _cli("evaluate", str(out), "--engine", "analytic", "--json")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_import_without_hardware_is_one_clean_line():
+    proc = _cli("import", "torchtitan", str(DATA / "torchtitan-llama3_8b.toml"))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "--node" in proc.stderr
