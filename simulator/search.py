@@ -33,6 +33,7 @@ from .hardware import Cluster, cluster_from_dict
 from .model import ModelSpec, model_from_dict
 from .plan import Offload, Plan, validate
 from .scenario import Scenario, Training
+from .table import plan_columns
 from .vector import evaluate_batch, PlanBatch, SIZES
 
 OBJECTIVES = {  # column, ascending
@@ -137,15 +138,8 @@ def _settings(model: ModelSpec, cluster: Cluster, shape: Plan, opts: SearchOptio
 def _plan_columns(batch: PlanBatch, model: ModelSpec, cluster: Cluster) -> dict:
     """The resolved-plan columns of simulator.table for a batch."""
     n = len(batch)
-    cols = {"model": model.name, "accelerator": cluster.accelerator.name, "node": cluster.node.name,
-            "nodes": cluster.nodes, "devices": cluster.devices}
-    cols.update({k: getattr(batch, k) for k in SIZES})
-    cols["microbatches"] = batch.microbatches
-    cols.update(schedule=batch.schedule, sequence_parallel=batch.sequence_parallel, recompute=batch.recompute,
-                zero_stage=batch.zero_stage, precision=batch.precision, offload_optimizer=batch.offload.optimizer,
-                offload_params=batch.offload.params, offload_activations=batch.offload.activations,
-                flash_attention=batch.flash_attention)
-    return {k: np.broadcast_to(v, (n,)) if np.ndim(v) == 0 else v for k, v in cols.items()}
+    return {k: np.broadcast_to(v, (n,)) if np.ndim(v) == 0 else v
+            for k, v in plan_columns(model, cluster, batch).items()}
 
 
 def _result_columns(d: dict) -> dict:

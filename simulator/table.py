@@ -42,18 +42,23 @@ INT64 = (-2**63, 2**63 - 1)
 DROPPED = ("scenario", "flop_convention", "devices", "global_batch", "seq_len", "diagnostics")
 
 
+def plan_columns(model, cluster, plan) -> dict:
+    """The resolved description of a valid plan (a Plan, or a batch of plans with array sizes)."""
+    out = {"model": model.name, "accelerator": cluster.accelerator.name, "node": cluster.node.name,
+           "nodes": cluster.nodes, "devices": cluster.devices}
+    for column in PLAN_COLUMNS:
+        if column in out:
+            continue
+        if column.startswith("offload_"):
+            out[column] = getattr(plan.offload, column[len("offload_"):])
+        else:
+            out[column] = getattr(plan, column)
+    return out
+
+
 def plan_row(scenario) -> dict:
     """The resolved description of a valid scenario."""
-    p, c = scenario.plan, scenario.cluster
-    return {
-        "model": scenario.model.name, "accelerator": c.accelerator.name, "node": c.node.name, "nodes": c.nodes,
-        "devices": c.devices, "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "vpp": p.vpp,
-        "micro_batch": p.micro_batch, "global_batch": p.global_batch, "microbatches": p.microbatches,
-        "schedule": p.schedule, "sequence_parallel": p.sequence_parallel, "recompute": p.recompute,
-        "zero_stage": p.zero_stage, "precision": p.precision, "offload_optimizer": p.offload.optimizer,
-        "offload_params": p.offload.params, "offload_activations": p.offload.activations,
-        "flash_attention": p.flash_attention,
-    }
+    return plan_columns(scenario.model, scenario.cluster, scenario.plan)
 
 
 def raw_plan_row(data: Mapping) -> dict:
