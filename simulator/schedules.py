@@ -318,10 +318,11 @@ class Interleaved(Schedule):
         return m * t.pick(tuple(t.total(i) for i in range(len(t.f)))) + t.others(t.total) / v
 
 
-class ZBH1(Schedule):
+class ZBH1(OneFOneB):
     """ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Sec. 3.1): the backward
     pass split into I (input gradient) and W (weight gradient); W passes fill the drain while
-    the micro-batches in flight stay those of 1F1B. Built as the paper's unit-time list
+    the micro-batches in flight stay those of 1F1B, whose order its forwards and input-gradient
+    passes keep (so it inherits 1F1B's in-flight and offload counts). Built as the paper's unit-time list
     schedule for F = I = W: in each slot a stage runs I if its gradient has arrived, else F
     while fewer than p - i micro-batches are in flight, else a waiting W; up to p - 1 W
     passes are postponed."""
@@ -358,14 +359,6 @@ class ZBH1(Schedule):
                     nw[i] += 1
             t += 1
         return out
-
-    def in_flight(self, p, m, v, stage):
-        n = np.minimum(np.asarray(p) - stage, m)
-        return n, n
-
-    def offloaded_chunks(self, p, m, v, stage):
-        # ZB-H1's forwards and input-gradient passes come in 1F1B's order (W passes aside)
-        return _one_f_one_b_offloaded(m, np.minimum(np.asarray(p) - stage - 1, m))
 
     def step_s(self, t, p, m, v):
         # The last micro-batch's backward drains through the p-1 other stages (f + b each, as
