@@ -92,7 +92,8 @@ def step_breakdown(layout: Layout) -> dict:
     recompute = pick([x.recompute_s for x in passes])
     tp = pick([x.tp_fwd_s + x.tp_bwd_s + x.tp_recompute_s for x in passes])
     cp = pick([x.cp_fwd_s + x.cp_bwd_s + x.cp_recompute_s for x in passes])
-    busy = m * (compute + recompute + tp + cp + sends)
+    ep = pick([x.ep_fwd_s + x.ep_bwd_s + x.ep_recompute_s for x in passes])
+    busy = m * (compute + recompute + tp + cp + ep + sends)
     counted = [np.asarray(r.count) > 0 for r in reps]
     period = pick([times.total(i) for i in range(len(reps))])
     dp = np.maximum.reduce(np.broadcast_arrays(*[np.where(c, _dp_exposed_s(layout, r, times, i), 0.0)
@@ -112,6 +113,7 @@ def step_breakdown(layout: Layout) -> dict:
         "recompute": m * recompute,
         "tp_comm": m * tp,
         "cp_comm": m * cp,
+        "ep_comm": m * ep,
         "pp_comm": m * sends,
         "dp_comm": dp,
         "pipeline_bubble": np.maximum(0.0, pipeline - busy),
