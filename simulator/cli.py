@@ -18,7 +18,7 @@ FIELD_FLAGS = {
     "model": ["preset", "hf-config", "layers", "hidden", "heads", "kv-heads", "ffn-hidden", "vocab", "seq-len",
               "activation", "norm", "position-embedding", "bias", "tied-embeddings", "dropout"],
     "cluster": ["accelerator", "nodes", "devices-per-node", "node", "network"],
-    "plan": ["tp", "pp", "dp", "cp", "vpp", "micro-batch", "global-batch", "schedule", "sequence-parallel",
+    "plan": ["tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro-batch", "global-batch", "schedule", "sequence-parallel",
              "recompute", "zero-stage", "precision", "flash-attention", "dp-overlap", "tp-comm-overlap",
              "grad-precision", "rank-order"],
     "plan.offload": ["optimizer", "params", "activations"],
@@ -193,6 +193,8 @@ def render_result(d: dict, scenario) -> str:
         f"plan       tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} vpp={p.vpp} micro_batch={p.micro_batch} "
         f"global_batch={p.global_batch} ({p.microbatches} micro-batches) schedule={p.schedule} "
         f"sp={p.sequence_parallel} recompute={p.recompute} zero={p.zero_stage} {p.precision}",
+        *([f"experts    {m.shape_summary()}, ep={p.ep} etp={p.etp}; {d['active_parameters'] / 1e9:.2f} B of "
+           f"{d['parameters'] / 1e9:.2f} B params active per token"] if m.experts else []),
         "",
         f"feasible   {'yes' if d['feasible'] else 'NO: ' + d['reason']}",
         f"step time  {_human_time(d['step_time_s'])}",
@@ -373,13 +375,14 @@ def cmd_search(args) -> int:
           f"ranked by {args.objective} ({result.ranked_by}) in {result.seconds:.1f} s")
     for note in result.notes:
         print("note: " + note)
-    rows = [(r.rank, r.tp, r.pp, r.dp, r.cp, r.vpp, r.micro_batch, r.schedule, "y" if r.sequence_parallel else "n",
+    rows = [(r.rank, r.tp, r.pp, r.dp, r.cp, f"{r.ep}/{r.etp}", r.vpp, r.micro_batch, r.schedule,
+             "y" if r.sequence_parallel else "n",
              r.recompute, r.zero_stage, "/".join(x for x in (r.offload_optimizer, r.offload_params,
                                                                r.offload_activations)),
              _human_time(r.step_time_s), f"{r.tokens_per_s:,.0f}", f"{100 * r.mfu:.1f}%",
              f"{r.peak_memory_gib:.1f}", f"{r.usd_per_million_tokens:.3g}")
             for r in df.itertuples(index=False)]
-    print(_fmt_table(rows, ("#", "tp", "pp", "dp", "cp", "vpp", "mb", "schedule", "sp", "recompute", "zero",
+    print(_fmt_table(rows, ("#", "tp", "pp", "dp", "cp", "ep/etp", "vpp", "mb", "schedule", "sp", "recompute", "zero",
                             "offload opt/par/act", "step", "tokens/s", "MFU", "GiB", "$/M tok")))
     return 0
 
