@@ -23,17 +23,28 @@ def _category(parts) -> str:
     return max(parts, key=lambda kv: kv[1])[0] if parts else "other"
 
 
+EP = "ep"  # the exposed MoE dispatch inside a pass, drawn on a thread of its own (MoE models only)
+
+
 def timeline(ex: Execution):
     """pandas DataFrame, one row per task: task, name, stage, stream, start_s, end_s,
-    duration_s, category (its largest breakdown part); blocking sends as p2p rows."""
+    duration_s, category (its largest breakdown part); blocking sends as p2p rows; a pass's
+    exposed MoE all-to-all (its ep_comm part, spread over its layers) as an `ep` row at the
+    pass's end."""
     import pandas as pd
 
     g = ex.graph
     rows = []
     for t in range(len(g.dur)):
         stream = STREAMS[g.stream[t] % NS]
+        ran = ex.end_s[t] - ex.start_s[t]
         rows.append((t, task_name(g.name[t]), g.stage[t], stream, ex.start_s[t], ex.end_s[t],
-                     ex.end_s[t] - ex.start_s[t], _category([kv for kv in g.parts[t] if kv[0] != "pp_comm"])))
+                     ran, _category([kv for kv in g.parts[t] if kv[0] != "pp_comm"])))
+        ep = sum(sec for cat, sec in g.parts[t] if cat == "ep_comm")
+        if ep > 0:
+            ep *= ran / g.dur[t]  # as stretched by contention
+            rows.append((t, "all-to-all " + task_name(g.name[t]), g.stage[t], EP, ex.end_s[t] - ep, ex.end_s[t], ep,
+                         "ep_comm"))
         if ex.post_s[t] > 0:
             rows.append((t, "send " + task_name(g.name[t]), g.stage[t], STREAMS[P2P], ex.end_s[t],
                          ex.end_s[t] + ex.post_s[t], ex.post_s[t], "pp_comm"))
@@ -49,10 +60,12 @@ def chrome_trace(ex: Execution, title: str = "") -> dict:
         events.append({"ph": "M", "name": "process_name", "pid": i, "tid": 0,
                        "args": {"name": f"pipeline stage {i}"}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": i, "tid": 0, "args": {"sort_index": i}})
-        for k, s in enumerate(STREAMS):
-            events.append({"ph": "M", "name": "thread_name", "pid": i, "tid": k, "args": {"name": s}})
     df = timeline(ex)
-    tid = {s: k for k, s in enumerate(STREAMS)}
+    threads = STREAMS + ((EP,) if (df.stream == EP).any() else ())
+    for i in range(g.p):
+        for k, s in enumerate(threads):
+            events.append({"ph": "M", "name": "thread_name", "pid": i, "tid": k, "args": {"name": s}})
+    tid = {s: k for k, s in enumerate(threads)}
     for r in df.itertuples(index=False):
         events.append({"name": r.name, "cat": r.category, "ph": "X", "pid": int(r.stage), "tid": tid[r.stream],
                        "ts": r.start_s * US, "dur": r.duration_s * US, "args": {"task": int(r.task)}})

@@ -188,3 +188,15 @@ def test_a_plan_the_experts_cannot_run_is_one_line_naming_the_field(model, plan,
     with pytest.raises(InputError, match="^" + field.replace(".", r"\.") + ": ") as err:
         _scenario(model, **plan)
     assert "\n" not in str(err.value)
+
+
+def test_the_trace_shows_the_exposed_all_to_all_of_each_pass_on_an_ep_thread(tmp_path):
+    from simulator.trace import trace_timeline, write_trace
+    s = _scenario(MIXTRAL, ep=8, global_batch=16)
+    trace = write_trace(s, str(tmp_path / "t.json"))
+    df = trace_timeline(trace)
+    ep = df[df.stream == "ep"]
+    r = evaluate(s, "graph")
+    # the forward and the backward pass of each of the 2 micro-batches per replica
+    assert set(ep.name) == {"all-to-all F0.0", "all-to-all F0.1", "all-to-all B0.0", "all-to-all B0.1"}
+    assert ep.duration_s.sum() == pytest.approx(r.breakdown_s["ep_comm"], rel=1e-6)
