@@ -8,13 +8,12 @@ DeepSeek-V3 report's mapping (arXiv 2412.19437 Sec. 3.2), on 128 DGX H100 nodes.
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_engine import best_ms  # noqa: E402  (benchmarks/ is on the path of a script run from it)
 from simulator import evaluate, scenario_from_dict  # noqa: E402
 
 DEEPSEEK = {"model": {"preset": "deepseek-v3", "mtp_layers": 0, "layers": 64},
@@ -24,15 +23,6 @@ DEEPSEEK = {"model": {"preset": "deepseek-v3", "mtp_layers": 0, "layers": 64},
 DENSE = {"model": {"preset": "llama-3.1-70b"}, "cluster": {"node": "dgx-h100", "nodes": 128},
          "plan": {"tp": 8, "pp": 16, "micro_batch": 1, "global_batch": 4096, "zero_stage": 1,
                   "sequence_parallel": True}}
-
-
-def best_ms(fn, repeat):
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * min(times), 1e3 * statistics.median(times)
 
 
 def main() -> None:
