@@ -40,7 +40,6 @@ DIMS: dict[str, Dim] = {d.name: d for d in (
     Dim("ep", "ep", "the routed experts of every MoE layer", False),
     Dim("etp", "etp", "the matrices of every routed expert", False),
 )}
-DENSE_ORDER_DIMS = ("tp", "cp", "dp", "pp")  # the dimensions plan.rank_order orders
 
 
 @dataclass(frozen=True)
@@ -82,12 +81,11 @@ def expert_order(rank_order: str, folding: bool = True) -> str:
 
 
 def expert_sizes(plan) -> dict:
-    """Sizes in the expert layout: etp, ep, the expert data-parallel degree edp (with cp,
-    without folding, where the expert gradients reduce over dp/ep x cp ranks: devices /
-    (pp·ep·etp) ranks either way), and pp."""
+    """Sizes in the expert layout (expert_order). Folded: etp, ep, the expert data-parallel
+    degree edp and pp; without folding cp stays and edp = dp/ep (the expert gradients then
+    reduce over the dp/ep x cp ranks: the same devices / (pp·ep·etp) replicas)."""
     if plan.moe.folding:
-        edp = plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp)
-        return {"etp": plan.etp, "ep": plan.ep, "edp": edp, "pp": plan.pp}
+        return {"etp": plan.etp, "ep": plan.ep, "edp": expert_grad_group_size(plan), "pp": plan.pp}
     return {"etp": plan.etp, "cp": plan.cp, "ep": plan.ep, "edp": plan.dp // plan.ep, "pp": plan.pp}
 
 

@@ -43,6 +43,12 @@ behind another micro-batch's backward pass of the same layer and vice versa. The
 applied to every pass; the warm-up and cool-down passes of a pipeline, which have no partner,
 are not told apart (an optimistic bound).
 
+Memory: each operator keeps what its backward pass reads (the router's input and fp32
+scores, the gathered rows entering fc1, the activation's input, fc2's input, the routed copies
+the un-permutation weights), and one layer's send, receive and ETP-gathered buffers are alive
+at once (moe_buffer_bytes). Full recomputation re-runs the layer, dispatch included; Megatron's
+finer recompute modules (moe_act, shared_experts, mla_up_proj) are not modelled.
+
 Parameters: the routed experts are split over ep (whole experts) and etp (each expert's
 columns), replicated over the expert data-parallel group (devices / (pp·ep·etp)), which
 reduces their gradients and over which ZeRO shards their states (dims.expert_grad_group_size);
@@ -177,8 +183,8 @@ def stage_layer_mix(model, p, v, holds_first_layers):
     per_device = model.layers / np.asarray(p)
     if not model.experts:
         return per_device, 0.0 * per_device
-    moe = per_device / model.moe_layer_freq - np.asarray(holds_first_layers) * -(-model.dense_layers //
-                                                                                  model.moe_layer_freq)
+    dense_periods = -(-model.dense_layers // model.moe_layer_freq)  # ceil
+    moe = per_device / model.moe_layer_freq - np.asarray(holds_first_layers) * dense_periods
     return per_device - moe, moe
 
 
@@ -228,7 +234,8 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
         _elementwise("moe_permute", sent * h, 2 * a, 0.0),
         _elementwise("moe_sort_chunks", sort * rows * h, 2 * a, 0.0),
         grouped("expert_fc1", h, (2 if gated else 1) * f, a * rows * h),
-        _elementwise("expert_" + model.activation, rows * f, (3 if gated else 2) * a, (2 if gated else 1) * a * rows * f),
+        _elementwise("expert_" + model.activation, rows * f, (3 if gated else 2) * a,
+                     (2 if gated else 1) * a * rows * f),
         grouped("expert_fc2", f, h, a * rows * f),
         _elementwise("moe_unsort_chunks", sort * rows * h, 2 * a, 0.0),
         # weighted sum over the top-k copies: reads them and the probabilities, keeps the
@@ -267,8 +274,9 @@ def dispatch_comm_s(model, shard, experts: ExpertShard, groups, cluster):
             collective_time("reduce_scatter", full, groups.ep_etp, cluster)
     sent = a * h * dispatched_rows(model, tokens, o)
     gathered = experts.etp * sent
-    return 2 * all_to_all_time(sent, groups.ep, cluster) + collective_time("all_gather", gathered, groups.etp, cluster) \
-        + collective_time("reduce_scatter", gathered, groups.etp, cluster)
+    etp = collective_time("all_gather", gathered, groups.etp, cluster) + \
+        collective_time("reduce_scatter", gathered, groups.etp, cluster)
+    return 2 * all_to_all_time(sent, groups.ep, cluster) + etp
 
 
 def exposed_dispatch_s(comm_s, moe_layer, shared, options: MoEOptions):

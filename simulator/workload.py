@@ -120,8 +120,7 @@ def layer_ops(model: ModelSpec, shard: Shard, experts=None) -> list[Op]:
     attention block (multi-head latent attention in mla.py), and a dense MLP of width
     ffn_hidden, or with `experts` (a moe.ExpertShard) the routed experts of an MoE layer
     (moe.py)."""
-    b, t, a = shard.micro_batch, shard.tp, shard.act_bytes
-    h = model.hidden
+    a, h = shard.act_bytes, model.hidden
     rep = shard.replicated_tokens
     drop = 1 if model.dropout else 0
     norm_bytes = 4 * a if model.norm == "layernorm" else 3 * a
@@ -291,6 +290,6 @@ def executed_flops_per_sequence(model: ModelSpec, flash_attention: bool, recompu
     total = (model.layers - model.moe_layers) * executed(layer_ops(model, shard)) + \
         sum(op.flops for op in head_ops(model, shard))
     if model.moe_layers:
-        balanced = (moe_options.balanced() if moe_options is not None else None)
+        balanced = moe_options.balanced() if moe_options is not None else None
         total += model.moe_layers * executed(_moe_layer_ops(model, shard, balanced))
     return float(total)
