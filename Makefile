@@ -21,6 +21,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_evaluate.py
 	$(BIN)/python benchmarks/bench_engine.py
 	$(BIN)/python benchmarks/bench_sweep.py
+	$(BIN)/python benchmarks/bench_moe.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

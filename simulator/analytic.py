@@ -73,7 +73,24 @@ def _dp_exposed_s(layout: Layout, r: StageLayout, times: StageTimes, i: int):
         per_mb = d.mb_gather_s + d.mb_reduce_s
         tail, head = d.step_reduce_s, d.step_gather_s
     slack_end, slack_start = r.stage * b / v, r.stage * f / v
-    return layout.m * per_mb + np.maximum(0.0, tail - slack_end) + np.maximum(0.0, head - slack_start)
+    exposed = layout.m * per_mb + np.maximum(0.0, tail - slack_end) + np.maximum(0.0, head - slack_start)
+    return exposed, np.maximum(0.0, slack_end - tail)
+
+
+def _end_of_step(layout: Layout, times: StageTimes, counted) -> tuple:
+    """(dp_comm, optimizer) seconds past the pipeline: each stage ends with its exposed
+    data-parallel traffic and then its optimizer step, which starts early by the slack left
+    after its gradient reduction (a stage ends its passes r.stage backward passes before
+    stage 0); the step ends with the last stage to finish, as in the graph engine."""
+    dp, opt = [], []
+    for i, (r, c) in enumerate(zip(layout.stages, counted)):
+        exposed, spare = _dp_exposed_s(layout, r, times, i)
+        dp.append(np.where(c, exposed, 0.0))
+        opt.append(np.where(c, np.maximum(0.0, r.optimizer_s - spare), 0.0))
+    ends = np.stack(np.broadcast_arrays(*[d + o for d, o in zip(dp, opt)]))
+    last = np.argmax(ends, axis=0)
+    pick = lambda values: np.choose(last, np.broadcast_arrays(*values))  # noqa: E731
+    return pick(dp), pick(opt)
 
 
 def step_breakdown(layout: Layout) -> dict:
@@ -92,13 +109,11 @@ def step_breakdown(layout: Layout) -> dict:
     recompute = pick([x.recompute_s for x in passes])
     tp = pick([x.tp_fwd_s + x.tp_bwd_s + x.tp_recompute_s for x in passes])
     cp = pick([x.cp_fwd_s + x.cp_bwd_s + x.cp_recompute_s for x in passes])
-    busy = m * (compute + recompute + tp + cp + sends)
+    ep = pick([x.ep_fwd_s + x.ep_bwd_s + x.ep_recompute_s for x in passes])
+    busy = m * (compute + recompute + tp + cp + ep + sends)
     counted = [np.asarray(r.count) > 0 for r in reps]
     period = pick([times.total(i) for i in range(len(reps))])
-    dp = np.maximum.reduce(np.broadcast_arrays(*[np.where(c, _dp_exposed_s(layout, r, times, i), 0.0)
-                                                 for i, (r, c) in enumerate(zip(reps, counted))]))
-    optimizer = np.maximum.reduce(np.broadcast_arrays(*[np.where(c, r.optimizer_s, 0.0)
-                                                        for r, c in zip(reps, counted)]))
+    dp, optimizer = _end_of_step(layout, times, counted)
     offload = np.maximum.reduce(np.broadcast_arrays(*[
         np.where(c, exposed_offload_s(r.offload, layout.v, m,
                                       layout.schedule.offloaded_chunks(layout.p, m, layout.v, r.stage)
@@ -112,6 +127,7 @@ def step_breakdown(layout: Layout) -> dict:
         "recompute": m * recompute,
         "tp_comm": m * tp,
         "cp_comm": m * cp,
+        "ep_comm": m * ep,
         "pp_comm": m * sends,
         "dp_comm": dp,
         "pipeline_bubble": np.maximum(0.0, pipeline - busy),

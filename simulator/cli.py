@@ -23,7 +23,7 @@ FIELD_FLAGS = {
     "model": ["preset", "hf-config", "layers", "hidden", "heads", "kv-heads", "ffn-hidden", "vocab", "seq-len",
               "activation", "norm", "position-embedding", "bias", "tied-embeddings", "dropout"],
     "cluster": ["accelerator", "nodes", "devices-per-node", "node", "network"],
-    "plan": ["tp", "pp", "dp", "cp", "vpp", "micro-batch", "global-batch", "schedule", "sequence-parallel",
+    "plan": ["tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro-batch", "global-batch", "schedule", "sequence-parallel",
              "recompute", "zero-stage", "precision", "flash-attention", "dp-overlap", "tp-comm-overlap",
              "grad-precision", "rank-order"],
     "plan.offload": ["optimizer", "params", "activations"],
@@ -565,7 +565,8 @@ def cmd_search(args) -> int:
           f"ranked by {args.objective} ({result.ranked_by})")
     for note in result.notes:
         print("note: " + note)
-    rows = [(r.rank, r.tp, r.pp, r.dp, r.cp, r.vpp, r.micro_batch, r.schedule, "y" if r.sequence_parallel else "n",
+    rows = [(r.rank, r.tp, r.pp, r.dp, r.cp, f"{r.ep}/{r.etp}", r.vpp, r.micro_batch, r.schedule,
+             "y" if r.sequence_parallel else "n",
              r.recompute, r.zero_stage, "/".join(x for x in (r.offload_optimizer, r.offload_params,
                                                                r.offload_activations)),
              _human_time(r.step_time_s), f"{r.tokens_per_s:,.0f}", f"{100 * r.mfu:.1f}%",
@@ -573,8 +574,8 @@ def cmd_search(args) -> int:
             for r in df.itertuples(index=False)]
     if len(df) and (df["equivalent_plans"] > 1).any():
         print("note: 'same as' counts the enumerated plans with these identical numbers (the first one is shown)")
-    print(_fmt_table(rows, ("#", "tp", "pp", "dp", "cp", "vpp", "mb", "schedule", "sp", "recompute", "zero",
-                            "offload opt/par/act", "step", "tokens/s", "MFU", "GiB", "$/M tok", "same as")))
+    print(_fmt_table(rows, ("#", "tp", "pp", "dp", "cp", "ep/etp", "vpp", "mb", "schedule", "sp", "recompute",
+                            "zero", "offload opt/par/act", "step", "tokens/s", "MFU", "GiB", "$/M tok", "same as")))
     return 0
 
 

@@ -85,3 +85,26 @@ def send_recv_time(nbytes, crosses_domain, cluster: Cluster):
     t_up = up.latency_s + nbytes / up.bus_bytes_per_s
     t_out = out.latency_s + nbytes / out.bus_bytes_per_s
     return np.where(crosses_domain, t_out, t_up)
+
+
+def all_to_all_time(nbytes, group: Placement, cluster: Cluster):
+    """Seconds for an all-to-all in which every rank scatters `nbytes` evenly over the group
+    (its own 1/n share stays put).
+
+    Pairwise exchange (Thakur, Rabenseifner and Gropp 2005, "Optimization of Collective
+    Communication Operations in MPICH", IJHPCA 19(1), Sec. 3.4): n-1 steps, each rank sends
+    S/n to one peer per step: (n-1)·alpha + (n-1)/n·S/B. nccl-tests reports the same
+    (n-1)/n·S per rank as all-to-all bus bandwidth (NVIDIA/nccl-tests doc/PERFORMANCE.md,
+    "alltoall": busBw = algBw·(n-1)/n). Across scale-up domains NCCL posts every peer's
+    send and receive at once (ncclGroupStart/End around ncclSend/ncclRecv): the shares for
+    the g-1 peers of the rank's own domain cross the scale-up links while those for the n-g
+    peers elsewhere cross the rank's share of the NICs, at the same time, so the slower of
+    the two bounds the collective.
+    """
+    up, out = cluster.node.scaleup, cluster.scaleout
+    n = np.asarray(group.size, dtype=float)
+    g = np.asarray(group.local, dtype=float)
+    share = nbytes / np.maximum(n, 1)
+    intra = (g - 1) * (up.latency_s + share / up.bus_bytes_per_s)
+    inter = (n - g) * (out.latency_s + share / out.bus_bytes_per_s)
+    return np.where(n > 1, np.maximum(intra, inter), 0.0)

@@ -16,9 +16,13 @@ from .hardware import Accelerator, Efficiency
 from .workload import ATTENTION, MATMUL, Op
 
 
-def _work_time(work, rate: float, eff: Efficiency):
-    """Seconds to do `work` (FLOPs or bytes) at `rate`·eff(work); zero work takes no time."""
-    return np.where(np.asarray(work) > 0, (work + eff.half) / (rate * eff.max), 0.0)
+def _work_time(work, rate: float, eff: Efficiency, kernels=1):
+    """Seconds to do `work` (FLOPs or bytes) at `rate`·eff(work); zero work takes no time.
+    Split into `kernels` equal kernels (an MoE layer's local experts), each runs at the
+    efficiency of its own size: sum of (work/k + half) = work + k·half."""
+    if isinstance(work, float) and isinstance(kernels, (int, float)):  # one plan: numpy's overhead dominates
+        return (work + kernels * eff.half) / (rate * eff.max) if work > 0 else 0.0
+    return np.where(np.asarray(work) > 0, (work + kernels * eff.half) / (rate * eff.max), 0.0)
 
 
 # Kernel class of each memory-bound workload operator, for a profile's optional
@@ -28,6 +32,10 @@ MEMORY_KERNELS = {
     "attn_residual": "residual", "mlp_residual": "residual",
     "gelu": "gelu", "swiglu": "swiglu", "rope": "rope", "softmax": "softmax", "attn_dropout": "dropout",
     "embedding": "embedding", "cross_entropy": "cross_entropy",
+    # GeGLU and the MoE layer's activations move the bytes of the dense kernel of their kind
+    "geglu": "swiglu", "shared_swiglu": "swiglu", "shared_geglu": "swiglu", "shared_gelu": "gelu",
+    "expert_swiglu": "swiglu", "expert_geglu": "swiglu", "expert_gelu": "gelu",
+    "mla_q_norm": "norm", "mla_kv_norm": "norm",
 }
 
 
@@ -46,7 +54,8 @@ def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
     if op.kind in (MATMUL, ATTENTION):
         peak = acc.peak(precision)
         eff = acc.attention if op.kind == ATTENTION else acc.matmul
-        flops_s = [_work_time(x, peak, eff) for x in (op.fwd_flops, op.bwd_input_flops, op.bwd_weight_flops)]
+        flops_s = [_work_time(x, peak, eff, op.kernels) for x in (op.fwd_flops, op.bwd_input_flops,
+                                                                  op.bwd_weight_flops)]
         mem = acc.memory
     else:
         flops_s = [0.0, 0.0, 0.0]

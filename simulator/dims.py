@@ -4,8 +4,9 @@ A dimension knows the plan field giving its size, what its members split, whethe
 hold the same weights (then they reduce gradients together and ZeRO shards the model
 states over them), and which collective group it forms. Ranks are laid out innermost-first
 in `plan.rank_order` (Megatron-LM's default tp-cp-dp-pp), which decides whether a group
-stays inside a scale-up domain (comm.placement). Adding a dimension (expert parallelism,
-say) is adding an entry here and the physics of what it splits.
+stays inside a scale-up domain (comm.placement). Adding a dimension is adding an
+entry here and the physics of what it splits. The expert dimensions (ep, etp) live in
+Megatron-Core's second, expert rank layout over the same devices (expert_order).
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ DIMS: dict[str, Dim] = {d.name: d for d in (
     Dim("cp", "cp", "the sequence", True),
     Dim("dp", "dp", "the batch", True),
     Dim("pp", "pp", "the layers (pipeline stages)", False),
+    # Mixture-of-Experts (moe.py): the routed experts of each MoE layer over EP ranks, each
+    # expert's matrices over ETP ranks (Megatron-Core expert_model_parallel_size and
+    # expert_tensor_parallel_size). They live in the expert layout (expert_sizes), carved
+    # out of the tp x cp x dp devices of a pipeline stage.
+    Dim("ep", "ep", "the routed experts of every MoE layer", False),
+    Dim("etp", "etp", "the matrices of every routed expert", False),
 )}
 
 
@@ -43,6 +50,12 @@ class Groups:
     cp: Placement
     grad: Placement  # dimensions replicating the weights (dp x cp): gradient reduction, ZeRO sharding
     pp: Placement
+    # expert layout (expert_order): EP all-to-all, ETP gather, EP x ETP (all-gather dispatcher),
+    # expert-DP (gradient reduction and ZeRO sharding of the expert parameters)
+    ep: Placement | None = None
+    etp: Placement | None = None
+    ep_etp: Placement | None = None
+    expert_grad: Placement | None = None
 
     @property
     def pp_crosses_domain(self):
@@ -54,6 +67,28 @@ def sizes(plan) -> dict:
     return {name: getattr(plan, d.plan_field) for name, d in DIMS.items()}
 
 
+def expert_order(rank_order: str, folding: bool = True) -> str:
+    """Megatron-Core's rank order of the expert layers for a dense rank order.
+
+    Folding (Megatron-Core >= 0.10, NVIDIA/Megatron-LM@d98e8a64dd megatron/core/
+    parallel_state.py initialize_model_parallel: the expert RankGenerator(tp=etp, ep=ep,
+    dp=expert-DP, cp=1, order="tp-cp-ep-dp-pp")): ETP where TP is, EP then expert-DP where
+    DP is, CP folded away; tp-cp-dp-pp gives etp-ep-edp-pp. Without (core_v0.9.0 @1afee592,
+    one RankGenerator(tp, ep, dp, pp, cp, order="tp-cp-ep-dp-pp")): EP carved out of DP
+    inside the dense layout, ETP = TP; tp-cp-dp-pp gives etp-cp-ep-edp-pp."""
+    parts = {"tp": ("etp",), "cp": () if folding else ("cp",), "dp": ("ep", "edp"), "pp": ("pp",)}
+    return "-".join(d for name in rank_order.split("-") for d in parts[name])
+
+
+def expert_sizes(plan) -> dict:
+    """Sizes in the expert layout (expert_order). Folded: etp, ep, the expert data-parallel
+    degree edp and pp; without folding cp stays and edp = dp/ep (the expert gradients then
+    reduce over the dp/ep x cp ranks: the same devices / (pp·ep·etp) replicas)."""
+    if plan.moe.folding:
+        return {"etp": plan.etp, "ep": plan.ep, "edp": expert_grad_group_size(plan), "pp": plan.pp}
+    return {"etp": plan.etp, "cp": plan.cp, "ep": plan.ep, "edp": plan.dp // plan.ep, "pp": plan.pp}
+
+
 def grad_dims() -> tuple[str, ...]:
     return tuple(name for name, d in DIMS.items() if d.replicates_weights)
 
@@ -62,8 +97,19 @@ def groups(plan, cluster: Cluster) -> Groups:
     """Placement of each group under the plan's rank order on the cluster's scale-up domains."""
     s = sizes(plan)
     order, domain = plan.rank_order, cluster.scaleup_domain
+    e, e_order = expert_sizes(plan), expert_order(order, plan.moe.folding)
+    expert_grad = ("edp",) if plan.moe.folding else ("cp", "edp")
     return Groups(tp=placement(s, "tp", order, domain), cp=placement(s, "cp", order, domain),
-                  grad=placement(s, grad_dims(), order, domain), pp=placement(s, "pp", order, domain))
+                  grad=placement(s, grad_dims(), order, domain), pp=placement(s, "pp", order, domain),
+                  ep=placement(e, "ep", e_order, domain), etp=placement(e, "etp", e_order, domain),
+                  ep_etp=placement(e, ("etp", "ep"), e_order, domain),
+                  expert_grad=placement(e, expert_grad, e_order, domain))
+
+
+def expert_grad_group_size(plan):
+    """Ranks holding the same expert weights (expert-DP, devices / (pp·ep·etp)): ZeRO shards
+    the expert parameters' states over them (Megatron-Core's expert data-parallel group)."""
+    return plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp)
 
 
 def grad_group_size(plan):

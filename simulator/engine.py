@@ -314,7 +314,7 @@ def breakdown(ex: Execution, ref: int | None = None, path=None) -> dict:
     return out
 
 
-_PASS = ("compute", "recompute", "tp_comm", "cp_comm")
+_PASS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm")
 
 
 def reference_stage(ex: Execution, path=None) -> int:

@@ -90,5 +90,5 @@ def assemble(scenario: Scenario, layout: Layout, engine: str, breakdown: dict, s
         capacity_bytes=capacity, host_bytes_per_device=host,
         economics=economics(step, tokens, cluster.devices, scenario.price_usd_per_device_hour,
                             scenario.training.tokens),
-        extra=extra)
+        extra=extra, parameters=float(scenario.model.params()), active_parameters=float(scenario.model.active_params()))
 

@@ -157,22 +157,23 @@ class StageTasks:
         return {k: sum(x for _, x in ps) for k, ps in self.parts.items()}
 
 
-def _pass_parts(fwd, bwd_in, bwd_w, rec, tp, cp, v):
+def _pass_parts(fwd, bwd_in, bwd_w, rec, tp, cp, v, ep=(0.0, 0.0, 0.0)):
     """Breakdown parts of each pass kind, per chunk."""
     def clean(ps):
         return tuple((n, float(x) / v) for n, x in ps if x)
 
-    return {FWD: clean((("compute", fwd), ("tp_comm", tp[0]), ("cp_comm", cp[0]))),
-            RECOMPUTE: clean((("recompute", rec), ("tp_comm", tp[2]), ("cp_comm", cp[2]))),
-            BWD: clean((("compute", bwd_in + bwd_w), ("tp_comm", tp[1]), ("cp_comm", cp[1]))),
-            BWD_INPUT: clean((("compute", bwd_in), ("tp_comm", tp[1]), ("cp_comm", cp[1]))),
+    return {FWD: clean((("compute", fwd), ("tp_comm", tp[0]), ("cp_comm", cp[0]), ("ep_comm", ep[0]))),
+            RECOMPUTE: clean((("recompute", rec), ("tp_comm", tp[2]), ("cp_comm", cp[2]), ("ep_comm", ep[2]))),
+            BWD: clean((("compute", bwd_in + bwd_w), ("tp_comm", tp[1]), ("cp_comm", cp[1]), ("ep_comm", ep[1]))),
+            BWD_INPUT: clean((("compute", bwd_in), ("tp_comm", tp[1]), ("cp_comm", cp[1]), ("ep_comm", ep[1]))),
             WGT: clean((("compute", bwd_w),))}
 
 
 def stage_tasks(layout: Layout, r: StageLayout) -> StageTasks:
     v, x, d, o = layout.v, r.passes, r.dp, r.offload
     parts = _pass_parts(x.fwd_s, x.bwd_input_s, x.bwd_weight_s, x.recompute_s,
-                        (x.tp_fwd_s, x.tp_bwd_s, x.tp_recompute_s), (x.cp_fwd_s, x.cp_bwd_s, x.cp_recompute_s), v)
+                        (x.tp_fwd_s, x.tp_bwd_s, x.tp_recompute_s), (x.cp_fwd_s, x.cp_bwd_s, x.cp_recompute_s), v,
+                        (x.ep_fwd_s, x.ep_bwd_s, x.ep_recompute_s))
     a = r.activations
     return StageTasks(
         parts=parts, hop_s=float(layout.pp_hop_s), buckets=int(r.buckets), step_reduce_s=float(d.step_reduce_s) / v,

@@ -26,7 +26,8 @@ import numpy as np
 
 from . import schedules as S
 from .dataparallel import DPCosts, buckets, dp_costs
-from .dims import Groups, grad_group_size, groups
+from .dims import Groups, expert_grad_group_size, grad_group_size, groups
+from .layermix import compile_mix, mixed_stage, needs_layer_mix
 from .memory import ActivationSizes, StageMemory, activation_sizes, buffer_bytes, peak_activation_bytes
 from .offload import OffloadCosts, offload_costs, resident_chunks_with_offload
 from .passes import PassTimes, cp_layer_comm_s, ops_time, pass_times, pp_hop_s, tp_layer_comm_s
@@ -137,15 +138,19 @@ def compile_layout(model, cluster, plan) -> Layout:
     g = groups(plan, cluster)
     grad_group = grad_group_size(plan)
     per = bytes_per_param(plan.precision, plan.grad_precision)
-    layer = layer_ops(model, shard)
-    layer_t = ops_time(layer, cluster, plan.precision)
+    mix = compile_mix(model, cluster, plan, shard, g, per) if needs_layer_mix(model) else None
+    if mix is None:
+        layer = layer_ops(model, shard)
+        layer_t = ops_time(layer, cluster, plan.precision)
+        tp_s = tp_layer_comm_s(model, shard, g, cluster)
+        cp_s = cp_layer_comm_s(model, shard, g, cluster)
+        layer_params = layer_params_local(model, plan.tp)
+        buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, layer_params, plan, per.weight, per.grad)
+    else:  # experts or MLA: two layer kinds (layermix.py)
+        buffers = mix.buffer_bytes
     emb_t = ops_time(embedding_ops(model, shard), cluster, plan.precision)
     head_t = ops_time(head_ops(model, shard), cluster, plan.precision)
-    tp_s = tp_layer_comm_s(model, shard, g, cluster)
-    cp_s = cp_layer_comm_s(model, shard, g, cluster)
     hop = pp_hop_s(model, shard, g, cluster)
-    layer_params = layer_params_local(model, plan.tp)
-    buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, layer_params, plan, per.weight, per.grad)
     head_stage = schedule.head_stage(np.asarray(p))
     indices, counts = representative_stages(p)
     reps = []
@@ -153,21 +158,28 @@ def compile_layout(model, cluster, plan) -> Layout:
         has_emb = stage == schedule.embedding_stage(p)
         has_head = stage == head_stage
         head_copy = has_head & (np.asarray(not model.tied_embeddings) | (head_stage != schedule.embedding_stage(p)))
-        params = stage_params(model, plan.tp, layers, has_emb, has_head, head_copy)
-        states = model_states(params, plan, per, grad_group)
-        acts = activation_sizes(model, shard, plan.recompute, layers / v, has_emb, has_head, layer)
-        passes = pass_times(layer_t, layers, emb_t, head_t, has_emb, has_head, tp_s, cp_s, plan.recompute,
-                            plan.tp_comm_overlap, plan.flash_attention)
-        dp = dp_costs(plan.zero_stage, params, per.weight, per.grad, g.grad, cluster)
-        off = offload_costs(plan, cluster, params, states, per, acts.chunk_bytes, v, grad_group)
+        if mix is None:
+            params = stage_params(model, plan.tp, layers, has_emb, has_head, head_copy)
+            states = model_states(params, plan, per, grad_group)
+            acts = activation_sizes(model, shard, plan.recompute, layers / v, has_emb, has_head, layer)
+            passes = pass_times(layer_t, layers, emb_t, head_t, has_emb, has_head, tp_s, cp_s, plan.recompute,
+                                plan.tp_comm_overlap, plan.flash_attention)
+            dp = dp_costs(plan.zero_stage, params, per.weight, per.grad, g.grad, cluster)
+            n_buckets, shard_group = buckets(params / v, grad_group), grad_group
+        else:  # dense-MLP and MoE layers, MLA (layermix.py)
+            x = mixed_stage(mix, model, cluster, plan, shard, g, per, grad_group, expert_grad_group_size(plan), p, v,
+                            has_emb, has_head, head_copy, emb_t, head_t)
+            params, states, acts, passes, dp = x.params, x.states, x.activations, x.passes, x.dp
+            n_buckets, shard_group = x.buckets, x.shard_group
+        off = offload_costs(plan, cluster, params, states, per, acts.chunk_bytes, v, shard_group)
         reps.append(StageLayout(
             stage=stage, count=count, layers=layers, has_embedding=has_emb, has_head=has_head, params=params,
             states=states, activations=acts, buffer_bytes=buffers, passes=passes,
             sends=schedule.sends(p, v, stage),
-            dp=dp, buckets=buckets(params / v, grad_group), offload=off,
+            dp=dp, buckets=n_buckets, offload=off,
             optimizer_s=optimizer_step_s(states, per, plan, cluster.accelerator)))
-    model_flops = model_flops_per_sequence(model) * plan.global_batch
-    hw_flops = executed_flops_per_sequence(model, plan.flash_attention, plan.recompute) * plan.global_batch
+    model_flops = model_flops_per_sequence(model, plan.moe) * plan.global_batch
+    hw_flops = executed_flops_per_sequence(model, plan.flash_attention, plan.recompute, plan.moe) * plan.global_batch
     return Layout(model=model, cluster=cluster, plan=plan, schedule=schedule, p=p, m=m, v=v, shard=shard, groups=g,
                   grad_group=grad_group, per_param=per, pp_hop_s=hop, stages=tuple(reps),
                   model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops)

@@ -9,7 +9,7 @@ per micro-batch, summed over the device's model chunks; they may be numpy arrays
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -60,17 +60,24 @@ class PassTimes:
     cp_fwd_s: object  # exposed CP exchange
     cp_bwd_s: object
     cp_recompute_s: object
+    ep_fwd_s: object = 0.0  # exposed MoE dispatch and combine (moe.py)
+    ep_bwd_s: object = 0.0
+    ep_recompute_s: object = 0.0
 
     @property
     def forward_s(self):
         """The forward passes as run: kernels and exposed collectives."""
-        return self.fwd_s + self.tp_fwd_s + self.cp_fwd_s
+        return self.fwd_s + self.tp_fwd_s + self.cp_fwd_s + self.ep_fwd_s
 
     @property
     def backward_input_s(self):
         """The input-gradient passes as run, with their recomputation."""
         return self.bwd_input_s + self.recompute_s + self.tp_bwd_s + self.cp_bwd_s + self.tp_recompute_s + \
-            self.cp_recompute_s
+            self.cp_recompute_s + self.ep_bwd_s + self.ep_recompute_s
+
+    def __add__(self, other: "PassTimes") -> "PassTimes":
+        """Two sets of layers on one device (dense-MLP and MoE layers) run one after the other."""
+        return PassTimes(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(PassTimes)))
 
     @property
     def compute_s(self):
@@ -104,7 +111,7 @@ def cp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Clu
     """CP ring attention: cp-1 exchanges of the local K and V chunk forward, K, V and their
     gradients backward (Liu et al. 2023, Ring Attention; Megatron-LM context parallelism)."""
     _, kv_heads = local_heads(model, shard.tp)
-    kv_bytes = 2 * shard.act_bytes * shard.tokens * kv_heads * model.head_dim
+    kv_bytes = shard.act_bytes * shard.tokens * kv_heads * (model.head_dim + model.v_head_dim)
     hop = send_recv_time(kv_bytes, groups.cp.domains > 1, cluster)
     steps = shard.cp - 1
     return steps * hop, 2 * steps * hop
@@ -119,9 +126,11 @@ def pp_hop_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster):
 
 def pass_times(layer: OpsTime, layers, embedding: OpsTime, head: OpsTime, has_embedding, has_head,
                tp_layer_s: tuple, cp_layer_s: tuple, recompute: str, tp_comm_overlap: bool,
-               flash_attention: bool) -> PassTimes:
+               flash_attention: bool, ep_layer_s: tuple = (0.0, 0.0)) -> PassTimes:
     """Seconds per micro-batch of a device holding `layers` layers (and the embedding and
-    head where flagged). Broadcast-safe: the flags are 0/1 multipliers, not branches."""
+    head where flagged). `ep_layer_s`: a layer's exposed MoE dispatch (moe.py), forward and
+    backward, which full recomputation repeats. Broadcast-safe: the flags are 0/1
+    multipliers, not branches."""
     emb, hd = np.asarray(has_embedding), np.asarray(has_head)
     fwd = layers * layer.fwd_s + emb * embedding.fwd_s + hd * head.fwd_s
     bwd_in = layers * layer.bwd_input_s + emb * embedding.bwd_input_s + hd * head.bwd_input_s
@@ -133,11 +142,13 @@ def pass_times(layer: OpsTime, layers, embedding: OpsTime, head: OpsTime, has_em
     cp_f = np.maximum(0.0, cp_layer_s[0] - layer.attention_fwd_s)
     cp_b = np.maximum(0.0, cp_layer_s[1] - layer.attention_bwd_s)
     zero = 0.0 * fwd
+    ep_f, ep_b = ep_layer_s
     if recompute == "full":
-        rec, tp_r, cp_r = layers * layer.fwd_s, layers * tp_f, layers * cp_f
+        rec, tp_r, cp_r, ep_r = layers * layer.fwd_s, layers * tp_f, layers * cp_f, layers * ep_f
     elif recompute == "selective" and not flash_attention:
         # a flash kernel saves no score matrix: selective recomputation has nothing to drop
-        rec, tp_r, cp_r = layers * layer.attention_fwd_s, zero, zero
+        rec, tp_r, cp_r, ep_r = layers * layer.attention_fwd_s, zero, zero, zero
     else:
-        rec, tp_r, cp_r = zero, zero, zero
-    return PassTimes(fwd, bwd_in, bwd_w, rec, layers * tp_f, layers * tp_b, tp_r, layers * cp_f, layers * cp_b, cp_r)
+        rec, tp_r, cp_r, ep_r = zero, zero, zero, zero
+    return PassTimes(fwd, bwd_in, bwd_w, rec, layers * tp_f, layers * tp_b, tp_r, layers * cp_f, layers * cp_b, cp_r,
+                     layers * ep_f, layers * ep_b, ep_r)

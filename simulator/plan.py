@@ -13,6 +13,7 @@ from . import fields as F
 from .errors import InputError
 from .hardware import Cluster
 from .model import ModelSpec, refuse_unmodelled
+from .moe import DISPATCHERS, MoEOptions, check_moe_plan, check_moe_stages
 from .schedules import SCHEDULES, plan_schedule
 
 RECOMPUTE = ("none", "selective", "full")
@@ -35,6 +36,11 @@ class Plan:
     pp: int = 1
     dp: int = 1
     cp: int = 1
+    # Expert parallel and expert tensor parallel degrees of the MoE layers (Megatron-Core
+    # folding: the ep x etp group is carved out of a pipeline stage's tp x cp x dp devices;
+    # moe.py). plan_from_dict defaults etp to tp, as Megatron-Core does.
+    ep: int = 1
+    etp: int = 1
     vpp: int = 1
     micro_batch: int = 1
     global_batch: int = 1
@@ -57,6 +63,7 @@ class Plan:
     # An explicit per-stage op order ("F0", "B0", "W0", "F1.0" = chunk 1 of micro-batch 0)
     # run by the graph engine in place of the named schedule's (schedules.py).
     schedule_ops: tuple | None = None
+    moe: MoEOptions = MoEOptions()
 
     @property
     def devices(self) -> int:
@@ -92,6 +99,8 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         dp = devices // (tp * pp * cp)
     else:
         dp = F.integer(data, "dp", "plan", maximum=10**8)
+    ep = F.integer(data, "ep", "plan", 1, maximum=10**6)
+    etp = F.integer(data, "etp", "plan", tp, maximum=10**6)
     off = F.require_mapping(data.get("offload") or {}, "plan.offload")
     F.reject_unknown(off, ("optimizer", "params", "activations"), "plan.offload")
     offload = Offload(*(F.choice(off, k, "plan.offload", OFFLOAD_TARGETS, "none")
@@ -101,7 +110,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
     if sorted(order.split("-")) != sorted(DIMENSIONS):
         raise InputError("plan.rank_order", order, "a permutation of tp, cp, dp, pp joined by '-', innermost first")
     return Plan(
-        tp=tp, pp=pp, dp=dp, cp=cp,
+        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp,
         vpp=F.integer(data, "vpp", "plan", 1, maximum=10**4),
         micro_batch=F.integer(data, "micro_batch", "plan", 1, maximum=10**7),
         global_batch=F.integer(data, "global_batch", "plan", maximum=10**9),
@@ -117,7 +126,26 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         grad_precision=F.choice(data, "grad_precision", "plan", GRAD_PRECISIONS, "fp32"),
         rank_order=order,
         schedule_ops=_schedule_ops(data.get("schedule_ops")),
+        moe=_moe_options(data.get("moe")),
     )
+
+
+def _moe_options(data) -> MoEOptions:
+    data = F.require_mapping(data or {}, "plan.moe")
+    F.reject_unknown(data, MoEOptions.__dataclass_fields__, "plan.moe")
+    capacity = F.number(data, "capacity_factor", "plan.moe", None, maximum=1000.0)
+    pad = F.boolean(data, "pad_to_capacity", "plan.moe", False)
+    if pad and capacity is None:
+        raise InputError("plan.moe.pad_to_capacity", True, "needs a capacity_factor (Megatron-Core "
+                         "--moe-pad-expert-input-to-capacity)")
+    return MoEOptions(
+        dispatcher=F.choice(data, "dispatcher", "plan.moe", DISPATCHERS, "alltoall"),
+        capacity_factor=capacity, pad_to_capacity=pad,
+        load_imbalance=F.number(data, "load_imbalance", "plan.moe", 1.0, minimum=1.0, strict_min=False,
+                                maximum=1000.0),
+        shared_expert_overlap=F.boolean(data, "shared_expert_overlap", "plan.moe", False),
+        ep_comm_overlap=F.boolean(data, "ep_comm_overlap", "plan.moe", False),
+        folding=F.boolean(data, "folding", "plan.moe", True))
 
 
 def _schedule_ops(value):
@@ -130,7 +158,7 @@ def _schedule_ops(value):
 
 def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     """Raise InputError for a plan that cannot be laid out on this model and cluster."""
-    refuse_unmodelled(model)  # MoE, MLA, MTP, ...: until the cost model handles them
+    refuse_unmodelled(model)  # MTP, sliding windows: until the cost model handles them
     if plan.devices != cluster.devices:
         raise InputError("plan.dp", plan.dp, f"tp*pp*dp*cp = {plan.tp}*{plan.pp}*{plan.dp}*{plan.cp} = "
                          f"{plan.devices} must equal the cluster's {cluster.devices} devices")
@@ -138,7 +166,9 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     if model.kv_heads % plan.tp and plan.tp % model.kv_heads:
         raise InputError("plan.tp", plan.tp, f"must divide kv_heads={model.kv_heads}, or be a multiple of it "
                          "(each KV head is then replicated tp/kv_heads times)")
-    _divides("plan.tp", plan.tp, "model.ffn_hidden", model.ffn_hidden)
+    if model.moe_layers < model.layers:  # some layer has a dense MLP of width ffn_hidden
+        _divides("plan.tp", plan.tp, "model.ffn_hidden", model.ffn_hidden)
+    check_moe_plan(plan, model)
     if plan.global_batch % (plan.micro_batch * plan.dp):
         raise InputError("plan.global_batch", plan.global_batch,
                          f"must be a multiple of micro_batch*dp = {plan.micro_batch * plan.dp}")
@@ -147,6 +177,7 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     if model.layers % stages:
         raise InputError("plan.pp", plan.pp, f"pp x model chunks per device = {stages} must divide "
                          f"layers={model.layers}")
+    check_moe_stages(plan, model, stages)
     if plan.cp > 1 and model.seq_len % (2 * plan.cp):
         raise InputError("plan.cp", plan.cp, f"2*cp must divide seq_len={model.seq_len} (load-balanced causal chunks)")
     if plan.sp and (model.seq_len // plan.cp) % plan.tp:

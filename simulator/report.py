@@ -164,6 +164,8 @@ def render_result(d: dict, scenario, data: dict | None = None) -> str:
         f"sp={p.sp} recompute={p.recompute} zero={p.zero_stage} {p.precision}"
         + (f" offload optimizer/params/activations={p.offload.optimizer}/{p.offload.params}/"
            f"{p.offload.activations}" if _offloads(p) else ""),
+        *([f"experts    {m.shape_summary()}, ep={p.ep} etp={p.etp}; {d['active_parameters'] / 1e9:.2f} B of "
+           f"{d['parameters'] / 1e9:.2f} B params active per token"] if m.experts else []),
         "",
         f"feasible   {'yes' if d['feasible'] else 'NO: ' + d['reason']}",
         "",

@@ -13,12 +13,16 @@ from .memory import MEMORY_KEYS
 
 GIB = 2**30
 SECONDS_PER_DAY = 86400.0
-BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "pipeline_bubble",
+BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "pipeline_bubble",
                   "optimizer", "offload", "other")
 FLOP_CONVENTION = ("model FLOPs: useful forward and backward FLOPs, causal attention counted over its unmasked "
                    "half, no recomputation (MFU); hardware FLOPs: executed FLOPs with recomputation and the "
                    "kernels' extra work, e.g. flash attention's backward recomputing QK^T and a materialised "
-                   "attention's masked half (HFU). MFU <= HFU <= 1.")
+                   "attention's masked half (HFU). MFU <= HFU <= 1. Mixture-of-Experts layers: model FLOPs count "
+                   "the router, the shared experts and the top-k routed experts of every token (less the tokens a "
+                   "capacity factor below 1 drops); hardware FLOPs the routed rows the experts execute (padded to "
+                   "capacity when padding). Multi-head latent attention is counted as its own low-rank "
+                   "projections.")
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ class Result:
     host_bytes_per_device: float  # host memory taken by what a device offloads to the CPU
     economics: Economics
     extra: dict = field(default_factory=dict)  # engine details (graph: tasks simulated)
+    parameters: float = 0.0  # trainable parameters of the model
+    active_parameters: float = 0.0  # parameters one token uses (top-k routed experts; all of a dense model)
 
     @property
     def tokens_per_step(self) -> int:
@@ -97,6 +103,8 @@ class Result:
             "time_to_train_days": None if e.time_to_train_s is None else e.time_to_train_s / SECONDS_PER_DAY,
             "cost_to_train_usd": e.cost_to_train_usd,
             "flop_convention": FLOP_CONVENTION,
+            "parameters": self.parameters,
+            "active_parameters": self.active_parameters,
         }
         out.update(self.extra)
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}

@@ -1,7 +1,7 @@
 """Plan search: enumerate every valid plan for a model, a cluster and a global batch, rank them.
 
 Enumeration. A plan is a *shape* (tp, pp, cp, dp, vpp, micro_batch, schedule, sequence
-parallelism) times a *setting* (recompute, ZeRO stage, offload). `plan.validate`'s rules
+parallelism; for an MoE model ep and etp) times a *setting* (recompute, ZeRO stage, offload). `plan.validate`'s rules
 about shapes (device count, head and layer divisibility, batch multiples, interleaving)
 do not read the settings and its rules about settings (offload needs ZeRO) do not read
 the shape, so each shape and each setting is checked once with `validate` and the valid
@@ -65,6 +65,7 @@ class SearchOptions:
     max_micro_batch: int = 16
     max_vpp: int = 8
     max_cp: int = 16
+    max_ep: int = 256
     flash_attention: bool = True
     max_tp: int | None = None  # None: up to the device count
     max_pp: int | None = None
@@ -104,16 +105,27 @@ def _shapes(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchO
                             for sp in opts.sequence_parallel:
                                 if sp and tp == 1:
                                     continue  # sequence parallelism needs tp > 1: the same plan as sp off
-                                tried += 1
-                                plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, micro_batch=mb,
-                                            global_batch=global_batch, schedule=schedule, sequence_parallel=sp,
-                                            precision=opts.precision, flash_attention=opts.flash_attention)
-                                try:
-                                    validate(plan, model, cluster)
-                                except InputError:
-                                    continue
-                                valid.append(plan)
+                                for ep, etp in _expert_shapes(model, tp, tp * cp * dp, opts):
+                                    tried += 1
+                                    plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch=mb,
+                                                global_batch=global_batch, schedule=schedule, sequence_parallel=sp,
+                                                precision=opts.precision, flash_attention=opts.flash_attention)
+                                    try:
+                                        validate(plan, model, cluster)
+                                    except InputError:
+                                        continue
+                                    valid.append(plan)
     return valid, tried
+
+
+def _expert_shapes(model: ModelSpec, tp: int, stage_devices: int, opts: SearchOptions) -> list[tuple[int, int]]:
+    """(ep, etp) of an MoE model: ep over the divisors of the expert count, etp 1 or tp (the
+    choices Megatron-Core's docs compare), ep x etp within a stage's devices; (1, 1) for a
+    dense model."""
+    if not model.experts:
+        return [(1, 1)]
+    return [(ep, etp) for etp in sorted({1, tp}) for ep in _divisors(model.experts, opts.max_ep)
+            if stage_devices % (ep * etp) == 0]
 
 
 def _recompute_modes(opts: SearchOptions) -> list[str]:

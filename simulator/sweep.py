@@ -350,7 +350,8 @@ def _store(out, kinds, log) -> _Store:
 
 # ------------------------------------------------------------------ execution
 
-_SIZE_FIELDS = {"plan.tp", "plan.pp", "plan.dp", "plan.cp", "plan.vpp", "plan.micro_batch", "plan.global_batch"}
+_SIZE_FIELDS = {"plan.tp", "plan.pp", "plan.dp", "plan.cp", "plan.ep", "plan.etp", "plan.vpp", "plan.micro_batch",
+                "plan.global_batch"}
 
 
 def _by_group(items: list) -> list:

@@ -20,7 +20,7 @@ from .result import BREAKDOWN_KEYS, MEMORY_KEYS
 # Resolved plan description: column -> kind.
 PLAN_COLUMNS = {
     "model": "str", "accelerator": "str", "node": "str", "nodes": "int", "devices": "int",
-    "tp": "int", "pp": "int", "dp": "int", "cp": "int", "vpp": "int", "micro_batch": "int",
+    "tp": "int", "pp": "int", "dp": "int", "cp": "int", "ep": "int", "etp": "int", "vpp": "int", "micro_batch": "int",
     "global_batch": "int", "microbatches": "int", "schedule": "str", "sequence_parallel": "bool",
     "recompute": "str", "zero_stage": "int", "precision": "str", "offload_optimizer": "str",
     "offload_params": "str", "offload_activations": "str", "flash_attention": "bool",
@@ -35,6 +35,7 @@ RESULT_TAIL = {
     "model_flops_per_step": "float", "hardware_flops_per_step": "float", "price_usd_per_device_hour": "float",
     "cost_usd_per_step": "float", "usd_per_million_tokens": "float", "training_tokens": "float",
     "time_to_train_days": "float", "cost_to_train_usd": "float", "memory_gib_by_stage": "str",
+    "parameters": "float", "active_parameters": "float",
 }
 RESULT_COLUMNS = {**RESULT_SCALARS, **{f"memory_gib.{k}": "float" for k in MEMORY_KEYS},
                   **{f"breakdown_s.{k}": "float" for k in BREAKDOWN_KEYS}, **RESULT_TAIL}

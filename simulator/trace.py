@@ -2,8 +2,8 @@
 
 Chrome trace event format (Google, "Trace Event Format"): one process per pipeline stage
 (it stands for every DP replica and TP rank of that stage, which run alike), one thread
-per stream (compute, p2p, dp, d2h, h2d, cpu) plus `tp` and `cp` threads showing the
-exposed TP and CP collectives folded into each pass (the pass's last part, after its
+per stream (compute, p2p, dp, d2h, h2d, cpu) plus `tp`, `cp` and `ep` threads showing the
+exposed TP and CP collectives and the MoE all-to-all folded into each pass (the pass's last part, after its
 kernels); complete events ("ph": "X") with microsecond `ts` and `dur` and the task's
 breakdown parts in `args`; a counter track ("ph": "C") of the stage's activation memory.
 Open the file at https://ui.perfetto.dev (Open trace file) or chrome://tracing.
@@ -25,14 +25,16 @@ def _category(parts) -> str:
     return max(parts, key=lambda kv: kv[1])[0] if parts else "other"
 
 
-COLLECTIVE_ROWS = {"tp_comm": ("tp", "TP collectives"), "cp_comm": ("cp", "CP exchange")}
+COLLECTIVE_ROWS = {"tp_comm": ("tp", "TP collectives"), "cp_comm": ("cp", "CP exchange"),
+                   "ep_comm": ("ep", "all-to-all")}
 THREADS = STREAMS + tuple(stream for stream, _ in COLLECTIVE_ROWS.values())
 
 
 def timeline(ex: Execution):
     """pandas DataFrame, one row per task: task, name, stage, stream, start_s, end_s,
     duration_s, category (its largest breakdown part); blocking sends as p2p rows; the
-    exposed TP/CP collectives of a pass as rows of their own (streams tp, cp) at its end."""
+    exposed TP/CP collectives and MoE all-to-all of a pass as rows of their own (streams tp, cp,
+    ep) at its end."""
     import pandas as pd
 
     g = ex.graph

@@ -32,7 +32,7 @@ from .plan import Plan
 from .result import GIB, Result
 from .scenario import Scenario, Training
 
-SIZES = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "global_batch")
+SIZES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "global_batch")
 CATEGORICAL = tuple(f.name for f in fields(Plan) if f.name not in SIZES)
 
 
@@ -110,7 +110,8 @@ def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training
         peak_flops_per_device=cluster.accelerator.peak(plan.precision), peak_memory_bytes=total,
         peak_memory_stage=stage, memory_bytes=parts, memory_by_stage=[], capacity_bytes=capacity,
         host_bytes_per_device=host,
-        economics=economics(step, plan.global_batch * model.seq_len, cluster.devices, price, training.tokens))
+        economics=economics(step, plan.global_batch * model.seq_len, cluster.devices, price, training.tokens),
+        parameters=float(model.params()), active_parameters=float(model.active_params()))
     d = result.to_dict()
 
     def why(i: int) -> str:

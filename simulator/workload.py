@@ -33,6 +33,7 @@ Numeric arguments may be numpy arrays (one entry per plan) for vectorised sweeps
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -55,6 +56,9 @@ class Op:
     saved_bytes: object = 0.0
     group: str | None = None
     model_flops: object = None  # useful forward + backward FLOPs; None: the executed ones
+    # Equal kernels the FLOPs are split into, each paying the efficiency curve's start-up
+    # (compute.py): the local experts of a grouped GEMM (moe.py); 1 for every other operator.
+    kernels: object = 1
 
     @property
     def flops(self):
@@ -111,59 +115,102 @@ def local_heads(model: ModelSpec, tp) -> tuple:
     return model.heads / tp, np.maximum(model.kv_heads / tp, 1.0)
 
 
-def layer_ops(model: ModelSpec, shard: Shard) -> list[Op]:
-    """The operators of one transformer layer for one micro-batch on one device."""
-    b, t, a = shard.micro_batch, shard.tp, shard.act_bytes
-    s = model.seq_len / shard.cp  # local queries (and local keys/values) per CP rank
-    s_kv = model.seq_len  # keys each query attends to, gathered around the CP ring
-    h, f, d = model.hidden, model.ffn_hidden, model.head_dim
-    q_heads, kv_heads = local_heads(model, t)
-    tokens, rep = shard.tokens, shard.replicated_tokens
-    q_w, kv_w = q_heads * d, kv_heads * d
+def layer_ops(model: ModelSpec, shard: Shard, experts=None) -> list[Op]:
+    """The operators of one transformer layer for one micro-batch on one device: its
+    attention block (multi-head latent attention in mla.py), and a dense MLP of width
+    ffn_hidden, or with `experts` (a moe.ExpertShard) the routed experts of an MoE layer
+    (moe.py)."""
+    a, h = shard.act_bytes, model.hidden
+    rep = shard.replicated_tokens
     drop = 1 if model.dropout else 0
     norm_bytes = 4 * a if model.norm == "layernorm" else 3 * a
 
     ops = [_elementwise("attn_norm", rep * h, norm_bytes, a * rep * h)]
+    if model.attention == "mla":
+        from .mla import mla_attention_ops
+        ops += mla_attention_ops(model, shard)
+    else:
+        ops += _attention_ops(model, shard)
+    ops.append(_elementwise("attn_residual", rep * h, 3 * a + drop, drop * rep * h))
+    ops.append(_elementwise("mlp_norm", rep * h, norm_bytes, a * rep * h))
+    if experts is None:
+        ops += mlp_ops(model, shard, model.ffn_hidden)
+    else:
+        from .moe import moe_mlp_ops
+        ops += moe_mlp_ops(model, shard, experts)
+    ops.append(_elementwise("mlp_residual", rep * h, 3 * a + drop, drop * rep * h))
+    return ops
+
+
+def _attention_ops(model: ModelSpec, shard: Shard) -> list[Op]:
+    """Multi-head / grouped-query attention: QKV projection, RoPE, the attention core, the
+    output projection."""
+    a, t = shard.act_bytes, shard.tp
+    h, d = model.hidden, model.head_dim
+    q_heads, kv_heads = local_heads(model, t)
+    tokens, rep = shard.tokens, shard.replicated_tokens
+    q_w, kv_w = q_heads * d, kv_heads * d
+    ops = []
     qkv = _linear("qkv", tokens, h, q_w + 2 * kv_w, a, a * rep * h)
     # Q, K and V are the attention core's inputs: saved under every recompute mode but full.
     ops.append(Op(**{**qkv.__dict__, "saved_bytes": qkv.saved_bytes + a * tokens * (q_w + 2 * kv_w)}))
     if model.position_embedding == "rope":
         ops.append(_elementwise("rope", tokens * (q_w + kv_w), 2 * a, 0.0))
-    scores = b * q_heads * s * s_kv  # attention score elements per device (full s x s)
-    core = 2 * tokens * s_kv * q_w  # one of QK^T or AV over the full s x s
-    # useful work: QK^T and AV forward (2 products), their gradients (4), over the causal half
-    useful = 0.5 * 6 * core
-    if shard.flash_attention:
-        io = a * tokens * (2 * q_w + 2 * kv_w)
-        # causal: masked blocks skipped; the backward recomputes QK^T (5 products where 4 are needed)
-        ops.append(Op("flash_attention", ATTENTION, fwd_flops=0.5 * 2 * core, bwd_input_flops=0.5 * 5 * core,
-                      fwd_bytes=io, bwd_input_bytes=2 * io, saved_bytes=4 * b * q_heads * s,  # fp32 log-sum-exp
-                      group=ATTENTION_CORE, model_flops=useful))
-    else:
-        # cuBLAS batched GEMMs around a fused scale-mask-softmax and dropout (Megatron-LM): the
-        # full score matrix is computed and masked.
-        qk_io = a * (tokens * (q_w + kv_w) + scores)
-        ops.append(Op("qk_scores", MATMUL, fwd_flops=core, bwd_input_flops=2 * core, fwd_bytes=qk_io,
-                      bwd_input_bytes=2 * qk_io, group=ATTENTION_CORE, model_flops=useful / 2))
-        ops.append(_elementwise("softmax", scores, 2 * a, a * scores, ATTENTION_CORE))
-        if drop:
-            ops.append(_elementwise("attn_dropout", scores, 2 * a + 1, (a + 1) * scores, ATTENTION_CORE))
-        av_io = a * (scores + tokens * (kv_w + q_w))
-        ops.append(Op("attn_values", MATMUL, fwd_flops=core, bwd_input_flops=2 * core, fwd_bytes=av_io,
-                      bwd_input_bytes=2 * av_io, group=ATTENTION_CORE, model_flops=useful / 2))
+    ops += attention_core_ops(model, shard, q_heads, kv_heads, d, d)
     # The projection's input is the attention output (flash attention's O).
     ops.append(_linear("attn_out", tokens, q_w, h, a, a * tokens * q_w))
-    ops.append(_elementwise("attn_residual", rep * h, 3 * a + drop, drop * rep * h))
-    ops.append(_elementwise("mlp_norm", rep * h, norm_bytes, a * rep * h))
-    if model.activation == "swiglu":
-        ops.append(_linear("mlp_gate_up", tokens, h, 2 * f / t, a, a * rep * h))
-        ops.append(_elementwise("swiglu", tokens * f / t, 3 * a, 2 * a * tokens * f / t))
-    else:
-        ops.append(_linear("mlp_up", tokens, h, f / t, a, a * rep * h))
-        ops.append(_elementwise("gelu", tokens * f / t, 2 * a, a * tokens * f / t))
-    ops.append(_linear("mlp_down", tokens, f / t, h, a, a * tokens * f / t))
-    ops.append(_elementwise("mlp_residual", rep * h, 3 * a + drop, drop * rep * h))
     return ops
+
+
+def attention_core_ops(model: ModelSpec, shard: Shard, q_heads, kv_heads, qk_dim, v_dim) -> list[Op]:
+    """softmax(Q K^T) V of `q_heads` query heads over `kv_heads` key/value heads per device,
+    queries and keys `qk_dim` wide, values `v_dim` (both head_dim for MHA/GQA; MLA's
+    nope + rope and v_head_dim)."""
+    b, a = shard.micro_batch, shard.act_bytes
+    s = model.seq_len / shard.cp  # local queries (and local keys/values) per CP rank
+    s_kv = model.seq_len  # keys each query attends to, gathered around the CP ring
+    tokens = shard.tokens
+    q_w, k_w, v_w, o_w = q_heads * qk_dim, kv_heads * qk_dim, kv_heads * v_dim, q_heads * v_dim
+    drop = 1 if model.dropout else 0
+    scores = b * q_heads * s * s_kv  # attention score elements per device (full s x s)
+    qk = 2 * tokens * s_kv * q_w  # QK^T over the full s x s
+    av = 2 * tokens * s_kv * o_w  # AV
+    # useful work: QK^T and AV forward, their gradients (two products each), over the causal half
+    useful = 0.5 * 3 * (qk + av)
+    if shard.flash_attention:
+        io = a * tokens * (q_w + k_w + v_w + o_w)
+        # causal: masked blocks skipped; the backward recomputes QK^T (5 products where 4 are needed)
+        return [Op("flash_attention", ATTENTION, fwd_flops=0.5 * (qk + av), bwd_input_flops=0.5 * (3 * qk + 2 * av),
+                   fwd_bytes=io, bwd_input_bytes=2 * io, saved_bytes=4 * b * q_heads * s,  # fp32 log-sum-exp
+                   group=ATTENTION_CORE, model_flops=useful)]
+    # cuBLAS batched GEMMs around a fused scale-mask-softmax and dropout (Megatron-LM): the
+    # full score matrix is computed and masked.
+    qk_io = a * (tokens * (q_w + k_w) + scores)
+    ops = [Op("qk_scores", MATMUL, fwd_flops=qk, bwd_input_flops=2 * qk, fwd_bytes=qk_io,
+              bwd_input_bytes=2 * qk_io, group=ATTENTION_CORE, model_flops=0.5 * 3 * qk),
+           _elementwise("softmax", scores, 2 * a, a * scores, ATTENTION_CORE)]
+    if drop:
+        ops.append(_elementwise("attn_dropout", scores, 2 * a + 1, (a + 1) * scores, ATTENTION_CORE))
+    av_io = a * (scores + tokens * (v_w + o_w))
+    ops.append(Op("attn_values", MATMUL, fwd_flops=av, bwd_input_flops=2 * av, fwd_bytes=av_io,
+                  bwd_input_bytes=2 * av_io, group=ATTENTION_CORE, model_flops=0.5 * 3 * av))
+    return ops
+
+
+def mlp_ops(model: ModelSpec, shard: Shard, width, prefix: str = "") -> list[Op]:
+    """A TP-split MLP of intermediate size `width`: up (gate and up for the gated SwiGLU and
+    GeGLU), the activation, down. `prefix` names another MLP of the layer (shared experts)."""
+    a, t = shard.act_bytes, shard.tp
+    h = model.hidden
+    tokens, rep = shard.tokens, shard.replicated_tokens
+    f = width
+    if model.activation in ("swiglu", "geglu"):
+        return [_linear(prefix + "mlp_gate_up", tokens, h, 2 * f / t, a, a * rep * h),
+                _elementwise(prefix + model.activation, tokens * f / t, 3 * a, 2 * a * tokens * f / t),
+                _linear(prefix + "mlp_down", tokens, f / t, h, a, a * tokens * f / t)]
+    return [_linear(prefix + "mlp_up", tokens, h, f / t, a, a * rep * h),
+            _elementwise(prefix + "gelu", tokens * f / t, 2 * a, a * tokens * f / t),
+            _linear(prefix + "mlp_down", tokens, f / t, h, a, a * tokens * f / t)]
 
 
 def embedding_ops(model: ModelSpec, shard: Shard) -> list[Op]:
@@ -204,24 +251,45 @@ def loss_backward_transient_bytes(model: ModelSpec, shard: Shard):
     return 2 * 4 * shard.tokens * model.vocab / shard.tp
 
 
-def model_flops_per_sequence(model: ModelSpec) -> float:
-    """Useful training FLOPs (forward + backward, no recomputation, causal attention) of one
-    sequence: what MFU counts."""
+def _moe_layer_ops(model: ModelSpec, shard: Shard, moe_options):
+    """One MoE layer's operators for a whole sequence on one device holding every expert."""
+    from .moe import ExpertShard, MoEOptions
+    return layer_ops(model, shard, ExpertShard(options=moe_options or MoEOptions()))
+
+
+@lru_cache(maxsize=256)
+def model_flops_per_sequence(model: ModelSpec, moe_options=None) -> float:
+    """Useful training FLOPs (forward + backward, no recomputation, causal attention; an MoE
+    layer's top-k routed experts, shared experts and router) of one sequence: what MFU
+    counts. `moe_options` (plan.moe): a capacity factor below 1 drops routed tokens."""
     shard = Shard(micro_batch=1, seq_len=model.seq_len)
     layer = sum(op.useful_flops for op in layer_ops(model, shard))
     head = sum(op.useful_flops for op in head_ops(model, shard))
-    return float(model.layers * layer + head)
+    total = (model.layers - model.moe_layers) * layer + head
+    if model.moe_layers:
+        total += model.moe_layers * sum(op.useful_flops for op in _moe_layer_ops(model, shard, moe_options))
+    return float(total)
 
 
-def executed_flops_per_sequence(model: ModelSpec, flash_attention: bool, recompute: str) -> float:
+@lru_cache(maxsize=256)
+def executed_flops_per_sequence(model: ModelSpec, flash_attention: bool, recompute: str, moe_options=None) -> float:
     """FLOPs the kernels execute for one sequence's forward and backward passes, with the
     forward passes that activation recomputation repeats: what HFU counts. Selective
-    recomputation re-runs the attention core, which a flash kernel does not save."""
+    recomputation re-runs the attention core, which a flash kernel does not save. MoE
+    layers execute the mean routed rows (balanced routing; padded to capacity if so)."""
     shard = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=flash_attention)
-    ops = layer_ops(model, shard)
-    layer = sum(op.flops for op in ops)
-    if recompute == "full":
-        layer += sum(op.fwd_flops for op in ops)
-    elif recompute == "selective":
-        layer += sum(op.fwd_flops for op in ops if op.group == ATTENTION_CORE and not flash_attention)
-    return float(model.layers * layer + sum(op.flops for op in head_ops(model, shard)))
+
+    def executed(ops):
+        layer = sum(op.flops for op in ops)
+        if recompute == "full":
+            layer += sum(op.fwd_flops for op in ops)
+        elif recompute == "selective":
+            layer += sum(op.fwd_flops for op in ops if op.group == ATTENTION_CORE and not flash_attention)
+        return layer
+
+    total = (model.layers - model.moe_layers) * executed(layer_ops(model, shard)) + \
+        sum(op.flops for op in head_ops(model, shard))
+    if model.moe_layers:
+        balanced = moe_options.balanced() if moe_options is not None else None
+        total += model.moe_layers * executed(_moe_layer_ops(model, shard, balanced))
+    return float(total)

@@ -15,6 +15,12 @@ MODELS = {  # preset, layers, query heads, kv heads
     "llama-3.1-8b": (32, 32, 8),
     "llama-2-13b": (40, 40, 40),
 }
+MOE_MODELS = {  # preset: layers, query heads, kv heads, routed experts, overrides of the preset
+    "mixtral-8x7b": (32, 32, 8, 8, {}),
+    "qwen3-30b-a3b": (48, 32, 4, 128, {}),  # head_dim 128 x 32 heads != hidden 2048
+    # MLA, shared expert, 3 leading dense layers; MTP is refused, 16 layers keep it small
+    "deepseek-v3": (16, 128, 128, 256, {"mtp_layers": 0, "layers": 16}),
+}
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
 
 
@@ -23,10 +29,11 @@ def _divisors(n):
 
 
 @st.composite
-def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15):
-    """A scenario mapping with a random plan on 1-4 DGX nodes."""
-    preset = draw(st.sampled_from(sorted(MODELS)))
-    layers, heads, kv = MODELS[preset]
+def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, moe=False):
+    """A scenario mapping with a random plan on 1-4 DGX nodes; with `moe`, of an MoE model
+    with random ep, etp and MoE options."""
+    preset = draw(st.sampled_from(sorted(MOE_MODELS if moe else MODELS)))
+    layers, heads, kv, experts, overrides = MOE_MODELS[preset] if moe else (*MODELS[preset], 0, {})
     node = draw(st.sampled_from(["dgx-a100", "dgx-h100"]))
     nodes = draw(st.sampled_from([1, 2, 4]))
     devices = 8 * nodes
@@ -56,18 +63,37 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15):
             offload["params"] = draw(st.sampled_from(["none", "none", "cpu"]))
         offload["activations"] = draw(st.sampled_from(["none", "none", "none", "cpu"]))
     flash = draw(st.booleans())
+    sp = draw(st.booleans()) or (experts > 0 and tp > 1)  # MoE layers with TP need sequence parallelism
     data = {
-        "model": {"preset": preset, "seq_len": seq},
+        "model": {"preset": preset, "seq_len": seq, **overrides},
         "cluster": {"node": node, "nodes": nodes},
         "plan": {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "vpp": vpp, "schedule": schedule,
                  "micro_batch": micro_batch, "global_batch": micro_batch * dp * m,
-                 "sequence_parallel": draw(st.booleans()), "recompute": draw(st.sampled_from(
+                 "sequence_parallel": sp, "recompute": draw(st.sampled_from(
                      ["none", "selective", "full"])), "zero_stage": zero, "offload": offload,
                  "flash_attention": flash, "dp_overlap": draw(st.booleans()),
                  "tp_comm_overlap": draw(st.booleans()), "precision": draw(st.sampled_from(["bf16", "bf16", "fp32"])),
                  },
     }
+    if experts:
+        data["plan"].update(_expert_plan(draw, experts, tp, cp, dp, preset == "deepseek-v3"))
     return data
+
+
+def _expert_plan(draw, experts, tp, cp, dp, shared):
+    """ep, etp and plan.moe for an MoE model: Megatron-Core's folded layout or, sometimes,
+    the 0.9 one (EP inside DP, etp = tp)."""
+    folding = draw(st.sampled_from([True, True, False]))
+    etp = draw(st.sampled_from(sorted({1, tp}))) if folding else tp
+    room = tp * cp * dp // etp if folding else dp
+    ep = draw(st.sampled_from([e for e in _divisors(experts) if room % e == 0 and e <= 64]))
+    capacity = draw(st.sampled_from([None, None, 1.0, 1.25]))
+    moe = {"folding": folding, "dispatcher": draw(st.sampled_from(["alltoall", "alltoall", "allgather"])),
+           "capacity_factor": capacity, "pad_to_capacity": capacity is not None and draw(st.booleans()),
+           "load_imbalance": draw(st.sampled_from([1.0, 1.0, 1.3])),
+           "ep_comm_overlap": ep > 1 and draw(st.booleans()),
+           "shared_expert_overlap": shared and draw(st.booleans())}
+    return {"ep": ep, "etp": etp, "moe": moe}
 
 
 def scenario_of(data):

@@ -286,22 +286,16 @@ def test_an_moe_model_from_fields_defaults_its_expert_width_to_ffn_hidden():
 CLUSTER = {"node": "dgx-h100", "nodes": 1}
 
 
-def _evaluate_scenario(model):
+def _evaluate_scenario(model, **plan):
     from simulator import scenario_from_dict
     return scenario_from_dict({"model": model, "cluster": CLUSTER,
-                               "plan": {"tp": 8, "pp": 1, "micro_batch": 1, "global_batch": 8}})
+                               "plan": {"tp": 8, "pp": 1, "micro_batch": 1, "global_batch": 8, **plan}})
 
 
 @pytest.mark.parametrize("model,field", [
-    ({"preset": "mixtral-8x7b", "seq_len": 4096}, "model.experts"),
-    ({"preset": "deepseek-v3"}, "model.experts"),
-    ({"preset": "gpt-oss-120b"}, "model.experts"),
-    ({"layers": 2, "hidden": 1024, "heads": 8, "attention": "mla", "kv_lora_rank": 256, "qk_nope_head_dim": 64,
-      "qk_rope_head_dim": 32, "v_head_dim": 64, "ffn_hidden": 4096, "vocab": 32000, "seq_len": 2048,
-      "activation": "swiglu", "bias": False}, "model.attention"),
+    ({"preset": "deepseek-v3"}, "model.mtp_layers"),
+    ({"preset": "gpt-oss-120b"}, "model.sliding_window"),
     ({"preset": "llama-3.1-8b", "mtp_layers": 1}, "model.mtp_layers"),
-    ({"preset": "llama-3.1-8b", "head_dim": 64}, "model.head_dim"),
-    ({"preset": "llama-3.1-8b", "activation": "geglu"}, "model.activation"),
     ({"preset": "llama-3.1-8b", "sliding_window": 4096}, "model.sliding_window"),
 ])
 def test_the_cost_model_refuses_what_it_does_not_model(model, field):
@@ -309,16 +303,34 @@ def test_the_cost_model_refuses_what_it_does_not_model(model, field):
         _evaluate_scenario(model)
 
 
+@pytest.mark.parametrize("model", [
+    {"preset": "mixtral-8x7b", "seq_len": 4096},
+    {"preset": "deepseek-v3", "mtp_layers": 0},
+    {"layers": 2, "hidden": 1024, "heads": 8, "attention": "mla", "kv_lora_rank": 256, "qk_nope_head_dim": 64,
+     "qk_rope_head_dim": 32, "v_head_dim": 64, "ffn_hidden": 4096, "vocab": 32000, "seq_len": 2048,
+     "activation": "swiglu", "bias": False},
+    {"preset": "llama-3.1-8b", "head_dim": 64},
+    {"preset": "llama-3.1-8b", "activation": "geglu"},
+])
+def test_moe_mla_head_dim_and_geglu_models_are_evaluated(model):
+    from simulator import evaluate
+    s = _evaluate_scenario(model, sequence_parallel=True)
+    assert evaluate(s, "analytic").step_time_s > 0
+
+
 def test_a_window_as_long_as_the_sequence_is_full_attention_and_evaluates():
     s = _evaluate_scenario({"preset": "llama-3.1-8b", "sliding_window": 8192})
     assert s.model.sliding_window == s.model.seq_len
 
 
-def test_evaluating_an_moe_scenario_exits_2_with_one_line(tmp_path, capsys):
+def test_evaluating_an_moe_scenario_reports_its_parameters_and_all_to_all(tmp_path, capsys):
+    import json
     from simulator.cli import main
     path = tmp_path / "mixtral.yaml"
-    path.write_text("model: {preset: mixtral-8x7b}\ncluster: {node: dgx-h100, nodes: 8}\n"
-                    "plan: {tp: 8, pp: 1, micro_batch: 1, global_batch: 64}\n")
-    assert main(["evaluate", str(path)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "model.experts" in err and "not yet modelled" in err
+    path.write_text("model: {preset: mixtral-8x7b, seq_len: 4096}\ncluster: {node: dgx-h100, nodes: 8}\n"
+                    "plan: {tp: 1, pp: 1, ep: 8, micro_batch: 1, global_batch: 64, zero_stage: 1}\n")
+    assert main(["evaluate", str(path), "--json", "--engine", "analytic"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["parameters"] == load_preset("mixtral-8x7b").params()
+    assert d["active_parameters"] == load_preset("mixtral-8x7b").active_params()
+    assert d["breakdown_s"]["ep_comm"] > 0

@@ -1,6 +1,7 @@
 """Invariants every prediction obeys, checked over 2,000 random valid plans per engine
 (tests/plans.py draws them: every schedule, recompute mode, ZeRO stage, offload target,
-TP/CP/PP shape, sequence length up to 32k).
+TP/CP/PP shape, sequence length up to 32k), and over 500 plans of MoE models (ep, etp, the
+MoE options, MLA) per test.
 
 - MFU <= HFU <= 1: useful FLOPs never exceed executed ones, and no device runs faster than
   its peak.
@@ -22,6 +23,7 @@ from simulator import InputError, evaluate, scenario_from_dict
 
 RUNS = settings(max_examples=2000, deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
+MOE_RUNS = settings(RUNS, max_examples=500)  # MoE models (Mixtral, Qwen3-MoE, a DeepSeek-V3 with MLA)
 AGREE = 0.10
 
 
@@ -43,9 +45,25 @@ def test_analytic_predictions_obey_the_invariants(data):
     check_invariants(evaluate(scenario_of(data), "analytic"))
 
 
+@given(plan_dicts(moe=True))
+@MOE_RUNS
+def test_analytic_predictions_of_moe_plans_obey_the_invariants(data):
+    check_invariants(evaluate(scenario_of(data), "analytic"))
+
+
 @given(plan_dicts())
 @RUNS
 def test_graph_predictions_obey_the_invariants_and_agree_on_zero_0_1(data):
+    check_graph(data)
+
+
+@given(plan_dicts(moe=True))
+@MOE_RUNS
+def test_graph_predictions_of_moe_plans_obey_the_invariants_and_agree_on_zero_0_1(data):
+    check_graph(data)
+
+
+def check_graph(data):
     s = scenario_of(data)
     g = evaluate(s, "graph")
     check_invariants(g)
@@ -58,6 +76,16 @@ def test_graph_predictions_obey_the_invariants_and_agree_on_zero_0_1(data):
 @given(plan_dicts(zero_stages=(0, 1, 2, 3)))
 @RUNS
 def test_memory_does_not_rise_with_tensor_parallelism(data):
+    check_memory_with_tp(data)
+
+
+@given(plan_dicts(zero_stages=(0, 1, 2, 3), moe=True))
+@MOE_RUNS
+def test_memory_of_moe_plans_does_not_rise_with_tensor_parallelism(data):
+    check_memory_with_tp(data)
+
+
+def check_memory_with_tp(data):
     s = scenario_of(data)
     plan = data["plan"]
     if plan["dp"] % 2:

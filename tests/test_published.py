@@ -19,7 +19,7 @@ from simulator.validation.features import feature
 from simulator.validation.stats import relative_error, summarise
 from simulator.errors import InputError
 
-SHARED_FILES = {"published-runs.csv": 18, "more-runs.csv": 59, "nemo-dgxc-h100.csv": 19}
+SHARED_FILES = {"published-runs.csv": 18, "more-runs.csv": 59, "nemo-dgxc-h100.csv": 19, "moe-runs.csv": 6}
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +176,17 @@ def test_the_copies_are_the_shared_files_and_every_row_is_a_run(runs):
     for name, n in SHARED_FILES.items():
         assert len(read_csv(PUBLISHED_DIR / name)) == n
         assert sum(r.file == name for r in runs.values()) == n
-    assert not (PUBLISHED_DIR / "moe-runs.csv").exists()  # the MoE issue's
+
+
+def test_moe_runs_are_their_own_sources_and_only_the_fp8_one_is_not_expressible(runs):
+    moe = {rid: r for rid, r in runs.items() if r.file == "moe-runs.csv"}
+    assert {r.source for r in moe.values()} == {"nemo-dgxc-moe", "megatron-moe"}
+    refused = {rid for rid, r in moe.items() if r.status != "predicted"}
+    assert refused == {"dgxc2411-h100-grok1-314b-fp8-512gpu"}
+    grok = moe["dgxc2411-h100-grok1-314b-bf16-512gpu"].scenario
+    assert (grok["plan"]["ep"], grok["plan"]["etp"], grok["model"]["experts"]) == (8, 4, 8)
+    assert grok["plan"]["moe"] == {"dispatcher": "alltoall", "capacity_factor": 1.0, "pad_to_capacity": True,
+                                   "folding": False}
 
 
 def test_every_run_is_predicted_or_has_a_named_reason(runs):
@@ -192,7 +202,7 @@ def test_runs_llmsim_cannot_express_today_are_the_stated_ones(runs):
     torchtitan = {rid for rid in runs if rid.startswith("tt_")}
     # bf16 70B FSDP x TP runs with full AC and torch.compile are the torchtitan runs llmsim can say
     assert torchtitan - blocked == {"tt_asynctp_70B_bf16_vanillaTP", "tt_asynctp_70B_bf16_asyncTP"}
-    assert len(blocked) == 33
+    assert len(blocked) == 33 + 1  # and the Grok-1 FP8 run (moe-runs.csv)
 
 
 def test_torchtitan_405b_needs_uneven_ranks_and_its_interleaved_run_a_stage_layout(runs):

@@ -37,7 +37,7 @@ def test_trace_has_one_process_per_stage_and_one_thread_per_stream(scenario):
     procs = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     assert procs == {i: f"pipeline stage {i}" for i in range(4)}
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert sorted(set(threads.values())) == sorted(STREAMS + ("tp", "cp"))
+    assert sorted(set(threads.values())) == sorted(STREAMS + ("tp", "cp", "ep"))
 
 
 def test_1f1b_trace_orders_passes_like_1f1b(scenario):

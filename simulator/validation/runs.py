@@ -2,9 +2,10 @@
 
 Each CSV is an unchanged copy of a file of shared/validation and has a supplement
 (supplement*.yaml naming it) that fills what the table leaves blank, each with its source.
-Two column layouts exist: `table` (published-runs.csv, more-runs.csv: one column per
-quantity, some in free text) and `scenario` (nemo-dgxc-h100.csv: the scenario's own field
-names plus `metric` and `measured`).
+Three column layouts exist: `table` (published-runs.csv, more-runs.csv: one column per
+quantity, some in free text), `scenario` (nemo-dgxc-h100.csv: the scenario's own field
+names plus `metric` and `measured`) and `moe` (moe-runs.csv: columns named for what they
+mean, the MoE shape, ep and etp, the token dispatcher; `metric` and `measured`).
 
 A supplement groups rows into sources by id prefix:
 
@@ -46,7 +47,7 @@ from ..yamlio import load_yaml
 from .features import feature
 
 PUBLISHED_DIR = data_dir() / "scenarios" / "published"
-FORMATS = ("table", "scenario")
+FORMATS = ("table", "scenario", "moe")
 
 # llmsim metric (a key of `evaluate --json`) of each measured column of the table layout,
 # and the factor from the column's unit to the metric's.
@@ -195,13 +196,76 @@ def _scenario_layout(row: Mapping, rid: str) -> tuple[dict, dict]:
     return out, {}
 
 
+_MOE_COLUMNS = {
+    "model": ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "seq_len", "experts", "top_k",
+              "expert_ffn_hidden", "shared_experts", "shared_expert_ffn_hidden", "dense_layers", "dense_ffn_hidden",
+              "moe_layer_freq"),
+    "plan": ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch"),
+}
+
+
+def _dispatcher(text: str) -> dict | None:
+    """plan.moe of a `dispatcher` cell: alltoall | allgather, optionally -capacity<factor>
+    and -padded (moe-runs.md); None for anything else."""
+    parts = text.split("-")
+    out = {"dispatcher": parts[0]}
+    for part in parts[1:]:
+        if part.startswith("capacity"):
+            try:
+                out["capacity_factor"] = float(part[len("capacity"):])
+            except ValueError:
+                return None
+        elif part == "padded":
+            out["pad_to_capacity"] = True
+        else:
+            return None
+    return out if parts[0] in ("alltoall", "allgather") else None
+
+
+def _moe_layout(row: Mapping, rid: str) -> tuple[dict, dict]:
+    """(scenario, unresolved): a moe-runs.csv row. Zero widths of absent parts (shared
+    experts, dense layers) are left out; free-text cells (recompute, dispatcher) that are
+    not llmsim values are returned as unresolved."""
+    model = {"name": rid}
+    for key in _MOE_COLUMNS["model"]:
+        v = _int(row, key, rid)
+        if v is not None and not (v == 0 and key.endswith("ffn_hidden")):
+            model[key] = v
+    for key in ("activation", "attention"):
+        if _cell(row, key):
+            model[key] = _cell(row, key)
+    plan = {k: v for k in _MOE_COLUMNS["plan"] if (v := _int(row, k, rid)) is not None}
+    plan["precision"] = _cell(row, "precision")
+    if plan.get("vpp", 1) > 1:
+        plan["schedule"] = "interleaved"
+    unresolved = {}
+    if _cell(row, "recompute") in RECOMPUTE:
+        plan["recompute"] = _cell(row, "recompute")
+    else:
+        unresolved["plan.recompute"] = _cell(row, "recompute")
+    moe = _dispatcher(_cell(row, "dispatcher"))
+    if moe is None:
+        unresolved["plan.moe"] = _cell(row, "dispatcher")
+    else:
+        plan["moe"] = moe
+    gpus, per_node = _int(row, "gpus", rid), _int(row, "gpus_per_node", rid)
+    cluster = {"accelerator": _cell(row, "accelerator"), "nodes": max(1, gpus // per_node),
+               "devices_per_node": min(gpus, per_node)}
+    return {"name": rid, "model": model, "plan": plan, "cluster": cluster}, unresolved
+
+
 # ---------------------------------------------------------------- supplements
 
 def _merge(base: dict, extra: Mapping, where: str) -> None:
     """Merge `extra` ({model: {...}, plan: {...}, cluster: {...}}) into `base`."""
     F.reject_unknown(extra, ("model", "plan", "cluster"), where)
     for section, values in extra.items():
-        base.setdefault(section, {}).update(F.require_mapping(values, f"{where}.{section}"))
+        target = base.setdefault(section, {})
+        for key, value in F.require_mapping(values, f"{where}.{section}").items():
+            if isinstance(value, Mapping) and isinstance(target.get(key), Mapping):  # plan.moe, plan.offload
+                target[key] = {**target[key], **value}
+            else:
+                target[key] = value
 
 
 def _source(data: Mapping, where: str) -> Source:
@@ -220,7 +284,7 @@ def _source(data: Mapping, where: str) -> Source:
 
 
 def _measurements(row: Mapping, fmt: str, src: Source, rid: str) -> tuple[Measurement, ...]:
-    if fmt == "scenario":
+    if fmt != "table":
         metric = _cell(row, "metric")
         if metric not in METRIC_KEYS:
             raise InputError(f"{rid}.metric", metric, "known: " + ", ".join(METRIC_KEYS))
@@ -261,7 +325,7 @@ def map_row(row: Mapping, fmt: str, src: Source, extra: Mapping, file: str, appr
     rid = row["id"]
     where = f"{file} supplement rows.{rid}"
     F.reject_unknown(extra, ("scenario", "features", "assumptions", "provenance"), where)
-    scenario, unresolved = (_table_scenario if fmt == "table" else _scenario_layout)(row, rid)
+    scenario, unresolved = {"table": _table_scenario, "scenario": _scenario_layout, "moe": _moe_layout}[fmt](row, rid)
     _merge(scenario, src.scenario, f"{file} supplement {src.key}.scenario")
     _merge(scenario, F.require_mapping(extra.get("scenario") or {}, where), f"{where}.scenario")
     features = {**src.features, **F.require_mapping(extra.get("features") or {}, f"{where}.features")}

@@ -1,0 +1,145 @@
+"""Pipeline stages that hold two kinds of layer: dense-MLP layers and MoE layers (moe.py),
+with multi-head latent attention (mla.py) where the model has it.
+
+The compile step (layout.py) calls this for a model with experts or MLA; a dense MHA/GQA
+model keeps layout.py's own single-kind path. A device of a stage runs its dense-MLP and its
+MoE layers one after the other (stage_layer_mix gives how many of each), so its pass times,
+saved activations and parameters are the sums of the two kinds'. The parameters split in
+two groups with their own data-parallel collectives and ZeRO sharding: the routed experts
+over the expert data-parallel group, the rest over dp x cp (dims.py). Broadcast-safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .dataparallel import DPCosts, buckets, dp_costs
+from .memory import ActivationSizes, activation_sizes, buffer_bytes
+from .moe import (SHARED_EXPERTS, ExpertShard, dispatch_comm_s, exposed_dispatch_s, layer_params_split,
+                  moe_buffer_bytes, stage_layer_mix)
+from .passes import OpsTime, cp_layer_comm_s, ops_time, pass_times, tp_layer_comm_s
+from .states import ModelStates, model_states, stage_params
+from .workload import layer_ops
+
+
+def needs_layer_mix(model) -> bool:
+    return bool(model.experts) or model.attention == "mla"
+
+
+@dataclass(frozen=True)
+class LayerMix:
+    """A dense-MLP layer and an MoE layer of one device: operators, kernel times, exposed
+    collectives per micro-batch and parameters (the MoE fields are None for a dense MLA model)."""
+
+    dense_ops: list
+    moe_ops: list | None
+    dense_t: OpsTime
+    moe_t: OpsTime | None
+    dense_tp_s: tuple
+    moe_tp_s: tuple
+    cp_s: tuple
+    ep_s: tuple  # exposed dispatch and combine of an MoE layer, forward and backward
+    dense_params: object
+    moe_rest_params: object  # an MoE layer's attention, norms, router and shared experts
+    routed_params: object  # an MoE layer's local experts
+    buffer_bytes: object
+
+
+def _tp_comm_s(model, shard, groups, cluster):
+    """(dense-MLP layer, MoE layer) TP collectives, forward and backward. A layer's TP
+    collectives are its attention block's and its MLP's, half of tp_layer_comm_s each
+    (one gather and one reduce-scatter, or one all-reduce, per block and direction); MLA's
+    attention gathers its latents instead (mla.py); an MoE layer's routed experts have
+    none (their tokens move in the dispatch), its shared experts those of a dense MLP."""
+    f, b = tp_layer_comm_s(model, shard, groups, cluster)
+    half = (f / 2, b / 2)
+    if model.attention == "mla":
+        from .mla import tp_attention_comm_s
+        attn = tp_attention_comm_s(model, shard, groups, cluster)
+    else:
+        attn = half
+    shared = half if model.shared_experts else (0.0, 0.0)
+    return (attn[0] + half[0], attn[1] + half[1]), (attn[0] + shared[0], attn[1] + shared[1])
+
+
+def compile_mix(model, cluster, plan, shard, groups, per) -> LayerMix:
+    """Everything per layer kind, once per compile."""
+    precision = plan.precision
+    dense_ops = layer_ops(model, shard) if model.moe_layers < model.layers else []  # every layer MoE: none
+    dense_t = ops_time(dense_ops, cluster, precision)
+    dense_tp, moe_tp = _tp_comm_s(model, shard, groups, cluster)
+    cp = cp_layer_comm_s(model, shard, groups, cluster)
+    dense_p, rest_p, routed_p = layer_params_split(model, plan.tp, plan.ep, plan.etp)
+    moe_ops = moe_t = None
+    ep = (0.0, 0.0)
+    buffers_layer = dense_p
+    extra = 0.0
+    if model.experts:
+        experts = ExpertShard(plan.ep, plan.etp, plan.moe)
+        moe_ops = layer_ops(model, shard, experts)
+        moe_t = ops_time(moe_ops, cluster, precision)
+        shared_t = ops_time([op for op in moe_ops if op.group == SHARED_EXPERTS], cluster, precision) \
+            if plan.moe.shared_expert_overlap else None
+        ep = exposed_dispatch_s(dispatch_comm_s(model, shard, experts, groups, cluster), moe_t, shared_t, plan.moe)
+        buffers_layer = np.maximum(dense_p, rest_p + routed_p)
+        extra = moe_buffer_bytes(model, shard, experts)
+    buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, buffers_layer, plan, per.weight,
+                           per.grad) + extra
+    return LayerMix(dense_ops, moe_ops, dense_t, moe_t, dense_tp, moe_tp, cp, ep, dense_p, rest_p, routed_p, buffers)
+
+
+def _sum_states(a: ModelStates, b: ModelStates) -> ModelStates:
+    return ModelStates(a.weights_bytes + b.weights_bytes, a.gradients_bytes + b.gradients_bytes,
+                       a.optimizer_bytes + b.optimizer_bytes, a.host_bytes + b.host_bytes,
+                       a.local_params + b.local_params)
+
+
+def _sum_dp(a: DPCosts, b: DPCosts) -> DPCosts:
+    """The two parameter groups' collectives queue on one data-parallel stream."""
+    return DPCosts(a.step_reduce_s + b.step_reduce_s, a.step_gather_s + b.step_gather_s,
+                   a.mb_gather_s + b.mb_gather_s, a.mb_reduce_s + b.mb_reduce_s)
+
+
+@dataclass(frozen=True)
+class MixedStage:
+    """What layout.StageLayout needs of a stage holding both layer kinds."""
+
+    params: object  # before ZeRO sharding, both groups
+    states: ModelStates
+    activations: ActivationSizes
+    passes: object
+    dp: DPCosts
+    buckets: object
+    shard_group: object  # ZeRO sharding degree averaged over the stage's parameters (offload)
+
+
+def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, grad_group, expert_group,
+                p, v, has_emb, has_head, head_copy, emb_t, head_t) -> MixedStage:
+    """A representative stage of a model with experts or MLA."""
+    n_dense, n_moe = stage_layer_mix(model, p, v, has_emb)
+    dense = stage_params(model, plan.tp, 0.0, has_emb, has_head, head_copy) + n_dense * mix.dense_params \
+        + n_moe * mix.moe_rest_params
+    routed = n_moe * mix.routed_params
+    states = _sum_states(model_states(dense, plan, per, grad_group), model_states(routed, plan, per, expert_group))
+    dp = _sum_dp(dp_costs(plan.zero_stage, dense, per.weight, per.grad, groups.grad, cluster),
+                 dp_costs(plan.zero_stage, routed, per.weight, per.grad, groups.expert_grad, cluster))
+    count = buckets(dense / v, grad_group) + np.where(routed > 0, buckets(routed / v, expert_group), 0)
+    shard_group = (dense + routed) / (dense / grad_group + routed / expert_group)
+    recompute = plan.recompute
+    d_acts = activation_sizes(model, shard, recompute, n_dense / v, has_emb, has_head, mix.dense_ops)
+    passes = pass_times(mix.dense_t, n_dense, emb_t, head_t, has_emb, has_head, mix.dense_tp_s, mix.cp_s, recompute,
+                        plan.tp_comm_overlap, plan.flash_attention)
+    acts = d_acts
+    if mix.moe_ops is not None:
+        m_acts = activation_sizes(model, shard, recompute, n_moe / v, has_emb, has_head, mix.moe_ops)
+        # the layer rebuilt by full recomputation is one of the kinds the stage holds
+        d, m = d_acts.extra_bytes, m_acts.extra_bytes
+        extra = np.where(n_moe > 0, np.where(n_dense > 0, np.maximum(d, m), m), d)
+        acts = ActivationSizes(d_acts.chunk_bytes + m_acts.chunk_bytes, d_acts.embedding_bytes, extra)
+        zero = np.asarray(0.0)
+        passes = passes + pass_times(mix.moe_t, n_moe, emb_t, head_t, zero, zero, mix.moe_tp_s, mix.cp_s, recompute,
+                                     plan.tp_comm_overlap, plan.flash_attention, mix.ep_s)
+    return MixedStage(dense + routed, states, acts, passes, dp, count, shard_group)
+

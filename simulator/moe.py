@@ -1,0 +1,335 @@
+"""Mixture-of-Experts layers on one device: routing, token dispatch and combine, expert GEMMs,
+shared experts, and where the expert parameters live.
+
+Megatron-Core's MoE layer (NVIDIA/Megatron-LM core_v0.9.0 @1afee592 and d98e8a64dd,
+megatron/core/transformer/moe/: router.py, token_dispatcher.py MoEAlltoAllTokenDispatcher,
+experts.py, moe_layer.py), per micro-batch on a device that holds T tokens (b·s/cp, and /tp:
+MoE layers with tp > 1 need sequence parallelism, moe_layer.py MoELayer.forward):
+
+1. router: a hidden x experts GEMM, softmax and top-k over its scores;
+2. permute: each token copied once per chosen expert, rows grouped by destination;
+3. dispatch: all-to-all over the EP group (each rank sends its k·T rows, keeps 1/ep), then
+   with ETP > 1 an all-gather over the ETP group (each ETP rank computes a 1/etp slice of
+   every expert's columns for all the rows the group received);
+4. experts: fc1 (gate and up), the activation, fc2 on the rows of each of the E/ep local
+   experts (grouped GEMM or one GEMM per expert);
+5. combine: reduce-scatter over ETP, all-to-all back over EP, un-permute weighted by the
+   router's probabilities.
+
+The all-gather dispatcher (MoEAllGatherTokenDispatcher) instead all-gathers every token of
+the EP x ETP group and reduce-scatters the output. Shared experts (DeepSeekMoE) are a dense
+MLP split over TP like any other.
+
+Routed rows. Balanced routing sends k·T rows per rank and each rank receives k·T. With a
+capacity factor c (--moe-expert-capacity-factor) an expert takes at most c·k·T/E rows from
+each rank (moe_utils.get_capacity, without its ceil: a row or two per expert); padded to
+capacity (--moe-pad-expert-input-to-capacity) every expert computes exactly that many.
+Dropless routing leaves the load as the router makes it: `load_imbalance` is the busiest
+EP rank's rows over the mean (1: balanced), which the collectives and the expert GEMMs wait
+for. Three factors on k·T follow (MoEOptions): the busiest rank's rows (time, memory), the
+mean rows the kernels execute (hardware FLOPs) and the rows whose work counts as useful
+(model FLOPs: top-k routed, less what a capacity below 1 drops for sure).
+
+Grouped GEMM efficiency: the E/ep local experts' GEMMs each run at the profile's matmul
+efficiency for their own size (compute.py: every kernel pays the curve's start-up), so few
+tokens per expert run at a low rate, from the same curve a dense GEMM of that size uses.
+
+Overlap of the EP collectives with compute (off by default; Megatron-Core 0.9, which the
+published MoE runs used, has neither): `shared_expert_overlap` (--moe-shared-expert-overlap)
+runs the shared experts during the dispatch and combine; `ep_comm_overlap`
+(--overlap-moe-expert-parallel-comm, "merging FWD-BWD passes of adjacent microbatches",
+megatron/core/transformer/moe/README.md @d98e8a64dd) hides a forward pass's collectives
+behind another micro-batch's backward pass of the same layer and vice versa. The latter is
+applied to every pass; the warm-up and cool-down passes of a pipeline, which have no partner,
+are not told apart (an optimistic bound).
+
+Memory: each operator keeps what its backward pass reads (the router's input and fp32
+scores, the gathered rows entering fc1, the activation's input, fc2's input, the routed copies
+the un-permutation weights), and one layer's send, receive and ETP-gathered buffers are alive
+at once (moe_buffer_bytes). Full recomputation re-runs the layer, dispatch included; Megatron's
+finer recompute modules (moe_act, shared_experts, mla_up_proj) are not modelled.
+
+Parameters: the routed experts are split over ep (whole experts) and etp (each expert's
+columns), replicated over the expert data-parallel group (devices / (pp·ep·etp)), which
+reduces their gradients and over which ZeRO shards their states (dims.expert_grad_group_size);
+everything else (attention, norms, router, shared experts) follows TP and the dp x cp group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .comm import all_to_all_time, collective_time
+from .errors import InputError
+
+DISPATCHERS = ("alltoall", "allgather")
+SHARED_EXPERTS = "shared_experts"  # Op.group of the shared experts' operators
+
+
+@dataclass(frozen=True)
+class MoEOptions:
+    """How the MoE layers run (Megatron-Core's --moe-* flags); dense models ignore them."""
+
+    dispatcher: str = "alltoall"  # --moe-token-dispatcher-type alltoall | allgather
+    capacity_factor: float | None = None  # --moe-expert-capacity-factor; None: dropless
+    pad_to_capacity: bool = False  # --moe-pad-expert-input-to-capacity
+    load_imbalance: float = 1.0  # routed rows of the busiest EP rank / the mean (dropless routing)
+    shared_expert_overlap: bool = False  # --moe-shared-expert-overlap
+    ep_comm_overlap: bool = False  # --overlap-moe-expert-parallel-comm
+    # Megatron-Core >= 0.10 folds EP x ETP into tp x cp x dp; before it, EP was carved out of
+    # DP with ETP = TP (dims.expert_order)
+    folding: bool = True
+
+    @property
+    def busiest_rows(self) -> float:
+        """Rows the busiest rank sends, receives and computes, over the balanced k·T."""
+        c = self.capacity_factor
+        if c is None:
+            return self.load_imbalance
+        return c if self.pad_to_capacity else min(self.load_imbalance, c)
+
+    @property
+    def executed_rows(self) -> float:
+        """Rows the experts compute on average over the balanced k·T: c when padded; else at
+        most min(1, c), the drops of an imbalanced router being unknown (counted as none)."""
+        c = self.capacity_factor
+        if c is None:
+            return 1.0
+        return c if self.pad_to_capacity else min(1.0, c)
+
+    @property
+    def useful_rows(self) -> float:
+        """Routed rows counted as model FLOPs: top-k per token, less what c < 1 drops."""
+        return 1.0 if self.capacity_factor is None else min(1.0, self.capacity_factor)
+
+    def balanced(self) -> "MoEOptions":
+        """The same options with balanced routing: the busiest rank is the mean one."""
+        return MoEOptions(self.dispatcher, self.capacity_factor, self.pad_to_capacity, 1.0)
+
+
+@dataclass(frozen=True)
+class ExpertShard:
+    """How one device holds and runs the routed experts of an MoE layer (sizes may be arrays)."""
+
+    ep: object = 1
+    etp: object = 1
+    options: MoEOptions = MoEOptions()
+
+
+# ---------------------------------------------------------------- validation
+
+def check_moe_plan(plan, model) -> None:
+    """Raise InputError for ep/etp and MoE options a model and plan cannot run with."""
+    stage_devices = plan.tp * plan.cp * plan.dp
+    if not model.experts:
+        if plan.ep != 1:
+            raise InputError("plan.ep", plan.ep, "expert parallelism needs a Mixture-of-Experts model (experts >= 1)")
+    elif model.experts % plan.ep:
+        raise InputError("plan.ep", plan.ep, f"must divide experts={model.experts}")
+    if stage_devices % (plan.ep * plan.etp):
+        raise InputError("plan.ep", plan.ep, f"ep*etp = {plan.ep}*{plan.etp} must divide tp*cp*dp = {stage_devices} "
+                         "(Megatron-Core folds the expert layout into a pipeline stage's devices)")
+    if not model.experts:
+        return
+    if model.expert_ffn_hidden % plan.etp:
+        raise InputError("plan.etp", plan.etp, f"must divide expert_ffn_hidden={model.expert_ffn_hidden}")
+    shared = model.shared_experts * model.shared_expert_ffn_hidden
+    if shared % plan.tp:
+        raise InputError("plan.tp", plan.tp, f"must divide the shared experts' width {shared} "
+                         "(shared_experts x shared_expert_ffn_hidden)")
+    if plan.tp > 1 and not plan.sequence_parallel:
+        raise InputError("plan.sequence_parallel", False, "MoE layers with tp > 1 need sequence parallelism "
+                         "(Megatron-Core moe_layer.py refuses MoE with TP but without it)")
+    if not plan.moe.folding and (plan.etp != plan.tp or plan.dp % plan.ep):
+        raise InputError("plan.moe.folding", False, f"without folding EP is carved out of DP (ep={plan.ep} must "
+                         f"divide dp={plan.dp}) and etp equals tp={plan.tp} (Megatron-Core 0.9)")
+    edp = stage_devices // (plan.ep * plan.etp)
+    if plan.pp > 1 and not plan.rank_order.endswith("pp") and edp != plan.dp:
+        raise InputError("plan.rank_order", plan.rank_order, "with experts and pp > 1, pp must be outermost "
+                         "unless the expert data-parallel degree equals dp (Megatron-Core parallel_state.py)")
+    o = plan.moe
+    if o.ep_comm_overlap and plan.ep == 1:
+        raise InputError("plan.moe.ep_comm_overlap", True, "needs ep > 1 (Megatron-Core "
+                         "--overlap-moe-expert-parallel-comm)")
+    if o.shared_expert_overlap and not model.shared_experts:
+        raise InputError("plan.moe.shared_expert_overlap", True, "the model has no shared experts")
+
+
+def check_moe_stages(plan, model, virtual_stages: int) -> None:
+    """The layer mix llmsim represents: the leading dense layers inside the first virtual
+    pipeline stage, and every virtual stage holding whole periods of moe_layer_freq, so that
+    all stages but the first hold the same layers (layout.py's representative stages)."""
+    if not model.experts:
+        return
+    per_stage = model.layers // virtual_stages
+    if model.dense_layers > per_stage:
+        raise InputError("plan.pp", plan.pp, f"the {model.dense_layers} leading dense layers must fit in the first "
+                         f"virtual pipeline stage of {per_stage} layers (pp x chunks = {virtual_stages}); "
+                         "uneven layer mixes over stages are not modelled")
+    if per_stage % model.moe_layer_freq:
+        raise InputError("plan.pp", plan.pp, f"each virtual pipeline stage ({per_stage} layers) must hold whole "
+                         f"periods of moe_layer_freq={model.moe_layer_freq}")
+
+
+# ---------------------------------------------------------------- layers per stage
+
+def stage_layer_mix(model, p, v, holds_first_layers):
+    """(dense-MLP layers, MoE layers) on a device of a stage, `holds_first_layers` where the
+    first virtual stage sits. Layer i is MoE when i >= dense_layers and i % freq == 0
+    (model.is_moe_layer): a virtual stage of n layers (a multiple of freq) holds n/freq MoE
+    layers, the first one ceil(dense_layers/freq) fewer (check_moe_stages). Broadcast-safe."""
+    per_device = model.layers / np.asarray(p)
+    if not model.experts:
+        return per_device, 0.0 * per_device
+    dense_periods = -(-model.dense_layers // model.moe_layer_freq)  # ceil
+    moe = per_device / model.moe_layer_freq - np.asarray(holds_first_layers) * dense_periods
+    return per_device - moe, moe
+
+
+# ---------------------------------------------------------------- routed rows
+
+def dispatched_rows(model, tokens, options: MoEOptions):
+    """Rows the busiest rank sends to (and receives from) the dispatch, for `tokens` tokens."""
+    return options.busiest_rows * model.top_k * tokens
+
+
+def local_experts(model, ep):
+    return model.experts / np.asarray(ep)
+
+
+# ---------------------------------------------------------------- operators
+
+def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
+    """The MLP operators of an MoE layer for one micro-batch on one device (between the
+    pre-MLP norm and the residual): router, permutation, the local experts' GEMMs and
+    activation, un-permutation, shared experts. Executed FLOPs are the busiest rank's rows;
+    useful FLOPs the balanced top-k rows (MoEOptions.useful_rows)."""
+    from .workload import MATMUL, MEMORY, Op, _elementwise, _linear, mlp_ops
+
+    a, h = shard.act_bytes, model.hidden
+    o = experts.options
+    tokens = shard.replicated_tokens  # sequence-parallel shard of the tokens (MoE needs SP with TP)
+    e = model.experts
+    sent = dispatched_rows(model, tokens, o)
+    rows = experts.etp * sent  # rows computed here after the ETP all-gather
+    n_local = local_experts(model, experts.ep)
+    f = model.expert_ffn_hidden / experts.etp
+    useful = o.useful_rows / o.busiest_rows
+    gated = model.activation != "gelu"
+
+    def grouped(name, d_in, d_out, saved):
+        flops = 2 * rows * d_in * d_out
+        traffic = a * (rows * (d_in + d_out) + n_local * d_in * d_out)
+        return Op(name, MATMUL, fwd_flops=flops, bwd_input_flops=flops, bwd_weight_flops=flops, fwd_bytes=traffic,
+                  bwd_input_bytes=traffic, bwd_weight_bytes=traffic, saved_bytes=saved, model_flops=3 * flops * useful,
+                  kernels=n_local)
+
+    sort = np.where(n_local > 1, 1.0, 0.0)  # rows are re-sorted by local expert when a rank holds several
+    ops = [
+        _linear("router", tokens, h, e, a, a * tokens * h),
+        # fp32 scores: softmax and top-k; the scores are kept for the backward pass
+        _elementwise("router_topk", tokens * e, 2 * 4, 4 * tokens * e),
+        _elementwise("moe_permute", sent * h, 2 * a, 0.0),
+        _elementwise("moe_sort_chunks", sort * rows * h, 2 * a, 0.0),
+        grouped("expert_fc1", h, (2 if gated else 1) * f, a * rows * h),
+        _elementwise("expert_" + model.activation, rows * f, (3 if gated else 2) * a,
+                     (2 if gated else 1) * a * rows * f),
+        grouped("expert_fc2", f, h, a * rows * f),
+        _elementwise("moe_unsort_chunks", sort * rows * h, 2 * a, 0.0),
+        # weighted sum over the top-k copies: reads them and the probabilities, keeps the
+        # copies for the probabilities' gradient
+        Op("moe_unpermute", MEMORY, fwd_bytes=a * (sent + tokens) * h, bwd_input_bytes=2 * a * (sent + tokens) * h,
+           saved_bytes=a * sent * h),
+    ]
+    if model.shared_experts:
+        shared = mlp_ops(model, shard, model.shared_experts * model.shared_expert_ffn_hidden, "shared_")
+        ops += [Op(**{**op.__dict__, "group": SHARED_EXPERTS}) for op in shared]
+    return ops
+
+
+def moe_buffer_bytes(model, shard, experts: ExpertShard):
+    """Dispatch buffers alive at once in one MoE layer: the permuted rows to send, the rows
+    received, and with ETP the gathered rows (Megatron-Core allocates each per layer pass)."""
+    sent = dispatched_rows(model, shard.replicated_tokens, experts.options)
+    return shard.act_bytes * model.hidden * sent * (2 + experts.etp)
+
+
+# ---------------------------------------------------------------- communication
+
+def dispatch_comm_s(model, shard, experts: ExpertShard, groups, cluster):
+    """Seconds of one MoE layer's dispatch and combine collectives per pass (forward or
+    backward: the backward of an all-to-all is an all-to-all, of an all-gather a
+    reduce-scatter). All-to-all dispatcher: two all-to-alls over EP of the k·T rows each
+    rank sends (2·k·T·h·bytes·(ep-1)/ep leave it per pass, balanced), an all-gather and a
+    reduce-scatter over ETP of the received rows. All-gather dispatcher: an all-gather and a
+    reduce-scatter over EP x ETP of every token's hidden state."""
+    a, h = shard.act_bytes, model.hidden
+    tokens = shard.replicated_tokens
+    o = experts.options
+    if o.dispatcher == "allgather":
+        full = a * h * tokens * experts.ep * experts.etp
+        return collective_time("all_gather", full, groups.ep_etp, cluster) + \
+            collective_time("reduce_scatter", full, groups.ep_etp, cluster)
+    sent = a * h * dispatched_rows(model, tokens, o)
+    gathered = experts.etp * sent
+    etp = collective_time("all_gather", gathered, groups.etp, cluster) + \
+        collective_time("reduce_scatter", gathered, groups.etp, cluster)
+    return 2 * all_to_all_time(sent, groups.ep, cluster) + etp
+
+
+def exposed_dispatch_s(comm_s, moe_layer, shared, options: MoEOptions):
+    """(forward, backward) seconds of one MoE layer's dispatch collectives left exposed.
+
+    `moe_layer` and `shared` are the OpsTime of the whole MoE layer and of its shared
+    experts. Shared-expert overlap hides the collectives behind the shared experts' kernels
+    of the same pass; EP overlap behind the other direction's pass of another micro-batch."""
+    fwd = bwd = comm_s
+    if options.shared_expert_overlap:
+        fwd = np.maximum(0.0, fwd - shared.fwd_s)
+        bwd = np.maximum(0.0, bwd - shared.bwd_input_s - shared.bwd_weight_s)
+    if options.ep_comm_overlap:
+        fwd, bwd = (np.maximum(0.0, fwd - moe_layer.bwd_input_s - moe_layer.bwd_weight_s),
+                    np.maximum(0.0, bwd - moe_layer.fwd_s))
+    return fwd, bwd
+
+
+# ---------------------------------------------------------------- parameters
+
+def _norm(model) -> int:
+    return 2 * model.hidden if model.norm == "layernorm" and model.bias else model.hidden
+
+
+def mlp_params_local(model, width, tp):
+    """One MLP of intermediate size `width` split over `tp`: column- and row-parallel
+    matrices, column biases split, the row-parallel bias replicated."""
+    m, h = model.mlp_matrices, model.hidden
+    return m * h * width / tp + (((m - 1) * width / tp + h) if model.bias else 0.0)
+
+
+def attention_params_local(model, tp):
+    """One attention block on a TP rank (MLA: mla.params_local)."""
+    if model.attention == "mla":
+        from .mla import params_local
+        return params_local(model, tp)
+    h, d = model.hidden, model.head_dim
+    kv_local = np.maximum(model.kv_heads / tp, 1.0) * d
+    q_local = model.heads / tp * d
+    bias = (q_local + 2 * kv_local + h) if model.bias else 0.0
+    return h * (q_local + 2 * kv_local) + q_local * h + bias
+
+
+def layer_params_split(model, tp, ep, etp):
+    """Per device: (a dense-MLP layer, an MoE layer's non-expert part, its routed experts).
+    The router and the norms are replicated over TP (Megatron marks them sequence-parallel);
+    the shared experts are TP-split like a dense MLP."""
+    attn = attention_params_local(model, tp)
+    norms = 2 * _norm(model)
+    dense = attn + mlp_params_local(model, model.ffn_hidden, tp) + norms
+    if not model.experts:
+        return dense, 0.0, 0.0
+    shared = model.shared_experts * mlp_params_local(model, model.shared_expert_ffn_hidden, tp)
+    moe_rest = attn + norms + model.router_params() + shared
+    routed = local_experts(model, ep) * mlp_params_local(model, model.expert_ffn_hidden, etp)
+    return dense, moe_rest, routed

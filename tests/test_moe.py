@@ -1,0 +1,202 @@
+"""Mixture-of-Experts and multi-head latent attention in the cost model, against numbers
+worked by hand: all-to-all time and bytes, the dispatch per layer, expert memory per device,
+FLOPs per token of an MoE layer, Megatron-Core's expert rank layout, and the plan's rules."""
+
+import pytest
+
+from simulator import evaluate, scenario_from_dict
+from simulator.comm import Placement, all_to_all_time
+from simulator.errors import InputError
+from simulator.evaluate import compile_scenario
+from simulator.moe import ExpertShard, MoEOptions, dispatch_comm_s
+from simulator.workload import MATMUL, Shard, executed_flops_per_sequence, layer_ops
+
+DGX_H100 = {"node": "dgx-h100", "nodes": 1}
+MIXTRAL = {"preset": "mixtral-8x7b", "seq_len": 4096}
+
+
+def _scenario(model, cluster=DGX_H100, **plan):
+    plan = {"tp": 1, "pp": 1, "micro_batch": 1, "global_batch": 64, **plan}
+    return scenario_from_dict({"model": model, "cluster": cluster, "plan": plan})
+
+
+# ------------------------------------------------------------------ all-to-all
+
+def test_all_to_all_in_a_node_is_n_minus_1_pairwise_steps(dgx_a100):
+    cluster = dgx_a100(1)
+    up = cluster.node.scaleup
+    size, n = 64.0e6, 8
+    # Thakur et al. 2005: (n-1) alpha + (n-1)/n S / B
+    expected = 7 * up.latency_s + 7 / 8 * size / (up.bytes_per_s * up.efficiency)
+    assert float(all_to_all_time(size, Placement(n, n, 1), cluster)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_all_to_all_across_nodes_is_bound_by_the_share_leaving_the_node(dgx_a100):
+    cluster = dgx_a100(2)
+    out = cluster.scaleout
+    size = 64.0e6
+    # 16 ranks, 8 per node: 8 of the 16 shares cross the NIC (25 GB/s per A100 of a DGX A100)
+    expected = 8 * (out.latency_s + size / 16 / (25e9 * out.efficiency))
+    assert float(all_to_all_time(size, Placement(16, 8, 2), cluster)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_dispatch_moves_2_top_k_tokens_hidden_bytes_per_layer_and_pass():
+    s = _scenario(MIXTRAL, ep=8)
+    layout = compile_scenario(s)
+    up = s.cluster.node.scaleup
+    # Mixtral, 4096 tokens per device, top-2, hidden 4096, bf16, ep 8 in one node:
+    # 2 * 2 * 4096 * 4096 * 2 * 7/8 bytes leave each rank per layer and pass, in 2 x 7 steps
+    leaving = 2 * 2 * 4096 * 4096 * 2 * 7 / 8
+    assert leaving == 117_440_512
+    expected = leaving / (up.bytes_per_s * up.efficiency) + 2 * 7 * up.latency_s
+    got = dispatch_comm_s(s.model, layout.shard, ExpertShard(8, 1), layout.groups, s.cluster)
+    assert float(got) == pytest.approx(expected, rel=1e-12)
+
+
+def test_expert_tensor_parallel_gathers_the_received_rows_over_etp():
+    s = _scenario(MIXTRAL, tp=2, sequence_parallel=True, ep=4, etp=2)
+    layout = compile_scenario(s)
+    up = s.cluster.node.scaleup
+    bus = up.bytes_per_s * up.efficiency
+    rows = 2 * 4096 / 2  # top-2 copies of the 2048 tokens of the rank's sequence-parallel shard
+    sent = rows * 4096 * 2
+    a2a = 3 * up.latency_s + 3 / 4 * sent / bus
+    gather = up.latency_s + 1 / 2 * (2 * sent) / bus  # ring all-gather of 2 x the rows over 2 ranks
+    got = dispatch_comm_s(s.model, layout.shard, ExpertShard(4, 2), layout.groups, s.cluster)
+    assert float(got) == pytest.approx(2 * a2a + 2 * gather, rel=1e-12)
+
+
+def test_dispatched_rows_follow_capacity_padding_and_imbalance():
+    assert MoEOptions().busiest_rows == 1.0
+    assert MoEOptions(load_imbalance=1.3).busiest_rows == 1.3
+    assert MoEOptions(capacity_factor=1.0, load_imbalance=1.3).busiest_rows == 1.0  # dropped beyond capacity
+    padded = MoEOptions(capacity_factor=1.25, pad_to_capacity=True)
+    assert (padded.busiest_rows, padded.executed_rows, padded.useful_rows) == (1.25, 1.25, 1.0)
+    assert MoEOptions(capacity_factor=0.5).useful_rows == 0.5
+
+
+# ------------------------------------------------------------------ FLOPs
+
+def test_mixtral_executes_megatron_cores_flops_per_token_plus_the_router():
+    s, L, h, n, g, d, f, k, V, E = 4096, 32, 4096, 32, 8, 128, 14336, 2, 32000, 8
+    # Megatron-LM core_r0.9.0 training.py num_floating_point_operations (moe-runs.md: 82.93 GFLOP/token)
+    megatron = 12 * L * h * h * ((1 + g / n + s / h) * (n * d / h) + (f / h) * k * 1.5 + V / (2 * L * h))
+    assert megatron / 1e9 == pytest.approx(82.93, abs=0.005)
+    router = 6 * h * E * L
+    from simulator.model import load_preset
+    from dataclasses import replace
+    model = replace(load_preset("mixtral-8x7b"), seq_len=s)
+    assert executed_flops_per_sequence(model, False, "none") / s == pytest.approx(megatron + router, rel=1e-12)
+
+
+def test_an_moe_layer_with_mla_counts_the_weights_one_token_uses():
+    from dataclasses import replace
+    from simulator.model import load_preset
+    m = replace(load_preset("deepseek-v3"), mtp_layers=0)
+    s, h = m.seq_len, 7168
+    gemm_weights = (h * 256  # router
+                    + 9 * 3 * h * 2048  # one shared and eight routed SwiGLU experts of width 2048
+                    + h * 1536 + 1536 * 128 * 192  # MLA query down- and up-projection
+                    + h * (512 + 64) + 512 * 128 * (128 + 128)  # KV latent and its up-projection
+                    + 128 * 128 * h)  # output projection
+    core = 0.5 * 2 * s * 128 * (192 + 128)  # QK^T and AV per token over the causal half
+    ops = layer_ops(m, Shard(micro_batch=1, seq_len=s), ExpertShard())
+    useful = sum(op.useful_flops for op in ops) / s
+    assert useful == pytest.approx(3 * (2 * gemm_weights + core), rel=1e-12)
+    assert sum(op.fwd_flops for op in ops if op.kind == MATMUL) / s == pytest.approx(2 * gemm_weights, rel=1e-12)
+
+
+def test_mfu_counts_active_parameters_and_padding_shows_in_hfu_only():
+    base = evaluate(_scenario(MIXTRAL, ep=8), "analytic")
+    padded = evaluate(_scenario(MIXTRAL, ep=8, moe={"capacity_factor": 1.5, "pad_to_capacity": True}), "analytic")
+    assert padded.model_flops_per_step == base.model_flops_per_step
+    assert padded.hardware_flops_per_step > base.hardware_flops_per_step
+    assert padded.step_time_s > base.step_time_s
+
+
+def test_few_tokens_per_expert_pay_the_matmul_curve_once_per_local_expert():
+    from simulator.compute import op_times
+    s = _scenario({"preset": "qwen3-30b-a3b"}, ep=8)
+    layout = compile_scenario(s)
+    op = next(o for o in layer_ops(s.model, layout.shard, ExpertShard(8, 1)) if o.name == "expert_fc1")
+    acc = s.cluster.accelerator
+    assert op.kernels == 16  # 128 experts over ep 8
+    expected = (op.fwd_flops + 16 * acc.matmul.half) / (acc.peak("bf16") * acc.matmul.max)
+    assert float(op_times(op, acc, "bf16").fwd_s) == pytest.approx(expected, rel=1e-12)
+
+
+# ------------------------------------------------------------------ memory
+
+def test_expert_states_shard_over_expert_dp_and_the_rest_over_dp():
+    # Mixtral on 64 GPUs: tp 2, pp 2, dp 16, ep 4, etp 2 -> expert-DP = 64 / (2 * 4 * 2) = 4
+    s = _scenario(MIXTRAL, cluster={"node": "dgx-h100", "nodes": 8}, tp=2, pp=2, sequence_parallel=True, ep=4,
+                  etp=2, zero_stage=1, global_batch=256)
+    first = compile_scenario(s).stages[0]
+    experts = 16 * 2 * (3 * 4096 * 14336 // 2)  # 16 layers x 2 local experts x half of each expert's columns
+    assert experts == 2_818_572_288
+    per_layer = 4096 * (2048 + 2 * 512) + 2048 * 4096 + 2 * 4096 + 4096 * 8  # attention / tp 2, norms, router
+    rest = 16 * per_layer + 32000 * 4096 // 2  # and half the embedding
+    assert float(first.states.weights_bytes) == 2 * (rest + experts)
+    assert float(first.states.gradients_bytes) == 4 * (rest + experts)
+    assert float(first.states.optimizer_bytes) == pytest.approx(12 * (rest / 16 + experts / 4), rel=1e-12)
+
+
+def test_one_device_holding_everything_holds_every_parameter():
+    from dataclasses import replace
+    for preset in ("mixtral-8x7b", "deepseek-v3"):
+        s = _scenario({"preset": preset, "mtp_layers": 0, "seq_len": 1024})
+        layout = compile_scenario(replace(s, plan=replace(s.plan, zero_stage=0)))
+        assert float(layout.stages[0].params) == pytest.approx(s.model.params(), rel=1e-12)
+
+
+# ------------------------------------------------------------------ Megatron-Core's expert layout
+
+def test_folded_ep_group_sits_inside_etp_while_megatron_0_9_carves_it_out_of_dp():
+    plan = {"tp": 4, "pp": 8, "cp": 2, "ep": 8, "micro_batch": 1, "global_batch": 64, "sequence_parallel": True,
+            "vpp": 8, "schedule": "interleaved"}
+    grok = {"preset": "grok-1"}
+    cluster = {"node": "dgx-h100", "nodes": 64}
+    folded = compile_scenario(scenario_from_dict({"model": grok, "cluster": cluster, "plan": plan})).groups
+    old = compile_scenario(scenario_from_dict({"model": grok, "cluster": cluster,
+                                               "plan": {**plan, "moe": {"folding": False}}})).groups
+    # folded etp-ep-edp-pp: EP ranks 4 apart, 2 per node; 0.9's tp-cp-ep-dp-pp: 8 apart, 1 per node
+    assert (folded.ep.local, folded.ep.domains) == (2, 4)
+    assert (old.ep.local, old.ep.domains) == (1, 8)
+    # expert gradients: 512 / (8 pipeline stages x ep 8 x etp 4) = 2 replicas either way
+    assert folded.expert_grad.size == old.expert_grad.size == 2
+
+
+def test_dense_results_report_parameters_and_no_all_to_all():
+    d = evaluate(_scenario({"preset": "llama-3.1-8b"}), "analytic").to_dict()
+    assert d["breakdown_s"]["ep_comm"] == 0.0
+    assert d["parameters"] == d["active_parameters"] == pytest.approx(8.03e9, rel=1e-3)
+
+
+# ------------------------------------------------------------------ the plan's rules
+
+@pytest.mark.parametrize("model,plan,field", [
+    (MIXTRAL, {"ep": 3}, "plan.ep"),  # 8 experts
+    (MIXTRAL, {"ep": 8, "etp": 2}, "plan.ep"),  # ep x etp = 16 > the 8 devices of the stage
+    (MIXTRAL, {"tp": 2, "ep": 4}, "plan.sequence_parallel"),
+    ({"preset": "llama-3.1-8b"}, {"ep": 2}, "plan.ep"),
+    ({"preset": "deepseek-v3", "mtp_layers": 0, "layers": 16}, {"pp": 8}, "plan.pp"),  # 3 dense layers > 2
+    (MIXTRAL, {"moe": {"pad_to_capacity": True}}, "plan.moe.pad_to_capacity"),
+    (MIXTRAL, {"moe": {"ep_comm_overlap": True}}, "plan.moe.ep_comm_overlap"),
+    (MIXTRAL, {"tp": 2, "sequence_parallel": True, "etp": 1, "moe": {"folding": False}}, "plan.moe.folding"),
+])
+def test_a_plan_the_experts_cannot_run_is_one_line_naming_the_field(model, plan, field):
+    with pytest.raises(InputError, match="^" + field.replace(".", r"\.") + ": ") as err:
+        _scenario(model, **plan)
+    assert "\n" not in str(err.value)
+
+
+def test_the_trace_shows_the_exposed_all_to_all_of_each_pass_on_an_ep_thread(tmp_path):
+    from simulator.trace import trace_timeline, write_trace
+    s = _scenario(MIXTRAL, ep=8, global_batch=16)
+    trace = write_trace(s, str(tmp_path / "t.json"))
+    df = trace_timeline(trace)
+    ep = df[df.stream == "ep"]
+    r = evaluate(s, "graph")
+    # the forward and the backward pass of each of the 2 micro-batches per replica
+    assert set(ep.name) == {"all-to-all F0.0", "all-to-all F0.1", "all-to-all B0.0", "all-to-all B0.1"}
+    assert ep.duration_s.sum() == pytest.approx(r.breakdown_s["ep_comm"], rel=1e-6)
