@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from . import fields as F
 from .errors import InputError
 from .hardware import Cluster
+from .loss import LOSSES
 from .model import ModelSpec, refuse_unmodelled
 from .schedules import SCHEDULES, plan_schedule
 
@@ -57,6 +58,9 @@ class Plan:
     # An explicit per-stage op order ("F0", "B0", "W0", "F1.0" = chunk 1 of micro-batch 0)
     # run by the graph engine in place of the named schedule's (schedules.py).
     schedule_ops: tuple | None = None
+    # lm_head + cross-entropy: unfused | fused (Cut Cross-Entropy) | chunked (Liger), loss.py
+    loss: str = "unfused"
+    loss_chunk_tokens: int | None = None  # chunked: tokens per chunk (None: Liger's rule)
 
     @property
     def devices(self) -> int:
@@ -117,7 +121,17 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         grad_precision=F.choice(data, "grad_precision", "plan", GRAD_PRECISIONS, "fp32"),
         rank_order=order,
         schedule_ops=_schedule_ops(data.get("schedule_ops")),
+        **_loss(data),
     )
+
+
+def _loss(data) -> dict:
+    """plan.loss and plan.loss_chunk_tokens (a chunk size only for the chunked loss)."""
+    loss = F.choice(data, "loss", "plan", LOSSES, "unfused")
+    chunk = F.integer(data, "loss_chunk_tokens", "plan", None, maximum=10**9)
+    if chunk is not None and loss != "chunked":
+        raise InputError("plan.loss_chunk_tokens", chunk, "a chunk size needs plan.loss: chunked")
+    return {"loss": loss, "loss_chunk_tokens": chunk}
 
 
 def _schedule_ops(value):
