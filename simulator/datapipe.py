@@ -28,8 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
+from .bcast import maximum, minimum
 from .training import DataPipeline, Dataset, Storage
 
 
@@ -45,7 +44,7 @@ class DataTime:
 def read_rate(storage: Storage, cluster):
     """Bytes/s one node reads: its own NVMe, or its share of a shared tier."""
     per_node = cluster.node.nvme_read_bytes_per_s if storage.node_nvme else storage.read_bytes_per_s_per_node
-    return np.minimum(per_node, storage.read_bytes_per_s_total / cluster.nodes)
+    return minimum(per_node, storage.read_bytes_per_s_total / cluster.nodes)
 
 
 def data_time(tokens_per_step, seq_len, compute_step_s, pipe: DataPipeline, dataset: Dataset, storage: Storage,
@@ -59,7 +58,7 @@ def data_time(tokens_per_step, seq_len, compute_step_s, pipe: DataPipeline, data
     workers_s = (tokens / per_request * request_s + tokens / dataset.cpu_tokens_per_s_per_core) / workers
     copy_s = tokens / cluster.devices_per_node * dataset.host_to_device_bytes_per_token / \
         cluster.accelerator.host_link_bytes_per_s
-    data_s = np.maximum(np.maximum(storage_s, workers_s), copy_s)
+    data_s = maximum(maximum(storage_s, workers_s), copy_s)
     overlapped = pipe.workers_per_device >= 1 and pipe.prefetch >= 1
-    exposed = np.maximum(0.0, data_s - compute_step_s) if overlapped else data_s
+    exposed = maximum(0.0, data_s - compute_step_s) if overlapped else data_s
     return DataTime(data_s, exposed, storage_s, workers_s, copy_s)

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
-
+from .bcast import maximum, minimum
 from .errors import InputError
 from .training import Power
 
@@ -90,7 +89,7 @@ def energy(cluster, power: Power, step_s, breakdown: dict) -> Energy:
     acc = cluster.accelerator
     idle, busy = idle_w(acc, power), busy_w(acc, power)
     waiting = breakdown.get("pipeline_bubble", 0.0) + breakdown.get("data", 0.0)
-    u = np.clip(1.0 - waiting / step_s, 0.0, 1.0)
+    u = maximum(0.0, minimum(1.0, 1.0 - waiting / step_s))
     overhead = cluster.nodes * node_overhead_w(cluster, power)
     stepping = power.pue * (cluster.devices * device_power_w(idle, busy, u) + overhead)
     standing = power.pue * (cluster.devices * idle + overhead)

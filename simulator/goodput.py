@@ -24,9 +24,11 @@ Sizes and times may be numpy arrays (one entry per plan).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
+from .bcast import maximum, minimum, where
 from .training import Checkpointing, Failures, Restart, Storage
 
 HOUR = 3600.0
@@ -46,12 +48,16 @@ def failure_rate_per_s(failures: Failures, devices, nodes, nics):
 
 def checkpoint_bytes(layout):
     """Bytes of one checkpoint: every parameter once with its weight (compute precision) and
-    optimizer states (fp32 master copy and Adam moments under mixed precision; states.py),
-    whatever the sharding; gradients are not saved. The stages' parameters are per TP rank
-    (a KV projection replicated across TP ranks counts once per rank)."""
+    optimizer states (fp32 master copy and Adam moments under mixed precision; states.py);
+    gradients are not saved. However the plan shards them, a distributed checkpoint stores
+    each tensor once (replicated norms and shards deduplicated), so the size is the model's."""
     per = layout.per_param
-    params = sum(np.asarray(r.count) * r.params for r in layout.stages) * layout.plan.tp
-    return params * (per.weight + per.optimizer)
+    return _params(layout.model) * (per.weight + per.optimizer) + 0.0 * layout.p
+
+
+@lru_cache(maxsize=64)
+def _params(model) -> float:
+    return float(model.params())
 
 
 def young_daly_interval_s(stall_s, mtbf_s):
@@ -61,7 +67,7 @@ def young_daly_interval_s(stall_s, mtbf_s):
 
 def storage_rate(per_node, total, nodes):
     """Bytes/s of `nodes` nodes each limited to `per_node`, together to `total`."""
-    return np.minimum(per_node * nodes, total)
+    return minimum(per_node * nodes, total)
 
 
 @dataclass(frozen=True)
@@ -119,8 +125,8 @@ class Goodput:
 
     def wall_s(self, useful_s):
         """Wall-clock time of `useful_s` seconds of training (inf when the job cannot progress)."""
-        g = np.asarray(self.goodput, dtype=float)
-        return np.where(g > 0, useful_s / np.where(g > 0, g, 1.0), np.inf)
+        g = self.goodput
+        return where(g > 0, useful_s / maximum(g, 1e-300), np.inf)
 
     def parts(self, useful_s):
         """(wall, rework, idle, interruptions) of a run of `useful_s`: rework re-runs training
@@ -137,7 +143,7 @@ def goodput_fraction(interval_s, stall_s, restart_s, lag_s, failure_rate, planne
     """Useful fraction of wall-clock time (module docstring), 0 when the job cannot progress."""
     waste = failure_rate * (restart_s + (interval_s + stall_s) / 2 + lag_s) + planned_rate * (planned_restart_s +
                                                                                            stall_s)
-    return np.maximum(0.0, 1.0 - waste) / (1.0 + stall_s / interval_s)
+    return maximum(0.0, 1.0 - waste) / (1.0 + stall_s / interval_s)
 
 
 def goodput(layout, training, storage: Storage, step_s) -> Goodput:
@@ -153,7 +159,7 @@ def goodput(layout, training, storage: Storage, step_s) -> Goodput:
     restart = r.detection_s + planned_restart
     interval = young_daly_interval_s(cost.stall_s, 1.0 / rate) if ckpt.interval_s is None else ckpt.interval_s
     # a checkpoint is taken between steps, and the next cannot start before the last is written
-    interval = np.maximum(np.maximum(interval, step_s), cost.background_s)
+    interval = maximum(maximum(interval, step_s), cost.background_s)
     lag = cost.background_s
     lost = (interval + cost.stall_s) / 2 + lag
     g = goodput_fraction(interval, cost.stall_s, restart, lag, rate, planned, planned_restart)

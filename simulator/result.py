@@ -132,8 +132,8 @@ def whole_run_dict(run, e: Economics, step_s) -> dict:
         "data_idle_fraction": data.exposed_s / step_s,
         "power_kw": en.step_power_w / 1e3,
     }
-    # numpy scalars of a single plan become Python numbers (arrays of a batch stay)
-    return {k: v.item() if isinstance(v, np.generic) or (isinstance(v, np.ndarray) and v.ndim == 0) else v
+    # a single plan's 0-d arrays and numpy booleans become Python numbers (a batch's arrays stay)
+    return {k: v.item() if type(v) is np.bool_ or (type(v) is np.ndarray and v.ndim == 0) else v
             for k, v in out.items()}
 
 

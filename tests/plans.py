@@ -65,6 +65,7 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15):
                      ["none", "selective", "full"])), "zero_stage": zero, "offload": offload,
                  "flash_attention": flash, "dp_overlap": draw(st.booleans()),
                  "tp_comm_overlap": draw(st.booleans()), "precision": draw(st.sampled_from(["bf16", "bf16", "fp32"])),
+                 "loss": draw(st.sampled_from(["unfused", "unfused", "fused", "chunked"])),
                  },
     }
     return data
