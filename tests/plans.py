@@ -23,7 +23,8 @@ def _divisors(n):
 
 
 @st.composite
-def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15):
+def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15,
+               losses=("unfused", "unfused", "fused", "chunked")):
     """A scenario mapping with a random plan on 1-4 DGX nodes."""
     preset = draw(st.sampled_from(sorted(MODELS)))
     layers, heads, kv = MODELS[preset]
@@ -65,7 +66,7 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15):
                      ["none", "selective", "full"])), "zero_stage": zero, "offload": offload,
                  "flash_attention": flash, "dp_overlap": draw(st.booleans()),
                  "tp_comm_overlap": draw(st.booleans()), "precision": draw(st.sampled_from(["bf16", "bf16", "fp32"])),
-                 "loss": draw(st.sampled_from(["unfused", "unfused", "fused", "chunked"])),
+                 "loss": draw(st.sampled_from(losses)),
                  },
     }
     return data
