@@ -12,9 +12,8 @@ from .errors import InputError
 from .hardware import Cluster, cluster_from_dict
 from .model import ModelSpec, model_from_dict, resolve_hf_config
 from .plan import Plan, plan_from_dict, validate
-from .yamlio import load_yaml
-
 from .training import Training, training_from_dict
+from .yamlio import load_yaml
 
 SECTIONS = ("name", "description", "model", "cluster", "plan", "training")
 

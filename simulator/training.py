@@ -214,13 +214,18 @@ def _preset(kind: str, name: str, where: str):
     return load_yaml(data_dir() / kind / f"{name}.yaml", f"{kind}/{name}.yaml")
 
 
+def _preset_or_mapping(kind: str, value, where: str, keys) -> tuple[Mapping, str]:
+    """The fields of a preset named `value` (simulator/data/KIND/) or of the mapping `value`."""
+    if isinstance(value, str):
+        value, where = _preset(kind, value, where), f"{kind}/{value}.yaml"
+    return _section(value, where, keys), where
+
+
 def storage_from(value, where: str) -> Storage | None:
     """A storage tier: a preset name (simulator/data/storage/) or a mapping of its fields."""
     if value is None:
         return None
-    if isinstance(value, str):
-        value, where = _preset("storage", value, where), f"storage/{value}.yaml"
-    d = _section(value, where, STORAGE_KEYS)
+    d, where = _preset_or_mapping("storage", value, where, STORAGE_KEYS)
     nvme = F.boolean(d, "node_nvme", where, False)
 
     def rate(key, default):
@@ -244,9 +249,7 @@ def dataset_from(value, where: str) -> Dataset | None:
     """A dataset: a preset name (simulator/data/datasets/) or a mapping of its fields."""
     if value is None:
         return None
-    if isinstance(value, str):
-        value, where = _preset("datasets", value, where), f"datasets/{value}.yaml"
-    d = _section(value, where, DATASET_KEYS)
+    d, where = _preset_or_mapping("datasets", value, where, DATASET_KEYS)
     return Dataset(name=str(d.get("name") or "custom"),
                    storage_bytes_per_token=F.number(d, "storage_bytes_per_token", where, maximum=1e9),
                    tokens_per_request=F.number(d, "tokens_per_request", where, None, maximum=1e15),
