@@ -99,7 +99,7 @@ def _renamed(data: dict, overrides: dict) -> dict:
 
 ENGINES = ("analytic", "graph")
 IMPORT_KINDS = ("torchtitan", "megatron", "deepspeed")
-OBJECTIVE_NAMES = ("throughput", "cost", "time-to-train")
+OBJECTIVE_NAMES = ("throughput", "cost", "time-to-train", "time-to-train-all-in", "cost-all-in")
 PLOT_KINDS = ("breakdown", "memory", "pareto", "heatmap", "timeline", "scatter", "accelerators")
 
 

@@ -405,14 +405,13 @@ def simulate(layout: Layout, periodic: bool = True) -> Simulation:
     # 3p-2 chunks in flight, one period more), and so does the step: affine in m from m0 on,
     # unless some stream's backlog grows (_falls_behind). Checked against full runs over
     # random plans (tests/test_engine.py); not done where a copy backlog can build up for a
-    # while before it settles (activation offload) nor for the V shapes with per-micro-batch
-    # ZeRO-2/3 traffic, where such runs disagreed.
+    # while before it settles (activation offload) nor for the V shapes, whose greedy orders
+    # need not repeat every p micro-batches (random plans disagreed).
     plan = layout.plan
-    per_mb_dp = plan.zero_stage >= 2
-    unsettled = plan.offload.activations != "none" or (per_mb_dp and layout.schedule.placement == "v")
+    unsettled = plan.offload.activations != "none" or layout.schedule.placement == "v"
     m0 = p if layout.v == 1 else 2 * p
-    points = 2
-    if periodic and plan.schedule_ops is None and not unsettled and p > 1 and m > m0 + 2 * p:
+    points = 2 if plan.zero_stage <= 1 else 3  # per-micro-batch ZeRO-2/3 traffic: a third period checks the slope
+    if periodic and plan.schedule_ops is None and not unsettled and p > 1 and m > m0 + points * p:
         runs = [_one(layout, m0 + q * p, slowdown) for q in range(points)]
         extrapolated = _extrapolate(runs, m, m0, p, t0)
         if extrapolated is not None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from . import analytic
-from .economics import economics
+from .energy import capped_cluster
 from .errors import InputError
 from .layout import Layout, compile_layout
 from .memory import StageMemory
 from .result import Result, require_finite
 from .scenario import Scenario
+from .wholerun import run_economics, with_data_stall
 
 GIB = 2**30
 ENGINES = ("graph", "analytic")
@@ -37,7 +38,8 @@ def host_reason(per_device: float, devices_per_node: int, capacity: float, node:
 
 
 def compile_scenario(scenario: Scenario) -> Layout:
-    return compile_layout(scenario.model, scenario.cluster, scenario.plan)
+    """The Layout of a scenario, on the clock its power cap leaves (energy.capped_cluster)."""
+    return compile_layout(scenario.model, capped_cluster(scenario.cluster, scenario.training.power), scenario.plan)
 
 
 def evaluate(scenario: Scenario, engine: str = "graph") -> Result:
@@ -77,9 +79,11 @@ def assemble(scenario: Scenario, layout: Layout, engine: str, breakdown: dict, s
     if feasible and host * cluster.devices_per_node > cluster.node.host_memory_bytes:
         feasible = False
         reason = host_reason(host, cluster.devices_per_node, cluster.node.host_memory_bytes, cluster.node.name)
+    breakdown, data = with_data_stall(layout, scenario.training, breakdown)
     step = sum(breakdown.values())
     require_finite({"step_time_s": step, **breakdown, "peak_memory_bytes": peak.total}, "evaluate")
-    tokens = plan.global_batch * scenario.model.seq_len
+    econ, run = run_economics(layout, scenario.training, breakdown, data, step, cluster.devices,
+                              scenario.price_usd_per_device_hour)
     return Result(
         scenario=scenario.name, engine=engine, feasible=feasible, reason=reason, step_time_s=step,
         breakdown_s=breakdown, global_batch=plan.global_batch, seq_len=scenario.model.seq_len,
@@ -88,7 +92,6 @@ def assemble(scenario: Scenario, layout: Layout, engine: str, breakdown: dict, s
         peak_flops_per_device=cluster.accelerator.peak(plan.precision), peak_memory_bytes=peak.total,
         peak_memory_stage=peak.stage, memory_bytes=peak.as_dict(), memory_by_stage=[s.as_dict() for s in stages],
         capacity_bytes=capacity, host_bytes_per_device=host,
-        economics=economics(step, tokens, cluster.devices, scenario.price_usd_per_device_hour,
-                            scenario.training.tokens),
-        extra=extra, parameters=float(scenario.model.params()), active_parameters=float(scenario.model.active_params()))
+        economics=econ, extra=extra, whole_run=run,
+        parameters=float(scenario.model.params()), active_parameters=float(scenario.model.active_params()))
 

@@ -83,6 +83,9 @@ class Accelerator:
     # device (SM and memory-bandwidth contention); 0 = none. Used by the graph engine.
     overlap_slowdown: float = 0.0
     validation: Validation | None = field(default=None, compare=False)
+    # Power drawn with a context loaded and no kernel running (optional; energy.py documents
+    # the default when absent).
+    idle_w: float | None = None
 
     def memory_efficiency(self, kernel: str | None = None) -> Efficiency:
         return self.memory_kernels.get(kernel, self.memory) if kernel else self.memory
@@ -134,6 +137,9 @@ class Node:
     nvme_write_bytes_per_s: float
     host_adam_params_per_s: float
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    # Power of everything in the node but its accelerators (CPUs, memory, NICs, fans, power
+    # conversion) while training (optional; energy.py documents the default when absent).
+    power_overhead_w: float | None = None
 
 
 @dataclass(frozen=True)
@@ -181,7 +187,7 @@ def _efficiency(data: Mapping, key: str, where: str, size_key: str) -> Efficienc
 
 ACCELERATOR_KEYS = ("name", "description", "vendor", "peak_tflops", "memory_gib", "memory_bandwidth_gb_per_s",
                     "host_link", "host_link_gb_per_s", "tdp_w", "price_usd_per_hour", "framework_overhead_gib",
-                    "efficiency", "sources", "calibration", "op_overhead_us", "validation")
+                    "efficiency", "sources", "calibration", "op_overhead_us", "validation", "idle_power_w")
 
 
 def accelerator_from_dict(data, where: str) -> Accelerator:
@@ -217,6 +223,7 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
         overlap_slowdown=F.number(eff, "overlap_slowdown", f"{where}.efficiency", 0.0, minimum=0.0,
                                   strict_min=False, maximum=10.0),
         validation=_validation(data.get("validation"), f"{where}.validation"),
+        idle_w=F.number(data, "idle_power_w", where, None, minimum=0.0, strict_min=False, maximum=1e6),
     )
 
 
@@ -239,7 +246,8 @@ def _link(data: Mapping, where: str) -> tuple[Link, int]:
 
 
 NODE_KEYS = ("name", "description", "accelerator", "devices_per_node", "scaleup", "network", "nics", "nic_gbit_per_s",
-             "host_memory_gib", "nvme_read_gb_per_s", "nvme_write_gb_per_s", "host_adam_params_per_s", "sources")
+             "host_memory_gib", "nvme_read_gb_per_s", "nvme_write_gb_per_s", "host_adam_params_per_s", "sources",
+             "power_overhead_w")
 
 
 def node_from_dict(data, where: str) -> Node:
@@ -262,6 +270,7 @@ def node_from_dict(data, where: str) -> Node:
         nvme_write_bytes_per_s=F.number(data, "nvme_write_gb_per_s", where, **RATE) * GB,
         host_adam_params_per_s=F.number(data, "host_adam_params_per_s", where, minimum=1e3, maximum=1e15),
         sources=_sources(data, where),
+        power_overhead_w=F.number(data, "power_overhead_w", where, None, minimum=0.0, strict_min=False, maximum=1e7),
     )
 
 

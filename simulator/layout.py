@@ -134,7 +134,8 @@ def compile_layout(model, cluster, plan) -> Layout:
     v = schedule.chunks(plan.vpp)
     act_bytes = 4 if plan.precision in FULL_PRECISION else 2
     shard = Shard(micro_batch=plan.micro_batch, seq_len=model.seq_len, tp=plan.tp, cp=plan.cp, sp=plan.sp,
-                  flash_attention=plan.flash_attention, act_bytes=act_bytes)
+                  flash_attention=plan.flash_attention, act_bytes=act_bytes, loss=plan.loss,
+                  loss_chunk_tokens=plan.loss_chunk_tokens)
     g = groups(plan, cluster)
     grad_group = grad_group_size(plan)
     per = bytes_per_param(plan.precision, plan.grad_precision)
@@ -179,7 +180,8 @@ def compile_layout(model, cluster, plan) -> Layout:
             dp=dp, buckets=n_buckets, offload=off,
             optimizer_s=optimizer_step_s(states, per, plan, cluster.accelerator)))
     model_flops = model_flops_per_sequence(model, plan.moe) * plan.global_batch
-    hw_flops = executed_flops_per_sequence(model, plan.flash_attention, plan.recompute, plan.moe) * plan.global_batch
+    hw_flops = executed_flops_per_sequence(model, plan.flash_attention, plan.recompute, plan.moe,
+                                           plan.loss) * plan.global_batch
     return Layout(model=model, cluster=cluster, plan=plan, schedule=schedule, p=p, m=m, v=v, shard=shard, groups=g,
                   grad_group=grad_group, per_param=per, pp_hop_s=hop, stages=tuple(reps),
                   model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from . import fields as F
 from .errors import InputError
 from .hardware import Cluster
+from .loss import LOSSES
 from .model import ModelSpec, refuse_unmodelled
 from .moe import DISPATCHERS, MoEOptions, check_moe_plan, check_moe_stages
 from .schedules import SCHEDULES, plan_schedule
@@ -64,6 +65,9 @@ class Plan:
     # run by the graph engine in place of the named schedule's (schedules.py).
     schedule_ops: tuple | None = None
     moe: MoEOptions = MoEOptions()
+    # lm_head + cross-entropy: unfused | fused (Cut Cross-Entropy) | chunked (Liger), loss.py
+    loss: str = "unfused"
+    loss_chunk_tokens: int | None = None  # chunked: tokens per chunk (None: Liger's rule)
 
     @property
     def devices(self) -> int:
@@ -127,6 +131,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         rank_order=order,
         schedule_ops=_schedule_ops(data.get("schedule_ops")),
         moe=_moe_options(data.get("moe")),
+        **_loss(data),
     )
 
 
@@ -146,6 +151,15 @@ def _moe_options(data) -> MoEOptions:
         shared_expert_overlap=F.boolean(data, "shared_expert_overlap", "plan.moe", False),
         ep_comm_overlap=F.boolean(data, "ep_comm_overlap", "plan.moe", False),
         folding=F.boolean(data, "folding", "plan.moe", True))
+
+
+def _loss(data) -> dict:
+    """plan.loss and plan.loss_chunk_tokens (a chunk size only for the chunked loss)."""
+    loss = F.choice(data, "loss", "plan", LOSSES, "unfused")
+    chunk = F.integer(data, "loss_chunk_tokens", "plan", None, maximum=10**9)
+    if chunk is not None and loss != "chunked":
+        raise InputError("plan.loss_chunk_tokens", chunk, "a chunk size needs plan.loss: chunked")
+    return {"loss": loss, "loss_chunk_tokens": chunk}
 
 
 def _schedule_ops(value):

@@ -151,6 +151,22 @@ def nearest_fits(data: dict, scenario, limit: int = 3) -> list[dict]:
 
 # ------------------------------------------------------------------ evaluate
 
+def _whole_run_lines(d: dict) -> list[str]:
+    """Goodput, data pipeline and energy lines of the report (docs/whole-run.md)."""
+    runs = "" if d["interruptions"] is None else f", {d['interruptions']:,.0f} interruptions over the run"
+    energy = "" if d["energy_kwh_to_train"] is None else (f", {d['energy_kwh_to_train'] / 1e3:,.0f} MWh to train "
+                                                          f"(${d['energy_cost_to_train_usd']:,.0f})")
+    return [
+        f"goodput    {100 * d['goodput']:.1f}%: job MTBF {d['failure_mtbf_hours']:.1f} h{runs}; checkpoint "
+        f"{d['checkpoint_gib']:,.0f} GiB every {human_time(d['checkpoint_interval_s'])} (stall "
+        f"{human_time(d['checkpoint_stall_s'])}), restart {human_time(d['restart_s'])}",
+        f"data       {human_time(d['data_time_s'])} per step to load: "
+        + (f"DATA-BOUND, accelerators idle {100 * d['data_idle_fraction']:.0f}%" if d["data_bound"]
+           else "hidden behind the step"),
+        f"energy     {d['power_kw']:,.0f} kW, {d['energy_kwh_per_step']:.3g} kWh per step{energy}",
+    ]
+
+
 def render_result(d: dict, scenario, data: dict | None = None) -> str:
     """The readable report of `llmsim evaluate`. `data`, the scenario mapping, lets an
     infeasible plan list what would fit."""
@@ -194,7 +210,10 @@ def render_result(d: dict, scenario, data: dict | None = None) -> str:
     ]
     if d.get("time_to_train_days") is not None:
         lines.append(f"to train   {d['training_tokens']:.3g} tokens: {d['time_to_train_days']:.1f} days, "
-                     f"${d['cost_to_train_usd']:,.0f}")
+                     f"${d['cost_to_train_usd']:,.0f} with failures and energy ({d['time_to_train_days_no_failures']:.1f}"
+                     f" days, ${d['cost_to_train_usd_no_failures']:,.0f} without)")
+    if d.get("goodput") is not None:
+        lines += _whole_run_lines(d)
     if d.get("graph_tasks") is not None:
         lines.append(f"engine     graph: {d['graph_tasks']:,} tasks in the step, {d['simulated_tasks']:,} executed"
                      + (" (steady state extrapolated)" if d.get("steady_state_extrapolated") else ""))

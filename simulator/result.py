@@ -14,7 +14,7 @@ from .memory import MEMORY_KEYS
 GIB = 2**30
 SECONDS_PER_DAY = 86400.0
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "pipeline_bubble",
-                  "optimizer", "offload", "other")
+                  "optimizer", "offload", "data", "other")
 FLOP_CONVENTION = ("model FLOPs: useful forward and backward FLOPs, causal attention counted over its unmasked "
                    "half, no recomputation (MFU); hardware FLOPs: executed FLOPs with recomputation and the "
                    "kernels' extra work, e.g. flash attention's backward recomputing QK^T and a materialised "
@@ -51,6 +51,7 @@ class Result:
     extra: dict = field(default_factory=dict)  # engine details (graph: tasks simulated)
     parameters: float = 0.0  # trainable parameters of the model
     active_parameters: float = 0.0  # parameters one token uses (top-k routed experts; all of a dense model)
+    whole_run: object = None  # wholerun.WholeRun: data pipeline, goodput, energy
 
     @property
     def tokens_per_step(self) -> int:
@@ -106,8 +107,42 @@ class Result:
             "parameters": self.parameters,
             "active_parameters": self.active_parameters,
         }
+        if self.whole_run is not None:
+            out.update(whole_run_dict(self.whole_run, e, self.step_time_s))
         out.update(self.extra)
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+
+
+def _days(seconds):
+    return None if seconds is None else seconds / SECONDS_PER_DAY
+
+
+def whole_run_dict(run, e: Economics, step_s) -> dict:
+    """The whole-run keys of the JSON contract (docs/whole-run.md)."""
+    g, data, en = run.goodput, run.data, run.energy
+    out = {
+        "goodput": g.goodput,
+        "interruptions": e.interruptions,
+        "checkpoint_interval_s": g.interval_s,
+        "energy_kwh_per_step": en.kwh_per_step,
+        "energy_kwh_to_train": e.energy_kwh_to_train,
+        "data_bound": data.exposed_s > 0,
+        "time_to_train_days_no_failures": _days(e.time_to_train_s_no_failures),
+        "cost_to_train_usd_no_failures": e.cost_to_train_usd_no_failures,
+        "energy_cost_to_train_usd": e.energy_cost_to_train_usd,
+        "lost_time_days": _days(e.lost_time_s),
+        "failure_mtbf_hours": g.mtbf_s / 3600.0,
+        "checkpoint_gib": g.checkpoint_bytes / GIB,
+        "checkpoint_stall_s": g.checkpoint.stall_s,
+        "checkpoint_write_s": g.checkpoint.stall_s + g.checkpoint.background_s,
+        "restart_s": g.restart_s,
+        "data_time_s": data.data_s,
+        "data_idle_fraction": data.exposed_s / step_s,
+        "power_kw": en.step_power_w / 1e3,
+    }
+    # a single plan's 0-d arrays and numpy booleans become Python numbers (a batch's arrays stay)
+    return {k: v.item() if type(v) is np.bool_ or (type(v) is np.ndarray and v.ndim == 0) else v
+            for k, v in out.items()}
 
 
 def require_finite(values: dict, where: str) -> None:

@@ -12,16 +12,10 @@ from .errors import InputError
 from .hardware import Cluster, cluster_from_dict
 from .model import ModelSpec, model_from_dict, resolve_hf_config
 from .plan import Plan, plan_from_dict, validate
+from .training import Training, training_from_dict
 from .yamlio import load_yaml
 
 SECTIONS = ("name", "description", "model", "cluster", "plan", "training")
-TRAINING_KEYS = ("tokens", "price_usd_per_device_hour")
-
-
-@dataclass(frozen=True)
-class Training:
-    tokens: float | None = None  # tokens to train on, for time- and cost-to-train
-    price_usd_per_device_hour: float | None = None  # overrides the accelerator profile's price
 
 
 @dataclass(frozen=True)
@@ -37,14 +31,6 @@ class Scenario:
         if self.training.price_usd_per_device_hour is not None:
             return self.training.price_usd_per_device_hour
         return self.cluster.accelerator.price_usd_per_hour
-
-
-def _training(data) -> Training:
-    data = F.require_mapping(data or {}, "training")
-    F.reject_unknown(data, TRAINING_KEYS, "training")
-    tokens = F.number(data, "tokens", "training", None)
-    price = F.number(data, "price_usd_per_device_hour", "training", None, minimum=0.0, strict_min=False)
-    return Training(tokens=tokens, price_usd_per_device_hour=price)
 
 
 def _parsed(cache: dict | None, section: str, data: Any, parse):
@@ -74,7 +60,7 @@ def scenario_from_dict(data: Any, cache: dict | None = None) -> Scenario:
     plan = plan_from_dict(data["plan"], devices=cluster.devices)
     validate(plan, model, cluster)
     name = data.get("name") or ""
-    return Scenario(model=model, cluster=cluster, plan=plan, training=_training(data.get("training")),
+    return Scenario(model=model, cluster=cluster, plan=plan, training=training_from_dict(data.get("training")),
                     name=str(name))
 
 

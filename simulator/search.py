@@ -40,6 +40,9 @@ OBJECTIVES = {  # column, ascending
     "throughput": ("tokens_per_s", False),
     "cost": ("usd_per_million_tokens", True),
     "time-to-train": ("step_time_s", True),
+    # with failures, checkpoints and restarts (goodput.py); cost adds energy (energy.py): need tokens
+    "time-to-train-all-in": ("time_to_train_days", True),
+    "cost-all-in": ("cost_to_train_usd", True),
 }
 OFFLOADS = {
     "none": Offload(),
@@ -283,6 +286,8 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
         raise InputError("--memory-headroom", options.memory_headroom, "expected a fraction from 0 to 0.99")
     if not isinstance(training, Training):
         raise InputError("training", training, "expected a Training")
+    if objective.endswith("-all-in") and not training.tokens:
+        raise InputError("--tokens", training.tokens, f"objective {objective} needs a token budget")
     model = model_from_dict({"preset": model} if isinstance(model, str) else model) \
         if not isinstance(model, ModelSpec) else model
     cluster = cluster_from_dict(cluster) if not isinstance(cluster, Cluster) else cluster

@@ -36,6 +36,10 @@ RESULT_TAIL = {
     "cost_usd_per_step": "float", "usd_per_million_tokens": "float", "training_tokens": "float",
     "time_to_train_days": "float", "cost_to_train_usd": "float", "memory_gib_by_stage": "str",
     "parameters": "float", "active_parameters": "float",
+    # the whole run (docs/whole-run.md)
+    "goodput": "float", "interruptions": "float", "checkpoint_interval_s": "float", "energy_kwh_per_step": "float",
+    "energy_kwh_to_train": "float", "data_bound": "bool", "time_to_train_days_no_failures": "float",
+    "cost_to_train_usd_no_failures": "float",
 }
 RESULT_COLUMNS = {**RESULT_SCALARS, **{f"memory_gib.{k}": "float" for k in MEMORY_KEYS},
                   **{f"breakdown_s.{k}": "float" for k in BREAKDOWN_KEYS}, **RESULT_TAIL}

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from . import analytic
-from .economics import economics
+from .energy import capped_cluster
 from .evaluate import host_reason, oom_reason
 from .hardware import Cluster
 from .layout import Layout, compile_layout
@@ -31,6 +31,7 @@ from .model import ModelSpec
 from .plan import Plan
 from .result import GIB, Result
 from .scenario import Scenario, Training
+from .wholerun import run_economics, with_data_stall
 
 SIZES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "global_batch")
 CATEGORICAL = tuple(f.name for f in fields(Plan) if f.name not in SIZES)
@@ -85,21 +86,22 @@ def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training
     `memory_gib_by_stage` is a list per plan with by_stage=True, else None.
     """
     n = len(plan)
-    layout = compile_layout(model, cluster, plan)
+    layout = compile_layout(model, capped_cluster(cluster, training.power), plan)
     peak = analytic.peak_memory(layout)
     capacity = cluster.accelerator.hbm_bytes
     fits = np.broadcast_to(peak.total <= capacity, (n,))
     host = np.broadcast_to(np.asarray(analytic.host_bytes_per_device(layout), dtype=float), (n,))
     host_fits = host * cluster.devices_per_node <= cluster.node.host_memory_bytes
     feasible = fits & host_fits
-    breakdown = {k: np.broadcast_to(np.asarray(v, dtype=float), (n,))
-                 for k, v in analytic.step_breakdown(layout).items()}
+    breakdown, data = with_data_stall(layout, training, analytic.step_breakdown(layout))
+    breakdown = {k: np.broadcast_to(np.asarray(v, dtype=float), (n,)) for k, v in breakdown.items()}
     step = sum(breakdown.values())
     price = price_usd_per_device_hour
     if price is None:
         price = training.price_usd_per_device_hour
     if price is None:
         price = cluster.accelerator.price_usd_per_hour
+    econ, run = run_economics(layout, training, breakdown, data, step, cluster.devices, price)
     parts = {k: np.broadcast_to(v, (n,)) for k, v in peak.parts.items()}
     stage = np.broadcast_to(peak.stage, (n,))
     total = np.broadcast_to(peak.total, (n,))
@@ -110,7 +112,7 @@ def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training
         peak_flops_per_device=cluster.accelerator.peak(plan.precision), peak_memory_bytes=total,
         peak_memory_stage=stage, memory_bytes=parts, memory_by_stage=[], capacity_bytes=capacity,
         host_bytes_per_device=host,
-        economics=economics(step, plan.global_batch * model.seq_len, cluster.devices, price, training.tokens),
+        economics=econ, whole_run=run,
         parameters=float(model.params()), active_parameters=float(model.active_params()))
     d = result.to_dict()
 

@@ -81,6 +81,8 @@ class Shard:
     sp: bool = False  # sequence parallelism (only meaningful with tp > 1)
     flash_attention: bool = True
     act_bytes: int = 2  # bytes per activation element (16-bit training)
+    loss: str = "unfused"  # lm_head + cross-entropy: unfused | fused | chunked (loss.py)
+    loss_chunk_tokens: object = None  # chunked loss: tokens per chunk (None: Liger's rule)
 
     @property
     def tokens(self):
@@ -231,8 +233,13 @@ def head_ops(model: ModelSpec, shard: Shard) -> list[Op]:
     h, v = model.hidden, model.vocab / shard.tp
     norm_bytes = 4 * a if model.norm == "layernorm" else 3 * a
     logits = tokens * v
+    norm = _elementwise("final_norm", rep * h, norm_bytes, a * rep * h)
+    if shard.loss != "unfused":
+        from .loss import loss_ops  # loss.py builds on this module's Op
+
+        return [norm, *loss_ops(model, shard)]
     return [
-        _elementwise("final_norm", rep * h, norm_bytes, a * rep * h),
+        norm,
         _linear("lm_head", tokens, h, v, a, a * rep * h),
         # fp32 upcast, max, exp-sum and loss: read 16-bit logits, write and re-read fp32 softmax
         _elementwise("cross_entropy", logits, a + 4 + 4, 4 * logits),
@@ -247,7 +254,12 @@ def loss_backward_transient_bytes(model: ModelSpec, shard: Shard):
     still live (PyTorch: nll_loss_backward, then _log_softmax_backward_data); both are
     freed once the lm_head's backward has consumed them. Found comparing torch runs on CPU
     with predictions (docs/calibration.md): two logits-sized fp32 buffers, as derived.
+    The fused and chunked losses hold what loss.loss_transient_bytes says instead.
     """
+    if shard.loss != "unfused":
+        from .loss import loss_transient_bytes
+
+        return loss_transient_bytes(model, shard)
     return 2 * 4 * shard.tokens * model.vocab / shard.tp
 
 
@@ -272,12 +284,14 @@ def model_flops_per_sequence(model: ModelSpec, moe_options=None) -> float:
 
 
 @lru_cache(maxsize=256)
-def executed_flops_per_sequence(model: ModelSpec, flash_attention: bool, recompute: str, moe_options=None) -> float:
+def executed_flops_per_sequence(model: ModelSpec, flash_attention: bool, recompute: str, moe_options=None,
+                                loss: str = "unfused") -> float:
     """FLOPs the kernels execute for one sequence's forward and backward passes, with the
     forward passes that activation recomputation repeats: what HFU counts. Selective
-    recomputation re-runs the attention core, which a flash kernel does not save. MoE
-    layers execute the mean routed rows (balanced routing; padded to capacity if so)."""
-    shard = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=flash_attention)
+    recomputation re-runs the attention core, which a flash kernel does not save; the fused
+    loss recomputes the logits (loss.py). MoE layers execute the mean routed rows (balanced
+    routing; padded to capacity if so)."""
+    shard = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=flash_attention, loss=loss)
 
     def executed(ops):
         layer = sum(op.flops for op in ops)

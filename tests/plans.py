@@ -29,7 +29,8 @@ def _divisors(n):
 
 
 @st.composite
-def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, moe=False):
+def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, moe=False,
+               losses=("unfused", "unfused", "fused", "chunked")):
     """A scenario mapping with a random plan on 1-4 DGX nodes; with `moe`, of an MoE model
     with random ep, etp and MoE options."""
     preset = draw(st.sampled_from(sorted(MOE_MODELS if moe else MODELS)))
@@ -73,6 +74,7 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
                      ["none", "selective", "full"])), "zero_stage": zero, "offload": offload,
                  "flash_attention": flash, "dp_overlap": draw(st.booleans()),
                  "tp_comm_overlap": draw(st.booleans()), "precision": draw(st.sampled_from(["bf16", "bf16", "fp32"])),
+                 "loss": draw(st.sampled_from(losses)),
                  },
     }
     if experts:

@@ -38,8 +38,17 @@ def test_throughput_and_cost_follow_from_step_time(scenario):
 def test_time_and_cost_to_train_scale_with_tokens():
     s = load_scenario("scenarios/quickstart.yaml")
     d = evaluate(s).to_dict()
-    assert d["time_to_train_days"] == pytest.approx(1.5e13 / d["tokens_per_s"] / 86400)
-    assert d["cost_to_train_usd"] == pytest.approx(1.5e13 / 1e6 * d["usd_per_million_tokens"])
+    assert d["time_to_train_days_no_failures"] == pytest.approx(1.5e13 / d["tokens_per_s"] / 86400)
+    assert d["cost_to_train_usd_no_failures"] == pytest.approx(1.5e13 / 1e6 * d["usd_per_million_tokens"])
+
+
+def test_time_and_cost_to_train_include_failures_and_energy():
+    d = evaluate(load_scenario("scenarios/quickstart.yaml")).to_dict()
+    days = d["time_to_train_days_no_failures"] / d["goodput"]
+    assert d["time_to_train_days"] == pytest.approx(days, rel=1e-12)
+    device_usd = days * 24 * 64 * d["price_usd_per_device_hour"]
+    assert d["cost_to_train_usd"] == pytest.approx(device_usd + d["energy_cost_to_train_usd"], rel=1e-12)
+    assert d["energy_cost_to_train_usd"] == pytest.approx(0.08 * d["energy_kwh_to_train"])
 
 
 def test_hfu_exceeds_mfu_by_the_recomputed_flops(scenario):

@@ -73,7 +73,10 @@ def check_graph(data):
         assert abs(a.step_time_s - g.step_time_s) <= AGREE * g.step_time_s, (a.step_time_s, g.step_time_s)
 
 
-@given(plan_dicts(zero_stages=(0, 1, 2, 3)))
+# Unfused loss only: its logits shrink with TP and outweigh the ZeRO-sharded states of the
+# TP-replicated parameters (learned position embeddings, norms), which grow as DP halves; a
+# fused loss keeps no logits, and then memory may rise with TP by that share (a real effect).
+@given(plan_dicts(zero_stages=(0, 1, 2, 3), losses=("unfused",)))
 @RUNS
 def test_memory_does_not_rise_with_tensor_parallelism(data):
     check_memory_with_tp(data)

@@ -1,0 +1,64 @@
+"""plan.loss: the logits memory of unfused, chunked and fused lm_head + cross-entropy for a 128k
+vocabulary, worked from the formulas in simulator/loss.py."""
+
+import pytest
+
+from simulator import InputError, evaluate
+
+T, H, V, A = 8192, 4096, 128256, 2  # tokens per micro-batch, hidden, vocab, bf16 bytes
+N = T * V  # logits of one micro-batch
+
+
+def llama8b(scenario, loss, **plan):
+    # one device, no recomputation: the head's bytes sit on top of the in-flight layers
+    return scenario(model={"preset": "llama-3.1-8b"}, cluster={"node": "dgx-h100", "nodes": 1},
+                    tp=1, pp=1, dp=8, micro_batch=1, global_batch=8, loss=loss, **plan)
+
+
+def head_extra(s):
+    from simulator.evaluate import compile_scenario
+
+    return float(compile_scenario(s).stages[0].activations.extra_bytes)
+
+
+def test_unfused_head_holds_the_fp32_softmax_and_two_gradients(scenario):
+    # final norm input + lm_head input (bf16) + fp32 softmax + two fp32 logits gradients
+    assert head_extra(llama8b(scenario, "unfused")) == 2 * A * T * H + 4 * N + 8 * N
+
+
+def test_fused_loss_removes_the_logits_from_peak_memory(scenario):
+    # Cut Cross-Entropy: norm and lm_head inputs, one fp32 log-sum-exp per token
+    fused = head_extra(llama8b(scenario, "fused"))
+    assert fused == 2 * A * T * H + 4 * T
+    assert head_extra(llama8b(scenario, "unfused")) - fused == 12 * N - 4 * T  # 12.6 GB at 128k vocab
+    d_unfused = evaluate(llama8b(scenario, "unfused"), "analytic").to_dict()
+    d_fused = evaluate(llama8b(scenario, "fused"), "analytic").to_dict()
+    saved = (d_unfused["memory_gib"]["activations"] - d_fused["memory_gib"]["activations"]) * 2**30
+    assert saved == pytest.approx(12 * N - 4 * T, rel=1e-12)
+
+
+def test_chunked_loss_holds_one_chunk_and_the_saved_gradients(scenario):
+    # Liger: chunk = next_pow2(8192 / ceil(128256 / 4096) = 32) = 256 tokens; the norm input,
+    # grad_input (T x H) and grad_weight (V x H) in bf16, one chunk in fp32 + two bf16 copies
+    c = 256
+    assert head_extra(llama8b(scenario, "chunked")) == A * T * H + A * T * H + A * V * H + (4 + 2 * A) * c * V
+    c = 1024
+    assert head_extra(llama8b(scenario, "chunked", loss_chunk_tokens=c)) == \
+        2 * A * T * H + A * V * H + (4 + 2 * A) * c * V
+
+
+def test_fused_loss_recomputes_the_logits_gemm(scenario):
+    unfused = evaluate(llama8b(scenario, "unfused"), "analytic")
+    fused = evaluate(llama8b(scenario, "fused"), "analytic")
+    chunked = evaluate(llama8b(scenario, "chunked"), "analytic")
+    # one more T x H x V GEMM per sequence, 8 sequences; model FLOPs unchanged
+    assert fused.hardware_flops_per_step - unfused.hardware_flops_per_step == pytest.approx(8 * 2 * T * H * V)
+    assert fused.model_flops_per_step == unfused.model_flops_per_step == chunked.model_flops_per_step
+    assert chunked.hardware_flops_per_step == pytest.approx(unfused.hardware_flops_per_step)
+
+
+def test_a_chunk_size_needs_the_chunked_loss(scenario):
+    with pytest.raises(InputError, match="plan.loss_chunk_tokens"):
+        llama8b(scenario, "fused", loss_chunk_tokens=512)
+    with pytest.raises(InputError, match="plan.loss"):
+        llama8b(scenario, "cut")
