@@ -15,6 +15,10 @@ import numpy as np
 from .hardware import Accelerator, Efficiency
 from .workload import ATTENTION, MATMUL, Op
 
+# Operator kinds of GEMMs in a low precision, with the peak_tflops key each runs at.
+FP8_MATMUL, MXFP8_MATMUL = "matmul_fp8", "matmul_mxfp8"
+LOW_PRECISION_GEMMS = {FP8_MATMUL: "fp8", MXFP8_MATMUL: "mxfp8"}
+
 
 def _work_time(work, rate: float, eff: Efficiency):
     """Seconds to do `work` (FLOPs or bytes) at `rate`·eff(work); zero work takes no time."""
@@ -27,7 +31,7 @@ MEMORY_KERNELS = {
     "attn_norm": "norm", "mlp_norm": "norm", "final_norm": "norm",
     "attn_residual": "residual", "mlp_residual": "residual",
     "gelu": "gelu", "swiglu": "swiglu", "rope": "rope", "softmax": "softmax", "attn_dropout": "dropout",
-    "embedding": "embedding", "cross_entropy": "cross_entropy",
+    "embedding": "embedding", "cross_entropy": "cross_entropy", "fp8_cast": "fp8_cast",
 }
 
 
@@ -43,14 +47,18 @@ class OpTimes:
 def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
     """Forward, backward-input and backward-weight seconds of one operator: each kernel the
     slower of its executed FLOPs and its HBM traffic at the profile's achievable rates."""
-    if op.kind in (MATMUL, ATTENTION):
+    if op.kind in LOW_PRECISION_GEMMS:  # FP8 linears (fp8.py): the FP8 peak at the FP8 GEMM efficiency
+        peak, eff = acc.peak(LOW_PRECISION_GEMMS[op.kind]), acc.matmul_fp8
+        flops_s = [_work_time(x, peak, eff) for x in (op.fwd_flops, op.bwd_input_flops, op.bwd_weight_flops)]
+        mem = acc.memory
+    elif op.kind in (MATMUL, ATTENTION):
         peak = acc.peak(precision)
         eff = acc.attention if op.kind == ATTENTION else acc.matmul
         flops_s = [_work_time(x, peak, eff) for x in (op.fwd_flops, op.bwd_input_flops, op.bwd_weight_flops)]
         mem = acc.memory
     else:
         flops_s = [0.0, 0.0, 0.0]
-        mem = acc.memory_efficiency(MEMORY_KERNELS.get(op.name))
+        mem = acc.memory_efficiency(MEMORY_KERNELS.get(op.name.rsplit(".", 1)[-1]))
     bytes_s = [_work_time(x, acc.hbm_bytes_per_s, mem) for x in (op.fwd_bytes, op.bwd_input_bytes, op.bwd_weight_bytes)]
     # A framework's host cost per operator and pass (profile op_overhead_us; 0 on GPUs) adds
     # to the forward and to the backward pass, where it is booked with the input gradient.

@@ -18,7 +18,7 @@ from .errors import InputError
 from .resources import data_dir
 from .yamlio import load_yaml
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8")
 GIB = 2**30
 GB = 1e9
 TERA = 1e12
@@ -83,6 +83,9 @@ class Accelerator:
     # device (SM and memory-bandwidth contention); 0 = none. Used by the graph engine.
     overlap_slowdown: float = 0.0
     validation: Validation | None = field(default=None, compare=False)
+    # Achieved fraction of the FP8 (and MXFP8) peak for the GEMMs of FP8 linears, from an FP8
+    # microbenchmark; None: the profile has no FP8 GEMM figure and FP8 plans are refused.
+    matmul_fp8: Efficiency | None = None
 
     def memory_efficiency(self, kernel: str | None = None) -> Efficiency:
         return self.memory_kernels.get(kernel, self.memory) if kernel else self.memory
@@ -194,7 +197,8 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
     if not peak_flops:
         raise InputError(f"{where}.peak_tflops", dict(peaks), "at least one precision is needed")
     eff = F.require_mapping(data.get("efficiency"), f"{where}.efficiency")
-    F.reject_unknown(eff, ("matmul", "attention", "memory", "memory_kernels", "overlap_slowdown"), f"{where}.efficiency")
+    F.reject_unknown(eff, ("matmul", "matmul_fp8", "attention", "memory", "memory_kernels", "overlap_slowdown"),
+                     f"{where}.efficiency")
     kernels = F.require_mapping(eff.get("memory_kernels") or {}, f"{where}.efficiency.memory_kernels")
     memory_kernels = {str(k): _efficiency(kernels, k, f"{where}.efficiency.memory_kernels", "half_bytes")
                       for k in kernels}
@@ -217,6 +221,8 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
         overlap_slowdown=F.number(eff, "overlap_slowdown", f"{where}.efficiency", 0.0, minimum=0.0,
                                   strict_min=False, maximum=10.0),
         validation=_validation(data.get("validation"), f"{where}.validation"),
+        matmul_fp8=(_efficiency(eff, "matmul_fp8", f"{where}.efficiency", "half_flops")
+                    if eff.get("matmul_fp8") is not None else None),
     )
 
 

@@ -21,14 +21,18 @@ then shared by the batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import numpy as np
 
+from . import fp8, fsdp
 from . import schedules as S
+from . import stagesplit
 from .dataparallel import DPCosts, buckets, dp_costs
+from .fusion import eager_ops
 from .dims import Groups, grad_group_size, groups
 from .memory import ActivationSizes, StageMemory, activation_sizes, buffer_bytes, peak_activation_bytes
 from .offload import OffloadCosts, offload_costs, resident_chunks_with_offload
+from .recompute import chunk_checkpoint, layer_checkpoint, rerun_flops
 from .passes import PassTimes, cp_layer_comm_s, ops_time, pass_times, pp_hop_s, tp_layer_comm_s
 from .states import BytesPerParam, ModelStates, bytes_per_param, layer_params_local, model_states, optimizer_step_s, \
     stage_params
@@ -111,11 +115,10 @@ class Layout:
         return host
 
 
-def stage_layers(model, p, v):
-    """Layers of the first, a middle and the last stage's device. Every stage holds L/p today
-    (plan.validate checks that p·v divides L)."""
-    even = model.layers / p
-    return even, even, even
+def stage_layers(model, plan, schedule, p):
+    """Layers of the first, a middle and the last stage's device: even, Megatron-Core's
+    first/last-stage counts or a per-virtual-stage layout (stagesplit.py)."""
+    return stagesplit.stage_layers(model, plan, schedule, p)
 
 
 def representative_stages(p):
@@ -132,42 +135,62 @@ def compile_layout(model, cluster, plan) -> Layout:
     p, m = plan.pp, plan.microbatches
     v = schedule.chunks(plan.vpp)
     act_bytes = 4 if plan.precision in FULL_PRECISION else 2
+    precision = fp8.compute_precision(plan)  # of every GEMM but FP8 linears
     shard = Shard(micro_batch=plan.micro_batch, seq_len=model.seq_len, tp=plan.tp, cp=plan.cp, sp=plan.sp,
                   flash_attention=plan.flash_attention, act_bytes=act_bytes)
     g = groups(plan, cluster)
     grad_group = grad_group_size(plan)
-    per = bytes_per_param(plan.precision, plan.grad_precision)
-    layer = layer_ops(model, shard)
-    layer_t = ops_time(layer, cluster, plan.precision)
-    emb_t = ops_time(embedding_ops(model, shard), cluster, plan.precision)
-    head_t = ops_time(head_ops(model, shard), cluster, plan.precision)
-    tp_s = tp_layer_comm_s(model, shard, g, cluster)
+    per = bytes_per_param(plan.precision, plan.grad_precision, plan.optimizer_precision)
+    layer = fp8.fp8_layer_ops(eager_ops(layer_ops(model, shard), model, plan), model, shard, plan)
+    head = eager_ops(head_ops(model, shard), model, plan)
+    layer_t = ops_time(layer, cluster, precision)
+    emb_t = ops_time(embedding_ops(model, shard), cluster, precision)
+    head_t = ops_time(head, cluster, precision)
+    tp_s = tp_layer_comm_s(model, shard, g, cluster, fp8.tp_gather_bytes_factor(plan))
     cp_s = cp_layer_comm_s(model, shard, g, cluster)
     hop = pp_hop_s(model, shard, g, cluster)
     layer_params = layer_params_local(model, plan.tp)
     buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, layer_params, plan, per.weight, per.grad)
     head_stage = schedule.head_stage(np.asarray(p))
     indices, counts = representative_stages(p)
+    checkpoint = layer_checkpoint(model, shard, plan.recompute, layer)
+    rerun_t = ops_time(list(checkpoint.rerun), cluster, precision).fwd_s
+    fp8_weight, fp8_gather = fp8.weight_bytes_per_param(plan)
+    linear_params = fp8.layer_linear_params(model, plan.tp)
+    total_rerun_layers = 0.0
     reps = []
-    for stage, count, layers in zip(indices, counts, stage_layers(model, p, v)):
+    for stage, count, layers in zip(indices, counts, stage_layers(model, plan, schedule, p)):
         has_emb = stage == schedule.embedding_stage(p)
         has_head = stage == head_stage
         head_copy = has_head & (np.asarray(not model.tied_embeddings) | (head_stage != schedule.embedding_stage(p)))
         params = stage_params(model, plan.tp, layers, has_emb, has_head, head_copy)
         states = model_states(params, plan, per, grad_group)
-        acts = activation_sizes(model, shard, plan.recompute, layers / v, has_emb, has_head, layer)
-        passes = pass_times(layer_t, layers, emb_t, head_t, has_emb, has_head, tp_s, cp_s, plan.recompute,
-                            plan.tp_comm_overlap, plan.flash_attention)
-        dp = dp_costs(plan.zero_stage, params, per.weight, per.grad, g.grad, cluster)
+        linears = layers * linear_params
+        if plan.zero_stage < 3:  # FP8 weight copies (or FP8 primary weights) of the linears
+            states = replace(states, weights_bytes=states.weights_bytes + linears * (fp8_weight - per.weight))
+        gather_per_param = per.weight - linears * (per.weight - fp8_gather) / params
+        acts = activation_sizes(model, shard, plan, layers / v, has_emb, has_head, layer, head)
+        rerun_layers = v * chunk_checkpoint(plan, checkpoint, 0.0, layers / v).rerun_layers
+        total_rerun_layers = total_rerun_layers + count * rerun_layers
+        passes = pass_times(layer_t, layers, emb_t, head_t, has_emb, has_head, tp_s, cp_s, plan.tp_comm_overlap,
+                            rerun_t, rerun_layers, checkpoint.tp_rerun, checkpoint.cp_rerun)
+        dp = dp_costs(plan.zero_stage, params, gather_per_param, per.grad, g.grad, cluster)
+        stage_buffers = buffers
+        if fsdp.keeps_gathered(plan):
+            dp = fsdp.step_costs(params, gather_per_param, per.grad, g.grad, cluster)
+            stage_buffers = buffers + fsdp.gathered_extra_bytes(params, layer_params, per.weight, per.grad)
         off = offload_costs(plan, cluster, params, states, per, acts.chunk_bytes, v, grad_group)
         reps.append(StageLayout(
             stage=stage, count=count, layers=layers, has_embedding=has_emb, has_head=has_head, params=params,
-            states=states, activations=acts, buffer_bytes=buffers, passes=passes,
+            states=states, activations=acts, buffer_bytes=stage_buffers, passes=passes,
             sends=schedule.sends(p, v, stage),
             dp=dp, buckets=buckets(params / v, grad_group), offload=off,
             optimizer_s=optimizer_step_s(states, per, plan, cluster.accelerator)))
     model_flops = model_flops_per_sequence(model) * plan.global_batch
-    hw_flops = executed_flops_per_sequence(model, plan.flash_attention, plan.recompute) * plan.global_batch
+    one = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=plan.flash_attention)
+    rerun_per_layer = rerun_flops(layer_checkpoint(model, one, plan.recompute, layer_ops(model, one)))
+    hw_flops = (executed_flops_per_sequence(model, plan.flash_attention, "none")
+                + total_rerun_layers * rerun_per_layer) * plan.global_batch
     return Layout(model=model, cluster=cluster, plan=plan, schedule=schedule, p=p, m=m, v=v, shard=shard, groups=g,
                   grad_group=grad_group, per_param=per, pp_hop_s=hop, stages=tuple(reps),
                   model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops)

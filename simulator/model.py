@@ -431,9 +431,6 @@ def refuse_unmodelled(spec: ModelSpec) -> None:
     if spec.mtp_layers:
         raise InputError("model.mtp_layers", spec.mtp_layers, "multi-token prediction is not yet modelled by the "
                          "cost model")
-    if spec.head_dim * spec.heads != spec.hidden:
-        raise InputError("model.head_dim", spec.head_dim, f"head_dim x heads != hidden ({spec.heads} x "
-                         f"{spec.head_dim} != {spec.hidden}) is not yet modelled by the cost model")
     if spec.activation == "geglu":
         raise InputError("model.activation", "geglu", "GeGLU is not yet modelled by the cost model (swiglu has "
                          "the same GEMM shapes)")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .comm import collective_time, send_recv_time
-from .compute import op_times
+from .compute import LOW_PRECISION_GEMMS, op_times
 from .dims import Groups
 from .hardware import Cluster
 from .model import ModelSpec
@@ -41,7 +41,7 @@ def ops_time(ops: list[Op], cluster: Cluster, precision: str) -> OpsTime:
         fwd, bwd_in, bwd_w = fwd + t.fwd_s, bwd_in + t.bwd_input_s, bwd_w + t.bwd_weight_s
         if op.group == ATTENTION_CORE:
             att_f, att_b = att_f + t.fwd_s, att_b + t.bwd_input_s + t.bwd_weight_s
-        elif op.kind == MATMUL:
+        elif op.kind == MATMUL or op.kind in LOW_PRECISION_GEMMS:
             mm_f = mm_f + t.fwd_s
     return OpsTime(fwd, bwd_in, bwd_w, att_f, att_b, mm_f)
 
@@ -81,7 +81,7 @@ class PassTimes:
         return self.forward_s + self.backward_input_s + self.bwd_weight_s
 
 
-def tp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster):
+def tp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster, gather_factor=1.0):
     """TP communication of one layer per micro-batch: (forward, backward) seconds.
 
     Two all-reduces of the b·s·h activation per layer in the forward pass and two in the
@@ -89,13 +89,15 @@ def tp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Clu
     becomes an all-gather plus a reduce-scatter of the same volume (Korthikanti 2022), and
     the backward pass all-gathers the sequence-sharded input of the two column-parallel
     GEMMs again for their weight gradients (Megatron-LM
-    LinearWithGradAccumulationAndAsyncCommunication.backward).
+    LinearWithGradAccumulationAndAsyncCommunication.backward). `gather_factor` scales the
+    bytes of the forward all-gathers (0.5: FP8 all-gathers, fp8.py).
     """
     nbytes = shard.act_bytes * shard.tokens * model.hidden
     if shard.sp:
         gather = collective_time("all_gather", nbytes, groups.tp, cluster)
-        fwd = 2 * (gather + collective_time("reduce_scatter", nbytes, groups.tp, cluster))
-        return fwd, fwd + 2 * gather
+        scatter = collective_time("reduce_scatter", nbytes, groups.tp, cluster)
+        fwd = 2 * (collective_time("all_gather", gather_factor * nbytes, groups.tp, cluster) + scatter)
+        return fwd, 2 * (gather + scatter) + 2 * gather
     fwd = 2 * collective_time("all_reduce", nbytes, groups.tp, cluster)
     return fwd, fwd
 
@@ -118,10 +120,12 @@ def pp_hop_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster):
 
 
 def pass_times(layer: OpsTime, layers, embedding: OpsTime, head: OpsTime, has_embedding, has_head,
-               tp_layer_s: tuple, cp_layer_s: tuple, recompute: str, tp_comm_overlap: bool,
-               flash_attention: bool) -> PassTimes:
+               tp_layer_s: tuple, cp_layer_s: tuple, tp_comm_overlap: bool, rerun_s, rerun_layers, tp_rerun,
+               cp_rerun: bool) -> PassTimes:
     """Seconds per micro-batch of a device holding `layers` layers (and the embedding and
-    head where flagged). Broadcast-safe: the flags are 0/1 multipliers, not branches."""
+    head where flagged), of which `rerun_layers` run `rerun_s` of their forward again with
+    the fraction `tp_rerun` of their TP collectives (and the CP exchange when `cp_rerun`) before
+    their backward (recompute.py). Broadcast-safe: the flags are 0/1 multipliers, not branches."""
     emb, hd = np.asarray(has_embedding), np.asarray(has_head)
     fwd = layers * layer.fwd_s + emb * embedding.fwd_s + hd * head.fwd_s
     bwd_in = layers * layer.bwd_input_s + emb * embedding.bwd_input_s + hd * head.bwd_input_s
@@ -132,12 +136,6 @@ def pass_times(layer: OpsTime, layers, embedding: OpsTime, head: OpsTime, has_em
         tp_b = np.maximum(0.0, tp_b - layer.bwd_input_s - layer.bwd_weight_s)
     cp_f = np.maximum(0.0, cp_layer_s[0] - layer.attention_fwd_s)
     cp_b = np.maximum(0.0, cp_layer_s[1] - layer.attention_bwd_s)
-    zero = 0.0 * fwd
-    if recompute == "full":
-        rec, tp_r, cp_r = layers * layer.fwd_s, layers * tp_f, layers * cp_f
-    elif recompute == "selective" and not flash_attention:
-        # a flash kernel saves no score matrix: selective recomputation has nothing to drop
-        rec, tp_r, cp_r = layers * layer.attention_fwd_s, zero, zero
-    else:
-        rec, tp_r, cp_r = zero, zero, zero
-    return PassTimes(fwd, bwd_in, bwd_w, rec, layers * tp_f, layers * tp_b, tp_r, layers * cp_f, layers * cp_b, cp_r)
+    rec, tp_r, cp_r = rerun_layers * rerun_s, rerun_layers * tp_rerun * tp_f, rerun_layers * float(cp_rerun) * cp_f
+    return PassTimes(fwd, bwd_in, bwd_w, rec + 0.0 * fwd, layers * tp_f, layers * tp_b, tp_r + 0.0 * fwd,
+                     layers * cp_f, layers * cp_b, cp_r + 0.0 * fwd)

@@ -14,9 +14,12 @@ from .errors import InputError
 from .hardware import Cluster
 from .model import ModelSpec, refuse_unmodelled
 from .schedules import SCHEDULES, plan_schedule
+from .stagesplit import check_split
 
-RECOMPUTE = ("none", "selective", "full")
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+RECOMPUTE = ("none", "selective", "full", "op-selective")
+RECOMPUTE_METHODS = ("uniform", "block")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8")
+FP8_RECIPES = ("delayed", "tensorwise", "rowwise")
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
 GRAD_PRECISIONS = ("fp32", "bf16", "fp16")
 DIMENSIONS = ("tp", "cp", "dp", "pp")
@@ -57,6 +60,28 @@ class Plan:
     # An explicit per-stage op order ("F0", "B0", "W0", "F1.0" = chunk 1 of micro-batch 0)
     # run by the graph engine in place of the named schedule's (schedules.py).
     schedule_ops: tuple | None = None
+    # Uneven pipeline stages (stagesplit.py): Megatron-Core's --decoder-first/last-pipeline-
+    # num-layers, or the layers of every virtual stage, first to last.
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    pipeline_layout: tuple | None = None
+    # Megatron-LM full recomputation (recompute.py): checkpoint every `recompute_num_layers`
+    # layers (uniform) or only the first `recompute_num_layers` layers of each chunk (block).
+    recompute_method: str = "uniform"
+    recompute_num_layers: int = 1
+    # FP8 linears (fp8.py): the scaling recipe of `precision: fp8` (TransformerEngine delayed,
+    # torchao tensorwise or rowwise) and FP8 primary weights (TE fp8_params).
+    fp8_recipe: str = "delayed"
+    fp8_params: bool = False
+    # Memory-bound kernels fused (torch.compile, the frameworks' fused kernels) or launched op
+    # by op as eager PyTorch runs them (fusion.py).
+    compile: bool = True
+    # FSDP2 frees the gathered weights after each forward (True) or keeps them for the
+    # backward and across micro-batches (False, torchtitan under PP): fsdp.py.
+    fsdp_reshard_after_forward: bool = True
+    # Precision of the Adam states (the master copy and both moments): fp32, or bf16 as NeMo's
+    # distributed_fused_adam with optim.dtype bf16 keeps them (states.bytes_per_param).
+    optimizer_precision: str = "fp32"
 
     @property
     def devices(self) -> int:
@@ -117,7 +142,27 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         grad_precision=F.choice(data, "grad_precision", "plan", GRAD_PRECISIONS, "fp32"),
         rank_order=order,
         schedule_ops=_schedule_ops(data.get("schedule_ops")),
+        first_stage_layers=F.integer(data, "first_stage_layers", "plan", None, maximum=100_000),
+        last_stage_layers=F.integer(data, "last_stage_layers", "plan", None, maximum=100_000),
+        pipeline_layout=_pipeline_layout(data.get("pipeline_layout")),
+        recompute_method=F.choice(data, "recompute_method", "plan", RECOMPUTE_METHODS, "uniform"),
+        recompute_num_layers=F.integer(data, "recompute_num_layers", "plan", 1, maximum=100_000),
+        fp8_recipe=F.choice(data, "fp8_recipe", "plan", FP8_RECIPES, "delayed"),
+        fp8_params=F.boolean(data, "fp8_params", "plan", False),
+        compile=F.boolean(data, "compile", "plan", True),
+        fsdp_reshard_after_forward=F.boolean(data, "fsdp_reshard_after_forward", "plan", True),
+        optimizer_precision=F.choice(data, "optimizer_precision", "plan", ("fp32", "bf16"), "fp32"),
     )
+
+
+def _pipeline_layout(value):
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not value or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value):
+        raise InputError("plan.pipeline_layout", value, "a list of layer counts (integers >= 0), one per virtual "
+                         "pipeline stage, first to last")
+    return tuple(value)
 
 
 def _schedule_ops(value):
@@ -143,10 +188,7 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
         raise InputError("plan.global_batch", plan.global_batch,
                          f"must be a multiple of micro_batch*dp = {plan.micro_batch * plan.dp}")
     schedule = plan_schedule(plan)  # the schedule's own rules; an explicit order parsed and checked
-    stages = plan.pp * schedule.chunks(plan.vpp)
-    if model.layers % stages:
-        raise InputError("plan.pp", plan.pp, f"pp x model chunks per device = {stages} must divide "
-                         f"layers={model.layers}")
+    check_split(plan, model, schedule)  # layers per pipeline stage: even, first/last counts or a layout
     if plan.cp > 1 and model.seq_len % (2 * plan.cp):
         raise InputError("plan.cp", plan.cp, f"2*cp must divide seq_len={model.seq_len} (load-balanced causal chunks)")
     if plan.sp and (model.seq_len // plan.cp) % plan.tp:
@@ -158,8 +200,27 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     if off.params != "none" and plan.zero_stage < 3:
         raise InputError("plan.offload.params", off.params, "parameter offload (ZeRO-Infinity) needs zero_stage 3")
     cluster.accelerator.peak(plan.precision)
+    if plan.precision in ("fp8", "mxfp8") and cluster.accelerator.matmul_fp8 is None:
+        raise InputError("plan.precision", plan.precision, f"the {cluster.accelerator.name} profile has no "
+                         "efficiency.matmul_fp8 (an FP8 GEMM rate measured by a microbenchmark)")
+    check_options(plan)
     if plan.precision == "fp16" and plan.grad_precision == "bf16":
         raise InputError("plan.grad_precision", "bf16", "fp16 training keeps fp16 or fp32 gradients")
+
+
+def check_options(plan: Plan) -> None:
+    """The recompute and precision options that only make sense together."""
+    if plan.recompute_method != "uniform" and plan.recompute != "full":
+        raise InputError("plan.recompute_method", plan.recompute_method, "only with recompute: full")
+    if plan.recompute_num_layers != 1 and plan.recompute != "full":
+        raise InputError("plan.recompute_num_layers", plan.recompute_num_layers, "only with recompute: full")
+    if not plan.fsdp_reshard_after_forward and plan.zero_stage < 3:
+        raise InputError("plan.fsdp_reshard_after_forward", False, "only with zero_stage 3 (FSDP)")
+    if plan.fp8_params and plan.precision not in ("fp8", "mxfp8"):
+        raise InputError("plan.fp8_params", True, "FP8 primary weights need precision: fp8 or mxfp8")
+    if plan.fp8_params and plan.fp8_recipe != "delayed" and plan.precision == "fp8":
+        raise InputError("plan.fp8_params", True, "FP8 primary weights are TransformerEngine's (fp8_recipe: "
+                         "delayed)")
 
 
 def _divides(field: str, value: int, target_field: str, target: int) -> None:

@@ -116,10 +116,11 @@ def layer_ops(model: ModelSpec, shard: Shard) -> list[Op]:
     b, t, a = shard.micro_batch, shard.tp, shard.act_bytes
     s = model.seq_len / shard.cp  # local queries (and local keys/values) per CP rank
     s_kv = model.seq_len  # keys each query attends to, gathered around the CP ring
-    h, f, d = model.hidden, model.ffn_hidden, model.head_dim
+    h, f = model.hidden, model.ffn_hidden
     q_heads, kv_heads = local_heads(model, t)
     tokens, rep = shard.tokens, shard.replicated_tokens
-    q_w, kv_w = q_heads * d, kv_heads * d
+    # the model's own widths (head_dim need not be hidden / heads), per TP rank
+    q_w, kv_w = model.q_width / t, kv_heads * model.head_dim
     drop = 1 if model.dropout else 0
     norm_bytes = 4 * a if model.norm == "layernorm" else 3 * a
 
@@ -216,12 +217,13 @@ def model_flops_per_sequence(model: ModelSpec) -> float:
 def executed_flops_per_sequence(model: ModelSpec, flash_attention: bool, recompute: str) -> float:
     """FLOPs the kernels execute for one sequence's forward and backward passes, with the
     forward passes that activation recomputation repeats: what HFU counts. Selective
-    recomputation re-runs the attention core, which a flash kernel does not save."""
+    recomputation re-runs the attention core, a flash kernel too (Megatron-LM checkpoints
+    the core attention whatever its kernel: recompute.py)."""
     shard = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=flash_attention)
     ops = layer_ops(model, shard)
     layer = sum(op.flops for op in ops)
     if recompute == "full":
         layer += sum(op.fwd_flops for op in ops)
     elif recompute == "selective":
-        layer += sum(op.fwd_flops for op in ops if op.group == ATTENTION_CORE and not flash_attention)
+        layer += sum(op.fwd_flops for op in ops if op.group == ATTENTION_CORE)
     return float(model.layers * layer + sum(op.flops for op in head_ops(model, shard)))

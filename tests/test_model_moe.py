@@ -300,7 +300,6 @@ def _evaluate_scenario(model):
       "qk_rope_head_dim": 32, "v_head_dim": 64, "ffn_hidden": 4096, "vocab": 32000, "seq_len": 2048,
       "activation": "swiglu", "bias": False}, "model.attention"),
     ({"preset": "llama-3.1-8b", "mtp_layers": 1}, "model.mtp_layers"),
-    ({"preset": "llama-3.1-8b", "head_dim": 64}, "model.head_dim"),
     ({"preset": "llama-3.1-8b", "activation": "geglu"}, "model.activation"),
     ({"preset": "llama-3.1-8b", "sliding_window": 4096}, "model.sliding_window"),
 ])

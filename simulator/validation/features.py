@@ -129,6 +129,11 @@ def _apply_fp8(scenario: dict, value) -> None:
     scenario["plan"].update(precision="mxfp8" if recipe == "mxfp8" else "fp8")
     if recipe != "mxfp8":
         scenario["plan"]["fp8_recipe"] = recipe
+    weights = value.get("primary_weights", "bf16") if isinstance(value, dict) else "bf16"
+    if weights not in ("bf16", "fp8"):
+        raise InputError("features.fp8-linears.primary_weights", weights, "expected bf16 or fp8")
+    if weights == "fp8":  # TransformerEngine FP8 primary weights (NeMo fp8_params)
+        scenario["plan"]["fp8_params"] = True
 
 
 def _fp8_fallback(scenario: dict, value) -> str:
