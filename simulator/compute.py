@@ -8,7 +8,7 @@ start-up cost worth `half` units of work. That form has no 0/0 and vectorises.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -18,6 +18,17 @@ from .workload import ATTENTION, MATMUL, Op
 # Operator kinds of GEMMs in a low precision, with the peak_tflops key each runs at.
 FP8_MATMUL, MXFP8_MATMUL = "matmul_fp8", "matmul_mxfp8"
 LOW_PRECISION_GEMMS = {FP8_MATMUL: "fp8", MXFP8_MATMUL: "mxfp8"}
+# The attention kernel of `plan.attention_kernel: flash2` (FlashAttention-2, PyTorch's SDPA
+# flash backend) where the profile's `efficiency.attention` is a faster kernel's (FA3, cuDNN).
+FLASH2_ATTENTION = "attention_flash2"
+ATTENTION_KERNELS = ("fused", "flash2")
+
+
+def with_attention_kernel(ops: list[Op], kernel: str) -> list[Op]:
+    """The operators with the attention kernel the plan names."""
+    if kernel != "flash2":
+        return ops
+    return [replace(op, kind=FLASH2_ATTENTION) if op.kind == ATTENTION else op for op in ops]
 
 
 def _work_time(work, rate: float, eff: Efficiency):
@@ -51,9 +62,10 @@ def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
         peak, eff = acc.peak(LOW_PRECISION_GEMMS[op.kind]), acc.matmul_fp8
         flops_s = [_work_time(x, peak, eff) for x in (op.fwd_flops, op.bwd_input_flops, op.bwd_weight_flops)]
         mem = acc.memory
-    elif op.kind in (MATMUL, ATTENTION):
+    elif op.kind in (MATMUL, ATTENTION, FLASH2_ATTENTION):
         peak = acc.peak(precision)
-        eff = acc.attention if op.kind == ATTENTION else acc.matmul
+        eff = {ATTENTION: acc.attention, FLASH2_ATTENTION: acc.attention_flash2 or acc.attention}.get(op.kind,
+                                                                                                acc.matmul)
         flops_s = [_work_time(x, peak, eff) for x in (op.fwd_flops, op.bwd_input_flops, op.bwd_weight_flops)]
         mem = acc.memory
     else:

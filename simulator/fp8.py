@@ -178,5 +178,9 @@ def weight_cast_bytes_per_step(plan, linear_params) -> object:
 
 def tp_gather_bytes_factor(plan) -> float:
     """Bytes of the forward TP all-gathers relative to BF16: torchao's tensorwise recipe
-    all-gathers the FP8 input (1 B per element)."""
-    return 0.5 if recipe(plan) == "tensorwise" else 1.0
+    all-gathers the FP8 input (1 B per element), and so do TransformerEngine's userbuffers
+    for the QKV and FC1 inputs under FP8 (fp8_buf for the all-gather layers, TE@fb749619e
+    transformer_engine/pytorch/module/base.py get_default_config)."""
+    rec = recipe(plan)
+    te_buffers = rec in TE_RECIPES and plan.tp_comm_overlap and plan.tp_overlap == "userbuffers"
+    return 0.5 if rec == "tensorwise" or te_buffers else 1.0

@@ -24,11 +24,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 import numpy as np
 
-from . import fp8, fsdp
+from . import fp8, fsdp, hostbound
+from .hostbound import host_bound
 from . import schedules as S
 from . import stagesplit
 from .dataparallel import DPCosts, buckets, dp_costs
+from .compute import memory_bound_time, with_attention_kernel
 from .fusion import eager_ops
+from .tpoverlap import overlapped_tp_s
 from .dims import Groups, grad_group_size, groups
 from .memory import ActivationSizes, StageMemory, activation_sizes, buffer_bytes, peak_activation_bytes
 from .offload import OffloadCosts, offload_costs, resident_chunks_with_offload
@@ -142,11 +145,23 @@ def compile_layout(model, cluster, plan) -> Layout:
     grad_group = grad_group_size(plan)
     per = bytes_per_param(plan.precision, plan.grad_precision, plan.optimizer_precision)
     layer = fp8.fp8_layer_ops(eager_ops(layer_ops(model, shard), model, plan), model, shard, plan)
+    layer = with_attention_kernel(layer, plan.attention_kernel)
     head = eager_ops(head_ops(model, shard), model, plan)
     layer_t = ops_time(layer, cluster, precision)
     emb_t = ops_time(embedding_ops(model, shard), cluster, precision)
     head_t = ops_time(head, cluster, precision)
     tp_s = tp_layer_comm_s(model, shard, g, cluster, fp8.tp_gather_bytes_factor(plan))
+    if plan.tp_comm_overlap:
+        exposed_f, exposed_b, extra_f, extra_b = overlapped_tp_s(model, shard, g, cluster, plan, layer,
+                                                                 fp8.tp_gather_bytes_factor(plan))
+        tp_s = (exposed_f, exposed_b)
+        layer_t = replace(layer_t, fwd_s=layer_t.fwd_s + extra_f, bwd_input_s=layer_t.bwd_input_s + extra_b)
+    host_s = cluster.node.launch_overhead_s
+    if host_s > 0:  # eager frameworks' launches (hostbound.py)
+        collectives = np.where(np.asarray(plan.tp) > 1, 4 if plan.sequence_parallel else 2, 0)
+        layer_t = host_bound(layer_t, layer, host_s, tp_s, (collectives, collectives + 2 * plan.sequence_parallel))
+        head_t = host_bound(head_t, head, host_s)
+        emb_t = host_bound(emb_t, embedding_ops(model, shard), host_s)
     cp_s = cp_layer_comm_s(model, shard, g, cluster)
     hop = pp_hop_s(model, shard, g, cluster)
     layer_params = layer_params_local(model, plan.tp)
@@ -154,7 +169,8 @@ def compile_layout(model, cluster, plan) -> Layout:
     head_stage = schedule.head_stage(np.asarray(p))
     indices, counts = representative_stages(p)
     checkpoint = layer_checkpoint(model, shard, plan.recompute, layer)
-    rerun_t = ops_time(list(checkpoint.rerun), cluster, precision).fwd_s
+    rerun_t = hostbound.rerun_bound(ops_time(list(checkpoint.rerun), cluster, precision).fwd_s, checkpoint.rerun,
+                                    host_s)
     fp8_weight, fp8_gather = fp8.weight_bytes_per_param(plan)
     linear_params = fp8.layer_linear_params(model, plan.tp)
     total_rerun_layers = 0.0
@@ -172,8 +188,8 @@ def compile_layout(model, cluster, plan) -> Layout:
         acts = activation_sizes(model, shard, plan, layers / v, has_emb, has_head, layer, head)
         rerun_layers = v * chunk_checkpoint(plan, checkpoint, 0.0, layers / v).rerun_layers
         total_rerun_layers = total_rerun_layers + count * rerun_layers
-        passes = pass_times(layer_t, layers, emb_t, head_t, has_emb, has_head, tp_s, cp_s, plan.tp_comm_overlap,
-                            rerun_t, rerun_layers, checkpoint.tp_rerun, checkpoint.cp_rerun)
+        passes = pass_times(layer_t, layers, emb_t, head_t, has_emb, has_head, tp_s, cp_s, rerun_t, rerun_layers,
+                            checkpoint.tp_rerun, checkpoint.cp_rerun)
         dp = dp_costs(plan.zero_stage, params, gather_per_param, per.grad, g.grad, cluster)
         stage_buffers = buffers
         if fsdp.keeps_gathered(plan):
@@ -185,7 +201,8 @@ def compile_layout(model, cluster, plan) -> Layout:
             states=states, activations=acts, buffer_bytes=stage_buffers, passes=passes,
             sends=schedule.sends(p, v, stage),
             dp=dp, buckets=buckets(params / v, grad_group), offload=off,
-            optimizer_s=optimizer_step_s(states, per, plan, cluster.accelerator)))
+            optimizer_s=optimizer_step_s(states, per, plan, cluster.accelerator)
+            + memory_bound_time(fp8.weight_cast_bytes_per_step(plan, linears), cluster.accelerator, "fp8_cast")))
     model_flops = model_flops_per_sequence(model) * plan.global_batch
     one = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=plan.flash_attention)
     rerun_per_layer = rerun_flops(layer_checkpoint(model, one, plan.recompute, layer_ops(model, one)))

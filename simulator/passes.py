@@ -120,20 +120,18 @@ def pp_hop_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster):
 
 
 def pass_times(layer: OpsTime, layers, embedding: OpsTime, head: OpsTime, has_embedding, has_head,
-               tp_layer_s: tuple, cp_layer_s: tuple, tp_comm_overlap: bool, rerun_s, rerun_layers, tp_rerun,
-               cp_rerun: bool) -> PassTimes:
+               tp_layer_s: tuple, cp_layer_s: tuple, rerun_s, rerun_layers, tp_rerun, cp_rerun: bool) -> PassTimes:
     """Seconds per micro-batch of a device holding `layers` layers (and the embedding and
     head where flagged), of which `rerun_layers` run `rerun_s` of their forward again with
     the fraction `tp_rerun` of their TP collectives (and the CP exchange when `cp_rerun`) before
-    their backward (recompute.py). Broadcast-safe: the flags are 0/1 multipliers, not branches."""
+    their backward (recompute.py). `tp_layer_s`: the exposed TP seconds of a layer's forward
+    and backward (all of them, or what tpoverlap.py leaves exposed). Broadcast-safe: the flags
+    are 0/1 multipliers, not branches."""
     emb, hd = np.asarray(has_embedding), np.asarray(has_head)
     fwd = layers * layer.fwd_s + emb * embedding.fwd_s + hd * head.fwd_s
     bwd_in = layers * layer.bwd_input_s + emb * embedding.bwd_input_s + hd * head.bwd_input_s
     bwd_w = layers * layer.bwd_weight_s + emb * embedding.bwd_weight_s + hd * head.bwd_weight_s
     tp_f, tp_b = tp_layer_s
-    if tp_comm_overlap:
-        tp_f = np.maximum(0.0, tp_f - layer.matmul_fwd_s)
-        tp_b = np.maximum(0.0, tp_b - layer.bwd_input_s - layer.bwd_weight_s)
     cp_f = np.maximum(0.0, cp_layer_s[0] - layer.attention_fwd_s)
     cp_b = np.maximum(0.0, cp_layer_s[1] - layer.attention_bwd_s)
     rec, tp_r, cp_r = rerun_layers * rerun_s, rerun_layers * tp_rerun * tp_f, rerun_layers * float(cp_rerun) * cp_f

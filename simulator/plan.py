@@ -20,6 +20,7 @@ RECOMPUTE = ("none", "selective", "full", "op-selective")
 RECOMPUTE_METHODS = ("uniform", "block")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8")
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise")
+TP_OVERLAPS = ("userbuffers", "async-tp")
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
 GRAD_PRECISIONS = ("fp32", "bf16", "fp16")
 DIMENSIONS = ("tp", "cp", "dp", "pp")
@@ -79,6 +80,12 @@ class Plan:
     # FSDP2 frees the gathered weights after each forward (True) or keeps them for the
     # backward and across micro-batches (False, torchtitan under PP): fsdp.py.
     fsdp_reshard_after_forward: bool = True
+    # How overlapped TP collectives are implemented (tpoverlap.py): TransformerEngine userbuffers
+    # or PyTorch async TP.
+    tp_overlap: str = "userbuffers"
+    # The attention kernel: the profile's fused kernel (FA3, cuDNN on Hopper) or FlashAttention-2
+    # (PyTorch's SDPA flash backend): compute.FLASH2_ATTENTION.
+    attention_kernel: str = "fused"
     # Precision of the Adam states (the master copy and both moments): fp32, or bf16 as NeMo's
     # distributed_fused_adam with optim.dtype bf16 keeps them (states.bytes_per_param).
     optimizer_precision: str = "fp32"
@@ -151,6 +158,8 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         fp8_params=F.boolean(data, "fp8_params", "plan", False),
         compile=F.boolean(data, "compile", "plan", True),
         fsdp_reshard_after_forward=F.boolean(data, "fsdp_reshard_after_forward", "plan", True),
+        tp_overlap=F.choice(data, "tp_overlap", "plan", TP_OVERLAPS, "userbuffers"),
+        attention_kernel=F.choice(data, "attention_kernel", "plan", ("fused", "flash2"), "fused"),
         optimizer_precision=F.choice(data, "optimizer_precision", "plan", ("fp32", "bf16"), "fp32"),
     )
 
@@ -214,6 +223,8 @@ def check_options(plan: Plan) -> None:
         raise InputError("plan.recompute_method", plan.recompute_method, "only with recompute: full")
     if plan.recompute_num_layers != 1 and plan.recompute != "full":
         raise InputError("plan.recompute_num_layers", plan.recompute_num_layers, "only with recompute: full")
+    if plan.attention_kernel != "fused" and not plan.flash_attention:
+        raise InputError("plan.attention_kernel", plan.attention_kernel, "only with flash_attention: true")
     if not plan.fsdp_reshard_after_forward and plan.zero_stage < 3:
         raise InputError("plan.fsdp_reshard_after_forward", False, "only with zero_stage 3 (FSDP)")
     if plan.fp8_params and plan.precision not in ("fp8", "mxfp8"):

@@ -241,9 +241,21 @@ def test_narayanan_rows_compare_hardware_tflops_and_nemo_rows_step_time(runs):
                                                                              "peak_memory_gib"]
 
 
-def test_the_unvalidated_torchtitan_part_says_so():
+def test_the_torchtitan_part_names_its_fit_and_what_it_transfers():
     v = load_accelerator("h100-sxm-96gb-500w").validation
-    assert v is not None and v.validated is False and "transferred" in v.reason
+    assert v is not None and "fit-matmul tt_t1_,tt_t3_:bf16" in v.reason and "transferred" in v.reason
+
+
+def test_a_profile_without_a_fit_of_its_own_says_it_is_not_validated():
+    for name in ("h200-sxm-141gb", "b200"):
+        v = load_accelerator(name).validation
+        assert v is not None and v.validated is False and "transferred" in v.reason
+
+
+@pytest.mark.parametrize("name,spec", [("h100-sxm-80gb", "dgxc-:bf16"), ("h100-sxm-96gb-500w", "tt_t1_,tt_t3_:bf16")])
+def test_hopper_matmul_efficiencies_are_the_stated_fits(name, spec):
+    fitted, _ = fit_matmul_max(spec)
+    assert load_accelerator(name).matmul.max == pytest.approx(fitted, abs=0.002)
 
 
 # ---------------------------------------------------------------- the report and the error today

@@ -161,13 +161,13 @@ EAGER_MODE = Feature(
 
 
 def _async_tp_supported() -> bool:
-    return "tp_comm_overlap" in plan_schema.PLAN_KEYS
+    return "async-tp" in plan_schema.TP_OVERLAPS
 
 
 ASYNC_TP = Feature(
     "async-tp",
     "PyTorch async tensor parallelism (collective matmuls through symmetric memory)",
-    _async_tp_supported, _set("plan", tp_comm_overlap=True))
+    _async_tp_supported, _set("plan", tp_comm_overlap=True, tp_overlap="async-tp"))
 
 
 FSDP_NO_RESHARD = Feature(
