@@ -152,9 +152,8 @@ def compile_layout(model, cluster, plan) -> Layout:
     head_t = ops_time(head, cluster, precision)
     tp_s = tp_layer_comm_s(model, shard, g, cluster, fp8.tp_gather_bytes_factor(plan))
     if plan.tp_comm_overlap:
-        exposed_f, exposed_b, extra_f, extra_b = overlapped_tp_s(model, shard, g, cluster, plan, layer,
-                                                                 fp8.tp_gather_bytes_factor(plan))
-        tp_s = (exposed_f, exposed_b)
+        *tp_s, extra_f, extra_b = overlapped_tp_s(model, shard, g, cluster, plan, layer, tp_s,
+                                                  fp8.tp_gather_bytes_factor(plan))
         layer_t = replace(layer_t, fwd_s=layer_t.fwd_s + extra_f, bwd_input_s=layer_t.bwd_input_s + extra_b)
     host_s = cluster.node.launch_overhead_s
     if host_s > 0:  # eager frameworks' launches (hostbound.py)
