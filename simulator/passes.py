@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .comm import collective_time, send_recv_time
-from .compute import LOW_PRECISION_GEMMS, op_times
+from .compute import op_times
 from .dims import Groups
 from .hardware import Cluster
 from .model import ModelSpec
-from .workload import ATTENTION_CORE, MATMUL, Op, Shard, local_heads
+from .workload import ATTENTION_CORE, Op, Shard, local_heads
 
 
 @dataclass(frozen=True)
@@ -30,20 +30,17 @@ class OpsTime:
     bwd_weight_s: object
     attention_fwd_s: object  # forward of the attention core (hides the CP exchange)
     attention_bwd_s: object
-    matmul_fwd_s: object  # forward of the other GEMMs (hides TP collectives when overlapped)
 
 
 def ops_time(ops: list[Op], cluster: Cluster, precision: str) -> OpsTime:
     acc = cluster.accelerator
-    fwd = bwd_in = bwd_w = att_f = att_b = mm_f = 0.0
+    fwd = bwd_in = bwd_w = att_f = att_b = 0.0
     for op in ops:
         t = op_times(op, acc, precision)
         fwd, bwd_in, bwd_w = fwd + t.fwd_s, bwd_in + t.bwd_input_s, bwd_w + t.bwd_weight_s
         if op.group == ATTENTION_CORE:
             att_f, att_b = att_f + t.fwd_s, att_b + t.bwd_input_s + t.bwd_weight_s
-        elif op.kind == MATMUL or op.kind in LOW_PRECISION_GEMMS:
-            mm_f = mm_f + t.fwd_s
-    return OpsTime(fwd, bwd_in, bwd_w, att_f, att_b, mm_f)
+    return OpsTime(fwd, bwd_in, bwd_w, att_f, att_b)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def test_launches_are_one_per_operator_forward_and_two_per_gemm_backward():
 
 def test_a_pass_of_short_kernels_takes_what_the_host_needs_to_launch_them():
     ops = layer_ops(llama().model, Shard(1, 4096))
-    fast = OpsTime(1e-6, 1e-6, 1e-6, 0.0, 0.0, 0.0)
+    fast = OpsTime(1e-6, 1e-6, 1e-6, 0.0, 0.0)
     bound = host_bound(fast, ops, 50e-6)
     n_f, n_b = launches(ops)
     assert bound.fwd_s == pytest.approx(n_f * 50e-6)
@@ -40,7 +40,7 @@ def test_a_pass_of_short_kernels_takes_what_the_host_needs_to_launch_them():
 
 def test_long_kernels_hide_the_launches():
     ops = layer_ops(llama().model, Shard(1, 4096))
-    slow = OpsTime(1.0, 1.0, 1.0, 0.0, 0.0, 0.0)
+    slow = OpsTime(1.0, 1.0, 1.0, 0.0, 0.0)
     assert host_bound(slow, ops, 50e-6) == slow
 
 
