@@ -24,10 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 import numpy as np
 
-from . import fp8, fsdp, hostbound
-from .hostbound import host_bound
+from . import fp8, fsdp, hostbound, stagesplit
 from . import schedules as S
-from . import stagesplit
 from .dataparallel import DPCosts, buckets, dp_costs
 from .compute import memory_bound_time, with_attention_kernel
 from .fusion import eager_ops
@@ -158,9 +156,10 @@ def compile_layout(model, cluster, plan) -> Layout:
     host_s = cluster.node.launch_overhead_s
     if host_s > 0:  # eager frameworks' launches (hostbound.py)
         collectives = np.where(np.asarray(plan.tp) > 1, 4 if plan.sequence_parallel else 2, 0)
-        layer_t = host_bound(layer_t, layer, host_s, tp_s, (collectives, collectives + 2 * plan.sequence_parallel))
-        head_t = host_bound(head_t, head, host_s)
-        emb_t = host_bound(emb_t, embedding_ops(model, shard), host_s)
+        launches = (collectives, collectives + 2 * plan.sequence_parallel)
+        layer_t = hostbound.host_bound(layer_t, layer, host_s, tp_s, launches)
+        head_t = hostbound.host_bound(head_t, head, host_s)
+        emb_t = hostbound.host_bound(emb_t, embedding_ops(model, shard), host_s)
     cp_s = cp_layer_comm_s(model, shard, g, cluster)
     hop = pp_hop_s(model, shard, g, cluster)
     layer_params = layer_params_local(model, plan.tp)

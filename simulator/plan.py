@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 
 from . import fields as F
 from .errors import InputError
+from .compute import ATTENTION_KERNELS
 from .hardware import Cluster
 from .model import ModelSpec, refuse_unmodelled
 from .schedules import SCHEDULES, plan_schedule
@@ -159,7 +160,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         compile=F.boolean(data, "compile", "plan", True),
         fsdp_reshard_after_forward=F.boolean(data, "fsdp_reshard_after_forward", "plan", True),
         tp_overlap=F.choice(data, "tp_overlap", "plan", TP_OVERLAPS, "userbuffers"),
-        attention_kernel=F.choice(data, "attention_kernel", "plan", ("fused", "flash2"), "fused"),
+        attention_kernel=F.choice(data, "attention_kernel", "plan", ATTENTION_KERNELS, "fused"),
         optimizer_precision=F.choice(data, "optimizer_precision", "plan", ("fp32", "bf16"), "fp32"),
     )
 

@@ -148,7 +148,8 @@ def chunk_checkpoint(plan, layer: LayerCheckpoint, plain_bytes, layers) -> Chunk
     """Megatron's uniform/block methods over a chunk; layer-wise modes apply to every layer.
     `plain_bytes`: what one layer keeps without recomputation."""
     if plan.recompute != "full":
-        return ChunkCheckpoint(layers * layer.saved_bytes, layers + 0.0 * layer.saved_bytes,
+        rerun = layers if layer.rerun else 0
+        return ChunkCheckpoint(layers * layer.saved_bytes, rerun + 0.0 * layer.saved_bytes,
                                layer.rebuilt_bytes * (np.asarray(layers) > 0))
     n = np.minimum(plan.recompute_num_layers, layers)
     if plan.recompute_method == "block":
