@@ -8,12 +8,27 @@ start-up cost worth `half` units of work. That form has no 0/0 and vectorises.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .hardware import Accelerator, Efficiency
 from .workload import ATTENTION, MATMUL, Op
+
+# Operator kinds of GEMMs in a low precision, with the peak_tflops key each runs at.
+FP8_MATMUL, MXFP8_MATMUL = "matmul_fp8", "matmul_mxfp8"
+LOW_PRECISION_GEMMS = {FP8_MATMUL: "fp8", MXFP8_MATMUL: "mxfp8"}
+# The attention kernel of `plan.attention_kernel: flash2` (FlashAttention-2, PyTorch's SDPA
+# flash backend) where the profile's `efficiency.attention` is a faster kernel's (FA3, cuDNN).
+FLASH2_ATTENTION = "attention_flash2"
+ATTENTION_KERNELS = ("fused", "flash2")
+
+
+def with_attention_kernel(ops: list[Op], kernel: str) -> list[Op]:
+    """The operators with the attention kernel the plan names."""
+    if kernel != "flash2":
+        return ops
+    return [replace(op, kind=FLASH2_ATTENTION) if op.kind == ATTENTION else op for op in ops]
 
 
 def _work_time(work, rate: float, eff: Efficiency, kernels=1):
@@ -31,7 +46,7 @@ MEMORY_KERNELS = {
     "attn_norm": "norm", "mlp_norm": "norm", "final_norm": "norm",
     "attn_residual": "residual", "mlp_residual": "residual",
     "gelu": "gelu", "swiglu": "swiglu", "rope": "rope", "softmax": "softmax", "attn_dropout": "dropout",
-    "embedding": "embedding", "cross_entropy": "cross_entropy",
+    "embedding": "embedding", "cross_entropy": "cross_entropy", "fp8_cast": "fp8_cast",
     # GeGLU and the MoE layer's activations move the bytes of the dense kernel of their kind
     "geglu": "swiglu", "shared_swiglu": "swiglu", "shared_geglu": "swiglu", "shared_gelu": "gelu",
     "expert_swiglu": "swiglu", "expert_geglu": "swiglu", "expert_gelu": "gelu",
@@ -51,15 +66,20 @@ class OpTimes:
 def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
     """Forward, backward-input and backward-weight seconds of one operator: each kernel the
     slower of its executed FLOPs and its HBM traffic at the profile's achievable rates."""
-    if op.kind in (MATMUL, ATTENTION):
+    if op.kind in LOW_PRECISION_GEMMS:  # FP8 linears (fp8.py): the FP8 peak at the FP8 GEMM efficiency
+        peak, eff = acc.peak(LOW_PRECISION_GEMMS[op.kind]), acc.matmul_fp8
+        flops_s = [_work_time(x, peak, eff) for x in (op.fwd_flops, op.bwd_input_flops, op.bwd_weight_flops)]
+        mem = acc.memory
+    elif op.kind in (MATMUL, ATTENTION, FLASH2_ATTENTION):
         peak = acc.peak(precision)
-        eff = acc.attention if op.kind == ATTENTION else acc.matmul
+        eff = {ATTENTION: acc.attention, FLASH2_ATTENTION: acc.attention_flash2 or acc.attention}.get(op.kind,
+                                                                                                acc.matmul)
         flops_s = [_work_time(x, peak, eff, op.kernels) for x in (op.fwd_flops, op.bwd_input_flops,
                                                                   op.bwd_weight_flops)]
         mem = acc.memory
     else:
         flops_s = [0.0, 0.0, 0.0]
-        mem = acc.memory_efficiency(MEMORY_KERNELS.get(op.name))
+        mem = acc.memory_efficiency(MEMORY_KERNELS.get(op.name.rsplit(".", 1)[-1]))
     bytes_s = [_work_time(x, acc.hbm_bytes_per_s, mem) for x in (op.fwd_bytes, op.bwd_input_bytes, op.bwd_weight_bytes)]
     # A framework's host cost per operator and pass (profile op_overhead_us; 0 on GPUs) adds
     # to the forward and to the backward pass, where it is booked with the input gradient.

@@ -18,7 +18,7 @@ from .errors import InputError
 from .resources import data_dir, user_calibrated_dir
 from .yamlio import load_yaml
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8")
 GIB = 2**30
 GB = 1e9
 TERA = 1e12
@@ -86,6 +86,15 @@ class Accelerator:
     # Power drawn with a context loaded and no kernel running (optional; energy.py documents
     # the default when absent).
     idle_w: float | None = None
+    # Achieved fraction of the FP8 (and MXFP8) peak for the GEMMs of FP8 linears, from an FP8
+    # microbenchmark; None: the profile has no FP8 GEMM figure and FP8 plans are refused.
+    matmul_fp8: Efficiency | None = None
+    # Streaming multiprocessors (compute units): the share of them a kernel running beside a
+    # GEMM takes (tpoverlap.py); None where the profile does not say.
+    sm_count: int | None = None
+    # FlashAttention-2 where `attention` is a faster kernel's (FA3/cuDNN on Hopper); None: the
+    # same kernel (compute.FLASH2_ATTENTION).
+    attention_flash2: Efficiency | None = None
 
     def memory_efficiency(self, kernel: str | None = None) -> Efficiency:
         return self.memory_kernels.get(kernel, self.memory) if kernel else self.memory
@@ -140,6 +149,9 @@ class Node:
     # Power of everything in the node but its accelerators (CPUs, memory, NICs, fans, power
     # conversion) while training (optional; energy.py documents the default when absent).
     power_overhead_w: float | None = None
+    # Host seconds an eager framework spends launching one operator (hostbound.py); 0: never
+    # host-bound.
+    launch_overhead_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -187,7 +199,8 @@ def _efficiency(data: Mapping, key: str, where: str, size_key: str) -> Efficienc
 
 ACCELERATOR_KEYS = ("name", "description", "vendor", "peak_tflops", "memory_gib", "memory_bandwidth_gb_per_s",
                     "host_link", "host_link_gb_per_s", "tdp_w", "price_usd_per_hour", "framework_overhead_gib",
-                    "efficiency", "sources", "calibration", "op_overhead_us", "validation", "idle_power_w")
+                    "efficiency", "sources", "calibration", "op_overhead_us", "validation", "idle_power_w",
+                    "sm_count")
 
 
 def accelerator_from_dict(data, where: str) -> Accelerator:
@@ -200,7 +213,9 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
     if not peak_flops:
         raise InputError(f"{where}.peak_tflops", dict(peaks), "at least one precision is needed")
     eff = F.require_mapping(data.get("efficiency"), f"{where}.efficiency")
-    F.reject_unknown(eff, ("matmul", "attention", "memory", "memory_kernels", "overlap_slowdown"), f"{where}.efficiency")
+    F.reject_unknown(eff, ("matmul", "matmul_fp8", "attention", "attention_flash2", "memory", "memory_kernels",
+                           "overlap_slowdown"),
+                     f"{where}.efficiency")
     kernels = F.require_mapping(eff.get("memory_kernels") or {}, f"{where}.efficiency.memory_kernels")
     memory_kernels = {str(k): _efficiency(kernels, k, f"{where}.efficiency.memory_kernels", "half_bytes")
                       for k in kernels}
@@ -224,6 +239,11 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
                                   strict_min=False, maximum=10.0),
         validation=_validation(data.get("validation"), f"{where}.validation"),
         idle_w=F.number(data, "idle_power_w", where, None, minimum=0.0, strict_min=False, maximum=1e6),
+        sm_count=F.integer(data, "sm_count", where, None, maximum=100_000),
+        matmul_fp8=(_efficiency(eff, "matmul_fp8", f"{where}.efficiency", "half_flops")
+                    if eff.get("matmul_fp8") is not None else None),
+        attention_flash2=(_efficiency(eff, "attention_flash2", f"{where}.efficiency", "half_flops")
+                          if eff.get("attention_flash2") is not None else None),
     )
 
 
@@ -247,7 +267,7 @@ def _link(data: Mapping, where: str) -> tuple[Link, int]:
 
 NODE_KEYS = ("name", "description", "accelerator", "devices_per_node", "scaleup", "network", "nics", "nic_gbit_per_s",
              "host_memory_gib", "nvme_read_gb_per_s", "nvme_write_gb_per_s", "host_adam_params_per_s", "sources",
-             "power_overhead_w")
+             "power_overhead_w", "launch_overhead_us")
 
 
 def node_from_dict(data, where: str) -> Node:
@@ -271,6 +291,7 @@ def node_from_dict(data, where: str) -> Node:
         host_adam_params_per_s=F.number(data, "host_adam_params_per_s", where, minimum=1e3, maximum=1e15),
         sources=_sources(data, where),
         power_overhead_w=F.number(data, "power_overhead_w", where, None, minimum=0.0, strict_min=False, maximum=1e7),
+        launch_overhead_s=F.number(data, "launch_overhead_us", where, 0.0, **LATENCY) * 1e-6,
     )
 
 

@@ -19,9 +19,12 @@ from .dataparallel import DPCosts, buckets, dp_costs
 from .memory import ActivationSizes, activation_sizes, buffer_bytes
 from .moe import (SHARED_EXPERTS, ExpertShard, dispatch_comm_s, exposed_dispatch_s, layer_params_split,
                   moe_buffer_bytes, stage_layer_mix)
+from .compute import op_times, with_attention_kernel
+from .fp8 import compute_precision
 from .passes import OpsTime, cp_layer_comm_s, ops_time, pass_times, tp_layer_comm_s
+from .recompute import chunk_checkpoint, layer_checkpoint
 from .states import ModelStates, model_states, stage_params
-from .workload import layer_ops
+from .workload import ATTENTION_CORE, MATMUL, layer_ops
 
 
 def needs_layer_mix(model) -> bool:
@@ -64,12 +67,24 @@ def _tp_comm_s(model, shard, groups, cluster):
     return (attn[0] + half[0], attn[1] + half[1]), (attn[0] + shared[0], attn[1] + shared[1])
 
 
-def compile_mix(model, cluster, plan, shard, groups, per) -> LayerMix:
+def _overlapped(tp_s: tuple, t: OpsTime, ops, cluster, precision) -> tuple:
+    """TP collectives with plan.tp_comm_overlap, for the layer kinds of MoE and MLA models:
+    hidden behind the layer's GEMMs of the same direction (the dense path models
+    TransformerEngine's userbuffers and PyTorch's async TP collective by collective on the
+    dense layer's GEMMs, tpoverlap.py)."""
+    gemm_fwd = sum(op_times(op, cluster.accelerator, precision).fwd_s for op in ops
+                   if op.kind == MATMUL and op.group != ATTENTION_CORE)
+    return np.maximum(0.0, tp_s[0] - gemm_fwd), np.maximum(0.0, tp_s[1] - t.bwd_input_s - t.bwd_weight_s)
+
+
+def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix:
     """Everything per layer kind, once per compile."""
-    precision = plan.precision
     dense_ops = layer_ops(model, shard) if model.moe_layers < model.layers else []  # every layer MoE: none
+    dense_ops = with_attention_kernel(dense_ops, plan.attention_kernel)
     dense_t = ops_time(dense_ops, cluster, precision)
     dense_tp, moe_tp = _tp_comm_s(model, shard, groups, cluster)
+    if plan.tp_comm_overlap:
+        dense_tp = _overlapped(dense_tp, dense_t, dense_ops, cluster, precision)
     cp = cp_layer_comm_s(model, shard, groups, cluster)
     dense_p, rest_p, routed_p = layer_params_split(model, plan.tp, plan.ep, plan.etp)
     moe_ops = moe_t = None
@@ -78,8 +93,10 @@ def compile_mix(model, cluster, plan, shard, groups, per) -> LayerMix:
     extra = 0.0
     if model.experts:
         experts = ExpertShard(plan.ep, plan.etp, plan.moe)
-        moe_ops = layer_ops(model, shard, experts)
+        moe_ops = with_attention_kernel(layer_ops(model, shard, experts), plan.attention_kernel)
         moe_t = ops_time(moe_ops, cluster, precision)
+        if plan.tp_comm_overlap:
+            moe_tp = _overlapped(moe_tp, moe_t, moe_ops, cluster, precision)
         shared_t = ops_time([op for op in moe_ops if op.group == SHARED_EXPERTS], cluster, precision) \
             if plan.moe.shared_expert_overlap else None
         ep = exposed_dispatch_s(dispatch_comm_s(model, shard, experts, groups, cluster), moe_t, shared_t, plan.moe)
@@ -115,8 +132,19 @@ class MixedStage:
     shard_group: object  # ZeRO sharding degree averaged over the stage's parameters (offload)
 
 
+def _kind_passes(t: OpsTime, ops, n, emb_t, head_t, has_emb, has_head, tp_s, cp_s, ep_s, model, shard, plan,
+                 cluster, v):
+    """Pass times of the stage's `n` layers of one kind, with what recomputation re-runs of
+    them (recompute.py)."""
+    checkpoint = layer_checkpoint(model, shard, plan.recompute, ops)
+    rerun_s = ops_time(list(checkpoint.rerun), cluster, compute_precision(plan)).fwd_s
+    rerun_layers = v * chunk_checkpoint(plan, checkpoint, 0.0, n / v).rerun_layers
+    return pass_times(t, n, emb_t, head_t, has_emb, has_head, tp_s, cp_s, rerun_s, rerun_layers,
+                      checkpoint.tp_rerun, checkpoint.cp_rerun, ep_s)
+
+
 def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, grad_group, expert_group,
-                p, v, has_emb, has_head, head_copy, emb_t, head_t) -> MixedStage:
+                p, v, has_emb, has_head, head_copy, emb_t, head_t, head) -> MixedStage:
     """A representative stage of a model with experts or MLA."""
     n_dense, n_moe = stage_layer_mix(model, p, v, has_emb)
     dense = stage_params(model, plan.tp, 0.0, has_emb, has_head, head_copy) + n_dense * mix.dense_params \
@@ -127,19 +155,18 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, grad_gr
                  dp_costs(plan.zero_stage, routed, per.weight, per.grad, groups.expert_grad, cluster))
     count = buckets(dense / v, grad_group) + np.where(routed > 0, buckets(routed / v, expert_group), 0)
     shard_group = (dense + routed) / (dense / grad_group + routed / expert_group)
-    recompute = plan.recompute
-    d_acts = activation_sizes(model, shard, recompute, n_dense / v, has_emb, has_head, mix.dense_ops)
-    passes = pass_times(mix.dense_t, n_dense, emb_t, head_t, has_emb, has_head, mix.dense_tp_s, mix.cp_s, recompute,
-                        plan.tp_comm_overlap, plan.flash_attention)
+    d_acts = activation_sizes(model, shard, plan, n_dense / v, has_emb, has_head, mix.dense_ops, head)
+    passes = _kind_passes(mix.dense_t, mix.dense_ops, n_dense, emb_t, head_t, has_emb, has_head, mix.dense_tp_s,
+                          mix.cp_s, (0.0, 0.0), model, shard, plan, cluster, v)
     acts = d_acts
     if mix.moe_ops is not None:
-        m_acts = activation_sizes(model, shard, recompute, n_moe / v, has_emb, has_head, mix.moe_ops)
+        m_acts = activation_sizes(model, shard, plan, n_moe / v, has_emb, has_head, mix.moe_ops, head)
         # the layer rebuilt by full recomputation is one of the kinds the stage holds
         d, m = d_acts.extra_bytes, m_acts.extra_bytes
         extra = np.where(n_moe > 0, np.where(n_dense > 0, np.maximum(d, m), m), d)
         acts = ActivationSizes(d_acts.chunk_bytes + m_acts.chunk_bytes, d_acts.embedding_bytes, extra)
         zero = np.asarray(0.0)
-        passes = passes + pass_times(mix.moe_t, n_moe, emb_t, head_t, zero, zero, mix.moe_tp_s, mix.cp_s, recompute,
-                                     plan.tp_comm_overlap, plan.flash_attention, mix.ep_s)
+        passes = passes + _kind_passes(mix.moe_t, mix.moe_ops, n_moe, emb_t, head_t, zero, zero, mix.moe_tp_s,
+                                       mix.cp_s, mix.ep_s, model, shard, plan, cluster, v)
     return MixedStage(dense + routed, states, acts, passes, dp, count, shard_group)
 

@@ -21,15 +21,20 @@ then shared by the batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import numpy as np
 
+from . import fp8, fsdp, hostbound, stagesplit
 from . import schedules as S
 from .dataparallel import DPCosts, buckets, dp_costs
+from .compute import memory_bound_time, with_attention_kernel
+from .fusion import eager_ops
+from .tpoverlap import overlapped_tp_s
 from .dims import Groups, expert_grad_group_size, grad_group_size, groups
 from .layermix import compile_mix, mixed_stage, needs_layer_mix
 from .memory import ActivationSizes, StageMemory, activation_sizes, buffer_bytes, peak_activation_bytes
 from .offload import OffloadCosts, offload_costs, resident_chunks_with_offload
+from .recompute import chunk_checkpoint, layer_checkpoint, rerun_flops
 from .passes import PassTimes, cp_layer_comm_s, ops_time, pass_times, pp_hop_s, tp_layer_comm_s
 from .states import BytesPerParam, ModelStates, bytes_per_param, layer_params_local, model_states, optimizer_step_s, \
     stage_params
@@ -112,11 +117,10 @@ class Layout:
         return host
 
 
-def stage_layers(model, p, v):
-    """Layers of the first, a middle and the last stage's device. Every stage holds L/p today
-    (plan.validate checks that p·v divides L)."""
-    even = model.layers / p
-    return even, even, even
+def stage_layers(model, plan, schedule, p):
+    """Layers of the first, a middle and the last stage's device: even, Megatron-Core's
+    first/last-stage counts or a per-virtual-stage layout (stagesplit.py)."""
+    return stagesplit.stage_layers(model, plan, schedule, p)
 
 
 def representative_stages(p):
@@ -133,55 +137,93 @@ def compile_layout(model, cluster, plan) -> Layout:
     p, m = plan.pp, plan.microbatches
     v = schedule.chunks(plan.vpp)
     act_bytes = 4 if plan.precision in FULL_PRECISION else 2
+    precision = fp8.compute_precision(plan)  # of every GEMM but FP8 linears
     shard = Shard(micro_batch=plan.micro_batch, seq_len=model.seq_len, tp=plan.tp, cp=plan.cp, sp=plan.sp,
                   flash_attention=plan.flash_attention, act_bytes=act_bytes, loss=plan.loss,
                   loss_chunk_tokens=plan.loss_chunk_tokens)
     g = groups(plan, cluster)
     grad_group = grad_group_size(plan)
-    per = bytes_per_param(plan.precision, plan.grad_precision)
-    mix = compile_mix(model, cluster, plan, shard, g, per) if needs_layer_mix(model) else None
+    per = bytes_per_param(plan.precision, plan.grad_precision, plan.optimizer_precision)
+    mix = compile_mix(model, cluster, plan, shard, g, per, precision) if needs_layer_mix(model) else None
+    head = eager_ops(head_ops(model, shard), model, plan)
+    emb_t = ops_time(embedding_ops(model, shard), cluster, precision)
+    head_t = ops_time(head, cluster, precision)
+    host_s = cluster.node.launch_overhead_s
     if mix is None:
-        layer = layer_ops(model, shard)
-        layer_t = ops_time(layer, cluster, plan.precision)
-        tp_s = tp_layer_comm_s(model, shard, g, cluster)
+        layer = fp8.fp8_layer_ops(eager_ops(layer_ops(model, shard), model, plan), model, shard, plan)
+        layer = with_attention_kernel(layer, plan.attention_kernel)
+        layer_t = ops_time(layer, cluster, precision)
+        tp_s = tp_layer_comm_s(model, shard, g, cluster, fp8.tp_gather_bytes_factor(plan))
+        if plan.tp_comm_overlap:
+            *tp_s, extra_f, extra_b = overlapped_tp_s(model, shard, g, cluster, plan, layer, tp_s,
+                                                      fp8.tp_gather_bytes_factor(plan))
+            layer_t = replace(layer_t, fwd_s=layer_t.fwd_s + extra_f, bwd_input_s=layer_t.bwd_input_s + extra_b)
+        if host_s > 0:  # eager frameworks' launches (hostbound.py)
+            collectives = np.where(np.asarray(plan.tp) > 1, 4 if plan.sequence_parallel else 2, 0)
+            launches = (collectives, collectives + 2 * plan.sequence_parallel)
+            layer_t = hostbound.host_bound(layer_t, layer, host_s, tp_s, launches)
         cp_s = cp_layer_comm_s(model, shard, g, cluster)
+        checkpoint = layer_checkpoint(model, shard, plan.recompute, layer)
+        rerun_t = hostbound.rerun_bound(ops_time(list(checkpoint.rerun), cluster, precision).fwd_s,
+                                        checkpoint.rerun, host_s)
         layer_params = layer_params_local(model, plan.tp)
         buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, layer_params, plan, per.weight, per.grad)
     else:  # experts or MLA: two layer kinds (layermix.py)
         buffers = mix.buffer_bytes
-    emb_t = ops_time(embedding_ops(model, shard), cluster, plan.precision)
-    head_t = ops_time(head_ops(model, shard), cluster, plan.precision)
+    if host_s > 0:
+        head_t = hostbound.host_bound(head_t, head, host_s)
+        emb_t = hostbound.host_bound(emb_t, embedding_ops(model, shard), host_s)
     hop = pp_hop_s(model, shard, g, cluster)
     head_stage = schedule.head_stage(np.asarray(p))
     indices, counts = representative_stages(p)
+    fp8_weight, fp8_gather = fp8.weight_bytes_per_param(plan)
+    linear_params = fp8.layer_linear_params(model, plan.tp)
+    total_rerun_layers = 0.0
     reps = []
-    for stage, count, layers in zip(indices, counts, stage_layers(model, p, v)):
+    for stage, count, layers in zip(indices, counts, stage_layers(model, plan, schedule, p)):
         has_emb = stage == schedule.embedding_stage(p)
         has_head = stage == head_stage
         head_copy = has_head & (np.asarray(not model.tied_embeddings) | (head_stage != schedule.embedding_stage(p)))
         if mix is None:
             params = stage_params(model, plan.tp, layers, has_emb, has_head, head_copy)
             states = model_states(params, plan, per, grad_group)
-            acts = activation_sizes(model, shard, plan.recompute, layers / v, has_emb, has_head, layer)
-            passes = pass_times(layer_t, layers, emb_t, head_t, has_emb, has_head, tp_s, cp_s, plan.recompute,
-                                plan.tp_comm_overlap, plan.flash_attention)
-            dp = dp_costs(plan.zero_stage, params, per.weight, per.grad, g.grad, cluster)
+            linears = layers * linear_params
+            if plan.zero_stage < 3:  # FP8 weight copies (or FP8 primary weights) of the linears
+                states = replace(states, weights_bytes=states.weights_bytes + linears * (fp8_weight - per.weight))
+            gather_per_param = per.weight - linears * (per.weight - fp8_gather) / params
+            acts = activation_sizes(model, shard, plan, layers / v, has_emb, has_head, layer, head)
+            rerun_layers = v * chunk_checkpoint(plan, checkpoint, 0.0, layers / v).rerun_layers
+            total_rerun_layers = total_rerun_layers + count * rerun_layers
+            passes = pass_times(layer_t, layers, emb_t, head_t, has_emb, has_head, tp_s, cp_s, rerun_t, rerun_layers,
+                                checkpoint.tp_rerun, checkpoint.cp_rerun)
+            dp = dp_costs(plan.zero_stage, params, gather_per_param, per.grad, g.grad, cluster)
+            stage_buffers = buffers
+            if fsdp.keeps_gathered(plan):
+                dp = fsdp.step_costs(params, gather_per_param, per.grad, g.grad, cluster)
+                stage_buffers = buffers + fsdp.gathered_extra_bytes(params, layer_params, per.weight, per.grad)
             n_buckets, shard_group = buckets(params / v, grad_group), grad_group
         else:  # dense-MLP and MoE layers, MLA (layermix.py)
             x = mixed_stage(mix, model, cluster, plan, shard, g, per, grad_group, expert_grad_group_size(plan), p, v,
-                            has_emb, has_head, head_copy, emb_t, head_t)
+                            has_emb, has_head, head_copy, emb_t, head_t, head)
             params, states, acts, passes, dp = x.params, x.states, x.activations, x.passes, x.dp
-            n_buckets, shard_group = x.buckets, x.shard_group
+            n_buckets, shard_group, stage_buffers, linears = x.buckets, x.shard_group, buffers, 0.0
         off = offload_costs(plan, cluster, params, states, per, acts.chunk_bytes, v, shard_group)
         reps.append(StageLayout(
             stage=stage, count=count, layers=layers, has_embedding=has_emb, has_head=has_head, params=params,
-            states=states, activations=acts, buffer_bytes=buffers, passes=passes,
+            states=states, activations=acts, buffer_bytes=stage_buffers, passes=passes,
             sends=schedule.sends(p, v, stage),
             dp=dp, buckets=n_buckets, offload=off,
-            optimizer_s=optimizer_step_s(states, per, plan, cluster.accelerator)))
+            optimizer_s=optimizer_step_s(states, per, plan, cluster.accelerator)
+            + memory_bound_time(fp8.weight_cast_bytes_per_step(plan, linears), cluster.accelerator, "fp8_cast")))
     model_flops = model_flops_per_sequence(model, plan.moe) * plan.global_batch
-    hw_flops = executed_flops_per_sequence(model, plan.flash_attention, plan.recompute, plan.moe,
-                                           plan.loss) * plan.global_batch
+    if mix is None:
+        one = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=plan.flash_attention)
+        rerun_per_layer = rerun_flops(layer_checkpoint(model, one, plan.recompute, layer_ops(model, one)))
+        hw_flops = (executed_flops_per_sequence(model, plan.flash_attention, "none", plan.moe, plan.loss)
+                    + total_rerun_layers * rerun_per_layer) * plan.global_batch
+    else:
+        hw_flops = executed_flops_per_sequence(model, plan.flash_attention, plan.recompute, plan.moe,
+                                               plan.loss) * plan.global_batch
     return Layout(model=model, cluster=cluster, plan=plan, schedule=schedule, p=p, m=m, v=v, shard=shard, groups=g,
                   grad_group=grad_group, per_param=per, pp_hop_s=hop, stages=tuple(reps),
                   model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops)

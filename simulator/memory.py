@@ -3,12 +3,11 @@
 - Saved activations: the saved tensors of the workload's operators (workload.py;
   Korthikanti et al. 2022) per micro-batch and model chunk, times the chunks in flight at
   the stage's peak, which the schedule gives (schedules.py; the graph engine's memory
-  timeline takes and frees the same bytes at each pass). Full recomputation keeps only
-  each layer's input and rebuilds one layer at a time; selective recomputation drops the
-  attention core's tensors.
-- On top of the saved tensors, at the moment a stage peaks: the layer rebuilt by full
-  recomputation, and where the last virtual stage sits the head's saved tensors plus the
-  loss's backward transient, whichever moment is larger.
+  timeline takes and frees the same bytes at each pass). What a recompute mode keeps and
+  rebuilds is recompute.py's.
+- On top of the saved tensors, at the moment a stage peaks: what recomputation rebuilds
+  (a layer, a group of layers, an attention core), and where the last virtual stage sits
+  the head's saved tensors plus the loss's backward transient, whichever moment is larger.
 - Activation offload keeps few chunks on the device (offload.resident_chunks_with_offload);
   the rest waits in host memory.
 - Other: the framework's reserve (a profile parameter) and communication buffers.
@@ -20,16 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .workload import ATTENTION_CORE, Shard, embedding_ops, head_ops, layer_ops, loss_backward_transient_bytes
+from .recompute import chunk_checkpoint, layer_checkpoint
+from .workload import Shard, embedding_ops, head_ops, layer_ops, loss_backward_transient_bytes
 
 def layer_saved_bytes(model, shard: Shard, recompute: str, ops=None):
-    """Bytes one layer keeps for the backward pass of one micro-batch under a recompute mode."""
-    if recompute == "full":
-        return shard.act_bytes * shard.replicated_tokens * model.hidden
+    """Bytes one layer keeps for the backward pass of one micro-batch under a recompute mode
+    (recompute.py; `full` is one layer checkpointed on its own)."""
     ops = layer_ops(model, shard) if ops is None else ops
-    if recompute == "selective" and not shard.flash_attention:
-        return sum(op.saved_bytes for op in ops if op.group != ATTENTION_CORE)
-    return sum(op.saved_bytes for op in ops)
+    return layer_checkpoint(model, shard, recompute, ops).saved_bytes
 
 
 @dataclass(frozen=True)
@@ -41,14 +38,17 @@ class ActivationSizes:
     extra_bytes: object  # held at the stage's peak on top of the in-flight chunks
 
 
-def activation_sizes(model, shard: Shard, recompute: str, layers_per_chunk, has_embedding, has_head,
-                     ops=None) -> ActivationSizes:
+def activation_sizes(model, shard: Shard, plan, layers_per_chunk, has_embedding, has_head, ops=None,
+                     head=None) -> ActivationSizes:
+    """`head`: the head's operators (default workload.head_ops)."""
     ops = layer_ops(model, shard) if ops is None else ops
-    chunk = layers_per_chunk * layer_saved_bytes(model, shard, recompute, ops)
+    layer = layer_checkpoint(model, shard, plan.recompute, ops)
+    chunk = chunk_checkpoint(plan, layer, sum(op.saved_bytes for op in ops), layers_per_chunk)
     emb = np.asarray(has_embedding) * sum(op.saved_bytes for op in embedding_ops(model, shard))
-    rebuilt = layer_saved_bytes(model, shard, "none", ops) if recompute == "full" else 0.0
-    head = sum(op.saved_bytes for op in head_ops(model, shard)) + loss_backward_transient_bytes(model, shard)
-    return ActivationSizes(chunk, emb, np.where(has_head, np.maximum(rebuilt, head), rebuilt))
+    head = head_ops(model, shard) if head is None else head
+    held = sum(op.saved_bytes for op in head) + loss_backward_transient_bytes(model, shard)
+    rebuilt = chunk.rebuilt_bytes
+    return ActivationSizes(chunk.saved_bytes, emb, np.where(has_head, np.maximum(rebuilt, held), rebuilt))
 
 
 def peak_activation_bytes(sizes: ActivationSizes, resident_chunks, in_flight_embedding):

@@ -157,6 +157,28 @@ def check_moe_plan(plan, model) -> None:
         raise InputError("plan.moe.shared_expert_overlap", True, "the model has no shared experts")
 
 
+def check_layer_mix_options(plan, model) -> None:
+    """Refuse, for a model with experts or MLA (layermix.py), the framework options only the
+    dense path models: FP8 linears (fp8.py picks the dense linears by name), eager kernels,
+    op-level selective and block recomputation, FSDP2 without resharding, uneven stages."""
+    if not (model.experts or model.attention == "mla"):
+        return
+    kind = "MoE" if model.experts else "MLA"
+    unsupported = (("plan.precision", plan.precision, plan.precision in ("fp8", "mxfp8")),
+                   ("plan.compile", plan.compile, not plan.compile),
+                   ("plan.recompute", plan.recompute, plan.recompute == "op-selective"),
+                   ("plan.recompute_method", plan.recompute_method, plan.recompute_method != "uniform"),
+                   ("plan.recompute_num_layers", plan.recompute_num_layers, plan.recompute_num_layers != 1),
+                   ("plan.fsdp_reshard_after_forward", plan.fsdp_reshard_after_forward,
+                    not plan.fsdp_reshard_after_forward),
+                   ("plan.first_stage_layers", plan.first_stage_layers, plan.first_stage_layers is not None),
+                   ("plan.last_stage_layers", plan.last_stage_layers, plan.last_stage_layers is not None),
+                   ("plan.pipeline_layout", plan.pipeline_layout, plan.pipeline_layout is not None))
+    for field, value, refused in unsupported:
+        if refused:
+            raise InputError(field, value, f"not yet modelled for {kind} models (the dense layers' option)")
+
+
 def check_moe_stages(plan, model, virtual_stages: int) -> None:
     """The layer mix llmsim represents: the leading dense layers inside the first virtual
     pipeline stage, and every virtual stage holding whole periods of moe_layer_freq, so that

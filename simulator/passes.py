@@ -18,7 +18,7 @@ from .compute import op_times
 from .dims import Groups
 from .hardware import Cluster
 from .model import ModelSpec
-from .workload import ATTENTION_CORE, MATMUL, Op, Shard, local_heads
+from .workload import ATTENTION_CORE, Op, Shard, local_heads
 
 
 @dataclass(frozen=True)
@@ -30,20 +30,17 @@ class OpsTime:
     bwd_weight_s: object
     attention_fwd_s: object  # forward of the attention core (hides the CP exchange)
     attention_bwd_s: object
-    matmul_fwd_s: object  # forward of the other GEMMs (hides TP collectives when overlapped)
 
 
 def ops_time(ops: list[Op], cluster: Cluster, precision: str) -> OpsTime:
     acc = cluster.accelerator
-    fwd = bwd_in = bwd_w = att_f = att_b = mm_f = 0.0
+    fwd = bwd_in = bwd_w = att_f = att_b = 0.0
     for op in ops:
         t = op_times(op, acc, precision)
         fwd, bwd_in, bwd_w = fwd + t.fwd_s, bwd_in + t.bwd_input_s, bwd_w + t.bwd_weight_s
         if op.group == ATTENTION_CORE:
             att_f, att_b = att_f + t.fwd_s, att_b + t.bwd_input_s + t.bwd_weight_s
-        elif op.kind == MATMUL:
-            mm_f = mm_f + t.fwd_s
-    return OpsTime(fwd, bwd_in, bwd_w, att_f, att_b, mm_f)
+    return OpsTime(fwd, bwd_in, bwd_w, att_f, att_b)
 
 
 @dataclass(frozen=True)
@@ -88,7 +85,7 @@ class PassTimes:
         return self.forward_s + self.backward_input_s + self.bwd_weight_s
 
 
-def tp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster):
+def tp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster, gather_factor=1.0):
     """TP communication of one layer per micro-batch: (forward, backward) seconds.
 
     Two all-reduces of the b·s·h activation per layer in the forward pass and two in the
@@ -96,13 +93,15 @@ def tp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Clu
     becomes an all-gather plus a reduce-scatter of the same volume (Korthikanti 2022), and
     the backward pass all-gathers the sequence-sharded input of the two column-parallel
     GEMMs again for their weight gradients (Megatron-LM
-    LinearWithGradAccumulationAndAsyncCommunication.backward).
+    LinearWithGradAccumulationAndAsyncCommunication.backward). `gather_factor` scales the
+    bytes of the forward all-gathers (0.5: FP8 all-gathers, fp8.py).
     """
     nbytes = shard.act_bytes * shard.tokens * model.hidden
     if shard.sp:
         gather = collective_time("all_gather", nbytes, groups.tp, cluster)
-        fwd = 2 * (gather + collective_time("reduce_scatter", nbytes, groups.tp, cluster))
-        return fwd, fwd + 2 * gather
+        scatter = collective_time("reduce_scatter", nbytes, groups.tp, cluster)
+        fwd = 2 * (collective_time("all_gather", gather_factor * nbytes, groups.tp, cluster) + scatter)
+        return fwd, 2 * (gather + scatter) + 2 * gather
     fwd = 2 * collective_time("all_reduce", nbytes, groups.tp, cluster)
     return fwd, fwd
 
@@ -125,30 +124,25 @@ def pp_hop_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster):
 
 
 def pass_times(layer: OpsTime, layers, embedding: OpsTime, head: OpsTime, has_embedding, has_head,
-               tp_layer_s: tuple, cp_layer_s: tuple, recompute: str, tp_comm_overlap: bool,
-               flash_attention: bool, ep_layer_s: tuple = (0.0, 0.0)) -> PassTimes:
+               tp_layer_s: tuple, cp_layer_s: tuple, rerun_s, rerun_layers, tp_rerun, cp_rerun: bool,
+               ep_layer_s: tuple = (0.0, 0.0)) -> PassTimes:
     """Seconds per micro-batch of a device holding `layers` layers (and the embedding and
-    head where flagged). `ep_layer_s`: a layer's exposed MoE dispatch (moe.py), forward and
-    backward, which full recomputation repeats. Broadcast-safe: the flags are 0/1
-    multipliers, not branches."""
+    head where flagged), of which `rerun_layers` run `rerun_s` of their forward again with
+    the fraction `tp_rerun` of their TP collectives (and the CP exchange when `cp_rerun`) before
+    their backward (recompute.py). `tp_layer_s`: the exposed TP seconds of a layer's forward
+    and backward (all of them, or what tpoverlap.py leaves exposed). `ep_layer_s`: a layer's
+    exposed MoE dispatch (moe.py), forward and backward, re-run with the same fraction as the
+    TP collectives (the whole layer under full recomputation, none under selective).
+    Broadcast-safe: the flags are 0/1 multipliers, not branches."""
     emb, hd = np.asarray(has_embedding), np.asarray(has_head)
     fwd = layers * layer.fwd_s + emb * embedding.fwd_s + hd * head.fwd_s
     bwd_in = layers * layer.bwd_input_s + emb * embedding.bwd_input_s + hd * head.bwd_input_s
     bwd_w = layers * layer.bwd_weight_s + emb * embedding.bwd_weight_s + hd * head.bwd_weight_s
     tp_f, tp_b = tp_layer_s
-    if tp_comm_overlap:
-        tp_f = np.maximum(0.0, tp_f - layer.matmul_fwd_s)
-        tp_b = np.maximum(0.0, tp_b - layer.bwd_input_s - layer.bwd_weight_s)
     cp_f = np.maximum(0.0, cp_layer_s[0] - layer.attention_fwd_s)
     cp_b = np.maximum(0.0, cp_layer_s[1] - layer.attention_bwd_s)
-    zero = 0.0 * fwd
     ep_f, ep_b = ep_layer_s
-    if recompute == "full":
-        rec, tp_r, cp_r, ep_r = layers * layer.fwd_s, layers * tp_f, layers * cp_f, layers * ep_f
-    elif recompute == "selective" and not flash_attention:
-        # a flash kernel saves no score matrix: selective recomputation has nothing to drop
-        rec, tp_r, cp_r, ep_r = layers * layer.attention_fwd_s, zero, zero, zero
-    else:
-        rec, tp_r, cp_r, ep_r = zero, zero, zero, zero
-    return PassTimes(fwd, bwd_in, bwd_w, rec, layers * tp_f, layers * tp_b, tp_r, layers * cp_f, layers * cp_b, cp_r,
-                     layers * ep_f, layers * ep_b, ep_r)
+    rec, tp_r, cp_r = rerun_layers * rerun_s, rerun_layers * tp_rerun * tp_f, rerun_layers * float(cp_rerun) * cp_f
+    ep_r = rerun_layers * tp_rerun * ep_f
+    return PassTimes(fwd, bwd_in, bwd_w, rec + 0.0 * fwd, layers * tp_f, layers * tp_b, tp_r + 0.0 * fwd,
+                     layers * cp_f, layers * cp_b, cp_r + 0.0 * fwd, layers * ep_f, layers * ep_b, ep_r + 0.0 * fwd)

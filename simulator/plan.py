@@ -11,14 +11,19 @@ from dataclasses import dataclass, fields
 
 from . import fields as F
 from .errors import InputError
+from .compute import ATTENTION_KERNELS
 from .hardware import Cluster
 from .loss import LOSSES
 from .model import ModelSpec, refuse_unmodelled
-from .moe import DISPATCHERS, MoEOptions, check_moe_plan, check_moe_stages
+from .moe import DISPATCHERS, MoEOptions, check_layer_mix_options, check_moe_plan, check_moe_stages
 from .schedules import SCHEDULES, plan_schedule
+from .stagesplit import check_split
 
-RECOMPUTE = ("none", "selective", "full")
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+RECOMPUTE = ("none", "selective", "full", "op-selective")
+RECOMPUTE_METHODS = ("uniform", "block")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8")
+FP8_RECIPES = ("delayed", "tensorwise", "rowwise")
+TP_OVERLAPS = ("userbuffers", "async-tp")
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
 GRAD_PRECISIONS = ("fp32", "bf16", "fp16")
 DIMENSIONS = ("tp", "cp", "dp", "pp")
@@ -68,6 +73,34 @@ class Plan:
     # lm_head + cross-entropy: unfused | fused (Cut Cross-Entropy) | chunked (Liger), loss.py
     loss: str = "unfused"
     loss_chunk_tokens: int | None = None  # chunked: tokens per chunk (None: Liger's rule)
+    # Uneven pipeline stages (stagesplit.py): Megatron-Core's --decoder-first/last-pipeline-
+    # num-layers, or the layers of every virtual stage, first to last.
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    pipeline_layout: tuple | None = None
+    # Megatron-LM full recomputation (recompute.py): checkpoint every `recompute_num_layers`
+    # layers (uniform) or only the first `recompute_num_layers` layers of each chunk (block).
+    recompute_method: str = "uniform"
+    recompute_num_layers: int = 1
+    # FP8 linears (fp8.py): the scaling recipe of `precision: fp8` (TransformerEngine delayed,
+    # torchao tensorwise or rowwise) and FP8 primary weights (TE fp8_params).
+    fp8_recipe: str = "delayed"
+    fp8_params: bool = False
+    # Memory-bound kernels fused (torch.compile, the frameworks' fused kernels) or launched op
+    # by op as eager PyTorch runs them (fusion.py).
+    compile: bool = True
+    # FSDP2 frees the gathered weights after each forward (True) or keeps them for the
+    # backward and across micro-batches (False, torchtitan under PP): fsdp.py.
+    fsdp_reshard_after_forward: bool = True
+    # How overlapped TP collectives are implemented (tpoverlap.py): TransformerEngine userbuffers
+    # or PyTorch async TP.
+    tp_overlap: str = "userbuffers"
+    # The attention kernel: the profile's fused kernel (FA3, cuDNN on Hopper) or FlashAttention-2
+    # (PyTorch's SDPA flash backend): compute.FLASH2_ATTENTION.
+    attention_kernel: str = "fused"
+    # Precision of the Adam states (the master copy and both moments): fp32, or bf16 as NeMo's
+    # distributed_fused_adam with optim.dtype bf16 keeps them (states.bytes_per_param).
+    optimizer_precision: str = "fp32"
 
     @property
     def devices(self) -> int:
@@ -132,6 +165,18 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         schedule_ops=_schedule_ops(data.get("schedule_ops")),
         moe=_moe_options(data.get("moe")),
         **_loss(data),
+        first_stage_layers=F.integer(data, "first_stage_layers", "plan", None, maximum=100_000),
+        last_stage_layers=F.integer(data, "last_stage_layers", "plan", None, maximum=100_000),
+        pipeline_layout=_pipeline_layout(data.get("pipeline_layout")),
+        recompute_method=F.choice(data, "recompute_method", "plan", RECOMPUTE_METHODS, "uniform"),
+        recompute_num_layers=F.integer(data, "recompute_num_layers", "plan", 1, maximum=100_000),
+        fp8_recipe=F.choice(data, "fp8_recipe", "plan", FP8_RECIPES, "delayed"),
+        fp8_params=F.boolean(data, "fp8_params", "plan", False),
+        compile=F.boolean(data, "compile", "plan", True),
+        fsdp_reshard_after_forward=F.boolean(data, "fsdp_reshard_after_forward", "plan", True),
+        tp_overlap=F.choice(data, "tp_overlap", "plan", TP_OVERLAPS, "userbuffers"),
+        attention_kernel=F.choice(data, "attention_kernel", "plan", ATTENTION_KERNELS, "fused"),
+        optimizer_precision=F.choice(data, "optimizer_precision", "plan", ("fp32", "bf16"), "fp32"),
     )
 
 
@@ -162,6 +207,16 @@ def _loss(data) -> dict:
     return {"loss": loss, "loss_chunk_tokens": chunk}
 
 
+def _pipeline_layout(value):
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not value or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value):
+        raise InputError("plan.pipeline_layout", value, "a list of layer counts (integers >= 0), one per virtual "
+                         "pipeline stage, first to last")
+    return tuple(value)
+
+
 def _schedule_ops(value):
     if value is None:
         return None
@@ -187,11 +242,9 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
         raise InputError("plan.global_batch", plan.global_batch,
                          f"must be a multiple of micro_batch*dp = {plan.micro_batch * plan.dp}")
     schedule = plan_schedule(plan)  # the schedule's own rules; an explicit order parsed and checked
-    stages = plan.pp * schedule.chunks(plan.vpp)
-    if model.layers % stages:
-        raise InputError("plan.pp", plan.pp, f"pp x model chunks per device = {stages} must divide "
-                         f"layers={model.layers}")
-    check_moe_stages(plan, model, stages)
+    check_split(plan, model, schedule)  # layers per pipeline stage: even, first/last counts or a layout
+    check_layer_mix_options(plan, model)
+    check_moe_stages(plan, model, plan.pp * schedule.chunks(plan.vpp))
     if plan.cp > 1 and model.seq_len % (2 * plan.cp):
         raise InputError("plan.cp", plan.cp, f"2*cp must divide seq_len={model.seq_len} (load-balanced causal chunks)")
     if plan.sp and (model.seq_len // plan.cp) % plan.tp:
@@ -203,8 +256,29 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     if off.params != "none" and plan.zero_stage < 3:
         raise InputError("plan.offload.params", off.params, "parameter offload (ZeRO-Infinity) needs zero_stage 3")
     cluster.accelerator.peak(plan.precision)
+    if plan.precision in ("fp8", "mxfp8") and cluster.accelerator.matmul_fp8 is None:
+        raise InputError("plan.precision", plan.precision, f"the {cluster.accelerator.name} profile has no "
+                         "efficiency.matmul_fp8 (an FP8 GEMM rate measured by a microbenchmark)")
+    check_options(plan)
     if plan.precision == "fp16" and plan.grad_precision == "bf16":
         raise InputError("plan.grad_precision", "bf16", "fp16 training keeps fp16 or fp32 gradients")
+
+
+def check_options(plan: Plan) -> None:
+    """The recompute and precision options that only make sense together."""
+    if plan.recompute_method != "uniform" and plan.recompute != "full":
+        raise InputError("plan.recompute_method", plan.recompute_method, "only with recompute: full")
+    if plan.recompute_num_layers != 1 and plan.recompute != "full":
+        raise InputError("plan.recompute_num_layers", plan.recompute_num_layers, "only with recompute: full")
+    if plan.attention_kernel != "fused" and not plan.flash_attention:
+        raise InputError("plan.attention_kernel", plan.attention_kernel, "only with flash_attention: true")
+    if not plan.fsdp_reshard_after_forward and plan.zero_stage < 3:
+        raise InputError("plan.fsdp_reshard_after_forward", False, "only with zero_stage 3 (FSDP)")
+    if plan.fp8_params and plan.precision not in ("fp8", "mxfp8"):
+        raise InputError("plan.fp8_params", True, "FP8 primary weights need precision: fp8 or mxfp8")
+    if plan.fp8_params and plan.fp8_recipe != "delayed" and plan.precision == "fp8":
+        raise InputError("plan.fp8_params", True, "FP8 primary weights are TransformerEngine's (fp8_recipe: "
+                         "delayed)")
 
 
 def _divides(field: str, value: int, target_field: str, target: int) -> None:

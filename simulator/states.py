@@ -4,7 +4,8 @@
   weights (2 B), gradients (2 B in DeepSpeed; 4 B fp32 "main grads" in Megatron-LM, the
   default here, `plan.grad_precision`), and fp32 master weights, momentum and variance
   (12 B): 16 B/param with 16-bit gradients, 18 B with fp32 ones. Pure fp32 training keeps
-  4 + 4 + 8. FP8 training (Transformer Engine) adds an fp8 copy of the weights (1 B).
+  4 + 4 + 8. FP8 training keeps 16-bit weights too; the FP8 copies of the linear weights
+  that TransformerEngine keeps on top (or its FP8 primary weights) are fp8.py's.
 - ZeRO stage 1 shards the optimizer states over the ranks that hold the same weights
   (dp x cp in Megatron-LM: dims.grad_group_size), stage 2 also the gradients, stage 3 also
   the weights.
@@ -33,11 +34,15 @@ class BytesPerParam:
     optimizer: float  # Adam: momentum and variance, plus the fp32 master copy under mixed precision
 
 
-def bytes_per_param(precision: str, grad_precision: str) -> BytesPerParam:
+def bytes_per_param(precision: str, grad_precision: str, optimizer_precision: str = "fp32") -> BytesPerParam:
+    """`optimizer_precision: bf16` is Apex DistributedFusedAdam with dtype=bf16 (NeMo's
+    optim.dtype): its parameter copy, exp_avg and exp_avg_sq shards are all bf16, 3 x 2 B
+    (NVIDIA/apex@d571f3ee apex/contrib/optimizers/distributed_fused_adam.py StateBucket)."""
     full = precision in FULL_PRECISION
-    weight = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 3.0}[precision]
+    weight = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 2.0, "mxfp8": 2.0}[precision]
     grad = 4.0 if full or grad_precision == "fp32" else 2.0
-    return BytesPerParam(weight=weight, grad=grad, optimizer=8.0 if full else 12.0)
+    optimizer = 8.0 if full else 6.0 if optimizer_precision == "bf16" else 12.0
+    return BytesPerParam(weight=weight, grad=grad, optimizer=optimizer)
 
 
 def layer_params_local(model: ModelSpec, tp) -> object:

@@ -288,8 +288,9 @@ def executed_flops_per_sequence(model: ModelSpec, flash_attention: bool, recompu
                                 loss: str = "unfused") -> float:
     """FLOPs the kernels execute for one sequence's forward and backward passes, with the
     forward passes that activation recomputation repeats: what HFU counts. Selective
-    recomputation re-runs the attention core, which a flash kernel does not save; the fused
-    loss recomputes the logits (loss.py). MoE layers execute the mean routed rows (balanced
+    recomputation re-runs the attention core, a flash kernel too (Megatron-LM checkpoints the
+    core attention whatever its kernel: recompute.py); the fused loss recomputes the logits
+    (loss.py). MoE layers execute the mean routed rows (balanced
     routing; padded to capacity if so)."""
     shard = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=flash_attention, loss=loss)
 
@@ -298,7 +299,7 @@ def executed_flops_per_sequence(model: ModelSpec, flash_attention: bool, recompu
         if recompute == "full":
             layer += sum(op.fwd_flops for op in ops)
         elif recompute == "selective":
-            layer += sum(op.fwd_flops for op in ops if op.group == ATTENTION_CORE and not flash_attention)
+            layer += sum(op.fwd_flops for op in ops if op.group == ATTENTION_CORE)
         return layer
 
     total = (model.layers - model.moe_layers) * executed(layer_ops(model, shard)) + \

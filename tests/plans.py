@@ -1,4 +1,7 @@
-"""Random valid plans for the property tests (hypothesis strategies).
+"""Random valid plans for the property tests (hypothesis strategies): every schedule,
+recompute mode (Megatron selective/full uniform/block, torchtitan op-level), precision (FP8
+recipes on H100), TP overlap implementation, eager or compiled kernels, FSDP resharding,
+uneven pipeline ranks.
 
 Plans are built valid by construction where the rules are simple (divisors, batch
 multiples) and the rest is left to plan validation; a draw the validation refuses is
@@ -65,15 +68,35 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
         offload["activations"] = draw(st.sampled_from(["none", "none", "none", "cpu"]))
     flash = draw(st.booleans())
     sp = draw(st.booleans()) or (experts > 0 and tp > 1)  # MoE layers with TP need sequence parallelism
+    extra = {}
+    recompute = draw(st.sampled_from(["none", "selective", "full"]))
+    precision = draw(st.sampled_from(["bf16", "bf16", "fp32"]))
+    if not moe:  # framework options of the dense path (MoE and MLA models refuse them: moe.check_layer_mix_options)
+        recompute = draw(st.sampled_from(["none", "selective", "full", "op-selective"]))
+        precision = draw(st.sampled_from(["bf16", "bf16", "fp32"] + (["fp8"] if node == "dgx-h100" else [])))
+        extra = {"compile": draw(st.booleans()), "tp_overlap": draw(st.sampled_from(["userbuffers", "async-tp"])),
+                 "optimizer_precision": draw(st.sampled_from(["fp32", "bf16"]))}
+        if recompute == "full":
+            extra["recompute_method"] = draw(st.sampled_from(["uniform", "block"]))
+            extra["recompute_num_layers"] = draw(st.sampled_from([1, 2, 3]))
+        if precision == "fp8":
+            extra["fp8_recipe"] = draw(st.sampled_from(["delayed", "tensorwise", "rowwise"]))
+            extra["fp8_params"] = extra["fp8_recipe"] == "delayed" and draw(st.booleans())
+        if flash:
+            extra["attention_kernel"] = draw(st.sampled_from(["fused", "flash2"]))
+        if zero == 3:
+            extra["fsdp_reshard_after_forward"] = draw(st.booleans())
+        even = layers // (pp * chunks) * chunks  # layers per rank
+        if pp > 1 and even > chunks and draw(st.booleans()):  # uneven ranks: one chunk's layers moved
+            extra.update(first_stage_layers=even - chunks, last_stage_layers=even + chunks)
     data = {
         "model": {"preset": preset, "seq_len": seq, **overrides},
         "cluster": {"node": node, "nodes": nodes},
         "plan": {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "vpp": vpp, "schedule": schedule,
                  "micro_batch": micro_batch, "global_batch": micro_batch * dp * m,
-                 "sequence_parallel": sp, "recompute": draw(st.sampled_from(
-                     ["none", "selective", "full"])), "zero_stage": zero, "offload": offload,
+                 "sequence_parallel": sp, "recompute": recompute, "zero_stage": zero, "offload": offload,
                  "flash_attention": flash, "dp_overlap": draw(st.booleans()),
-                 "tp_comm_overlap": draw(st.booleans()), "precision": draw(st.sampled_from(["bf16", "bf16", "fp32"])),
+                 "tp_comm_overlap": draw(st.booleans()), "precision": precision, **extra,
                  "loss": draw(st.sampled_from(losses)),
                  },
     }

@@ -131,14 +131,20 @@ def test_an_fp8_row_without_its_recipe_is_an_error(tmp_path):
         load_runs(write(tmp_path, [BASE_ROW], sup.replace("a100", "h100")))
 
 
-def test_an_unsupported_feature_keeps_the_row_with_its_reason(tmp_path):
+@pytest.fixture
+def without_op_sac(monkeypatch):
+    """The schema as it was before it learnt torchtitan's op-level selective AC."""
+    monkeypatch.setattr(plan_schema, "RECOMPUTE", tuple(m for m in plan_schema.RECOMPUTE if m != "op-selective"))
+
+
+def test_an_unsupported_feature_keeps_the_row_with_its_reason(tmp_path, without_op_sac):
     sup = SUPPLEMENT + "  x_run: {features: {op-selective-recompute: true}}\n"
     (run,) = load_runs(write(tmp_path, [BASE_ROW], sup))
     assert run.status == "not_expressible" and run.scenario is None
     assert [f for f, _ in run.reasons] == ["op-selective-recompute"]
 
 
-def test_approximate_mode_names_the_approximation(tmp_path):
+def test_approximate_mode_names_the_approximation(tmp_path, without_op_sac):
     sup = SUPPLEMENT + "  x_run: {features: {op-selective-recompute: true}}\n"
     (run,) = load_runs(write(tmp_path, [BASE_ROW], sup), approximate=True)
     assert run.status == "approximated" and run.scenario["plan"]["recompute"] == "selective"
@@ -155,8 +161,10 @@ def test_an_equivalent_feature_is_predicted_and_stated(tmp_path):
 def test_a_row_is_predicted_once_the_schema_learns_its_feature(tmp_path, monkeypatch):
     sup = SUPPLEMENT.replace("a100", "h100") + "  x_run: {features: {fp8-linears: {recipe: delayed}}}\n"
     folder = write(tmp_path, [BASE_ROW], sup)
+    keys = plan_schema.PLAN_KEYS
+    monkeypatch.setattr(plan_schema, "PLAN_KEYS", tuple(k for k in keys if k != "fp8_recipe"))
     assert load_runs(folder)[0].status == "not_expressible"
-    monkeypatch.setattr(plan_schema, "PLAN_KEYS", plan_schema.PLAN_KEYS + ("fp8_recipe",))
+    monkeypatch.setattr(plan_schema, "PLAN_KEYS", keys)
     (run,) = load_runs(folder)
     assert run.status == "predicted"
     assert run.scenario["plan"]["precision"] == "fp8" and run.scenario["plan"]["fp8_recipe"] == "delayed"
@@ -195,19 +203,22 @@ def test_every_run_is_predicted_or_has_a_named_reason(runs):
         assert all(f != "scenario-rejected" for f, _ in r.reasons), (r.id, r.reasons)
 
 
-def test_runs_llmsim_cannot_express_today_are_the_stated_ones(runs):
-    blocked = {rid for rid, r in runs.items() if r.status != "predicted"}
-    fp8_nemo = {rid for rid in runs if rid.startswith("dgxc-") and "-fp8-" in rid}
-    assert len(fp8_nemo) == 5 and fp8_nemo <= blocked
-    torchtitan = {rid for rid in runs if rid.startswith("tt_")}
-    # bf16 70B FSDP x TP runs with full AC and torch.compile are the torchtitan runs llmsim can say
-    assert torchtitan - blocked == {"tt_asynctp_70B_bf16_vanillaTP", "tt_asynctp_70B_bf16_asyncTP"}
-    assert len(blocked) == 33 + 1  # and the Grok-1 FP8 run (moe-runs.csv)
+def test_every_dense_run_is_expressible_and_the_fp8_moe_run_is_not(runs):
+    blocked = [rid for rid, r in runs.items() if r.status != "predicted"]
+    assert blocked == ["dgxc2411-h100-grok1-314b-fp8-512gpu"]
 
 
-def test_torchtitan_405b_needs_uneven_ranks_and_its_interleaved_run_a_stage_layout(runs):
-    assert {"uneven-pipeline-stages", "fp8-linears"} <= dict(runs["tt_t5_405B_512gpu_1F1B"].reasons).keys()
-    assert "pipeline-layout" in dict(runs["tt_t5_405B_512gpu_Interleaved1F1B"].reasons)
+def test_torchtitan_405b_runs_are_said_as_first_and_last_rank_layers_or_a_stage_layout(runs):
+    plan = runs["tt_t5_405B_512gpu_1F1B"].scenario["plan"]
+    assert (plan["first_stage_layers"], plan["last_stage_layers"]) == (15, 15)
+    layout = runs["tt_t5_405B_512gpu_Interleaved1F1B"].scenario["plan"]["pipeline_layout"]
+    assert layout == [7] + [8] * 14 + [7]
+
+
+def test_nemo_fp8_runs_are_transformer_engine_delayed_scaling_with_fp8_primary_weights(runs):
+    fp8 = [r for rid, r in runs.items() if rid.startswith("dgxc-") and "-fp8-" in rid]
+    assert len(fp8) == 5
+    assert all((r.scenario["plan"]["fp8_recipe"], r.scenario["plan"]["fp8_params"]) == ("delayed", True) for r in fp8)
 
 
 def test_uneven_ranks_are_said_as_megatrons_first_and_last_rank_layers():
@@ -241,9 +252,21 @@ def test_narayanan_rows_compare_hardware_tflops_and_nemo_rows_step_time(runs):
                                                                              "peak_memory_gib"]
 
 
-def test_the_unvalidated_torchtitan_part_says_so():
+def test_the_torchtitan_part_names_its_fit_and_what_it_transfers():
     v = load_accelerator("h100-sxm-96gb-500w").validation
-    assert v is not None and v.validated is False and "transferred" in v.reason
+    assert v is not None and "fit-matmul tt_t1_,tt_t3_:bf16" in v.reason and "transferred" in v.reason
+
+
+def test_a_profile_without_a_fit_of_its_own_says_it_is_not_validated():
+    for name in ("h200-sxm-141gb", "b200"):
+        v = load_accelerator(name).validation
+        assert v is not None and v.validated is False and "transferred" in v.reason
+
+
+@pytest.mark.parametrize("name,spec", [("h100-sxm-80gb", "dgxc-:bf16"), ("h100-sxm-96gb-500w", "tt_t1_,tt_t3_:bf16")])
+def test_hopper_matmul_efficiencies_are_the_stated_fits(name, spec):
+    fitted, _ = fit_matmul_max(spec)
+    assert load_accelerator(name).matmul.max == pytest.approx(fitted, abs=0.002)
 
 
 # ---------------------------------------------------------------- the report and the error today
@@ -277,4 +300,4 @@ def test_cli_json_carries_rows_summary_and_reasons():
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert {"rows", "summary", "not_expressible", "counts", "accelerators", "sources"} <= out.keys()
-    assert out["not_expressible"]["fp8-linears"]["rows"]
+    assert out["counts"]["rows"] == sum(SHARED_FILES.values())

@@ -62,9 +62,12 @@ def test_selective_recompute_adds_the_attention_core_forward():
     assert extra == 24 * 4 * 2048**2 * 2048
 
 
-def test_selective_recompute_with_flash_attention_recomputes_nothing():
+def test_selective_recompute_with_flash_attention_reruns_the_causal_flash_forward():
     m = gpt(24, 2048, 16, 2048, 51200)
-    assert executed_flops_per_sequence(m, True, "selective") == executed_flops_per_sequence(m, True, "none")
+    # Megatron-LM checkpoints the core attention whatever its kernel: the flash forward runs
+    # again, QK^T and AV over the causal half, 2·s²·h per layer
+    extra = executed_flops_per_sequence(m, True, "selective") - executed_flops_per_sequence(m, True, "none")
+    assert extra == 24 * 2 * 2048**2 * 2048
 
 
 def test_executed_flops_never_fall_below_model_flops():
@@ -82,3 +85,24 @@ def test_swiglu_gqa_flops_count_three_mlp_matrices_and_narrow_kv():
     # forward: QKV, output projection, three MLP matrices, causal QK^T + AV (half of 4 s^2 h), lm_head
     fwd = 2 * s * h * (h + 2 * kv) + 2 * s * h * h + 2 * s * h * 3 * f + 2 * s * s * h + 2 * s * h * V
     assert model_flops_per_sequence(m) == pytest.approx(3 * fwd, rel=1e-12)
+
+
+def test_a_head_dim_independent_of_hidden_sets_the_attention_widths():
+    # Qwen3-style: 32 query heads of 128 on a 2048-wide residual stream (q width 4096 != hidden)
+    m = ModelSpec(name="wide-heads", layers=2, hidden=2048, heads=32, kv_heads=8, head_dim=128, ffn_hidden=6144,
+                  vocab=32000, seq_len=4096, activation="swiglu", norm="rmsnorm", position_embedding="rope",
+                  bias=False, tied_embeddings=False)
+    from simulator.workload import Shard, layer_ops
+    ops = {op.name: op for op in layer_ops(m, Shard(1, 4096))}
+    t, h, q, kv = 4096, 2048, 32 * 128, 8 * 128
+    assert ops["qkv"].fwd_flops == 2 * t * h * (q + 2 * kv)
+    assert ops["attn_out"].fwd_flops == 2 * t * q * h
+    assert ops["flash_attention"].fwd_flops == 2 * t * 4096 * q  # causal half of QK^T and AV
+
+
+def test_a_head_dim_independent_of_hidden_is_evaluated():
+    from simulator import evaluate, scenario_from_dict
+    s = scenario_from_dict({"model": {"preset": "llama-3.1-8b", "head_dim": 64, "seq_len": 4096},
+                            "cluster": {"node": "dgx-h100", "nodes": 1},
+                            "plan": {"tp": 8, "micro_batch": 1, "global_batch": 8}})
+    assert evaluate(s, "analytic").step_time_s > 0

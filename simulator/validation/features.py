@@ -129,6 +129,11 @@ def _apply_fp8(scenario: dict, value) -> None:
     scenario["plan"].update(precision="mxfp8" if recipe == "mxfp8" else "fp8")
     if recipe != "mxfp8":
         scenario["plan"]["fp8_recipe"] = recipe
+    weights = value.get("primary_weights", "bf16") if isinstance(value, dict) else "bf16"
+    if weights not in ("bf16", "fp8"):
+        raise InputError("features.fp8-linears.primary_weights", weights, "expected bf16 or fp8")
+    if weights == "fp8":  # TransformerEngine FP8 primary weights (NeMo fp8_params)
+        scenario["plan"]["fp8_params"] = True
 
 
 def _fp8_fallback(scenario: dict, value) -> str:
@@ -145,6 +150,13 @@ FP8_LINEARS = Feature(
     _plan_key("fp8_recipe"), _apply_fp8, _fp8_fallback)
 
 
+FP8_EXPERT_LINEARS = Feature(
+    "fp8-moe-linears",
+    "FP8 GEMMs in a Mixture-of-Experts model's linears, the grouped expert GEMMs among them "
+    "(llmsim's FP8 linears are the dense layer's; moe.check_layer_mix_options refuses FP8 for MoE)",
+    lambda: False, _apply_fp8, _fp8_fallback)
+
+
 # ---------------------------------------------------------------- kernels and framework
 
 EAGER_MODE = Feature(
@@ -156,13 +168,13 @@ EAGER_MODE = Feature(
 
 
 def _async_tp_supported() -> bool:
-    return "tp_comm_overlap" in plan_schema.PLAN_KEYS
+    return "async-tp" in plan_schema.TP_OVERLAPS
 
 
 ASYNC_TP = Feature(
     "async-tp",
     "PyTorch async tensor parallelism (collective matmuls through symmetric memory)",
-    _async_tp_supported, _set("plan", tp_comm_overlap=True))
+    _async_tp_supported, _set("plan", tp_comm_overlap=True, tp_overlap="async-tp"))
 
 
 FSDP_NO_RESHARD = Feature(
@@ -183,7 +195,7 @@ SQUARED_RELU = Feature(
     equivalent=True)
 
 
-FEATURES = {f.name: f for f in (UNEVEN_STAGES, PIPELINE_LAYOUT, OP_SELECTIVE_RECOMPUTE, FP8_LINEARS, EAGER_MODE, ASYNC_TP,
+FEATURES = {f.name: f for f in (UNEVEN_STAGES, PIPELINE_LAYOUT, OP_SELECTIVE_RECOMPUTE, FP8_LINEARS, FP8_EXPERT_LINEARS, EAGER_MODE, ASYNC_TP,
                                 FSDP_NO_RESHARD, SQUARED_RELU)}
 
 

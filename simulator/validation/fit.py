@@ -6,27 +6,53 @@ import math
 from pathlib import Path
 
 from ..errors import InputError
-from .report import Outcome, predict
+from .report import Outcome, predict, with_launch_overhead, with_matmul_max
 from .runs import PREDICTED, PUBLISHED_DIR, load_runs
+
+
+def select(spec: str, folder: Path = PUBLISHED_DIR):
+    """The expressible runs a fit names: `PREFIX[,PREFIX...][:PRECISION]` (ids starting with
+    one of the prefixes, of that precision label, e.g. `dgxc-:bf16`)."""
+    prefixes, _, precision = spec.partition(":")
+    starts = tuple(p for p in prefixes.split(",") if p)
+    return [r for r in load_runs(folder) if starts and r.id.startswith(starts) and r.status == PREDICTED
+            and (not precision or r.precision == precision)]
 
 
 def fit_matmul_max(prefix: str, engine: str = "analytic", folder: Path = PUBLISHED_DIR) -> tuple[float, list[Outcome]]:
     """Least-squares fit of the accelerator's matmul efficiency `max` to the expressible runs
-    whose id starts with `prefix` (squared log error of each run's primary measurement).
-    Returns (max, outcomes at it).
+    `prefix` names (`select`: id prefixes, optionally a precision), on the squared log error of
+    each run's primary measurement. Returns (max, outcomes at it).
 
-    This is the provenance of the A100 profile's matmul efficiency: one number for all runs
-    of the named data set, never a per-row constant.
+    This is the provenance of the profiles' fitted matmul efficiencies (A100 on the
+    Korthikanti et al. runs, H100 on NeMo's BF16 runs, the 500 W H100 on torchtitan's
+    Dec 2024 BF16 runs): one number for all runs of the named data set, never a per-row
+    constant.
     """
+    return _fit(prefix, engine, folder, lambda x: (lambda s: with_matmul_max(s, x)), (0.3, 1.0), 3, "--fit-matmul")
+
+
+def fit_launch_overhead_us(prefix: str, engine: str = "analytic",
+                           folder: Path = PUBLISHED_DIR) -> tuple[float, list[Outcome]]:
+    """Least-squares fit of the node's host launch overhead per operator (hostbound.py), in
+    microseconds, to the runs `prefix` names, as fit_matmul_max: the provenance of the DGX A100
+    profile's `launch_overhead_us` (vTrain's single-node runs, the only published runs whose
+    passes are host-bound)."""
+    return _fit(prefix, engine, folder, lambda x: (lambda s: with_launch_overhead(s, x * 1e-6)), (0.0, 200.0), 1,
+                "--fit-launch")
+
+
+def _fit(spec, engine, folder, adjust, bounds, digits, option):
     from scipy.optimize import minimize_scalar
 
-    chosen = [r for r in load_runs(folder) if r.id.startswith(prefix) and r.status == PREDICTED]
+    chosen = select(spec, folder)
     if not chosen:
-        raise InputError("--fit-matmul", prefix, "no expressible published run id starts with it")
+        raise InputError(option, spec, "no expressible published run id starts with it")
 
     def loss(x: float) -> float:
-        return sum(math.log(predict(r, engine, x).primary.predicted / r.primary.value) ** 2 for r in chosen)
+        return sum(math.log(predict(r, engine, adjust=adjust(x)).primary.predicted / r.primary.value) ** 2
+                   for r in chosen)
 
-    best = minimize_scalar(loss, bounds=(0.3, 1.0), method="bounded", options={"xatol": 1e-4})
-    value = round(float(best.x), 3)
-    return value, [predict(r, engine, value) for r in chosen]
+    best = minimize_scalar(loss, bounds=bounds, method="bounded", options={"xatol": 10.0 ** -(digits + 1)})
+    value = round(float(best.x), digits)
+    return value, [predict(r, engine, adjust=adjust(value)) for r in chosen]

@@ -71,13 +71,22 @@ def with_matmul_max(scenario, matmul_max: float):
     return replace(scenario, cluster=replace(scenario.cluster, accelerator=acc))
 
 
-def predict(run: Run, engine: str = "graph", matmul_max: float | None = None) -> Outcome:
-    """Evaluate one run's scenario and compare every measurement it has."""
+def with_launch_overhead(scenario, seconds: float):
+    """The scenario on a node whose host launch overhead is replaced (for fits)."""
+    node = replace(scenario.cluster.node, launch_overhead_s=seconds)
+    return replace(scenario, cluster=replace(scenario.cluster, node=node))
+
+
+def predict(run: Run, engine: str = "graph", matmul_max: float | None = None, adjust=None) -> Outcome:
+    """Evaluate one run's scenario and compare every measurement it has. `adjust`: a function
+    changing the scenario (a fitted profile number) before it is evaluated."""
     if run.status == NOT_EXPRESSIBLE:
         return Outcome(run)
     scenario = run.build()
     if matmul_max is not None:
         scenario = with_matmul_max(scenario, matmul_max)
+    if adjust is not None:
+        scenario = adjust(scenario)
     d = evaluate(scenario, engine=engine).to_dict()
     d.update(published_flop_metrics(scenario, d["step_time_s"]))
     comparisons = tuple(Comparison(m.metric, m.value, float(d[m.metric]), m.primary) for m in run.measurements)

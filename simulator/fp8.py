@@ -1,0 +1,186 @@
+"""FP8 linears as TransformerEngine and torchao run them: which GEMMs run in FP8, the cast
+kernels each scaling recipe adds, and what FP8 changes in memory.
+
+`plan.precision: fp8` (Hopper and later) or `mxfp8` (Blackwell block scaling) with
+`plan.fp8_recipe`:
+
+- Which GEMMs: the linear layers of the transformer layers (QKV, attention projection, MLP
+  up/gate and down), in forward, input-gradient and weight-gradient GEMMs. The attention core
+  and the lm_head stay in BF16: TransformerEngine's modules are the layer's linears
+  (TELayerNormColumnParallelLinear, TERowParallelLinear), core attention is FP8 only with
+  fp8_dot_product_attention and the output layer is Megatron's own ColumnParallelLinear
+  (NVIDIA/Megatron-LM@dddecd198f megatron/core/models/gpt/gpt_model.py, transformer_config.py
+  fp8_wgrad default True); torchtitan converts every nn.Linear but `output`
+  (torchtitan@9dec370 torchtitan/float8.py module_filter_fn; the Jun 2025 runs do not say
+  whether they filtered it: the lm_head is taken as BF16). The FP8 GEMMs run at the
+  profile's `peak_tflops.fp8` (`mxfp8`) and `efficiency.matmul_fp8`, measured on FP8 GEMMs,
+  not twice the BF16 rate.
+- Cast kernels, per linear and micro-batch, as torchao's own roofline counts their HBM
+  traffic (pytorch/ao@624304080 torchao/testing/float8/roofline_utils.py
+  get_tensor_memory_traffic_ovhd_s; bytes per element of the tensor):
+  tensorwise (dynamic, torchao): input 2 (amax, fused into the producer under torch.compile)
+  + 2 + 2·1 (cast to row- and column-major FP8) = 6, or 4 fused; weight 2 + 3 + 3 = 8;
+  gradient of the output as the input. rowwise (torchao): input 2 + 1 + 2, then 2 + 1 = 8
+  (6 fused); weight 3 + 4 + 3 = 10; gradient as the input. mxfp8: two quantisations from
+  BF16, 2 + 1 + 1/32 each (4 + 1/16 with the first read fused). delayed (TransformerEngine):
+  the scale comes from the amax history, so a cast has no amax pass and writes the FP8
+  tensor and its transpose in one kernel (fp8_cast_transpose_fused): 2 + 2 = 4 for the input
+  and the output gradient (TE@fb749619e transformer_engine/pytorch/module/linear.py); the
+  weights are cast once per step (is_first_microbatch), not per micro-batch: see
+  `weight_cast_bytes_per_step`.
+  torchao casts each linear's input itself: wq, wk and wv cast the same input three times,
+  w1 and w3 twice (torchtitan's separate projections, torchtitan@9dec370
+  torchtitan/models/llama/model.py); with tensorwise and tensor parallelism the input is
+  cast once, before the FP8 all-gather (torchtitan@820504e
+  torchtitan/models/llama3/parallelize_llama.py enable_float8_tensorwise_tp:
+  Float8ColwiseParallel, PrepareFloat8ModuleInput), which also halves the bytes of the
+  forward all-gathers. TransformerEngine's fused QKV and FC1 GEMMs cast once.
+- Memory: TransformerEngine keeps an FP8 copy of every linear weight and its transpose for
+  the micro-batches of a step (2 B per parameter on top of the BF16 weight), or with FP8
+  primary weights (`plan.fp8_params`, NeMo's fp8_params) the weight itself in FP8 with its
+  transpose (1 + 1 B) and its all-gather in 1 B (NeMo@v2.0.0 nemo/core/optim/
+  distributed_adam.py); a linear saves its input for the weight gradient in FP8, 1 B instead
+  of 2 (the projection's FP8 copy of the attention output comes on top of the BF16 output
+  the attention kernel keeps). MXFP8 keeps both quantisations of a weight (2·(1 + 1/32) B).
+  torchao (Dec 2024, torchao@eab345c22 float8_linear.py
+  manual_float8_matmul_with_args_in_float8) saves each linear's own FP8 input; the Jun 2025
+  version and rowwise save the BF16 input (no change). torchao keeps no FP8 weight copy
+  between steps. FSDP's parameter all-gather stays BF16 here: torchtitan's optional
+  float8 all-gather of the FSDP shards is not modelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from .compute import FP8_MATMUL, MXFP8_MATMUL
+from .workload import MEMORY, Op, Shard, local_heads
+
+FP8_PRECISIONS = ("fp8", "mxfp8")
+MX_SCALE = 1 / 32  # one E8M0 scale per 32 values (TE@d0067d0da recipe MXFP8BlockScaling)
+
+# Bytes per element of (input, weight, output gradient) the casts of one linear move per
+# micro-batch (forward and backward): (unfused, amax fused into the producer).
+CAST_BYTES = {
+    "tensorwise": ((6.0, 8.0, 6.0), (4.0, 8.0, 4.0)),
+    "rowwise": ((8.0, 10.0, 8.0), (6.0, 10.0, 6.0)),
+    "mxfp8": ((6 + 2 * MX_SCALE, 0.0, 6 + 2 * MX_SCALE), (4 + 2 * MX_SCALE, 0.0, 4 + 2 * MX_SCALE)),
+    "delayed": ((4.0, 0.0, 4.0), (4.0, 0.0, 4.0)),
+}
+TE_RECIPES = ("delayed", "mxfp8")  # TransformerEngine: fused QKV/FC1 GEMMs, weights cast once per step
+
+
+def recipe(plan) -> str | None:
+    """The scaling recipe of an FP8 plan, None for a plan without FP8 linears."""
+    if plan.precision == "mxfp8":
+        return "mxfp8"
+    return plan.fp8_recipe if plan.precision == "fp8" else None
+
+
+def compute_precision(plan) -> str:
+    """The precision of every GEMM that is not an FP8 linear (attention, lm_head)."""
+    return "bf16" if plan.precision in FP8_PRECISIONS else plan.precision
+
+
+def linears(model, shard: Shard) -> dict:
+    """The layer's linears: name -> (tokens, input width, output width, torchao modules
+    reading the same input), widths per TP rank."""
+    _, kv_heads = local_heads(model, shard.tp)
+    q_w, kv_w = model.q_width / shard.tp, kv_heads * model.head_dim
+    f, h, tokens = model.ffn_hidden / shard.tp, model.hidden, shard.tokens
+    out = {"qkv": (tokens, h, q_w + 2 * kv_w, 3), "attn_out": (tokens, q_w, h, 1), "mlp_down": (tokens, f, h, 1)}
+    if model.activation == "gelu":
+        out["mlp_up"] = (tokens, h, f, 1)
+    else:
+        out["mlp_gate_up"] = (tokens, h, 2 * f, 2)
+    return out
+
+
+def _cast_op(name, shard: Shard, rec: str, compiled: bool, tokens, d_in, d_out, readers):
+    inputs, weights, grads = CAST_BYTES[rec][1 if compiled else 0]
+    x = tokens * d_in
+    if rec in TE_RECIPES:
+        readers = 1
+    elif rec == "tensorwise" and shard.sp and readers > 1:
+        # one cast of the sequence-sharded input, then an FP8 all-gather
+        readers, x = 1, x / shard.tp
+    fwd = readers * inputs * x + weights * d_in * d_out
+    return Op(f"{name}.fp8_cast", MEMORY, fwd_bytes=fwd, bwd_input_bytes=grads * tokens * d_out)
+
+
+def fp8_layer_ops(ops: list[Op], model, shard: Shard, plan) -> list[Op]:
+    """The layer's operators with its linears as FP8 GEMMs, each followed by its casts; the
+    list unchanged for a plan without FP8 linears."""
+    rec = recipe(plan)
+    if rec is None:
+        return ops
+    kind = MXFP8_MATMUL if rec == "mxfp8" else FP8_MATMUL
+    table = linears(model, shard)
+    out = []
+    for op in ops:
+        if op.name not in table:
+            out.append(op)
+            continue
+        tokens, d_in, d_out, readers = table[op.name]
+        out.append(replace(op, kind=kind, saved_bytes=op.saved_bytes + saved_input_change(op.name, rec, tokens, d_in,
+                                                                                          readers, shard)))
+        out.append(_cast_op(op.name, shard, rec, plan.compile, tokens, d_in, d_out, readers))
+    return out
+
+
+def saved_input_change(name: str, rec: str, tokens, d_in, readers, shard: Shard):
+    """Bytes an FP8 linear saves for its weight gradient beyond the BF16 input it would keep."""
+    a = shard.act_bytes
+    x = tokens * d_in
+    if rec in TE_RECIPES or rec == "tensorwise":
+        fp8 = (1 + (MX_SCALE if rec == "mxfp8" else 0.0)) * x
+        copies = 1 if rec in TE_RECIPES else readers
+        if name == "attn_out":  # the attention kernel keeps its BF16 output anyway
+            return copies * fp8
+        return copies * fp8 - a * x
+    return 0.0 * x
+
+
+def weight_bytes_per_param(plan) -> tuple[float, float]:
+    """(bytes per linear weight parameter on the device between steps, bytes its data-parallel
+    all-gather moves) under the plan's FP8 recipe; (2, 2) without FP8 or with torchao."""
+    rec = recipe(plan)
+    if rec == "delayed":
+        return (2.0, 1.0) if plan.fp8_params else (4.0, 2.0)
+    if rec == "mxfp8":
+        both = 2 * (1 + MX_SCALE)
+        return (both, 1.0 + MX_SCALE) if plan.fp8_params else (2.0 + both, 2.0)
+    return 2.0, 2.0
+
+
+def layer_linear_params(model, tp) -> object:
+    """Weight parameters of one layer's linears per TP rank (no norms, no biases)."""
+    _, kv_heads = local_heads(model, tp)
+    q_w, kv_w = model.q_width / tp, kv_heads * model.head_dim
+    return model.hidden * (q_w + 2 * kv_w) + q_w * model.hidden + model.mlp_matrices * model.hidden * \
+        model.ffn_hidden / tp
+
+
+def weight_cast_bytes_per_step(plan, linear_params) -> object:
+    """HBM bytes TransformerEngine's once-per-step weight casts move on a device holding
+    `linear_params` linear weights: read BF16, write FP8 and its transpose (2 + 2 B), or with
+    FP8 primary weights only the transpose (1 + 1 B); MXFP8 two quantisations (2·(2 + 1 +
+    1/32) B). torchao casts the weights every micro-batch (in the layer's cast kernels)."""
+    rec = recipe(plan)
+    if rec == "delayed":
+        return linear_params * (2.0 if plan.fp8_params else 4.0)
+    if rec == "mxfp8":
+        return linear_params * (0.0 if plan.fp8_params else 2 * (3 + MX_SCALE))
+    return 0.0 * np.asarray(linear_params)
+
+
+def tp_gather_bytes_factor(plan) -> float:
+    """Bytes of the forward TP all-gathers relative to BF16: torchao's tensorwise recipe
+    all-gathers the FP8 input (1 B per element), and so do TransformerEngine's userbuffers
+    for the QKV and FC1 inputs under FP8 (fp8_buf for the all-gather layers, TE@fb749619e
+    transformer_engine/pytorch/module/base.py get_default_config)."""
+    rec = recipe(plan)
+    te_buffers = rec in TE_RECIPES and plan.tp_comm_overlap and plan.tp_overlap == "userbuffers"
+    return 0.5 if rec == "tensorwise" or te_buffers else 1.0

@@ -1,0 +1,43 @@
+"""FSDP2 without resharding after forward (`plan.fsdp_reshard_after_forward: false`).
+
+torchtitan shards each transformer block and the root with FSDP2 (fully_shard) and, when
+pipeline parallelism is on, sets reshard_after_forward=False for every block
+(torchtitan@9dec370 torchtitan/parallelisms/parallelize_llama.py apply_fsdp). Its pipeline
+schedule then runs every micro-batch but the last without gradient sync and without
+resharding after backward (set_requires_gradient_sync(False), set_reshard_after_backward(False)
+in torch.distributed.pipelining's stage backward_maybe_with_nosync): the stage's weights are
+all-gathered once, before the first forward, stay unsharded for the step, and the gradients
+accumulate unsharded, in the reduce dtype (FSDPParam.unsharded_accumulated_grad, fp32 with
+torchtitan's mixed_precision_reduce = float32), until one reduce-scatter after the last
+backward (pytorch/pytorch torch/distributed/fsdp/_fully_shard/_fsdp_param.py
+to_accumulated_grad_if_needed).
+
+So per step one all-gather of the stage's weights and one reduce-scatter of its gradients
+(the ZeRO-1/2 collectives of dataparallel.py, overlapped the same way), and on the device
+the unsharded weights and gradients of the whole stage instead of ZeRO-3's per-layer gather
+buffers (memory.buffer_bytes). With reshard_after_forward (FSDP2's default, torchtitan
+without PP) FSDP2 is llmsim's ZeRO-3.
+"""
+
+from __future__ import annotations
+
+from .comm import collective_time
+from .dataparallel import DPCosts
+
+
+def keeps_gathered(plan) -> bool:
+    return plan.zero_stage >= 3 and not plan.fsdp_reshard_after_forward
+
+
+def step_costs(params, weight_bytes_per_param, grad_bytes_per_param, group, cluster) -> DPCosts:
+    """One all-gather of the weights and one reduce-scatter of the gradients per step."""
+    zero = 0.0 * params
+    return DPCosts(collective_time("reduce_scatter", params * grad_bytes_per_param, group, cluster),
+                   collective_time("all_gather", params * weight_bytes_per_param, group, cluster), zero, zero)
+
+
+def gathered_extra_bytes(params, layer_params, weight_bytes_per_param, grad_bytes_per_param):
+    """Bytes the stage's unsharded weights and gradients take beyond ZeRO-3's buffers of two
+    gathered layers and one layer's unsharded gradients (memory.buffer_bytes)."""
+    whole = params * (weight_bytes_per_param + grad_bytes_per_param)
+    return whole - layer_params * (2 * weight_bytes_per_param + grad_bytes_per_param)

@@ -1,0 +1,50 @@
+"""Host-bound passes: when the CPU launches a pass's kernels slower than the GPU runs them.
+
+The training frameworks of these runs drive the GPU from one host thread per device: every
+operator costs the host a fixed time (Python, the dispatcher, autograd, the kernel launch
+through the driver) and enqueues its kernel asynchronously. While kernels are long the host
+runs ahead; when a pass is made of kernels shorter than that cost, the GPU waits for the
+host (NVIDIA, CUDA Graphs guide, docs.nvidia.com/dl-cuda-graph: the launch-bound regime
+CUDA graphs remove; pytorch/ao@624304080 torchao/testing/float8/roofline_utils.py models
+the same floor per kernel). The host runs ahead within a pass but not across the pipeline
+send or receive that ends it, so a pass takes max(GPU seconds, launches x host seconds per
+launch).
+
+Launches per pass of one layer: one per operator of the workload (workload.py) in the
+forward pass and in recomputation; in the backward pass two per GEMM (input and weight
+gradient), one per other operator; one per exposed TP collective. The host seconds per
+launch are the node profile's `launch_overhead_us`, per operator of this operator list (a
+real framework launches a few kernels per listed operator, which that figure absorbs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from .compute import LOW_PRECISION_GEMMS
+from .workload import MATMUL
+
+
+def launches(ops) -> tuple[int, int]:
+    """(forward, backward) launches of an operator list."""
+    fwd = len(ops)
+    bwd = sum(2 if op.kind == MATMUL or op.kind in LOW_PRECISION_GEMMS else 1 for op in ops)
+    return fwd, bwd
+
+
+def host_bound(times, ops, host_s, tp_exposed=(0.0, 0.0), collectives=(0, 0)):
+    """The OpsTime of `ops` with each pass at least as long as its launches take the host;
+    the difference is booked as forward and input-gradient seconds. `tp_exposed`: exposed
+    TP seconds of the passes (the GPU is busy with them), `collectives`: their launches."""
+    n_f, n_b = launches(ops)
+    idle_f = np.maximum(0.0, (n_f + collectives[0]) * host_s - times.fwd_s - tp_exposed[0])
+    idle_b = np.maximum(0.0, (n_b + collectives[1]) * host_s - times.bwd_input_s - times.bwd_weight_s
+                        - tp_exposed[1])
+    return replace(times, fwd_s=times.fwd_s + idle_f, bwd_input_s=times.bwd_input_s + idle_b)
+
+
+def rerun_bound(rerun_s, rerun_ops, host_s):
+    """Seconds of a layer's recomputation, host-bound like a forward pass."""
+    return np.maximum(rerun_s, len(rerun_ops) * host_s)

@@ -1,0 +1,118 @@
+"""FP8 linears as TransformerEngine and torchao run them: only the linears run at the FP8 rate
+the profile measured, each recipe adds its casts, and FP8 changes the bytes kept."""
+
+import pytest
+
+from simulator import InputError, evaluate, scenario_from_dict
+from simulator.compute import FP8_MATMUL, MXFP8_MATMUL, op_times
+from simulator.evaluate import compile_scenario
+from simulator.fp8 import fp8_layer_ops, layer_linear_params
+from simulator.plan import Plan
+from simulator.workload import ATTENTION, MATMUL, Shard, head_ops, layer_ops
+
+B, S, H, KV, F = 1, 4096, 4096, 1024, 14336
+
+
+def scenario(node="dgx-h100", **plan):
+    base = {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 1, "global_batch": 64, "precision": "fp8"}
+    return scenario_from_dict({"model": {"preset": "llama-3.1-8b", "seq_len": S},
+                               "cluster": {"node": node, "nodes": 1}, "plan": {**base, **plan}})
+
+
+def ops_of(**plan):
+    s = scenario(**plan)
+    shard = Shard(micro_batch=B, seq_len=S)
+    return s, fp8_layer_ops(layer_ops(s.model, shard), s.model, shard, s.plan)
+
+
+def test_only_the_linears_become_fp8_gemms():
+    _, ops = ops_of()
+    kinds = {op.name: op.kind for op in ops}
+    assert {n for n, k in kinds.items() if k == FP8_MATMUL} == {"qkv", "attn_out", "mlp_gate_up", "mlp_down"}
+    assert kinds["flash_attention"] == ATTENTION
+    assert {op.kind for op in head_ops(scenario().model, Shard(B, S)) if op.name == "lm_head"} == {MATMUL}
+
+
+def test_an_fp8_gemm_runs_at_the_fp8_peak_times_the_measured_fp8_efficiency():
+    s, ops = ops_of()
+    acc = s.cluster.accelerator
+    qkv = next(op for op in ops if op.name == "qkv")
+    eff = acc.matmul_fp8
+    expected = (qkv.fwd_flops + eff.half) / (acc.peak("fp8") * eff.max)
+    assert float(op_times(qkv, acc, "bf16").fwd_s) == pytest.approx(expected)
+
+
+def test_torchao_tensorwise_casts_each_linear_input_its_weight_and_its_output_gradient():
+    # compiled: amax fused into the producer, 4 B per input element (read 2, write two FP8
+    # layouts), 8 B per weight element, 4 B per output-gradient element; wq, wk and wv each
+    # cast the same input (torchao/testing/float8/roofline_utils.py)
+    _, ops = ops_of(fp8_recipe="tensorwise")
+    cast = next(op for op in ops if op.name == "qkv.fp8_cast")
+    tokens, width = B * S, H + 2 * KV
+    assert cast.fwd_bytes == pytest.approx(3 * 4 * tokens * H + 8 * H * width)
+    assert cast.bwd_input_bytes == pytest.approx(4 * tokens * width)
+
+
+def test_eager_tensorwise_reads_each_input_once_more_for_its_amax():
+    _, compiled = ops_of(fp8_recipe="tensorwise")
+    _, eager = ops_of(fp8_recipe="tensorwise", compile=False)
+    c, e = (next(op for op in ops if op.name == "mlp_down.fp8_cast") for ops in (compiled, eager))
+    assert e.fwd_bytes - c.fwd_bytes == pytest.approx(2 * B * S * F)
+
+
+def test_transformer_engine_casts_the_fused_qkv_input_once_and_its_weights_once_per_step():
+    _, ops = ops_of(fp8_recipe="delayed")
+    cast = next(op for op in ops if op.name == "qkv.fp8_cast")
+    assert cast.fwd_bytes == pytest.approx(4 * B * S * H)  # cast + transpose, no amax pass, no weight
+
+
+def test_transformer_engine_keeps_an_fp8_weight_and_its_transpose_on_top_of_the_bf16_weight():
+    bf16 = compile_scenario(scenario(precision="bf16"))
+    te = compile_scenario(scenario(fp8_recipe="delayed"))
+    primary = compile_scenario(scenario(fp8_recipe="delayed", fp8_params=True))
+    linears = 32 * layer_linear_params(te.model, 1)
+    assert float(te.stages[0].states.weights_bytes - bf16.stages[0].states.weights_bytes) == pytest.approx(2 * linears)
+    # FP8 primary weights: 1 B + its 1 B transpose instead of 2 B
+    assert float(primary.stages[0].states.weights_bytes) == pytest.approx(float(bf16.stages[0].states.weights_bytes))
+
+
+def test_fp8_primary_weights_all_gather_one_byte_per_linear_weight():
+    bf16 = compile_scenario(scenario(precision="bf16", zero_stage=1))
+    primary = compile_scenario(scenario(fp8_recipe="delayed", fp8_params=True, zero_stage=1))
+    assert primary.stages[0].dp.step_gather_s < 0.6 * bf16.stages[0].dp.step_gather_s
+
+
+def test_fp8_is_faster_than_bf16_but_not_twice():
+    bf16 = evaluate(scenario(precision="bf16"), "analytic").step_time_s
+    fp8 = evaluate(scenario(fp8_recipe="delayed"), "analytic").step_time_s
+    assert bf16 / 2 < fp8 < bf16
+
+
+def test_rowwise_casts_cost_more_than_tensorwise():
+    tensorwise = evaluate(scenario(fp8_recipe="tensorwise"), "analytic").step_time_s
+    rowwise = evaluate(scenario(fp8_recipe="rowwise"), "analytic").step_time_s
+    assert rowwise > tensorwise
+
+
+def test_mxfp8_runs_on_blackwell_at_its_mxfp8_peak():
+    s, ops = ops_of(node="dgx-b200", precision="mxfp8")
+    assert {op.kind for op in ops if op.name == "qkv"} == {MXFP8_MATMUL}
+    with pytest.raises(InputError, match="plan.precision"):
+        scenario(precision="mxfp8")  # Hopper has no MXFP8 tensor cores
+
+
+@pytest.mark.parametrize("node", ["dgx-a100", "mi300x-node"])
+def test_fp8_without_an_fp8_peak_or_a_measured_fp8_gemm_rate_is_refused(node):
+    with pytest.raises(InputError, match="plan.precision"):
+        scenario(node=node)
+
+
+def test_fp8_primary_weights_need_an_fp8_plan_and_transformer_engine():
+    with pytest.raises(InputError, match="plan.fp8_params"):
+        scenario(precision="bf16", fp8_params=True)
+    with pytest.raises(InputError, match="plan.fp8_params"):
+        scenario(fp8_recipe="tensorwise", fp8_params=True)
+
+
+def test_the_default_recipe_is_transformer_engine_delayed_scaling():
+    assert Plan().fp8_recipe == "delayed"

@@ -1,0 +1,133 @@
+"""What the frameworks of the published runs do beyond the layer's math: host-bound launches,
+eager kernels, FSDP2 without resharding, FlashAttention-2, bf16 Adam states."""
+
+from dataclasses import replace
+
+import pytest
+
+from simulator import InputError, evaluate, scenario_from_dict
+from simulator.evaluate import compile_scenario
+from simulator.fusion import EAGER_BYTES, eager_ops
+from simulator.hostbound import host_bound, launches
+from simulator.passes import OpsTime
+from simulator.plan import Plan
+from simulator.states import bytes_per_param, layer_params_local
+from simulator.workload import Shard, layer_ops
+
+
+def llama(**plan):
+    base = {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 1, "global_batch": 8}
+    return scenario_from_dict({"model": {"preset": "llama-3.1-8b", "seq_len": 4096},
+                               "cluster": {"node": "dgx-h100", "nodes": 1}, "plan": {**base, **plan}})
+
+
+# ---------------------------------------------------------------- host-bound launches
+
+def test_launches_are_one_per_operator_forward_and_two_per_gemm_backward():
+    ops = layer_ops(llama().model, Shard(1, 4096))
+    gemms = sum(op.kind == "matmul" for op in ops)
+    assert launches(ops) == (len(ops), len(ops) + gemms)
+
+
+def test_a_pass_of_short_kernels_takes_what_the_host_needs_to_launch_them():
+    ops = layer_ops(llama().model, Shard(1, 4096))
+    fast = OpsTime(1e-6, 1e-6, 1e-6, 0.0, 0.0)
+    bound = host_bound(fast, ops, 50e-6)
+    n_f, n_b = launches(ops)
+    assert bound.fwd_s == pytest.approx(n_f * 50e-6)
+    assert bound.bwd_input_s + bound.bwd_weight_s == pytest.approx(n_b * 50e-6)
+
+
+def test_long_kernels_hide_the_launches():
+    ops = layer_ops(llama().model, Shard(1, 4096))
+    slow = OpsTime(1.0, 1.0, 1.0, 0.0, 0.0)
+    assert host_bound(slow, ops, 50e-6) == slow
+
+
+def test_a_tiny_model_is_host_bound_on_a_node_with_a_launch_overhead():
+    tiny = {"layers": 4, "hidden": 256, "heads": 4, "ffn_hidden": 1024, "vocab": 1024, "seq_len": 128}
+    s = scenario_from_dict({"model": tiny, "cluster": {"node": "dgx-a100", "nodes": 1},
+                            "plan": {"dp": 8, "micro_batch": 1, "global_batch": 8}})
+    free = replace(s, cluster=replace(s.cluster, node=replace(s.cluster.node, launch_overhead_s=0.0)))
+    assert evaluate(s, "analytic").step_time_s > 2 * evaluate(free, "analytic").step_time_s
+
+
+# ---------------------------------------------------------------- eager kernels
+
+def test_eager_rmsnorm_rope_and_swiglu_move_the_bytes_of_their_kernel_sequences():
+    s = llama()
+    ops = layer_ops(s.model, Shard(1, 4096))
+    eager = {op.name: op for op in eager_ops(ops, s.model, Plan(compile=False))}
+    fused = {op.name: op for op in ops}
+    for name, kernel in (("attn_norm", "rmsnorm"), ("rope", "rope"), ("swiglu", "swiglu")):
+        factor = EAGER_BYTES[kernel][0] / EAGER_BYTES[kernel][1]
+        assert eager[name].fwd_bytes == pytest.approx(factor * fused[name].fwd_bytes)
+        assert eager[name].bwd_input_bytes == pytest.approx(factor * fused[name].bwd_input_bytes)
+    assert eager["qkv"] == fused["qkv"] and eager["attn_residual"] == fused["attn_residual"]
+
+
+def test_eager_rmsnorm_is_36_bytes_per_element_as_torchtitans_code_reads_and_writes():
+    # x.float() 2+4, pow 4+4, mean 4, mul 4+4, type_as 4+2, * weight 2+2
+    assert EAGER_BYTES["rmsnorm"][0] == 6 + 8 + 4 + 8 + 6 + 4
+
+
+def test_compiled_kernels_are_untouched_and_layernorm_is_one_kernel_either_way():
+    s = llama()
+    ops = layer_ops(s.model, Shard(1, 4096))
+    assert eager_ops(ops, s.model, Plan(compile=True)) is ops
+    gpt = scenario_from_dict({"model": {"preset": "megatron-gpt-1.7b"}, "cluster": {"node": "dgx-a100", "nodes": 1},
+                              "plan": {"dp": 8, "micro_batch": 1, "global_batch": 8}}).model
+    gops = layer_ops(gpt, Shard(1, 2048))
+    assert eager_ops(gops, gpt, Plan(compile=False)) == gops
+
+
+def test_an_eager_step_is_slower_than_a_compiled_one():
+    assert evaluate(llama(compile=False), "analytic").step_time_s > evaluate(llama(), "analytic").step_time_s
+
+
+# ---------------------------------------------------------------- FSDP2 without resharding
+
+def fsdp(**plan):
+    base = {"tp": 1, "pp": 2, "dp": 4, "micro_batch": 1, "global_batch": 16, "zero_stage": 3}
+    return compile_scenario(llama(**{**base, **plan}))
+
+
+def test_fsdp_without_resharding_gathers_and_reduces_once_per_step():
+    keep = fsdp(fsdp_reshard_after_forward=False).stages[0].dp
+    assert keep.mb_gather_s == 0 and keep.mb_reduce_s == 0
+    assert keep.step_gather_s > 0 and keep.step_reduce_s > 0
+
+
+def test_fsdp_without_resharding_holds_the_stages_unsharded_weights_and_fp32_gradients():
+    default, keep = fsdp().stages[0], fsdp(fsdp_reshard_after_forward=False).stages[0]
+    per = bytes_per_param("bf16", "fp32")
+    one = layer_params_local(llama().model, 1)
+    # the whole stage's bf16 weights and fp32 gradients instead of two gathered layers and one
+    # layer's gradients
+    expected = float(keep.params) * (per.weight + per.grad) - one * (2 * per.weight + per.grad)
+    assert float(keep.buffer_bytes - default.buffer_bytes) == pytest.approx(expected)
+
+
+def test_keeping_weights_gathered_needs_fsdp():
+    with pytest.raises(InputError, match="plan.fsdp_reshard_after_forward"):
+        llama(fsdp_reshard_after_forward=False)
+
+
+# ---------------------------------------------------------------- attention kernel, Adam states
+
+def test_flashattention2_runs_at_the_profiles_fa2_efficiency():
+    fa3 = compile_scenario(llama())
+    fa2 = compile_scenario(llama(attention_kernel="flash2"))
+    acc = fa3.cluster.accelerator
+    assert acc.attention_flash2.max < acc.attention.max
+    assert fa2.stages[0].passes.fwd_s > fa3.stages[0].passes.fwd_s
+
+
+def test_flashattention2_needs_a_flash_kernel():
+    with pytest.raises(InputError, match="plan.attention_kernel"):
+        llama(attention_kernel="flash2", flash_attention=False)
+
+
+def test_bf16_adam_states_are_a_bf16_copy_and_two_bf16_moments():
+    assert bytes_per_param("bf16", "bf16", "bf16").optimizer == 6.0
+    assert bytes_per_param("bf16", "bf16").optimizer == 12.0

@@ -1,0 +1,79 @@
+"""Uneven pipeline stages: Megatron-Core's first/last-stage counts and per-virtual-stage layouts
+hold the layers the frameworks put on each rank; what a split cannot do is refused."""
+
+import pytest
+
+from simulator import InputError, evaluate, scenario_from_dict
+from simulator.evaluate import compile_scenario
+from simulator.schedules import SCHEDULES
+from simulator.stagesplit import rank_layers_of_layout
+
+MODEL_126 = {"layers": 126, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096, "vocab": 32000,
+             "seq_len": 1024, "activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope",
+             "bias": False, "tied_embeddings": False}
+
+
+def scenario(**plan):
+    base = {"tp": 1, "pp": 8, "dp": 1, "micro_batch": 1, "global_batch": 16}
+    return scenario_from_dict({"model": MODEL_126, "cluster": {"node": "dgx-h100", "nodes": 1},
+                               "plan": {**base, **plan}})
+
+
+def test_first_and_last_counts_leave_the_rest_evenly_to_the_middle_ranks():
+    layout = compile_scenario(scenario(first_stage_layers=15, last_stage_layers=15))
+    assert [float(r.layers) for r in layout.stages] == [15, 16, 15]
+    assert [int(r.count) for r in layout.stages] == [1, 6, 1]
+
+
+def test_one_given_count_splits_the_rest_over_the_other_ranks():
+    # Megatron-Core: 126 - 14 = 112 layers over the 7 other ranks
+    layout = compile_scenario(scenario(first_stage_layers=14))
+    assert [float(r.layers) for r in layout.stages] == [14, 16, 16]
+
+
+def test_the_first_stage_holds_its_layers_and_the_embedding():
+    s = scenario(first_stage_layers=15, last_stage_layers=15)
+    layout = compile_scenario(s)
+    first, middle, _ = layout.stages
+    m = s.model
+    per_layer = m.dense_layer_params()
+    assert float(first.params) == pytest.approx(15 * per_layer + m.vocab * m.hidden)
+    assert float(middle.params) == pytest.approx(16 * per_layer)
+
+
+def test_a_layout_gives_each_rank_the_virtual_stages_the_schedule_places_on_it():
+    layout = [7] + [8] * 14 + [7]  # torchtitan's split of 126 layers into 16 stages
+    assert rank_layers_of_layout(layout, 8, SCHEDULES["interleaved"]) == [15] + [16] * 6 + [15]
+    s = scenario(schedule="interleaved", vpp=2, pipeline_layout=layout)
+    assert [float(r.layers) for r in compile_scenario(s).stages] == [15, 16, 15]
+
+
+def test_the_slower_middle_ranks_set_the_pipeline_step():
+    even = evaluate(scenario(pp=2, dp=4, global_batch=64, first_stage_layers=63, last_stage_layers=63), "analytic")
+    uneven = evaluate(scenario(pp=2, dp=4, global_batch=64, first_stage_layers=62, last_stage_layers=64), "analytic")
+    assert uneven.step_time_s > even.step_time_s
+
+
+def test_both_engines_agree_on_an_uneven_pipeline():
+    s = scenario(first_stage_layers=15, last_stage_layers=15)
+    a, g = evaluate(s, "analytic"), evaluate(s, "graph")
+    assert g.step_time_s == pytest.approx(a.step_time_s, rel=0.05)
+    assert g.peak_memory_bytes == pytest.approx(a.peak_memory_bytes, rel=0.05)
+
+
+@pytest.mark.parametrize("plan,field", [
+    ({"first_stage_layers": 15, "last_stage_layers": 16}, "plan.first_stage_layers"),  # 95 over 6 middle ranks
+    ({"pp": 1, "dp": 8, "first_stage_layers": 15}, "plan.first_stage_layers"),
+    ({"schedule": "interleaved", "vpp": 2, "first_stage_layers": 15, "last_stage_layers": 15},
+     "plan.first_stage_layers"),  # 15 layers do not split over 2 chunks
+    ({"pipeline_layout": [16] * 7}, "plan.pipeline_layout"),  # 7 entries for 8 stages
+    ({"pipeline_layout": [16] * 8}, "plan.pipeline_layout"),  # 128 layers
+    ({"pipeline_layout": [15, 17, 15, 16, 16, 16, 16, 15]}, "plan.pipeline_layout"),  # unequal middle ranks
+    ({"pipeline_layout": [15] * 8, "first_stage_layers": 15}, "plan.pipeline_layout"),
+    ({"pipeline_layout": "16,16"}, "plan.pipeline_layout"),
+    ({}, "plan.pp"),  # 126 layers do not divide over 8 stages without a split
+])
+def test_a_split_the_pipeline_cannot_hold_is_refused_naming_the_field(plan, field):
+    with pytest.raises(InputError) as err:
+        scenario(**plan)
+    assert err.value.field == field
