@@ -62,7 +62,7 @@ def optimizer_step_time(plan: Plan, cluster: Cluster, params) -> object:
         return 0.0
     state = 8.0 if plan.precision in ("fp32", "tf32") else 12.0
     nbytes = local * (grad_bytes_per_param(plan) + 2 * state + weight_bytes_per_param(plan.precision))
-    return memory_bound_time(nbytes, cluster.accelerator, "optimizer")
+    return memory_bound_time(nbytes, cluster.accelerator, "optimizer", plan.precision)  # [issue 10] precision
 
 
 def offload_parts(plan: Plan, cluster: Cluster, params, act_bytes_mb) -> dict:
@@ -139,7 +139,8 @@ def step_breakdown_arrays(model: ModelSpec, plan: Plan, cluster: Cluster) -> dic
         "pipeline_bubble": bubble,
         "optimizer": optimizer_step_time(plan, cluster, params_crit),
         "offload": offload_time(model, plan, cluster, crit, params_crit, microbatch_activation_bytes(model, plan)),
-        "other": 0.0,
+        # [issue 10] per-step framework operators (gradient zeroing, master-weight copy, host)
+        "other": np.maximum.reduce(np.broadcast_arrays(*[np.asarray(c.framework_step, dtype=float) for c in costs])),
     }
 
 

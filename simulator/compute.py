@@ -17,8 +17,14 @@ from .workload import ATTENTION, MATMUL, Op
 
 
 def _work_time(work, rate: float, eff: Efficiency):
-    """Seconds to do `work` (FLOPs or bytes) at `rate`·eff(work); zero work takes no time."""
-    return np.where(np.asarray(work) > 0, (work + eff.half) / (rate * eff.max), 0.0)
+    """Seconds to do `work` (FLOPs or bytes) at `rate`·eff(work); zero work takes no time.
+
+    [issue 10] A curve with a spill point runs the work beyond it at `spill_max` of the rate
+    (a CPU core's data outgrowing its private cache)."""
+    t = (work + eff.half) / (rate * eff.max)
+    if eff.spill is not None:
+        t = t + np.maximum(np.asarray(work) - eff.spill, 0.0) * (1.0 / eff.spill_max - 1.0 / eff.max) / rate
+    return np.where(np.asarray(work) > 0, t, 0.0)
 
 
 # Kernel class of each memory-bound workload operator, for a profile's optional
@@ -45,14 +51,17 @@ class OpTimes:
 def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
     """Forward, backward-input and backward-weight seconds of one operator."""
     peak = acc.peak(precision)
-    eff = acc.attention if op.kind == ATTENTION else acc.matmul
     if op.kind in (MATMUL, ATTENTION):
-        fwd_c = _work_time(op.fwd_flops * op.fwd_exec_scale, peak, eff)
-        bin_c = _work_time(op.bwd_input_flops * op.bwd_exec_scale, peak, eff)
-        bw_c = _work_time(op.bwd_weight_flops, peak, eff)
+        # [issue 10] curves of this precision and pass where the profile has them (hardware.Accelerator)
+        kind = "attention" if op.kind == ATTENTION else "matmul"
+        fwd_c = _work_time(op.fwd_flops * op.fwd_exec_scale, peak, acc.compute_efficiency(kind, "fwd", precision))
+        bin_c = _work_time(op.bwd_input_flops * op.bwd_exec_scale, peak,
+                           acc.compute_efficiency(kind, "bwd" if op.kind == ATTENTION else "bwd_input", precision))
+        bw_c = _work_time(op.bwd_weight_flops, peak, acc.compute_efficiency(kind, "bwd_weight", precision))
     else:
         fwd_c = bin_c = bw_c = 0.0
-    mem = acc.memory_efficiency(MEMORY_KERNELS.get(op.name)) if op.kind not in (MATMUL, ATTENTION) else acc.memory
+    mem = acc.memory_efficiency(MEMORY_KERNELS.get(op.name) if op.kind not in (MATMUL, ATTENTION) else None,
+                                precision)
     fwd_m = _work_time(op.fwd_bytes, acc.hbm_bandwidth, mem)
     bwd_m = _work_time(op.bwd_bytes, acc.hbm_bandwidth, mem)
     has_w = np.asarray(op.bwd_weight_flops) > 0
@@ -65,6 +74,6 @@ def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
     return OpTimes(np.maximum(fwd_c, fwd_m) + o, np.maximum(bin_c, bin_m) + o, np.maximum(bw_c, bw_m))
 
 
-def memory_bound_time(nbytes, acc: Accelerator, kernel: str | None = None):
+def memory_bound_time(nbytes, acc: Accelerator, kernel: str | None = None, precision: str | None = None):
     """Seconds for a bandwidth-bound kernel (of class `kernel`, e.g. "optimizer") moving `nbytes`."""
-    return _work_time(nbytes, acc.hbm_bandwidth, acc.memory_efficiency(kernel))
+    return _work_time(nbytes, acc.hbm_bandwidth, acc.memory_efficiency(kernel, precision))

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from .analytic import step_breakdown
 from .errors import InputError
+from .intervals import interval_fields
 from .memory import host_bytes_per_device, memory_by_stage
 from .result import Result
 from .scenario import Scenario
@@ -62,6 +63,8 @@ def evaluate(scenario: Scenario, engine: str = "graph") -> Result:
         breakdown = step_breakdown(model, plan, cluster)
     step = sum(breakdown.values())
     seqs = plan.global_batch
+    # [issue 10] prediction interval from the validation residuals that apply to this profile
+    extra.update(interval_fields(step, seqs * model.seq_len, cluster.accelerator, engine))
     model_flops = model_flops_per_sequence(model) * seqs
     hw_flops = model_flops + recompute_flops_per_sequence(model, plan.recompute, plan.flash_attention) * seqs
     return Result(

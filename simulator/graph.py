@@ -178,6 +178,7 @@ class _StageConst:
         self.dp = {k: float(x) for k, x in dp_costs(plan, cluster, c.params, g).items()}
         self.off = {k: float(x) for k, x in offload_parts(plan, cluster, c.params, chunk_act * v).items()}
         self.optimizer_s = float(optimizer_step_time(plan, cluster, c.params))
+        self.framework_s = float(c.framework_step)  # [issue 10] per-step framework operators, booked as other
 
 
 def _stage(b: _Builder, plan: Plan, i, sc: _StageConst, order, hop, chunk_act, emb_act):
@@ -329,7 +330,8 @@ def _stage(b: _Builder, plan: Plan, i, sc: _StageConst, order, hop, chunk_act, e
         y = b.add("host Adam", i, CPU, off["host_adam"] + off["nvme"], [x],
                   (("offload", off["host_adam"] + off["nvme"]),))
         tail = [y]
-    opt = b.add("optimizer step", i, COMPUTE, sc.optimizer_s, tail, (("optimizer", sc.optimizer_s),))
+    opt = b.add("optimizer step", i, COMPUTE, sc.optimizer_s + sc.framework_s, tail,
+                (("optimizer", sc.optimizer_s), ("other", sc.framework_s)))  # [issue 10] framework_s
     if d["step_gather"] > 0 and not overlap:
         b.add("dp all-gather weights", i, DP, d["step_gather"], [opt], (("dp_comm", d["step_gather"]),))
 
@@ -344,7 +346,7 @@ class _Uniform:
         self.dur = {k: sum(x for _, x in ps) for k, ps in self.parts.items()}
         self.dp = dict(step_reduce=0.0, step_gather=0.0, mb_gather=0.0, mb_reduce=0.0)
         self.off = dict(optimizer_copy=0.0, host_adam=0.0, nvme=0.0, params_mb=0.0, activations_mb=0.0)
-        self.optimizer_s = 0.0
+        self.optimizer_s = self.framework_s = 0.0
 
 
 def uniform_graph(schedule: str, p: int, m: int, v: int = 1, fwd_s: float = 1.0, bwd_s: float = 2.0,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import framework_ops
 from .comm import Placement, collective_time, placement, send_recv_time
 from .compute import op_times
 from .hardware import Cluster
@@ -94,6 +95,7 @@ class StageCost:
     cp_comm_fwd: object = 0.0  # the forward pass's share of cp_comm
     tp_comm_recompute: object = 0.0  # the recomputation's share of tp_comm
     cp_comm_recompute: object = 0.0  # the recomputation's share of cp_comm
+    framework_step: object = 0.0  # [issue 10] per-step framework operators (framework_ops.step_seconds)
 
     @property
     def bwd(self):
@@ -156,6 +158,8 @@ def stage_cost(model: ModelSpec, plan: Plan, cluster: Cluster, stage, g: Groups 
     fwd = fwd + first * emb.fwd + last * head.fwd
     bin_ = bin_ + first * emb.bwd_input + last * head.bwd_input
     bw = bw + first * emb.bwd_weight + last * head.bwd_weight
+    # [issue 10] framework operators (bias gradients, gradient accumulation, ...) with the weight gradients
+    bw = bw + framework_ops.microbatch_seconds(model, plan, cluster, stage)
 
     has_tp = np.asarray(plan.tp) > 1
     tp_one, tp_back = _tp_layer_comm(model, plan, cluster, g, shard.act_bytes)
@@ -190,7 +194,8 @@ def stage_cost(model: ModelSpec, plan: Plan, cluster: Cluster, stage, g: Groups 
                      cp_comm=layers * (cp_fwd + cp_bwd + cp_recompute),
                      pp_comm=pp_comm, params=stage_params(model, plan, stage),
                      tp_comm_fwd=layers * tp_fwd, cp_comm_fwd=layers * cp_fwd,
-                     tp_comm_recompute=layers * tp_recompute, cp_comm_recompute=layers * cp_recompute)
+                     tp_comm_recompute=layers * tp_recompute, cp_comm_recompute=layers * cp_recompute,
+                     framework_step=framework_ops.step_seconds(model, plan, cluster, stage))  # [issue 10]
 
 
 def representative_stages(plan: Plan) -> tuple[list, list]:

@@ -36,9 +36,12 @@ RESULT_TAIL = {
     "cost_usd_per_step": "float", "usd_per_million_tokens": "float", "training_tokens": "float",
     "time_to_train_days": "float", "cost_to_train_usd": "float", "memory_gib_by_stage": "str",
 }
+# [issue 10] prediction intervals (intervals.py): the JSON's [low, high] pairs as two columns
+INTERVALS = ("step_time_s_interval", "tokens_per_s_interval")
+INTERVAL_COLUMNS = {**{f"{k}.{b}": "float" for k in INTERVALS for b in ("low", "high")}, "interval_coverage": "float"}
 RESULT_COLUMNS = {**RESULT_SCALARS, **{f"memory_gib.{k}": "float" for k in MEMORY_KEYS},
-                  **{f"breakdown_s.{k}": "float" for k in BREAKDOWN_KEYS}, **RESULT_TAIL}
-DROPPED = ("scenario", "flop_convention", "devices", "global_batch", "seq_len")
+                  **{f"breakdown_s.{k}": "float" for k in BREAKDOWN_KEYS}, **RESULT_TAIL, **INTERVAL_COLUMNS}
+DROPPED = ("scenario", "flop_convention", "devices", "global_batch", "seq_len", "interval_basis", "interval_rows")
 
 
 def plan_row(scenario) -> dict:
@@ -84,6 +87,8 @@ def result_row(d: Mapping) -> dict:
                 out[f"{key}.{k}"] = v
         elif key == "memory_gib_by_stage":
             out[key] = json.dumps(value) if value is not None else None
+        elif key in INTERVALS:
+            out[f"{key}.low"], out[f"{key}.high"] = value if value is not None else (None, None)
         else:
             out[key] = value
     return out

@@ -26,7 +26,9 @@ def _worker(rank, world, port, backend, threads, fn, args, queue):
     import torch.distributed as dist
 
     try:
-        torch.set_num_threads(threads)
+        from .device import configure
+
+        configure(threads, "cuda" if backend == "nccl" else "cpu")
         if backend == "nccl":
             torch.cuda.set_device(rank)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -89,31 +91,36 @@ def launch(fn, world_size: int, args: tuple = (), threads: int = 1, device: str 
 
 # ------------------------------------------------------------------ collective benchmark
 
-def _allreduce_worker(rank, world, sizes, reps, device):
+def _allreduce_worker(rank, world, sizes, reps, device, clock):
+    """Median all-reduce seconds per message size; the sizes interleaved (one of each per round)."""
     import torch
     import torch.distributed as dist
 
+    from .timing import CLOCKS, spread
+
+    now = CLOCKS[clock]
     dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
-    out = []
-    for nbytes in sizes:
-        buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=dev)
+    bufs = [torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=dev) for nbytes in sizes]
+    for buf in bufs:
         for _ in range(2):  # warm-up: connection set-up, buffers
             dist.all_reduce(buf)
-        times = []
-        for _ in range(reps):  # the same count on every rank: collectives must match
+    times = [[] for _ in bufs]
+    for _ in range(reps):  # the same order on every rank: collectives must match
+        for buf, ts in zip(bufs, times):
             dist.barrier()
-            t0 = time.perf_counter()
+            t0 = now()
             dist.all_reduce(buf)
             if dev.type == "cuda":
                 torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        out.append({"op": "all_reduce", "bytes": buf.numel() * 4, "ranks": world,
-                    "seconds": statistics.median(times)})
-    return out
+            ts.append(now() - t0)
+    return [{"op": "all_reduce", "bytes": buf.numel() * 4, "ranks": world, "seconds": statistics.median(ts),
+             "spread": spread(ts)} for buf, ts in zip(bufs, times)]
 
 
-def collective_samples(device: str = "cpu", quick: bool = False, threads: int = 1, world_size: int = 2) -> list[dict]:
-    """Median all-reduce seconds over message sizes between `world_size` local processes."""
+def collective_samples(device: str = "cpu", quick: bool = False, threads: int = 1, world_size: int = 2,
+                       clock: str = "wall") -> list[dict]:
+    """Median all-reduce seconds over message sizes between `world_size` local processes, on
+    `clock` (the CPU clock counts what the collective costs the process, not its waiting)."""
     sizes = [2**k for k in ((12, 16, 20, 23) if quick else range(10, 27, 2))]
     reps = 5 if quick else 15
-    return launch(_allreduce_worker, world_size, (sizes, reps, device), threads=threads, device=device)
+    return launch(_allreduce_worker, world_size, (sizes, reps, device, clock), threads=threads, device=device)
