@@ -45,8 +45,9 @@ def conformal_bounds(residuals, coverage: float = COVERAGE) -> tuple[float, floa
 def _bounds(residuals: tuple, coverage: float) -> tuple[float, float] | None:
     r = sorted(residuals)
     n, alpha = len(r), 1.0 - coverage
-    lo = math.floor((n + 1) * alpha / 2)
-    hi = math.ceil((n + 1) * (1 - alpha / 2))
+    # rounded first: (n + 1)·alpha/2 = 2 must not become 1.9999999999999996 and floor to 1
+    lo = math.floor(round((n + 1) * alpha / 2, 9))
+    hi = math.ceil(round((n + 1) * (1 - alpha / 2), 9))
     if lo < 1 or hi > n:
         return None
     return r[lo - 1], r[hi - 1]

@@ -91,6 +91,12 @@ class Bench:
 
     # ------------------------------------------------------------------ GEMMs
     def gemm_shapes(self):
+        if self.device.type == "cuda":  # the layers of validate_torch.CUDA_GRID and larger
+            if self.quick:
+                return [(2048, 1024, 3072), (4096, 2048, 2048), (8192, 2048, 8192)]
+            return [(t, a, b) for t in (1024, 4096, 16384) for a, b in
+                    ((1024, 1024), (1024, 3072), (1024, 4096), (4096, 1024), (2048, 6144), (2048, 8192),
+                     (8192, 2048), (4096, 12288), (4096, 16384))]
         if self.quick:  # the shapes of the quick validation grid's layers
             return [(256, 128, 128), (256, 128, 512), (256, 512, 128), (256, 256, 768), (512, 256, 1024)]
         tokens = (128, 256, 512, 1024, 2048)
@@ -162,6 +168,9 @@ class Bench:
 
     # ------------------------------------------------------------------ memory-bound
     def memory_sizes(self):
+        if self.device.type == "cuda":
+            return [(4096, 1024), (16384, 4096)] if self.quick else \
+                [(t, h) for t in (2048, 8192, 32768) for h in (1024, 2048, 4096)]
         if self.quick:
             return [(256, 128), (256, 512), (1024, 512)]
         # Working sets of the models validate --torch trains (<= 8 MiB a tensor): the curve has
@@ -187,6 +196,8 @@ class Bench:
                          lambda fn=fn, x=x, g=g: torch.autograd.grad(fn(x), (x,), g), minus=[f])
         vocabs = (512, 2048) if self.quick else (512, 2048, 8192)
         tokens = (256,) if self.quick else (128, 256, 512, 1024)
+        if self.device.type == "cuda":
+            vocabs, tokens = ((32768,), (4096,)) if self.quick else ((8192, 32768, 50304), (2048, 8192))
         for t in tokens:
             for vsz in vocabs:
                 logits = torch.randn(t, vsz, device=dev, dtype=dtype, requires_grad=True)
@@ -210,6 +221,8 @@ class Bench:
         torch, dev, dtype = self.torch, self.device, self._dtype(dt)
         a = torch.finfo(dtype).bits // 8
         shapes = [(256, 128, 2048)] if self.quick else [(t, h, 2048) for t in (256, 1024) for h in (128, 256, 512)]
+        if self.device.type == "cuda":
+            shapes = [(t, h, 32768) for t in (4096, 16384) for h in (1024, 2048)][: 1 if self.quick else None]
         for t, h, vocab in shapes:
             tok = torch.nn.Embedding(vocab, h, device=dev, dtype=dtype)
             pos = torch.nn.Embedding(t, h, device=dev, dtype=dtype)
@@ -233,6 +246,8 @@ class Bench:
         a = torch.finfo(dtype).bits // 8
         # a gradient buffer, table or parameter from L1-sized to beyond the last-level cache share
         sizes = (2**16, 2**20) if self.quick else tuple(2**k for k in range(13, 25))
+        if dev.type == "cuda":
+            sizes = (2**20, 2**26) if self.quick else tuple(2**k for k in range(16, 29, 2))
         for n in sizes:
             buf = torch.empty(n, device=dev, dtype=dtype)
             main = torch.zeros(n, device=dev)  # fp32 gradient buffer
@@ -243,8 +258,10 @@ class Bench:
             if dt != "fp32":
                 self.add("param_cast", "memory", (n,), dt, "step", (4 + a) * n, lambda b=buf, m=main: b.copy_(m),
                          kernel="param_cast")
-        for t, d in ([(256, 512), (1024, 1024)] if self.quick else
-                     [(t, d) for t in (256, 1024, 4096) for d in (128, 512, 2048)]):
+        shapes = [(256, 512), (1024, 1024)] if self.quick else [(t, d) for t in (256, 1024, 4096) for d in (128, 512, 2048)]
+        if dev.type == "cuda":
+            shapes = [(t * 16, d * 4) for t, d in shapes]
+        for t, d in shapes:
             g = torch.randn(t, d, device=dev, dtype=dtype)
             self.add("bias_grad", "memory", (t, d), dt, "bwd", a * t * d, lambda g=g: g.sum(0), kernel="bias_grad")
         self.measure()
@@ -260,6 +277,8 @@ class Bench:
         torch, dev = self.torch, self.device
         per = 24 if dt == "fp32" else 4 + 2 * 12 + torch.finfo(self._dtype(dt)).bits // 8
         sizes = (2**16, 2**20) if self.quick else (2**14, 2**16, 2**18, 2**20, 2**22)
+        if dev.type == "cuda":
+            sizes = tuple(n * 64 for n in sizes)
         for p in sizes:
             param = torch.nn.Parameter(torch.randn(p, device=dev))
             param.grad = torch.randn(p, device=dev)

@@ -90,7 +90,22 @@ def _quick_grid() -> list[RunConfig]:
     ]
 
 
-GRID, QUICK_GRID = _grid(), _quick_grid()
+def _cuda_grid() -> list[RunConfig]:
+    """GPU-sized models: large enough that kernels, not the host's launches, set the step time."""
+    C = RunConfig
+    v = 32768
+    return [
+        C("cuda-l4-h1024-s1024-b8", 4, 1024, 16, 1024, 8, vocab=v, precision="bf16"),
+        C("cuda-l8-h2048-s2048-b4", 8, 2048, 16, 2048, 4, vocab=v, precision="bf16"),
+        C("cuda-l4-h2048-s2048-b2-ga4", 4, 2048, 16, 2048, 2, grad_accum=4, vocab=v, precision="bf16"),
+        C("cuda-l8-h2048-s2048-b4-full", 8, 2048, 16, 2048, 4, recompute="full", vocab=v, precision="bf16"),
+        C("cuda-l4-h4096-s1024-b4", 4, 4096, 32, 1024, 4, vocab=v, precision="bf16"),
+        C("cuda-l4-h1024-s1024-b8-fp32", 4, 1024, 16, 1024, 8, vocab=v),
+        C("cuda-l8-h2048-s2048-b4-dp2", 8, 2048, 16, 2048, 4, dp=2, vocab=v, precision="bf16"),
+    ]
+
+
+GRID, QUICK_GRID, CUDA_GRID = _grid(), _quick_grid(), _cuda_grid()
 
 
 # ------------------------------------------------------------------ measurement
@@ -234,7 +249,8 @@ def run_validation(profile: str | Path | None = None, quick: bool = False, devic
     clock = cal.get("clock", "wall")  # compare on the clock the profile was calibrated with
     devices = int(cal.get("devices_per_node") or 1)
     precisions = set((data.get("peak_tflops") or {}).keys())
-    configs = configs if configs is not None else (QUICK_GRID if quick else GRID)
+    if configs is None:
+        configs = (CUDA_GRID[:2] if quick else CUDA_GRID) if device == "cuda" else (QUICK_GRID if quick else GRID)
     configs = [rc for rc in configs if rc.dp <= devices and rc.precision in precisions]
     rounds = rounds or (3 if quick else 5)
     if log:
