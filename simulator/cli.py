@@ -270,6 +270,8 @@ def cmd_calibrate(args) -> int:
     if summary.get("op_overhead_us") or host:
         print(f"  host overhead: {summary['op_overhead_us']:.1f} us per operator and pass, "
               + ", ".join(f"{v:.0f} us per {k.replace('_', ' ')}" for k, v in host.items()))
+    if summary.get("co_run_slowdown") is not None:
+        print(f"  devices sharing the node: kernels {100 * summary['co_run_slowdown']:.1f}% slower while all run")
     nz = summary.get("noise") or {}
     print(f"  noise: microbenchmark spread (IQR/median over rounds) median {100 * nz.get('median_spread', 0):.1f}%, "
           f"90th percentile {100 * nz.get('p90_spread', 0):.1f}%")
@@ -294,11 +296,13 @@ def cmd_validate_torch(args) -> int:
     print()
     print(_fmt_table(rows, ("config", "measured ms", "noise", "predicted ms", "error", "measured MiB",
                             "predicted MiB", "error")))
-    extra = f" (wall clock {out['wall_mape_pct']:.1f}%)" if out["clock"] != "wall" else ""
-    print(f"\nstep-time MAPE {out['mape_pct']:.1f}% on the {out['clock']} clock{extra}, worst row "
-          f"{out['max_abs_error_pct']:.1f}%, measurement noise (IQR/median of a row's steps) median "
-          f"{out['median_noise_pct']:.1f}%; memory MAPE {out['memory_mape_pct']:.1f}% over {len(out['rows'])} "
+    extra = f"; wall clock, uncorrected: {out['wall_mape_pct']:.1f}%" if out["clock"] != "wall" else ""
+    print(f"\nstep-time MAPE {out['mape_pct']:.1f}% on the {out['clock']} clock, worst row "
+          f"{out['max_abs_error_pct']:.1f}%; memory MAPE {out['memory_mape_pct']:.1f}% over {len(out['rows'])} "
           f"configurations ({out['device']}, {out['threads']} thread(s) per device, profile {out['profile']})")
+    print(f"noise: a row's steps spread by {out['median_noise_pct']:.1f}% (median IQR/median); the machine ran "
+          f"{100 * (out['machine_slowdown'] - 1):+.1f}% slower than at calibration (speed probe), measured steps are "
+          f"compared at calibration speed (uncorrected MAPE {out['raw_mape_pct']:.1f}%{extra})")
     return 0
 
 

@@ -164,3 +164,10 @@ def step_seconds(model: ModelSpec, plan: Plan, cluster: Cluster, stage) -> objec
     host = cluster.accelerator.host_overhead_s
     t = ops_seconds(step_framework_ops(model, plan, stage), cluster, plan.precision)
     return t + host.get("step", 0.0) + host.get("param_tensor", 0.0) * param_tensors(model, plan, stage)
+
+
+def co_run_factor(cluster: Cluster) -> float:
+    """How much longer a device's kernels take because the node's other devices run at the same
+    time (profile efficiency.co_run_slowdown: CPU cores sharing caches and memory bandwidth, as
+    data-parallel processes on one machine do); 1 on a one-device node and on GPUs."""
+    return 1.0 + cluster.accelerator.co_run_slowdown if cluster.devices_per_node > 1 else 1.0

@@ -75,6 +75,9 @@ class Accelerator:
     # Fractional slowdown of compute kernels while communication kernels run on the same
     # device (SM and memory-bandwidth contention); 0 = none. Used by the graph engine.
     overlap_slowdown: float = 0.0
+    # [issue 10] Fractional slowdown of a device's kernels while the node's other devices run
+    # too (CPU cores sharing caches and memory bandwidth); 0 where devices have their own memory.
+    co_run_slowdown: float = 0.0
     # [issue 10] Curves of the backward passes where their kernels differ from the forward
     # one (efficiency.matmul_bwd_input, matmul_bwd_weight, attention_bwd; e.g. a CPU's bf16 GEMM
     # with a transposed operand); absent: the forward curve.
@@ -267,8 +270,8 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
     if not peak_flops:
         raise InputError(f"{where}.peak_tflops", dict(peaks), "at least one precision is needed")
     eff = F.require_mapping(data.get("efficiency"), f"{where}.efficiency")
-    F.reject_unknown(eff, ("matmul", "attention", "memory", "memory_kernels", "overlap_slowdown", "precisions")
-                     + PASS_CURVES, f"{where}.efficiency")
+    F.reject_unknown(eff, ("matmul", "attention", "memory", "memory_kernels", "overlap_slowdown", "precisions",
+                           "co_run_slowdown") + PASS_CURVES, f"{where}.efficiency")
     kernels = F.require_mapping(eff.get("memory_kernels") or {}, f"{where}.efficiency.memory_kernels")
     memory_kernels = {str(k): _efficiency(kernels, k, f"{where}.efficiency.memory_kernels", "half_bytes")
                       for k in kernels}
@@ -290,6 +293,8 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
         op_overhead_s=F.number(data, "op_overhead_us", where, 0.0, minimum=0.0, strict_min=False) * 1e-6,
         overlap_slowdown=F.number(eff, "overlap_slowdown", f"{where}.efficiency", 0.0, minimum=0.0,
                                   strict_min=False, maximum=10.0),
+        co_run_slowdown=F.number(eff, "co_run_slowdown", f"{where}.efficiency", 0.0, minimum=0.0, strict_min=False,
+                                 maximum=10.0),
         pass_efficiency={k: _efficiency(eff, k, f"{where}.efficiency", "half_flops") for k in PASS_CURVES if k in eff},
         precision_efficiency=_precision_efficiency(eff, f"{where}.efficiency"),
         host_overhead_s=_host_overhead(data, where),

@@ -158,8 +158,11 @@ def stage_cost(model: ModelSpec, plan: Plan, cluster: Cluster, stage, g: Groups 
     fwd = fwd + first * emb.fwd + last * head.fwd
     bin_ = bin_ + first * emb.bwd_input + last * head.bwd_input
     bw = bw + first * emb.bwd_weight + last * head.bwd_weight
-    # [issue 10] framework operators (bias gradients, gradient accumulation, ...) with the weight gradients
+    # [issue 10] framework operators (bias gradients, gradient accumulation, ...) with the weight
+    # gradients; kernels slow down while the node's other devices share its caches (CPUs)
     bw = bw + framework_ops.microbatch_seconds(model, plan, cluster, stage)
+    co_run = framework_ops.co_run_factor(cluster)
+    fwd, bin_, bw = co_run * fwd, co_run * bin_, co_run * bw
 
     has_tp = np.asarray(plan.tp) > 1
     tp_one, tp_back = _tp_layer_comm(model, plan, cluster, g, shard.act_bytes)
@@ -175,10 +178,10 @@ def stage_cost(model: ModelSpec, plan: Plan, cluster: Cluster, stage, g: Groups 
     recompute = 0.0
     tp_recompute = 0.0
     if plan.recompute == "full":
-        recompute = layers * layer.fwd
+        recompute = co_run * layers * layer.fwd  # [issue 10] co_run
         tp_recompute, cp_recompute = tp_fwd, cp_fwd
     elif plan.recompute == "selective":
-        recompute = layers * layer.recompute_selective
+        recompute = co_run * layers * layer.recompute_selective  # [issue 10] co_run
         cp_recompute = 0.0
     else:
         cp_recompute = 0.0

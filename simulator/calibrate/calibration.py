@@ -121,7 +121,7 @@ def fit_all(samples: list[dict], collectives: list[dict], host: dict | None = No
     mem_bw = best_rate(plain)
     reference = _curves([s for s in samples if s["dtype"] == "fp32"], peaks["fp32"], mem_bw)
     precisions = {}
-    for dt in sorted({s["dtype"] for s in samples} - {"fp32", "u8"}):
+    for dt in sorted({s["dtype"] for s in samples if s["kind"] != "probe"} - {"fp32", "u8"}):
         curves = _curves([s for s in samples if s["dtype"] == dt], peaks.get(dt, peaks["fp32"]), mem_bw)
         if curves.get("matmul") or curves.get("memory_kernels"):
             precisions[dt] = curves
@@ -154,8 +154,9 @@ def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, t
     """Measure this machine and write NAME.yaml, NAME-node.yaml, NAME-net.yaml; returns a summary."""
     torch = require_torch()
     from .device import configure
-    from .dist import collective_samples
+    from .dist import co_run_slowdown, collective_samples
     from .microbench import Bench
+    from .probe import make_probe
 
     out = Path(out)
     if out.suffix not in (".yaml", ".yml"):
@@ -170,6 +171,7 @@ def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, t
     load_before = os.getloadavg()[0]
     bench = Bench(device, quick=quick, clock=clock)
     precs = low_precisions(torch, device)
+    bench.probe = make_probe(device, ["fp32"] + precs)
     log(f"calibrate: {device}, {threads} thread(s), {clock} clock, torch {torch.__version__}"
         f"{' (quick)' if quick else ''}; precisions fp32{''.join(', ' + p for p in precs)}")
     for dt in ["fp32"] + [p for p in precs if p != "fp8"]:
@@ -195,8 +197,16 @@ def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, t
     log(f"  all-reduce between {world} local processes ...")
     colls = collective_samples(coll_device, quick=quick, threads=threads, world_size=world,
                                clock=clock if coll_device == "cpu" else "wall")
+    co_run = None
+    if device == "cpu" and world > 1:
+        log(f"  kernels of {world} devices running at once vs alone ...")
+        co_run = co_run_slowdown(threads, world, clock, quick)
     fits = fit_all(bench.samples, colls, host)
-    info["noise"] = noise(bench.samples)
+    fits["co_run"] = co_run
+    probes = [x["seconds"] for x in bench.samples if x["kind"] == "probe"]
+    info["probe_s"] = statistics.median(probes)
+    info["noise"] = noise([x for x in bench.samples if x["kind"] != "probe"])
+    info["noise"]["probe_spread"] = (max(probes) - min(probes)) / info["probe_s"] if len(probes) > 1 else 0.0
     # how busy the machine was (1-minute load average at the start and the end)
     info["noise"]["load_average"] = [load_before, os.getloadavg()[0]]
     acc, node, net = build_profiles(out.stem, info, fits, bench.samples, colls)
@@ -205,4 +215,5 @@ def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, t
             "memory_bandwidth_gbs": acc["memory_bandwidth_gbs"], "efficiency": acc["efficiency"],
             "op_overhead_us": acc.get("op_overhead_us", 0.0), "host_overhead_us": acc.get("host_overhead_us", {}),
             "fits": acc["calibration"]["fits"], "allreduce": acc["calibration"]["allreduce"],
-            "noise": info["noise"], "clock": clock, "settings": settings}
+            "noise": info["noise"], "clock": clock, "settings": settings,
+            "co_run_slowdown": acc["efficiency"].get("co_run_slowdown")}

@@ -2,7 +2,7 @@
 
 Each benchmark is a case `{"op", "kind", "shape", "dtype", "pass", "work", "kernel"}` with a
 function to time; `Bench.measure()` times the pending cases interleaved (timing.interleaved:
-rounds over all of them, medians) and turns them into samples with `seconds` and `spread`.
+rounds over all of them, lower quartile) and turns them into samples with `seconds` and `spread`.
 `work` is counted the way simulator/workload.py and simulator/framework_ops.py count the same
 operator, so a curve fitted on these samples predicts their operators without conversion
 (a = bytes of an element of the case's dtype):
@@ -62,6 +62,7 @@ class Bench:
         self.samples: list[dict] = []
         self.pending: list[Case] = []
         self.clock = clock
+        self.probe = None  # probe.make_probe(...): timed in every group when set
 
     def add(self, op, kind, shape, dtype, pass_, work, fn, kernel=None, minus=()) -> Case:
         row = {"op": op, "kind": kind, "shape": list(shape), "dtype": dtype, "pass": pass_, "work": float(work)}
@@ -73,10 +74,13 @@ class Bench:
 
     def measure(self) -> dict:
         """Time the pending cases interleaved and add their samples (derived ones net of `minus`);
-        returns each case's seconds by id(case)."""
+        returns each case's seconds by id(case). Every group also times the speed probe (probe.py)."""
         cases, self.pending = self.pending, []
         if not cases:
             return {}
+        if self.probe is not None:
+            cases.append(Case({"op": "probe", "kind": "probe", "shape": [], "dtype": "", "pass": "probe", "work": 0.0},
+                              self.probe))
         timed = interleaved([c.fn for c in cases], self.rounds, self.min_batch_s, self.sync, self.clock)
         got = {id(c): t for c, t in zip(cases, timed)}
         out = {}
@@ -312,7 +316,13 @@ class Bench:
                 tr = make_trainer(GPTConfig(layers=layers, hidden=8, heads=2, vocab=16, seq_len=4), grad_accum=ga,
                                   device=self.device)
                 cases[layers, ga] = self.add("train_step", "overhead", (layers, ga), "fp32", "step", 0.0, tr.step)
-        seconds = self.measure()
+        # the per-layer and per-step costs are differences of these four times: more rounds, longer batches
+        saved = self.rounds, self.min_batch_s
+        self.rounds, self.min_batch_s = 3 * self.rounds, 0.01
+        try:
+            seconds = self.measure()
+        finally:
+            self.rounds, self.min_batch_s = saved
         t = {k: seconds[id(c)] for k, c in cases.items()}
         m1 = max(0.0, (t[3, 2] - t[1, 2] - t[3, 1] + t[1, 1]) / 2)
         s1 = max(0.0, (t[3, 1] - t[1, 1]) / 2 - m1)

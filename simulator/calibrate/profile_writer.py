@@ -129,6 +129,7 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
             "clock": info.get("clock", "wall"),
             **info.get("settings", {}),
             "devices_per_node": devices,
+            **({"probe_s": _r(info["probe_s"], 5), "probe_precisions": sorted(peak)} if info.get("probe_s") else {}),
             "noise": {k: ([_r(x, 3) for x in v] if isinstance(v, list) else _r(v)) for k, v in info.get("noise", {}).items()},
             "python": platform.python_version(),
             "platform": platform.platform(),
@@ -142,6 +143,12 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
             "collective_samples": [{**c, "seconds": _r(c["seconds"], 5)} for c in collectives],
         },
     }
+    if fits.get("co_run"):
+        acc["efficiency"]["co_run_slowdown"] = _r(fits["co_run"]["slowdown"], 3)
+        acc["sources"]["efficiency.co_run_slowdown"] = (
+            f"[measured] a layer-like probe (GEMMs, GELU, LayerNorm, an 8 MiB copy) on one device while the other "
+            f"{devices - 1} run it too vs alone: {fits['co_run']['together_s'] * 1e3:.2f} ms / "
+            f"{fits['co_run']['alone_s'] * 1e3:.2f} ms - 1 (calibrate/dist.py co_run_slowdown)")
     if host:
         acc["host_overhead_us"] = {"microbatch": _r(host["microbatch_s"] * 1e6), "step": _r(host["step_s"] * 1e6),
                                    "param_tensor": _r(host["param_tensor_s"] * 1e6)}

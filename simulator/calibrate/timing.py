@@ -1,4 +1,4 @@
-"""Timing on a shared machine: interleaved repetitions, medians, and the spread they showed.
+"""Timing on a shared machine: interleaved repetitions, their lower quartile, and the spread they showed.
 
 Two clocks. "wall": time.perf_counter, what a user waits. "cpu": time.process_time, the
 CPU seconds of this process (all threads, user + system): on a machine shared with other
@@ -8,8 +8,13 @@ dedicated single-threaded device would take. It is meaningful only for CPU devic
 Other work on the machine comes and goes. Timing case A ten times and then case B ten
 times lets a burst of it land on one case only; `interleaved` times one batch of every case
 per round, for several rounds, so that each case sees the same mix of quiet and busy
-moments, and keeps the median of each case's rounds. The spread (interquartile range over
-the median) says how noisy the measurement was.
+moments. Other work only ever adds time (even on the CPU clock: it evicts caches and, on
+an SMT sibling or a shared core, takes execution units), and on the shared development
+machine it slowed a third to a half of the rounds by up to 2x; the median of the rounds
+then measures the load of the hour, different for `llmsim calibrate` and a later
+`llmsim validate --torch`. Both therefore keep the lower quartile of the rounds
+(`estimate`): the undisturbed speed as long as a quarter of the rounds ran undisturbed.
+The spread (interquartile range over the median) says how noisy the measurement was.
 """
 
 from __future__ import annotations
@@ -24,9 +29,16 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 @dataclass(frozen=True)
 class Timed:
-    seconds: float  # median seconds per call over the rounds
+    seconds: float  # seconds per call: the estimate over the rounds (lower quartile)
+    median: float
     spread: float  # interquartile range / median of the per-round samples
     rounds: int
+
+
+def estimate(samples) -> float:
+    """The lower quartile of `samples` (their value for fewer than 2)."""
+    xs = sorted(samples)
+    return statistics.quantiles(xs, n=4, method="inclusive")[0] if len(xs) > 1 else xs[0]
 
 
 def spread(samples) -> float:
@@ -40,7 +52,7 @@ def spread(samples) -> float:
 
 
 def interleaved(fns: list, rounds: int = 7, min_batch_s: float = 0.004, sync=None, clock: str = "wall") -> list[Timed]:
-    """Median seconds per call of each `fns[i]()` over `rounds` interleaved rounds.
+    """Seconds per call of each `fns[i]()` over `rounds` interleaved rounds (`estimate`).
 
     Each function is called once to warm up (allocator, thread pool, lazily built kernels)
     and once more to size its batch: enough calls (>= `min_batch_s`) for the clock to
@@ -66,9 +78,5 @@ def interleaved(fns: list, rounds: int = 7, min_batch_s: float = 0.004, sync=Non
                 fn()
             sync()
             samples[i].append((now() - t0) / n)
-    return [Timed(statistics.median(s), spread(s), len(s)) for s in samples]
+    return [Timed(estimate(s), statistics.median(s), spread(s), len(s)) for s in samples]
 
-
-def median_time(fn, rounds: int = 7, min_batch_s: float = 0.004, sync=None, clock: str = "wall") -> float:
-    """Median seconds per call of one function (interleaved with nothing)."""
-    return interleaved([fn], rounds, min_batch_s, sync, clock)[0].seconds

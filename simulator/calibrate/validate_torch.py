@@ -17,7 +17,8 @@ All configurations are measured by one set of worker processes (as many as the l
 each configured as the calibrated device (device.py). The timed steps are interleaved:
 every round runs a warm-up step and `steps` timed steps of each configuration in turn, so
 that other work on a shared machine spreads over all of them; a row's step time is the
-median over the rounds and its noise the spread (IQR / median) of its timed steps.
+lower quartile of its timed steps, as the microbenchmarks' (timing.py says why), and its
+noise their spread (IQR / median).
 """
 
 from __future__ import annotations
@@ -110,17 +111,25 @@ GRID, QUICK_GRID, CUDA_GRID = _grid(), _quick_grid(), _cuda_grid()
 
 # ------------------------------------------------------------------ measurement
 
-def grid_worker(rank: int, world: int, cfgs: list[dict], rounds: int, steps: int, device: str) -> list[dict]:
+def grid_worker(rank: int, world: int, cfgs: list[dict], rounds: int, steps: int, device: str,
+                probe_precisions=None, clock: str = "wall") -> list[dict]:
     """Time every configuration this rank takes part in (rank < its DP), interleaved over
-    `rounds`; then one more step each for the peak memory. All ranks run the same sequence of
-    barriers, so a rank that sits a DP = 1 configuration out waits (without using the CPU)."""
+    `rounds`, rank 0 timing the speed probe (probe.py) on `clock` right before each
+    configuration's steps; then one more step each for the peak memory. All ranks run the
+    same sequence of barriers, so a rank that sits a DP = 1 configuration out waits (without
+    using the CPU)."""
     import time
 
     import torch
     import torch.distributed as dist
 
     from .memtrack import peak_live_bytes, tensor_bytes
+    from .probe import make_probe
+    from .timing import CLOCKS
     from .trainer import make_trainer
+
+    now = CLOCKS[clock]
+    probe = make_probe(device, probe_precisions) if probe_precisions and rank == 0 else None
 
     rcs = [RunConfig(**c) for c in cfgs]
     dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
@@ -129,15 +138,25 @@ def grid_worker(rank: int, world: int, cfgs: list[dict], rounds: int, steps: int
                 for i, rc in enumerate(rcs) if rank < rc.dp}
     wall = {i: [] for i in trainers}
     cpu = {i: [] for i in trainers}
+    probes = {i: [] for i in trainers}
     for tr in trainers.values():  # first steps: lazily built kernels, allocator growth
         for _ in range(2):
             tr.step()
+    if probe:
+        probe()
     for r in range(rounds):
         order = range(len(rcs)) if r % 2 == 0 else reversed(range(len(rcs)))
         for i in order:
             dist.barrier()
             if i not in trainers:
                 continue
+            if probe:
+                sync()
+                t0 = now()
+                for _ in range(3):
+                    probe()
+                sync()
+                probes[i].extend([(now() - t0) / 3] * steps)
             tr = trainers[i]
             tr.step()  # back on this configuration: warm its data and code paths
             for _ in range(steps):
@@ -156,19 +175,19 @@ def grid_worker(rank: int, world: int, cfgs: list[dict], rounds: int, steps: int
         tr = trainers[i]
         baseline = tensor_bytes(tr.live_tensors())
         peak = peak_live_bytes(tr.step, baseline, dev.type) if rank == 0 else tr.step()
-        out.append({"step_times_s": wall[i], "cpu_times_s": cpu[i], "peak_bytes": peak, "baseline_bytes": baseline,
-                    "params": sum(p.numel() for p in tr.params)})
+        out.append({"step_times_s": wall[i], "cpu_times_s": cpu[i], "probe_s": probes[i], "peak_bytes": peak,
+                    "baseline_bytes": baseline, "params": sum(p.numel() for p in tr.params)})
     return out
 
 
 def measure_grid(configs: list[RunConfig], threads: int, device: str = "cpu", rounds: int = 5,
-                 steps: int = 2) -> list[dict]:
+                 steps: int = 2, probe_precisions=None, clock: str = "wall") -> list[dict]:
     """Measurements of every configuration (rank 0's), in order."""
     from .dist import launch
 
     world = max(rc.dp for rc in configs)
-    return launch(grid_worker, world, ([asdict(rc) for rc in configs], rounds, steps, device), threads=threads,
-                  device=device)
+    return launch(grid_worker, world, ([asdict(rc) for rc in configs], rounds, steps, device, probe_precisions, clock),
+                  threads=threads, device=device)
 
 
 # ------------------------------------------------------------------ prediction
@@ -211,15 +230,22 @@ def node_for_profile(profile: str | Path) -> str:
     return str(node)
 
 
-def default_profile() -> Path:
-    """The newest profile in hardware_profiles/calibrated/ (accelerator files, not -node/-net)."""
+def default_profile(device: str = "cpu") -> Path:
+    """The newest profile in hardware_profiles/calibrated/ (accelerator files, not -node/-net)
+    calibrated on this kind of machine (its CPU model or GPU name)."""
+    import yaml
+
     from ..hardware import CALIBRATED, profiles_dir
 
     folder = profiles_dir() / CALIBRATED
     accs = [p for p in folder.glob("*.yaml") if (folder / f"{p.stem}-node.yaml").is_file()]
-    if not accs:
-        raise InputError("--profile", None, f"no calibrated profile in {folder}; run `llmsim calibrate` or give --profile")
-    return max(accs, key=lambda p: p.stat().st_mtime)
+    here = _this_device(device)
+    mine = [p for p in accs if here in str(((yaml.safe_load(p.read_text()) or {}).get("calibration") or {})
+                                           .get("device_name", ""))]
+    if not mine:
+        raise InputError("--profile", None, f"no profile in {folder} was calibrated on this {device} ({here}); "
+                         "run `llmsim calibrate` or give --profile")
+    return max(mine, key=lambda p: p.stat().st_mtime)
 
 
 def _pct(pred: float, meas: float) -> float:
@@ -236,11 +262,11 @@ def run_validation(profile: str | Path | None = None, quick: bool = False, devic
     torch = require_torch()
     import yaml
 
-    from .timing import spread
+    from .timing import estimate, spread
 
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device", device, "torch sees no CUDA device here; use --device cpu")
-    profile = Path(profile) if profile is not None else default_profile()
+    profile = Path(profile) if profile is not None else default_profile(device)
     node = node_for_profile(profile)
     acc_path = Path(node).with_name(Path(node).stem[: -len("-node")] + ".yaml")
     data = yaml.safe_load(acc_path.read_text()) or {}
@@ -256,13 +282,19 @@ def run_validation(profile: str | Path | None = None, quick: bool = False, devic
     if log:
         log(f"validate --torch: {len(configs)} configurations x {rounds} interleaved rounds, {device}, "
             f"{threads} thread(s) per device, {clock} clock")
-    measured = measure_grid(configs, threads, device, rounds)
+    probe_s = cal.get("probe_s")
+    measured = measure_grid(configs, threads, device, rounds, probe_precisions=cal.get("probe_precisions"),
+                            clock=clock)
     rows = []
     for rc, meas in zip(configs, measured):
         pred = predict(rc, node)
-        times = meas["cpu_times_s"] if clock == "cpu" else meas["step_times_s"]
-        value, wall = statistics.median(times), statistics.median(meas["step_times_s"])
-        row = {"config": rc.name, **asdict(rc), "measured_step_s": value,
+        raw = meas["cpu_times_s"] if clock == "cpu" else meas["step_times_s"]
+        # the machine's speed at each step relative to calibration (probe.py): 1 = unchanged
+        speed = [p / probe_s for p in meas["probe_s"]] if probe_s and meas["probe_s"] else [1.0] * len(raw)
+        times = [t / k for t, k in zip(raw, speed)]
+        value, wall = estimate(times), estimate(meas["step_times_s"])
+        row = {"config": rc.name, **asdict(rc), "measured_step_s": value, "measured_median_s": statistics.median(times),
+               "measured_raw_s": estimate(raw), "raw_error_pct": None, "machine_slowdown": statistics.median(speed),
                "predicted_step_s": pred["step_time_s"],
                "step_error_pct": _pct(pred["step_time_s"], value),
                "noise_pct": 100.0 * spread(times),
@@ -270,8 +302,9 @@ def run_validation(profile: str | Path | None = None, quick: bool = False, devic
                "measured_memory_mib": meas["peak_bytes"] / 2**20, "predicted_memory_mib": pred["memory_bytes"] / 2**20,
                "memory_error_pct": _pct(pred["memory_bytes"], meas["peak_bytes"]),
                "step_times_s": meas["step_times_s"], "cpu_times_s": meas["cpu_times_s"], "params": meas["params"],
-               "measured_cpu_s": statistics.median(meas["cpu_times_s"]),
+               "measured_cpu_s": estimate(meas["cpu_times_s"]),
                "predicted_breakdown_s": pred["breakdown_s"]}
+        row["raw_error_pct"] = _pct(pred["step_time_s"], row["measured_raw_s"])
         rows.append(row)
         if log:
             log(f"  {rc.name:32s} step {value * 1e3:8.1f} ms measured (noise {row['noise_pct']:4.1f}%), "
@@ -283,6 +316,8 @@ def run_validation(profile: str | Path | None = None, quick: bool = False, devic
            "max_abs_error_pct": max((abs(r["step_error_pct"]) for r in rows), default=float("nan")),
            "wall_mape_pct": _mape(rows, "wall_error_pct"), "memory_mape_pct": _mape(rows, "memory_error_pct"),
            "median_noise_pct": statistics.median(r["noise_pct"] for r in rows) if rows else float("nan"),
+           "raw_mape_pct": _mape(rows, "raw_error_pct"),
+           "machine_slowdown": statistics.median(r["machine_slowdown"] for r in rows) if rows else float("nan"),
            "load_average": list(os.getloadavg())}
     out["recorded"] = record(acc_path, data, out, device)
     if log:
