@@ -300,9 +300,10 @@ def cmd_validate_torch(args) -> int:
     print(f"\nstep-time MAPE {out['mape_pct']:.1f}% on the {out['clock']} clock, worst row "
           f"{out['max_abs_error_pct']:.1f}%; memory MAPE {out['memory_mape_pct']:.1f}% over {len(out['rows'])} "
           f"configurations ({out['device']}, {out['threads']} thread(s) per device, profile {out['profile']})")
-    print(f"noise: a row's steps spread by {out['median_noise_pct']:.1f}% (median IQR/median); the machine ran "
-          f"{100 * (out['machine_slowdown'] - 1):+.1f}% slower than at calibration (speed probe), measured steps are "
-          f"compared at calibration speed (uncorrected MAPE {out['raw_mape_pct']:.1f}%{extra})")
+    change = 100 * (out["machine_slowdown"] - 1)
+    print(f"noise: a row's steps spread by {out['median_noise_pct']:.1f}% (median IQR/median); the speed probe ran "
+          f"{abs(change):.1f}% {'slower' if change >= 0 else 'faster'} than at calibration, and steps are compared at "
+          f"the calibration's speed (uncorrected MAPE {out['raw_mape_pct']:.1f}%{extra})")
     return 0
 
 

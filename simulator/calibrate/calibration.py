@@ -156,7 +156,7 @@ def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, t
     from .device import configure
     from .dist import co_run_slowdown, collective_samples
     from .microbench import Bench
-    from .probe import make_probe
+    from .probe import PRECISIONS as PROBE_PRECISIONS, make_probe
 
     out = Path(out)
     if out.suffix not in (".yaml", ".yml"):
@@ -171,7 +171,7 @@ def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, t
     load_before = os.getloadavg()[0]
     bench = Bench(device, quick=quick, clock=clock)
     precs = low_precisions(torch, device)
-    bench.probe = make_probe(device, ["fp32"] + precs)
+    bench.probes = {p: make_probe(device, p) for p in ["fp32"] + precs if p in PROBE_PRECISIONS}
     log(f"calibrate: {device}, {threads} thread(s), {clock} clock, torch {torch.__version__}"
         f"{' (quick)' if quick else ''}; precisions fp32{''.join(', ' + p for p in precs)}")
     for dt in ["fp32"] + [p for p in precs if p != "fp8"]:
@@ -201,12 +201,17 @@ def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, t
     if device == "cpu" and world > 1:
         log(f"  kernels of {world} devices running at once vs alone ...")
         co_run = co_run_slowdown(threads, world, clock, quick)
+    probes = {p: [x["seconds"] for x in bench.samples if x["kind"] == "probe" and x["dtype"] == p] for p in bench.probes}
+    info["probe_s"] = bench.at_reference_speed()
+    if host and host.get("group_probe_s"):  # the host overhead at the same reference speed
+        k = info["probe_s"]["fp32"] / host["group_probe_s"]
+        host = {**{n: v * k for n, v in host.items() if n in ("op_s", "microbatch_s", "step_s", "param_tensor_s")},
+                "train_steps_s": {n: v * k for n, v in host["train_steps_s"].items()}}
     fits = fit_all(bench.samples, colls, host)
     fits["co_run"] = co_run
-    probes = [x["seconds"] for x in bench.samples if x["kind"] == "probe"]
-    info["probe_s"] = statistics.median(probes)
     info["noise"] = noise([x for x in bench.samples if x["kind"] != "probe"])
-    info["noise"]["probe_spread"] = (max(probes) - min(probes)) / info["probe_s"] if len(probes) > 1 else 0.0
+    # how much the machine's speed moved during the calibration (the probes' range over the groups)
+    info["noise"]["probe_range"] = max((max(v) - min(v)) / statistics.median(v) for v in probes.values())
     # how busy the machine was (1-minute load average at the start and the end)
     info["noise"]["load_average"] = [load_before, os.getloadavg()[0]]
     acc, node, net = build_profiles(out.stem, info, fits, bench.samples, colls)

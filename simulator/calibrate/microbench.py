@@ -62,7 +62,7 @@ class Bench:
         self.samples: list[dict] = []
         self.pending: list[Case] = []
         self.clock = clock
-        self.probe = None  # probe.make_probe(...): timed in every group when set
+        self.probes = {}  # precision -> probe.make_probe(...): timed in every group
 
     def add(self, op, kind, shape, dtype, pass_, work, fn, kernel=None, minus=()) -> Case:
         row = {"op": op, "kind": kind, "shape": list(shape), "dtype": dtype, "pass": pass_, "work": float(work)}
@@ -74,21 +74,37 @@ class Bench:
 
     def measure(self) -> dict:
         """Time the pending cases interleaved and add their samples (derived ones net of `minus`);
-        returns each case's seconds by id(case). Every group also times the speed probe (probe.py)."""
+        returns each case's seconds by id(case). Every group also times the speed probes (probe.py)."""
         cases, self.pending = self.pending, []
         if not cases:
             return {}
-        if self.probe is not None:
-            cases.append(Case({"op": "probe", "kind": "probe", "shape": [], "dtype": "", "pass": "probe", "work": 0.0},
-                              self.probe))
+        for dt, fn in self.probes.items():
+            cases.append(Case({"op": "probe", "kind": "probe", "shape": [], "dtype": dt, "pass": "probe", "work": 0.0},
+                              fn))
         timed = interleaved([c.fn for c in cases], self.rounds, self.min_batch_s, self.sync, self.clock)
         got = {id(c): t for c, t in zip(cases, timed)}
+        group = {c.row["dtype"]: t.seconds for c, t in zip(cases, timed) if c.row["kind"] == "probe"}
         out = {}
         for c, t in zip(cases, timed):
             out[id(c)] = max(t.seconds - sum(got[id(m)].seconds for m in c.minus), 1e-9)
             if c.row["pass"] != "helper":
-                self.samples.append({**c.row, "seconds": out[id(c)], "spread": t.spread})
+                self.samples.append({**c.row, "seconds": out[id(c)], "spread": t.spread, "group_probe": group})
         return out
+
+    def at_reference_speed(self) -> dict:
+        """Scale every sample to the machine speed of the median group (the probe's median time in
+        the sample's precision, else fp32) and drop the per-group probe times; returns that
+        reference probe time per precision (profile calibration.probe_s)."""
+        import statistics
+
+        ref = {p: statistics.median(s["seconds"] for s in self.samples if s["kind"] == "probe" and s["dtype"] == p)
+               for p in self.probes}
+        for s in self.samples:
+            group = s.pop("group_probe", {})
+            p = s["dtype"] if s["dtype"] in group else "fp32"
+            if p in group and s["kind"] != "probe":
+                s["seconds"] *= ref[p] / group[p]
+        return ref
 
     def _dtype(self, dt: str):
         return getattr(self.torch, DTYPES[dt])
@@ -338,7 +354,8 @@ class Bench:
         per_tensor = s1 / layer_tensors
         return {"op_s": per_op, "microbatch_s": max(0.0, m0 - 2 * around_ops * per_op),
                 "step_s": max(0.0, s0 - per_tensor * outer_tensors), "param_tensor_s": per_tensor,
-                "train_steps_s": {f"layers{k[0]}_microbatches{k[1]}": v for k, v in t.items()}}
+                "train_steps_s": {f"layers{k[0]}_microbatches{k[1]}": v for k, v in t.items()},
+                "group_probe_s": self.samples[-1].get("group_probe", {}).get("fp32")}
 
     # ------------------------------------------------------------------ host <-> device
     def copies(self):

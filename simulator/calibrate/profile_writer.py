@@ -129,7 +129,7 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
             "clock": info.get("clock", "wall"),
             **info.get("settings", {}),
             "devices_per_node": devices,
-            **({"probe_s": _r(info["probe_s"], 5), "probe_precisions": sorted(peak)} if info.get("probe_s") else {}),
+            **({"probe_s": {k: _r(v, 5) for k, v in info["probe_s"].items()}} if info.get("probe_s") else {}),
             "noise": {k: ([_r(x, 3) for x in v] if isinstance(v, list) else _r(v)) for k, v in info.get("noise", {}).items()},
             "python": platform.python_version(),
             "platform": platform.platform(),

@@ -112,7 +112,7 @@ GRID, QUICK_GRID, CUDA_GRID = _grid(), _quick_grid(), _cuda_grid()
 # ------------------------------------------------------------------ measurement
 
 def grid_worker(rank: int, world: int, cfgs: list[dict], rounds: int, steps: int, device: str,
-                probe_precisions=None, clock: str = "wall") -> list[dict]:
+                probe_precisions=(), clock: str = "wall") -> list[dict]:
     """Time every configuration this rank takes part in (rank < its DP), interleaved over
     `rounds`, rank 0 timing the speed probe (probe.py) on `clock` right before each
     configuration's steps; then one more step each for the peak memory. All ranks run the
@@ -129,7 +129,7 @@ def grid_worker(rank: int, world: int, cfgs: list[dict], rounds: int, steps: int
     from .trainer import make_trainer
 
     now = CLOCKS[clock]
-    probe = make_probe(device, probe_precisions) if probe_precisions and rank == 0 else None
+    probes_fn = {p: make_probe(device, p) for p in probe_precisions} if rank == 0 else {}
 
     rcs = [RunConfig(**c) for c in cfgs]
     dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
@@ -142,15 +142,16 @@ def grid_worker(rank: int, world: int, cfgs: list[dict], rounds: int, steps: int
     for tr in trainers.values():  # first steps: lazily built kernels, allocator growth
         for _ in range(2):
             tr.step()
-    if probe:
-        probe()
+    for fn in probes_fn.values():
+        fn()
     for r in range(rounds):
         order = range(len(rcs)) if r % 2 == 0 else reversed(range(len(rcs)))
         for i in order:
             dist.barrier()
             if i not in trainers:
                 continue
-            if probe:
+            probe = probes_fn.get(rcs[i].precision)
+            if probe:  # the machine's speed right now, in this configuration's precision
                 sync()
                 t0 = now()
                 for _ in range(3):
@@ -181,7 +182,7 @@ def grid_worker(rank: int, world: int, cfgs: list[dict], rounds: int, steps: int
 
 
 def measure_grid(configs: list[RunConfig], threads: int, device: str = "cpu", rounds: int = 5,
-                 steps: int = 2, probe_precisions=None, clock: str = "wall") -> list[dict]:
+                 steps: int = 2, probe_precisions=(), clock: str = "wall") -> list[dict]:
     """Measurements of every configuration (rank 0's), in order."""
     from .dist import launch
 
@@ -282,15 +283,15 @@ def run_validation(profile: str | Path | None = None, quick: bool = False, devic
     if log:
         log(f"validate --torch: {len(configs)} configurations x {rounds} interleaved rounds, {device}, "
             f"{threads} thread(s) per device, {clock} clock")
-    probe_s = cal.get("probe_s")
-    measured = measure_grid(configs, threads, device, rounds, probe_precisions=cal.get("probe_precisions"),
-                            clock=clock)
+    probe_s = cal.get("probe_s") or {}
+    measured = measure_grid(configs, threads, device, rounds, probe_precisions=sorted(probe_s), clock=clock)
     rows = []
     for rc, meas in zip(configs, measured):
         pred = predict(rc, node)
         raw = meas["cpu_times_s"] if clock == "cpu" else meas["step_times_s"]
         # the machine's speed at each step relative to calibration (probe.py): 1 = unchanged
-        speed = [p / probe_s for p in meas["probe_s"]] if probe_s and meas["probe_s"] else [1.0] * len(raw)
+        ref = probe_s.get(rc.precision)
+        speed = [p / ref for p in meas["probe_s"]] if ref and meas["probe_s"] else [1.0] * len(raw)
         times = [t / k for t, k in zip(raw, speed)]
         value, wall = estimate(times), estimate(meas["step_times_s"])
         row = {"config": rc.name, **asdict(rc), "measured_step_s": value, "measured_median_s": statistics.median(times),
