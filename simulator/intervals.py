@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from .resources import data_dir
 
 COVERAGE = 0.8  # nominal coverage of the reported intervals
@@ -83,18 +85,22 @@ def residuals_for(accelerator, engine: str = "graph") -> Residuals | None:
     return published_residuals(engine)
 
 
-def interval_fields(step_time_s: float, tokens_per_step: float, accelerator, engine: str = "graph",
+def interval_fields(step_time_s, tokens_per_step, accelerator, engine: str = "graph",
                     coverage: float = COVERAGE) -> dict:
-    """The result fields of the prediction interval (None where no interval is available)."""
+    """The result fields of the prediction interval (None where no interval is available).
+    `step_time_s` and `tokens_per_step` may be numpy arrays (vector.py): the intervals are
+    then (n, 2) arrays of [low, high]."""
     res = residuals_for(accelerator, engine)
     bounds = conformal_bounds(res.values, coverage) if res else None
     out = {"step_time_s_interval": None, "tokens_per_s_interval": None, "interval_coverage": coverage,
            "interval_basis": res.basis if res else "no validation rows for this profile",
            "interval_rows": len(res.values) if res else 0}
-    if bounds is not None and step_time_s > 0 and math.isfinite(step_time_s):
-        low, high = step_time_s * math.exp(bounds[0]), step_time_s * math.exp(bounds[1])
-        out["step_time_s_interval"] = [low, high]
-        out["tokens_per_s_interval"] = [tokens_per_step / high, tokens_per_step / low]
+    if bounds is not None:
+        step = np.asarray(step_time_s, dtype=float)
+        low, high = step * math.exp(bounds[0]), step * math.exp(bounds[1])
+        pair = (lambda a, b: np.stack([a, b], axis=-1)) if step.ndim else (lambda a, b: [float(a), float(b)])
+        out["step_time_s_interval"] = pair(low, high)
+        out["tokens_per_s_interval"] = pair(tokens_per_step / high, tokens_per_step / low)
     return out
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from .analytic import _select, step_breakdown_arrays
 from .evaluate import host_reason, oom_reason
 from .hardware import Cluster
+from .intervals import interval_fields
 from .memory import host_bytes_per_device, stage_memory_parts
 from .model import ModelSpec
 from .plan import Plan
@@ -122,6 +123,8 @@ def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training
         breakdown_s=breakdown, price_usd_per_device_hour=price, training_tokens=training.tokens,
         engine="analytic")
     d = result.to_dict()
+    # [issue 10] the prediction interval evaluate() reports (intervals.py)
+    d.update(interval_fields(step, seqs * model.seq_len, cluster.accelerator, "analytic"))
     host = np.broadcast_to(np.asarray(host, dtype=float), (n,))
 
     def why(i: int) -> str:

@@ -6,10 +6,11 @@ agrees and the next run is 35 % slower (docs/calibration.md, "Noise"). A profile
 the machine at calibration time; `llmsim validate --torch` runs minutes or days later. So
 `llmsim calibrate` times this probe among its microbenchmarks (once in every interleaved
 group) and records it (`calibration.probe_s`), and `llmsim validate --torch` times it again
-right before every configuration's timed steps in every round: the ratio is the machine's
-speed at that moment relative to calibration, and the steps are compared with the
-predictions at the calibration-time speed (the measured step divided by the ratio). The
-probe is microbenchmarks, not training steps, so nothing is fitted to the validation runs.
+before every configuration's timed steps in every round (the other ranks idle): the median
+ratio over the run is the machine's speed during validation relative to calibration, and
+the steps are compared with the predictions at the calibration-time speed (the measured
+step divided by the ratio; both are reported). The probe is microbenchmarks, not training
+steps, so nothing is fitted to the validation runs.
 
 The probe does a training step's kinds of work in one precision: GEMMs (forward, and
 backward with a transposed operand), causal attention, a norm, GELU, and a copy beyond the

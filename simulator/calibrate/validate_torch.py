@@ -147,17 +147,17 @@ def grid_worker(rank: int, world: int, cfgs: list[dict], rounds: int, steps: int
     for r in range(rounds):
         order = range(len(rcs)) if r % 2 == 0 else reversed(range(len(rcs)))
         for i in order:
-            dist.barrier()
-            if i not in trainers:
-                continue
             probe = probes_fn.get(rcs[i].precision)
-            if probe:  # the machine's speed right now, in this configuration's precision
+            if probe:  # the machine's speed now, in this configuration's precision, the other ranks idle
                 sync()
                 t0 = now()
                 for _ in range(3):
                     probe()
                 sync()
-                probes[i].extend([(now() - t0) / 3] * steps)
+                probes[i].append((now() - t0) / 3)
+            dist.barrier()
+            if i not in trainers:
+                continue
             tr = trainers[i]
             tr.step()  # back on this configuration: warm its data and code paths
             for _ in range(steps):
@@ -285,20 +285,23 @@ def run_validation(profile: str | Path | None = None, quick: bool = False, devic
             f"{threads} thread(s) per device, {clock} clock")
     probe_s = cal.get("probe_s") or {}
     measured = measure_grid(configs, threads, device, rounds, probe_precisions=sorted(probe_s), clock=clock)
+    # the machine's speed during this run relative to calibration, per precision (probe.py): the
+    # median over every round's probe; 1 = unchanged
+    slowdown = {p: statistics.median(x for rc, m in zip(configs, measured) if rc.precision == p
+                                     for x in m["probe_s"]) / ref
+                for p, ref in probe_s.items() if any(rc.precision == p for rc in configs)}
     rows = []
     for rc, meas in zip(configs, measured):
         pred = predict(rc, node)
         raw = meas["cpu_times_s"] if clock == "cpu" else meas["step_times_s"]
-        # the machine's speed at each step relative to calibration (probe.py): 1 = unchanged
-        ref = probe_s.get(rc.precision)
-        speed = [p / ref for p in meas["probe_s"]] if ref and meas["probe_s"] else [1.0] * len(raw)
-        times = [t / k for t, k in zip(raw, speed)]
-        value, wall = estimate(times), estimate(meas["step_times_s"])
-        row = {"config": rc.name, **asdict(rc), "measured_step_s": value, "measured_median_s": statistics.median(times),
-               "measured_raw_s": estimate(raw), "raw_error_pct": None, "machine_slowdown": statistics.median(speed),
+        k = slowdown.get(rc.precision, 1.0)
+        value, wall = estimate(raw) / k, estimate(meas["step_times_s"])
+        row = {"config": rc.name, **asdict(rc), "measured_step_s": value,
+               "measured_median_s": statistics.median(raw) / k, "measured_raw_s": estimate(raw), "raw_error_pct": None,
+               "machine_slowdown": k,
                "predicted_step_s": pred["step_time_s"],
                "step_error_pct": _pct(pred["step_time_s"], value),
-               "noise_pct": 100.0 * spread(times),
+               "noise_pct": 100.0 * spread(raw),
                "measured_wall_s": wall, "wall_error_pct": _pct(pred["step_time_s"], wall),
                "measured_memory_mib": meas["peak_bytes"] / 2**20, "predicted_memory_mib": pred["memory_bytes"] / 2**20,
                "memory_error_pct": _pct(pred["memory_bytes"], meas["peak_bytes"]),
@@ -319,6 +322,7 @@ def run_validation(profile: str | Path | None = None, quick: bool = False, devic
            "median_noise_pct": statistics.median(r["noise_pct"] for r in rows) if rows else float("nan"),
            "raw_mape_pct": _mape(rows, "raw_error_pct"),
            "machine_slowdown": statistics.median(r["machine_slowdown"] for r in rows) if rows else float("nan"),
+           "machine_slowdown_by_precision": slowdown,
            "load_average": list(os.getloadavg())}
     out["recorded"] = record(acc_path, data, out, device)
     if log:
