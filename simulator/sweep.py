@@ -103,13 +103,8 @@ def evaluate_chunk(items: list, base: dict, axes: dict, engine: str = "analytic"
     if valid and vectorize and engine == "analytic":
         from .vector import evaluate_many
 
-        from .intervals import interval_fields
-
-        for (row, s), d in zip(valid, evaluate_many([s for _, s in valid])):
+        for (row, _), d in zip(valid, evaluate_many([s for _, s in valid])):
             row.update(table.result_row(d))
-            # [issue 10] the prediction interval evaluate() reports
-            row.update(table.result_row(interval_fields(d["step_time_s"], s.plan.global_batch * s.model.seq_len,
-                                                        s.cluster.accelerator, "analytic")))
     else:
         for row, scenario in valid:
             row.update(table.result_row(evaluate(scenario, engine=engine).to_dict()))
