@@ -120,8 +120,9 @@ class Bench:
         if self.quick:  # the shapes of the quick validation grid's layers
             return [(256, 128, 128), (256, 128, 512), (256, 512, 128), (256, 256, 768), (512, 256, 1024)]
         tokens = (128, 256, 512, 1024, 2048)
+        # a layer's GEMMs (h -> 3h, 4h; 4h -> h) and the lm_head's (h -> vocabulary)
         widths = ((64, 256), (128, 384), (128, 512), (256, 768), (256, 1024), (512, 1536), (512, 2048),
-                  (1024, 1024), (256, 4096))
+                  (1024, 1024), (256, 4096), (128, 2048), (256, 8192))
         return [(t, a, b) for t in tokens for a, b in widths]
 
     def gemms(self, dt: str = "fp32"):
