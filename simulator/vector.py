@@ -123,8 +123,6 @@ def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training
         breakdown_s=breakdown, price_usd_per_device_hour=price, training_tokens=training.tokens,
         engine="analytic")
     d = result.to_dict()
-    # [issue 10] the prediction interval evaluate() reports (intervals.py)
-    d.update(interval_fields(step, seqs * model.seq_len, cluster.accelerator, "analytic"))
     host = np.broadcast_to(np.asarray(host, dtype=float), (n,))
 
     def why(i: int) -> str:
@@ -162,6 +160,9 @@ def evaluate_many(scenarios: list[Scenario]) -> list[dict]:
         batch = plan_batch([scenarios[i].plan for i in members])
         d = evaluate_batch(s0.model, s0.cluster, batch, s0.training, s0.price_usd_per_device_hour, s0.name,
                            by_stage=True)
+        # [issue 10] the prediction interval evaluate() reports (intervals.py)
+        d.update(interval_fields(d["step_time_s"], batch.global_batch * s0.model.seq_len, s0.cluster.accelerator,
+                                 "analytic"))
         columns = {k: _column(v, len(members)) for k, v in d.items()}
         for j, i in enumerate(members):
             out[i] = {k: ({kk: vv[j] for kk, vv in v.items()} if isinstance(v, dict) else v[j])
