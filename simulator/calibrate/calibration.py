@@ -15,9 +15,6 @@ from . import require_torch
 from .fit import best_rate, fit_allreduce, fit_efficiency, fit_spill
 from .profile_writer import _meminfo, build_profiles, cpu_model, rss_bytes, today, write_profiles
 
-CLOCK_CHOICES = ("auto", "wall", "cpu")
-
-
 def default_threads(device: str) -> int:
     """Threads per CPU "device": half the cores, so that a DP=2 pair of processes fills the machine."""
     if device != "cpu":
