@@ -9,15 +9,17 @@ numpy arrays.
 
 Per micro-batch, with the weight gradients:
 - bias_grad: a linear layer with a bias reduces its output gradient over the tokens
-  (Megatron-LM core/tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication
-  .backward: grad_output.sum(dim=0); torch AddmmBackward0): reads a·T·d_out bytes.
+  (NVIDIA/Megatron-LM@000c4ac megatron/core/tensor_parallel/layers.py,
+  LinearWithGradAccumulationAndAsyncCommunication.backward: grad_output.sum(dim=0); torch
+  AddmmBackward0): reads a·T·d_out bytes.
 - grad_accumulate: a parameter's new gradient is added into the gradient buffer (torch
   AccumulateGrad `grad += new`; Megatron-LM distributed/distributed_data_parallel.py's hook
   `param.main_grad.add_(param.grad)`): reads the new gradient (a_w bytes) and reads and
   writes the buffer (2·g bytes) per parameter. With `plan.grad_accumulation_fusion`
   (Megatron-LM's default --gradient-accumulation-fusion), each linear layer's weight-gradient
-  GEMM accumulates into the fp32 main_grad itself (fused_weight_gradient_mlp_cuda,
-  wgrad_gemm_accum_fp32), so only biases, norms and embeddings pay the add.
+  GEMM accumulates into the fp32 main_grad itself (same file and function:
+  fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32), so only biases, norms and
+  embeddings pay the add.
 - embedding_grad (first stage): a dense embedding backward allocates a zero-filled gradient
   of the whole table (V/t x h, and the learned position table) before adding the tokens'
   rows (torch embedding_dense_backward; the tokens' rows are workload.py's embedding op);
