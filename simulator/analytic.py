@@ -60,7 +60,32 @@ def _reduce_tail_s(layout: Layout, reduce_s, grad_pass_s, buckets, times: StageT
     return np.maximum(0.0, queue) * (np.asarray(reduce_s) > 0)
 
 
-def _dp_exposed_s(layout: Layout, r: StageLayout, times: StageTimes, i: int):
+def ends_before_last_s(layout: Layout, times: StageTimes) -> list:
+    """Per representative, how long before the last stage to finish its passes it finishes
+    its own. The step's last backward passes (B, or I when split) run from stage p-1 down to
+    stage 0, each a pipeline hop after the one above, so stage s's last one ends before stage
+    0's by the backward passes of stages 0..s-1; after it each stage still runs its drain
+    tail (Schedule.drain_tail: the W passes a split schedule postponed)."""
+    v, hop = layout.v, layout.pp_hop_s
+    split = layout.schedule.split_backward
+
+    def per_chunk(i, counts):
+        n_f, n_b, n_i, n_w = counts
+        f, b, w = times.f[i] / v, times.b[i] / v, times.w[i] / v
+        return n_f * f + n_b * (b + w) + n_i * b + n_w * w
+
+    chain_0 = (times.b[0] if split else times.b[0] + times.w[0]) / v + hop
+    chain_mid = (times.b[1] if split else times.b[1] + times.w[1]) / v + hop
+    ends = []
+    for i, r in enumerate(layout.stages):
+        s = np.asarray(r.stage)
+        chain = np.where(s >= 1, chain_0, 0.0) + np.maximum(s - 1, 0) * chain_mid
+        ends.append(per_chunk(i, layout.schedule.drain_tail(layout.p, layout.m, v, r.stage)) - chain)
+    latest = np.maximum.reduce(np.broadcast_arrays(*ends))
+    return [latest - e for e in ends]
+
+
+def _dp_exposed_s(layout: Layout, r: StageLayout, times: StageTimes, i: int, slack_end):
     d, plan, v = r.dp, layout.plan, layout.v
     f, b = times.f[i], times.b[i] + times.w[i]
     # the gradients of a chunk are complete at its last backward pass, or at its last W
@@ -72,25 +97,31 @@ def _dp_exposed_s(layout: Layout, r: StageLayout, times: StageTimes, i: int):
     else:
         per_mb = d.mb_gather_s + d.mb_reduce_s
         tail, head = d.step_reduce_s, d.step_gather_s
-    slack_end, slack_start = r.stage * b / v, r.stage * f / v
+    slack_start = r.stage * f / v
     exposed = layout.m * per_mb + np.maximum(0.0, tail - slack_end) + np.maximum(0.0, head - slack_start)
     return exposed, np.maximum(0.0, slack_end - tail)
 
 
 def _end_of_step(layout: Layout, times: StageTimes, counted) -> tuple:
-    """(dp_comm, optimizer) seconds past the pipeline: each stage ends with its exposed
-    data-parallel traffic and then its optimizer step, which starts early by the slack left
-    after its gradient reduction (a stage ends its passes r.stage backward passes before
-    stage 0); the step ends with the last stage to finish, as in the graph engine."""
-    dp, opt = [], []
+    """(dp_comm, optimizer, other) seconds past the pipeline: each stage ends with its exposed
+    data-parallel traffic and then its optimizer step with the per-step framework work
+    (framework_ops.py), which starts early by the slack left after its gradient reduction
+    (ends_before_last_s); the step ends with the
+    last stage to finish, as in the graph engine, which also splits the exposed end of the
+    step between the optimizer and the framework work in proportion."""
+    dp, opt, other = [], [], []
+    slack = ends_before_last_s(layout, times)
     for i, (r, c) in enumerate(zip(layout.stages, counted)):
-        exposed, spare = _dp_exposed_s(layout, r, times, i)
+        exposed, spare = _dp_exposed_s(layout, r, times, i, slack[i])
+        total = r.optimizer_s + r.framework_step_s
+        share = np.where(total > 0, np.maximum(0.0, total - spare) / np.where(total > 0, total, 1.0), 0.0)
         dp.append(np.where(c, exposed, 0.0))
-        opt.append(np.where(c, np.maximum(0.0, r.optimizer_s - spare), 0.0))
-    ends = np.stack(np.broadcast_arrays(*[d + o for d, o in zip(dp, opt)]))
+        opt.append(np.where(c, share * r.optimizer_s, 0.0))
+        other.append(np.where(c, share * r.framework_step_s, 0.0))
+    ends = np.stack(np.broadcast_arrays(*[d + o + x for d, o, x in zip(dp, opt, other)]))
     last = np.argmax(ends, axis=0)
     pick = lambda values: np.choose(last, np.broadcast_arrays(*values))  # noqa: E731
-    return pick(dp), pick(opt)
+    return pick(dp), pick(opt), pick(other)
 
 
 def step_breakdown(layout: Layout) -> dict:
@@ -113,7 +144,7 @@ def step_breakdown(layout: Layout) -> dict:
     busy = m * (compute + recompute + tp + cp + ep + sends)
     counted = [np.asarray(r.count) > 0 for r in reps]
     period = pick([times.total(i) for i in range(len(reps))])
-    dp, optimizer = _end_of_step(layout, times, counted)
+    dp, optimizer, other = _end_of_step(layout, times, counted)
     offload = np.maximum.reduce(np.broadcast_arrays(*[
         np.where(c, exposed_offload_s(r.offload, layout.v, m,
                                       layout.schedule.offloaded_chunks(layout.p, m, layout.v, r.stage)
@@ -133,7 +164,7 @@ def step_breakdown(layout: Layout) -> dict:
         "pipeline_bubble": np.maximum(0.0, pipeline - busy),
         "optimizer": optimizer,
         "offload": offload,
-        "other": 0.0 * dp,
+        "other": other,
     }
 
 

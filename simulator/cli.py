@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--fit-matmul", metavar="RUN_PREFIX", default=None,
                     help="fit the accelerator's matmul efficiency to the published runs whose id starts with "
                          "RUN_PREFIX (e.g. korthikanti22) and print it; the profile's provenance")
+    va.add_argument("--write-residuals", action="store_true",
+                    help="--published: store the runs' residuals (both engines) as the package data "
+                         "that evaluate's prediction intervals read")
 
     sw = sub.add_parser("sweep", help="evaluate every point of a sweep space into a CSV or Parquet table")
     sw.add_argument("space", help="space YAML file (base or base_file, sweep, constraints)")
@@ -206,9 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("-o", "--output", required=True, metavar="NAME|FILE",
                     help="a NAME (written to the user's calibrated profiles, found by name from anywhere) or an "
                          "accelerator profile path NAME.yaml (NAME-node.yaml and NAME-net.yaml are written beside it)")
-    ca.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+    ca.add_argument("--clock", choices=("auto", "wall", "cpu"), default="auto",
                     help="wall: elapsed time; cpu: process CPU time, robust to other work on a shared machine "
-                         "(one-thread CPU devices only). validate --torch compares on the profile's clock")
+                         "(one-thread CPU devices only); auto (default): cpu for one-thread CPU devices, else wall. "
+                         "validate --torch compares on the profile's clock")
     ca.add_argument("--json", action="store_true")
 
     hw = sub.add_parser("hardware", help="hardware profiles")
@@ -401,6 +405,15 @@ def cmd_calibrate(args) -> int:
               f"{fit['samples']} samples)")
     ar = summary["allreduce"]
     print(f"  all-reduce {ar['ranks']} ranks: {ar['latency_us']:.0f} us per step, {ar['bus_bandwidth_gb_per_s']:.2f} GB/s bus")
+    host = summary.get("host_overhead_us") or {}
+    if summary.get("op_overhead_us") or host:
+        print(f"  host overhead: {summary['op_overhead_us']:.1f} us per operator and pass, "
+              + ", ".join(f"{v:.0f} us per {k.replace('_', ' ')}" for k, v in host.items()))
+    if summary.get("co_run_slowdown") is not None:
+        print(f"  devices sharing the node: kernels {100 * summary['co_run_slowdown']:.1f}% slower while all run")
+    nz = summary.get("noise") or {}
+    print(f"  noise: microbenchmark spread (IQR/median over rounds) median {100 * nz.get('median_spread', 0):.1f}%, "
+          f"90th percentile {100 * nz.get('p90_spread', 0):.1f}%")
     print("wrote " + ", ".join(summary["paths"]))
     return 0
 
@@ -416,16 +429,20 @@ def cmd_validate_torch(args) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    rows = [(r["config"], f"{1e3 * r['measured_step_s']:.1f}", f"{1e3 * r['predicted_step_s']:.1f}",
-             f"{r['step_error_pct']:+.1f}%", f"{r['measured_memory_mib']:.1f}", f"{r['predicted_memory_mib']:.1f}",
-             f"{r['memory_error_pct']:+.1f}%") for r in out["rows"]]
+    rows = [(r["config"], f"{1e3 * r['measured_step_s']:.1f}", f"{r['noise_pct']:.1f}%",
+             f"{1e3 * r['predicted_step_s']:.1f}", f"{r['step_error_pct']:+.1f}%", f"{r['measured_memory_mib']:.1f}",
+             f"{r['predicted_memory_mib']:.1f}", f"{r['memory_error_pct']:+.1f}%") for r in out["rows"]]
     print()
-    print(_fmt_table(rows, ("config", "measured ms", "predicted ms", "error", "measured MiB", "predicted MiB",
-                            "error")))
-    extra = f" (wall clock {out['wall_mape_pct']:.1f}%)" if out["clock"] != "wall" else ""
-    print(f"\nstep-time MAPE {out['mape_pct']:.1f}% on the {out['clock']} clock{extra}, memory MAPE "
-          f"{out['memory_mape_pct']:.1f}% over {len(out['rows'])} configurations ({out['device']}, "
-          f"{out['threads']} thread(s) per device, profile {out['profile']})")
+    print(_fmt_table(rows, ("config", "measured ms", "noise", "predicted ms", "error", "measured MiB",
+                            "predicted MiB", "error")))
+    extra = f"; wall clock, uncorrected: {out['wall_mape_pct']:.1f}%" if out["clock"] != "wall" else ""
+    print(f"\nstep-time MAPE {out['mape_pct']:.1f}% on the {out['clock']} clock, worst row "
+          f"{out['max_abs_error_pct']:.1f}%; memory MAPE {out['memory_mape_pct']:.1f}% over {len(out['rows'])} "
+          f"configurations ({out['device']}, {out['threads']} thread(s) per device, profile {out['profile']})")
+    change = 100 * (out["machine_slowdown"] - 1)
+    print(f"noise: a row's steps spread by {out['median_noise_pct']:.1f}% (median IQR/median); the speed probe ran "
+          f"{abs(change):.1f}% {'slower' if change >= 0 else 'faster'} than at calibration, and steps are compared at "
+          f"the calibration's speed (uncorrected MAPE {out['raw_mape_pct']:.1f}%{extra})")
     return 0
 
 
@@ -445,6 +462,10 @@ def cmd_validate(args) -> int:
         print(f"fitted matmul efficiency max = {value} over {len(outcomes)} runs '{args.fit_matmul}*' "
               f"(MAPE {mape:.1f}% on them)")
         return 0
+    if args.write_residuals:
+        from .intervals import write_published_residuals
+
+        print(f"wrote {write_published_residuals()}", file=sys.stderr)
     report = validate_published(engine=args.engine, approximate=args.approximate)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0

@@ -34,10 +34,15 @@ def with_attention_kernel(ops: list[Op], kernel: str) -> list[Op]:
 def _work_time(work, rate: float, eff: Efficiency, kernels=1):
     """Seconds to do `work` (FLOPs or bytes) at `rate`·eff(work); zero work takes no time.
     Split into `kernels` equal kernels (an MoE layer's local experts), each runs at the
-    efficiency of its own size: sum of (work/k + half) = work + k·half."""
-    if isinstance(work, float) and isinstance(kernels, (int, float)):  # one plan: numpy's overhead dominates
-        return (work + kernels * eff.half) / (rate * eff.max) if work > 0 else 0.0
-    return np.where(np.asarray(work) > 0, (work + kernels * eff.half) / (rate * eff.max), 0.0)
+    efficiency of its own size: sum of (work/k + half) = work + k·half. A curve with a spill
+    point runs the work beyond it at `spill_max` of the rate (a CPU core's data outgrowing
+    its private cache, measured by `llmsim calibrate`)."""
+    if eff.spill is None and isinstance(work, float) and isinstance(kernels, (int, float)):
+        return (work + kernels * eff.half) / (rate * eff.max) if work > 0 else 0.0  # one plan: numpy's overhead dominates
+    t = (work + kernels * eff.half) / (rate * eff.max)
+    if eff.spill is not None:
+        t = t + np.maximum(np.asarray(work) - eff.spill, 0.0) * (1.0 / eff.spill_max - 1.0 / eff.max) / rate
+    return np.where(np.asarray(work) > 0, t, 0.0)
 
 
 # Kernel class of each memory-bound workload operator, for a profile's optional
@@ -70,16 +75,22 @@ def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
         peak, eff = acc.peak(LOW_PRECISION_GEMMS[op.kind]), acc.matmul_fp8
         flops_s = [_work_time(x, peak, eff) for x in (op.fwd_flops, op.bwd_input_flops, op.bwd_weight_flops)]
         mem = acc.memory
-    elif op.kind in (MATMUL, ATTENTION, FLASH2_ATTENTION):
-        peak = acc.peak(precision)
-        eff = {ATTENTION: acc.attention, FLASH2_ATTENTION: acc.attention_flash2 or acc.attention}.get(op.kind,
-                                                                                                acc.matmul)
+    elif op.kind == FLASH2_ATTENTION and acc.attention_flash2 is not None:
+        peak, eff = acc.peak(precision), acc.attention_flash2
         flops_s = [_work_time(x, peak, eff, op.kernels) for x in (op.fwd_flops, op.bwd_input_flops,
                                                                   op.bwd_weight_flops)]
-        mem = acc.memory
+        mem = acc.memory_efficiency(None, precision)
+    elif op.kind in (MATMUL, ATTENTION, FLASH2_ATTENTION):
+        # the curve of this kind, pass and precision where the profile has one (calibrated CPUs)
+        peak = acc.peak(precision)
+        kind = "matmul" if op.kind == MATMUL else "attention"
+        passes = ("fwd", "bwd", "bwd") if kind == "attention" else ("fwd", "bwd_input", "bwd_weight")
+        flops_s = [_work_time(x, peak, acc.compute_efficiency(kind, pass_, precision), op.kernels)
+                   for x, pass_ in zip((op.fwd_flops, op.bwd_input_flops, op.bwd_weight_flops), passes)]
+        mem = acc.memory_efficiency(None, precision)
     else:
         flops_s = [0.0, 0.0, 0.0]
-        mem = acc.memory_efficiency(MEMORY_KERNELS.get(op.name.rsplit(".", 1)[-1]))
+        mem = acc.memory_efficiency(MEMORY_KERNELS.get(op.name.rsplit(".", 1)[-1]), precision)
     bytes_s = [_work_time(x, acc.hbm_bytes_per_s, mem) for x in (op.fwd_bytes, op.bwd_input_bytes, op.bwd_weight_bytes)]
     # A framework's host cost per operator and pass (profile op_overhead_us; 0 on GPUs) adds
     # to the forward and to the backward pass, where it is booked with the input gradient.
@@ -88,6 +99,6 @@ def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
                    np.maximum(flops_s[2], bytes_s[2]))
 
 
-def memory_bound_time(nbytes, acc: Accelerator, kernel: str | None = None):
+def memory_bound_time(nbytes, acc: Accelerator, kernel: str | None = None, precision: str | None = None):
     """Seconds for a bandwidth-bound kernel (of class `kernel`, e.g. "optimizer") moving `nbytes`."""
-    return _work_time(nbytes, acc.hbm_bytes_per_s, acc.memory_efficiency(kernel))
+    return _work_time(nbytes, acc.hbm_bytes_per_s, acc.memory_efficiency(kernel, precision))

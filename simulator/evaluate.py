@@ -13,6 +13,7 @@ from dataclasses import replace
 from . import analytic
 from .energy import capped_cluster
 from .errors import InputError
+from .intervals import interval_fields
 from .layout import Layout, compile_layout
 from .memory import StageMemory
 from .result import Result, require_finite
@@ -84,6 +85,8 @@ def assemble(scenario: Scenario, layout: Layout, engine: str, breakdown: dict, s
     require_finite({"step_time_s": step, **breakdown, "peak_memory_bytes": peak.total}, "evaluate")
     econ, run = run_economics(layout, scenario.training, breakdown, data, step, cluster.devices,
                               scenario.price_usd_per_device_hour)
+    extra = {**extra, **interval_fields(step, plan.global_batch * scenario.model.seq_len, cluster.accelerator,
+                                        engine)}
     return Result(
         scenario=scenario.name, engine=engine, feasible=feasible, reason=reason, step_time_s=step,
         breakdown_s=breakdown, global_batch=plan.global_batch, seq_len=scenario.model.seq_len,

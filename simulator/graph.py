@@ -148,6 +148,7 @@ class StageTasks:
     host_adam_s: float = 0.0
     weights_back_h2d_s: float = 0.0
     optimizer_s: float = 0.0
+    framework_s: float = 0.0  # per-step framework operators (framework_ops.py), run with the optimizer step
     chunk_bytes: float = 0.0
     embedding_bytes: float = 0.0
     extra_bytes: float = 0.0
@@ -182,7 +183,7 @@ def stage_tasks(layout: Layout, r: StageLayout) -> StageTasks:
         act_h2d_s=float(o.activations_h2d_s), weights_h2d_s=float(o.weights_h2d_s),
         gradients_d2h_s=float(o.gradients_d2h_s), host_adam_s=float(o.host_adam_s),
         weights_back_h2d_s=float(o.weights_back_h2d_s), optimizer_s=float(r.optimizer_s),
-        chunk_bytes=float(a.chunk_bytes), embedding_bytes=float(a.embedding_bytes), extra_bytes=float(a.extra_bytes))
+        framework_s=float(r.framework_step_s), chunk_bytes=float(a.chunk_bytes), embedding_bytes=float(a.embedding_bytes), extra_bytes=float(a.extra_bytes))
 
 
 def build(layout: Layout, microbatches: int | None = None) -> TaskGraph:
@@ -421,7 +422,8 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
         x = b.add("gradients D2H", i, D2H, st.gradients_d2h_s, tail, (("offload", st.gradients_d2h_s),))
         y = b.add("host Adam", i, CPU, st.host_adam_s, [x], (("offload", st.host_adam_s),))
         tail = [b.add("weights H2D", i, H2D, st.weights_back_h2d_s, [y], (("offload", st.weights_back_h2d_s),))]
-    opt = b.add("optimizer step", i, COMPUTE, st.optimizer_s, tail, (("optimizer", st.optimizer_s),))
+    opt = b.add("optimizer step", i, COMPUTE, st.optimizer_s + st.framework_s, tail,
+                (("optimizer", st.optimizer_s), ("other", st.framework_s)))
     if st.step_gather_s > 0 and not overlap:
         x = st.step_gather_s * v
         b.add("dp all-gather weights", i, DP, x, [opt], (("dp_comm", x),))

@@ -7,6 +7,7 @@ bytes/s, seconds. Efficiency factors come from the profile, never from code.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -46,6 +47,10 @@ class Efficiency:
 
     max: float
     half: float
+    # [issue 10] Beyond `spill` units of work the kernel runs at `spill_max` of the peak: a CPU
+    # core's data outgrowing its private cache (compute._work_time). None: no such regime.
+    spill: float | None = None
+    spill_max: float | None = None
 
 
 @dataclass(frozen=True)
@@ -95,9 +100,47 @@ class Accelerator:
     # FlashAttention-2 where `attention` is a faster kernel's (FA3/cuDNN on Hopper); None: the
     # same kernel (compute.FLASH2_ATTENTION).
     attention_flash2: Efficiency | None = None
+    # [issue 10] Fractional slowdown of a device's kernels while the node's other devices run
+    # too (CPU cores sharing caches and memory bandwidth); 0 where devices have their own memory.
+    co_run_slowdown: float = 0.0
+    # [issue 10] Curves of the backward passes where their kernels differ from the forward
+    # one (efficiency.matmul_bwd_input, matmul_bwd_weight, attention_bwd; e.g. a CPU's bf16 GEMM
+    # with a transposed operand); absent: the forward curve.
+    pass_efficiency: Mapping[str, Efficiency] = field(default_factory=dict)
+    # [issue 10] Curves measured in another precision than the reference one (efficiency.
+    # precisions.<precision>.{matmul, matmul_bwd_*, attention, attention_bwd, memory,
+    # memory_kernels}), e.g. a CPU's bf16 GEMMs (AMX). Absent: the reference curves.
+    precision_efficiency: Mapping[str, Mapping[str, Efficiency]] = field(default_factory=dict)
+    # [issue 10] Host-side framework cost (seconds) per "microbatch", per "step" and per
+    # "param_tensor" per step (framework_ops.py); empty where the host runs ahead (GPUs).
+    host_overhead_s: Mapping[str, float] = field(default_factory=dict)
+    # [issue 10] ln(measured / predicted step time) of the rows `llmsim validate --torch`
+    # recorded in a calibrated profile (calibration.validation), for intervals.py
+    validation_residuals: tuple = field(default=(), compare=False)
+    validation_basis: str = field(default="", compare=False)
 
-    def memory_efficiency(self, kernel: str | None = None) -> Efficiency:
-        return self.memory_kernels.get(kernel, self.memory) if kernel else self.memory
+    def _for(self, precision: str | None, key: str, default: Efficiency) -> Efficiency:
+        return self.precision_efficiency.get(precision, {}).get(key, default) if precision else default
+
+    def compute_efficiency(self, kind: str, pass_: str = "fwd", precision: str | None = None) -> Efficiency:
+        """The curve of a `kind` ("matmul" | "attention") kernel of pass `pass_` ("fwd",
+        "bwd_input", "bwd_weight"; attention's backward is "bwd") in `precision`: the
+        precision's curve of that pass, else its forward one, else the reference ones."""
+        keys = ([f"{kind}_{pass_}"] if pass_ != "fwd" else []) + [kind]
+        block = self.precision_efficiency.get(precision, {}) if precision else {}
+        for table in (block, self.pass_efficiency):
+            for k in keys:
+                if k in table:
+                    return table[k]
+        return self.attention if kind == "attention" else self.matmul
+
+    def memory_efficiency(self, kernel: str | None = None, precision: str | None = None) -> Efficiency:
+        """The curve of memory-bound kernel class `kernel` in `precision`: the precision's own,
+        else the reference one of that class, else the precision's plain curve, else the reference one."""
+        if kernel in self.memory_kernels:
+            return self._for(precision, kernel, self.memory_kernels[kernel])
+        return self._for(precision, kernel, self._for(precision, "memory", self.memory)) if kernel \
+            else self._for(precision, "memory", self.memory)
 
     def peak(self, precision: str) -> float:
         if precision not in self.peak_flops:
@@ -192,15 +235,62 @@ def _sources(data: Mapping, where: str) -> dict:
 
 def _efficiency(data: Mapping, key: str, where: str, size_key: str) -> Efficiency:
     d = F.require_mapping(data.get(key), f"{where}.{key}")
-    F.reject_unknown(d, ("max", size_key), f"{where}.{key}")
+    spill_key = "spill_" + size_key.split("_")[1]  # spill_flops | spill_bytes
+    F.reject_unknown(d, ("max", size_key, spill_key, "spill_max"), f"{where}.{key}")
+    spill = d.get(spill_key) is not None
+    if spill != (d.get("spill_max") is not None):
+        raise InputError(f"{where}.{key}", dict(d), f"give both {spill_key} and spill_max, or neither")
     return Efficiency(max=F.number(d, "max", f"{where}.{key}", minimum=1e-3, maximum=1.0),
-                      half=F.number(d, size_key, f"{where}.{key}", minimum=0.0, strict_min=False))
+                      half=F.number(d, size_key, f"{where}.{key}", minimum=0.0, strict_min=False),
+                      spill=F.number(d, spill_key, f"{where}.{key}") if spill else None,
+                      spill_max=F.number(d, "spill_max", f"{where}.{key}", maximum=1.0) if spill else None)
+
+
+PASS_CURVES = ("matmul_bwd_input", "matmul_bwd_weight", "attention_bwd")
 
 
 ACCELERATOR_KEYS = ("name", "description", "vendor", "peak_tflops", "memory_gib", "memory_bandwidth_gb_per_s",
                     "host_link", "host_link_gb_per_s", "tdp_w", "price_usd_per_hour", "framework_overhead_gib",
-                    "efficiency", "sources", "calibration", "op_overhead_us", "validation", "idle_power_w",
-                    "sm_count")
+                    "efficiency", "sources", "calibration", "op_overhead_us", "host_overhead_us", "validation",
+                    "idle_power_w", "sm_count")
+HOST_OVERHEADS = ("microbatch", "step", "param_tensor")
+
+
+def _precision_efficiency(eff: Mapping, where: str) -> dict:
+    """[issue 10] efficiency.precisions.<p>: matmul, attention, memory and memory_kernels as in
+    the reference block, flattened to {"matmul", "attention", "memory", <kernel class>: Efficiency}."""
+    out = {}
+    precs = F.require_mapping(eff.get("precisions") or {}, f"{where}.precisions")
+    F.reject_unknown(precs, PRECISIONS, f"{where}.precisions")
+    for prec, curves in precs.items():
+        at = f"{where}.precisions.{prec}"
+        curves = F.require_mapping(curves, at)
+        F.reject_unknown(curves, ("matmul", "attention", "memory", "memory_kernels") + PASS_CURVES, at)
+        got = {k: _efficiency(curves, k, at, "half_bytes" if k == "memory" else "half_flops")
+               for k in ("matmul", "attention", "memory") + PASS_CURVES if k in curves}
+        kernels = F.require_mapping(curves.get("memory_kernels") or {}, f"{at}.memory_kernels")
+        got.update({str(k): _efficiency(kernels, k, f"{at}.memory_kernels", "half_bytes") for k in kernels})
+        out[prec] = got
+    return out
+
+
+def _validation_residuals(data: Mapping, where: str) -> tuple[tuple, str]:
+    """[issue 10] (residuals, basis) of a calibrated profile's recorded validation rows."""
+    cal = data.get("calibration") if isinstance(data.get("calibration"), Mapping) else {}
+    val = cal.get("validation") if isinstance(cal.get("validation"), Mapping) else {}
+    rows = val.get("rows") or []
+    at = f"{where}.calibration.validation.rows"
+    if not isinstance(rows, list) or not all(isinstance(r, Mapping) for r in rows):
+        raise InputError(at, rows, "a list of {config, measured_step_s, predicted_step_s}")
+    residuals = tuple(math.log(F.number(r, "measured_step_s", at) / F.number(r, "predicted_step_s", at))
+                      for r in rows)
+    return residuals, str(val.get("basis", ""))
+
+
+def _host_overhead(data: Mapping, where: str) -> dict:
+    host = F.require_mapping(data.get("host_overhead_us") or {}, f"{where}.host_overhead_us")
+    F.reject_unknown(host, HOST_OVERHEADS, f"{where}.host_overhead_us")
+    return {k: F.number(host, k, f"{where}.host_overhead_us", minimum=0.0, strict_min=False) * 1e-6 for k in host}
 
 
 def accelerator_from_dict(data, where: str) -> Accelerator:
@@ -214,8 +304,7 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
         raise InputError(f"{where}.peak_tflops", dict(peaks), "at least one precision is needed")
     eff = F.require_mapping(data.get("efficiency"), f"{where}.efficiency")
     F.reject_unknown(eff, ("matmul", "matmul_fp8", "attention", "attention_flash2", "memory", "memory_kernels",
-                           "overlap_slowdown"),
-                     f"{where}.efficiency")
+                           "overlap_slowdown", "precisions", "co_run_slowdown") + PASS_CURVES, f"{where}.efficiency")
     kernels = F.require_mapping(eff.get("memory_kernels") or {}, f"{where}.efficiency.memory_kernels")
     memory_kernels = {str(k): _efficiency(kernels, k, f"{where}.efficiency.memory_kernels", "half_bytes")
                       for k in kernels}
@@ -244,6 +333,12 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
                     if eff.get("matmul_fp8") is not None else None),
         attention_flash2=(_efficiency(eff, "attention_flash2", f"{where}.efficiency", "half_flops")
                           if eff.get("attention_flash2") is not None else None),
+        co_run_slowdown=F.number(eff, "co_run_slowdown", f"{where}.efficiency", 0.0, minimum=0.0, strict_min=False,
+                                 maximum=10.0),
+        pass_efficiency={k: _efficiency(eff, k, f"{where}.efficiency", "half_flops") for k in PASS_CURVES if k in eff},
+        precision_efficiency=_precision_efficiency(eff, f"{where}.efficiency"),
+        host_overhead_s=_host_overhead(data, where),
+        **dict(zip(("validation_residuals", "validation_basis"), _validation_residuals(data, where))),
     )
 
 

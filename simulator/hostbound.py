@@ -15,6 +15,11 @@ forward pass and in recomputation; in the backward pass two per GEMM (input and 
 gradient), one per other operator; one per exposed TP collective. The host seconds per
 launch are the node profile's `launch_overhead_us`, per operator of this operator list (a
 real framework launches a few kernels per listed operator, which that figure absorbs).
+
+A CPU device has no host to run ahead of: there the framework's cost per operator adds to
+the kernel's (the accelerator profile's `op_overhead_us` and `host_overhead_us`, measured by
+`llmsim calibrate`; compute.py and framework_ops.py), and its node profile leaves
+`launch_overhead_us` at 0. A GPU profile sets the node figure and leaves the others at 0.
 """
 
 from __future__ import annotations

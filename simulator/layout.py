@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 import numpy as np
 
-from . import fp8, fsdp, hostbound, stagesplit
+from . import fp8, framework_ops, fsdp, hostbound, stagesplit
 from . import schedules as S
 from .dataparallel import DPCosts, buckets, dp_costs
 from .compute import memory_bound_time, with_attention_kernel
@@ -62,6 +62,7 @@ class StageLayout:
     buckets: object  # gradient buckets per model chunk
     offload: OffloadCosts
     optimizer_s: object
+    framework_step_s: object  # per-step framework operators and host costs (framework_ops.py)
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,7 @@ def compile_layout(model, cluster, plan) -> Layout:
     indices, counts = representative_stages(p)
     fp8_weight, fp8_gather = fp8.weight_bytes_per_param(plan)
     linear_params = fp8.layer_linear_params(model, plan.tp)
+    co_run = framework_ops.co_run_factor(cluster)
     total_rerun_layers = 0.0
     reps = []
     for stage, count, layers in zip(indices, counts, stage_layers(model, plan, schedule, p)):
@@ -207,6 +209,11 @@ def compile_layout(model, cluster, plan) -> Layout:
                             has_emb, has_head, head_copy, emb_t, head_t, head)
             params, states, acts, passes, dp = x.params, x.states, x.activations, x.passes, x.dp
             n_buckets, shard_group, stage_buffers, linears = x.buckets, x.shard_group, buffers, 0.0
+        framework_s = framework_ops.microbatch_seconds(model, plan, cluster, shard, per, layers, has_emb, has_head,
+                                                       head_copy)
+        passes = replace(passes, fwd_s=co_run * passes.fwd_s, bwd_input_s=co_run * passes.bwd_input_s,
+                         bwd_weight_s=co_run * (passes.bwd_weight_s + framework_s),
+                         recompute_s=co_run * passes.recompute_s)
         off = offload_costs(plan, cluster, params, states, per, acts.chunk_bytes, v, shard_group)
         reps.append(StageLayout(
             stage=stage, count=count, layers=layers, has_embedding=has_emb, has_head=has_head, params=params,
@@ -214,7 +221,9 @@ def compile_layout(model, cluster, plan) -> Layout:
             sends=schedule.sends(p, v, stage),
             dp=dp, buckets=n_buckets, offload=off,
             optimizer_s=optimizer_step_s(states, per, plan, cluster.accelerator)
-            + memory_bound_time(fp8.weight_cast_bytes_per_step(plan, linears), cluster.accelerator, "fp8_cast")))
+            + memory_bound_time(fp8.weight_cast_bytes_per_step(plan, linears), cluster.accelerator, "fp8_cast"),
+            framework_step_s=framework_ops.step_seconds(model, plan, cluster, per, params, shard_group, layers, has_emb,
+                                                        has_head, head_copy)))
     model_flops = model_flops_per_sequence(model, plan.moe) * plan.global_batch
     if mix is None:
         one = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=plan.flash_attention)

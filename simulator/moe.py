@@ -160,7 +160,8 @@ def check_moe_plan(plan, model) -> None:
 def check_layer_mix_options(plan, model) -> None:
     """Refuse, for a model with experts or MLA (layermix.py), the framework options only the
     dense path models: FP8 linears (fp8.py picks the dense linears by name), eager kernels,
-    op-level selective and block recomputation, FSDP2 without resharding, uneven stages."""
+    op-level selective and block recomputation, FSDP2 without resharding, uneven stages,
+    unfused gradient accumulation (framework_ops.py counts a dense layer's parameters)."""
     if not (model.experts or model.attention == "mla"):
         return
     kind = "MoE" if model.experts else "MLA"
@@ -171,6 +172,7 @@ def check_layer_mix_options(plan, model) -> None:
                    ("plan.recompute_num_layers", plan.recompute_num_layers, plan.recompute_num_layers != 1),
                    ("plan.fsdp_reshard_after_forward", plan.fsdp_reshard_after_forward,
                     not plan.fsdp_reshard_after_forward),
+                   ("plan.grad_accumulation_fusion", plan.grad_accumulation_fusion, not plan.grad_accumulation_fusion),
                    ("plan.first_stage_layers", plan.first_stage_layers, plan.first_stage_layers is not None),
                    ("plan.last_stage_layers", plan.last_stage_layers, plan.last_stage_layers is not None),
                    ("plan.pipeline_layout", plan.pipeline_layout, plan.pipeline_layout is not None))

@@ -65,6 +65,10 @@ class Plan:
     # Precision of the gradients kept for accumulation and reduction. Megatron-LM keeps
     # fp32 "main grads" (--accumulate-allreduce-grads-in-fp32); DeepSpeed keeps 16-bit.
     grad_precision: str = "fp32"
+    # [issue 10] Weight-gradient GEMMs accumulate into the fp32 main grads themselves
+    # (Megatron-LM --gradient-accumulation-fusion, its default); false: a separate add per
+    # parameter and micro-batch, as torch's AccumulateGrad (framework_ops.py).
+    grad_accumulation_fusion: bool = True
     rank_order: str = "tp-cp-dp-pp"
     # An explicit per-stage op order ("F0", "B0", "W0", "F1.0" = chunk 1 of micro-batch 0)
     # run by the graph engine in place of the named schedule's (schedules.py).
@@ -161,6 +165,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         dp_overlap=F.boolean(data, "dp_overlap", "plan", True),
         tp_comm_overlap=F.boolean(data, "tp_comm_overlap", "plan", False),
         grad_precision=F.choice(data, "grad_precision", "plan", GRAD_PRECISIONS, "fp32"),
+        grad_accumulation_fusion=F.boolean(data, "grad_accumulation_fusion", "plan", True),
         rank_order=order,
         schedule_ops=_schedule_ops(data.get("schedule_ops")),
         moe=_moe_options(data.get("moe")),

@@ -139,6 +139,17 @@ class Schedule:
         Megatron-LM's interleaved order chunk c's last backward is followed by c·p others."""
         return [(0, c * np.asarray(p) * (np.asarray(v) > c), 0, 0) for c in range(int(np.max(v)))]
 
+    def drain_tail(self, p, m, v, stage) -> tuple:
+        """(F, B, I, W) passes a stage runs after its last backward pass (B, or I where the
+        backward is split): the step's last backward passes run from stage p-1 down to stage 0,
+        and what follows them on each stage sets when it ends (analytic.py's end of step).
+        An unsplit schedule ends on that B; a split one reads it from its orders (cached per
+        shape; broadcast-safe)."""
+        if not self.split_backward:
+            return (0, 0, 0, 0)
+        return tuple(_per_shape(lambda pp, mm, vv, ss, k=k: _drain_tail_cached(self.name, pp, mm, vv, ss)[k],
+                                p, m, v, stage) for k in range(4))
+
     def sends(self, p, v, stage) -> tuple:
         """(forward, backward) pipeline sends per micro-batch of a stage's device: a forward
         pass sends to the next virtual stage, a backward pass to the previous one, when that
@@ -174,6 +185,11 @@ def _peak_cached(name: str, p: int, m: int, v: int, stage: int) -> tuple[int, in
 @lru_cache(maxsize=4096)
 def _grad_tail_cached(name: str, p: int, m: int, v: int, stage: int) -> list:
     return grad_tail_in_order(cached_orders(name, p, m, v)[stage], v)
+
+
+@lru_cache(maxsize=4096)
+def _drain_tail_cached(name: str, p: int, m: int, v: int, stage: int) -> tuple:
+    return drain_tail_in_order(cached_orders(name, p, m, v)[stage])
 
 
 @lru_cache(maxsize=4096)
@@ -546,6 +562,9 @@ class Explicit(Schedule):
     def grad_tail(self, p, m, v, stage):
         return grad_tail_in_order(self._orders[int(stage)], v)
 
+    def drain_tail(self, p, m, v, stage):
+        return drain_tail_in_order(self._orders[int(stage)])
+
     def step_s(self, t, p, m, v):
         return pipeline_makespan(self, self._orders, p, v, *_stage_lists(t, (), p, v))
 
@@ -588,6 +607,13 @@ def grad_tail_in_order(order: list[tuple], v: int) -> list:
         after = [kind for kind, _, _ in order[last + 1:]]
         out.append(tuple(after.count(kind) for kind in (FWD, BWD, BWD_INPUT, WGT)))
     return out
+
+
+def drain_tail_in_order(order: list[tuple]) -> tuple:
+    """The (F, B, I, W) passes after the last B or I of one stage's order."""
+    last = max(k for k, (kind, _, _) in enumerate(order) if kind in (BWD, BWD_INPUT))
+    after = [kind for kind, _, _ in order[last + 1:]]
+    return tuple(after.count(kind) for kind in (FWD, BWD, BWD_INPUT, WGT))
 
 
 def offloaded_in_order(order: list[tuple]) -> tuple[int, int]:

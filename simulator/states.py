@@ -113,4 +113,4 @@ def optimizer_step_s(states: ModelStates, per: BytesPerParam, plan, acc: Acceler
     if plan.offload.optimizer != "none":
         return 0.0 * states.local_params
     nbytes = states.local_params * (per.grad + 2 * per.optimizer + per.weight)
-    return memory_bound_time(nbytes, acc, "optimizer")
+    return memory_bound_time(nbytes, acc, "optimizer", plan.precision)

@@ -41,10 +41,14 @@ RESULT_TAIL = {
     "energy_kwh_to_train": "float", "data_bound": "bool", "time_to_train_days_no_failures": "float",
     "cost_to_train_usd_no_failures": "float",
 }
+# [issue 10] prediction intervals (intervals.py): the JSON's [low, high] pairs as two columns
+INTERVALS = ("step_time_s_interval", "tokens_per_s_interval")
+INTERVAL_COLUMNS = {**{f"{k}.{b}": "float" for k in INTERVALS for b in ("low", "high")}, "interval_coverage": "float"}
 RESULT_COLUMNS = {**RESULT_SCALARS, **{f"memory_gib.{k}": "float" for k in MEMORY_KEYS},
-                  **{f"breakdown_s.{k}": "float" for k in BREAKDOWN_KEYS}, **RESULT_TAIL}
+                  **{f"breakdown_s.{k}": "float" for k in BREAKDOWN_KEYS}, **RESULT_TAIL, **INTERVAL_COLUMNS}
 INT64 = (-2**63, 2**63 - 1)
-DROPPED = ("scenario", "flop_convention", "devices", "global_batch", "seq_len", "diagnostics")
+DROPPED = ("scenario", "flop_convention", "devices", "global_batch", "seq_len", "diagnostics", "interval_basis",
+           "interval_rows")
 
 
 def plan_columns(model, cluster, plan) -> dict:
@@ -95,6 +99,8 @@ def result_row(d: Mapping) -> dict:
                 out[f"{key}.{k}"] = v
         elif key == "memory_gib_by_stage":
             out[key] = json.dumps(value) if value is not None else None
+        elif key in INTERVALS:
+            out[f"{key}.low"], out[f"{key}.high"] = value if value is not None else (None, None)
         else:
             out[key] = value
     return out

@@ -25,6 +25,7 @@ from . import analytic
 from .energy import capped_cluster
 from .evaluate import host_reason, oom_reason
 from .hardware import Cluster
+from .intervals import interval_fields
 from .layout import Layout, compile_layout
 from .memory import MEMORY_KEYS
 from .model import ModelSpec
@@ -151,6 +152,8 @@ def evaluate_many(scenarios: list[Scenario]) -> list[dict]:
         batch = plan_batch([scenarios[i].plan for i in members])
         d = evaluate_batch(s0.model, s0.cluster, batch, s0.training, s0.price_usd_per_device_hour, s0.name,
                            by_stage=True)
+        d.update(interval_fields(d["step_time_s"], batch.global_batch * s0.model.seq_len, s0.cluster.accelerator,
+                                 "analytic"))
         columns = {k: _column(v, len(members)) for k, v in d.items()}
         for j, i in enumerate(members):
             out[i] = {k: ({kk: vv[j] for kk, vv in v.items()} if isinstance(v, dict) else v[j])

@@ -75,7 +75,8 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
         recompute = draw(st.sampled_from(["none", "selective", "full", "op-selective"]))
         precision = draw(st.sampled_from(["bf16", "bf16", "fp32"] + (["fp8"] if node == "dgx-h100" else [])))
         extra = {"compile": draw(st.booleans()), "tp_overlap": draw(st.sampled_from(["userbuffers", "async-tp"])),
-                 "optimizer_precision": draw(st.sampled_from(["fp32", "bf16"]))}
+                 "optimizer_precision": draw(st.sampled_from(["fp32", "bf16"])),
+                 "grad_accumulation_fusion": draw(st.booleans())}
         if recompute == "full":
             extra["recompute_method"] = draw(st.sampled_from(["uniform", "block"]))
             extra["recompute_num_layers"] = draw(st.sampled_from([1, 2, 3]))

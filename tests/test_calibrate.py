@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("scipy")
 
+from simulator.calibrate.calibration import cpu_has_bf16  # noqa: E402
 from simulator.cli import main  # noqa: E402
 from simulator.hardware import cluster_from_dict, load_accelerator, load_node  # noqa: E402
 
@@ -52,10 +53,11 @@ def test_profile_loads_with_the_normal_loader(quick_profile):
     assert cal["date"] and len(cal["samples"]) > 10 and len(cal["collective_samples"]) >= 3
 
 
-def test_validate_torch_quick_is_sane(quick_profile, capsys):
+def test_validate_torch_quick_is_sane(quick_profile, capfd):
     rc = main(["validate", "--torch", "--quick", "--profile", str(quick_profile), "--json"])
     assert rc == 0
-    out = json.loads(capsys.readouterr().out)
+    captured = capfd.readouterr()
+    out = json.loads(captured.out)
     rows = out["rows"]
     assert len(rows) >= 2 and math.isfinite(out["mape_pct"]) and math.isfinite(out["memory_mape_pct"])
     for r in rows:
@@ -63,7 +65,82 @@ def test_validate_torch_quick_is_sane(quick_profile, capsys):
                            (r["measured_memory_mib"], r["predicted_memory_mib"])):
             assert math.isfinite(pred) and pred > 0 and meas > 0
             assert 1 / SANITY < pred / meas < SANITY, r
+        assert r["noise_pct"] >= 0 and len(r["cpu_times_s"]) >= 3
     assert any(r["dp"] == 2 for r in rows) and any(r["recompute"] == "full" for r in rows)
+    assert any(r["precision"] == "bf16" for r in rows) == cpu_has_bf16()
+    assert "USDT" not in captured.err and "profiler_start" not in captured.err  # the profiler's chatter is gone
+    # the rows are recorded in the profile they validated (this machine's): prediction intervals use them
+    assert out["recorded"] == str(quick_profile)
+    acc = load_accelerator(str(quick_profile))
+    assert len(acc.validation_residuals) == len(rows) and "validate --torch" in acc.validation_basis
+
+
+def test_profile_has_per_pass_curves_host_overhead_and_the_cpus_low_precisions(quick_profile):
+    acc = load_accelerator(str(quick_profile))
+    assert {"matmul_bwd_input", "matmul_bwd_weight", "attention_bwd"} <= set(acc.pass_efficiency)
+    assert {"bias_grad", "grad_accumulate", "zero_fill"} <= set(acc.memory_kernels)
+    assert set(acc.host_overhead_s) == {"microbatch", "step", "param_tensor"} and acc.op_overhead_s > 0
+    if cpu_has_bf16():
+        assert acc.peak("bf16") > acc.peak("fp32") and "matmul" in acc.precision_efficiency["bf16"]
+    else:
+        assert "bf16" not in acc.peak_flops
+    cal = __import__("yaml").safe_load(quick_profile.read_text())["calibration"]
+    assert cal["flush_denormal"] is True and cal["clock"] == "cpu" and 0 <= cal["noise"]["median_spread"] < 1
+
+
+def test_device_flushes_subnormal_floats():
+    from simulator.calibrate.device import configure
+
+    before = torch.get_num_threads()
+    try:
+        configure(1)
+        assert torch.tensor([1e-39]).mul(1.0).item() == 0.0  # a subnormal operand reads as zero
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(before)
+
+
+def test_validation_model_feeds_no_subnormal_operands_to_its_gemms():
+    """The Intel miss: torch's N(0, 1) embedding tied to the lm_head gave softmax probabilities
+    below the smallest normal float, and the lm_head's backward GEMMs ran ~50x slower on them."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from simulator.calibrate.torch_model import GPTConfig, build_model
+
+    tiny = torch.finfo(torch.float32).tiny
+    subnormal = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] in ("mm", "addmm"):
+                subnormal.extend(int(((a.abs() < tiny) & (a != 0)).sum()) for a in args if torch.is_tensor(a))
+            return func(*args, **(kwargs or {}))
+
+    torch.set_flush_denormal(False)
+    model = build_model(GPTConfig(layers=2, hidden=128, heads=4, vocab=512, seq_len=128))
+    idx = torch.randint(0, 512, (2, 128), generator=torch.Generator().manual_seed(0))
+    with Watch():
+        model(idx, idx).backward()
+    assert subnormal and sum(subnormal) == 0
+
+
+def test_fit_recovers_a_cache_spill():
+    from simulator.calibrate.fit import fit_spill
+
+    x = np.logspace(4, 8, 14)
+    peak, m, spill, spill_max = 50e9, 0.9, 2e6, 0.25
+    t = x / (peak * m) + np.maximum(x - spill, 0) * (1 / spill_max - 1 / m) / peak
+    f = fit_spill(x, t, peak)
+    assert f["spill"] == pytest.approx(spill, rel=0.05) and f["spill_max"] == pytest.approx(spill_max, rel=0.02)
+    assert f["max"] == pytest.approx(m, rel=0.02)
+
+
+def test_interleaved_timing_orders_work_and_reports_spread():
+    from simulator.calibrate.timing import interleaved
+
+    a, b = torch.randn(64, 64), torch.randn(256, 256)
+    small, large = interleaved([lambda: a @ a, lambda: b @ b], rounds=5, min_batch_s=0.001, clock="cpu")
+    assert 0 < small.seconds < large.seconds and small.rounds == 5 and small.spread >= 0
 
 
 def test_fit_recovers_a_known_curve():

@@ -280,3 +280,26 @@ def test_transfers_of_one_stream_queue_while_sharing_the_nic_with_others():
     assert ex.release_s[y] == pytest.approx(4.0)
     assert ex.end_s[x1] == pytest.approx(6.0)
     assert (ex.start_s[x2], ex.end_s[x2]) == pytest.approx((6.0, 8.0))
+
+
+@pytest.mark.parametrize("kw", [dict(schedule="1f1b"), dict(schedule="interleaved", vpp=2), dict(schedule="zb-h1"),
+                                dict(schedule="zb-h1", global_batch=2)])
+def test_analytic_stage_ends_match_the_executed_pipeline(scenario, kw):
+    """Each representative stage finishes its passes as long before the last stage as the
+    executed order says (unequal stages: the first holds the embedding, the last the head)."""
+    from simulator import analytic
+    from simulator.graph import BWD, BWD_INPUT, FWD, WGT
+
+    layout = compile_scenario(plan(scenario, model={"preset": "megatron-gpt-18b"}, **{"global_batch": 24, **kw}))
+    ex = execute(layout)
+    g = ex.graph
+    passes = (FWD, BWD, BWD_INPUT, WGT)
+    ends = {}
+    for t, name in enumerate(g.name):
+        if isinstance(name, tuple) and name[0] in passes:
+            ends[g.stage[t]] = max(ends.get(g.stage[t], 0.0), ex.end_s[t])
+    latest = max(ends.values())
+    before = analytic.ends_before_last_s(layout, analytic.pipeline_times(layout))
+    for r, want in zip(layout.stages, before):
+        got = latest - ends[int(r.stage)]
+        assert float(want) == pytest.approx(got, rel=0.02, abs=1e-3 * latest), (int(r.stage), kw)

@@ -303,6 +303,13 @@ def test_the_cost_model_refuses_what_it_does_not_model(model, field):
         _evaluate_scenario(model)
 
 
+@pytest.mark.parametrize("field,value", [("precision", "fp8"), ("compile", False), ("recompute", "op-selective"),
+                                         ("grad_accumulation_fusion", False)])
+def test_moe_models_refuse_the_options_only_the_dense_path_models(field, value):
+    with pytest.raises(InputError, match=rf"plan\.{field}.*not yet modelled for MoE"):
+        _evaluate_scenario({"preset": "mixtral-8x7b", "seq_len": 4096}, sequence_parallel=True, **{field: value})
+
+
 @pytest.mark.parametrize("model", [
     {"preset": "mixtral-8x7b", "seq_len": 4096},
     {"preset": "deepseek-v3", "mtp_layers": 0},

@@ -7,19 +7,48 @@ steps: those are what `llmsim validate --torch` judges the profile on.
 from __future__ import annotations
 
 import os
+import statistics
 from pathlib import Path
 
 from ..errors import InputError
 from . import require_torch
-from .fit import best_rate, fit_allreduce, fit_efficiency
+from .fit import best_rate, fit_allreduce, fit_efficiency, fit_spill
 from .profile_writer import _meminfo, build_profiles, cpu_model, rss_bytes, today, write_profiles
-
 
 def default_threads(device: str) -> int:
     """Threads per CPU "device": half the cores, so that a DP=2 pair of processes fills the machine."""
     if device != "cpu":
         return 1
     return max(1, (os.cpu_count() or 2) // 2)
+
+
+def resolve_clock(clock: str, device: str, threads: int) -> str:
+    """`auto`: the CPU clock for one-thread CPU devices (robust on a shared machine), else wall."""
+    if clock == "auto":
+        return "cpu" if device == "cpu" and threads == 1 else "wall"
+    if clock == "cpu" and (device != "cpu" or threads != 1):
+        raise InputError("--clock", clock, "the CPU clock measures one-thread CPU devices only; use --clock wall")
+    return clock
+
+
+def cpu_has_bf16() -> bool:
+    """Native bf16 arithmetic on this CPU (AVX512-BF16 or AMX-BF16): worth calibrating and validating."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def low_precisions(torch, device: str) -> list[str]:
+    """The 16- and 8-bit precisions this device computes natively (calibrated besides fp32)."""
+    if device == "cpu":
+        return ["bf16"] if cpu_has_bf16() else []
+    out = ["bf16", "fp16"] if torch.cuda.is_bf16_supported() else ["fp16"]
+    if torch.cuda.get_device_capability(0) >= (8, 9) and hasattr(torch, "_scaled_mm"):
+        out.append("fp8")
+    return out
 
 
 def _machine_info(torch, device: str, threads: int, quick: bool) -> dict:
@@ -42,50 +71,89 @@ def _machine_info(torch, device: str, threads: int, quick: bool) -> dict:
     return info
 
 
-def fit_all(samples: list[dict], collectives: list[dict], device: str) -> dict:
-    """Peaks and efficiency curves from the samples (fp32 GEMMs define the matmul peak)."""
-    by = lambda kind, dtype=None: [s for s in samples if s["kind"] == kind and (dtype is None or s["dtype"] == dtype)]
-    peaks = {}
-    for dt in ("fp32", "bf16", "fp16"):
-        rows = by("matmul", dt)
-        if rows:
-            peaks[dt] = best_rate(rows)
-    if "fp32" not in peaks:
-        raise InputError("calibrate", "samples", "no fp32 GEMM samples to fit")
-    p32 = peaks["fp32"]
-    mm, att, mem = by("matmul", "fp32"), by("attention", "fp32"), by("memory")
-    plain = [s for s in mem if s["kernel"] in ("copy", "residual")]
-    mem_bw = best_rate(plain)
+def _fit(rows: list[dict], peak: float, spill: bool = False) -> dict | None:
+    if len(rows) < 2:
+        return None
+    fit = fit_spill if spill else fit_efficiency
+    return fit([s["work"] for s in rows], [s["seconds"] for s in rows], peak)
+
+
+# GEMM and attention passes with a curve of their own (hardware.PASS_CURVES): the forward
+# one is `matmul` / `attention`
+PASSES = {"matmul": ("fwd", "bwd_input", "bwd_weight"), "attention": ("fwd", "bwd")}
+
+
+def _curves(samples: list[dict], peak: float, mem_bw: float) -> dict:
+    """Efficiency curves of one precision's samples: each GEMM and attention pass against
+    `peak` (the kernels of a pass differ: a backward GEMM reads a transposed operand), memory
+    kernels against `mem_bw` with a spill point where their data outgrows the cache (the plain
+    copy/add curve is `memory`)."""
+    out = {}
+    for kind, passes in PASSES.items():
+        for pass_ in passes:
+            fit = _fit([s for s in samples if s["kind"] == kind and s["pass"] == pass_], peak)
+            if fit:
+                out[kind if pass_ == "fwd" else f"{kind}_{pass_}"] = fit
+    mem = [s for s in samples if s["kind"] == "memory"]
+    plain = _fit([s for s in mem if s["kernel"] in ("copy", "residual")], mem_bw, spill=True)
+    if plain:
+        out["memory"] = plain
     kernels = {}
     for k in sorted({s["kernel"] for s in mem} - {"copy"}):
-        rows = [s for s in mem if s["kernel"] == k]
-        if len(rows) >= 2:
-            kernels[k] = fit_efficiency([s["work"] for s in rows], [s["seconds"] for s in rows], mem_bw)
-    adam = [s for s in mem if s["op"] == "adamw_fused"]
-    host = by("host_link")
+        fit = _fit([s for s in mem if s["kernel"] == k], mem_bw, spill=True)
+        if fit:
+            kernels[k] = fit
+    out["memory_kernels"] = kernels
+    return out
+
+
+def fit_all(samples: list[dict], collectives: list[dict], host: dict | None = None) -> dict:
+    """Peaks and efficiency curves from the samples: fp32 is the reference precision (its
+    curves are the profile's `efficiency`), others get `efficiency.precisions.<p>`."""
+    dtypes = sorted({s["dtype"] for s in samples if s["kind"] == "matmul"})
+    peaks = {dt: best_rate([s for s in samples if s["kind"] == "matmul" and s["dtype"] == dt]) for dt in dtypes}
+    if "fp32" not in peaks:
+        raise InputError("calibrate", "samples", "no fp32 GEMM samples to fit")
+    plain = [s for s in samples if s["kind"] == "memory" and s["dtype"] == "fp32" and s["kernel"] in ("copy", "residual")]
+    mem_bw = best_rate(plain)
+    reference = _curves([s for s in samples if s["dtype"] == "fp32"], peaks["fp32"], mem_bw)
+    precisions = {}
+    for dt in sorted({s["dtype"] for s in samples if s["kind"] != "probe"} - {"fp32", "u8"}):
+        curves = _curves([s for s in samples if s["dtype"] == dt], peaks.get(dt, peaks["fp32"]), mem_bw)
+        if curves.get("matmul") or curves.get("memory_kernels"):
+            precisions[dt] = curves
+    adam = [s for s in samples if s["op"] == "adamw_fused" and s["dtype"] == "fp32"]
+    link = [s for s in samples if s["kind"] == "host_link"]
     ranks = collectives[0]["ranks"]
-    over = by("overhead")
     return {
-        "op_overhead_s": (over[0]["seconds"] / over[0]["work"]) if over else 0.0,
+        "host_overhead": host or {},
         "peak_flops": peaks,
-        "matmul": fit_efficiency([s["work"] for s in mm], [s["seconds"] for s in mm], p32),
-        "attention": fit_efficiency([s["work"] for s in att], [s["seconds"] for s in att], p32),
-        "memory": fit_efficiency([s["work"] for s in plain], [s["seconds"] for s in plain], mem_bw),
-        "memory_kernels": kernels,
+        **reference,
+        "precisions": precisions,
         "memory_bandwidth": mem_bw,
-        "host_link": best_rate(host) if host else mem_bw,
+        "host_link": best_rate(link) if link else mem_bw,
         "adam_params_per_s": best_rate(adam) / 24.0 if adam else mem_bw / 24.0,
         "allreduce": {"ranks": ranks, **fit_allreduce([c["bytes"] for c in collectives],
                                                       [c["seconds"] for c in collectives], ranks)},
     }
 
 
+def noise(samples: list[dict]) -> dict:
+    """Median and 90th percentile of the microbenchmarks' spread (IQR / median over the rounds)."""
+    spreads = sorted(s.get("spread", 0.0) for s in samples)
+    if not spreads:
+        return {"median_spread": 0.0, "p90_spread": 0.0}
+    return {"median_spread": statistics.median(spreads), "p90_spread": spreads[int(0.9 * (len(spreads) - 1))]}
+
+
 def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, threads: int | None = None,
-                    log=print, clock: str = "wall") -> dict:
+                    log=print, clock: str = "auto") -> dict:
     """Measure this machine and write NAME.yaml, NAME-node.yaml, NAME-net.yaml; returns a summary."""
     torch = require_torch()
-    from .dist import collective_samples
+    from .device import configure
+    from .dist import co_run_slowdown, collective_samples
     from .microbench import Bench
+    from .probe import PRECISIONS as PROBE_PRECISIONS, make_probe
 
     out = Path(out)
     if out.suffix not in (".yaml", ".yml"):
@@ -93,35 +161,61 @@ def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, t
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device", device, "torch sees no CUDA device here; use --device cpu")
     threads = threads or default_threads(device)
-    if clock == "cpu" and (device != "cpu" or threads != 1):
-        raise InputError("--clock", clock, "the CPU clock measures one-thread CPU devices only; use --clock wall")
-    torch.set_num_threads(threads)
+    clock = resolve_clock(clock, device, threads)
+    settings = configure(threads, device)
     info = _machine_info(torch, device, threads, quick)
-    info["clock"] = clock
+    info.update(clock=clock, settings=settings)
+    load_before = os.getloadavg()[0]
     bench = Bench(device, quick=quick, clock=clock)
-    log(f"calibrate: {device}, {threads} thread(s), {clock} clock, torch {torch.__version__}{' (quick)' if quick else ''}")
-    log("  GEMMs ...")
-    bench.gemms(("fp32",) if device == "cpu" else ("fp32", "bf16"))
-    log("  attention (SDPA forward and backward) ...")
-    bench.attention("fp32")
-    log("  memory-bound ops ...")
-    bench.memory("fp32")
-    bench.embedding("fp32")
-    bench.adamw()
+    precs = low_precisions(torch, device)
+    bench.probes = {p: make_probe(device, p) for p in ["fp32"] + precs if p in PROBE_PRECISIONS}
+    log(f"calibrate: {device}, {threads} thread(s), {clock} clock, torch {torch.__version__}"
+        f"{' (quick)' if quick else ''}; precisions fp32{''.join(', ' + p for p in precs)}")
+    for dt in ["fp32"] + [p for p in precs if p != "fp8"]:
+        log(f"  {dt}: GEMMs, attention, memory-bound and framework kernels, optimizer ...")
+        bench.gemms(dt)
+        bench.attention(dt)
+        bench.memory(dt)
+        bench.embedding(dt)
+        bench.framework(dt)
+        bench.adamw(dt)
+    if "fp8" in precs:
+        log("  fp8 GEMMs (torch._scaled_mm) ...")
+        bench.fp8_gemms()
+    host = None
     if device == "cpu":
-        log("  framework overhead per operator ...")
-        bench.overhead()
+        log("  framework host overhead (training steps of tiny models) ...")
+        host = bench.host_overhead()
     bench.copies()
     coll_device = device if device == "cpu" or torch.cuda.device_count() >= 2 else "cpu"
     world = 2 if coll_device == "cpu" else min(torch.cuda.device_count(), 8)
     if coll_device != device:
         log("  one GPU: collectives measured with gloo between 2 CPU processes (the node's link is not NVLink)")
     log(f"  all-reduce between {world} local processes ...")
-    colls = collective_samples(coll_device, quick=quick, threads=threads, world_size=world)
-    fits = fit_all(bench.samples, colls, device)
+    colls = collective_samples(coll_device, quick=quick, threads=threads, world_size=world,
+                               clock=clock if coll_device == "cpu" else "wall")
+    co_run = None
+    if device == "cpu" and world > 1:
+        log(f"  kernels of {world} devices running at once vs alone ...")
+        co_run = co_run_slowdown(threads, world, clock, quick)
+    probes = {p: [x["seconds"] for x in bench.samples if x["kind"] == "probe" and x["dtype"] == p] for p in bench.probes}
+    info["probe_s"] = bench.at_reference_speed()
+    if host and host.get("group_probe_s"):  # the host overhead at the same reference speed
+        k = info["probe_s"]["fp32"] / host["group_probe_s"]
+        host = {**{n: v * k for n, v in host.items() if n in ("op_s", "microbatch_s", "step_s", "param_tensor_s")},
+                "train_steps_s": {n: v * k for n, v in host["train_steps_s"].items()}}
+    fits = fit_all(bench.samples, colls, host)
+    fits["co_run"] = co_run
+    info["noise"] = noise([x for x in bench.samples if x["kind"] != "probe"])
+    # how much the machine's speed moved during the calibration (the probes' range over the groups)
+    info["noise"]["probe_range"] = max((max(v) - min(v)) / statistics.median(v) for v in probes.values())
+    # how busy the machine was (1-minute load average at the start and the end)
+    info["noise"]["load_average"] = [load_before, os.getloadavg()[0]]
     acc, node, net = build_profiles(out.stem, info, fits, bench.samples, colls)
     paths = write_profiles(out, acc, node, net)
-    summary = {"paths": [str(p) for p in paths], "peak_tflops": acc["peak_tflops"],
-               "memory_bandwidth_gb_per_s": acc["memory_bandwidth_gb_per_s"], "efficiency": acc["efficiency"],
-               "fits": acc["calibration"]["fits"], "allreduce": acc["calibration"]["allreduce"]}
-    return summary
+    return {"paths": [str(p) for p in paths], "peak_tflops": acc["peak_tflops"],
+            "memory_bandwidth_gb_per_s": acc["memory_bandwidth_gb_per_s"], "efficiency": acc["efficiency"],
+            "op_overhead_us": acc.get("op_overhead_us", 0.0), "host_overhead_us": acc.get("host_overhead_us", {}),
+            "fits": acc["calibration"]["fits"], "allreduce": acc["calibration"]["allreduce"],
+            "noise": info["noise"], "clock": clock, "settings": settings,
+            "co_run_slowdown": acc["efficiency"].get("co_run_slowdown")}

@@ -55,6 +55,44 @@ def fit_efficiency(work, seconds, peak: float) -> dict:
     return {"max": float(m), "half": float(half), "rel_rms": err, "samples": int(len(x))}
 
 
+def fit_spill(work, seconds, peak: float) -> dict:
+    """fit_efficiency plus a spill point: beyond `spill` units of work the rate drops to
+    `spill_max` of the peak (hardware.Efficiency; a CPU core's data outgrowing its private cache).
+
+    Kept only where it fits clearly better than the plain curve (relative RMS at most 3/4 of
+    it) and at least 6 samples support its four parameters; otherwise the plain fit is returned.
+    """
+    from scipy.optimize import curve_fit
+
+    plain = fit_efficiency(work, seconds, peak)
+    x = np.asarray(work, float)
+    t = np.asarray(seconds, float)
+    if len(x) < 6:
+        return plain
+
+    def model(xv, m, log_half, log_spill, ratio):
+        return ((xv + 10.0 ** log_half) / (peak * m)
+                + np.maximum(xv - 10.0 ** log_spill, 0.0) * (1.0 / (m * ratio) - 1.0 / m) / peak)
+
+    best = None
+    lo, hi = np.log10(x.min()), np.log10(x.max())
+    for ls0 in np.linspace(lo, hi, 5)[1:-1]:
+        try:
+            popt, _ = curve_fit(model, x, t, p0=(min(1.0, plain["max"] * 1.5), np.log10(np.median(x)) - 2, ls0, 0.4),
+                                sigma=t, bounds=((1e-6, -3.0, lo, 0.01), (1.0, 16.0, hi, 1.0)), maxfev=20000)
+        except RuntimeError:
+            continue
+        err = _rel_rms(model(x, *popt), t)
+        if best is None or err < best[1]:
+            best = (popt, err)
+    if best is None or best[1] > 0.75 * plain["rel_rms"]:
+        return plain
+    (m, log_half, log_spill, ratio), err = best
+    half = 10.0 ** log_half
+    return {"max": float(m), "half": float(half if half >= 1.0 else 0.0), "spill": float(10.0 ** log_spill),
+            "spill_max": float(m * ratio), "rel_rms": err, "samples": int(len(x))}
+
+
 def fit_allreduce(nbytes, seconds, ranks: int) -> dict:
     """Per-step latency (s) and bus bandwidth (B/s) of a ring all-reduce over `ranks` processes."""
     from scipy.optimize import curve_fit

@@ -15,12 +15,42 @@ simulator's weights + gradients + optimizer + activations describe.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
+
+
+# Lines the profiler's library (kineto) writes to the process's stderr at every start and stop
+# ("USDT: ... profiler_start"), whatever its log level: not messages for a user.
+_PROFILER_NOISE = ("USDT:", "STAGE:")
+
+
+@contextlib.contextmanager
+def _quiet_profiler():
+    """Run a block with file descriptor 2 captured; give back what it wrote, less the profiler's lines."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [ln for ln in tmp.read().decode(errors="replace").splitlines(keepends=True)
+                    if not ln.startswith(_PROFILER_NOISE)]
+            if kept:
+                sys.stderr.write("".join(kept))
+
 
 def peak_delta_cpu(fn) -> int:
     """Maximum increase of live tensor bytes while fn() runs on the CPU (profiler events)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type().name == "CPU"]
     events.sort(key=lambda e: e.start_ns())

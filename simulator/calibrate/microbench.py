@@ -1,28 +1,46 @@
-"""Microbenchmarks with torch: GEMMs, attention (SDPA forward and backward), memory-bound ops, AdamW.
+"""Microbenchmarks with torch: GEMMs, attention, memory-bound kernels, framework operators, host overhead.
 
-Each benchmark returns samples `{"op", "shape", "dtype", "pass", "work", "seconds"}` where
-`work` is counted the way simulator/workload.py counts the same operator, so that a curve
-fitted on these samples predicts the workload's operators without any conversion:
+Each benchmark is a case `{"op", "kind", "shape", "dtype", "pass", "work", "kernel"}` with a
+function to time; `Bench.measure()` times the pending cases interleaved (timing.interleaved:
+rounds over all of them, lower quartile) and turns them into samples with `seconds` and `spread`.
+`work` is counted the way simulator/workload.py and simulator/framework_ops.py count the same
+operator, so a curve fitted on these samples predicts their operators without conversion
+(a = bytes of an element of the case's dtype):
 
 - matmul: 2·M·K·N FLOPs per GEMM; a linear layer on T tokens runs three of them (forward
-  x·Wᵀ with bias, backward-input g·W, backward-weight gᵀ·x), each timed on its own.
-- attention: causal scaled_dot_product_attention; executed FLOPs as workload.py's flash
-  attention op: forward 2·core·0.5, backward 4·core·0.625, core = 2·b·heads·s²·d.
-- memory: bytes per element as workload.py assigns them (fp32, a = 4): layernorm 4a
-  forward, gelu 2a, residual add 3a, cross-entropy a+4+4 per logit; backward passes move
-  twice their forward traffic; a plain copy moves 2a; fused AdamW 24 B per parameter
-  (gradient, two fp32 states read and written, weight written: analytic.optimizer_step_time).
+  x·Wᵀ + b, backward-input g·W, backward-weight gᵀ·x), each timed on its own.
+- attention: causal scaled_dot_product_attention with Q, K, V as views of a fused QKV
+  output (the layout a layer hands it); executed FLOPs as workload.py's flash attention op:
+  forward 2·core·0.5, backward 4·core·0.625, core = 2·b·heads·s²·d.
+- memory: layernorm 4a forward, gelu 2a, residual add 3a, plain copy 2a, cross-entropy
+  a + 4 + 4 per logit (fp32 upcast), token + position embedding 3a (the tokens' rows;
+  the table's zero-fill is framework_ops' zero_fill); backward passes move twice their forward
+  traffic; fused AdamW the bytes analytic.optimizer_step_time counts per parameter.
+- framework (framework_ops.py): zero_fill a per element, grad_accumulate a + 2·4 (a new
+  gradient added into an fp32 buffer), bias_grad a per element of the summed gradient,
+  param_cast 4 + a (fp32 master weights into 16-bit ones).
+- host overhead: whole training steps (trainer.py) of tiny models, whose kernels do almost
+  no work: per operator, per micro-batch, per step and per parameter tensor (host_overhead).
 """
 
 from __future__ import annotations
 
-from .timing import median_time
+from dataclasses import dataclass, field
+
+from .timing import interleaved
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-# Kernel class (compute.MEMORY_KERNELS) of each memory-bound microbenchmark; "copy" is the
-# plain bandwidth-bound kernel that defines the generic `efficiency.memory` curve.
+# Kernel class (compute.MEMORY_KERNELS, framework_ops.KERNELS) of each memory-bound
+# microbenchmark; "copy" is the plain bandwidth-bound kernel of the generic `efficiency.memory`.
 KERNEL_OF = {"copy": "copy", "residual_add": "residual", "layernorm": "norm", "gelu": "gelu",
              "cross_entropy": "cross_entropy", "embedding": "embedding", "adamw_fused": "optimizer"}
+
+
+@dataclass
+class Case:
+    row: dict
+    fn: object
+    minus: list = field(default_factory=list)  # cases whose time is subtracted (a backward = fwd+bwd - fwd)
 
 
 def _torch():
@@ -31,66 +49,125 @@ def _torch():
 
 
 class Bench:
-    """Runs microbenchmarks on one device with a time budget per measurement."""
+    """Runs microbenchmarks on one device; every group of cases is timed interleaved."""
 
-    def __init__(self, device: str = "cpu", quick: bool = False, clock: str = "wall"):
+    def __init__(self, device: str = "cpu", quick: bool = False, clock: str = "wall", rounds: int | None = None):
         torch = _torch()
         self.torch = torch
         self.device = torch.device(device)
         self.quick = quick
-        self.min_time = 0.02 if quick else 0.15
+        self.rounds = rounds or (5 if quick else 9)
+        self.min_batch_s = 0.002 if quick else 0.004
         self.sync = torch.cuda.synchronize if self.device.type == "cuda" else None
         self.samples: list[dict] = []
+        self.pending: list[Case] = []
         self.clock = clock
+        self.probes = {}  # precision -> probe.make_probe(...): timed in every group
 
-    def _time(self, fn) -> float:
-        return median_time(fn, min_time=self.min_time, min_reps=3, max_reps=8 if self.quick else 30, sync=self.sync,
-                           clock=self.clock)
-
-    def _add(self, op, kind, shape, dtype, pass_, work, seconds):
-        row = {"op": op, "kind": kind, "shape": list(shape), "dtype": dtype, "pass": pass_,
-               "work": float(work), "seconds": float(seconds)}
+    def add(self, op, kind, shape, dtype, pass_, work, fn, kernel=None, minus=()) -> Case:
+        row = {"op": op, "kind": kind, "shape": list(shape), "dtype": dtype, "pass": pass_, "work": float(work)}
         if kind == "memory":
-            row["kernel"] = KERNEL_OF.get(op, op)
-        self.samples.append(row)
+            row["kernel"] = kernel or KERNEL_OF.get(op, op)
+        case = Case(row, fn, list(minus))
+        self.pending.append(case)
+        return case
+
+    def measure(self) -> dict:
+        """Time the pending cases interleaved and add their samples (derived ones net of `minus`);
+        returns each case's seconds by id(case). Every group also times the speed probes (probe.py)."""
+        cases, self.pending = self.pending, []
+        if not cases:
+            return {}
+        for dt, fn in self.probes.items():
+            cases.append(Case({"op": "probe", "kind": "probe", "shape": [], "dtype": dt, "pass": "probe", "work": 0.0},
+                              fn))
+        timed = interleaved([c.fn for c in cases], self.rounds, self.min_batch_s, self.sync, self.clock)
+        got = {id(c): t for c, t in zip(cases, timed)}
+        group = {c.row["dtype"]: t.seconds for c, t in zip(cases, timed) if c.row["kind"] == "probe"}
+        out = {}
+        for c, t in zip(cases, timed):
+            out[id(c)] = max(t.seconds - sum(got[id(m)].seconds for m in c.minus), 1e-9)
+            if c.row["pass"] != "helper":
+                self.samples.append({**c.row, "seconds": out[id(c)], "spread": t.spread, "group_probe": group})
+        return out
+
+    def at_reference_speed(self) -> dict:
+        """Scale every sample to the machine speed of the median group (the probe's median time in
+        the sample's precision, else fp32) and drop the per-group probe times; returns that
+        reference probe time per precision (profile calibration.probe_s)."""
+        import statistics
+
+        ref = {p: statistics.median(s["seconds"] for s in self.samples if s["kind"] == "probe" and s["dtype"] == p)
+               for p in self.probes}
+        for s in self.samples:
+            group = s.pop("group_probe", {})
+            p = s["dtype"] if s["dtype"] in group else "fp32"
+            if p in group and s["kind"] != "probe":
+                s["seconds"] *= ref[p] / group[p]
+        return ref
+
+    def _dtype(self, dt: str):
+        return getattr(self.torch, DTYPES[dt])
 
     # ------------------------------------------------------------------ GEMMs
     def gemm_shapes(self):
-        if self.quick:
-            return [(128, 128, 512), (512, 256, 1024), (256, 512, 512)]
+        if self.device.type == "cuda":  # the layers of validate_torch.CUDA_GRID and larger
+            if self.quick:
+                return [(2048, 1024, 3072), (4096, 2048, 2048), (8192, 2048, 8192)]
+            return [(t, a, b) for t in (1024, 4096, 16384) for a, b in
+                    ((1024, 1024), (1024, 3072), (1024, 4096), (4096, 1024), (2048, 6144), (2048, 8192),
+                     (8192, 2048), (4096, 12288), (4096, 16384))]
+        if self.quick:  # the shapes of the quick validation grid's layers
+            return [(256, 128, 128), (256, 128, 512), (256, 512, 128), (256, 256, 768), (512, 256, 1024)]
         tokens = (128, 256, 512, 1024, 2048)
+        # a layer's GEMMs (h -> 3h, 4h; 4h -> h) and the lm_head's (h -> vocabulary)
         widths = ((64, 256), (128, 384), (128, 512), (256, 768), (256, 1024), (512, 1536), (512, 2048),
-                  (1024, 1024), (256, 4096))
+                  (1024, 1024), (256, 4096), (128, 2048), (256, 8192))
         return [(t, a, b) for t in tokens for a, b in widths]
 
-    def gemms(self, dtypes=("fp32",)):
-        torch, dev = self.torch, self.device
+    def gemms(self, dt: str = "fp32"):
+        torch, dev, dtype = self.torch, self.device, self._dtype(dt)
         F = torch.nn.functional
-        for dt in dtypes:
-            dtype = getattr(torch, DTYPES[dt])
-            for t, d_in, d_out in self.gemm_shapes():
-                x = torch.randn(t, d_in, device=dev, dtype=dtype)
-                w = torch.randn(d_out, d_in, device=dev, dtype=dtype)
-                b = torch.randn(d_out, device=dev, dtype=dtype)
-                g = torch.randn(t, d_out, device=dev, dtype=dtype)
-                flops = 2 * t * d_in * d_out
-                self._add("linear", "matmul", (t, d_in, d_out), dt, "fwd", flops, self._time(lambda: F.linear(x, w, b)))
-                self._add("linear", "matmul", (t, d_in, d_out), dt, "bwd_input", flops, self._time(lambda: g @ w))
-                self._add("linear", "matmul", (t, d_in, d_out), dt, "bwd_weight", flops,
-                          self._time(lambda: g.t() @ x))
-                if dt != "fp32" and self.quick:
-                    break
+        for t, d_in, d_out in self.gemm_shapes():
+            x = torch.randn(t, d_in, device=dev, dtype=dtype)
+            w = torch.randn(d_out, d_in, device=dev, dtype=dtype)
+            b = torch.randn(d_out, device=dev, dtype=dtype)
+            g = torch.randn(t, d_out, device=dev, dtype=dtype)
+            flops = 2 * t * d_in * d_out
+            self.add("linear", "matmul", (t, d_in, d_out), dt, "fwd", flops, lambda x=x, w=w, b=b: F.linear(x, w, b))
+            self.add("linear", "matmul", (t, d_in, d_out), dt, "bwd_input", flops, lambda g=g, w=w: g @ w)
+            self.add("linear", "matmul", (t, d_in, d_out), dt, "bwd_weight", flops, lambda g=g, x=x: g.t() @ x)
+        self.measure()
+
+    def fp8_gemms(self):
+        """fp8 (e4m3) GEMMs with per-tensor scales (torch._scaled_mm, CUDA compute capability >= 8.9)."""
+        torch, dev = self.torch, self.device
+        shapes = [(1024, 1024, 1024), (4096, 4096, 4096)] if self.quick else \
+            [(t, k, n) for t in (1024, 2048, 4096, 8192) for k, n in ((1024, 4096), (4096, 4096), (4096, 16384))]
+        one = torch.ones((), device=dev)
+        for t, k, n in shapes:
+            a = torch.randn(t, k, device=dev).to(torch.float8_e4m3fn)
+            b = torch.randn(n, k, device=dev).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm wants
+
+            def fn(a=a, b=b):
+                return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+            self.add("linear", "matmul", (t, k, n), "fp8", "fwd", 2 * t * k * n, fn)
+        self.measure()
 
     # ------------------------------------------------------------------ attention
     def attention_shapes(self):
         if self.quick:
-            return [(1, 4, 128, 32), (2, 4, 256, 64)]
-        return [(b, h, s, d) for b in (1, 4) for h, d in ((2, 32), (4, 32), (4, 64), (8, 64)) for s in (64, 128, 256, 512)]
+            return [(2, 4, 128, 32), (2, 4, 128, 64), (2, 4, 256, 64)]
+        if self.device.type == "cuda":
+            return [(b, h, s, d) for b in (1, 4) for h, d in ((16, 64), (32, 128)) for s in (512, 1024, 2048, 4096)]
+        # sequences of 128-512: a CPU's flash-attention backward has a fixed cost per (batch, head)
+        # that a FLOP curve cannot carry, and at 64 tokens it dominates (bf16: 0.35 ms a head)
+        return [(b, h, s, d) for b in (1, 4) for h, d in ((2, 32), (4, 32), (4, 64), (8, 64)) for s in (128, 256, 512)]
 
     def attention(self, dt: str = "fp32"):
-        torch, dev = self.torch, self.device
+        torch, dev, dtype = self.torch, self.device, self._dtype(dt)
         F = torch.nn.functional
-        dtype = getattr(torch, DTYPES[dt])
         for b, h, s, d in self.attention_shapes():
             # The layout a transformer layer hands the kernel (torch_model.py): Q, K and V are
             # (b, s, heads, d) slices of the fused QKV output seen as (b, heads, s, d), and the
@@ -100,31 +177,32 @@ class Bench:
             go = torch.randn(b, s, h, d, device=dev, dtype=dtype).transpose(1, 2)
             core = 2 * b * h * s * s * d
 
-            def fwd():
+            def fwd(q=q, k=k, v=v):
                 with torch.no_grad():
                     F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-            def fwd_bwd():
+            def fwd_bwd(q=q, k=k, v=v, qkv=qkv, go=go):
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
                 torch.autograd.grad(out, (qkv,), go)
 
-            tf = self._time(fwd)
-            tfb = self._time(fwd_bwd)
-            self._add("sdpa_causal", "attention", (b, h, s, d), dt, "fwd", 2 * core * 0.5, tf)
-            self._add("sdpa_causal", "attention", (b, h, s, d), dt, "bwd", 4 * core * 0.625, max(tfb - tf, 1e-9))
+            f = self.add("sdpa_causal", "attention", (b, h, s, d), dt, "fwd", 2 * core * 0.5, fwd)
+            self.add("sdpa_causal", "attention", (b, h, s, d), dt, "bwd", 4 * core * 0.625, fwd_bwd, minus=[f])
+        self.measure()
 
     # ------------------------------------------------------------------ memory-bound
     def memory_sizes(self):
+        if self.device.type == "cuda":
+            return [(4096, 1024), (16384, 4096)] if self.quick else \
+                [(t, h) for t in (2048, 8192, 32768) for h in (1024, 2048, 4096)]
         if self.quick:
-            return [(256, 256), (1024, 512)]
+            return [(256, 128), (256, 512), (1024, 512)]
         # Working sets of the models validate --torch trains (<= 8 MiB a tensor): the curve has
         # no cache cliff, so sizes far beyond the last-level cache would bias it.
         return [(t, h) for t in (128, 512, 2048) for h in (128, 256, 512, 1024)]
 
     def memory(self, dt: str = "fp32"):
-        torch, dev = self.torch, self.device
+        torch, dev, dtype = self.torch, self.device, self._dtype(dt)
         F = torch.nn.functional
-        dtype = getattr(torch, DTYPES[dt])
         a = torch.finfo(dtype).bits // 8
         for t, h in self.memory_sizes():
             n = t * h
@@ -133,101 +211,158 @@ class Bench:
             g = torch.randn(t, h, device=dev, dtype=dtype)
             ln = torch.nn.LayerNorm(h, device=dev, dtype=dtype)
             out = torch.empty_like(y)
-            self._add("copy", "memory", (t, h), dt, "fwd", 2 * a * n, self._time(lambda: out.copy_(y)))
-            self._add("residual_add", "memory", (t, h), dt, "fwd", 3 * a * n, self._time(lambda: torch.add(x, y)))
+            self.add("copy", "memory", (t, h), dt, "fwd", 2 * a * n, lambda out=out, y=y: out.copy_(y))
+            self.add("residual_add", "memory", (t, h), dt, "fwd", 3 * a * n, lambda x=x, y=y: torch.add(x, y))
             for name, fn, per in (("layernorm", ln, 4 * a), ("gelu", F.gelu, 2 * a)):
-                def fwd(fn=fn):
-                    return fn(x)
-
-                def fwd_bwd(fn=fn):
-                    torch.autograd.grad(fn(x), (x,), g)
-
-                tf = self._time(fwd)
-                tfb = self._time(fwd_bwd)
-                self._add(name, "memory", (t, h), dt, "fwd", per * n, tf)
-                self._add(name, "memory", (t, h), dt, "bwd", 2 * per * n, max(tfb - tf, 1e-9))
+                f = self.add(name, "memory", (t, h), dt, "fwd", per * n, lambda fn=fn, x=x: fn(x))
+                self.add(name, "memory", (t, h), dt, "bwd", 2 * per * n,
+                         lambda fn=fn, x=x, g=g: torch.autograd.grad(fn(x), (x,), g), minus=[f])
         vocabs = (512, 2048) if self.quick else (512, 2048, 8192)
         tokens = (256,) if self.quick else (128, 256, 512, 1024)
+        if self.device.type == "cuda":
+            vocabs, tokens = ((32768,), (4096,)) if self.quick else ((8192, 32768, 50304), (2048, 8192))
         for t in tokens:
             for vsz in vocabs:
-                logits = torch.randn(t, vsz, device=dev, dtype=torch.float32, requires_grad=True)
+                logits = torch.randn(t, vsz, device=dev, dtype=dtype, requires_grad=True)
                 tgt = torch.randint(0, vsz, (t,), device=dev)
-
-                def ce_fwd():
-                    return F.cross_entropy(logits, tgt)
-
-                def ce_fb():
-                    F.cross_entropy(logits, tgt).backward()
-
-                tf = self._time(ce_fwd)
-                tfb = self._time(ce_fb)
                 per = a + 4 + 4
-                self._add("cross_entropy", "memory", (t, vsz), dt, "fwd", per * t * vsz, tf)
-                self._add("cross_entropy", "memory", (t, vsz), dt, "bwd", 2 * per * t * vsz, max(tfb - tf, 1e-9))
+                # as torch_model.GPT: the loss in fp32 (the upcast of 16-bit logits is part of it)
+                f = self.add("cross_entropy", "memory", (t, vsz), dt, "fwd", per * t * vsz,
+                             lambda lg=logits, tgt=tgt: F.cross_entropy(lg.float(), tgt))
+                self.add("cross_entropy", "memory", (t, vsz), dt, "bwd", 2 * per * t * vsz,
+                         lambda lg=logits, tgt=tgt: torch.autograd.grad(F.cross_entropy(lg.float(), tgt), (lg,)),
+                         minus=[f])
+        self.measure()
 
     def embedding(self, dt: str = "fp32"):
-        """Token + learned position embedding (gather and add), forward and backward: 3a B/element forward."""
-        torch, dev = self.torch, self.device
-        dtype = getattr(torch, DTYPES[dt])
+        """Token + learned position embedding (gather and add): 3a B/element forward, 6a backward.
+
+        The backward of a dense embedding zero-fills a gradient of the whole table before it
+        adds the tokens' rows; that zero-fill is framework_ops' `zero_fill` of the table, timed
+        here as a helper case and subtracted, so that the samples are the tokens' part only.
+        """
+        torch, dev, dtype = self.torch, self.device, self._dtype(dt)
         a = torch.finfo(dtype).bits // 8
         shapes = [(256, 128, 2048)] if self.quick else [(t, h, 2048) for t in (256, 1024) for h in (128, 256, 512)]
+        if self.device.type == "cuda":
+            shapes = [(t, h, 32768) for t in (4096, 16384) for h in (1024, 2048)][: 1 if self.quick else None]
         for t, h, vocab in shapes:
             tok = torch.nn.Embedding(vocab, h, device=dev, dtype=dtype)
             pos = torch.nn.Embedding(t, h, device=dev, dtype=dtype)
             idx = torch.randint(0, vocab, (t,), device=dev)
             ar = torch.arange(t, device=dev)
             g = torch.randn(t, h, device=dev, dtype=dtype)
-
-            def fwd():
-                return tok(idx) + pos(ar)
-
-            def fwd_bwd():
-                (tok(idx) + pos(ar)).backward(g)
-
-            tf = self._time(fwd)
-            tfb = self._time(fwd_bwd)
+            tables = torch.empty((vocab + t) * h, device=dev, dtype=dtype)
             n = t * h
-            self._add("embedding", "memory", (t, h, vocab), dt, "fwd", 3 * a * n, tf)
-            self._add("embedding", "memory", (t, h, vocab), dt, "bwd", 6 * a * n, max(tfb - tf, 1e-9))
+            f = self.add("embedding", "memory", (t, h, vocab), dt, "fwd", 3 * a * n,
+                         lambda tok=tok, pos=pos, idx=idx, ar=ar: tok(idx) + pos(ar))
+            z = self.add("zero_fill", "memory", ((vocab + t) * h,), dt, "helper", 0.0, tables.zero_)
+            self.add("embedding", "memory", (t, h, vocab), dt, "bwd", 6 * a * n,
+                     lambda tok=tok, pos=pos, idx=idx, ar=ar, g=g:
+                     torch.autograd.grad(tok(idx) + pos(ar), (tok.weight, pos.weight), g), minus=[f, z])
+        self.measure()
 
-    def adamw(self):
-        """Fused AdamW step over one parameter tensor of P fp32 values: 24 B per parameter."""
+    # ------------------------------------------------------------------ framework operators
+    def framework(self, dt: str = "fp32"):
+        """framework_ops.py's kernels: zero-fill, gradient accumulation, bias gradient, master-weight cast."""
+        torch, dev, dtype = self.torch, self.device, self._dtype(dt)
+        a = torch.finfo(dtype).bits // 8
+        # a gradient buffer, table or parameter from L1-sized to beyond the last-level cache share
+        sizes = (2**16, 2**20) if self.quick else tuple(2**k for k in range(13, 25))
+        if dev.type == "cuda":
+            sizes = (2**20, 2**26) if self.quick else tuple(2**k for k in range(16, 29, 2))
+        for n in sizes:
+            buf = torch.empty(n, device=dev, dtype=dtype)
+            main = torch.zeros(n, device=dev)  # fp32 gradient buffer
+            new = torch.randn(n, device=dev, dtype=dtype)
+            self.add("zero_fill", "memory", (n,), dt, "step", a * n, buf.zero_, kernel="zero_fill")
+            self.add("grad_accumulate", "memory", (n,), dt, "bwd", (a + 8) * n, lambda m=main, g=new: m.add_(g),
+                     kernel="grad_accumulate")
+            if dt != "fp32":
+                self.add("param_cast", "memory", (n,), dt, "step", (4 + a) * n, lambda b=buf, m=main: b.copy_(m),
+                         kernel="param_cast")
+        shapes = [(256, 512), (1024, 1024)] if self.quick else [(t, d) for t in (256, 1024, 4096) for d in (128, 512, 2048)]
+        if dev.type == "cuda":
+            shapes = [(t * 16, d * 4) for t, d in shapes]
+        for t, d in shapes:
+            g = torch.randn(t, d, device=dev, dtype=dtype)
+            self.add("bias_grad", "memory", (t, d), dt, "bwd", a * t * d, lambda g=g: g.sum(0), kernel="bias_grad")
+        self.measure()
+
+    def adamw(self, dt: str = "fp32"):
+        """Fused AdamW over fp32 parameters (the master weights under mixed precision).
+
+        Work as analytic.optimizer_step_time counts it per parameter: the gradient (fp32),
+        weights, momentum and variance read and written; under mixed precision the master
+        weights are among the states and the 16-bit weight is written (by the separate
+        master-weight copy, framework_ops' param_cast).
+        """
         torch, dev = self.torch, self.device
+        per = 24 if dt == "fp32" else 4 + 2 * 12 + torch.finfo(self._dtype(dt)).bits // 8
         sizes = (2**16, 2**20) if self.quick else (2**14, 2**16, 2**18, 2**20, 2**22)
+        if dev.type == "cuda":
+            sizes = tuple(n * 64 for n in sizes)
         for p in sizes:
             param = torch.nn.Parameter(torch.randn(p, device=dev))
             param.grad = torch.randn(p, device=dev)
             opt = torch.optim.AdamW([param], lr=1e-4, fused=True)
-            self._add("adamw_fused", "memory", (p,), "fp32", "step", 24 * p, self._time(opt.step))
+            self.add("adamw_fused", "memory", (p,), dt, "step", per * p, opt.step)
+        self.measure()
 
-    def overhead(self):
-        """Framework cost per operator and pass: forward + backward of a transformer at tiny sizes.
+    # ------------------------------------------------------------------ host overhead
+    def host_overhead(self) -> dict:
+        """The framework's host cost: whole training steps (trainer.py) of tiny models.
 
-        At hidden 8, sequence 4, the kernels do almost no work, so the time is the framework's
-        (Python modules, dispatcher, autograd, small glue ops). The difference between 3 and 1
-        layers isolates one layer; divided by 2 passes x the operators workload.py counts in a
-        layer it gives the cost per operator and pass (profile `op_overhead_us`).
+        At hidden 8, sequence 4, vocabulary 16 the kernels do almost no work, so a step's time
+        is the framework's: Python, dispatcher, autograd, optimizer loop, small glue operators.
+        With L layers and G micro-batches a step takes s0 + s1·L + G·(m0 + m1·L); four steps
+        (L = 1, 3; G = 1, 2) give the per-layer cost per micro-batch m1 (profile op_overhead_us
+        = m1 / (2 passes x operators per layer in workload.py)), the fixed cost per micro-batch
+        m0 (less the per-operator cost of the embedding and head operators, which compute.py
+        already charges), and the per-step costs: s1 per layer is the optimizer's loop over the
+        layer's parameter tensors, s0 the rest (less the embedding and head tensors' share).
         """
-        torch, dev = self.torch, self.device
+        from ..framework_ops import param_tensors
         from ..model import ModelSpec
-        from ..workload import Shard, layer_ops
-        from .torch_model import GPTConfig, build_model
+        from ..workload import Shard, embedding_ops, head_ops, layer_ops
+        from .torch_model import GPTConfig
+        from .trainer import make_trainer
 
-        times = {}
+        cases = {}
         for layers in (1, 3):
-            cfg = GPTConfig(layers=layers, hidden=8, heads=2, vocab=16, seq_len=4)
-            model = build_model(cfg, "none", dev)
-            x = torch.randint(0, 16, (1, 4), device=dev)
+            for ga in (1, 2):
+                tr = make_trainer(GPTConfig(layers=layers, hidden=8, heads=2, vocab=16, seq_len=4), grad_accum=ga,
+                                  device=self.device)
+                cases[layers, ga] = self.add("train_step", "overhead", (layers, ga), "fp32", "step", 0.0, tr.step)
+        # the per-layer and per-step costs are differences of these four times: more rounds, longer batches
+        saved = self.rounds, self.min_batch_s
+        self.rounds, self.min_batch_s = 3 * self.rounds, 0.01
+        try:
+            seconds = self.measure()
+        finally:
+            self.rounds, self.min_batch_s = saved
+        t = {k: seconds[id(c)] for k, c in cases.items()}
+        m1 = max(0.0, (t[3, 2] - t[1, 2] - t[3, 1] + t[1, 1]) / 2)
+        s1 = max(0.0, (t[3, 1] - t[1, 1]) / 2 - m1)
+        m0 = max(0.0, t[1, 2] - t[1, 1] - m1)
+        s0 = max(0.0, t[1, 1] - m0 - m1 - s1)
+        fields = GPTConfig(hidden=8, heads=2).model_fields()
+        one, two = (ModelSpec(**{**fields, "layers": n}) for n in (1, 2))
+        shard = Shard(micro_batch=1, seq_len=one.seq_len, act_bytes=4)
+        per_op = m1 / (2 * len(layer_ops(one, shard)))
+        around_ops = len(embedding_ops(one, shard)) + len(head_ops(one, shard))
+        def tensors(m):
+            return float(param_tensors(m, m.layers, True, True, not m.tied_embeddings))
 
-            def fwd_bwd():
-                model(x, x).backward()
+        layer_tensors = tensors(two) - tensors(one)
+        outer_tensors = tensors(one) - layer_tensors
+        per_tensor = s1 / layer_tensors
+        return {"op_s": per_op, "microbatch_s": max(0.0, m0 - 2 * around_ops * per_op),
+                "step_s": max(0.0, s0 - per_tensor * outer_tensors), "param_tensor_s": per_tensor,
+                "train_steps_s": {f"layers{k[0]}_microbatches{k[1]}": v for k, v in t.items()},
+                "group_probe_s": self.samples[-1].get("group_probe", {}).get("fp32")}
 
-            times[layers] = self._time(fwd_bwd)
-        spec = ModelSpec(**{k: v for k, v in GPTConfig(hidden=8, heads=2).model_fields().items()})
-        ops = len(layer_ops(spec, Shard(micro_batch=1, seq_len=spec.seq_len)))
-        per_layer = max(0.0, (times[3] - times[1]) / 2)
-        self._add("framework_overhead", "overhead", (ops,), "fp32", "fwd+bwd", 2 * ops, per_layer)
-
+    # ------------------------------------------------------------------ host <-> device
     def copies(self):
         """Host<->device copies (CUDA only): pinned host buffer to device and back."""
         torch, dev = self.torch, self.device
@@ -236,15 +371,7 @@ class Bench:
         for n in ((2**20, 2**24) if self.quick else (2**18, 2**20, 2**22, 2**24, 2**26)):
             host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
             devbuf = torch.empty(n, dtype=torch.uint8, device=dev)
-            self._add("h2d", "host_link", (n,), "u8", "h2d", n, self._time(lambda: devbuf.copy_(host, non_blocking=True)))
-            self._add("d2h", "host_link", (n,), "u8", "d2h", n, self._time(lambda: host.copy_(devbuf, non_blocking=True)))
+            self.add("h2d", "host_link", (n,), "u8", "h2d", n, lambda d=devbuf, h=host: d.copy_(h, non_blocking=True))
+            self.add("d2h", "host_link", (n,), "u8", "d2h", n, lambda d=devbuf, h=host: h.copy_(d, non_blocking=True))
+        self.measure()
 
-    def run_all(self, dtypes=("fp32",)) -> list[dict]:
-        self.gemms(dtypes)
-        self.attention("fp32")
-        self.memory("fp32")
-        self.embedding("fp32")
-        self.adamw()
-        self.overhead()
-        self.copies()
-        return self.samples

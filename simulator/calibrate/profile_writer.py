@@ -65,6 +65,7 @@ def _r(x, digits=4):
 def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives: list) -> tuple[dict, dict, dict]:
     """(accelerator, node, network) mappings. `info` describes the machine and the run."""
     dev = info["device"]
+    host = fits.get("host_overhead") or {}
     peak = fits["peak_flops"]
     mem_bw = fits["memory_bandwidth"]
     coll = fits["allreduce"]
@@ -86,14 +87,10 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
         "tdp_w": _r(info["tdp_w"]),
         "price_usd_per_hour": 0.0,
         "framework_overhead_gib": _r(info["framework_overhead_bytes"] / GIB),
-        "op_overhead_us": _r(fits["op_overhead_s"] * 1e6),
-        "efficiency": {
-            "matmul": {"max": _r(fits["matmul"]["max"]), "half_flops": _r(fits["matmul"]["half"])},
-            "attention": {"max": _r(fits["attention"]["max"]), "half_flops": _r(fits["attention"]["half"])},
-            "memory": {"max": _r(fits["memory"]["max"]), "half_bytes": _r(fits["memory"]["half"])},
-            "memory_kernels": {k: {"max": _r(f["max"]), "half_bytes": _r(f["half"])}
-                               for k, f in fits.get("memory_kernels", {}).items()},
-        },
+        "op_overhead_us": _r(host.get("op_s", 0.0) * 1e6),
+        "efficiency": {**_curves_yaml(fits),
+                       **({"precisions": {p: _curves_yaml(c) for p, c in fits["precisions"].items()}}
+                          if fits.get("precisions") else {})},
         "sources": {
             "peak_tflops": (f"[measured] best achieved GEMM rate over the microbenchmark shapes ({how}); "
                             "not a theoretical peak, so efficiency.matmul is relative to it"),
@@ -108,12 +105,19 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
             "price_usd_per_hour": "[estimate] own machine, not metered: 0; set training.price_usd_per_device_hour",
             "framework_overhead_gib": ("[measured] resident memory of a process after importing torch"
                                        if dev == "cpu" else "[measured] CUDA context: used minus reserved"),
-            "op_overhead_us": ("[measured] forward + backward of torch_model.GPT at hidden 8, sequence 4: "
-                               "(3 layers - 1 layer) / 2 / (2 passes x operators per layer in workload.py)"
+            "op_overhead_us": ("[measured] training steps (calibrate/trainer.py) of torch_model.GPT at hidden 8, "
+                               "sequence 4, 1 and 3 layers x 1 and 2 micro-batches: the per-layer cost per "
+                               "micro-batch / (2 passes x operators per layer in workload.py)"
                                if dev == "cpu" else "[inferred] 0: CUDA kernels launch asynchronously"),
+            "host_overhead_us": ("[measured] the same tiny training steps: fixed cost per micro-batch and per step "
+                                 "beyond the operators' share, and the optimizer's cost per parameter tensor "
+                                 "(microbench.Bench.host_overhead; calibration.host_steps_s holds the four steps)"
+                                 if dev == "cpu" else "[inferred] none: the host runs ahead of the kernels"),
             "efficiency": "[measured] scipy.optimize.curve_fit of eff(x) = max*x/(x+half) to the samples "
                           "below (relative time error); fit quality in calibration.fits. memory: plain copy and "
-                          "residual-add kernels; memory_kernels: each memory-bound kernel class on its own",
+                          "residual-add kernels; memory_kernels: each memory-bound kernel class on its own "
+                          "(framework_ops.py's zero_fill, grad_accumulate, bias_grad, param_cast among them); "
+                          "precisions.<p>: the same measured in that precision (fp32 is the reference)",
         },
         "calibration": {
             "date": today,
@@ -123,18 +127,33 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
             "device_name": what,
             "threads": info["threads"],
             "clock": info.get("clock", "wall"),
+            **info.get("settings", {}),
             "devices_per_node": devices,
+            **({"probe_s": {k: _r(v, 5) for k, v in info["probe_s"].items()}} if info.get("probe_s") else {}),
+            "noise": {k: ([_r(x, 3) for x in v] if isinstance(v, list) else _r(v)) for k, v in info.get("noise", {}).items()},
             "python": platform.python_version(),
             "platform": platform.platform(),
             "fits": {k: {kk: (_r(vv) if isinstance(vv, float) else vv) for kk, vv in f.items()}
-                     for k, f in [(k, fits[k]) for k in ("matmul", "attention", "memory")]
-                     + [(f"memory_kernels.{k}", f) for k, f in fits.get("memory_kernels", {}).items()]},
+                     for k, f in _flat_fits(fits) + [x for p, c in fits.get("precisions", {}).items()
+                                                      for x in _flat_fits(c, f"precisions.{p}.")]},
+            **({"host_steps_s": {k: _r(v) for k, v in host["train_steps_s"].items()}} if host else {}),
             "allreduce": {"ranks": coll["ranks"], "latency_us": _r(coll["latency_s"] * 1e6),
                           "bus_bandwidth_gb_per_s": _r(coll["bus_bytes_per_s"] / 1e9), "rel_rms": _r(coll["rel_rms"])},
             "samples": [{**s, "work": _r(s["work"], 6), "seconds": _r(s["seconds"], 5)} for s in samples],
             "collective_samples": [{**c, "seconds": _r(c["seconds"], 5)} for c in collectives],
         },
     }
+    if fits.get("co_run"):
+        acc["efficiency"]["co_run_slowdown"] = _r(fits["co_run"]["slowdown"], 3)
+        acc["sources"]["efficiency.co_run_slowdown"] = (
+            f"[measured] a layer-like probe (GEMMs, GELU, LayerNorm, an 8 MiB copy) on one device while the other "
+            f"{devices - 1} run it too vs alone: {fits['co_run']['together_s'] * 1e3:.2f} ms / "
+            f"{fits['co_run']['alone_s'] * 1e3:.2f} ms - 1 (calibrate/dist.py co_run_slowdown)")
+    if host:
+        acc["host_overhead_us"] = {"microbatch": _r(host["microbatch_s"] * 1e6), "step": _r(host["step_s"] * 1e6),
+                                   "param_tensor": _r(host["param_tensor_s"] * 1e6)}
+    else:
+        del acc["sources"]["host_overhead_us"]
     backend = "gloo over loopback TCP" if dev == "cpu" else "NCCL"
     node = {
         "name": f"{name}-node",
@@ -173,6 +192,29 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
                     "efficiency": "[inferred] bandwidths are measured bus bandwidths"},
     }
     return acc, node, net
+
+
+CURVES = ("matmul", "matmul_bwd_input", "matmul_bwd_weight", "attention", "attention_bwd", "memory")
+
+
+def _curve_yaml(fit: dict, unit: str) -> dict:
+    out = {"max": _r(fit["max"]), f"half_{unit}": _r(fit["half"])}
+    if fit.get("spill") is not None:
+        out.update({f"spill_{unit}": _r(fit["spill"]), "spill_max": _r(fit["spill_max"])})
+    return out
+
+
+def _curves_yaml(fits: dict) -> dict:
+    """The GEMM, attention and memory curves present in `fits` as profile YAML."""
+    out = {k: _curve_yaml(fits[k], "bytes" if k == "memory" else "flops") for k in CURVES if fits.get(k)}
+    if fits.get("memory_kernels"):
+        out["memory_kernels"] = {k: _curve_yaml(f, "bytes") for k, f in fits["memory_kernels"].items()}
+    return out
+
+
+def _flat_fits(fits: dict, prefix: str = "") -> list:
+    return ([(prefix + k, fits[k]) for k in CURVES if fits.get(k)]
+            + [(f"{prefix}memory_kernels.{k}", f) for k, f in fits.get("memory_kernels", {}).items()])
 
 
 def _dump(data: dict, path: Path, header: str) -> None:

@@ -4,7 +4,7 @@ Per layer: LayerNorm -> fused QKV linear -> causal scaled_dot_product_attention 
 flash kernel on CPU and CUDA) -> output linear -> residual add -> LayerNorm -> linear
 (4h) -> GELU -> linear -> residual add. Around the layers: token + learned position
 embedding, final LayerNorm, lm_head tied to the token embedding, fp32 cross-entropy.
-No dropout. AdamW (fused). Full recomputation wraps each layer in
+No dropout. Initialised as GPT-2 and Megatron-LM initialise (N(0, 0.02)). Full recomputation wraps each layer in
 torch.utils.checkpoint (non-reentrant): only each layer's input is kept.
 
 `model_fields()` gives the simulator's model section for the same network.
@@ -74,10 +74,38 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
                 else:
                     x = blk(x)
             logits = F.linear(self.ln_f(x), self.tok.weight)  # tied lm_head
-            return F.cross_entropy(logits.view(-1, cfg.vocab), targets.view(-1))
+            # the loss in fp32 (a no-op for fp32 logits), as Megatron-LM's vocab-parallel cross-entropy
+            return F.cross_entropy(logits.float().view(-1, cfg.vocab), targets.view(-1))
 
     torch.manual_seed(0)
-    return GPT().to(device)
+    model = GPT()
+    _init_like_megatron(model, cfg.layers)
+    return model.to(device)
+
+
+def _init_like_megatron(model, layers: int) -> None:
+    """Weights and embeddings N(0, 0.02), the two output projections of each layer
+    N(0, 0.02/sqrt(2·layers)), biases 0, norms 1 (GPT-2; Megatron-LM init_method_normal and
+    scaled_init_method_normal, megatron/core/utils.py).
+
+    torch's defaults are not what LLM training runs and change the step's speed on some CPUs:
+    nn.Embedding draws N(0, 1), and with the tied lm_head that gives logits of standard
+    deviation sqrt(hidden), softmax probabilities below the smallest normal float and, in the
+    lm_head's backward GEMMs, subnormal operands that Intel cores process ~50x slower
+    (docs/calibration.md).
+    """
+    import math
+
+    import torch
+
+    out_std = 0.02 / math.sqrt(2 * layers)
+    for name, p in model.named_parameters():
+        if p.dim() >= 2:
+            torch.nn.init.normal_(p, 0.0, out_std if name.endswith(("proj.weight", "down.weight")) else 0.02)
+        elif name.endswith("bias"):
+            torch.nn.init.zeros_(p)
+        else:
+            torch.nn.init.ones_(p)
 
 
 def param_count(model) -> int:

@@ -1,34 +1,36 @@
 """`llmsim validate --torch`: real training steps of torch_model.GPT vs the simulator's predictions.
 
 For each configuration of a grid (layers, hidden, seq, micro-batch, gradient accumulation,
-recompute none/full, DP = 1 or 2 over torch.distributed) it
+recompute none/full, DP = 1 or 2 over torch.distributed, fp32 and, where the CPU computes it
+natively, bf16) it
 
-1. measures: the median time of a training step after warm-up, on the clock the profile
-   was calibrated with (wall, or process CPU time: timing.py; both are recorded) (forward and backward
-   of every micro-batch, gradient all-reduce when DP = 2, fused AdamW step) and the peak
-   of live tensor bytes of one more step (memtrack.py);
+1. measures (trainer.py's step): step times on the clock the profile was calibrated with
+   (wall, or process CPU time: timing.py; both are recorded) and the peak of live tensor
+   bytes of one more step (memtrack.py);
 2. predicts: the same model and plan through the normal path, scenario_from_dict ->
-   evaluate, on the calibrated profile's node (precision fp32, flash attention as SDPA
-   runs it, no dropout, ZeRO 0, gradient reduction after the backward pass, fp32
-   gradient buffers) and compares step_time_s and weights + gradients + optimizer +
-   activations (the framework's own memory excluded: it is not a tensor).
+   evaluate, on the calibrated profile's node (flash attention as SDPA runs it, no dropout,
+   ZeRO 0, gradient reduction after the backward pass, fp32 gradient buffers, gradient
+   accumulation by a separate add as torch does it) and compares step_time_s and
+   weights + gradients + optimizer + activations (the framework's own memory excluded).
 
-The training loop keeps gradients as views of one flat fp32 buffer (as DDP's
-gradient_as_bucket_view and Megatron-LM's main_grad buffer do): gradients live for the
-whole step, which is what the simulator's memory model says, and DP = 2 reduces that one
-buffer with a single all_reduce after the last micro-batch's backward pass.
+All configurations are measured by one set of worker processes (as many as the largest DP),
+each configured as the calibrated device (device.py). The timed steps are interleaved:
+every round runs a warm-up step and `steps` timed steps of each configuration in turn, so
+that other work on a shared machine spreads over all of them; a row's step time is the
+lower quartile of its timed steps, as the microbenchmarks' (timing.py says why), and its
+noise their spread (IQR / median).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import InputError
 from . import require_torch
-from .torch_model import GPTConfig, build_model
+from .torch_model import GPTConfig
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class RunConfig:
     recompute: str = "none"
     dp: int = 1
     vocab: int = 2048
+    precision: str = "fp32"
 
     @property
     def gpt(self) -> GPTConfig:
@@ -69,6 +72,11 @@ def _grid() -> list[RunConfig]:
         C("l2-h512-s256-b2-dp2", 2, 512, 8, 256, 2, dp=2),
         C("l4-h256-s256-b2-ga2-dp2-full", 4, 256, 8, 256, 2, grad_accum=2, recompute="full", dp=2),
         C("l4-h256-s256-b2-v8k", 4, 256, 8, 256, 2, vocab=8192),
+        C("bf16-l2-h256-s256-b4", 2, 256, 4, 256, 4, precision="bf16"),
+        C("bf16-l4-h512-s256-b2", 4, 512, 8, 256, 2, precision="bf16"),
+        C("bf16-l4-h512-s512-b2-ga2-full", 4, 512, 8, 512, 2, grad_accum=2, recompute="full", precision="bf16"),
+        C("bf16-l2-h1024-s256-b4", 2, 1024, 16, 256, 4, precision="bf16"),
+        C("bf16-l4-h512-s256-b2-dp2", 4, 512, 8, 256, 2, dp=2, precision="bf16"),
     ]
 
 
@@ -79,82 +87,108 @@ def _quick_grid() -> list[RunConfig]:
         C("q-l2-h128-s128-b2", 2, 128, 4, 128, 2, vocab=512),
         C("q-l2-h128-s128-b2-ga2-full", 2, 128, 4, 128, 2, grad_accum=2, recompute="full", vocab=512),
         C("q-l2-h128-s128-b2-dp2", 2, 128, 4, 128, 2, dp=2, vocab=512),
+        C("q-bf16-l2-h256-s128-b2", 2, 256, 4, 128, 2, vocab=512, precision="bf16"),
     ]
 
 
-GRID, QUICK_GRID = _grid(), _quick_grid()
+def _cuda_grid() -> list[RunConfig]:
+    """GPU-sized models: large enough that kernels, not the host's launches, set the step time."""
+    C = RunConfig
+    v = 32768
+    return [
+        C("cuda-l4-h1024-s1024-b8", 4, 1024, 16, 1024, 8, vocab=v, precision="bf16"),
+        C("cuda-l8-h2048-s2048-b4", 8, 2048, 16, 2048, 4, vocab=v, precision="bf16"),
+        C("cuda-l4-h2048-s2048-b2-ga4", 4, 2048, 16, 2048, 2, grad_accum=4, vocab=v, precision="bf16"),
+        C("cuda-l8-h2048-s2048-b4-full", 8, 2048, 16, 2048, 4, recompute="full", vocab=v, precision="bf16"),
+        C("cuda-l4-h4096-s1024-b4", 4, 4096, 32, 1024, 4, vocab=v, precision="bf16"),
+        C("cuda-l4-h1024-s1024-b8-fp32", 4, 1024, 16, 1024, 8, vocab=v),
+        C("cuda-l8-h2048-s2048-b4-dp2", 8, 2048, 16, 2048, 4, dp=2, vocab=v, precision="bf16"),
+    ]
+
+
+GRID, QUICK_GRID, CUDA_GRID = _grid(), _quick_grid(), _cuda_grid()
 
 
 # ------------------------------------------------------------------ measurement
 
-def train_worker(rank: int, world: int, cfg: dict, threads: int, warmup: int, steps: int, device: str) -> dict:
-    """Build the model, time `steps` training steps after `warmup`, then measure one step's peak memory."""
+def grid_worker(rank: int, world: int, cfgs: list[dict], rounds: int, steps: int, device: str,
+                probe_precisions=(), clock: str = "wall") -> list[dict]:
+    """Time every configuration this rank takes part in (rank < its DP), interleaved over
+    `rounds`, rank 0 timing the speed probe (probe.py) on `clock` right before each
+    configuration's steps; then one more step each for the peak memory. All ranks run the
+    same sequence of barriers, so a rank that sits a DP = 1 configuration out waits (without
+    using the CPU)."""
+    import time
+
     import torch
+    import torch.distributed as dist
 
     from .memtrack import peak_live_bytes, tensor_bytes
+    from .probe import make_probe
+    from .timing import CLOCKS
+    from .trainer import make_trainer
 
-    rc = RunConfig(**cfg)
-    torch.set_num_threads(threads)
+    now = CLOCKS[clock]
+    probes_fn = {p: make_probe(device, p) for p in probe_precisions} if rank == 0 else {}
+
+    rcs = [RunConfig(**c) for c in cfgs]
     dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
-    model = build_model(rc.gpt, rc.recompute, dev)
-    params = list(model.parameters())
-    flat = torch.zeros(sum(p.numel() for p in params), device=dev)
-    off = 0
-    for p in params:
-        p.grad = flat[off:off + p.numel()].view_as(p)
-        off += p.numel()
-    opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
-    gen = torch.Generator().manual_seed(1234 + rank)
-    shape = (rc.grad_accum, rc.micro_batch, rc.seq_len)
-    x = torch.randint(0, rc.vocab, shape, generator=gen).to(dev)
-    y = torch.randint(0, rc.vocab, shape, generator=gen).to(dev)
-    scale = 1.0 / (rc.grad_accum * world)
-    if world > 1:
-        import torch.distributed as dist
-
-    def step():
-        flat.zero_()
-        for i in range(rc.grad_accum):
-            loss = model(x[i], y[i]) * scale
-            loss.backward()
-        if world > 1:
-            dist.all_reduce(flat)
-        opt.step()
-
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    for _ in range(warmup):
-        step()
-    times, cpu = [], []
-    for _ in range(steps):
-        if world > 1:
+    trainers = {i: make_trainer(rc.gpt, rc.recompute, rc.precision, rc.grad_accum, rc.micro_batch, dev, rank, rc.dp)
+                for i, rc in enumerate(rcs) if rank < rc.dp}
+    wall = {i: [] for i in trainers}
+    cpu = {i: [] for i in trainers}
+    probes = {i: [] for i in trainers}
+    for tr in trainers.values():  # first steps: lazily built kernels, allocator growth
+        for _ in range(2):
+            tr.step()
+    for fn in probes_fn.values():
+        fn()
+    for r in range(rounds):
+        order = range(len(rcs)) if r % 2 == 0 else reversed(range(len(rcs)))
+        for i in order:
+            probe = probes_fn.get(rcs[i].precision)
+            if probe:  # the machine's speed now, in this configuration's precision, the other ranks idle
+                sync()
+                t0 = now()
+                for _ in range(3):
+                    probe()
+                sync()
+                probes[i].append((now() - t0) / 3)
             dist.barrier()
-        sync()
-        t0, c0 = time.perf_counter(), time.process_time()
-        step()
-        sync()
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    states = [t for st in opt.state.values() for t in st.values() if torch.is_tensor(t)]
-    baseline = tensor_bytes(params + [flat, x, y] + states + list(model.buffers()))
-    peak = peak_live_bytes(step, baseline, dev.type)
-    return {"step_times_s": times, "step_time_s": statistics.median(times), "cpu_time_s": statistics.median(cpu),
-            "peak_bytes": peak,
-            "baseline_bytes": baseline, "params": sum(p.numel() for p in params)}
+            if i not in trainers:
+                continue
+            tr = trainers[i]
+            tr.step()  # back on this configuration: warm its data and code paths
+            for _ in range(steps):
+                sync()
+                t0, c0 = time.perf_counter(), time.process_time()
+                tr.step()
+                sync()
+                wall[i].append(time.perf_counter() - t0)
+                cpu[i].append(time.process_time() - c0)
+    out = []
+    for i, rc in enumerate(rcs):
+        dist.barrier()
+        if i not in trainers:
+            out.append(None)
+            continue
+        tr = trainers[i]
+        baseline = tensor_bytes(tr.live_tensors())
+        peak = peak_live_bytes(tr.step, baseline, dev.type) if rank == 0 else tr.step()
+        out.append({"step_times_s": wall[i], "cpu_times_s": cpu[i], "probe_s": probes[i], "peak_bytes": peak,
+                    "baseline_bytes": baseline, "params": sum(p.numel() for p in tr.params)})
+    return out
 
 
-def measure(rc: RunConfig, threads: int, device: str = "cpu", warmup: int = 2, steps: int = 5) -> dict:
-    args = (asdict(rc), threads, warmup, steps, device)
-    if rc.dp == 1:
-        import torch
-
-        before = torch.get_num_threads()
-        try:
-            return train_worker(0, 1, *args)
-        finally:
-            torch.set_num_threads(before)
+def measure_grid(configs: list[RunConfig], threads: int, device: str = "cpu", rounds: int = 5,
+                 steps: int = 2, probe_precisions=(), clock: str = "wall") -> list[dict]:
+    """Measurements of every configuration (rank 0's), in order."""
     from .dist import launch
 
-    return launch(train_worker, rc.dp, args, threads=threads, device=device)
+    world = max(rc.dp for rc in configs)
+    return launch(grid_worker, world, ([asdict(rc) for rc in configs], rounds, steps, device, probe_precisions, clock),
+                  threads=threads, device=device)
 
 
 # ------------------------------------------------------------------ prediction
@@ -165,8 +199,8 @@ def scenario_dict(rc: RunConfig, node: str) -> dict:
         "model": rc.gpt.model_fields(),
         "cluster": {"node": node, "nodes": 1, "devices_per_node": rc.dp},
         "plan": {"dp": rc.dp, "micro_batch": rc.micro_batch, "global_batch": rc.micro_batch * rc.grad_accum * rc.dp,
-                 "recompute": rc.recompute, "precision": "fp32", "flash_attention": True, "zero_stage": 0,
-                 "dp_overlap": False, "grad_precision": "fp32"},
+                 "recompute": rc.recompute, "precision": rc.precision, "flash_attention": True, "zero_stage": 0,
+                 "dp_overlap": False, "grad_precision": "fp32", "grad_accumulation_fusion": False},
     }
 
 
@@ -197,65 +231,134 @@ def node_for_profile(profile: str | Path) -> str:
     return str(node)
 
 
-def default_profile() -> Path:
-    """The newest profile in hardware_profiles/calibrated/ (accelerator files, not -node/-net)."""
+def default_profile(device: str = "cpu") -> Path:
+    """The newest profile in hardware_profiles/calibrated/ (accelerator files, not -node/-net)
+    calibrated on this kind of machine (its CPU model or GPU name)."""
+    import yaml
+
     from ..hardware import CALIBRATED, profiles_dir
 
     folder = profiles_dir() / CALIBRATED
     accs = [p for p in folder.glob("*.yaml") if (folder / f"{p.stem}-node.yaml").is_file()]
-    if not accs:
-        raise InputError("--profile", None, f"no calibrated profile in {folder}; run `llmsim calibrate` or give --profile")
-    return max(accs, key=lambda p: p.stat().st_mtime)
+    here = _this_device(device)
+    mine = [p for p in accs if here in str(((yaml.safe_load(p.read_text()) or {}).get("calibration") or {})
+                                           .get("device_name", ""))]
+    if not mine:
+        raise InputError("--profile", None, f"no profile in {folder} was calibrated on this {device} ({here}); "
+                         "run `llmsim calibrate` or give --profile")
+    return max(mine, key=lambda p: p.stat().st_mtime)
 
 
 def _pct(pred: float, meas: float) -> float:
     return 100.0 * (pred - meas) / meas
 
 
+def _mape(rows: list[dict], key: str) -> float:
+    return statistics.mean(abs(r[key]) for r in rows) if rows else float("nan")
+
+
 def run_validation(profile: str | Path | None = None, quick: bool = False, device: str = "cpu",
-                   configs: list[RunConfig] | None = None, log=None) -> dict:
-    """Measure and predict every configuration; rows plus MAPE of step time and memory."""
+                   configs: list[RunConfig] | None = None, log=None, rounds: int | None = None) -> dict:
+    """Measure and predict every configuration; rows plus MAPE of step time and memory, and the noise."""
     torch = require_torch()
     import yaml
 
+    from .timing import estimate, spread
+
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device", device, "torch sees no CUDA device here; use --device cpu")
-    profile = Path(profile) if profile is not None else default_profile()
+    profile = Path(profile) if profile is not None else default_profile(device)
     node = node_for_profile(profile)
     acc_path = Path(node).with_name(Path(node).stem[: -len("-node")] + ".yaml")
-    cal = (yaml.safe_load(acc_path.read_text()) or {}).get("calibration") or {}
+    data = yaml.safe_load(acc_path.read_text()) or {}
+    cal = data.get("calibration") or {}
     threads = int(cal.get("threads") or 1)
     clock = cal.get("clock", "wall")  # compare on the clock the profile was calibrated with
     devices = int(cal.get("devices_per_node") or 1)
-    configs = configs if configs is not None else (QUICK_GRID if quick else GRID)
-    warmup, steps = (1, 3) if quick else (2, 7)
+    precisions = set((data.get("peak_tflops") or {}).keys())
+    if configs is None:
+        configs = (CUDA_GRID[:2] if quick else CUDA_GRID) if device == "cuda" else (QUICK_GRID if quick else GRID)
+    configs = [rc for rc in configs if rc.dp <= devices and rc.precision in precisions]
+    rounds = rounds or (3 if quick else 5)
+    if log:
+        log(f"validate --torch: {len(configs)} configurations x {rounds} interleaved rounds, {device}, "
+            f"{threads} thread(s) per device, {clock} clock")
+    probe_s = cal.get("probe_s") or {}
+    measured = measure_grid(configs, threads, device, rounds, probe_precisions=sorted(probe_s), clock=clock)
+    # the machine's speed during this run relative to calibration, per precision (probe.py): the
+    # median over every round's probe; 1 = unchanged
+    slowdown = {p: statistics.median(x for rc, m in zip(configs, measured) if rc.precision == p
+                                     for x in m["probe_s"]) / ref
+                for p, ref in probe_s.items() if any(rc.precision == p for rc in configs)}
     rows = []
-    for rc in configs:
-        if rc.dp > devices:
-            continue
+    for rc, meas in zip(configs, measured):
         pred = predict(rc, node)
-        meas = measure(rc, threads, device, warmup, steps)
-        measured = meas["cpu_time_s"] if clock == "cpu" else meas["step_time_s"]
-        row = {"config": rc.name, **asdict(rc), "measured_step_s": measured,
+        raw = meas["cpu_times_s"] if clock == "cpu" else meas["step_times_s"]
+        k = slowdown.get(rc.precision, 1.0)
+        value, wall = estimate(raw) / k, estimate(meas["step_times_s"])
+        row = {"config": rc.name, **asdict(rc), "measured_step_s": value,
+               "measured_median_s": statistics.median(raw) / k, "measured_raw_s": estimate(raw), "raw_error_pct": None,
+               "machine_slowdown": k,
                "predicted_step_s": pred["step_time_s"],
-               "step_error_pct": _pct(pred["step_time_s"], measured),
-               "measured_wall_s": meas["step_time_s"],
-               "wall_error_pct": _pct(pred["step_time_s"], meas["step_time_s"]),
+               "step_error_pct": _pct(pred["step_time_s"], value),
+               "noise_pct": 100.0 * spread(raw),
+               "measured_wall_s": wall, "wall_error_pct": _pct(pred["step_time_s"], wall),
                "measured_memory_mib": meas["peak_bytes"] / 2**20, "predicted_memory_mib": pred["memory_bytes"] / 2**20,
                "memory_error_pct": _pct(pred["memory_bytes"], meas["peak_bytes"]),
-               "step_times_s": meas["step_times_s"], "params": meas["params"],
-               # CPU seconds of the (rank 0) process per step, all its threads: on a shared
-               # machine wall time also holds other processes' turns, CPU time does not
-               "measured_cpu_s": meas["cpu_time_s"],
+               "step_times_s": meas["step_times_s"], "cpu_times_s": meas["cpu_times_s"], "params": meas["params"],
+               "measured_cpu_s": estimate(meas["cpu_times_s"]),
                "predicted_breakdown_s": pred["breakdown_s"]}
+        row["raw_error_pct"] = _pct(pred["step_time_s"], row["measured_raw_s"])
         rows.append(row)
         if log:
-            log(f"  {rc.name:32s} step {row['measured_step_s'] * 1e3:8.1f} ms measured, "
+            log(f"  {rc.name:32s} step {value * 1e3:8.1f} ms measured (noise {row['noise_pct']:4.1f}%), "
                 f"{row['predicted_step_s'] * 1e3:8.1f} predicted ({row['step_error_pct']:+.1f}%); memory "
                 f"{row['measured_memory_mib']:7.1f} MiB measured, {row['predicted_memory_mib']:7.1f} predicted "
                 f"({row['memory_error_pct']:+.1f}%)")
-    mape = statistics.mean(abs(r["step_error_pct"]) for r in rows) if rows else float("nan")
-    mem_mape = statistics.mean(abs(r["memory_error_pct"]) for r in rows) if rows else float("nan")
-    wall_mape = statistics.mean(abs(r["wall_error_pct"]) for r in rows) if rows else float("nan")
-    return {"profile": str(acc_path), "device": device, "threads": threads, "clock": clock, "quick": quick,
-            "rows": rows, "mape_pct": mape, "wall_mape_pct": wall_mape, "memory_mape_pct": mem_mape}
+    out = {"profile": str(acc_path), "device": device, "threads": threads, "clock": clock, "quick": quick,
+           "rounds": rounds, "rows": rows, "mape_pct": _mape(rows, "step_error_pct"),
+           "max_abs_error_pct": max((abs(r["step_error_pct"]) for r in rows), default=float("nan")),
+           "wall_mape_pct": _mape(rows, "wall_error_pct"), "memory_mape_pct": _mape(rows, "memory_error_pct"),
+           "median_noise_pct": statistics.median(r["noise_pct"] for r in rows) if rows else float("nan"),
+           "raw_mape_pct": _mape(rows, "raw_error_pct"),
+           "machine_slowdown": statistics.median(r["machine_slowdown"] for r in rows) if rows else float("nan"),
+           "machine_slowdown_by_precision": slowdown,
+           "load_average": list(os.getloadavg())}
+    out["recorded"] = record(acc_path, data, out, device)
+    if log:
+        log(f"  residuals {'recorded in ' + out['recorded'] if out['recorded'].endswith('.yaml') else out['recorded']}")
+    return out
+
+
+def _this_device(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    from .profile_writer import cpu_model
+
+    return cpu_model()
+
+
+def record(acc_path: Path, data: dict, out: dict, device: str) -> str:
+    """Record the rows' measured and predicted step times in the profile (calibration.validation),
+    from which intervals.py computes prediction intervals; only when this is the machine the
+    profile describes. Returns the path written, or why not."""
+    from ..hardware import load_accelerator
+    from .profile_writer import _dump, today
+
+    cal = data.get("calibration") or {}
+    here = _this_device(device)
+    if cal.get("device") != device or here not in str(cal.get("device_name", "")):
+        return f"not recorded: the profile describes {cal.get('device_name')!r}, this is {here!r}"
+    rows = [{"config": r["config"], "measured_step_s": float(f"{r['measured_step_s']:.5g}"),
+             "predicted_step_s": float(f"{r['predicted_step_s']:.5g}"), "noise_pct": round(r["noise_pct"], 1)}
+            for r in out["rows"]]
+    cal["validation"] = {
+        "date": today(), "tool": f"llmsim validate --torch{' --quick' if out['quick'] else ''} --device {device}",
+        "clock": out["clock"], "basis": f"{len(rows)} llmsim validate --torch rows on this machine ({today()[:10]})",
+        "mape_pct": round(out["mape_pct"], 2), "median_noise_pct": round(out["median_noise_pct"], 2), "rows": rows}
+    data["calibration"] = cal
+    _dump(data, acc_path, "# Written by `llmsim calibrate`; schema in hardware_profiles/README.md.\n")
+    load_accelerator(str(acc_path))  # still a valid profile
+    return str(acc_path)

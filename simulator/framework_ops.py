@@ -1,0 +1,175 @@
+"""Framework operators of a training step: the work around the layers' math.
+
+workload.py lists what a layer computes; a training framework also runs these, on every
+device, on GPUs as on CPUs. Each is an `Op` of the workload's kind (bytes moved by a
+memory-bound kernel, booked to the backward pass), costed by the profile's curve of the same
+kernel class (`efficiency.memory_kernels.<name>`, measured by `llmsim calibrate`; the plain
+bandwidth curve where a profile has none). Pure functions; plan sizes and `stage` may be
+numpy arrays.
+
+Per micro-batch, with the weight gradients:
+- bias_grad: a linear layer with a bias reduces its output gradient over the tokens
+  (NVIDIA/Megatron-LM@000c4ac megatron/core/tensor_parallel/layers.py,
+  LinearWithGradAccumulationAndAsyncCommunication.backward: grad_output.sum(dim=0); torch
+  AddmmBackward0): reads a·T·d_out bytes.
+- grad_accumulate: a parameter's new gradient is added into the gradient buffer (torch
+  AccumulateGrad `grad += new`; Megatron-LM distributed/distributed_data_parallel.py's hook
+  `param.main_grad.add_(param.grad)`): reads the new gradient (a_w bytes) and reads and
+  writes the buffer (2·g bytes) per parameter. With `plan.grad_accumulation_fusion`
+  (Megatron-LM's default --gradient-accumulation-fusion), each linear layer's weight-gradient
+  GEMM accumulates into the fp32 main_grad itself (same file and function:
+  fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32), so only biases, norms and
+  embeddings pay the add.
+- embedding_grad (first stage): a dense embedding backward allocates a zero-filled gradient
+  of the whole table (V/t x h, and the learned position table) before adding the tokens'
+  rows (torch embedding_dense_backward; the tokens' rows are workload.py's embedding op);
+  with tied embeddings on one stage and no fusion, autograd adds the lm_head's gradient of
+  the same table to it (3·a_w bytes per element).
+Per step:
+- zero_grad: the gradient buffer is zero-filled (Megatron-LM zero_grad_buffer; `flat.zero_()`).
+- param_cast (mixed precision): the optimizer's fp32 master weights are copied into the
+  16-bit model weights (Megatron-LM optimizer.py Float16OptimizerWithFloat16Params
+  ._copy_main_params_to_model_params): 4 + a_w bytes per parameter of the local shard.
+Host overhead (profile `host_overhead_us`; 0 where the host runs ahead of asynchronous
+kernels, as on GPUs): a fixed cost per micro-batch (loss, backward engine start) and per step
+(optimizer call, gradient zeroing), and a cost per parameter tensor per step (the optimizer's
+loop over tensors). The per-operator part is compute.py's `op_overhead_s`.
+
+A layer of a model with experts or MLA is charged as the dense layer's norms and biases (its
+router's few weights left out); moe.py refuses such models without gradient-accumulation
+fusion, where every expert weight would pay the add. The host's per-tensor cost counts a
+dense layer's tensors.
+
+Layout copies (a layer's transposes, splits and concatenations around attention) are not
+listed here: `llmsim calibrate` measures the attention kernel in the layout a layer hands
+it, its backward concatenation included, and the GEMMs with their bias broadcast.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .compute import memory_bound_time
+from .hardware import Cluster
+from .model import ModelSpec
+from .states import BytesPerParam, layer_params_local
+from .workload import MEMORY, Op, Shard, local_heads
+
+# The kernel classes of this module (keys of a profile's efficiency.memory_kernels).
+KERNELS = ("bias_grad", "grad_accumulate", "zero_fill", "param_cast")
+
+
+def _op(name: str, nbytes) -> Op:
+    return Op(name, MEMORY, bwd_input_bytes=nbytes)
+
+
+def layer_matrix_params(model: ModelSpec, tp) -> object:
+    """Weight-matrix parameters of one layer on one TP rank: the GEMM weights whose gradient
+    accumulation a fused weight-gradient GEMM absorbs."""
+    q_heads, kv_heads = local_heads(model, tp)
+    h, f, d = model.hidden, model.ffn_hidden, model.head_dim
+    return h * (q_heads + 2 * kv_heads) * d + q_heads * d * h + model.mlp_matrices * h * f / tp
+
+
+def layer_framework_ops(model: ModelSpec, plan, shard: Shard, per: BytesPerParam) -> list[Op]:
+    """Framework operators of one layer for one micro-batch on one device."""
+    a, a_w, g = shard.act_bytes, per.weight, per.grad
+    tokens, rep = shard.tokens, shard.replicated_tokens  # row-parallel outputs are reduce-scattered with SP
+    q_heads, kv_heads = local_heads(model, shard.tp)
+    qkv_out = (q_heads + 2 * kv_heads) * model.head_dim
+    up_out = (model.mlp_matrices - 1) * model.ffn_hidden / shard.tp
+    ops = []
+    if model.bias:
+        ops.append(_op("bias_grad", a * (tokens * (qkv_out + up_out) + 2 * rep * model.hidden)))
+    params = layer_params_local(model, shard.tp)
+    unfused = params - layer_matrix_params(model, shard.tp) if plan.grad_accumulation_fusion else params
+    ops.append(_op("grad_accumulate", (a_w + 2 * g) * unfused))
+    return ops
+
+
+def embedding_framework_ops(model: ModelSpec, plan, tp, per: BytesPerParam, tied_head_here) -> list[Op]:
+    """The embedding tables' gradients where the first virtual stage sits, per micro-batch;
+    `tied_head_here`: the tied lm_head sits on the same device (its gradient of the same table
+    is added by autograd unless fused)."""
+    a_w, g = per.weight, per.grad
+    table = model.vocab * model.hidden / tp
+    pos = model.seq_len * model.hidden if model.position_embedding == "learned" else 0.0
+    ops = [_op("zero_fill", a_w * (table + pos)), _op("grad_accumulate", (a_w + 2 * g) * (table + pos))]
+    if model.tied_embeddings and not plan.grad_accumulation_fusion:
+        ops.append(_op("grad_accumulate", np.where(np.asarray(tied_head_here), 3 * a_w * table, 0.0)))
+    return ops
+
+
+def head_framework_ops(model: ModelSpec, plan, tp, per: BytesPerParam, head_copy) -> list[Op]:
+    """The final norm's and an untied (or pipeline-copied) lm_head's gradient accumulation."""
+    head = np.where(np.asarray(head_copy), model.vocab * model.hidden / tp, 0.0)
+    unfused = model.final_norm_params() + (0.0 if plan.grad_accumulation_fusion else head)
+    return [_op("grad_accumulate", (per.weight + 2 * per.grad) * unfused)]
+
+
+def step_framework_ops(plan, per: BytesPerParam, params, grad_group) -> list[Op]:
+    """Per-step operators of a device holding `params` (before ZeRO sharding)."""
+    grads = params * per.grad / np.where(np.asarray(plan.zero_stage) >= 2, grad_group, 1)
+    ops = [_op("zero_grad", grads)]
+    if plan.precision not in ("fp32", "tf32") and plan.offload.optimizer == "none":
+        local = params / np.where(np.asarray(plan.zero_stage) >= 1, grad_group, 1)
+        ops.append(_op("param_cast", (4.0 + per.weight) * local))
+    return ops
+
+
+_KERNEL_OF = {"zero_grad": "zero_fill"}
+# Kernels that move the same bytes whatever the training precision (fp32 gradient buffers,
+# zero-filling): they use the profile's reference curves, not the precision's.
+_PRECISION_FREE = ("zero_fill",)
+
+
+def ops_seconds(ops: list[Op], cluster: Cluster, precision: str):
+    acc = cluster.accelerator
+    total = 0.0
+    for op in ops:
+        kernel = _KERNEL_OF.get(op.name, op.name)
+        total = total + memory_bound_time(op.bwd_input_bytes, acc, kernel,
+                                          None if kernel in _PRECISION_FREE else precision)
+    return total
+
+
+def param_tensors(model: ModelSpec, layers, has_embedding, has_head, head_copy) -> object:
+    """Parameter tensors on a device holding `layers` layers (weights, biases, norm scales and
+    shifts), the embedding tables and the head where flagged."""
+    per_linear = 2 if model.bias else 1
+    per_norm = 2 if model.norm == "layernorm" and model.bias else 1
+    layer = 4 * per_linear + 2 * per_norm  # fused QKV, output, MLP in (fused gate+up), MLP out
+    pos = 1 if model.position_embedding == "learned" else 0
+    return (layers * layer + np.asarray(has_embedding) * (1 + pos)
+            + np.asarray(has_head) * per_norm + np.asarray(head_copy) * 1)
+
+
+def microbatch_seconds(model: ModelSpec, plan, cluster: Cluster, shard: Shard, per: BytesPerParam, layers,
+                       has_embedding, has_head, head_copy) -> object:
+    """Seconds per micro-batch of the framework operators of a stage's device (booked with
+    the weight gradients), plus the host's fixed cost per micro-batch."""
+    precision = plan.precision
+    t = layers * ops_seconds(layer_framework_ops(model, plan, shard, per), cluster, precision)
+    tied_here = np.asarray(has_embedding) & np.asarray(has_head)
+    t = t + np.asarray(has_embedding) * ops_seconds(embedding_framework_ops(model, plan, shard.tp, per, tied_here),
+                                                    cluster, precision)
+    t = t + np.asarray(has_head) * ops_seconds(head_framework_ops(model, plan, shard.tp, per, head_copy), cluster,
+                                               precision)
+    return t + cluster.accelerator.host_overhead_s.get("microbatch", 0.0)
+
+
+def step_seconds(model: ModelSpec, plan, cluster: Cluster, per: BytesPerParam, params, grad_group, layers,
+                 has_embedding, has_head, head_copy) -> object:
+    """Seconds per step of the per-step framework operators of a stage's device, plus the
+    host's fixed cost per step and per parameter tensor."""
+    host = cluster.accelerator.host_overhead_s
+    t = ops_seconds(step_framework_ops(plan, per, params, grad_group), cluster, plan.precision)
+    return t + host.get("step", 0.0) + host.get("param_tensor", 0.0) * param_tensors(model, layers, has_embedding,
+                                                                                       has_head, head_copy)
+
+
+def co_run_factor(cluster: Cluster) -> float:
+    """How much longer a device's kernels take because the node's other devices run at the same
+    time (profile efficiency.co_run_slowdown: CPU cores sharing caches and memory bandwidth, as
+    data-parallel processes on one machine do); 1 on a one-device node and on GPUs."""
+    return 1.0 + cluster.accelerator.co_run_slowdown if cluster.devices_per_node > 1 else 1.0

@@ -1,0 +1,110 @@
+"""framework_ops.py: the framework operators a training step runs besides the layers' math.
+
+Byte counts are worked by hand from the kernels' traffic (read the summed gradient once for
+a bias gradient; read new, read and write the buffer for an accumulation)."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator import framework_ops as fo
+from simulator.hardware import cluster_from_dict
+from simulator.layout import compile_layout
+from simulator.model import ModelSpec
+from simulator.plan import Plan
+from simulator.states import bytes_per_param, stage_params
+from simulator.workload import Shard
+
+GPT = ModelSpec(name="gpt", layers=4, hidden=256, heads=8, kv_heads=8, ffn_hidden=1024, vocab=2048, seq_len=256,
+                activation="gelu", norm="layernorm", position_embedding="learned", bias=True, tied_embeddings=True,
+                dropout=False)
+LLAMA = ModelSpec(name="llama", layers=4, hidden=256, heads=8, kv_heads=8, ffn_hidden=768, vocab=2048, seq_len=256,
+                  activation="swiglu", norm="rmsnorm", position_embedding="rope", bias=False, tied_embeddings=False,
+                  dropout=False)
+
+
+def _by_name(ops):
+    out = {}
+    for op in ops:
+        out[op.name] = out.get(op.name, 0.0) + float(op.bwd_input_bytes)
+    return out
+
+
+def _layer(model, plan, micro_batch=1, act_bytes=2):
+    shard = Shard(micro_batch=micro_batch, seq_len=model.seq_len, tp=plan.tp, act_bytes=act_bytes)
+    return _by_name(fo.layer_framework_ops(model, plan, shard, _per(plan)))
+
+
+def _per(plan):
+    return bytes_per_param(plan.precision, plan.grad_precision, plan.optimizer_precision)
+
+
+def _all_params(model):
+    return float(stage_params(model, 1, model.layers, True, True, not model.tied_embeddings))
+
+
+def test_bias_gradients_read_each_linear_output_gradient_once():
+    plan = Plan(micro_batch=2, precision="fp32")
+    tokens = 2 * 256
+    # qkv 3h + output h + mlp in 4h + mlp out h, 4 bytes each
+    assert _layer(GPT, plan, micro_batch=2, act_bytes=4)["bias_grad"] == 4 * tokens * (3 + 1 + 4 + 1) * 256
+
+
+def test_no_bias_no_bias_gradient():
+    assert "bias_grad" not in _layer(LLAMA, Plan(precision="bf16"))
+
+
+def test_unfused_accumulation_adds_every_parameter_and_fused_only_biases_and_norms():
+    h = 256
+    layer = 12 * h * h + 13 * h  # four GEMM weights (3h² + h² + 4h² + 4h²), 9h biases, 2 x 2h norm
+    unfused = _layer(GPT, Plan(precision="bf16", grad_accumulation_fusion=False))
+    fused = _layer(GPT, Plan(precision="bf16"))
+    # bf16 gradient read (2 B) + fp32 main grad read and written (8 B)
+    assert unfused["grad_accumulate"] == pytest.approx(10 * layer)
+    assert fused["grad_accumulate"] == pytest.approx(10 * 13 * h)
+
+
+def test_embedding_table_gradient_is_zero_filled_and_the_tied_head_gradient_added():
+    table = (2048 + 256) * 256  # token + position tables
+    plan = Plan(precision="fp32", grad_accumulation_fusion=False)
+    ops = fo.embedding_framework_ops(GPT, plan, 1, _per(plan), True)
+    assert float(ops[0].bwd_input_bytes) == 4 * table  # zero-filled fp32 table gradient
+    assert float(ops[1].bwd_input_bytes) == 12 * table  # added into the gradient buffer
+    assert float(ops[2].bwd_input_bytes) == 12 * 2048 * 256  # autograd sums the lm_head's gradient of the same table
+
+
+def test_step_zeroes_the_gradient_buffer_and_copies_master_weights_only_in_mixed_precision():
+    fp32, bf16 = Plan(precision="fp32"), Plan(precision="bf16")
+    h = 256
+    params = 4 * (12 * h * h + 13 * h) + (2048 + 256) * h + 2 * h  # layers, token + position tables, final norm
+    assert _all_params(GPT) == params
+    fp32_ops = _by_name(fo.step_framework_ops(fp32, _per(fp32), params, 1))
+    bf16_ops = _by_name(fo.step_framework_ops(bf16, _per(bf16), params, 1))
+    assert "param_cast" not in fp32_ops
+    assert fp32_ops["zero_grad"] == pytest.approx(4 * params)
+    assert bf16_ops["param_cast"] == pytest.approx(6 * params)  # read fp32 master, write bf16 weight
+
+
+def test_zero2_zeroes_only_its_gradient_shard():
+    z1, z2 = Plan(precision="bf16", dp=4, zero_stage=1), Plan(precision="bf16", dp=4, zero_stage=2)
+    full = _by_name(fo.step_framework_ops(z1, _per(z1), 1e6, 4))["zero_grad"]
+    shard = _by_name(fo.step_framework_ops(z2, _per(z2), 1e6, 4))["zero_grad"]
+    assert shard == pytest.approx(full / 4)
+
+
+def test_parameter_tensors_of_a_gpt_with_biases_and_layernorms():
+    # per layer: 4 weights + 4 biases + 2 norms x (scale, shift); token and position tables, final norm
+    assert float(fo.param_tensors(GPT, GPT.layers, True, True, False)) == 4 * 12 + 2 + 2
+
+
+def test_on_a_gpu_with_fusion_the_framework_operators_are_a_small_share_of_a_micro_batch():
+    model = ModelSpec(name="gpt-13b", layers=40, hidden=5120, heads=40, kv_heads=40, ffn_hidden=20480, vocab=51200,
+                      seq_len=2048, activation="gelu", norm="layernorm", position_embedding="learned", bias=True,
+                      tied_embeddings=True, dropout=True)
+    plan = Plan(tp=8, pp=1, dp=1, micro_batch=1, global_batch=8, precision="bf16", sequence_parallel=True)
+    cluster = cluster_from_dict({"accelerator": "a100-sxm-80gb", "nodes": 1, "devices_per_node": 8})
+    layout = compile_layout(model, cluster, plan)
+    framework = float(fo.microbatch_seconds(model, plan, cluster, layout.shard, layout.per_param, model.layers,
+                                            True, True, False))
+    assert 0 < framework < 0.03 * float(layout.stages[0].passes.compute_s)
+    assert cluster.accelerator.host_overhead_s == {}  # no host overhead on a GPU profile
