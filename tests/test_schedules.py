@@ -11,7 +11,7 @@ from simulator import evaluate
 from simulator.engine import run, simulate
 from simulator.errors import InputError
 from simulator.graph import uniform_graph
-from simulator.schedules import SCHEDULES, StageTimes, offloaded_in_order, parse_explicit, peak_in_flight, \
+from simulator.schedules import SCHEDULES, StageTimes, drain_tail_in_order, offloaded_in_order, parse_explicit, peak_in_flight, \
     pipeline_makespan, stage_times
 
 
@@ -115,6 +115,18 @@ def test_offloaded_chunk_counts_equal_the_orders(name, p, m):
     for stage in range(p):
         got = tuple(int(x) for x in s.offloaded_chunks(p, m, v, stage))
         assert got == offloaded_in_order(orders[stage])
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@pytest.mark.parametrize("p,m", [(1, 3), (2, 1), (2, 5), (4, 4), (4, 8), (4, 3), (3, 12), (8, 16), (8, 5)])
+def test_drain_tails_equal_the_orders(name, p, m):
+    s = SCHEDULES[name]
+    if name in ("zb-v", "dualpipe-v") and m < 2 * p or name == "interleaved" and m % p:
+        pytest.skip("shape the schedule refuses")
+    v = s.chunks(2 if p > 1 else 1)
+    orders = s.orders(p, m, v)
+    for stage in range(p):
+        assert tuple(float(x) for x in s.drain_tail(p, m, v, stage)) == drain_tail_in_order(orders[stage])
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v"])
