@@ -48,12 +48,25 @@ def test_published_residuals_are_current():
     for engine in ("graph", "analytic"):
         assert stored["residuals"][engine] == pytest.approx(fresh["residuals"][engine], abs=1e-9), \
             "run `llmsim validate --published --write-residuals`"
+        assert stored["by_accelerator"][engine].keys() == fresh["by_accelerator"][engine].keys()
 
 
 @pytest.mark.parametrize("engine", ["graph", "analytic"])
 def test_published_interval_covers_held_out_runs(engine):
-    """Leave-one-out: the interval from 17 published runs covers the 18th in >= 80% of cases."""
+    """Leave-one-out: the interval from n-1 published runs covers the n-th in >= 80% of cases,
+    over all of them and over each accelerator's own."""
     assert _covers(intervals.published_residuals(engine).values) >= 0.8
+    by_accelerator = json.loads(data_dir().joinpath(*intervals.PUBLISHED_RESIDUALS).read_text())["by_accelerator"]
+    for accelerator, residuals in by_accelerator[engine].items():
+        if intervals.conformal_bounds(residuals) is not None:
+            assert _covers(residuals) >= 0.8, accelerator
+
+
+def test_an_accelerator_with_enough_published_runs_gets_its_own_interval():
+    own = intervals.residuals_for(load_accelerator("h100-sxm-80gb"))
+    other = intervals.residuals_for(load_accelerator("mi300x"))
+    assert "on h100-sxm-80gb" in own.basis and len(own.values) < len(other.values)
+    assert "none enough on mi300x" in other.basis
 
 
 def test_calibrated_profiles_intervals_cover_held_out_torch_rows():
