@@ -87,15 +87,22 @@ def test_dualpipe_v_holds_2p_plus_1_chunks(p, m):
     assert [peak_in_flight(o)[0] for o in orders] == [2 * p + 1] * p
 
 
-@pytest.mark.parametrize("name", sorted(SCHEDULES))
-@pytest.mark.parametrize("p,m", [(1, 3), (2, 2), (2, 5), (4, 4), (4, 8), (4, 3), (3, 12), (8, 16)])
-def test_in_flight_closed_forms_equal_the_orders(name, p, m):
+SHAPES = [(1, 1), (1, 3), (2, 1), (2, 2), (2, 5), (4, 4), (4, 8), (4, 3), (3, 12), (8, 16), (8, 5)]
+
+
+def schedule_and_orders(name, p, m):
+    """(schedule, chunks per device, its orders), skipping shapes the schedule refuses."""
     s = SCHEDULES[name]
-    v = 2 if name != "interleaved" or p > 1 else 1
     if name in ("zb-v", "dualpipe-v") and m < 2 * p or name == "interleaved" and m % p:
         pytest.skip("shape the schedule refuses")
-    v = s.chunks(v)
-    orders = s.orders(p, m, v)
+    v = s.chunks(2 if p > 1 else 1)
+    return s, v, s.orders(p, m, v)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@pytest.mark.parametrize("p,m", SHAPES)
+def test_in_flight_closed_forms_equal_the_orders(name, p, m):
+    s, v, orders = schedule_and_orders(name, p, m)
     for stage in range(p):
         chunks, first = s.in_flight(p, m, v, stage)
         want = peak_in_flight(orders[stage], 0 if stage == s.embedding_stage(p) else None)
@@ -105,26 +112,17 @@ def test_in_flight_closed_forms_equal_the_orders(name, p, m):
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
-@pytest.mark.parametrize("p,m", [(1, 1), (1, 3), (2, 1), (2, 5), (4, 4), (4, 8), (4, 3), (3, 12), (8, 16)])
+@pytest.mark.parametrize("p,m", SHAPES)
 def test_offloaded_chunk_counts_equal_the_orders(name, p, m):
-    s = SCHEDULES[name]
-    if name in ("zb-v", "dualpipe-v") and m < 2 * p or name == "interleaved" and m % p:
-        pytest.skip("shape the schedule refuses")
-    v = s.chunks(2 if p > 1 else 1)
-    orders = s.orders(p, m, v)
+    s, v, orders = schedule_and_orders(name, p, m)
     for stage in range(p):
-        got = tuple(int(x) for x in s.offloaded_chunks(p, m, v, stage))
-        assert got == offloaded_in_order(orders[stage])
+        assert tuple(int(x) for x in s.offloaded_chunks(p, m, v, stage)) == offloaded_in_order(orders[stage])
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
-@pytest.mark.parametrize("p,m", [(1, 3), (2, 1), (2, 5), (4, 4), (4, 8), (4, 3), (3, 12), (8, 16), (8, 5)])
+@pytest.mark.parametrize("p,m", SHAPES)
 def test_drain_tails_equal_the_orders(name, p, m):
-    s = SCHEDULES[name]
-    if name in ("zb-v", "dualpipe-v") and m < 2 * p or name == "interleaved" and m % p:
-        pytest.skip("shape the schedule refuses")
-    v = s.chunks(2 if p > 1 else 1)
-    orders = s.orders(p, m, v)
+    s, v, orders = schedule_and_orders(name, p, m)
     for stage in range(p):
         assert tuple(float(x) for x in s.drain_tail(p, m, v, stage)) == drain_tail_in_order(orders[stage])
 
