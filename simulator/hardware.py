@@ -47,7 +47,7 @@ class Efficiency:
 
     max: float
     half: float
-    # [issue 10] Beyond `spill` units of work the kernel runs at `spill_max` of the peak: a CPU
+    # Beyond `spill` units of work the kernel runs at `spill_max` of the peak: a CPU
     # core's data outgrowing its private cache (compute._work_time). None: no such regime.
     spill: float | None = None
     spill_max: float | None = None
@@ -100,21 +100,21 @@ class Accelerator:
     # FlashAttention-2 where `attention` is a faster kernel's (FA3/cuDNN on Hopper); None: the
     # same kernel (compute.FLASH2_ATTENTION).
     attention_flash2: Efficiency | None = None
-    # [issue 10] Fractional slowdown of a device's kernels while the node's other devices run
+    # Fractional slowdown of a device's kernels while the node's other devices run
     # too (CPU cores sharing caches and memory bandwidth); 0 where devices have their own memory.
     co_run_slowdown: float = 0.0
-    # [issue 10] Curves of the backward passes where their kernels differ from the forward
+    # Curves of the backward passes where their kernels differ from the forward
     # one (efficiency.matmul_bwd_input, matmul_bwd_weight, attention_bwd; e.g. a CPU's bf16 GEMM
     # with a transposed operand); absent: the forward curve.
     pass_efficiency: Mapping[str, Efficiency] = field(default_factory=dict)
-    # [issue 10] Curves measured in another precision than the reference one (efficiency.
+    # Curves measured in another precision than the reference one (efficiency.
     # precisions.<precision>.{matmul, matmul_bwd_*, attention, attention_bwd, memory,
     # memory_kernels}), e.g. a CPU's bf16 GEMMs (AMX). Absent: the reference curves.
     precision_efficiency: Mapping[str, Mapping[str, Efficiency]] = field(default_factory=dict)
-    # [issue 10] Host-side framework cost (seconds) per "microbatch", per "step" and per
+    # Host-side framework cost (seconds) per "microbatch", per "step" and per
     # "param_tensor" per step (framework_ops.py); empty where the host runs ahead (GPUs).
     host_overhead_s: Mapping[str, float] = field(default_factory=dict)
-    # [issue 10] ln(measured / predicted step time) of the rows `llmsim validate --torch`
+    # ln(measured / predicted step time) of the rows `llmsim validate --torch`
     # recorded in a calibrated profile (calibration.validation), for intervals.py
     validation_residuals: tuple = field(default=(), compare=False)
     validation_basis: str = field(default="", compare=False)
@@ -257,7 +257,7 @@ HOST_OVERHEADS = ("microbatch", "step", "param_tensor")
 
 
 def _precision_efficiency(eff: Mapping, where: str) -> dict:
-    """[issue 10] efficiency.precisions.<p>: matmul, attention, memory and memory_kernels as in
+    """efficiency.precisions.<p>: matmul, attention, memory and memory_kernels as in
     the reference block, flattened to {"matmul", "attention", "memory", <kernel class>: Efficiency}."""
     out = {}
     precs = F.require_mapping(eff.get("precisions") or {}, f"{where}.precisions")
@@ -275,7 +275,7 @@ def _precision_efficiency(eff: Mapping, where: str) -> dict:
 
 
 def _validation_residuals(data: Mapping, where: str) -> tuple[tuple, str]:
-    """[issue 10] (residuals, basis) of a calibrated profile's recorded validation rows."""
+    """(residuals, basis) of a calibrated profile's recorded validation rows."""
     cal = data.get("calibration") if isinstance(data.get("calibration"), Mapping) else {}
     val = cal.get("validation") if isinstance(cal.get("validation"), Mapping) else {}
     rows = val.get("rows") or []

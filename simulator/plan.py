@@ -65,7 +65,7 @@ class Plan:
     # Precision of the gradients kept for accumulation and reduction. Megatron-LM keeps
     # fp32 "main grads" (--accumulate-allreduce-grads-in-fp32); DeepSpeed keeps 16-bit.
     grad_precision: str = "fp32"
-    # [issue 10] Weight-gradient GEMMs accumulate into the fp32 main grads themselves
+    # Weight-gradient GEMMs accumulate into the fp32 main grads themselves
     # (Megatron-LM --gradient-accumulation-fusion, its default); false: a separate add per
     # parameter and micro-batch, as torch's AccumulateGrad (framework_ops.py).
     grad_accumulation_fusion: bool = True

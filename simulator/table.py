@@ -41,7 +41,7 @@ RESULT_TAIL = {
     "energy_kwh_to_train": "float", "data_bound": "bool", "time_to_train_days_no_failures": "float",
     "cost_to_train_usd_no_failures": "float",
 }
-# [issue 10] prediction intervals (intervals.py): the JSON's [low, high] pairs as two columns
+# prediction intervals (intervals.py): the JSON's [low, high] pairs as two columns
 INTERVALS = ("step_time_s_interval", "tokens_per_s_interval")
 INTERVAL_COLUMNS = {**{f"{k}.{b}": "float" for k in INTERVALS for b in ("low", "high")}, "interval_coverage": "float"}
 RESULT_COLUMNS = {**RESULT_SCALARS, **{f"memory_gib.{k}": "float" for k in MEMORY_KEYS},
