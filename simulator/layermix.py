@@ -48,6 +48,8 @@ class LayerMix:
     moe_rest_params: object  # an MoE layer's attention, norms, router and shared experts
     routed_params: object  # an MoE layer's local experts
     buffer_bytes: object
+    dense_rerun: tuple  # (recompute.LayerCheckpoint, seconds its re-run takes) of each kind
+    moe_rerun: tuple | None
 
 
 def _tp_comm_s(model, shard, groups, cluster):
@@ -104,7 +106,9 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
         extra = moe_buffer_bytes(model, shard, experts)
     buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, buffers_layer, plan, per.weight,
                            per.grad) + extra
-    return LayerMix(dense_ops, moe_ops, dense_t, moe_t, dense_tp, moe_tp, cp, ep, dense_p, rest_p, routed_p, buffers)
+    return LayerMix(dense_ops, moe_ops, dense_t, moe_t, dense_tp, moe_tp, cp, ep, dense_p, rest_p, routed_p, buffers,
+                    _rerun(model, shard, plan, cluster, dense_ops),
+                    _rerun(model, shard, plan, cluster, moe_ops) if moe_ops is not None else None)
 
 
 def _sum_states(a: ModelStates, b: ModelStates) -> ModelStates:
@@ -132,12 +136,15 @@ class MixedStage:
     shard_group: object  # ZeRO sharding degree averaged over the stage's parameters (offload)
 
 
-def _kind_passes(t: OpsTime, ops, n, emb_t, head_t, has_emb, has_head, tp_s, cp_s, ep_s, model, shard, plan,
-                 cluster, v):
-    """Pass times of the stage's `n` layers of one kind, with what recomputation re-runs of
-    them (recompute.py)."""
+def _rerun(model, shard, plan, cluster, ops) -> tuple:
+    """(checkpoint, forward seconds of what recomputation re-runs) of one layer kind (recompute.py)."""
     checkpoint = layer_checkpoint(model, shard, plan.recompute, ops)
-    rerun_s = ops_time(list(checkpoint.rerun), cluster, compute_precision(plan)).fwd_s
+    return checkpoint, ops_time(list(checkpoint.rerun), cluster, compute_precision(plan)).fwd_s
+
+
+def _kind_passes(t: OpsTime, rerun: tuple, n, emb_t, head_t, has_emb, has_head, tp_s, cp_s, ep_s, plan, v):
+    """Pass times of the stage's `n` layers of one kind, with what recomputation re-runs of them."""
+    checkpoint, rerun_s = rerun
     rerun_layers = v * chunk_checkpoint(plan, checkpoint, 0.0, n / v).rerun_layers
     return pass_times(t, n, emb_t, head_t, has_emb, has_head, tp_s, cp_s, rerun_s, rerun_layers,
                       checkpoint.tp_rerun, checkpoint.cp_rerun, ep_s)
@@ -156,8 +163,8 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, grad_gr
     count = buckets(dense / v, grad_group) + np.where(routed > 0, buckets(routed / v, expert_group), 0)
     shard_group = (dense + routed) / (dense / grad_group + routed / expert_group)
     d_acts = activation_sizes(model, shard, plan, n_dense / v, has_emb, has_head, mix.dense_ops, head)
-    passes = _kind_passes(mix.dense_t, mix.dense_ops, n_dense, emb_t, head_t, has_emb, has_head, mix.dense_tp_s,
-                          mix.cp_s, (0.0, 0.0), model, shard, plan, cluster, v)
+    passes = _kind_passes(mix.dense_t, mix.dense_rerun, n_dense, emb_t, head_t, has_emb, has_head, mix.dense_tp_s,
+                          mix.cp_s, (0.0, 0.0), plan, v)
     acts = d_acts
     if mix.moe_ops is not None:
         m_acts = activation_sizes(model, shard, plan, n_moe / v, has_emb, has_head, mix.moe_ops, head)
@@ -166,7 +173,7 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, grad_gr
         extra = np.where(n_moe > 0, np.where(n_dense > 0, np.maximum(d, m), m), d)
         acts = ActivationSizes(d_acts.chunk_bytes + m_acts.chunk_bytes, d_acts.embedding_bytes, extra)
         zero = np.asarray(0.0)
-        passes = passes + _kind_passes(mix.moe_t, mix.moe_ops, n_moe, emb_t, head_t, zero, zero, mix.moe_tp_s,
-                                       mix.cp_s, mix.ep_s, model, shard, plan, cluster, v)
+        passes = passes + _kind_passes(mix.moe_t, mix.moe_rerun, n_moe, emb_t, head_t, zero, zero, mix.moe_tp_s,
+                                       mix.cp_s, mix.ep_s, plan, v)
     return MixedStage(dense + routed, states, acts, passes, dp, count, shard_group)
 
