@@ -56,6 +56,7 @@ from dataclasses import replace
 import numpy as np
 
 from .compute import FP8_MATMUL, MXFP8_MATMUL
+from .moe import dispatched_rows, local_experts
 from .workload import MEMORY, Op, Shard, local_heads
 
 FP8_PRECISIONS = ("fp8", "mxfp8")
@@ -84,21 +85,36 @@ def compute_precision(plan) -> str:
     return "bf16" if plan.precision in FP8_PRECISIONS else plan.precision
 
 
-def linears(model, shard: Shard) -> dict:
+def linears(model, shard: Shard, experts=None) -> dict:
     """The layer's linears: name -> (tokens, input width, output width, torchao modules
-    reading the same input), widths per TP rank."""
+    reading the same input, weight matrices), widths per TP rank. With `experts` (a
+    moe.ExpertShard) the MoE layer's: its attention, shared experts and the grouped GEMMs of
+    its local experts (TransformerEngine's GroupedLinear, one weight per local expert, over the
+    rows the dispatch brings)."""
     _, kv_heads = local_heads(model, shard.tp)
     q_w, kv_w = model.q_width / shard.tp, kv_heads * model.head_dim
     f, h, tokens = model.ffn_hidden / shard.tp, model.hidden, shard.tokens
-    out = {"qkv": (tokens, h, q_w + 2 * kv_w, 3), "attn_out": (tokens, q_w, h, 1), "mlp_down": (tokens, f, h, 1)}
-    if model.activation == "gelu":
-        out["mlp_up"] = (tokens, h, f, 1)
+    gated = model.activation != "gelu"
+    out = {"qkv": (tokens, h, q_w + 2 * kv_w, 3, 1), "attn_out": (tokens, q_w, h, 1, 1)}
+    if experts is None:
+        mlps = (("", f),)
     else:
-        out["mlp_gate_up"] = (tokens, h, 2 * f, 2)
+        rows = experts.etp * dispatched_rows(model, shard.replicated_tokens, experts.options)
+        fe, n_local = model.expert_ffn_hidden / experts.etp, local_experts(model, experts.ep)
+        out["expert_fc1"] = (rows, h, (2 if gated else 1) * fe, 1, n_local)
+        out["expert_fc2"] = (rows, fe, h, 1, n_local)
+        mlps = (("shared_", model.shared_experts * model.shared_expert_ffn_hidden / shard.tp),) \
+            if model.shared_experts else ()
+    for prefix, width in mlps:
+        out[prefix + "mlp_down"] = (tokens, width, h, 1, 1)
+        if gated:
+            out[prefix + "mlp_gate_up"] = (tokens, h, 2 * width, 2, 1)
+        else:
+            out[prefix + "mlp_up"] = (tokens, h, width, 1, 1)
     return out
 
 
-def _cast_op(name, shard: Shard, rec: str, compiled: bool, tokens, d_in, d_out, readers):
+def _cast_op(name, shard: Shard, rec: str, compiled: bool, tokens, d_in, d_out, readers, matrices=1):
     inputs, weights, grads = CAST_BYTES[rec][1 if compiled else 0]
     x = tokens * d_in
     if rec in TE_RECIPES:
@@ -106,27 +122,27 @@ def _cast_op(name, shard: Shard, rec: str, compiled: bool, tokens, d_in, d_out, 
     elif rec == "tensorwise" and shard.sp and readers > 1:
         # one cast of the sequence-sharded input, then an FP8 all-gather
         readers, x = 1, x / shard.tp
-    fwd = readers * inputs * x + weights * d_in * d_out
+    fwd = readers * inputs * x + weights * matrices * d_in * d_out
     return Op(f"{name}.fp8_cast", MEMORY, fwd_bytes=fwd, bwd_input_bytes=grads * tokens * d_out)
 
 
-def fp8_layer_ops(ops: list[Op], model, shard: Shard, plan) -> list[Op]:
+def fp8_layer_ops(ops: list[Op], model, shard: Shard, plan, experts=None) -> list[Op]:
     """The layer's operators with its linears as FP8 GEMMs, each followed by its casts; the
-    list unchanged for a plan without FP8 linears."""
+    list unchanged for a plan without FP8 linears. `experts`: those of an MoE layer."""
     rec = recipe(plan)
     if rec is None:
         return ops
     kind = MXFP8_MATMUL if rec == "mxfp8" else FP8_MATMUL
-    table = linears(model, shard)
+    table = linears(model, shard, experts)
     out = []
     for op in ops:
         if op.name not in table:
             out.append(op)
             continue
-        tokens, d_in, d_out, readers = table[op.name]
+        tokens, d_in, d_out, readers, matrices = table[op.name]
         out.append(replace(op, kind=kind, saved_bytes=op.saved_bytes + saved_input_change(op.name, rec, tokens, d_in,
                                                                                           readers, shard)))
-        out.append(_cast_op(op.name, shard, rec, plan.compile, tokens, d_in, d_out, readers))
+        out.append(_cast_op(op.name, shard, rec, plan.compile, tokens, d_in, d_out, readers, matrices))
     return out
 
 

@@ -11,7 +11,7 @@ over the expert data-parallel group, the rest over dp x cp (dims.py). Broadcast-
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -19,7 +19,8 @@ from .dataparallel import DPCosts, buckets, dp_costs
 from .memory import ActivationSizes, activation_sizes, buffer_bytes
 from .moe import (SHARED_EXPERTS, ExpertShard, dispatch_comm_s, exposed_dispatch_s, layer_params_split,
                   moe_buffer_bytes, stage_layer_mix)
-from .compute import op_times, with_attention_kernel
+from . import fp8
+from .compute import LOW_PRECISION_GEMMS, op_times, with_attention_kernel
 from .fp8 import compute_precision
 from .passes import OpsTime, cp_layer_comm_s, ops_time, pass_times, tp_layer_comm_s
 from .recompute import chunk_checkpoint, layer_checkpoint
@@ -50,15 +51,17 @@ class LayerMix:
     buffer_bytes: object
     dense_rerun: tuple  # (recompute.LayerCheckpoint, seconds its re-run takes) of each kind
     moe_rerun: tuple | None
+    dense_linear_params: object  # weights of a dense-MLP layer's linears (FP8 copies, fp8.py)
+    moe_rest_linear_params: object  # an MoE layer's attention and shared-expert linears
 
 
-def _tp_comm_s(model, shard, groups, cluster):
+def _tp_comm_s(model, shard, groups, cluster, gather_factor):
     """(dense-MLP layer, MoE layer) TP collectives, forward and backward. A layer's TP
     collectives are its attention block's and its MLP's, half of tp_layer_comm_s each
     (one gather and one reduce-scatter, or one all-reduce, per block and direction); MLA's
     attention gathers its latents instead (mla.py); an MoE layer's routed experts have
     none (their tokens move in the dispatch), its shared experts those of a dense MLP."""
-    f, b = tp_layer_comm_s(model, shard, groups, cluster)
+    f, b = tp_layer_comm_s(model, shard, groups, cluster, gather_factor)
     half = (f / 2, b / 2)
     if model.attention == "mla":
         from .mla import tp_attention_comm_s
@@ -75,16 +78,16 @@ def _overlapped(tp_s: tuple, t: OpsTime, ops, cluster, precision) -> tuple:
     TransformerEngine's userbuffers and PyTorch's async TP collective by collective on the
     dense layer's GEMMs, tpoverlap.py)."""
     gemm_fwd = sum(op_times(op, cluster.accelerator, precision).fwd_s for op in ops
-                   if op.kind == MATMUL and op.group != ATTENTION_CORE)
+                   if (op.kind == MATMUL or op.kind in LOW_PRECISION_GEMMS) and op.group != ATTENTION_CORE)
     return np.maximum(0.0, tp_s[0] - gemm_fwd), np.maximum(0.0, tp_s[1] - t.bwd_input_s - t.bwd_weight_s)
 
 
 def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix:
     """Everything per layer kind, once per compile."""
     dense_ops = layer_ops(model, shard) if model.moe_layers < model.layers else []  # every layer MoE: none
-    dense_ops = with_attention_kernel(dense_ops, plan.attention_kernel)
+    dense_ops = fp8.fp8_layer_ops(with_attention_kernel(dense_ops, plan.attention_kernel), model, shard, plan)
     dense_t = ops_time(dense_ops, cluster, precision)
-    dense_tp, moe_tp = _tp_comm_s(model, shard, groups, cluster)
+    dense_tp, moe_tp = _tp_comm_s(model, shard, groups, cluster, fp8.tp_gather_bytes_factor(plan))
     if plan.tp_comm_overlap:
         dense_tp = _overlapped(dense_tp, dense_t, dense_ops, cluster, precision)
     cp = cp_layer_comm_s(model, shard, groups, cluster)
@@ -95,7 +98,8 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
     extra = 0.0
     if model.experts:
         experts = ExpertShard(plan.ep, plan.etp, plan.moe)
-        moe_ops = with_attention_kernel(layer_ops(model, shard, experts), plan.attention_kernel)
+        moe_ops = fp8.fp8_layer_ops(with_attention_kernel(layer_ops(model, shard, experts), plan.attention_kernel),
+                                    model, shard, plan, experts)
         moe_t = ops_time(moe_ops, cluster, precision)
         if plan.tp_comm_overlap:
             moe_tp = _overlapped(moe_tp, moe_t, moe_ops, cluster, precision)
@@ -106,9 +110,13 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
         extra = moe_buffer_bytes(model, shard, experts)
     buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, buffers_layer, plan, per.weight,
                            per.grad) + extra
+    dense_linears = fp8.layer_linear_params(model, plan.tp)
+    shared_linears = model.shared_experts * model.mlp_matrices * model.hidden * model.shared_expert_ffn_hidden / plan.tp
+    attention_linears = dense_linears - model.mlp_matrices * model.hidden * model.ffn_hidden / plan.tp
     return LayerMix(dense_ops, moe_ops, dense_t, moe_t, dense_tp, moe_tp, cp, ep, dense_p, rest_p, routed_p, buffers,
                     _rerun(model, shard, plan, cluster, dense_ops),
-                    _rerun(model, shard, plan, cluster, moe_ops) if moe_ops is not None else None)
+                    _rerun(model, shard, plan, cluster, moe_ops) if moe_ops is not None else None,
+                    dense_linears, attention_linears + shared_linears)
 
 
 def _sum_states(a: ModelStates, b: ModelStates) -> ModelStates:
@@ -134,6 +142,7 @@ class MixedStage:
     dp: DPCosts
     buckets: object
     shard_group: object  # ZeRO sharding degree averaged over the stage's parameters (offload)
+    linears: object  # linear weights of the stage's device (FP8 weight casts, fp8.py)
 
 
 def _rerun(model, shard, plan, cluster, ops) -> tuple:
@@ -158,8 +167,15 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, grad_gr
         + n_moe * mix.moe_rest_params
     routed = n_moe * mix.routed_params
     states = _sum_states(model_states(dense, plan, per, grad_group), model_states(routed, plan, per, expert_group))
-    dp = _sum_dp(dp_costs(plan.zero_stage, dense, per.weight, per.grad, groups.grad, cluster),
-                 dp_costs(plan.zero_stage, routed, per.weight, per.grad, groups.expert_grad, cluster))
+    # FP8 linears (fp8.py): the weight copies TransformerEngine keeps, and FP8 all-gathers of
+    # FP8 primary weights; the routed experts are all linear weights
+    dense_linears = n_dense * mix.dense_linear_params + n_moe * mix.moe_rest_linear_params
+    fp8_weight, fp8_gather = fp8.weight_bytes_per_param(plan)
+    if plan.zero_stage < 3:
+        states = replace(states, weights_bytes=states.weights_bytes + (dense_linears + routed) * (fp8_weight - per.weight))
+    dense_gather = per.weight - dense_linears * (per.weight - fp8_gather) / dense
+    dp = _sum_dp(dp_costs(plan.zero_stage, dense, dense_gather, per.grad, groups.grad, cluster),
+                 dp_costs(plan.zero_stage, routed, fp8_gather, per.grad, groups.expert_grad, cluster))
     count = buckets(dense / v, grad_group) + np.where(routed > 0, buckets(routed / v, expert_group), 0)
     shard_group = (dense + routed) / (dense / grad_group + routed / expert_group)
     d_acts = activation_sizes(model, shard, plan, n_dense / v, has_emb, has_head, mix.dense_ops, head)
@@ -175,5 +191,5 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, grad_gr
         zero = np.asarray(0.0)
         passes = passes + _kind_passes(mix.moe_t, mix.moe_rerun, n_moe, emb_t, head_t, zero, zero, mix.moe_tp_s,
                                        mix.cp_s, mix.ep_s, plan, v)
-    return MixedStage(dense + routed, states, acts, passes, dp, count, shard_group)
+    return MixedStage(dense + routed, states, acts, passes, dp, count, shard_group, dense_linears + routed)
 

@@ -208,7 +208,7 @@ def compile_layout(model, cluster, plan) -> Layout:
             x = mixed_stage(mix, model, cluster, plan, shard, g, per, grad_group, expert_grad_group_size(plan), p, v,
                             has_emb, has_head, head_copy, emb_t, head_t, head)
             params, states, acts, passes, dp = x.params, x.states, x.activations, x.passes, x.dp
-            n_buckets, shard_group, stage_buffers, linears = x.buckets, x.shard_group, buffers, 0.0
+            n_buckets, shard_group, stage_buffers, linears = x.buckets, x.shard_group, buffers, x.linears
         framework_s = framework_ops.microbatch_seconds(model, plan, cluster, shard, per, layers, has_emb, has_head,
                                                        head_copy)
         passes = replace(passes, fwd_s=co_run * passes.fwd_s, bwd_input_s=co_run * passes.bwd_input_s,

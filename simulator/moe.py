@@ -159,13 +159,17 @@ def check_moe_plan(plan, model) -> None:
 
 def check_layer_mix_options(plan, model) -> None:
     """Refuse, for a model with experts or MLA (layermix.py), the framework options only the
-    dense path models: FP8 linears (fp8.py picks the dense linears by name), eager kernels,
+    dense path models: FP8 with MLA (fp8.py knows MHA/GQA projections) and torchao's FP8
+    recipes for experts (TransformerEngine's grouped GEMMs are what is modelled), eager kernels,
     op-level selective and block recomputation, FSDP2 without resharding, uneven stages,
     unfused gradient accumulation (framework_ops.py counts a dense layer's parameters)."""
     if not (model.experts or model.attention == "mla"):
         return
     kind = "MoE" if model.experts else "MLA"
-    unsupported = (("plan.precision", plan.precision, plan.precision in ("fp8", "mxfp8")),
+    fp8 = plan.precision in ("fp8", "mxfp8")
+    unsupported = (("plan.precision", plan.precision, fp8 and model.attention == "mla"),
+                   ("plan.fp8_recipe", plan.fp8_recipe, fp8 and model.experts and plan.fp8_recipe in ("tensorwise",
+                                                                                                     "rowwise")),
                    ("plan.compile", plan.compile, not plan.compile),
                    ("plan.recompute", plan.recompute, plan.recompute == "op-selective"),
                    ("plan.recompute_method", plan.recompute_method, plan.recompute_method != "uniform"),

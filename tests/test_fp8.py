@@ -116,3 +116,54 @@ def test_fp8_primary_weights_need_an_fp8_plan_and_transformer_engine():
 
 def test_the_default_recipe_is_transformer_engine_delayed_scaling():
     assert Plan().fp8_recipe == "delayed"
+
+
+# ---------------------------------------------------------------- MoE layers (TransformerEngine)
+
+MIXTRAL_H, MIXTRAL_F, TOKENS = 4096, 14336, 4096
+
+
+def mixtral(**plan):
+    base = {"tp": 1, "pp": 1, "dp": 8, "ep": 8, "micro_batch": 1, "global_batch": 64, "precision": "fp8"}
+    return compile_scenario(scenario_from_dict({"model": {"preset": "mixtral-8x7b", "seq_len": TOKENS},
+                                                "cluster": {"node": "dgx-h100", "nodes": 1},
+                                                "plan": {**base, **plan}}))
+
+
+def test_moe_expert_gemms_run_in_fp8_with_transformer_engine_casts_of_the_dispatched_rows():
+    from simulator.layermix import compile_mix, needs_layer_mix
+
+    layout = mixtral()
+    assert needs_layer_mix(layout.model)
+    mix = compile_mix(layout.model, layout.cluster, layout.plan, layout.shard, layout.groups, layout.per_param, "bf16")
+    ops = {op.name: op for op in mix.moe_ops}
+    assert ops["expert_fc1"].kind == ops["expert_fc2"].kind == ops["qkv"].kind == FP8_MATMUL
+    assert ops["router"].kind == MATMUL  # the router stays in BF16
+    # top-2 of 4096 tokens, balanced over 8 ranks with one expert each: 8192 rows per rank;
+    # delayed scaling casts input and output gradient to FP8 with their transposes, 2 + 2 B each
+    rows = 2 * TOKENS
+    assert ops["expert_fc1.fp8_cast"].fwd_bytes == pytest.approx(4 * rows * MIXTRAL_H)
+    assert ops["expert_fc1.fp8_cast"].bwd_input_bytes == pytest.approx(4 * rows * 2 * MIXTRAL_F)
+
+
+def test_moe_fp8_weight_copies_cover_attention_and_local_expert_linears():
+    bf16, fp8 = mixtral(precision="bf16"), mixtral()
+    attention = MIXTRAL_H * (4096 + 2 * 1024) + 4096 * MIXTRAL_H  # qkv and output projection (32 heads, 8 KV)
+    experts = 1 * 3 * MIXTRAL_H * MIXTRAL_F  # one local expert: gate, up, down
+    extra = fp8.stages[0].states.weights_bytes - bf16.stages[0].states.weights_bytes
+    assert float(extra) == pytest.approx(2 * 32 * (attention + experts))  # an FP8 copy and its transpose
+
+
+def test_fp8_primary_weights_of_moe_layers_keep_no_bf16_copy():
+    bf16, primary = mixtral(precision="bf16"), mixtral(fp8_params=True)
+    assert float(primary.stages[0].states.weights_bytes) == pytest.approx(float(bf16.stages[0].states.weights_bytes))
+
+
+@pytest.mark.parametrize("model,plan,field", [
+    ({"preset": "mixtral-8x7b", "seq_len": 4096}, {"fp8_recipe": "rowwise"}, "plan.fp8_recipe"),
+    ({"preset": "deepseek-v3", "mtp_layers": 0, "layers": 4, "dense_layers": 1}, {}, "plan.precision"),
+])
+def test_fp8_moe_with_torchao_recipes_or_mla_is_refused(model, plan, field):
+    with pytest.raises(InputError, match=field.replace(".", r"\.") + ".*not yet modelled"):
+        scenario_from_dict({"model": model, "cluster": {"node": "dgx-h100", "nodes": 1},
+                            "plan": {"tp": 1, "dp": 8, "ep": 8, "global_batch": 8, "precision": "fp8", **plan}})

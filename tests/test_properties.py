@@ -91,7 +91,14 @@ def test_memory_of_moe_plans_does_not_rise_with_tensor_parallelism(data):
 def check_memory_with_tp(data):
     s = scenario_of(data)
     plan = data["plan"]
-    if plan["dp"] % 2:
+    if plan["dp"] % 2 or 2 * s.plan.tp > s.model.kv_heads:
+        # past kv_heads the KV projections are replicated over TP: their ZeRO-sharded states
+        # grow as the data-parallel group that shards them shrinks
+        return
+    if plan["offload"]["activations"] != "none":
+        # an offloading stage keeps the backlog its host link cannot drain during a forward
+        # pass; TP shortens the pass more than the copy (the replicated non-SP activations
+        # stay), so the resident backlog may grow
         return
     wider = {"tp": 2 * s.plan.tp, "dp": s.plan.dp // 2, "global_batch": s.plan.global_batch // 2}
     try:

@@ -186,11 +186,9 @@ def test_the_copies_are_the_shared_files_and_every_row_is_a_run(runs):
         assert sum(r.file == name for r in runs.values()) == n
 
 
-def test_moe_runs_are_their_own_sources_and_only_the_fp8_one_is_not_expressible(runs):
+def test_moe_runs_are_their_own_sources(runs):
     moe = {rid: r for rid, r in runs.items() if r.file == "moe-runs.csv"}
     assert {r.source for r in moe.values()} == {"nemo-dgxc-moe", "megatron-moe"}
-    refused = {rid for rid, r in moe.items() if r.status != "predicted"}
-    assert refused == {"dgxc2411-h100-grok1-314b-fp8-512gpu"}
     grok = moe["dgxc2411-h100-grok1-314b-bf16-512gpu"].scenario
     assert (grok["plan"]["ep"], grok["plan"]["etp"], grok["model"]["experts"]) == (8, 4, 8)
     assert grok["plan"]["moe"] == {"dispatcher": "alltoall", "capacity_factor": 1.0, "pad_to_capacity": True,
@@ -203,9 +201,13 @@ def test_every_run_is_predicted_or_has_a_named_reason(runs):
         assert all(f != "scenario-rejected" for f, _ in r.reasons), (r.id, r.reasons)
 
 
-def test_every_dense_run_is_expressible_and_the_fp8_moe_run_is_not(runs):
-    blocked = [rid for rid, r in runs.items() if r.status != "predicted"]
-    assert blocked == ["dgxc2411-h100-grok1-314b-fp8-512gpu"]
+def test_every_run_is_expressible(runs):
+    assert [rid for rid, r in runs.items() if r.status != "predicted"] == []
+
+
+def test_the_fp8_moe_run_casts_its_expert_linears_with_delayed_scaling(runs):
+    plan = runs["dgxc2411-h100-grok1-314b-fp8-512gpu"].scenario["plan"]
+    assert (plan["precision"], plan["fp8_recipe"]) == ("fp8", "delayed")
 
 
 def test_torchtitan_405b_runs_are_said_as_first_and_last_rank_layers_or_a_stage_layout(runs):

@@ -138,9 +138,7 @@ def _apply_fp8(scenario: dict, value) -> None:
 
 def _fp8_fallback(scenario: dict, value) -> str:
     recipe = _fp8_recipe(value)
-    scenario["plan"]["precision"] = "fp8"
-    return (f"FP8 linears ({recipe} scaling) entered as precision: fp8 (llmsim runs every GEMM, attention "
-            "and lm_head included, at the FP8 peak and keeps one extra byte per parameter)")
+    return f"FP8 linears ({recipe} scaling) entered as BF16 (every GEMM at the BF16 rate: predicts slow)"
 
 
 FP8_LINEARS = Feature(
@@ -153,8 +151,8 @@ FP8_LINEARS = Feature(
 FP8_EXPERT_LINEARS = Feature(
     "fp8-moe-linears",
     "FP8 GEMMs in a Mixture-of-Experts model's linears, the grouped expert GEMMs among them "
-    "(llmsim's FP8 linears are the dense layer's; moe.check_layer_mix_options refuses FP8 for MoE)",
-    lambda: False, _apply_fp8, _fp8_fallback)
+    "(TransformerEngine recipes; fp8.py)",
+    _plan_key("fp8_recipe"), _apply_fp8, _fp8_fallback)
 
 
 # ---------------------------------------------------------------- kernels and framework

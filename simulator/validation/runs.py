@@ -314,7 +314,7 @@ def _accelerator(scenario: Mapping) -> str:
 
 
 def _precision_label(scenario: Mapping, features: Mapping) -> str:
-    fp8 = features.get("fp8-linears")
+    fp8 = features.get("fp8-linears") or features.get("fp8-moe-linears")
     if fp8:
         return "fp8-" + (fp8.get("recipe") if isinstance(fp8, Mapping) else str(fp8))
     return scenario.get("plan", {}).get("precision", "bf16")
@@ -355,7 +355,7 @@ def map_row(row: Mapping, fmt: str, src: Source, extra: Mapping, file: str, appr
             dotted, value = next(iter(unresolved.items()))
             raise InputError(f"{rid}.{dotted}", value, "free text the supplement does not resolve: give "
                              f"scenario.{dotted} or a feature for it")
-        if scenario["plan"].get("precision") == "fp8" and "fp8-linears" not in features:
+        if scenario["plan"].get("precision") == "fp8" and not {"fp8-linears", "fp8-moe-linears"} & set(features):
             raise InputError(f"{rid}.plan.precision", "fp8", "an FP8 run names its recipe: features: "
                              "{fp8-linears: {recipe: delayed|tensorwise|rowwise}}")
         try:
