@@ -19,7 +19,7 @@ from .dataparallel import DPCosts, buckets, dp_costs
 from .memory import ActivationSizes, activation_sizes, buffer_bytes
 from .moe import (SHARED_EXPERTS, ExpertShard, dispatch_comm_s, exposed_dispatch_s, layer_params_split,
                   moe_buffer_bytes, stage_layer_mix)
-from . import fp8
+from . import fp8, mtp
 from .compute import LOW_PRECISION_GEMMS, op_times, with_attention_kernel
 from .fp8 import compute_precision
 from .passes import OpsTime, cp_layer_comm_s, ops_time, pass_times, tp_layer_comm_s
@@ -29,7 +29,7 @@ from .workload import ATTENTION_CORE, MATMUL, layer_ops
 
 
 def needs_layer_mix(model) -> bool:
-    return bool(model.experts) or model.attention == "mla"
+    return bool(model.experts) or model.attention == "mla" or bool(model.mtp_layers)
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class LayerMix:
     moe_rerun: tuple | None
     dense_linear_params: object  # weights of a dense-MLP layer's linears (FP8 copies, fp8.py)
     moe_rest_linear_params: object  # an MoE layer's attention and shared-expert linears
+    mtp_tp_s: tuple  # TP seconds of one multi-token-prediction depth's projection (mtp.py)
 
 
 def _tp_comm_s(model, shard, groups, cluster, gather_factor):
@@ -116,7 +117,8 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
     return LayerMix(dense_ops, moe_ops, dense_t, moe_t, dense_tp, moe_tp, cp, ep, dense_p, rest_p, routed_p, buffers,
                     _rerun(model, shard, plan, cluster, dense_ops),
                     _rerun(model, shard, plan, cluster, moe_ops) if moe_ops is not None else None,
-                    dense_linears, attention_linears + shared_linears)
+                    dense_linears, attention_linears + shared_linears,
+                    mtp.eh_proj_tp_comm_s(model, shard, groups, cluster) if model.mtp_layers else (0.0, 0.0))
 
 
 def _sum_states(a: ModelStates, b: ModelStates) -> ModelStates:
@@ -161,10 +163,19 @@ def _kind_passes(t: OpsTime, rerun: tuple, n, emb_t, head_t, has_emb, has_head, 
 
 def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, grad_group, expert_group,
                 p, v, has_emb, has_head, head_copy, emb_t, head_t, head) -> MixedStage:
-    """A representative stage of a model with experts or MLA."""
+    """A representative stage of a model with experts, MLA or multi-token prediction (whose
+    depths run on the head stage, each a layer of the last layer's kind: mtp.py)."""
     n_dense, n_moe = stage_layer_mix(model, p, v, has_emb)
+    depths = np.asarray(has_head) * model.mtp_layers
+    if mtp.layer_is_moe(model):
+        n_moe = n_moe + depths
+    else:
+        n_dense = n_dense + depths
     dense = stage_params(model, plan.tp, 0.0, has_emb, has_head, head_copy) + n_dense * mix.dense_params \
         + n_moe * mix.moe_rest_params
+    if model.mtp_layers:
+        dense = dense + depths * mtp.depth_params(model, plan.tp) + mtp.embedding_copy_params(model, plan.tp, has_emb,
+                                                                                              has_head)
     routed = n_moe * mix.routed_params
     states = _sum_states(model_states(dense, plan, per, grad_group), model_states(routed, plan, per, expert_group))
     # FP8 linears (fp8.py): the weight copies TransformerEngine keeps, and FP8 all-gathers of
@@ -191,5 +202,8 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, grad_gr
         zero = np.asarray(0.0)
         passes = passes + _kind_passes(mix.moe_t, mix.moe_rerun, n_moe, emb_t, head_t, zero, zero, mix.moe_tp_s,
                                        mix.cp_s, mix.ep_s, plan, v)
+    if model.mtp_layers:
+        passes = replace(passes, tp_fwd_s=passes.tp_fwd_s + depths * mix.mtp_tp_s[0],
+                         tp_bwd_s=passes.tp_bwd_s + depths * mix.mtp_tp_s[1])
     return MixedStage(dense + routed, states, acts, passes, dp, count, shard_group, dense_linears + routed)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 import numpy as np
 
-from . import fp8, framework_ops, fsdp, hostbound, stagesplit
+from . import fp8, framework_ops, fsdp, hostbound, mtp, stagesplit
 from . import schedules as S
 from .dataparallel import DPCosts, buckets, dp_costs
 from .compute import memory_bound_time, with_attention_kernel
@@ -147,6 +147,8 @@ def compile_layout(model, cluster, plan) -> Layout:
     per = bytes_per_param(plan.precision, plan.grad_precision, plan.optimizer_precision)
     mix = compile_mix(model, cluster, plan, shard, g, per, precision) if needs_layer_mix(model) else None
     head = eager_ops(head_ops(model, shard), model, plan)
+    if model.mtp_layers:  # each depth's embedding, projection, head and loss run on the head stage
+        head = head + mtp.depth_ops(model, shard) * model.mtp_layers
     emb_t = ops_time(embedding_ops(model, shard), cluster, precision)
     head_t = ops_time(head, cluster, precision)
     host_s = cluster.node.launch_overhead_s

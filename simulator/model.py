@@ -421,12 +421,9 @@ def check_shapes(spec: ModelSpec, field: str = "model") -> ModelSpec:
 def refuse_unmodelled(spec: ModelSpec) -> None:
     """Raise InputError for a model the cost model (workload, memory, time) does not model yet.
 
-    The evaluation path calls this (plan.validate) so that a model with multi-token
-    prediction or sliding-window attention is never computed as one without. (MoE layers,
-    MLA, head_dim and GeGLU are modelled: moe.py, mla.py, workload.py.)"""
-    if spec.mtp_layers:
-        raise InputError("model.mtp_layers", spec.mtp_layers, "multi-token prediction is not yet modelled by the "
-                         "cost model (set mtp_layers: 0 for the main model)")
+    The evaluation path calls this (plan.validate) so that a model with sliding-window
+    attention is never computed as one without. (MoE layers, MLA, multi-token prediction,
+    head_dim and GeGLU are modelled: moe.py, mla.py, mtp.py, workload.py.)"""
     if spec.sliding_window and spec.sliding_window < spec.seq_len:
         raise InputError("model.sliding_window", spec.sliding_window, f"sliding-window attention shorter than "
                          f"seq_len={spec.seq_len} is not yet modelled by the cost model")

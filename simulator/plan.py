@@ -15,6 +15,7 @@ from .compute import ATTENTION_KERNELS
 from .hardware import Cluster
 from .loss import LOSSES
 from .model import ModelSpec, refuse_unmodelled
+from .mtp import check_mtp_plan
 from .moe import DISPATCHERS, MoEOptions, check_layer_mix_options, check_moe_plan, check_moe_stages
 from .schedules import SCHEDULES, plan_schedule
 from .stagesplit import check_split
@@ -232,7 +233,7 @@ def _schedule_ops(value):
 
 def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     """Raise InputError for a plan that cannot be laid out on this model and cluster."""
-    refuse_unmodelled(model)  # MTP, sliding windows: until the cost model handles them
+    refuse_unmodelled(model)  # sliding windows: until the cost model handles them
     if plan.devices != cluster.devices:
         raise InputError("plan.dp", plan.dp, f"tp*pp*dp*cp = {plan.tp}*{plan.pp}*{plan.dp}*{plan.cp} = "
                          f"{plan.devices} must equal the cluster's {cluster.devices} devices")
@@ -249,6 +250,7 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     schedule = plan_schedule(plan)  # the schedule's own rules; an explicit order parsed and checked
     check_split(plan, model, schedule)  # layers per pipeline stage: even, first/last counts or a layout
     check_layer_mix_options(plan, model)
+    check_mtp_plan(plan, model)
     check_moe_stages(plan, model, plan.pp * schedule.chunks(plan.vpp))
     if plan.cp > 1 and model.seq_len % (2 * plan.cp):
         raise InputError("plan.cp", plan.cp, f"2*cp must divide seq_len={model.seq_len} (load-balanced causal chunks)")

@@ -277,10 +277,20 @@ def model_flops_per_sequence(model: ModelSpec, moe_options=None) -> float:
     shard = Shard(micro_batch=1, seq_len=model.seq_len)
     layer = sum(op.useful_flops for op in layer_ops(model, shard))
     head = sum(op.useful_flops for op in head_ops(model, shard))
-    total = (model.layers - model.moe_layers) * layer + head
-    if model.moe_layers:
-        total += model.moe_layers * sum(op.useful_flops for op in _moe_layer_ops(model, shard, moe_options))
-    return float(total)
+    moe = sum(op.useful_flops for op in _moe_layer_ops(model, shard, moe_options)) if model.moe_layers else 0.0
+    total = (model.layers - model.moe_layers) * layer + head + model.moe_layers * moe
+    return float(total + _mtp_flops(model, shard, layer, moe, lambda op: op.useful_flops))
+
+
+def _mtp_flops(model: ModelSpec, shard: Shard, dense_layer_flops, moe_layer_flops, flops_of) -> float:
+    """The multi-token-prediction depths (mtp.py): a layer of the last layer's kind and the
+    operators around it each."""
+    if not model.mtp_layers:
+        return 0.0
+    from .mtp import depth_ops, layer_is_moe
+
+    layer = moe_layer_flops if layer_is_moe(model) else dense_layer_flops
+    return model.mtp_layers * (layer + sum(flops_of(op) for op in depth_ops(model, shard)))
 
 
 @lru_cache(maxsize=256)
@@ -302,9 +312,11 @@ def executed_flops_per_sequence(model: ModelSpec, flash_attention: bool, recompu
             layer += sum(op.fwd_flops for op in ops if op.group == ATTENTION_CORE)
         return layer
 
-    total = (model.layers - model.moe_layers) * executed(layer_ops(model, shard)) + \
-        sum(op.flops for op in head_ops(model, shard))
+    dense = executed(layer_ops(model, shard))
+    total = (model.layers - model.moe_layers) * dense + sum(op.flops for op in head_ops(model, shard))
+    moe = 0.0
     if model.moe_layers:
         balanced = moe_options.balanced() if moe_options is not None else None
-        total += model.moe_layers * executed(_moe_layer_ops(model, shard, balanced))
-    return float(total)
+        moe = executed(_moe_layer_ops(model, shard, balanced))
+        total += model.moe_layers * moe
+    return float(total + _mtp_flops(model, shard, dense, moe, lambda op: op.flops))

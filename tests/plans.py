@@ -21,7 +21,7 @@ MODELS = {  # preset, layers, query heads, kv heads
 MOE_MODELS = {  # preset: layers, query heads, kv heads, routed experts, overrides of the preset
     "mixtral-8x7b": (32, 32, 8, 8, {}),
     "qwen3-30b-a3b": (48, 32, 4, 128, {}),  # head_dim 128 x 32 heads != hidden 2048
-    # MLA, shared expert, 3 leading dense layers; MTP is refused, 16 layers keep it small
+    # MLA, shared expert, 3 leading dense layers; 16 layers keep it small; MTP drawn (cp = 1)
     "deepseek-v3": (16, 128, 128, 256, {"mtp_layers": 0, "layers": 16}),
 }
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v")
@@ -52,6 +52,8 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
     pp = draw(st.sampled_from(pps))
     cp = draw(st.sampled_from([c for c in (1, 2) if (devices // (tp * pp)) % c == 0]))
     dp = devices // (tp * pp * cp)
+    if preset == "deepseek-v3" and cp == 1:  # Megatron-Core runs MTP without CP only
+        overrides = {**overrides, "mtp_layers": draw(st.sampled_from([0, 1]))}
     micro_batch = draw(st.sampled_from([1, 2, 4]))
     m = draw(st.integers(1, 24))
     if schedule == "interleaved":

@@ -293,9 +293,7 @@ def _evaluate_scenario(model, **plan):
 
 
 @pytest.mark.parametrize("model,field", [
-    ({"preset": "deepseek-v3"}, "model.mtp_layers"),
     ({"preset": "gpt-oss-120b"}, "model.sliding_window"),
-    ({"preset": "llama-3.1-8b", "mtp_layers": 1}, "model.mtp_layers"),
     ({"preset": "llama-3.1-8b", "sliding_window": 4096}, "model.sliding_window"),
 ])
 def test_the_cost_model_refuses_what_it_does_not_model(model, field):

@@ -95,6 +95,9 @@ def check_memory_with_tp(data):
         # past kv_heads the KV projections are replicated over TP: their ZeRO-sharded states
         # grow as the data-parallel group that shards them shrinks
         return
+    if s.model.attention == "mla" and plan["zero_stage"] >= 1:
+        # MLA's latent down-projections are replicated over TP (mla.py) as well: the same
+        return
     if plan["offload"]["activations"] != "none":
         # an offloading stage keeps the backlog its host link cannot drain during a forward
         # pass; TP shortens the pass more than the copy (the replicated non-SP activations
