@@ -418,17 +418,6 @@ def check_shapes(spec: ModelSpec, field: str = "model") -> ModelSpec:
     return spec
 
 
-def refuse_unmodelled(spec: ModelSpec) -> None:
-    """Raise InputError for a model the cost model (workload, memory, time) does not model yet.
-
-    The evaluation path calls this (plan.validate) so that a model with sliding-window
-    attention is never computed as one without. (MoE layers, MLA, multi-token prediction,
-    head_dim and GeGLU are modelled: moe.py, mla.py, mtp.py, workload.py.)"""
-    if spec.sliding_window and spec.sliding_window < spec.seq_len:
-        raise InputError("model.sliding_window", spec.sliding_window, f"sliding-window attention shorter than "
-                         f"seq_len={spec.seq_len} is not yet modelled by the cost model")
-
-
 def available_presets() -> list[str]:
     return sorted(p.stem for p in presets_dir().glob("*.yaml"))
 

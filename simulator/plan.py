@@ -14,7 +14,7 @@ from .errors import InputError
 from .compute import ATTENTION_KERNELS
 from .hardware import Cluster
 from .loss import LOSSES
-from .model import ModelSpec, refuse_unmodelled
+from .model import ModelSpec
 from .mtp import check_mtp_plan
 from .moe import DISPATCHERS, MoEOptions, check_layer_mix_options, check_moe_plan, check_moe_stages
 from .schedules import SCHEDULES, plan_schedule
@@ -231,9 +231,28 @@ def _schedule_ops(value):
     return tuple(tuple(str(op) for op in stage) for stage in value)
 
 
+def _check_sliding_windows(plan: Plan, model: ModelSpec, virtual_stages: int) -> None:
+    """What the sliding-window model (workload.window_pair_fraction) represents: every virtual
+    pipeline stage holding whole periods of sliding_window_freq, so that each stage's layers
+    attend as the model's mean layer does; no context parallelism (the ring exchange of a
+    windowed layer is not the full one) and no MTP depth (its layer's window is not stated)."""
+    if not model.sliding_window or model.sliding_window >= model.seq_len:
+        return
+    if plan.cp > 1:
+        raise InputError("plan.cp", plan.cp, "1 with sliding-window attention (context parallelism of windowed "
+                         "layers is not modelled)")
+    if model.mtp_layers:
+        raise InputError("model.mtp_layers", model.mtp_layers, "0 with sliding-window attention (not modelled)")
+    freq = model.sliding_window_freq
+    uneven = plan.first_stage_layers is not None or plan.last_stage_layers is not None \
+        or plan.pipeline_layout is not None
+    if freq > 1 and virtual_stages > 1 and (uneven or (model.layers // virtual_stages) % freq):
+        raise InputError("plan.pp", plan.pp, f"every virtual pipeline stage must hold whole periods of "
+                         f"sliding_window_freq={freq} layers (even stages; pp x chunks = {virtual_stages})")
+
+
 def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     """Raise InputError for a plan that cannot be laid out on this model and cluster."""
-    refuse_unmodelled(model)  # sliding windows: until the cost model handles them
     if plan.devices != cluster.devices:
         raise InputError("plan.dp", plan.dp, f"tp*pp*dp*cp = {plan.tp}*{plan.pp}*{plan.dp}*{plan.cp} = "
                          f"{plan.devices} must equal the cluster's {cluster.devices} devices")
@@ -251,6 +270,7 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     check_split(plan, model, schedule)  # layers per pipeline stage: even, first/last counts or a layout
     check_layer_mix_options(plan, model)
     check_mtp_plan(plan, model)
+    _check_sliding_windows(plan, model, plan.pp * schedule.chunks(plan.vpp))
     check_moe_stages(plan, model, plan.pp * schedule.chunks(plan.vpp))
     if plan.cp > 1 and model.seq_len % (2 * plan.cp):
         raise InputError("plan.cp", plan.cp, f"2*cp must divide seq_len={model.seq_len} (load-balanced causal chunks)")

@@ -164,10 +164,29 @@ def _attention_ops(model: ModelSpec, shard: Shard) -> list[Op]:
     return ops
 
 
+def window_pair_fraction(model: ModelSpec) -> float:
+    """The (query, key) pairs a layer attends to, as a fraction of the causal half s²/2, mean
+    over the model's layers: 1 for full causal attention; for a layer with a sliding window
+    W < s (Mistral 7B, arXiv 2310.06825 Sec. 2: query i attends to keys i-W+1..i), the band's
+    s·W - W²/2, over the sliding layers i % sliding_window_freq == 0 (model.is_sliding_window_layer).
+
+    A stage's layers sum to its count times this mean where every stage holds whole periods
+    of sliding_window_freq (plan.validate refuses the other splits), and every layer's
+    attention costs the same otherwise."""
+    s, w = model.seq_len, model.sliding_window
+    if not w or w >= s:
+        return 1.0
+    band = (s * w - 0.5 * w * w) / (0.5 * s * s)
+    sliding = -(-model.layers // model.sliding_window_freq)  # layers 0, f, 2f, ...
+    return (sliding * band + (model.layers - sliding)) / model.layers
+
+
 def attention_core_ops(model: ModelSpec, shard: Shard, q_heads, kv_heads, qk_dim, v_dim) -> list[Op]:
     """softmax(Q K^T) V of `q_heads` query heads over `kv_heads` key/value heads per device,
     queries and keys `qk_dim` wide, values `v_dim` (both head_dim for MHA/GQA; MLA's
-    nope + rope and v_head_dim)."""
+    nope + rope and v_head_dim). Sliding windows (window_pair_fraction) shrink the useful
+    pairs and a flash kernel's work (FlashAttention-2's `window_size` skips the blocks
+    outside the band); the materialised path still computes and masks the full matrix."""
     b, a = shard.micro_batch, shard.act_bytes
     s = model.seq_len / shard.cp  # local queries (and local keys/values) per CP rank
     s_kv = model.seq_len  # keys each query attends to, gathered around the CP ring
@@ -178,24 +197,27 @@ def attention_core_ops(model: ModelSpec, shard: Shard, q_heads, kv_heads, qk_dim
     qk = 2 * tokens * s_kv * q_w  # QK^T over the full s x s
     av = 2 * tokens * s_kv * o_w  # AV
     # useful work: QK^T and AV forward, their gradients (two products each), over the causal half
-    useful = 0.5 * 3 * (qk + av)
+    # (or the sliding windows' bands)
+    band = window_pair_fraction(model)
+    useful = band * 0.5 * 3 * (qk + av)
     if shard.flash_attention:
         io = a * tokens * (q_w + k_w + v_w + o_w)
         # causal: masked blocks skipped; the backward recomputes QK^T (5 products where 4 are needed)
-        return [Op("flash_attention", ATTENTION, fwd_flops=0.5 * (qk + av), bwd_input_flops=0.5 * (3 * qk + 2 * av),
+        half = 0.5 * band
+        return [Op("flash_attention", ATTENTION, fwd_flops=half * (qk + av), bwd_input_flops=half * (3 * qk + 2 * av),
                    fwd_bytes=io, bwd_input_bytes=2 * io, saved_bytes=4 * b * q_heads * s,  # fp32 log-sum-exp
                    group=ATTENTION_CORE, model_flops=useful)]
     # cuBLAS batched GEMMs around a fused scale-mask-softmax and dropout (Megatron-LM): the
     # full score matrix is computed and masked.
     qk_io = a * (tokens * (q_w + k_w) + scores)
     ops = [Op("qk_scores", MATMUL, fwd_flops=qk, bwd_input_flops=2 * qk, fwd_bytes=qk_io,
-              bwd_input_bytes=2 * qk_io, group=ATTENTION_CORE, model_flops=0.5 * 3 * qk),
+              bwd_input_bytes=2 * qk_io, group=ATTENTION_CORE, model_flops=band * 0.5 * 3 * qk),
            _elementwise("softmax", scores, 2 * a, a * scores, ATTENTION_CORE)]
     if drop:
         ops.append(_elementwise("attn_dropout", scores, 2 * a + 1, (a + 1) * scores, ATTENTION_CORE))
     av_io = a * (scores + tokens * (v_w + o_w))
     ops.append(Op("attn_values", MATMUL, fwd_flops=av, bwd_input_flops=2 * av, fwd_bytes=av_io,
-                  bwd_input_bytes=2 * av_io, group=ATTENTION_CORE, model_flops=0.5 * 3 * av))
+                  bwd_input_bytes=2 * av_io, group=ATTENTION_CORE, model_flops=band * 0.5 * 3 * av))
     return ops
 
 

@@ -70,15 +70,13 @@ def test_gpt2_seq_len_cannot_exceed_its_learned_position_table():
         load_hf_config(str(HF / "gpt2.json"), seq_len=2048)
 
 
-def test_mistral_sliding_window_is_kept_and_refused_only_beyond_the_window():
+def test_mistral_sliding_window_is_kept_on_every_layer():
     from simulator import scenario_from_dict
     plan = {"tp": 8, "micro_batch": 1, "global_batch": 8}
     cluster = {"node": "dgx-h100", "nodes": 1}
     path = str(HF / "mistral-7b-v0.1.json")
-    ok = scenario_from_dict({"model": {"hf_config": path, "seq_len": 4096}, "cluster": cluster, "plan": plan})
-    assert ok.model.sliding_window == 4096
-    with pytest.raises(InputError, match=r"model\.sliding_window: got 4096.*seq_len=8192"):
-        scenario_from_dict({"model": {"hf_config": path, "seq_len": 8192}, "cluster": cluster, "plan": plan})
+    s = scenario_from_dict({"model": {"hf_config": path, "seq_len": 8192}, "cluster": cluster, "plan": plan})
+    assert (s.model.sliding_window, s.model.sliding_window_freq) == (4096, 1)
 
 
 def test_an_unknown_model_type_with_expert_keys_is_refused_naming_the_key(tmp_path):

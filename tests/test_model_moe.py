@@ -292,15 +292,6 @@ def _evaluate_scenario(model, **plan):
                                "plan": {"tp": 8, "pp": 1, "micro_batch": 1, "global_batch": 8, **plan}})
 
 
-@pytest.mark.parametrize("model,field", [
-    ({"preset": "gpt-oss-120b"}, "model.sliding_window"),
-    ({"preset": "llama-3.1-8b", "sliding_window": 4096}, "model.sliding_window"),
-])
-def test_the_cost_model_refuses_what_it_does_not_model(model, field):
-    with pytest.raises(InputError, match=field.replace(".", r"\.") + ".*not yet modelled"):
-        _evaluate_scenario(model)
-
-
 @pytest.mark.parametrize("field,value", [("fp8_recipe", "tensorwise"), ("compile", False),
                                          ("recompute", "op-selective"), ("grad_accumulation_fusion", False)])
 def test_moe_models_refuse_the_options_only_the_dense_path_models(field, value):

@@ -1,0 +1,59 @@
+"""Sliding-window attention (workload.window_pair_fraction): the band a windowed layer attends."""
+
+import pytest
+
+from simulator import InputError, evaluate, scenario_from_dict
+from simulator.workload import model_flops_per_sequence, window_pair_fraction
+
+# GPT-2-sized MHA model, RoPE, no dropout: attention core width q = o = h
+DENSE = {"layers": 4, "hidden": 1024, "heads": 16, "ffn_hidden": 4096, "vocab": 32000, "seq_len": 4096,
+         "activation": "swiglu", "bias": False, "position_embedding": "rope", "norm": "rmsnorm", "dropout": False}
+
+
+def _scenario(model, **plan):
+    return scenario_from_dict({"model": model, "cluster": {"node": "dgx-h100", "nodes": 1},
+                               "plan": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 1, "global_batch": 8, **plan}})
+
+
+def test_a_window_of_a_quarter_of_the_sequence_attends_seven_sixteenths_of_the_causal_half():
+    # s = 4096, W = 1024: s·W - W²/2 = 4,194,304 - 524,288 = 3,670,016 pairs of s²/2 = 8,388,608
+    every = _scenario({**DENSE, "sliding_window": 1024}).model
+    assert window_pair_fraction(every) == pytest.approx(0.4375, rel=1e-15)
+    # every other layer (0 and 2 of 4): (2 x 0.4375 + 2) / 4
+    alternate = _scenario({**DENSE, "sliding_window": 1024, "sliding_window_freq": 2}).model
+    assert window_pair_fraction(alternate) == pytest.approx(0.71875, rel=1e-15)
+
+
+def test_windowed_layers_drop_the_pairs_outside_the_band_from_the_model_flops():
+    # per layer and sequence the useful attention is 12·h FLOPs per pair (QK^T and AV, forward
+    # and two backward products each, 2 FLOPs per multiply-add): causal s²/2 pairs, band s·W - W²/2
+    s, w, h = DENSE["seq_len"], 1024, DENSE["hidden"]
+    full = _scenario(DENSE).model
+    windowed = _scenario({**DENSE, "sliding_window": w, "sliding_window_freq": 2}).model
+    dropped = 2 * 12 * h * (s * s / 2 - (s * w - w * w / 2))
+    assert model_flops_per_sequence(full) - model_flops_per_sequence(windowed) == pytest.approx(dropped, rel=1e-12)
+
+
+def test_a_window_shortens_the_step_with_flash_attention_and_saves_no_activations():
+    long = {**DENSE, "seq_len": 32768}  # attention outweighs the host's kernel launches
+    full, windowed = _scenario(long), _scenario({**long, "sliding_window": 512})
+    for engine in ("analytic", "graph"):
+        a, b = evaluate(full, engine), evaluate(windowed, engine)
+        assert b.step_time_s < a.step_time_s
+        assert b.peak_memory_bytes == a.peak_memory_bytes
+
+
+def test_gpt_oss_120b_evaluates_on_even_periods_of_its_alternating_windows():
+    s = scenario_from_dict({"model": {"preset": "gpt-oss-120b"}, "cluster": {"node": "dgx-h100", "nodes": 4},
+                            "plan": {"tp": 1, "pp": 2, "dp": 16, "ep": 8, "micro_batch": 1, "global_batch": 64}})
+    assert evaluate(s, "analytic").step_time_s > 0
+
+
+@pytest.mark.parametrize("model,plan,field", [
+    ({**DENSE, "sliding_window": 1024}, {"cp": 2, "dp": 4}, "plan.cp"),
+    ({**DENSE, "layers": 6, "sliding_window": 1024, "sliding_window_freq": 2}, {"pp": 2, "dp": 4}, "plan.pp"),
+    ({**DENSE, "sliding_window": 1024, "mtp_layers": 1}, {}, "model.mtp_layers"),
+])
+def test_what_the_window_model_cannot_represent_is_refused(model, plan, field):
+    with pytest.raises(InputError, match=field.replace(".", r"\.")):
+        _scenario(model, **plan)
