@@ -13,6 +13,11 @@ from .memory import MEMORY_KEYS
 
 GIB = 2**30
 SECONDS_PER_DAY = 86400.0
+# What a plan that does not fit has none of: money and the run to train (its step-level
+# prediction stays, with the reason it does not fit)
+NOT_FOR_INFEASIBLE = ("cost_usd_per_step", "usd_per_million_tokens", "time_to_train_days", "cost_to_train_usd",
+                      "interruptions", "energy_kwh_to_train", "time_to_train_days_no_failures",
+                      "cost_to_train_usd_no_failures", "energy_cost_to_train_usd", "lost_time_days")
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "pipeline_bubble",
                   "optimizer", "offload", "data", "other")
 FLOP_CONVENTION = ("model FLOPs: useful forward and backward FLOPs, causal attention counted over its unmasked "
@@ -110,6 +115,11 @@ class Result:
         if self.whole_run is not None:
             out.update(whole_run_dict(self.whole_run, e, self.step_time_s))
         out.update(self.extra)
+        infeasible = ~np.asarray(self.feasible, dtype=bool)  # one plan, or a batch of them (vector.py)
+        if infeasible.any():
+            for k in NOT_FOR_INFEASIBLE:
+                if out.get(k) is not None:
+                    out[k] = None if infeasible.ndim == 0 else np.where(infeasible, np.nan, out[k])
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
 

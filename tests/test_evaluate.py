@@ -42,6 +42,17 @@ def test_time_and_cost_to_train_scale_with_tokens():
     assert d["cost_to_train_usd_no_failures"] == pytest.approx(1.5e13 / 1e6 * d["usd_per_million_tokens"])
 
 
+def test_a_plan_that_does_not_fit_has_a_reason_and_no_cost_or_run_to_train():
+    s = load_scenario("scenarios/quickstart.yaml", {"plan.tp": 1, "plan.dp": 64, "plan.micro_batch": 16,
+                                                    "plan.global_batch": 1024, "plan.sequence_parallel": False})
+    d = evaluate(s).to_dict()
+    assert not d["feasible"] and d["reason"].startswith("out of memory")
+    assert d["step_time_s"] > 0  # the schedule's prediction, as it would run with the memory
+    for key in ("cost_usd_per_step", "usd_per_million_tokens", "time_to_train_days", "cost_to_train_usd",
+                "time_to_train_days_no_failures", "cost_to_train_usd_no_failures", "energy_kwh_to_train"):
+        assert d[key] is None, key
+
+
 def test_time_and_cost_to_train_include_failures_and_energy():
     d = evaluate(load_scenario("scenarios/quickstart.yaml")).to_dict()
     days = d["time_to_train_days_no_failures"] / d["goodput"]
