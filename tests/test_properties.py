@@ -10,7 +10,10 @@ MoE options, MLA) per test.
 - Every number is finite.
 - The engines agree within 10 % on ZeRO-0/1 plans without offload, for every schedule and
   every number of micro-batches.
-- Doubling TP (halving DP, same micro-batches per replica) never raises a device's memory.
+- Doubling TP (halving DP, same micro-batches per replica) never raises a device's memory,
+  except where physics says it may: TP-replicated weights (KV heads past kv_heads, MLA's
+  down-projections) whose ZeRO-sharded states grow as DP shrinks, and an activation-offload
+  backlog that grows as TP shortens the forward pass more than the host copy.
 """
 
 import math
@@ -30,7 +33,7 @@ AGREE = 0.10
 def check_invariants(r):
     d = r.to_dict()
     numbers = [d["step_time_s"], d["mfu"], d["hfu"], d["peak_memory_gib"], *d["breakdown_s"].values(),
-               *d["memory_gib"].values(), d["cost_usd_per_step"]]
+               *d["memory_gib"].values()] + ([d["cost_usd_per_step"]] if r.feasible else [])
     assert all(x is not None and math.isfinite(x) for x in numbers), d
     assert r.mfu <= r.hfu * (1 + 1e-12) and r.hfu <= 1 + 1e-9, (r.mfu, r.hfu)
     floor = r.hardware_flops_per_step / (r.devices * r.peak_flops_per_device)
