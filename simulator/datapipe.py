@@ -57,7 +57,7 @@ def data_time(tokens_per_step, seq_len, compute_step_s, pipe: DataPipeline, data
     request_s = storage.request_latency_s + per_request * dataset.storage_bytes_per_token / storage.request_bytes_per_s
     workers_s = (tokens / per_request * request_s + tokens / dataset.cpu_tokens_per_s_per_core) / workers
     copy_s = tokens / cluster.devices_per_node * dataset.host_to_device_bytes_per_token / \
-        cluster.accelerator.host_link_bytes_per_s
+        cluster.host_link_bytes_per_s
     data_s = maximum(maximum(storage_s, workers_s), copy_s)
     overlapped = pipe.workers_per_device >= 1 and pipe.prefetch >= 1
     exposed = maximum(0.0, data_s - compute_step_s) if overlapped else data_s

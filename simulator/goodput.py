@@ -93,7 +93,7 @@ def checkpoint_cost(nbytes, ckpt: Checkpointing, storage: Storage, cluster) -> C
       copy at once (falling back to storage) is not modelled.
     """
     nodes, devices = cluster.nodes, cluster.devices
-    snapshot = nbytes / devices / cluster.accelerator.host_link_bytes_per_s
+    snapshot = nbytes / devices / cluster.host_link_bytes_per_s
     write = nbytes / storage_rate(storage.write_bytes_per_s_per_node, storage.write_bytes_per_s_total, nodes)
     read = nbytes / storage_rate(storage.read_bytes_per_s_per_node, storage.read_bytes_per_s_total, nodes)
     if ckpt.mode == "blocking":

@@ -195,6 +195,9 @@ class Node:
     # Host seconds an eager framework spends launching one operator (hostbound.py); 0: never
     # host-bound.
     launch_overhead_s: float = 0.0
+    # Devices whose host copies share one PCIe uplink to the CPUs' memory (a PCIe switch
+    # holding two GPUs on DGX-class nodes); 1: a link of its own each
+    devices_per_host_link: int = 1
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,13 @@ class Cluster:
     @property
     def devices(self) -> int:
         return self.nodes * self.devices_per_node
+
+    @property
+    def host_link_bytes_per_s(self) -> float:
+        """Each device's share of its host link (one direction) while every device of the node
+        copies at once, as the symmetric ranks of a training step do: the accelerator's
+        link over the devices behind one uplink to host memory."""
+        return self.accelerator.host_link_bytes_per_s / self.node.devices_per_host_link
 
     @property
     def scaleup_domain(self) -> int:
@@ -362,7 +372,7 @@ def _link(data: Mapping, where: str) -> tuple[Link, int]:
 
 NODE_KEYS = ("name", "description", "accelerator", "devices_per_node", "scaleup", "network", "nics", "nic_gbit_per_s",
              "host_memory_gib", "nvme_read_gb_per_s", "nvme_write_gb_per_s", "host_adam_params_per_s", "sources",
-             "power_overhead_w", "launch_overhead_us")
+             "power_overhead_w", "launch_overhead_us", "devices_per_host_link")
 
 
 def node_from_dict(data, where: str) -> Node:
@@ -387,6 +397,7 @@ def node_from_dict(data, where: str) -> Node:
         sources=_sources(data, where),
         power_overhead_w=F.number(data, "power_overhead_w", where, None, minimum=0.0, strict_min=False, maximum=1e7),
         launch_overhead_s=F.number(data, "launch_overhead_us", where, 0.0, **LATENCY) * 1e-6,
+        devices_per_host_link=F.integer(data, "devices_per_host_link", where, 1, maximum=devices),
     )
 
 

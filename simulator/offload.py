@@ -2,10 +2,12 @@
 
 One model for both engines. Each device's host link (PCIe) is full duplex: copies to the
 host (D2H) and from it (H2D) run on two in-order streams of their own, shared by every
-transfer of that direction (activations, weights, optimizer copies). NVMe bandwidth is the
-node's, shared by its devices. Not modelled: on DGX-class nodes the NICs sit behind the same
-PCIe switches (GPUDirect RDMA crosses the GPU's x16 link), and all the node's devices copy
-through the hosts' DRAM at once.
+transfer of that direction (activations, weights, optimizer copies). The devices behind one
+PCIe uplink to host memory share it (node `devices_per_host_link`: two GPUs per PCIe
+switch on DGX nodes), as the symmetric ranks of a step copy at the same time. NVMe
+bandwidth is the node's, shared by its devices. Not modelled: the GPUDirect RDMA traffic of
+the NICs behind the same switches (switch-local, it does not cross the uplink but shares the
+GPU's x16 link), and the hosts' DRAM bandwidth.
 
 - Activations (checkpoint offload): a chunk's saved activations go D2H after its forward
   pass and come back H2D, issued one pass ahead of its backward pass; a chunk whose
@@ -50,7 +52,7 @@ def offload_costs(plan, cluster: Cluster, params, states: ModelStates, per: Byte
                   chunks: int, shard_group) -> OffloadCosts:
     """Transfer and host seconds of a device holding `params` (before ZeRO sharding)."""
     off, node = plan.offload, cluster.node
-    host = cluster.accelerator.host_link_bytes_per_s
+    host = cluster.host_link_bytes_per_s
     nvme_read = node.nvme_read_bytes_per_s / cluster.devices_per_node
     nvme_write = node.nvme_write_bytes_per_s / cluster.devices_per_node
     zero = 0.0 * params

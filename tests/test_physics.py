@@ -171,8 +171,8 @@ def test_offloaded_activations_cross_the_host_link_each_way(dgx_a100):
     per = bytes_per_param("bf16", "fp32")
     states = model_states(1e9, plan, per, 1)
     c = offload_costs(plan, cluster, 1e9, states, per, 3.2e9, 1, 1)
-    rate = cluster.accelerator.host_link_bytes_per_s
-    assert (float(c.activations_d2h_s), float(c.activations_h2d_s)) == pytest.approx((3.2e9 / rate, 3.2e9 / rate))
+    # PCIe Gen4 x16, 32 GB/s each way, shared by the two GPUs behind one PCIe switch
+    assert (float(c.activations_d2h_s), float(c.activations_h2d_s)) == pytest.approx((0.2, 0.2))
 
 
 def test_offload_exposure_is_the_read_beyond_the_pass_it_overlaps():
