@@ -32,17 +32,14 @@ import numpy as np
 
 from .comm import collective_time
 from .errors import InputError
-from .workload import Op, Shard, _elementwise, _linear, embedding_ops, head_ops
+from .workload import Op, Shard, _linear, embedding_ops, head_ops, norm_op
 
 
 def depth_ops(model, shard: Shard) -> list[Op]:
     """One depth's operators but its transformer layer: embedding, the two norms, eh_proj,
     the final norm, the shared lm_head and the loss (names prefixed `mtp.`)."""
     a, rep, h = shard.act_bytes, shard.replicated_tokens, model.hidden
-    norm_bytes = 4 * a if model.norm == "layernorm" else 3 * a
-    ops = [*embedding_ops(model, shard),
-           _elementwise("enorm", rep * h, norm_bytes, a * rep * h),
-           _elementwise("hnorm", rep * h, norm_bytes, a * rep * h),
+    ops = [*embedding_ops(model, shard), norm_op("enorm", model, shard), norm_op("hnorm", model, shard),
            _linear("eh_proj", shard.tokens, 2 * h, h / shard.tp, a, a * rep * 2 * h),
            *head_ops(model, shard)]
     return [_prefixed(op) for op in ops]
@@ -94,7 +91,7 @@ def check_mtp_plan(plan, model) -> None:
     Combinations"): context parallelism, learned absolute position embeddings."""
     if not model.mtp_layers:
         return
-    if np.any(np.asarray(plan.cp) > 1):
+    if plan.cp > 1:
         raise InputError("plan.cp", plan.cp, "1 with multi-token prediction (Megatron-Core does not support MTP "
                          "with context parallelism)")
     if model.position_embedding == "learned":

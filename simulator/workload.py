@@ -112,6 +112,15 @@ def _elementwise(name, elements, bytes_per_element, saved, group=None):
     return Op(name, MEMORY, fwd_bytes=traffic, bwd_input_bytes=2 * traffic, saved_bytes=saved, group=group)
 
 
+def norm_op(name, model: ModelSpec, shard: Shard) -> Op:
+    """A LayerNorm or RMSNorm over the hidden states of the tokens a TP rank holds (all of
+    them, or 1/t with sequence parallelism): 4 (LayerNorm) or 3 (RMSNorm) activation-sized
+    bytes moved per element, its input kept for the backward pass."""
+    a, rep = shard.act_bytes, shard.replicated_tokens
+    per_element = 4 * a if model.norm == "layernorm" else 3 * a
+    return _elementwise(name, rep * model.hidden, per_element, a * rep * model.hidden)
+
+
 def local_heads(model: ModelSpec, tp) -> tuple:
     """Query heads and KV heads per TP rank; KV heads are replicated when tp > kv_heads."""
     return model.heads / tp, np.maximum(model.kv_heads / tp, 1.0)
@@ -125,16 +134,15 @@ def layer_ops(model: ModelSpec, shard: Shard, experts=None) -> list[Op]:
     a, h = shard.act_bytes, model.hidden
     rep = shard.replicated_tokens
     drop = 1 if model.dropout else 0
-    norm_bytes = 4 * a if model.norm == "layernorm" else 3 * a
 
-    ops = [_elementwise("attn_norm", rep * h, norm_bytes, a * rep * h)]
+    ops = [norm_op("attn_norm", model, shard)]
     if model.attention == "mla":
         from .mla import mla_attention_ops
         ops += mla_attention_ops(model, shard)
     else:
         ops += _attention_ops(model, shard)
     ops.append(_elementwise("attn_residual", rep * h, 3 * a + drop, drop * rep * h))
-    ops.append(_elementwise("mlp_norm", rep * h, norm_bytes, a * rep * h))
+    ops.append(norm_op("mlp_norm", model, shard))
     if experts is None:
         ops += mlp_ops(model, shard, model.ffn_hidden)
     else:
@@ -253,9 +261,8 @@ def head_ops(model: ModelSpec, shard: Shard) -> list[Op]:
     """
     a, tokens, rep = shard.act_bytes, shard.tokens, shard.replicated_tokens
     h, v = model.hidden, model.vocab / shard.tp
-    norm_bytes = 4 * a if model.norm == "layernorm" else 3 * a
     logits = tokens * v
-    norm = _elementwise("final_norm", rep * h, norm_bytes, a * rep * h)
+    norm = norm_op("final_norm", model, shard)
     if shard.loss != "unfused":
         from .loss import loss_ops  # loss.py builds on this module's Op
 

@@ -3,7 +3,7 @@
 import pytest
 
 from simulator import InputError, evaluate, scenario_from_dict
-from simulator.layout import compile_layout
+from simulator.evaluate import compile_scenario
 from simulator.workload import model_flops_per_sequence
 
 # a small DeepSeek-like MoE model: 4 layers, 8 experts of width 512, top-2, one shared expert
@@ -34,8 +34,8 @@ def test_a_depth_adds_a_layer_the_projection_and_the_logits_to_the_model_flops()
 def test_the_head_stage_holds_the_depth_an_embedding_copy_and_nothing_moves_elsewhere(tied):
     h, v = MOE["hidden"], MOE["vocab"]
     model = {**MOE, "tied_embeddings": tied}
-    plain = compile_layout(*_parts(_scenario(model)))
-    mtp = compile_layout(*_parts(_scenario({**model, "mtp_layers": 1})))
+    plain = compile_scenario(_scenario(model))
+    mtp = compile_scenario(_scenario({**model, "mtp_layers": 1}))
     spec = _scenario(model).model
     # tp = ep = 1: the depth's MoE layer whole, eh_proj 2h x h, three RMSNorms, and the
     # embedding table the last stage builds for the depth's input (a tied head is that table)
@@ -44,10 +44,6 @@ def test_the_head_stage_holds_the_depth_an_embedding_copy_and_nothing_moves_else
     assert float(mtp.stages[0].params) == float(plain.stages[0].params)
     assert float(mtp.stages[0].passes.fwd_s) == float(plain.stages[0].passes.fwd_s)
     assert float(mtp.stages[-1].passes.fwd_s) > float(plain.stages[-1].passes.fwd_s)
-
-
-def _parts(scenario):
-    return scenario.model, scenario.cluster, scenario.plan
 
 
 def test_a_model_with_depths_is_slower_per_step_and_more_flops_per_token():
