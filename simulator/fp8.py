@@ -171,12 +171,38 @@ def weight_bytes_per_param(plan) -> tuple[float, float]:
     return 2.0, 2.0
 
 
-def layer_linear_params(model, tp) -> object:
-    """Weight parameters of one layer's linears per TP rank (no norms, no biases)."""
+def with_weight_copies(states, linear_params, plan, per):
+    """`states` (states.ModelStates) with the FP8 weight copies TransformerEngine keeps of
+    `linear_params` linear weights between steps, or their FP8 primary weights in place of the
+    16-bit ones; under ZeRO-3 the copies are gathered per use (the states as they are)."""
+    if plan.zero_stage >= 3:
+        return states
+    weight, _ = weight_bytes_per_param(plan)
+    return replace(states, weights_bytes=states.weights_bytes + linear_params * (weight - per.weight))
+
+
+def gather_bytes_per_param(per, linear_params, params, plan) -> object:
+    """Bytes per parameter the data-parallel all-gather of `params` moves when `linear_params`
+    of them are linear weights gathered in FP8 (FP8 primary weights)."""
+    _, gather = weight_bytes_per_param(plan)
+    return per.weight - linear_params * (per.weight - gather) / params
+
+
+def attention_linear_params(model, tp) -> object:
+    """Weight parameters of one layer's QKV and output projections per TP rank (no biases)."""
     _, kv_heads = local_heads(model, tp)
     q_w, kv_w = model.q_width / tp, kv_heads * model.head_dim
-    return model.hidden * (q_w + 2 * kv_w) + q_w * model.hidden + model.mlp_matrices * model.hidden * \
-        model.ffn_hidden / tp
+    return model.hidden * (q_w + 2 * kv_w) + q_w * model.hidden
+
+
+def mlp_linear_params(model, width, tp) -> object:
+    """Weight parameters of an MLP of `width` per TP rank (no biases)."""
+    return model.mlp_matrices * model.hidden * width / tp
+
+
+def layer_linear_params(model, tp) -> object:
+    """Weight parameters of one dense layer's linears per TP rank (no norms, no biases)."""
+    return attention_linear_params(model, tp) + mlp_linear_params(model, model.ffn_hidden, tp)
 
 
 def weight_cast_bytes_per_step(plan, linear_params) -> object:

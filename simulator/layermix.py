@@ -111,13 +111,11 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
         extra = moe_buffer_bytes(model, shard, experts)
     buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, buffers_layer, plan, per.weight,
                            per.grad) + extra
-    dense_linears = fp8.layer_linear_params(model, plan.tp)
-    shared_linears = model.shared_experts * model.mlp_matrices * model.hidden * model.shared_expert_ffn_hidden / plan.tp
-    attention_linears = dense_linears - model.mlp_matrices * model.hidden * model.ffn_hidden / plan.tp
+    shared_linears = model.shared_experts * fp8.mlp_linear_params(model, model.shared_expert_ffn_hidden, plan.tp)
     return LayerMix(dense_ops, moe_ops, dense_t, moe_t, dense_tp, moe_tp, cp, ep, dense_p, rest_p, routed_p, buffers,
                     _rerun(model, shard, plan, cluster, dense_ops),
                     _rerun(model, shard, plan, cluster, moe_ops) if moe_ops is not None else None,
-                    dense_linears, attention_linears + shared_linears,
+                    fp8.layer_linear_params(model, plan.tp), fp8.attention_linear_params(model, plan.tp) + shared_linears,
                     mtp.eh_proj_tp_comm_s(model, shard, groups, cluster) if model.mtp_layers else (0.0, 0.0))
 
 
@@ -181,12 +179,11 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, grad_gr
     # FP8 linears (fp8.py): the weight copies TransformerEngine keeps, and FP8 all-gathers of
     # FP8 primary weights; the routed experts are all linear weights
     dense_linears = n_dense * mix.dense_linear_params + n_moe * mix.moe_rest_linear_params
-    fp8_weight, fp8_gather = fp8.weight_bytes_per_param(plan)
-    if plan.zero_stage < 3:
-        states = replace(states, weights_bytes=states.weights_bytes + (dense_linears + routed) * (fp8_weight - per.weight))
-    dense_gather = per.weight - dense_linears * (per.weight - fp8_gather) / dense
+    states = fp8.with_weight_copies(states, dense_linears + routed, plan, per)
+    dense_gather = fp8.gather_bytes_per_param(per, dense_linears, dense, plan)
+    routed_gather = fp8.weight_bytes_per_param(plan)[1]
     dp = _sum_dp(dp_costs(plan.zero_stage, dense, dense_gather, per.grad, groups.grad, cluster),
-                 dp_costs(plan.zero_stage, routed, fp8_gather, per.grad, groups.expert_grad, cluster))
+                 dp_costs(plan.zero_stage, routed, routed_gather, per.grad, groups.expert_grad, cluster))
     count = buckets(dense / v, grad_group) + np.where(routed > 0, buckets(routed / v, expert_group), 0)
     shard_group = (dense + routed) / (dense / grad_group + routed / expert_group)
     d_acts = activation_sizes(model, shard, plan, n_dense / v, has_emb, has_head, mix.dense_ops, head)

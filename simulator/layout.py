@@ -179,7 +179,6 @@ def compile_layout(model, cluster, plan) -> Layout:
     hop = pp_hop_s(model, shard, g, cluster)
     head_stage = schedule.head_stage(np.asarray(p))
     indices, counts = representative_stages(p)
-    fp8_weight, fp8_gather = fp8.weight_bytes_per_param(plan)
     linear_params = fp8.layer_linear_params(model, plan.tp)
     co_run = framework_ops.co_run_factor(cluster)
     total_rerun_layers = 0.0
@@ -192,9 +191,8 @@ def compile_layout(model, cluster, plan) -> Layout:
             params = stage_params(model, plan.tp, layers, has_emb, has_head, head_copy)
             states = model_states(params, plan, per, grad_group)
             linears = layers * linear_params
-            if plan.zero_stage < 3:  # FP8 weight copies (or FP8 primary weights) of the linears
-                states = replace(states, weights_bytes=states.weights_bytes + linears * (fp8_weight - per.weight))
-            gather_per_param = per.weight - linears * (per.weight - fp8_gather) / params
+            states = fp8.with_weight_copies(states, linears, plan, per)
+            gather_per_param = fp8.gather_bytes_per_param(per, linears, params, plan)
             acts = activation_sizes(model, shard, plan, layers / v, has_emb, has_head, layer, head)
             rerun_layers = v * chunk_checkpoint(plan, checkpoint, 0.0, layers / v).rerun_layers
             total_rerun_layers = total_rerun_layers + count * rerun_layers
