@@ -11,7 +11,9 @@ Tasks (every duration from the Layout; nothing is re-derived here):
 - compute stream: the passes of each (chunk, micro-batch) in the schedule's order: F, B
   (backward with weight gradient), I (input gradient) and W (weight gradient). TP and CP
   collectives inside a layer are folded into the pass that waits for them (their exposed
-  part). R (recomputation) runs right before each B or I when the plan recomputes. The
+  part). R (recomputation) runs right before each B or I when the plan recomputes, as the
+  first part of that pass's task (they run back to back on the stream and nothing else
+  waits for R alone; one task instead of two makes the graph a third smaller). The
   optimizer step ends the stream.
 - pipeline sends: the forward pass of virtual stage k waits for that of k-1, the backward
   of k for that of k+1 (schedule placement); across devices through a send. Megatron-LM's
@@ -64,6 +66,7 @@ class TaskGraph:
     alloc: dict = field(default_factory=dict)
     free: dict = field(default_factory=dict)
     base_bytes: list = field(default_factory=list)  # per stage: activations held all step
+    recompute_parts: dict = field(default_factory=dict)  # backward pass -> count of its leading parts that recompute
     nic: set = field(default_factory=set)  # tasks whose transfer crosses the NIC (scale-out)
     send_nic: bool = False  # pipeline sends cross the NIC
     cache: dict = field(default_factory=dict, repr=False, compare=False)
@@ -97,10 +100,11 @@ class TaskGraph:
 
 
 def task_name(name) -> str:
-    """Readable name of a task: compute passes are stored as (kind, chunk, mb) tuples."""
+    """Readable name of a task: compute passes are stored as (kind, chunk, mb) tuples, the
+    transfers of one pass as (what, kind, chunk, mb); formatted only when asked for."""
     if isinstance(name, tuple):
-        kind, ch, j = name
-        return f"{kind}{ch}.{j}"
+        *what, kind, ch, j = name
+        return " ".join(what + [f"{kind}{ch}.{j}"])
     return name
 
 
@@ -183,7 +187,8 @@ def stage_tasks(layout: Layout, r: StageLayout) -> StageTasks:
         act_h2d_s=float(o.activations_h2d_s), weights_h2d_s=float(o.weights_h2d_s),
         gradients_d2h_s=float(o.gradients_d2h_s), host_adam_s=float(o.host_adam_s),
         weights_back_h2d_s=float(o.weights_back_h2d_s), optimizer_s=float(r.optimizer_s),
-        framework_s=float(r.framework_step_s), chunk_bytes=float(a.chunk_bytes), embedding_bytes=float(a.embedding_bytes), extra_bytes=float(a.extra_bytes))
+        framework_s=float(r.framework_step_s), chunk_bytes=float(a.chunk_bytes),
+        embedding_bytes=float(a.embedding_bytes), extra_bytes=float(a.extra_bytes))
 
 
 def build(layout: Layout, microbatches: int | None = None) -> TaskGraph:
@@ -244,7 +249,8 @@ def _scaled(parts: tuple, k: float) -> tuple:
 
 
 def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: StageTasks, order):
-    """Add the tasks of pipeline stage i."""
+    """Add the tasks of pipeline stage i, each after the tasks of the stage it waits for (the
+    engine walks a stage's tasks in this order)."""
     gr = b.g
     overlap = plan.dp_overlap
     dur, parts = st.dur, st.parts
@@ -295,8 +301,7 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
     pre_ids = {}
     cids = []
     key = b.key
-    names, stages, streams, durs, posts, partss, syms = (gr.name, gr.stage, gr.stream, gr.dur, gr.post, gr.parts,
-                                                        b.sym)
+    names, stages, streams, durs, posts, partss, syms = gr.name, gr.stage, gr.stream, gr.dur, gr.post, gr.parts, b.sym
     cstream = i * NS + COMPUTE
     alloc, free = gr.alloc, gr.free
     recompute = dur.get(RECOMPUTE, 0.0) > 0
@@ -318,8 +323,15 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
                 dep = None if vk == n_virtual - 1 else (("sb" if where[vk + 1] != i else "B"), vk + 1)
                 sends = vk > 0 and where[vk - 1] != i
             own = "F" if kind == FWD else "W" if kind == WGT else "B"
+            rd, rps = (dur[RECOMPUTE], parts[RECOMPUTE]) if recompute and kind in BACKWARDS else (0.0, ())
+            own_parts = parts[kind] + (("pp_comm", hop),) if sends else parts[kind]
             template[(kind, ch)] = (vk, dep, sends, own, ("sf" if kind == FWD else "sb"), dur[kind], parts[kind],
-                                    parts[kind] + (("pp_comm", hop),), chunk_bytes)
+                                    chunk_bytes, rd, rps, rd + dur[kind], rps + own_parts, hop if sends else 0.0)
+
+    # the per-pass transfers' breakdown parts, shared by all their tasks
+    h2d_w_parts, h2d_a_parts = (("offload", st.weights_h2d_s),), (("offload", st.act_h2d_s),)
+    gather_parts, scatter_parts = (("dp_comm", st.mb_gather_s),), (("dp_comm", st.mb_reduce_s),)
+    d2h_parts = (("offload", st.act_d2h_s),)
 
     def pre(kk, after, dp: bool, host: bool):
         """Tasks op kk waits for that may run ahead of it, after compute op `after` ends: the
@@ -329,20 +341,20 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
         ids = pre_ids.setdefault(kk, [])
         if host and st.weights_h2d_s > 0:
             x = st.weights_h2d_s
-            ids.append(b.add(f"weights H2D {kind}{ch}.{j}", i, H2D, x, dep, (("offload", x),)))
+            ids.append(b.add(("weights H2D", kind, ch, j), i, H2D, x, dep, h2d_w_parts))
         if host and act_off and kind in BACKWARDS and (ch, j) not in keep:
             x = st.act_h2d_s
-            h = b.add(f"activations H2D {kind}{ch}.{j}", i, H2D, x, dep + [("d2h", i, ch, j)], (("offload", x),))
-            alloc[h] = template[(kind, ch)][8]
+            h = b.add(("activations H2D", kind, ch, j), i, H2D, x, dep + [("d2h", i, ch, j)], h2d_a_parts)
+            alloc[h] = template[(kind, ch)][7]
             ids.append(h)
         if dp and st.mb_gather_s > 0:
             x = st.mb_gather_s
-            ids.append(b.add(f"dp all-gather {kind}{ch}.{j}", i, DP, x, dep, (("dp_comm", x),)))
+            ids.append(b.add(("dp all-gather", kind, ch, j), i, DP, x, dep, gather_parts))
 
     special = set(gather_at) | set(reduce_at)
     for k, op in enumerate(order):
         kind, ch, j = op
-        vk, dep, sends, own, send_key, d, ps, ps_send, nbytes = template[(kind, ch)]
+        vk, dep, sends, own, send_key, d, ps, nbytes, rd, rps, task_s, task_parts, post_s = template[(kind, ch)]
         deps = blocking
         blocking = []
         if ahead and kind != WGT:
@@ -356,10 +368,7 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
             deps = deps + pre_ids.get(k, [])
         if dep is not None:
             deps.append((dep[0], dep[1], j))
-        if recompute and kind in BACKWARDS:  # the pass's recomputation takes the pass's dependencies
-            b.add((RECOMPUTE, ch, j), i, COMPUTE, dur[RECOMPUTE], deps, parts[RECOMPUTE])
-            deps = []
-        first = len(durs)
+        t = first = len(durs)
         if k in special:
             kb = k_buckets
             if k in gather_at and kb > 1:
@@ -373,25 +382,27 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
             elif k in gather_at:
                 deps = deps + gather_ids[gather_at[k]][:1]
             if k in reduce_at and kb > 1:  # the first 1/k of the last grad pass issues k-1 buckets
-                b.add(op, i, COMPUTE, d / kb, deps, _scaled(ps, 1 / kb))
+                b.add(op, i, COMPUTE, rd + d / kb, deps, rps + _scaled(ps, 1 / kb))
+                if rps:
+                    gr.recompute_parts[first] = len(rps)
+                rd, rps = 0.0, ()
                 r1 = st.step_reduce_s * (kb - 1) / kb
                 reduces.append(b.add(f"dp reduce chunk{ch} buckets 1-{kb - 1}", i, DP, r1, [first],
                                      (("dp_comm", r1),)))
                 d, ps, deps = d - d / kb, _scaled(ps, (kb - 1) / kb), []
-            ps_send = ps + (("pp_comm", hop),)
-        t = len(durs)
+            t = len(durs)
+            task_s, task_parts = rd + d, rps + (ps + (("pp_comm", hop),) if sends else ps)
         names.append(op)
         stages.append(i)
         streams.append(cstream)
-        durs.append(d)
+        durs.append(task_s)
         syms.append(deps)
+        posts.append(post_s)
+        partss.append(task_parts)
         if sends:
-            posts.append(hop)
-            partss.append(ps_send)
             key[(send_key, vk, j)] = ~t
-        else:
-            posts.append(0.0)
-            partss.append(ps)
+        if rps:
+            gr.recompute_parts[t] = len(rps)
         key[(own, vk, j)] = t
         if k in reduce_at:
             split = k_buckets > 1
@@ -403,13 +414,13 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
             alloc[first] = nbytes
             if act_off and (ch, j) not in keep:
                 x = st.act_d2h_s
-                o = b.add(f"activations D2H {ch}.{j}", i, D2H, x, [t], (("offload", x),), key=("d2h", i, ch, j))
+                o = b.add(("activations D2H", "", ch, j), i, D2H, x, [t], d2h_parts, key=("d2h", i, ch, j))
                 free[o] = nbytes
         elif kind != WGT:  # W keeps only a layer's inputs and output gradients: not tracked
             free[t] = nbytes
         if mb_reduce and (kind == BWD or kind == WGT):
             x = st.mb_reduce_s
-            red = b.add(f"dp reduce-scatter {kind}{ch}.{j}", i, DP, x, [t], (("dp_comm", x),))
+            red = b.add(("dp reduce-scatter", kind, ch, j), i, DP, x, [t], scatter_parts)
             reduces.append(red)
             if not overlap:
                 blocking.append(red)

@@ -15,7 +15,7 @@ import json
 
 from .engine import Execution, execute
 from .errors import InputError
-from .graph import NS, P2P, STREAMS, task_name
+from .graph import NS, P2P, RECOMPUTE, STREAMS, task_name
 
 US = 1e6
 GIB = 2**30
@@ -41,23 +41,36 @@ def timeline(ex: Execution):
     rows = []
     for t in range(len(g.dur)):
         stream = STREAMS[g.stream[t] % NS]
-        ran = ex.end_s[t] - ex.start_s[t]
         parts = [kv for kv in g.parts[t] if kv[0] != "pp_comm"]
-        rows.append((t, task_name(g.name[t]), g.stage[t], stream, ex.start_s[t], ex.end_s[t], ran,
-                     _category(parts)))
         nominal = sum(x for _, x in parts)
-        end = ex.end_s[t]
-        for cat, x in reversed(parts):
-            if cat in COLLECTIVE_ROWS and x > 0 and nominal > 0:
-                thread, label = COLLECTIVE_ROWS[cat]
-                d = ran * x / nominal
-                rows.append((t, f"{label} {task_name(g.name[t])}", g.stage[t], thread, end - d, end, d, cat))
-                end -= d
+        ran = ex.end_s[t] - ex.start_s[t]
+        start = ex.start_s[t]
+        for name, seg in _segments(g, t, parts):
+            # a recomputation folded into its backward pass is drawn as the R it is
+            d = ran * sum(x for _, x in seg) / nominal if nominal > 0 else ran
+            rows.append((t, name, g.stage[t], stream, start, start + d, d, _category(seg)))
+            end = start = start + d
+            for cat, x in reversed(seg):
+                if cat in COLLECTIVE_ROWS and x > 0 and nominal > 0:
+                    thread, label = COLLECTIVE_ROWS[cat]
+                    c = ran * x / nominal
+                    rows.append((t, f"{label} {name}", g.stage[t], thread, end - c, end, c, cat))
+                    end -= c
         if ex.post_s[t] > 0:
             rows.append((t, "send " + task_name(g.name[t]), g.stage[t], STREAMS[P2P], ex.end_s[t],
                          ex.end_s[t] + ex.post_s[t], ex.post_s[t], "pp_comm"))
     df = pd.DataFrame(rows, columns=["task", "name", "stage", "stream", "start_s", "end_s", "duration_s", "category"])
     return df.sort_values(["stage", "start_s", "task"], kind="stable").reset_index(drop=True)
+
+
+def _segments(g, t: int, parts: list):
+    """(name, parts) of what task t runs: a backward pass that starts with its recomputation
+    (graph.py folds R into it) runs R, then the pass."""
+    n = g.recompute_parts.get(t, 0)
+    if not n:
+        return ((task_name(g.name[t]), parts),)
+    _, ch, j = g.name[t]
+    return ((task_name((RECOMPUTE, ch, j)), parts[:n]), (task_name(g.name[t]), parts[n:]))
 
 
 def chrome_trace(ex: Execution, title: str = "") -> dict:
@@ -73,7 +86,10 @@ def chrome_trace(ex: Execution, title: str = "") -> dict:
     df = timeline(ex)
     tid = {s: k for k, s in enumerate(THREADS)}
     for r in df.itertuples(index=False):
-        parts = {cat: sec for cat, sec in g.parts[r.task]} if r.stream in STREAMS else {r.category: r.duration_s}
+        if r.stream in STREAMS:
+            parts = dict(dict(_segments(g, r.task, list(g.parts[r.task]))).get(r.name, g.parts[r.task]))
+        else:
+            parts = {r.category: r.duration_s}
         events.append({"name": r.name, "cat": r.category, "ph": "X", "pid": int(r.stage), "tid": tid[r.stream],
                        "ts": r.start_s * US, "dur": r.duration_s * US,
                        "args": {"task": int(r.task), "parts_s": parts}})

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from plans import plan_dicts, scenario_of
 
 from simulator.engine import critical_path, execute, run, run_with_slowdown, simulate as simulate_layout
+from simulator.graph import build
 from simulator.evaluate import compile_scenario, evaluate
 from simulator.graph import COMPUTE, DP, _Builder, uniform_graph
 from simulator.published import load_rows, row_scenario
@@ -280,6 +281,54 @@ def test_transfers_of_one_stream_queue_while_sharing_the_nic_with_others():
     assert ex.release_s[y] == pytest.approx(4.0)
     assert ex.end_s[x1] == pytest.approx(6.0)
     assert (ex.start_s[x2], ex.end_s[x2]) == pytest.approx((6.0, 8.0))
+
+
+def _starts_by_definition(g, dur, post, ex):
+    """Every task's start as the stream model defines it, from the executed ends: the latest
+    end (or send release, for an edge ~d) of its dependencies and the release of the task
+    before it on its stream; 0 for none."""
+    last, want = {}, []
+    for t, (deps, s) in enumerate(zip(g.deps, g.stream)):
+        ready = [ex.end_s[d] if d >= 0 else ex.end_s[~d] + post[~d] for d in deps]
+        if s in last:
+            ready.append(ex.end_s[last[s]] + post[last[s]])
+        last[s] = t
+        want.append(max(ready, default=0.0))
+    return want
+
+
+@given(plan_dicts())
+@settings(max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+def test_every_task_starts_when_what_it_waits_for_is_done_on_random_plans(data):
+    """The executor (which walks stages and counts down only the dependencies between them)
+    against the definition, on the first execution and on the refined re-execution with
+    stretched durations; each task runs for its own duration."""
+    g = build(compile_scenario(scenario_of(data)))
+    first = run(g)
+    stretched = [x * (1 + (t % 3) / 7) for t, x in enumerate(g.dur)]  # any other durations
+    again = run(g, stretched)
+    for ex, dur in ((first, g.dur), (again, stretched)):
+        assert ex.start_s == _starts_by_definition(g, dur, g.post, ex)
+        assert [e - s for s, e in zip(ex.start_s, ex.end_s)] == pytest.approx(dur, abs=1e-12 * ex.step_time_s)
+
+
+def test_a_send_queued_behind_another_shares_the_link_only_once_it_starts():
+    """dp: one 6 s transfer from 0 s; sends of 2 s each after two zero-length passes (the
+    second queued behind the first on the compute stream). The first send and the transfer
+    share from 0: the send ends at 4 s; the second send then shares from 4 s to 8 s; the
+    transfer, 2 + 2 s done by then, runs alone until 10 s."""
+    b = _Builder(1, 1)
+    b.g.base_bytes.append(0.0)
+    x = b.add("reduce", 0, DP, 6.0, [], (("dp_comm", 6.0),))
+    y1 = b.add("pass 1", 0, COMPUTE, 0.0, [], ())
+    y2 = b.add("pass 2", 0, COMPUTE, 0.0, [], ())
+    b.g.post[y1] = b.g.post[y2] = 2.0
+    g = b.finish()
+    g.nic, g.send_nic = {x}, True
+    ex = run_with_slowdown(g, 0.0)
+    assert ex.release_s[y1] == pytest.approx(4.0)
+    assert (ex.start_s[y2], ex.release_s[y2]) == pytest.approx((4.0, 8.0))
+    assert ex.end_s[x] == pytest.approx(10.0)
 
 
 @pytest.mark.parametrize("kw", [dict(schedule="1f1b"), dict(schedule="interleaved", vpp=2), dict(schedule="zb-h1"),

@@ -144,3 +144,23 @@ def test_exposed_tp_collectives_have_rows_of_their_own(scenario):
     g = ex.graph
     share = dict(g.parts[first.task])["tp_comm"] / sum(x for c, x in g.parts[first.task] if c != "pp_comm")
     assert row.end_s == pytest.approx(first.end_s) and row.duration_s == pytest.approx(share * first.duration_s)
+
+
+def test_recomputation_is_drawn_right_before_the_backward_it_serves(scenario):
+    """With full recomputation each backward task starts with its rerun forward (graph.py
+    folds them into one task); the timeline draws R{c}.{j} ending where B{c}.{j} starts,
+    each as long as the Layout's recompute and backward seconds (with their exposed
+    collectives) per pass; no durations are stretched in this plan (one node: no NIC)."""
+    s = scenario(cluster={"node": "dgx-a100", "nodes": 1}, tp=2, pp=4, micro_batch=1, global_batch=8,
+                 recompute="full")
+    layout = compile_scenario(s)
+    df = timeline(execute(s))
+    rows = df[df.stream == "compute"].set_index(["stage", "name"])
+    for i in range(4):
+        x = layout.representative(i).passes
+        rerun = float(x.recompute_s + x.tp_recompute_s + x.cp_recompute_s + x.ep_recompute_s)
+        back = float(x.bwd_input_s + x.bwd_weight_s + x.tp_bwd_s + x.cp_bwd_s + x.ep_bwd_s)
+        for j in range(8):
+            r, b = rows.loc[(i, f"R0.{j}")], rows.loc[(i, f"B0.{j}")]
+            assert r.end_s == pytest.approx(b.start_s, rel=1e-12)
+            assert (r.duration_s, b.duration_s) == pytest.approx((rerun, back), rel=1e-9)
