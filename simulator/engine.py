@@ -129,9 +129,9 @@ def _structure(g: TaskGraph):
         same = stream[by_stream[1:]] == stream[by_stream[:-1]]
         prev = np.full(n, -1, dtype=np.int64)
         prev[by_stream[1:][same]] = by_stream[:-1][same]
-        first = prev >= 0
-        wait_task = np.concatenate([task, np.flatnonzero(first)])
-        wait_at = np.concatenate([2 * on + (dep < 0), 2 * prev[first] + 1])[np.argsort(wait_task, kind="stable")]
+        has_prev = prev >= 0
+        wait_task = np.concatenate([task, np.flatnonzero(has_prev)])
+        wait_at = np.concatenate([2 * on + (dep < 0), 2 * prev[has_prev] + 1])[np.argsort(wait_task, kind="stable")]
         bounds = np.concatenate([[0], np.cumsum(np.bincount(wait_task, minlength=n))]).tolist()
         flat = wait_at.tolist()
         waits = [flat[a:b] for a, b in zip(bounds, bounds[1:])]
