@@ -159,9 +159,10 @@ def run_with_slowdown(g: TaskGraph, slowdown: float) -> Execution:
     dur, post = list(g.dur), list(g.post)
     changed = False
     for transfers, sends in _link_queues(g):
+        # one stream's transfers, in its order: already disjoint and sorted, as _meeting wants
         dp = [(start[t], end[t], t) for t in transfers if g.dur[t] > 0]
         # sends follow one another on the compute stream: only those meeting a NIC transfer share
-        sends = _meeting([(end[t], end[t] + post[t], t) for t in sends], _merge([iv[:2] for iv in dp]))
+        sends = _meeting([(end[t], end[t] + post[t], t) for t in sends], dp)
         for is_send, t, extra in _shared(dp, sends):
             changed = True
             if is_send:
@@ -201,7 +202,7 @@ def _link_queues(g: TaskGraph) -> list:
 
 
 def _meeting(intervals, spans):
-    """The intervals (in order of start) that overlap any of the merged, sorted spans."""
+    """The intervals (in order of start) that overlap any of the disjoint, sorted spans."""
     out, k = [], 0
     for iv in intervals:
         while k < len(spans) and spans[k][1] <= iv[0]:

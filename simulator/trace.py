@@ -86,8 +86,9 @@ def chrome_trace(ex: Execution, title: str = "") -> dict:
     df = timeline(ex)
     tid = {s: k for k, s in enumerate(THREADS)}
     for r in df.itertuples(index=False):
-        if r.stream in STREAMS:
-            parts = dict(dict(_segments(g, r.task, list(g.parts[r.task]))).get(r.name, g.parts[r.task]))
+        if r.stream in STREAMS:  # a pass (or its R), else the task's send: all its parts
+            segments = dict(_segments(g, r.task, list(g.parts[r.task])))
+            parts = dict(segments.get(r.name, g.parts[r.task]))
         else:
             parts = {r.category: r.duration_s}
         events.append({"name": r.name, "cat": r.category, "ph": "X", "pid": int(r.stage), "tid": tid[r.stream],

@@ -9,9 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from plans import plan_dicts, scenario_of
 
 from simulator.engine import critical_path, execute, run, run_with_slowdown, simulate as simulate_layout
-from simulator.graph import build
 from simulator.evaluate import compile_scenario, evaluate
-from simulator.graph import COMPUTE, DP, _Builder, uniform_graph
+from simulator.graph import COMPUTE, DP, _Builder, build, uniform_graph
 from simulator.published import load_rows, row_scenario
 from simulator.result import BREAKDOWN_KEYS
 from simulator.scenario import scenario_from_dict
