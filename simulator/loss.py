@@ -1,4 +1,4 @@
-"""The lm_head and cross-entropy of the last virtual stage, computed three ways (`plan.loss`).
+"""The lm_head and cross-entropy of the last virtual stage, computed four ways (`plan.loss`).
 
 Per device, T tokens of a micro-batch, hidden h, local vocabulary v = V/t (vocab-parallel
 lm_head), a bytes per 16-bit element; N = T·v logits.
@@ -7,6 +7,19 @@ lm_head), a bytes per 16-bit element; N = T·v logits.
   them and keeps the fp32 softmax (4·N bytes) for the backward (Korthikanti et al. 2022,
   Sec. 4.3), whose start materialises two more fp32 logits-sized gradients
   (workload.loss_backward_transient_bytes): 12·N bytes at the head's peak.
+- loss-parallel: PyTorch's DTensor loss parallelism over the TP group, as torchtitan runs it
+  (pytorch/torchtitan@9dec370 train.py: `loss_fn` = cross_entropy(pred.float(), labels)
+  under `loss_parallel()`, `del pred` before the backward; pytorch/pytorch
+  torch/distributed/tensor/parallel/loss.py `_log_softmax` and
+  `_nll_loss_and_log_softmax_backward`). The log-softmax is written out in fp32 eager ops
+  (upcast, max, shifted = x - max, exp, sum, result = shifted - log-sum-exp) and keeps its
+  fp32 result (4·N) for the backward. The backward of nll_loss and log-softmax is one
+  function that builds zeros_like(x), exp(x), their sum and the product with the incoming
+  gradient: three fp32 logits-sized buffers beside the saved result when the add runs, 16·N
+  bytes at the head's peak where the unfused loss holds 12·N. Bytes moved per logit: forward
+  a + 36 (upcast a + 4, max 4, shift 8, exp 8, sum 4, result 8), backward 36 + a (zeros 4,
+  exp 8, add 12, multiply 8, downcast 4 + a). Needs tp > 1: without a TP group torchtitan
+  calls the plain cross-entropy, which is `unfused`.
 - chunked: Liger kernel's FusedLinearCrossEntropy (linkedin/Liger-Kernel@e11c2d6
   src/liger_kernel/ops/fused_linear_cross_entropy.py). The forward walks the tokens in
   chunks of c: per chunk it computes the logits (16-bit), upcasts them to fp32, runs the
@@ -29,9 +42,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .workload import MATMUL, MEMORY, Op, Shard
+from .workload import MATMUL, MEMORY, Op, Shard, _linear
 
-LOSSES = ("unfused", "fused", "chunked")
+LOSSES = ("unfused", "fused", "chunked", "loss-parallel")
 
 
 def liger_chunk_tokens(tokens, vocab_local, hidden):
@@ -51,10 +64,16 @@ def chunk_tokens(model, shard: Shard):
 
 
 def loss_ops(model, shard: Shard) -> list[Op]:
-    """lm_head + cross-entropy operators of the `chunked` or `fused` loss (module docstring)."""
+    """lm_head + cross-entropy operators of the `chunked`, `fused` or `loss-parallel` loss
+    (module docstring)."""
     a, tokens = shard.act_bytes, shard.tokens
     h, v = model.hidden, model.vocab / shard.tp
     gemm = 2 * tokens * h * v
+    if shard.loss == "loss-parallel":
+        logits = tokens * v
+        return [_linear("lm_head", tokens, h, v, a, a * shard.replicated_tokens * h),
+                Op("cross_entropy", MEMORY, fwd_bytes=(a + 36) * logits, bwd_input_bytes=(36 + a) * logits,
+                   saved_bytes=4 * logits)]
     if shard.loss == "chunked":
         io = a * (tokens * (h + v) + h * v)  # one GEMM's traffic, the chunk logits included
         return [
@@ -76,7 +95,10 @@ def loss_ops(model, shard: Shard) -> list[Op]:
 
 def loss_transient_bytes(model, shard: Shard):
     """Bytes the loss holds on top of its saved tensors at the head's peak: one chunk's
-    logits in fp32 plus two 16-bit copies (chunked), nothing logits-sized (fused)."""
+    logits in fp32 plus two 16-bit copies (chunked), nothing logits-sized (fused), three fp32
+    logits-sized buffers in the fused nll/log-softmax backward (loss-parallel)."""
+    if shard.loss == "loss-parallel":
+        return 3 * 4 * shard.tokens * model.vocab / shard.tp
     if shard.loss == "chunked":
         return (4 + 2 * shard.act_bytes) * chunk_tokens(model, shard) * model.vocab / shard.tp
     return 0.0 * shard.tokens

@@ -303,6 +303,9 @@ def check_options(plan: Plan) -> None:
         raise InputError("plan.fsdp_reshard_after_forward", False, "only with zero_stage 3 (FSDP)")
     if plan.fp8_params and plan.precision not in ("fp8", "mxfp8"):
         raise InputError("plan.fp8_params", True, "FP8 primary weights need precision: fp8 or mxfp8")
+    if plan.loss == "loss-parallel" and plan.tp < 2:
+        raise InputError("plan.loss", plan.loss, "DTensor's loss parallelism shards the logits over the TP "
+                         "group: needs tp > 1 (without TP the plain cross-entropy runs: unfused)")
     if plan.fp8_params and plan.fp8_recipe != "delayed" and plan.precision == "fp8":
         raise InputError("plan.fp8_params", True, "FP8 primary weights are TransformerEngine's (fp8_recipe: "
                          "delayed)")

@@ -1,5 +1,5 @@
-"""plan.loss: the logits memory of unfused, chunked and fused lm_head + cross-entropy for a 128k
-vocabulary, worked from the formulas in simulator/loss.py."""
+"""plan.loss: the logits memory of unfused, chunked, fused and loss-parallel lm_head +
+cross-entropy for a 128k vocabulary, worked from the formulas in simulator/loss.py."""
 
 import pytest
 
@@ -11,8 +11,9 @@ N = T * V  # logits of one micro-batch
 
 def llama8b(scenario, loss, **plan):
     # one device, no recomputation: the head's bytes sit on top of the in-flight layers
+    plan = {"tp": 1, "dp": 8, **plan}
     return scenario(model={"preset": "llama-3.1-8b"}, cluster={"node": "dgx-h100", "nodes": 1},
-                    tp=1, pp=1, dp=8, micro_batch=1, global_batch=8, loss=loss, **plan)
+                    pp=1, micro_batch=1, global_batch=8, loss=loss, **plan)
 
 
 def head_extra(s):
@@ -35,6 +36,31 @@ def test_fused_loss_removes_the_logits_from_peak_memory(scenario):
     d_fused = evaluate(llama8b(scenario, "fused"), "analytic").to_dict()
     saved = (d_unfused["memory_gib"]["activations"] - d_fused["memory_gib"]["activations"]) * 2**30
     assert saved == pytest.approx(12 * N - 4 * T, rel=1e-12)
+
+
+def test_loss_parallel_head_holds_the_fp32_log_softmax_and_three_backward_buffers(scenario):
+    # DTensor's loss_parallel over TP 2 (no SP: norm and lm_head inputs whole): the saved fp32
+    # log-softmax and, in the fused nll/log-softmax backward, zeros_like, exp and their sum
+    n = T * V / 2
+    s = llama8b(scenario, "loss-parallel", tp=2, dp=4)
+    assert head_extra(s) == 2 * A * T * H + 4 * n + 12 * n
+    assert head_extra(llama8b(scenario, "unfused", tp=2, dp=4)) == 2 * A * T * H + 12 * n
+
+
+def test_loss_parallel_moves_38_bytes_per_logit_each_way():
+    from simulator.model import load_preset
+    from simulator.workload import Shard, head_ops
+
+    shard = Shard(micro_batch=1, seq_len=T, tp=2, loss="loss-parallel")
+    ce = next(op for op in head_ops(load_preset("llama-3.1-8b"), shard) if op.name == "cross_entropy")
+    # forward: upcast 2 + 4, max 4, shift 4 + 4, exp 4 + 4, sum 4, result 4 + 4;
+    # backward: zeros 4, exp 4 + 4, add 8 + 4, multiply 4 + 4, downcast 4 + 2
+    assert (ce.fwd_bytes, ce.bwd_input_bytes, ce.saved_bytes) == (38 * T * V / 2, 38 * T * V / 2, 4 * T * V / 2)
+
+
+def test_loss_parallel_needs_a_tp_group(scenario):
+    with pytest.raises(InputError, match="plan.loss.*tp > 1"):
+        llama8b(scenario, "loss-parallel")
 
 
 def test_chunked_loss_holds_one_chunk_and_the_saved_gradients(scenario):
