@@ -60,6 +60,17 @@ def test_torchtitan_llama3_405b_maps_float8_and_async_tp_and_reports_compile():
     assert {"training.compile", "float8.enable_fsdp_float8_all_gather"} <= {m["key"] for m in imported.unmapped}
 
 
+def test_torchtitan_with_tp_computes_the_loss_under_loss_parallel_unless_disabled(tmp_path):
+    text = (DATA / "torchtitan-llama3_405b.toml").read_text()
+    imported = import_config("torchtitan", DATA / "torchtitan-llama3_405b.toml", {"cluster.node": "dgx-h100"})
+    assert imported.scenario["plan"]["loss"] == "loss-parallel"
+    disabled = tmp_path / "no-loss-parallel.toml"
+    disabled.write_text(text.replace("[parallelism]", "[parallelism]\ndisable_loss_parallel = true"))
+    assert import_config("torchtitan", disabled, {"cluster.node": "dgx-h100"}).scenario["plan"]["loss"] == "unfused"
+    fsdp = import_config("torchtitan", DATA / "torchtitan-llama3_8b.toml", {"cluster.node": "dgx-h100"})
+    assert "loss" not in fsdp.scenario["plan"]  # no TP group: the plain cross-entropy (unfused, the default)
+
+
 def test_torchtitan_hsdp_and_layerwise_recompute_are_refused(tmp_path):
     text = (DATA / "torchtitan-llama3_8b.toml").read_text()
     hsdp = tmp_path / "hsdp.toml"

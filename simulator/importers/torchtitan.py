@@ -92,6 +92,11 @@ def read(path: str | Path) -> Imported:
     a.map("parallelism.tensor_parallel_degree", "plan.sequence_parallel", tp > 1)
     a.map("parallelism.pipeline_parallel_degree", "plan.pp", pp)
     a.map("parallelism.context_parallel_degree", "plan.cp", cp)
+    if tp > 1:  # torchtitan runs the loss under DTensor's loss_parallel unless disabled
+        a.map("parallelism.disable_loss_parallel", "plan.loss",
+              "unfused" if a.get("parallelism.disable_loss_parallel", False) else "loss-parallel")
+    else:
+        a.used("parallelism.disable_loss_parallel")
     if a.number("parallelism.expert_parallel_degree", 1) > 1:
         a.refuse("parallelism.expert_parallel_degree", "mixture-of-experts plans are not modelled")
     a.used("parallelism.expert_parallel_degree")
