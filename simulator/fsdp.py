@@ -21,8 +21,21 @@ without PP) FSDP2 is llmsim's ZeRO-3.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .comm import collective_time
 from .dataparallel import DPCosts
+
+
+def units(layers, v) -> object:
+    """FSDP units of a model chunk, the pieces ZeRO-3's weights are gathered and its gradients
+    reduce-scattered in: one per transformer layer, as torchtitan wraps every TransformerBlock
+    with fully_shard (torchtitan@9dec370 torchtitan/parallelisms/parallelize_llama.py
+    apply_fsdp). A unit's all-gather runs while the unit before it computes and its
+    reduce-scatter while the unit after it runs its backward (FSDP2 issues them on their own
+    streams ahead of the compute), so a step exposes the first unit's gather and the last
+    unit's reduce-scatter, not the chunk's (dataparallel.bucketed_overlap_s with k units)."""
+    return np.maximum(1, np.floor(np.asarray(layers) / v))
 
 
 def keeps_gathered(plan) -> bool:

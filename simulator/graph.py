@@ -286,12 +286,21 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
         if k_buckets > 1:
             gather_ids[ch].append(b.add(f"dp all-gather chunk{ch} buckets 2-{k_buckets}", i, DP, x2, [],
                                         (("dp_comm", x2),)))
+    gather_at = {k: gather_ids[ch] for k, ch in gather_at.items()}
+    reduce_at = {k: st.step_reduce_s for k in reduce_at}
 
     act_off = st.act_d2h_s > 0
     ahead = st.mb_gather_s > 0 or st.weights_h2d_s > 0 or act_off
     keep, nxt, uses = set(), {}, []
+    # ZeRO-3/FSDP by units (fsdp.units): the step's first pass waits for its first unit's gather
+    # only, and each chunk's last reduce-scatter leaves only its last unit's after the pass
+    fsdp_units = overlap and k_buckets > 1
+    if fsdp_units and st.mb_reduce_s > 0:
+        reduce_at.update({k: st.mb_reduce_s for k in last_grad.values()})
     if ahead:
         uses = [k for k, op in enumerate(order) if op[0] != WGT]
+        if fsdp_units and st.mb_gather_s > 0:
+            gather_at[uses[0]] = None  # its gathers are added with the pass's other reads (pre)
         nxt = dict(zip(uses, uses[1:]))
         at = {op: k for k, op in enumerate(order)}
         # a chunk whose backward is the stage's very next pass stays on the device
@@ -349,7 +358,13 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
             ids.append(h)
         if dp and st.mb_gather_s > 0:
             x = st.mb_gather_s
-            ids.append(b.add(("dp all-gather", kind, ch, j), i, DP, x, dep, gather_parts))
+            if kk in gather_at:
+                x1 = x / k_buckets
+                gather_at[kk] = [b.add(("dp all-gather unit 1", kind, ch, j), i, DP, x1, dep, (("dp_comm", x1),)),
+                                 b.add((f"dp all-gather units 2-{k_buckets}", kind, ch, j), i, DP, x - x1, dep,
+                                       (("dp_comm", x - x1),))]
+            else:
+                ids.append(b.add(("dp all-gather", kind, ch, j), i, DP, x, dep, gather_parts))
 
     special = set(gather_at) | set(reduce_at)
     for k, op in enumerate(order):
@@ -374,19 +389,19 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
             if k in gather_at and kb > 1:
                 # the chunk's buckets arrive one by one: its first bucket's layers wait for the
                 # first gather, its last bucket's for the rest; the pass runs in three pieces
-                c1, c2 = gather_ids[gather_at[k]]
+                c1, c2 = gather_at[k]
                 b.add(op, i, COMPUTE, d / kb, deps + [c1], _scaled(ps, 1 / kb))
                 if kb > 2:
                     b.add(op, i, COMPUTE, d * (kb - 2) / kb, [], _scaled(ps, (kb - 2) / kb))
                 d, ps, deps = d / kb, _scaled(ps, 1 / kb), [c2]
             elif k in gather_at:
-                deps = deps + gather_ids[gather_at[k]][:1]
+                deps = deps + gather_at[k][:1]
             if k in reduce_at and kb > 1:  # the first 1/k of the last grad pass issues k-1 buckets
                 b.add(op, i, COMPUTE, rd + d / kb, deps, rps + _scaled(ps, 1 / kb))
                 if rps:
                     gr.recompute_parts[first] = len(rps)
                 rd, rps = 0.0, ()
-                r1 = st.step_reduce_s * (kb - 1) / kb
+                r1 = reduce_at[k] * (kb - 1) / kb
                 reduces.append(b.add(f"dp reduce chunk{ch} buckets 1-{kb - 1}", i, DP, r1, [first],
                                      (("dp_comm", r1),)))
                 d, ps, deps = d - d / kb, _scaled(ps, (kb - 1) / kb), []
@@ -406,7 +421,7 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
         key[(own, vk, j)] = t
         if k in reduce_at:
             split = k_buckets > 1
-            r = st.step_reduce_s / (k_buckets if split else 1)
+            r = reduce_at[k] / (k_buckets if split else 1)
             reduces.append(b.add(f"dp reduce chunk{ch}" + (f" bucket {k_buckets}" if split else ""), i, DP, r,
                                  [t], (("dp_comm", r),)))
         cids.append(t)
@@ -418,7 +433,7 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
                 free[o] = nbytes
         elif kind != WGT:  # W keeps only a layer's inputs and output gradients: not tracked
             free[t] = nbytes
-        if mb_reduce and (kind == BWD or kind == WGT):
+        if mb_reduce and (kind == BWD or kind == WGT) and k not in reduce_at:
             x = st.mb_reduce_s
             red = b.add(("dp reduce-scatter", kind, ch, j), i, DP, x, [t], scatter_parts)
             reduces.append(red)

@@ -59,7 +59,7 @@ class StageLayout:
     passes: PassTimes
     sends: object  # pipeline sends per micro-batch (each blocks the sender for one hop)
     dp: DPCosts
-    buckets: object  # gradient buckets per model chunk
+    buckets: object  # gradient buckets per model chunk (ZeRO-3: its FSDP units, fsdp.units)
     offload: OffloadCosts
     optimizer_s: object
     framework_step_s: object  # per-step framework operators and host costs (framework_ops.py)
@@ -209,6 +209,8 @@ def compile_layout(model, cluster, plan) -> Layout:
                             has_emb, has_head, head_copy, emb_t, head_t, head)
             params, states, acts, passes, dp = x.params, x.states, x.activations, x.passes, x.dp
             n_buckets, shard_group, stage_buffers, linears = x.buckets, x.shard_group, buffers, x.linears
+        if plan.zero_stage >= 3:  # FSDP moves weights and gradients per unit, not in Megatron's buckets
+            n_buckets = fsdp.units(layers, v)
         framework_s = framework_ops.microbatch_seconds(model, plan, cluster, shard, per, layers, has_emb, has_head,
                                                        head_copy)
         passes = replace(passes, fwd_s=co_run * passes.fwd_s, bwd_input_s=co_run * passes.bwd_input_s,

@@ -10,7 +10,8 @@ from plans import plan_dicts, scenario_of
 
 from simulator.engine import critical_path, execute, run, run_with_slowdown, simulate as simulate_layout
 from simulator.evaluate import compile_scenario, evaluate
-from simulator.graph import COMPUTE, DP, _Builder, build, uniform_graph
+from simulator.graph import COMPUTE, DP, _Builder, build, stage_tasks, uniform_graph
+from simulator.schedules import BWD, FWD
 from simulator.published import load_rows, row_scenario
 from simulator.result import BREAKDOWN_KEYS
 from simulator.scenario import scenario_from_dict
@@ -167,6 +168,22 @@ def test_overlapped_gradient_reduction_hides_behind_backward(scenario):
     full = max(float(r.dp.step_reduce_s) for r in layout.stages)
     assert off.breakdown_s["dp_comm"] == pytest.approx(full, rel=1e-6)  # not overlapped: all exposed
     assert on.breakdown_s["dp_comm"] < 0.5 * full
+
+
+def test_fsdp_exposes_only_the_first_units_gather_and_the_last_units_reduce_scatter(scenario):
+    # one micro-batch, no pipeline, one FSDP unit per layer: the forward waits for the first
+    # layer's gather (G/L) while the rest streams in behind it, the backward's gather runs
+    # during the forward, and the last reduce-scatter outlasts the backward by one layer's (R/L)
+    s = scenario(model={"preset": "llama-3.1-8b"}, cluster={"node": "dgx-h100", "nodes": 1},
+                 tp=1, pp=1, dp=8, micro_batch=1, global_batch=8, zero_stage=3)
+    layout = compile_scenario(s)
+    st = stage_tasks(layout, layout.stages[0])
+    units, g, r = st.buckets, st.mb_gather_s, st.mb_reduce_s
+    f, b = st.dur[FWD], st.dur[BWD]
+    assert units == 32 and 2 * g < f and r < b  # Llama 3.1 8B's layers; gathers and reductions keep up
+    expected = g / units + f + b + r / units + st.optimizer_s + st.framework_s
+    assert simulate(s, periodic=False).step_time_s == pytest.approx(expected, rel=1e-12)
+    assert evaluate(s, "analytic").step_time_s == pytest.approx(expected, rel=1e-12)
 
 
 def test_compute_slows_by_the_profile_factor_while_communication_runs():
