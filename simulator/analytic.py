@@ -96,10 +96,9 @@ def _dp_exposed_s(layout: Layout, r: StageLayout, times: StageTimes, i: int, sla
         head = bucketed_overlap_s(d.step_gather_s / v, f / v, r.buckets) * (d.step_gather_s > 0)
         # ZeRO-3 by FSDP units: the first pass waits for its first unit's gather, each chunk's
         # last reduce-scatter outlasts its pass by its last unit's (per_mb has the rest)
-        first_gather = d.mb_gather_s / (2 * v)
-        head = head + np.minimum(first_gather, f / v) / r.buckets * (r.buckets > 1)
-        tail = tail + _reduce_tail_s(layout, d.mb_reduce_s, grad_pass, r.buckets, times, i, r.stage) \
-            * (r.buckets > 1)
+        units = (r.buckets > 1) & (d.mb_gather_s > 0)
+        head = head + np.minimum(d.mb_gather_s / (2 * v), f / v) / r.buckets * units
+        tail = tail + _reduce_tail_s(layout, d.mb_reduce_s, grad_pass, r.buckets, times, i, r.stage) * units
     else:
         per_mb = d.mb_gather_s + d.mb_reduce_s
         tail, head = d.step_reduce_s, d.step_gather_s

@@ -175,7 +175,7 @@ def with_weight_copies(states, linear_params, plan, per):
     """`states` (states.ModelStates) with the FP8 weight copies TransformerEngine keeps of
     `linear_params` linear weights between steps, or their FP8 primary weights in place of the
     16-bit ones; under ZeRO-3 the copies are gathered per use (the states as they are)."""
-    if plan.zero_stage >= 3:
+    if plan.zero_stage >= 3 or recipe(plan) is None:
         return states
     weight, _ = weight_bytes_per_param(plan)
     return replace(states, weights_bytes=states.weights_bytes + linear_params * (weight - per.weight))
@@ -184,6 +184,8 @@ def with_weight_copies(states, linear_params, plan, per):
 def gather_bytes_per_param(per, linear_params, params, plan) -> object:
     """Bytes per parameter the data-parallel all-gather of `params` moves when `linear_params`
     of them are linear weights gathered in FP8 (FP8 primary weights)."""
+    if recipe(plan) is None:
+        return per.weight + 0.0 * params
     _, gather = weight_bytes_per_param(plan)
     return per.weight - linear_params * (per.weight - gather) / params
 

@@ -294,12 +294,12 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
     keep, nxt, uses = set(), {}, []
     # ZeRO-3/FSDP by units (fsdp.units): the step's first pass waits for its first unit's gather
     # only, and each chunk's last reduce-scatter leaves only its last unit's after the pass
-    fsdp_units = overlap and k_buckets > 1
-    if fsdp_units and st.mb_reduce_s > 0:
+    fsdp_units = overlap and k_buckets > 1 and st.mb_gather_s > 0
+    if fsdp_units:
         reduce_at.update({k: st.mb_reduce_s for k in last_grad.values()})
     if ahead:
         uses = [k for k, op in enumerate(order) if op[0] != WGT]
-        if fsdp_units and st.mb_gather_s > 0:
+        if fsdp_units:
             gather_at[uses[0]] = None  # its gathers are added with the pass's other reads (pre)
         nxt = dict(zip(uses, uses[1:]))
         at = {op: k for k, op in enumerate(order)}

@@ -79,3 +79,14 @@ def test_plan_whose_offload_exceeds_host_memory_is_infeasible():
     d = evaluate(s).to_dict()
     # 405 B params x (2 weights + 4 grads + 12 optimizer) B = 7.3 TB > the DGX H100's 2 TiB host memory
     assert d["feasible"] is False and d["reason"].startswith("out of host memory")
+
+
+def test_a_compiled_fp32_plan_keeps_four_bytes_of_weights_per_parameter(scenario):
+    # fp32 training: weights and gradients 4 B each for every parameter, linears included
+    # (no FP8 copies to swap in); ZeRO-0 on one device
+    from simulator.evaluate import compile_scenario
+
+    s = scenario(dp=1, micro_batch=1, global_batch=1, precision="fp32", cluster={"node": "dgx-a100", "nodes": 1,
+                                                                                 "devices_per_node": 1})
+    stage = compile_scenario(s).stages[0]
+    assert stage.states.weights_bytes == stage.states.gradients_bytes == 4 * stage.params
