@@ -176,7 +176,7 @@ def compile_layout(model, cluster, plan) -> Layout:
     if host_s > 0:
         head_t = hostbound.host_bound(head_t, head, host_s)
         emb_t = hostbound.host_bound(emb_t, embedding_ops(model, shard), host_s)
-    hop = pp_hop_s(model, shard, g, cluster)
+    hop = pp_hop_s(model, shard, g, cluster, plan.pp_scatter_gather)
     head_stage = schedule.head_stage(np.asarray(p))
     indices, counts = representative_stages(p)
     linear_params = fp8.layer_linear_params(model, plan.tp)

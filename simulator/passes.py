@@ -116,10 +116,12 @@ def cp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Clu
     return steps * hop, 2 * steps * hop
 
 
-def pp_hop_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster):
-    """One pipeline send of a micro-batch's activation or gradient. Megatron-LM's scatter/
-    gather optimisation sends 1/t of it per TP rank."""
-    nbytes = shard.act_bytes * shard.tokens * model.hidden / shard.tp
+def pp_hop_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster, scatter_gather: bool = True):
+    """One pipeline send of a micro-batch's activation or gradient, per TP rank: 1/t of it
+    with Megatron-LM's scatter/gather optimisation or sequence parallelism, the whole of it
+    otherwise (plan.pp_scatter_gather). The receivers' all-gather over NVLink is not timed."""
+    split = np.where(np.logical_or(scatter_gather, shard.sp), shard.tp, 1)
+    nbytes = shard.act_bytes * shard.tokens * model.hidden / split
     return np.where(np.asarray(groups.pp.size) > 1, send_recv_time(nbytes, groups.pp_crosses_domain, cluster), 0.0)
 
 

@@ -71,6 +71,12 @@ class Plan:
     # parameter and micro-batch, as torch's AccumulateGrad (framework_ops.py).
     grad_accumulation_fusion: bool = True
     rank_order: str = "tp-cp-dp-pp"
+    # Pipeline sends split over the TP ranks, each sending 1/t and the receivers all-gathering
+    # (Megatron-LM --scatter-gather-tensors-in-pipeline: from Feb 2021, NVIDIA/Megatron-LM@27fc468964,
+    # on by default from @72e4230bb5, until Megatron-Core). False: every TP rank sends the whole
+    # activation (Megatron-LM before; Megatron-Core without sequence parallelism). With sequence
+    # parallelism the activation is split over the TP ranks either way (passes.pp_hop_s).
+    pp_scatter_gather: bool = True
     # An explicit per-stage op order ("F0", "B0", "W0", "F1.0" = chunk 1 of micro-batch 0)
     # run by the graph engine in place of the named schedule's (schedules.py).
     schedule_ops: tuple | None = None
@@ -168,6 +174,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         grad_precision=F.choice(data, "grad_precision", "plan", GRAD_PRECISIONS, "fp32"),
         grad_accumulation_fusion=F.boolean(data, "grad_accumulation_fusion", "plan", True),
         rank_order=order,
+        pp_scatter_gather=F.boolean(data, "pp_scatter_gather", "plan", True),
         schedule_ops=_schedule_ops(data.get("schedule_ops")),
         moe=_moe_options(data.get("moe")),
         **_loss(data),

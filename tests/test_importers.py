@@ -103,6 +103,17 @@ NEMO_ROWS = {
 }
 
 
+def test_pipeline_sends_are_whole_under_megatron_core_and_legacy_megatron_without_scatter_gather():
+    nemo = import_config("megatron", DATA / "nemo-llama3.1_70b.yaml", {"cluster.node": "dgx-h100"})
+    assert nemo.scenario["plan"]["pp_scatter_gather"] is False  # split only by sequence parallelism
+    legacy = import_config("megatron", None, {"cluster.node": "dgx-a100"}, argv=[
+        "--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "2048",
+        "--max-position-embeddings", "2048", "--micro-batch-size", "1", "--global-batch-size", "64",
+        "--pipeline-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--fp16",
+        "--no-scatter-gather-tensors-in-pipeline"])
+    assert legacy.scenario["plan"]["pp_scatter_gather"] is False
+
+
 @pytest.mark.parametrize("name", sorted(NEMO_ROWS))
 def test_nemo_configs_import_as_the_validation_rows_of_the_same_runs(name):
     """The 70B launcher yaml is for 8 nodes, as the 64-GPU row; the 8B one for 1 node."""

@@ -108,6 +108,20 @@ def test_a_pipeline_send_carries_1_over_t_of_the_activation_across_nodes(dgx_a10
         out.latency_s + nbytes / out.bus_bytes_per_s)
 
 
+def test_without_scatter_gather_every_tp_rank_sends_the_whole_activation_unless_sequence_parallel(dgx_a100):
+    # Megatron-LM of Jan 2021 and Megatron-Core without SP; with SP the activation is split anyway
+    cluster = dgx_a100(2)
+    out = cluster.scaleout
+    whole = 2 * 4 * 2048 * 2048
+    groups = _groups(tp=8, pp=2, local=1)
+    shard = Shard(micro_batch=4, seq_len=2048, tp=8)
+    assert float(pp_hop_s(GPT, shard, groups, cluster, scatter_gather=False)) == pytest.approx(
+        out.latency_s + whole / out.bus_bytes_per_s)
+    sp = Shard(micro_batch=4, seq_len=2048, tp=8, sp=True)
+    assert float(pp_hop_s(GPT, sp, groups, cluster, scatter_gather=False)) == pytest.approx(
+        out.latency_s + whole / 8 / out.bus_bytes_per_s)
+
+
 # ---------------------------------------------------------------- collectives
 
 def test_small_all_reduce_takes_the_tree_when_its_latency_wins(dgx_a100):

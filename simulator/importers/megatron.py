@@ -33,7 +33,8 @@ STORE_TRUE = {"fp16", "bf16", "swiglu", "sequence-parallel", "use-distributed-op
               "group-query-attention", "recompute-activations", "use-flash-attn", "grad-reduce-in-bf16",
               "accumulate-allreduce-grads-in-fp32", "use-mcore-models", "mock-data", "fp8-param-gather",
               "apply-layernorm-1p", "cross-entropy-loss-fusion", "calculate-per-token-loss", "manual-gc",
-              "log-throughput", "profile", "no-create-attention-mask-in-dataloader", "no-mmap-bin-files"}
+              "log-throughput", "profile", "no-create-attention-mask-in-dataloader", "no-mmap-bin-files",
+              "no-scatter-gather-tensors-in-pipeline"}
 IGNORED_ARGS = ("lr*", "min-lr", "decoupled-*", "weight-decay", "adam-*", "clip-grad", "init-method-std", "seed",
                 "log-*", "save*", "load", "eval-*", "data-*", "split", "vocab-file", "merge-file", "tokenizer-model",
                 "tensorboard-*", "wandb-*", "exit-*", "ckpt-*", "distributed-timeout-minutes", "num-workers",
@@ -170,6 +171,8 @@ def read_args(args: dict) -> Imported:
     global_batch = _number(a, "global-batch-size")
     a.map("global-batch-size", "plan.global_batch", global_batch)
     a.map("sequence-parallel", "plan.sequence_parallel", bool(a.get("sequence-parallel", False)))
+    if a.get("no-scatter-gather-tensors-in-pipeline"):  # legacy Megatron-LM: whole activations per TP rank
+        a.map("no-scatter-gather-tensors-in-pipeline", "plan.pp_scatter_gather", False)
     precision = "fp8" if a.has("fp8-format") else "bf16" if a.get("bf16") else "fp16" if a.get("fp16") else "fp32"
     a.map("fp8-format" if a.has("fp8-format") else "bf16" if a.get("bf16") else "fp16", "plan.precision", precision)
     a.used("fp16", "bf16", "fp8-param-gather")
@@ -301,6 +304,9 @@ def read_nemo(data: dict) -> Imported:
     global_batch = a.number(m("global_batch_size"))
     a.map(m("global_batch_size"), "plan.global_batch", global_batch)
     a.map(m("sequence_parallel"), "plan.sequence_parallel", bool(a.get(m("sequence_parallel"), False)))
+    # NeMo runs Megatron-Core, whose pipeline sends are split over the TP ranks only with
+    # sequence parallelism (megatron/core/pipeline_parallel/schedules.py get_tensor_shapes)
+    a.map(m("sequence_parallel"), "plan.pp_scatter_gather", False)
     precision = {"bf16": "bf16", "bf16-mixed": "bf16", "16": "fp16", "16-mixed": "fp16", "32": "fp32"}.get(
         str(a.get("trainer.precision", "32")))
     if precision is None:
