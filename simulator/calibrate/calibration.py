@@ -153,7 +153,7 @@ def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, t
     from .device import configure
     from .dist import co_run_slowdown, collective_samples
     from .microbench import Bench
-    from .probe import PRECISIONS as PROBE_PRECISIONS, make_probe
+    from .probe import PRECISIONS as PROBE_PRECISIONS, make_probe, names
 
     out = Path(out)
     if out.suffix not in (".yaml", ".yml"):
@@ -168,7 +168,7 @@ def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, t
     load_before = os.getloadavg()[0]
     bench = Bench(device, quick=quick, clock=clock)
     precs = low_precisions(torch, device)
-    bench.probes = {p: make_probe(device, p) for p in ["fp32"] + precs if p in PROBE_PRECISIONS}
+    bench.probes = {n: make_probe(device, n) for p in ["fp32"] + precs if p in PROBE_PRECISIONS for n in names(p)}
     log(f"calibrate: {device}, {threads} thread(s), {clock} clock, torch {torch.__version__}"
         f"{' (quick)' if quick else ''}; precisions fp32{''.join(', ' + p for p in precs)}")
     for dt in ["fp32"] + [p for p in precs if p != "fp8"]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .probe import GEMM
 from .timing import interleaved
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -62,7 +63,7 @@ class Bench:
         self.samples: list[dict] = []
         self.pending: list[Case] = []
         self.clock = clock
-        self.probes = {}  # precision -> probe.make_probe(...): timed in every group
+        self.probes = {}  # probe name (a precision, or its "-gemm") -> probe.make_probe(...): timed in every group
 
     def add(self, op, kind, shape, dtype, pass_, work, fn, kernel=None, minus=()) -> Case:
         row = {"op": op, "kind": kind, "shape": list(shape), "dtype": dtype, "pass": pass_, "work": float(work)}
@@ -102,6 +103,8 @@ class Bench:
         for s in self.samples:
             group = s.pop("group_probe", {})
             p = s["dtype"] if s["dtype"] in group else "fp32"
+            if s["kind"] == "matmul" and p + GEMM in group:  # GEMMs follow the GEMM probe (probe.py)
+                p = p + GEMM
             if p in group and s["kind"] != "probe":
                 s["seconds"] *= ref[p] / group[p]
         return ref

@@ -17,17 +17,33 @@ backward with a transposed operand), causal attention, a norm, GELU, and a copy 
 private cache. There is one probe per calibrated precision and a configuration is compared
 with the probe of its own: on the development machine bf16 (AMX) steps swung by up to 2x
 from round to round while fp32 ones stayed within 10 %.
+
+Its GEMMs are also timed alone (the probe named "<precision>-gemm"): the AMX GEMMs of the
+development machine ran 1.9x faster in one hour than in the hour the profile was calibrated
+in while the whole probe, a quarter of it GEMMs, moved by 5 % (docs/calibration.md). A
+calibration rescales its GEMM samples by the GEMM probe, and a validation corrects a
+configuration by both: the GEMM probe for the share of its predicted step spent in GEMMs,
+the rest of the probe for the rest (validate_torch.gemm_share).
 """
 
 from __future__ import annotations
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+GEMM = "-gemm"  # suffix of a precision's GEMM-only probe
 
 
-def make_probe(device: str = "cpu", precision: str = "fp32"):
-    """A function running the probe's kernels once (about 5-20 ms)."""
+def names(precision: str) -> tuple[str, str]:
+    """The whole probe's name and its GEMMs' in `precision`."""
+    return precision, precision + GEMM
+
+
+def make_probe(device: str = "cpu", name: str = "fp32"):
+    """A function running the probe's kernels once (about 5-20 ms); `name` is a precision, or a
+    precision + "-gemm" for its GEMMs alone."""
     import torch
     import torch.nn.functional as F
+
+    precision, gemm_only = name.removesuffix(GEMM), name.endswith(GEMM)
 
     dev = torch.device(device)
     big = device == "cuda"
@@ -40,6 +56,14 @@ def make_probe(device: str = "cpu", precision: str = "fp32"):
     ln = torch.nn.LayerNorm(d, device=dev, dtype=dt)
     src = torch.randn(2**25 if big else 2**21, device=dev)
     dst = torch.empty_like(src)
+
+    def gemms():
+        with torch.no_grad():
+            F.linear(x, w)
+            g.t() @ x
+
+    if gemm_only:
+        return gemms
 
     def probe():
         with torch.no_grad():

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from . import require_torch
+from .probe import GEMM
 from .torch_model import GPTConfig
 
 
@@ -130,6 +131,9 @@ def grid_worker(rank: int, world: int, cfgs: list[dict], rounds: int, steps: int
 
     now = CLOCKS[clock]
     probes_fn = {p: make_probe(device, p) for p in probe_precisions} if rank == 0 else {}
+    of_precision = {}  # a precision's probes: the whole one and its GEMMs' (probe.py)
+    for name in probes_fn:
+        of_precision.setdefault(name.removesuffix(GEMM), []).append(name)
 
     rcs = [RunConfig(**c) for c in cfgs]
     dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
@@ -138,7 +142,7 @@ def grid_worker(rank: int, world: int, cfgs: list[dict], rounds: int, steps: int
                 for i, rc in enumerate(rcs) if rank < rc.dp}
     wall = {i: [] for i in trainers}
     cpu = {i: [] for i in trainers}
-    probes = {i: [] for i in trainers}
+    probes = {i: {} for i in trainers}
     for tr in trainers.values():  # first steps: lazily built kernels, allocator growth
         for _ in range(2):
             tr.step()
@@ -147,14 +151,16 @@ def grid_worker(rank: int, world: int, cfgs: list[dict], rounds: int, steps: int
     for r in range(rounds):
         order = range(len(rcs)) if r % 2 == 0 else reversed(range(len(rcs)))
         for i in order:
-            probe = probes_fn.get(rcs[i].precision)
-            if probe:  # the machine's speed now, in this configuration's precision, the other ranks idle
+            for name in of_precision.get(rcs[i].precision, ()):
+                # the machine's speed now, in this configuration's precision, the other ranks idle
+                probe = probes_fn[name]
                 sync()
                 t0 = now()
                 for _ in range(3):
                     probe()
                 sync()
-                probes[i].append((now() - t0) / 3)
+                if i in probes:
+                    probes[i].setdefault(name, []).append((now() - t0) / 3)
             dist.barrier()
             if i not in trainers:
                 continue
@@ -213,6 +219,27 @@ def predict(rc: RunConfig, node: str) -> dict:
     tensor_gib = gib["weights"] + gib["gradients"] + gib["optimizer"] + gib["activations"]
     return {"step_time_s": res["step_time_s"], "memory_bytes": tensor_gib * 2**30, "breakdown_s": res["breakdown_s"],
             "memory_gib": gib}
+
+
+def gemm_share(rc: RunConfig, node: str, step_s: float) -> float:
+    """Share of a configuration's predicted step spent in GEMM kernels: the linears' forward
+    and backward (and their forward again under full recomputation) of every layer and the
+    lm_head, each micro-batch, at the profile's GEMM curves (compute.op_times)."""
+    from ..compute import op_times
+    from ..evaluate import compile_scenario
+    from ..scenario import scenario_from_dict
+    from ..workload import MATMUL, head_ops, layer_ops
+
+    layout = compile_scenario(scenario_from_dict(scenario_dict(rc, node)))
+    acc, model, shard = layout.cluster.accelerator, layout.model, layout.shard
+    rerun = 1.0 if rc.recompute == "full" else 0.0
+
+    def gemm_s(ops):
+        times = [op_times(op, acc, rc.precision) for op in ops if op.kind == MATMUL]
+        return sum(t.fwd_s * (1.0 + rerun) + t.bwd_input_s + t.bwd_weight_s for t in times)
+
+    per_microbatch = model.layers * gemm_s(layer_ops(model, shard)) + gemm_s(head_ops(model, shard))
+    return float(min(1.0, rc.grad_accum * per_microbatch / step_s))
 
 
 # ------------------------------------------------------------------ the report
@@ -285,20 +312,25 @@ def run_validation(profile: str | Path | None = None, quick: bool = False, devic
             f"{threads} thread(s) per device, {clock} clock")
     probe_s = cal.get("probe_s") or {}
     measured = measure_grid(configs, threads, device, rounds, probe_precisions=sorted(probe_s), clock=clock)
-    # the machine's speed during this run relative to calibration, per precision (probe.py): the
+    # the machine's speed during this run relative to calibration, per probe (probe.py): the
     # median over every round's probe; 1 = unchanged
-    slowdown = {p: statistics.median(x for rc, m in zip(configs, measured) if rc.precision == p
-                                     for x in m["probe_s"]) / ref
-                for p, ref in probe_s.items() if any(rc.precision == p for rc in configs)}
+    probe_now = {name: statistics.median(x for m in measured for x in m["probe_s"].get(name, ()))
+                 for name in probe_s if any(m["probe_s"].get(name) for m in measured)}
+    slowdown = {name: t / probe_s[name] for name, t in probe_now.items()}
     rows = []
     for rc, meas in zip(configs, measured):
         pred = predict(rc, node)
         raw = meas["cpu_times_s"] if clock == "cpu" else meas["step_times_s"]
-        k = slowdown.get(rc.precision, 1.0)
+        k, share = slowdown.get(rc.precision, 1.0), None
+        gemm = rc.precision + GEMM
+        if gemm in slowdown and rc.precision in slowdown:  # GEMMs and the rest drift apart (probe.py)
+            share = gemm_share(rc, node, pred["step_time_s"])
+            rest = (probe_now[rc.precision] - probe_now[gemm]) / (probe_s[rc.precision] - probe_s[gemm])
+            k = share * slowdown[gemm] + (1.0 - share) * rest
         value, wall = estimate(raw) / k, estimate(meas["step_times_s"])
         row = {"config": rc.name, **asdict(rc), "measured_step_s": value,
                "measured_median_s": statistics.median(raw) / k, "measured_raw_s": estimate(raw), "raw_error_pct": None,
-               "machine_slowdown": k,
+               "machine_slowdown": k, "gemm_share": share,
                "predicted_step_s": pred["step_time_s"],
                "step_error_pct": _pct(pred["step_time_s"], value),
                "noise_pct": 100.0 * spread(raw),
