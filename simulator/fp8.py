@@ -21,7 +21,14 @@ kernels each scaling recipe adds, and what FP8 changes in memory.
   tensorwise (dynamic, torchao): input 2 (amax, fused into the producer under torch.compile)
   + 2 + 2·1 (cast to row- and column-major FP8) = 6, or 4 fused; weight 2 + 3 + 3 = 8;
   gradient of the output as the input. rowwise (torchao): input 2 + 1 + 2, then 2 + 1 = 8
-  (6 fused); weight 3 + 4 + 3 = 10; gradient as the input. mxfp8: two quantisations from
+  (6 fused); weight 3 + 4 + 3 = 10; gradient as the input. Its two gradient GEMMs
+  accumulate slowly (Float8LinearConfig's grad_input and grad_weight GEMM configs), and
+  with row-wise scales and slow accumulation torchao runs cuBLAS's tensor-wise kernel with
+  unit scales and rescales the output in place (pytorch/ao@03c850afa
+  torchao/float8/float8_ops.py addmm_float8_unwrapped, "the rowwise CUTLASS-based kernel is
+  so slow without fast-accum"; from pytorch/ao PR #1377, Dec 2024, until PR #2595, Jul 2025;
+  under torch.compile one more kernel per GEMM, pytorch/ao issue #2184): 2 + 2 B per
+  element of every grad_input (each separate linear's) and grad_weight. mxfp8: two quantisations from
   BF16, 2 + 1 + 1/32 each (4 + 1/16 with the first read fused). delayed (TransformerEngine):
   the scale comes from the amax history, so a cast has no amax pass and writes the FP8
   tensor and its transpose in one kernel (fp8_cast_transpose_fused): 2 + 2 = 4 for the input
@@ -123,7 +130,10 @@ def _cast_op(name, shard: Shard, rec: str, compiled: bool, tokens, d_in, d_out, 
         # one cast of the sequence-sharded input, then an FP8 all-gather
         readers, x = 1, x / shard.tp
     fwd = readers * inputs * x + weights * matrices * d_in * d_out
-    return Op(f"{name}.fp8_cast", MEMORY, fwd_bytes=fwd, bwd_input_bytes=grads * tokens * d_out)
+    bwd = grads * tokens * d_out
+    if rec == "rowwise":  # both gradient GEMMs rescaled after cuBLAS: read and write their outputs
+        bwd = bwd + 2 * shard.act_bytes * (readers * tokens * d_in + d_in * d_out)
+    return Op(f"{name}.fp8_cast", MEMORY, fwd_bytes=fwd, bwd_input_bytes=bwd)
 
 
 def fp8_layer_ops(ops: list[Op], model, shard: Shard, plan, experts=None) -> list[Op]:

@@ -53,6 +53,17 @@ def test_torchao_tensorwise_casts_each_linear_input_its_weight_and_its_output_gr
     assert cast.bwd_input_bytes == pytest.approx(4 * tokens * width)
 
 
+def test_rowwise_rescales_both_gradient_gemms_outputs_after_cublas():
+    # compiled rowwise: 6 B per input element, 10 per weight, 6 per output-gradient element,
+    # plus a read and a write (2 + 2 B) of wq's, wk's and wv's grad_input and of the weight
+    # gradient (pytorch/ao float8_ops.py addmm_float8_unwrapped without fast accumulation)
+    _, ops = ops_of(fp8_recipe="rowwise")
+    cast = next(op for op in ops if op.name == "qkv.fp8_cast")
+    tokens, width = B * S, H + 2 * KV
+    assert cast.fwd_bytes == pytest.approx(3 * 6 * tokens * H + 10 * H * width)
+    assert cast.bwd_input_bytes == pytest.approx(6 * tokens * width + 4 * (3 * tokens * H + H * width))
+
+
 def test_eager_tensorwise_reads_each_input_once_more_for_its_amax():
     _, compiled = ops_of(fp8_recipe="tensorwise")
     _, eager = ops_of(fp8_recipe="tensorwise", compile=False)
