@@ -33,7 +33,7 @@ def _divisors(n):
 
 @st.composite
 def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, moe=False,
-               losses=("unfused", "unfused", "fused", "chunked")):
+               losses=("unfused", "unfused", "fused", "chunked", "loss-parallel")):
     """A scenario mapping with a random plan on 1-4 DGX nodes; with `moe`, of an MoE model
     with random ep, etp and MoE options."""
     preset = draw(st.sampled_from(sorted(MOE_MODELS if moe else MODELS)))
@@ -95,9 +95,11 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
             extra["attention_kernel"] = draw(st.sampled_from(["fused", "flash2"]))
         if zero == 3:
             extra["fsdp_reshard_after_forward"] = draw(st.booleans())
+        extra["pp_scatter_gather"] = draw(st.booleans())
         even = layers // (pp * chunks) * chunks  # layers per rank
         if pp > 1 and even > chunks and draw(st.booleans()):  # uneven ranks: one chunk's layers moved
             extra.update(first_stage_layers=even - chunks, last_stage_layers=even + chunks)
+    loss = draw(st.sampled_from(losses))
     data = {
         "model": {"preset": preset, "seq_len": seq, **overrides},
         "cluster": {"node": node, "nodes": nodes},
@@ -106,7 +108,7 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
                  "sequence_parallel": sp, "recompute": recompute, "zero_stage": zero, "offload": offload,
                  "flash_attention": flash, "dp_overlap": draw(st.booleans()),
                  "tp_comm_overlap": draw(st.booleans()), "precision": precision, **extra,
-                 "loss": draw(st.sampled_from(losses)),
+                 "loss": loss if tp > 1 or loss != "loss-parallel" else "unfused",  # DTensor's needs TP
                  },
     }
     if experts:
