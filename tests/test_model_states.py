@@ -81,7 +81,7 @@ def test_plan_whose_offload_exceeds_host_memory_is_infeasible():
     assert d["feasible"] is False and d["reason"].startswith("out of host memory")
 
 
-def test_a_compiled_fp32_plan_keeps_four_bytes_of_weights_per_parameter(scenario):
+def test_an_fp32_plan_keeps_four_bytes_of_weights_per_parameter(scenario):
     # fp32 training: weights and gradients 4 B each for every parameter, linears included
     # (no FP8 copies to swap in); ZeRO-0 on one device
     from simulator.evaluate import compile_scenario
