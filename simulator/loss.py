@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .workload import MATMUL, MEMORY, Op, Shard, _linear
+from .workload import MATMUL, MEMORY, Op, Shard
 
 LOSSES = ("unfused", "fused", "chunked", "loss-parallel")
 
@@ -63,17 +63,19 @@ def chunk_tokens(model, shard: Shard):
     return np.minimum(chunk, shard.tokens)
 
 
+def loss_parallel_cross_entropy(logits, act_bytes) -> Op:
+    """The cross-entropy of the `loss-parallel` loss over `logits` local logits, after the
+    unfused path's lm_head (module docstring): a + 36 bytes per logit each way, the fp32
+    log-softmax kept."""
+    return Op("cross_entropy", MEMORY, fwd_bytes=(act_bytes + 36) * logits, bwd_input_bytes=(36 + act_bytes) * logits,
+              saved_bytes=4 * logits)
+
+
 def loss_ops(model, shard: Shard) -> list[Op]:
-    """lm_head + cross-entropy operators of the `chunked`, `fused` or `loss-parallel` loss
-    (module docstring)."""
+    """lm_head + cross-entropy operators of the `chunked` or `fused` loss (module docstring)."""
     a, tokens = shard.act_bytes, shard.tokens
     h, v = model.hidden, model.vocab / shard.tp
     gemm = 2 * tokens * h * v
-    if shard.loss == "loss-parallel":
-        logits = tokens * v
-        return [_linear("lm_head", tokens, h, v, a, a * shard.replicated_tokens * h),
-                Op("cross_entropy", MEMORY, fwd_bytes=(a + 36) * logits, bwd_input_bytes=(36 + a) * logits,
-                   saved_bytes=4 * logits)]
     if shard.loss == "chunked":
         io = a * (tokens * (h + v) + h * v)  # one GEMM's traffic, the chunk logits included
         return [

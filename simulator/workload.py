@@ -263,16 +263,18 @@ def head_ops(model: ModelSpec, shard: Shard) -> list[Op]:
     h, v = model.hidden, model.vocab / shard.tp
     logits = tokens * v
     norm = norm_op("final_norm", model, shard)
-    if shard.loss != "unfused":
+    if shard.loss in ("fused", "chunked"):  # the lm_head is part of the loss kernel
         from .loss import loss_ops  # loss.py builds on this module's Op
 
         return [norm, *loss_ops(model, shard)]
-    return [
-        norm,
-        _linear("lm_head", tokens, h, v, a, a * rep * h),
+    if shard.loss == "loss-parallel":
+        from .loss import loss_parallel_cross_entropy
+
+        cross_entropy = loss_parallel_cross_entropy(logits, a)
+    else:
         # fp32 upcast, max, exp-sum and loss: read 16-bit logits, write and re-read fp32 softmax
-        _elementwise("cross_entropy", logits, a + 4 + 4, 4 * logits),
-    ]
+        cross_entropy = _elementwise("cross_entropy", logits, a + 4 + 4, 4 * logits)
+    return [norm, _linear("lm_head", tokens, h, v, a, a * rep * h), cross_entropy]
 
 
 def loss_backward_transient_bytes(model: ModelSpec, shard: Shard):
