@@ -271,23 +271,28 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
             last_grad[ch] = k
         if kind == FWD and ch not in first_fwd:
             first_fwd[ch] = k
-    reduce_at = {k: ch for ch, k in last_grad.items()} if st.step_reduce_s > 0 and overlap else {}
-    gather_at = {k: ch for ch, k in first_fwd.items()} if st.step_gather_s > 0 and overlap else {}
     k_buckets = max(1, st.buckets)
-    # ZeRO-1/2 weight gathers of every chunk issued at the step's start, chunk by chunk (Megatron-
-    # LM dispatches the first chunks' before the warm-up and each later one ahead of its chunk:
-    # megatron/core/pipeline_parallel/schedules.py@d98e8a6, param_sync_func): the first bucket,
-    # then the rest
-    gather_ids = {}
-    for ch in sorted(gather_at.values()):
-        x1 = st.step_gather_s / k_buckets
-        x2 = st.step_gather_s - x1
-        gather_ids[ch] = [b.add(f"dp all-gather chunk{ch} bucket 1", i, DP, x1, [], (("dp_comm", x1),))]
+
+    def gather(x, names, deps):
+        """A weight gather of x seconds arriving in k_buckets pieces: the first piece's task,
+        then the rest's (the pass that needs it runs in pieces: below)."""
+        x1 = x / k_buckets
+        ids = [b.add(names[0], i, DP, x1, deps, (("dp_comm", x1),))]
         if k_buckets > 1:
-            gather_ids[ch].append(b.add(f"dp all-gather chunk{ch} buckets 2-{k_buckets}", i, DP, x2, [],
-                                        (("dp_comm", x2),)))
-    gather_at = {k: gather_ids[ch] for k, ch in gather_at.items()}
-    reduce_at = {k: st.step_reduce_s for k in reduce_at}
+            ids.append(b.add(names[1], i, DP, x - x1, deps, (("dp_comm", x - x1),)))
+        return ids
+
+    # pass index -> the gradient reduction it ends with, in buckets (its seconds)
+    reduce_at = dict.fromkeys(last_grad.values(), st.step_reduce_s) if st.step_reduce_s > 0 and overlap else {}
+    # pass index -> the gather tasks it waits for. ZeRO-1/2 weight gathers of every chunk issued
+    # at the step's start, chunk by chunk (Megatron-LM dispatches the first chunks' before the
+    # warm-up and each later one ahead of its chunk: megatron/core/pipeline_parallel/
+    # schedules.py@d98e8a6, param_sync_func): the first bucket, then the rest
+    gather_at = {}
+    if st.step_gather_s > 0 and overlap:
+        for ch, k in sorted(first_fwd.items()):
+            gather_at[k] = gather(st.step_gather_s, (f"dp all-gather chunk{ch} bucket 1",
+                                                     f"dp all-gather chunk{ch} buckets 2-{k_buckets}"), [])
 
     act_off = st.act_d2h_s > 0
     ahead = st.mb_gather_s > 0 or st.weights_h2d_s > 0 or act_off
@@ -359,10 +364,8 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
         if dp and st.mb_gather_s > 0:
             x = st.mb_gather_s
             if kk in gather_at:
-                x1 = x / k_buckets
-                gather_at[kk] = [b.add(("dp all-gather unit 1", kind, ch, j), i, DP, x1, dep, (("dp_comm", x1),)),
-                                 b.add((f"dp all-gather units 2-{k_buckets}", kind, ch, j), i, DP, x - x1, dep,
-                                       (("dp_comm", x - x1),))]
+                gather_at[kk] = gather(x, (("dp all-gather unit 1", kind, ch, j),
+                                           (f"dp all-gather units 2-{k_buckets}", kind, ch, j)), dep)
             else:
                 ids.append(b.add(("dp all-gather", kind, ch, j), i, DP, x, dep, gather_parts))
 
