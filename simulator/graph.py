@@ -23,7 +23,8 @@ Tasks (every duration from the Layout; nothing is re-derived here):
   trace and `to_networkx` show it as a p2p task.
 - dp stream: the gradient reduction of the last micro-batch's backward of each chunk in
   Megatron-LM's buckets (dataparallel.py; k buckets are two tasks: the first k-1 issued
-  after 1/k of the pass, the last after the pass, which gives the exact bucketed finish),
+  after 1/k of the pass, its recomputation included pro rata as each checkpointed layer
+  re-runs right before its backward, the last after the pass: the exact bucketed finish),
   or after the last pass without `plan.dp_overlap`; the ZeRO-1/2 weight gather running
   beside the first forward of each chunk, whose start it delays by the bucketed gather's
   exposed part; ZeRO-2 per-micro-batch reduce-scatter; ZeRO-3/FSDP per-pass weight gathers
@@ -399,11 +400,13 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
                 d, ps, deps = d / kb, _scaled(ps, 1 / kb), [c2]
             elif k in gather_at:
                 deps = deps + gather_at[k][:1]
-            if k in reduce_at and kb > 1:  # the first 1/k of the last grad pass issues k-1 buckets
-                b.add(op, i, COMPUTE, rd + d / kb, deps, rps + _scaled(ps, 1 / kb))
+            if k in reduce_at and kb > 1:
+                # the first 1/k of the last grad pass issues k-1 buckets; its recomputation is
+                # spread alike, each checkpointed layer re-running right before its backward
+                b.add(op, i, COMPUTE, (rd + d) / kb, deps, _scaled(rps, 1 / kb) + _scaled(ps, 1 / kb))
                 if rps:
                     gr.recompute_parts[first] = len(rps)
-                rd, rps = 0.0, ()
+                rd, rps = rd * (kb - 1) / kb, _scaled(rps, (kb - 1) / kb)
                 r1 = reduce_at[k] * (kb - 1) / kb
                 reduces.append(b.add(f"dp reduce chunk{ch} buckets 1-{kb - 1}", i, DP, r1, [first],
                                      (("dp_comm", r1),)))

@@ -10,7 +10,7 @@ from plans import plan_dicts, scenario_of
 
 from simulator.engine import critical_path, execute, run, run_with_slowdown, simulate as simulate_layout
 from simulator.evaluate import compile_scenario, evaluate
-from simulator.graph import COMPUTE, DP, _Builder, build, stage_tasks, uniform_graph
+from simulator.graph import COMPUTE, DP, RECOMPUTE, _Builder, build, stage_tasks, uniform_graph
 from simulator.schedules import BWD, FWD
 from simulator.published import load_rows, row_scenario
 from simulator.result import BREAKDOWN_KEYS
@@ -182,6 +182,21 @@ def test_fsdp_exposes_only_the_first_units_gather_and_the_last_units_reduce_scat
     f, b = st.dur[FWD], st.dur[BWD]
     assert units == 32 and 2 * g < f and r < b  # Llama 3.1 8B's layers; gathers and reductions keep up
     expected = g / units + f + b + r / units + st.optimizer_s + st.framework_s
+    assert simulate(s, periodic=False).step_time_s == pytest.approx(expected, rel=1e-12)
+    assert evaluate(s, "analytic").step_time_s == pytest.approx(expected, rel=1e-12)
+
+
+def test_recomputation_spreads_over_the_backward_the_bucketed_reduction_hides_behind(scenario):
+    # one micro-batch, full recomputation, Megatron buckets: each layer re-runs right before its
+    # backward, so the first k-1 buckets leave after 1/k of (R + B) and the last after all of it
+    s = scenario(model={"preset": "llama-2-13b", "seq_len": 512}, cluster={"node": "dgx-a100", "nodes": 2},
+                 tp=1, pp=1, dp=16, micro_batch=2, global_batch=32, zero_stage=0, recompute="full")
+    layout = compile_scenario(s)
+    st = stage_tasks(layout, layout.stages[0])
+    k, red, f, rb = st.buckets, st.step_reduce_s, st.dur[FWD], st.dur[RECOMPUTE] + st.dur[BWD]
+    assert k > 1 and red > rb / k  # the buckets outlast the backward
+    reduced = max(rb, rb / k + red * (k - 1) / k) + red / k
+    expected = f + reduced + st.optimizer_s + st.framework_s
     assert simulate(s, periodic=False).step_time_s == pytest.approx(expected, rel=1e-12)
     assert evaluate(s, "analytic").step_time_s == pytest.approx(expected, rel=1e-12)
 
