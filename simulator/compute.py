@@ -70,7 +70,12 @@ class OpTimes:
 
 def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
     """Forward, backward-input and backward-weight seconds of one operator: each kernel the
-    slower of its executed FLOPs and its HBM traffic at the profile's achievable rates."""
+    slower of its executed FLOPs and its HBM traffic at the profile's achievable rates (an
+    operator run as separate GEMMs, `op.pieces`, the sum of theirs)."""
+    if op.pieces:
+        times = [op_times(p, acc, precision) for p in op.pieces]
+        return OpTimes(sum(t.fwd_s for t in times), sum(t.bwd_input_s for t in times),
+                       sum(t.bwd_weight_s for t in times))
     if op.kind in LOW_PRECISION_GEMMS:  # FP8 linears (fp8.py): the FP8 peak at the FP8 GEMM efficiency
         peak, eff = acc.peak(LOW_PRECISION_GEMMS[op.kind]), acc.matmul_fp8
         flops_s = [_work_time(x, peak, eff) for x in (op.fwd_flops, op.bwd_input_flops, op.bwd_weight_flops)]

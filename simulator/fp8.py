@@ -35,9 +35,9 @@ kernels each scaling recipe adds, and what FP8 changes in memory.
   and the output gradient (TE@fb749619e transformer_engine/pytorch/module/linear.py); the
   weights are cast once per step (is_first_microbatch), not per micro-batch: see
   `weight_cast_bytes_per_step`.
-  torchao casts each linear's input itself: wq, wk and wv cast the same input three times,
-  w1 and w3 twice (torchtitan's separate projections, torchtitan@9dec370
-  torchtitan/models/llama/model.py); with tensorwise and tensor parallelism the input is
+  torchao casts each linear's input itself: with separate projections (`plan.projections:
+  separate`, projections.py: torchtitan's wq/wk/wv and w1/w3) the same input is cast three
+  and two times; with tensorwise and tensor parallelism the input is
   cast once, before the FP8 all-gather (torchtitan@820504e
   torchtitan/models/llama3/parallelize_llama.py enable_float8_tensorwise_tp:
   Float8ColwiseParallel, PrepareFloat8ModuleInput), which also halves the bytes of the
@@ -63,6 +63,7 @@ from dataclasses import replace
 import numpy as np
 
 from .compute import FP8_MATMUL, MXFP8_MATMUL
+from . import projections
 from .moe import dispatched_rows, local_experts
 from .workload import MEMORY, Op, Shard, local_heads
 
@@ -93,8 +94,8 @@ def compute_precision(plan) -> str:
 
 
 def linears(model, shard: Shard, experts=None) -> dict:
-    """The layer's linears: name -> (tokens, input width, output width, torchao modules
-    reading the same input, weight matrices), widths per TP rank. With `experts` (a
+    """The layer's linears: name -> (tokens, input width, output width, weight matrices),
+    widths per TP rank. With `experts` (a
     moe.ExpertShard) the MoE layer's: its attention, shared experts and the grouped GEMMs of
     its local experts (TransformerEngine's GroupedLinear, one weight per local expert, over the
     rows the dispatch brings)."""
@@ -102,22 +103,22 @@ def linears(model, shard: Shard, experts=None) -> dict:
     q_w, kv_w = model.q_width / shard.tp, kv_heads * model.head_dim
     f, h, tokens = model.ffn_hidden / shard.tp, model.hidden, shard.tokens
     gated = model.activation != "gelu"
-    out = {"qkv": (tokens, h, q_w + 2 * kv_w, 3, 1), "attn_out": (tokens, q_w, h, 1, 1)}
+    out = {"qkv": (tokens, h, q_w + 2 * kv_w, 1), "attn_out": (tokens, q_w, h, 1)}
     if experts is None:
         mlps = (("", f),)
     else:
         rows = experts.etp * dispatched_rows(model, shard.replicated_tokens, experts.options)
         fe, n_local = model.expert_ffn_hidden / experts.etp, local_experts(model, experts.ep)
-        out["expert_fc1"] = (rows, h, (2 if gated else 1) * fe, 1, n_local)
-        out["expert_fc2"] = (rows, fe, h, 1, n_local)
+        out["expert_fc1"] = (rows, h, (2 if gated else 1) * fe, n_local)
+        out["expert_fc2"] = (rows, fe, h, n_local)
         mlps = (("shared_", model.shared_experts * model.shared_expert_ffn_hidden / shard.tp),) \
             if model.shared_experts else ()
     for prefix, width in mlps:
-        out[prefix + "mlp_down"] = (tokens, width, h, 1, 1)
+        out[prefix + "mlp_down"] = (tokens, width, h, 1)
         if gated:
-            out[prefix + "mlp_gate_up"] = (tokens, h, 2 * width, 2, 1)
+            out[prefix + "mlp_gate_up"] = (tokens, h, 2 * width, 1)
         else:
-            out[prefix + "mlp_up"] = (tokens, h, width, 1, 1)
+            out[prefix + "mlp_up"] = (tokens, h, width, 1)
     return out
 
 
@@ -149,7 +150,8 @@ def fp8_layer_ops(ops: list[Op], model, shard: Shard, plan, experts=None) -> lis
         if op.name not in table:
             out.append(op)
             continue
-        tokens, d_in, d_out, readers, matrices = table[op.name]
+        tokens, d_in, d_out, matrices = table[op.name]
+        readers = projections.readers(op.name, plan)  # torchao: each linear casts its own input
         out.append(replace(op, kind=kind, saved_bytes=op.saved_bytes + saved_input_change(op.name, rec, tokens, d_in,
                                                                                           readers, shard)))
         out.append(_cast_op(op.name, shard, rec, plan.compile, tokens, d_in, d_out, readers, matrices))

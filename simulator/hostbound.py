@@ -34,8 +34,9 @@ from .workload import MATMUL
 
 def launches(ops) -> tuple[int, int]:
     """(forward, backward) launches of an operator list."""
-    fwd = len(ops)
-    bwd = sum(2 if op.kind == MATMUL or op.kind in LOW_PRECISION_GEMMS else 1 for op in ops)
+    kernels = [len(op.pieces) or 1 for op in ops]  # separate projections launch one GEMM each
+    fwd = sum(kernels)
+    bwd = sum(n * (2 if op.kind == MATMUL or op.kind in LOW_PRECISION_GEMMS else 1) for n, op in zip(kernels, ops))
     return fwd, bwd
 
 

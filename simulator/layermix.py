@@ -19,7 +19,7 @@ from .dataparallel import DPCosts, buckets, dp_costs
 from .memory import ActivationSizes, activation_sizes, buffer_bytes
 from .moe import (SHARED_EXPERTS, ExpertShard, dispatch_comm_s, exposed_dispatch_s, layer_params_split,
                   moe_buffer_bytes, stage_layer_mix)
-from . import fp8, mtp
+from . import fp8, mtp, projections
 from .compute import LOW_PRECISION_GEMMS, op_times, with_attention_kernel
 from .fp8 import compute_precision
 from .passes import OpsTime, cp_layer_comm_s, ops_time, pass_times, tp_layer_comm_s
@@ -87,6 +87,7 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
     """Everything per layer kind, once per compile."""
     dense_ops = layer_ops(model, shard) if model.moe_layers < model.layers else []  # every layer MoE: none
     dense_ops = fp8.fp8_layer_ops(with_attention_kernel(dense_ops, plan.attention_kernel), model, shard, plan)
+    dense_ops = projections.separate_ops(dense_ops, model, shard, plan)
     dense_t = ops_time(dense_ops, cluster, precision)
     dense_tp, moe_tp = _tp_comm_s(model, shard, groups, cluster, fp8.tp_gather_bytes_factor(plan))
     if plan.tp_comm_overlap:
@@ -101,6 +102,7 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
         experts = ExpertShard(plan.ep, plan.etp, plan.moe)
         moe_ops = fp8.fp8_layer_ops(with_attention_kernel(layer_ops(model, shard, experts), plan.attention_kernel),
                                     model, shard, plan, experts)
+        moe_ops = projections.separate_ops(moe_ops, model, shard, plan)
         moe_t = ops_time(moe_ops, cluster, precision)
         if plan.tp_comm_overlap:
             moe_tp = _overlapped(moe_tp, moe_t, moe_ops, cluster, precision)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 import numpy as np
 
-from . import fp8, framework_ops, fsdp, hostbound, mtp, stagesplit
+from . import fp8, framework_ops, fsdp, hostbound, mtp, projections, stagesplit
 from . import schedules as S
 from .dataparallel import DPCosts, buckets, dp_costs
 from .compute import memory_bound_time, with_attention_kernel
@@ -154,6 +154,7 @@ def compile_layout(model, cluster, plan) -> Layout:
     host_s = cluster.node.launch_overhead_s
     if mix is None:
         layer = fp8.fp8_layer_ops(eager_ops(layer_ops(model, shard), model, plan), model, shard, plan)
+        layer = projections.separate_ops(layer, model, shard, plan)
         layer = with_attention_kernel(layer, plan.attention_kernel)
         layer_t = ops_time(layer, cluster, precision)
         tp_s = tp_layer_comm_s(model, shard, g, cluster, fp8.tp_gather_bytes_factor(plan))

@@ -17,6 +17,7 @@ from .loss import LOSSES
 from .model import ModelSpec
 from .mtp import check_mtp_plan
 from .moe import DISPATCHERS, MoEOptions, check_layer_mix_options, check_moe_plan, check_moe_stages
+from .projections import PROJECTIONS
 from .schedules import SCHEDULES, plan_schedule
 from .stagesplit import check_split
 
@@ -109,6 +110,10 @@ class Plan:
     # The attention kernel: the profile's fused kernel (FA3, cuDNN on Hopper) or FlashAttention-2
     # (PyTorch's SDPA flash backend): compute.FLASH2_ATTENTION.
     attention_kernel: str = "fused"
+    # The layer's projections as one fused GEMM each (QKV, gate and up: Megatron-LM, NeMo,
+    # TransformerEngine) or as separate linears (torchtitan's wq/wk/wv and w1/w3, Hugging Face
+    # models): projections.py.
+    projections: str = "fused"
     # Precision of the Adam states (the master copy and both moments): fp32, or bf16 as NeMo's
     # distributed_fused_adam with optim.dtype bf16 keeps them (states.bytes_per_param).
     optimizer_precision: str = "fp32"
@@ -189,6 +194,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         fsdp_reshard_after_forward=F.boolean(data, "fsdp_reshard_after_forward", "plan", True),
         tp_overlap=F.choice(data, "tp_overlap", "plan", TP_OVERLAPS, "userbuffers"),
         attention_kernel=F.choice(data, "attention_kernel", "plan", ATTENTION_KERNELS, "fused"),
+        projections=F.choice(data, "projections", "plan", PROJECTIONS, "fused"),
         optimizer_precision=F.choice(data, "optimizer_precision", "plan", ("fp32", "bf16"), "fp32"),
     )
 

@@ -60,6 +60,14 @@ def test_torchtitan_llama3_405b_maps_float8_and_async_tp_and_reports_compile():
     assert {"training.compile", "float8.enable_fsdp_float8_all_gather"} <= {m["key"] for m in imported.unmapped}
 
 
+def test_torchtitan_models_run_separate_projection_linears():
+    # torchtitan's Llama: wq, wk, wv and w1, w3 are separate nn.Linear; Megatron fuses them
+    imported = import_config("torchtitan", DATA / "torchtitan-llama3_8b.toml", {"cluster.node": "dgx-h100"})
+    assert imported.scenario["plan"]["projections"] == "separate"
+    nemo = import_config("megatron", DATA / "nemo-llama3.1_70b.yaml", {"cluster.node": "dgx-h100"})
+    assert "projections" not in nemo.scenario["plan"]  # fused, the default
+
+
 def test_torchtitan_with_tp_computes_the_loss_under_loss_parallel_unless_disabled(tmp_path):
     text = (DATA / "torchtitan-llama3_405b.toml").read_text()
     imported = import_config("torchtitan", DATA / "torchtitan-llama3_405b.toml", {"cluster.node": "dgx-h100"})

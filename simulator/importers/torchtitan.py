@@ -62,7 +62,8 @@ def read(path: str | Path) -> Imported:
         a.refuse("model.flavor", f"no llmsim preset for torchtitan model {name!r} flavor {flavor!r}; known: "
                  + ", ".join(f"{n} {f}" for n, f in PRESETS) + " (give model fields in a scenario instead)")
     a.map("model.flavor", "model.preset", PRESETS[(name, flavor)])
-    a.used("model.name")
+    # torchtitan's model code: separate wq, wk, wv and w1, w3 linears (projections.py)
+    a.map("model.name", "plan.projections", "separate")
     a.scenario["name"] = f"torchtitan-{name}-{flavor}"
 
     converters = a.get("model.converters", [])

@@ -1,0 +1,82 @@
+"""The layer's projections as separate linears instead of one fused GEMM each.
+
+Megatron-LM and TransformerEngine compute Q, K and V with one GEMM (linear_qkv) and the
+gated MLP's gate and up with one (linear_fc1); torchtitan's Llama and Hugging Face models
+use separate nn.Linear modules: wq, wk, wv and w1, w3 (torchtitan@820504e
+torchtitan/models/llama3/model.py Attention.forward and FeedForward.forward;
+`plan.projections: separate`). Same FLOPs; what differs:
+
+- Each projection is its own GEMM over the same input, timed on its own shape: the input
+  is read once per GEMM in the forward and weight-gradient passes, and a narrow projection
+  (K and V of grouped-query attention split over TP ranks) can be memory-bound where the
+  fused GEMM is not. The fused operator keeps its name and carries the projections as
+  `Op.pieces` (compute.op_times sums their times).
+- The input gradient is the sum of the projections' input gradients. With torch.compile
+  and GEMMs that are aten.mm (16- and 32-bit), Inductor rewrites `mm + mm` as `addmm`
+  (torch/_inductor/fx_passes/post_grad.py, the `addmm` graph pattern, is_valid_addmm_fusion):
+  each GEMM after the first reads the running sum in its epilogue, one more read of the
+  input-gradient tensor in that GEMM's bytes. Seen on this project's CPU (torch 2.13): the
+  compiled backward of a block with separate wq/wk/wv and w1/w3 runs mm, then addmm with
+  beta 1, chained. FP8 GEMMs (torch._scaled_mm) do not match the pattern: one pointwise
+  kernel reads the r gradients and writes their sum (r + 1 tensors). Eager autograd adds
+  them one at a time (torch/csrc/autograd/input_buffer.cpp InputBuffer::add: read both,
+  write one): 3 tensors per added gradient.
+
+Activation memory does not change: the projections save the same input tensor once. The
+routed experts' grouped GEMMs (moe.py) stay as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .workload import MATMUL, MEMORY, Op, Shard, _linear, local_heads
+
+PROJECTIONS = ("fused", "separate")
+
+
+def widths(model, shard: Shard) -> dict:
+    """Fused operator name -> its projections (name, output width per TP rank)."""
+    _, kv_heads = local_heads(model, shard.tp)
+    q_w, kv_w = model.q_width / shard.tp, kv_heads * model.head_dim
+    out = {"qkv": (("wq", q_w), ("wk", kv_w), ("wv", kv_w))}
+    if model.activation != "gelu":  # gated MLPs: gate (w1) and up (w3)
+        f = model.ffn_hidden / shard.tp
+        out["mlp_gate_up"] = (("w1", f), ("w3", f))
+        if model.shared_experts:
+            s = model.shared_experts * model.shared_expert_ffn_hidden / shard.tp
+            out["shared_mlp_gate_up"] = (("shared_w1", s), ("shared_w3", s))
+    return out
+
+
+def readers(name: str, plan) -> int:
+    """Linears reading the input of fused operator `name`: its projections when separate."""
+    if plan.projections != "separate":
+        return 1
+    return {"qkv": 3, "mlp_gate_up": 2, "shared_mlp_gate_up": 2}.get(name, 1)
+
+
+def separate_ops(ops: list[Op], model, shard: Shard, plan) -> list[Op]:
+    """The layer's operators with its fused projections run as separate GEMMs and their
+    input gradients summed (module docstring); unchanged for `projections: fused`."""
+    if plan.projections != "separate":
+        return ops
+    groups = widths(model, shard)
+    tokens, d_in, a = shard.tokens, model.hidden, shard.act_bytes
+    grad = a * tokens * d_in  # one input-gradient tensor
+    out = []
+    for op in ops:
+        if op.name not in groups:
+            out.append(op)
+            continue
+        pieces = [replace(_linear(name, tokens, d_in, w, a, 0.0), kind=op.kind) for name, w in groups[op.name]]
+        r, addmm = len(pieces), op.kind == MATMUL and plan.compile
+        if addmm:  # each GEMM after the first reads the running sum in its epilogue
+            pieces = pieces[:1] + [replace(p, bwd_input_bytes=p.bwd_input_bytes + grad) for p in pieces[1:]]
+        out.append(replace(op, pieces=tuple(pieces), fwd_bytes=sum(p.fwd_bytes for p in pieces),
+                           bwd_input_bytes=sum(p.bwd_input_bytes for p in pieces),
+                           bwd_weight_bytes=sum(p.bwd_weight_bytes for p in pieces)))
+        if not addmm:
+            summed = (r + 1) * grad if plan.compile else 3 * (r - 1) * grad
+            out.append(Op(f"{op.name}_grad_sum", MEMORY, bwd_input_bytes=summed, group=op.group))
+    return out
