@@ -33,27 +33,27 @@ from dataclasses import replace
 from .workload import MATMUL, MEMORY, Op, Shard, _linear, local_heads
 
 PROJECTIONS = ("fused", "separate")
+# fused workload operator -> its separate linears (torchtitan's names)
+SEPARATE = {"qkv": ("wq", "wk", "wv"), "mlp_gate_up": ("w1", "w3"), "shared_mlp_gate_up": ("shared_w1", "shared_w3")}
 
 
 def widths(model, shard: Shard) -> dict:
-    """Fused operator name -> its projections (name, output width per TP rank)."""
+    """Fused operator name -> the output width per TP rank of each of its projections."""
     _, kv_heads = local_heads(model, shard.tp)
     q_w, kv_w = model.q_width / shard.tp, kv_heads * model.head_dim
-    out = {"qkv": (("wq", q_w), ("wk", kv_w), ("wv", kv_w))}
+    out = {"qkv": (q_w, kv_w, kv_w)}
     if model.activation != "gelu":  # gated MLPs: gate (w1) and up (w3)
         f = model.ffn_hidden / shard.tp
-        out["mlp_gate_up"] = (("w1", f), ("w3", f))
+        out["mlp_gate_up"] = (f, f)
         if model.shared_experts:
             s = model.shared_experts * model.shared_expert_ffn_hidden / shard.tp
-            out["shared_mlp_gate_up"] = (("shared_w1", s), ("shared_w3", s))
+            out["shared_mlp_gate_up"] = (s, s)
     return out
 
 
 def readers(name: str, plan) -> int:
     """Linears reading the input of fused operator `name`: its projections when separate."""
-    if plan.projections != "separate":
-        return 1
-    return {"qkv": 3, "mlp_gate_up": 2, "shared_mlp_gate_up": 2}.get(name, 1)
+    return len(SEPARATE[name]) if plan.projections == "separate" and name in SEPARATE else 1
 
 
 def separate_ops(ops: list[Op], model, shard: Shard, plan) -> list[Op]:
@@ -69,7 +69,8 @@ def separate_ops(ops: list[Op], model, shard: Shard, plan) -> list[Op]:
         if op.name not in groups:
             out.append(op)
             continue
-        pieces = [replace(_linear(name, tokens, d_in, w, a, 0.0), kind=op.kind) for name, w in groups[op.name]]
+        pieces = [replace(_linear(name, tokens, d_in, w, a, 0.0), kind=op.kind)
+                  for name, w in zip(SEPARATE[op.name], groups[op.name])]
         r, addmm = len(pieces), op.kind == MATMUL and plan.compile
         if addmm:  # each GEMM after the first reads the running sum in its epilogue
             pieces = pieces[:1] + [replace(p, bwd_input_bytes=p.bwd_input_bytes + grad) for p in pieces[1:]]
