@@ -18,6 +18,10 @@ from .workload import ATTENTION, MATMUL, Op
 # Operator kinds of GEMMs in a low precision, with the peak_tflops key each runs at.
 FP8_MATMUL, MXFP8_MATMUL = "matmul_fp8", "matmul_mxfp8"
 LOW_PRECISION_GEMMS = {FP8_MATMUL: "fp8", MXFP8_MATMUL: "mxfp8"}
+MX_SCALE = 1 / 32  # one E8M0 scale per 32 values (TE@d0067d0da recipe MXFP8BlockScaling)
+# Bytes per element of their operands (an FP8 value, and MXFP8's block scale); the result is
+# written in the activation precision.
+OPERAND_BYTES = {FP8_MATMUL: 1.0, MXFP8_MATMUL: 1.0 + MX_SCALE}
 # The attention kernel of `plan.attention_kernel: flash2` (FlashAttention-2, PyTorch's SDPA
 # flash backend) where the profile's `efficiency.attention` is a faster kernel's (FA3, cuDNN).
 FLASH2_ATTENTION = "attention_flash2"

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .workload import MATMUL, MEMORY, Op, Shard, _linear, local_heads
+from .compute import OPERAND_BYTES
+from .workload import MATMUL, MEMORY, Op, Shard, _linear, gemm_traffic, local_heads
 
 PROJECTIONS = ("fused", "separate")
 # fused workload operator -> its separate linears (torchtitan's names)
@@ -56,6 +57,15 @@ def readers(name: str, plan) -> int:
     return len(SEPARATE[name]) if plan.projections == "separate" and name in SEPARATE else 1
 
 
+def _projection(name, kind, tokens, d_in, d_out, act_bytes) -> Op:
+    """One projection's GEMM, in the fused operator's kind (FP8 operands in 1 B)."""
+    op = replace(_linear(name, tokens, d_in, d_out, act_bytes, 0.0), kind=kind)
+    if kind not in OPERAND_BYTES:
+        return op
+    fwd, bwd_input, bwd_weight = gemm_traffic(tokens, d_in, d_out, OPERAND_BYTES[kind], act_bytes)
+    return replace(op, fwd_bytes=fwd, bwd_input_bytes=bwd_input, bwd_weight_bytes=bwd_weight)
+
+
 def separate_ops(ops: list[Op], model, shard: Shard, plan) -> list[Op]:
     """The layer's operators with its fused projections run as separate GEMMs and their
     input gradients summed (module docstring); unchanged for `projections: fused`."""
@@ -69,8 +79,7 @@ def separate_ops(ops: list[Op], model, shard: Shard, plan) -> list[Op]:
         if op.name not in groups:
             out.append(op)
             continue
-        pieces = [replace(_linear(name, tokens, d_in, w, a, 0.0), kind=op.kind)
-                  for name, w in zip(SEPARATE[op.name], groups[op.name])]
+        pieces = [_projection(name, op.kind, tokens, d_in, w, a) for name, w in zip(SEPARATE[op.name], groups[op.name])]
         r, addmm = len(pieces), op.kind == MATMUL and plan.compile
         if addmm:  # each GEMM after the first reads the running sum in its epilogue
             pieces = pieces[:1] + [replace(p, bwd_input_bytes=p.bwd_input_bytes + grad) for p in pieces[1:]]

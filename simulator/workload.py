@@ -100,14 +100,23 @@ class Shard:
         return self.tokens / self.tp if self.sp else self.tokens
 
 
+def gemm_traffic(tokens, d_in, d_out, operand_bytes, out_bytes, matrices=1) -> tuple:
+    """HBM bytes of a linear's forward, input-gradient and weight-gradient GEMMs: each reads
+    its two operands (x and W; dY and W; dY and x) at `operand_bytes` per element and writes
+    its result (y; dX; dW) at `out_bytes`; `matrices` weights (a grouped GEMM's experts)."""
+    x, w, y = tokens * d_in, matrices * d_in * d_out, tokens * d_out
+    return operand_bytes * (x + w) + out_bytes * y, operand_bytes * (y + w) + out_bytes * x, \
+        operand_bytes * (y + x) + out_bytes * w
+
+
 def _linear(name, tokens, d_in, d_out, act_bytes, saved_in):
     """A dense layer y = x W on `tokens` rows: forward 2·T·d_in·d_out FLOPs, and as much again
     for each of the input- and weight-gradient GEMMs; weights are read in the compute
     precision (16-bit under mixed precision, 4 B in fp32)."""
     flops = 2 * tokens * d_in * d_out
-    traffic = act_bytes * (tokens * (d_in + d_out) + d_in * d_out)
+    fwd, bwd_input, bwd_weight = gemm_traffic(tokens, d_in, d_out, act_bytes, act_bytes)
     return Op(name, MATMUL, fwd_flops=flops, bwd_input_flops=flops, bwd_weight_flops=flops,
-              fwd_bytes=traffic, bwd_input_bytes=traffic, bwd_weight_bytes=traffic, saved_bytes=saved_in)
+              fwd_bytes=fwd, bwd_input_bytes=bwd_input, bwd_weight_bytes=bwd_weight, saved_bytes=saved_in)
 
 
 def _elementwise(name, elements, bytes_per_element, saved, group=None):

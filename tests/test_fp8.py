@@ -64,6 +64,14 @@ def test_rowwise_rescales_both_gradient_gemms_outputs_after_cublas():
     assert cast.bwd_input_bytes == pytest.approx(6 * tokens * width + 4 * (3 * tokens * H + H * width))
 
 
+def test_an_fp8_gemm_reads_its_operands_in_one_byte_and_writes_bf16():
+    _, ops = ops_of()
+    qkv = next(op for op in ops if op.name == "qkv")
+    x, w, y = B * S * H, H * (H + 2 * KV), B * S * (H + 2 * KV)  # input, weight, output elements
+    assert (qkv.fwd_bytes, qkv.bwd_input_bytes, qkv.bwd_weight_bytes) == pytest.approx(
+        (x + w + 2 * y, y + w + 2 * x, y + x + 2 * w))
+
+
 def test_a_fused_qkv_linear_casts_its_input_once_under_torchao_too():
     _, ops = ops_of(fp8_recipe="tensorwise")
     cast = next(op for op in ops if op.name == "qkv.fp8_cast")

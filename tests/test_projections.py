@@ -80,6 +80,11 @@ def test_fp8_input_gradients_are_summed_by_one_kernel_reading_each_and_writing_o
     assert named(layer, "qkv_grad_sum").kind == MEMORY and named(layer, "qkv_grad_sum").fwd_bytes == 0
 
 
+def test_an_fp8_projection_reads_its_fp8_operands_once_each():
+    wk = named(ops(projections="separate", precision="fp8", fp8_recipe="tensorwise"), "qkv").pieces[1]
+    assert wk.fwd_bytes == pytest.approx(1 * (T * H + H * KV) + 2 * T * KV)  # FP8 x and W in, BF16 out
+
+
 def test_eager_autograd_adds_each_further_gradient_reading_both_and_writing_one():
     layer = ops(projections="separate", compile=False)
     assert named(layer, "qkv_grad_sum").bwd_input_bytes == pytest.approx(2 * 3 * 2 * T * H)
