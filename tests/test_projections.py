@@ -6,6 +6,7 @@ import pytest
 from simulator.compute import FP8_MATMUL, op_times
 from simulator.fp8 import fp8_layer_ops
 from simulator.hardware import Accelerator, Efficiency
+from simulator.hostbound import launches
 from simulator.model import ModelSpec
 from simulator.plan import Plan
 from simulator.projections import separate_ops
@@ -105,3 +106,11 @@ def test_op_level_recompute_reruns_the_separate_wk_gemm_itself():
     rerun = {op.name: op for op in layer_checkpoint(LLAMA, SHARD, "op-selective", layer).rerun}
     assert rerun["wk"] is named(layer, "qkv").pieces[1]
     assert rerun["w3"] is named(layer, "mlp_gate_up").pieces[1]
+
+
+def test_separate_projections_launch_a_gemm_each_and_their_gradient_sum_only_backward():
+    fused, separate = ops(compile=False), ops(projections="separate", compile=False)
+    n_f, n_b = launches(fused)
+    # wq/wk/wv and w1/w3 for qkv and gate/up: 3 more GEMMs, twice in the backward pass; the
+    # eager sums of their input gradients: two backward kernels
+    assert launches(separate) == (n_f + 3, n_b + 2 * 3 + 2)
