@@ -37,7 +37,7 @@ def launches(ops) -> tuple[int, int]:
     pass, separate projections one GEMM each, a backward-only operator (a gradient sum) none
     in the forward pass."""
     kernels = [len(op.pieces) or 1 for op in ops]
-    fwd = sum(n for n, op in zip(kernels, ops) if op.fwd_flops or op.fwd_bytes)
+    fwd = sum(n for n, op in zip(kernels, ops) if np.any(op.fwd_flops) or np.any(op.fwd_bytes))
     bwd = sum(n * (2 if op.kind == MATMUL or op.kind in LOW_PRECISION_GEMMS else 1) for n, op in zip(kernels, ops))
     return fwd, bwd
 
