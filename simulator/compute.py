@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .hardware import Accelerator, Efficiency
-from .workload import ATTENTION, MATMUL, Op
+from .workload import ATTENTION, MATMUL, Op, gemm_traffic
 
 # Operator kinds of GEMMs in a low precision, with the peak_tflops key each runs at.
 FP8_MATMUL, MXFP8_MATMUL = "matmul_fp8", "matmul_mxfp8"
@@ -22,6 +22,12 @@ MX_SCALE = 1 / 32  # one E8M0 scale per 32 values (TE@d0067d0da recipe MXFP8Bloc
 # Bytes per element of their operands (an FP8 value, and MXFP8's block scale); the result is
 # written in the activation precision.
 OPERAND_BYTES = {FP8_MATMUL: 1.0, MXFP8_MATMUL: 1.0 + MX_SCALE}
+
+
+def linear_traffic(kind: str, tokens, d_in, d_out, act_bytes, matrices=1) -> tuple:
+    """(forward, input-gradient, weight-gradient) HBM bytes of a linear's GEMMs of operator
+    kind `kind`: FP8 operands where the kind is an FP8 GEMM, activation-precision otherwise."""
+    return gemm_traffic(tokens, d_in, d_out, OPERAND_BYTES.get(kind, act_bytes), act_bytes, matrices)
 # The attention kernel of `plan.attention_kernel: flash2` (FlashAttention-2, PyTorch's SDPA
 # flash backend) where the profile's `efficiency.attention` is a faster kernel's (FA3, cuDNN).
 FLASH2_ATTENTION = "attention_flash2"

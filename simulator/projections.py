@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .compute import OPERAND_BYTES
-from .workload import MATMUL, MEMORY, Op, Shard, _linear, gemm_traffic, local_heads
+from .compute import linear_traffic
+from .workload import MATMUL, MEMORY, Op, Shard, _linear, local_heads
 
 PROJECTIONS = ("fused", "separate")
 # fused workload operator -> its separate linears (torchtitan's names)
@@ -59,11 +59,9 @@ def readers(name: str, plan) -> int:
 
 def _projection(name, kind, tokens, d_in, d_out, act_bytes) -> Op:
     """One projection's GEMM, in the fused operator's kind (FP8 operands in 1 B)."""
-    op = replace(_linear(name, tokens, d_in, d_out, act_bytes, 0.0), kind=kind)
-    if kind not in OPERAND_BYTES:
-        return op
-    fwd, bwd_input, bwd_weight = gemm_traffic(tokens, d_in, d_out, OPERAND_BYTES[kind], act_bytes)
-    return replace(op, fwd_bytes=fwd, bwd_input_bytes=bwd_input, bwd_weight_bytes=bwd_weight)
+    fwd, bwd_input, bwd_weight = linear_traffic(kind, tokens, d_in, d_out, act_bytes)
+    return replace(_linear(name, tokens, d_in, d_out, act_bytes, 0.0), kind=kind, fwd_bytes=fwd,
+                   bwd_input_bytes=bwd_input, bwd_weight_bytes=bwd_weight)
 
 
 def separate_ops(ops: list[Op], model, shard: Shard, plan) -> list[Op]:

@@ -83,7 +83,7 @@ def block_matmuls(model, shard: Shard) -> list[tuple[str, object, str]]:
     return out
 
 
-def _projection(op: Op, name: str, fused: str, share) -> Op:
+def _matmul_part(op: Op, name: str, fused: str, share) -> Op:
     """Matmul `name`'s part of fused operator `op`: its own GEMM where the projections run
     separately (projections.py), else the share of the fused one's work (and of its casts)."""
     own = [p for p in op.pieces if p.name == name]
@@ -103,7 +103,7 @@ def _op_selective_parts(model, shard: Shard, ops):
             saved = saved + a * tokens * width
             continue
         share = width / widths[fused] if fused == "qkv" else 0.5 if fused == "mlp_gate_up" else 1.0
-        rerun += [_projection(op, name, fused, share) for op in _with_casts(ops, (fused,))]
+        rerun += [_matmul_part(op, name, fused, share) for op in _with_casts(ops, (fused,))]
     attention = [op for op in ops if op.group == ATTENTION_CORE]
     saved = saved + sum(op.saved_bytes for op in attention)  # SDPA's log-sum-exp (and O, below)
     saved = saved + a * tokens * model.q_width / shard.tp  # SDPA's output O
