@@ -65,7 +65,6 @@ import numpy as np
 
 from . import projections
 from .compute import FP8_MATMUL, MX_SCALE, MXFP8_MATMUL, linear_traffic
-from .moe import dispatched_rows, local_experts
 from .workload import MEMORY, Op, Shard, local_heads
 
 FP8_PRECISIONS = ("fp8", "mxfp8")
@@ -79,6 +78,10 @@ CAST_BYTES = {
     "delayed": ((4.0, 0.0, 4.0), (4.0, 0.0, 4.0)),
 }
 TE_RECIPES = ("delayed", "mxfp8")  # TransformerEngine: fused QKV/FC1 GEMMs, weights cast once per step
+# Layer linears that stay in 16 bits: the MoE router's gating GEMM runs in the input's dtype
+# (or fp32), not in a TransformerEngine module (NVIDIA/Megatron-LM@d98e8a64dd
+# megatron/core/transformer/moe/router.py Router.gating, router_gating_linear)
+HIGH_PRECISION_LINEARS = ("router",)
 
 
 def recipe(plan) -> str | None:
@@ -91,35 +94,6 @@ def recipe(plan) -> str | None:
 def compute_precision(plan) -> str:
     """The precision of every GEMM that is not an FP8 linear (attention, lm_head)."""
     return "bf16" if plan.precision in FP8_PRECISIONS else plan.precision
-
-
-def linears(model, shard: Shard, experts=None) -> dict:
-    """The layer's linears: name -> (tokens, input width, output width, weight matrices),
-    widths per TP rank. With `experts` (a
-    moe.ExpertShard) the MoE layer's: its attention, shared experts and the grouped GEMMs of
-    its local experts (TransformerEngine's GroupedLinear, one weight per local expert, over the
-    rows the dispatch brings)."""
-    _, kv_heads = local_heads(model, shard.tp)
-    q_w, kv_w = model.q_width / shard.tp, kv_heads * model.head_dim
-    f, h, tokens = model.ffn_hidden / shard.tp, model.hidden, shard.tokens
-    gated = model.activation != "gelu"
-    out = {"qkv": (tokens, h, q_w + 2 * kv_w, 1), "attn_out": (tokens, q_w, h, 1)}
-    if experts is None:
-        mlps = (("", f),)
-    else:
-        rows = experts.etp * dispatched_rows(model, shard.replicated_tokens, experts.options)
-        fe, n_local = model.expert_ffn_hidden / experts.etp, local_experts(model, experts.ep)
-        out["expert_fc1"] = (rows, h, (2 if gated else 1) * fe, n_local)
-        out["expert_fc2"] = (rows, fe, h, n_local)
-        mlps = (("shared_", model.shared_experts * model.shared_expert_ffn_hidden / shard.tp),) \
-            if model.shared_experts else ()
-    for prefix, width in mlps:
-        out[prefix + "mlp_down"] = (tokens, width, h, 1)
-        if gated:
-            out[prefix + "mlp_gate_up"] = (tokens, h, 2 * width, 1)
-        else:
-            out[prefix + "mlp_up"] = (tokens, h, width, 1)
-    return out
 
 
 def _cast_op(name, shard: Shard, rec: str, compiled: bool, tokens, d_in, d_out, readers, matrices=1):
@@ -137,20 +111,19 @@ def _cast_op(name, shard: Shard, rec: str, compiled: bool, tokens, d_in, d_out, 
     return Op(f"{name}.fp8_cast", MEMORY, fwd_bytes=fwd, bwd_input_bytes=bwd)
 
 
-def fp8_layer_ops(ops: list[Op], model, shard: Shard, plan, experts=None) -> list[Op]:
+def fp8_layer_ops(ops: list[Op], shard: Shard, plan) -> list[Op]:
     """The layer's operators with its linears as FP8 GEMMs, each followed by its casts; the
-    list unchanged for a plan without FP8 linears. `experts`: those of an MoE layer."""
+    list unchanged for a plan without FP8 linears."""
     rec = recipe(plan)
     if rec is None:
         return ops
     kind = MXFP8_MATMUL if rec == "mxfp8" else FP8_MATMUL
-    table = linears(model, shard, experts)
     out = []
     for op in ops:
-        if op.name not in table:
+        if op.linear is None or op.name in HIGH_PRECISION_LINEARS:
             out.append(op)
             continue
-        tokens, d_in, d_out, matrices = table[op.name]
+        tokens, d_in, d_out, matrices = op.linear.tokens, op.linear.d_in, op.linear.d_out, op.linear.matrices
         readers = projections.readers(op.name, plan)  # torchao: each linear casts its own input
         fwd, bwd_input, bwd_weight = linear_traffic(kind, tokens, d_in, d_out, shard.act_bytes, matrices)
         out.append(replace(op, kind=kind, fwd_bytes=fwd, bwd_input_bytes=bwd_input, bwd_weight_bytes=bwd_weight,

@@ -22,6 +22,7 @@ from .moe import (SHARED_EXPERTS, ExpertShard, dispatch_comm_s, exposed_dispatch
 from . import fp8, mtp, projections
 from .compute import LOW_PRECISION_GEMMS, op_times, with_attention_kernel
 from .fp8 import compute_precision
+from .fusion import eager_ops
 from .passes import OpsTime, cp_layer_comm_s, ops_time, pass_times, tp_layer_comm_s
 from .recompute import chunk_checkpoint, layer_checkpoint
 from .states import ModelStates, model_states, stage_params
@@ -83,11 +84,17 @@ def _overlapped(tp_s: tuple, t: OpsTime, ops, cluster, precision) -> tuple:
     return np.maximum(0.0, tp_s[0] - gemm_fwd), np.maximum(0.0, tp_s[1] - t.bwd_input_s - t.bwd_weight_s)
 
 
+def layer_operators(model, shard, plan, experts=None) -> list:
+    """The operators of one layer as the plan runs them: eager kernels where nothing is
+    compiled (fusion.py), the attention kernel it names, its FP8 linears (fp8.py) and its
+    separate projections (projections.py); `experts`: an MoE layer's."""
+    ops = with_attention_kernel(eager_ops(layer_ops(model, shard, experts), model, plan), plan.attention_kernel)
+    return projections.separate_ops(fp8.fp8_layer_ops(ops, shard, plan), shard, plan)
+
+
 def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix:
     """Everything per layer kind, once per compile."""
-    dense_ops = layer_ops(model, shard) if model.moe_layers < model.layers else []  # every layer MoE: none
-    dense_ops = fp8.fp8_layer_ops(with_attention_kernel(dense_ops, plan.attention_kernel), model, shard, plan)
-    dense_ops = projections.separate_ops(dense_ops, model, shard, plan)
+    dense_ops = layer_operators(model, shard, plan) if model.moe_layers < model.layers else []  # every layer MoE: none
     dense_t = ops_time(dense_ops, cluster, precision)
     dense_tp, moe_tp = _tp_comm_s(model, shard, groups, cluster, fp8.tp_gather_bytes_factor(plan))
     if plan.tp_comm_overlap:
@@ -100,9 +107,7 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
     extra = 0.0
     if model.experts:
         experts = ExpertShard(plan.ep, plan.etp, plan.moe)
-        moe_ops = fp8.fp8_layer_ops(with_attention_kernel(layer_ops(model, shard, experts), plan.attention_kernel),
-                                    model, shard, plan, experts)
-        moe_ops = projections.separate_ops(moe_ops, model, shard, plan)
+        moe_ops = layer_operators(model, shard, plan, experts)
         moe_t = ops_time(moe_ops, cluster, precision)
         if plan.tp_comm_overlap:
             moe_tp = _overlapped(moe_tp, moe_t, moe_ops, cluster, precision)

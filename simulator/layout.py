@@ -24,14 +24,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 import numpy as np
 
-from . import fp8, framework_ops, fsdp, hostbound, mtp, projections, stagesplit
+from . import fp8, framework_ops, fsdp, hostbound, mtp, stagesplit
 from . import schedules as S
 from .dataparallel import DPCosts, buckets, dp_costs
-from .compute import memory_bound_time, with_attention_kernel
+from .compute import memory_bound_time
 from .fusion import eager_ops
 from .tpoverlap import overlapped_tp_s
 from .dims import Groups, expert_grad_group_size, grad_group_size, groups
-from .layermix import compile_mix, mixed_stage, needs_layer_mix
+from .layermix import compile_mix, layer_operators, mixed_stage, needs_layer_mix
 from .memory import ActivationSizes, StageMemory, activation_sizes, buffer_bytes, peak_activation_bytes
 from .offload import OffloadCosts, offload_costs, resident_chunks_with_offload
 from .recompute import chunk_checkpoint, layer_checkpoint, rerun_flops
@@ -153,9 +153,7 @@ def compile_layout(model, cluster, plan) -> Layout:
     head_t = ops_time(head, cluster, precision)
     host_s = cluster.node.launch_overhead_s
     if mix is None:
-        layer = fp8.fp8_layer_ops(eager_ops(layer_ops(model, shard), model, plan), model, shard, plan)
-        layer = projections.separate_ops(layer, model, shard, plan)
-        layer = with_attention_kernel(layer, plan.attention_kernel)
+        layer = layer_operators(model, shard, plan)
         layer_t = ops_time(layer, cluster, precision)
         tp_s = tp_layer_comm_s(model, shard, g, cluster, fp8.tp_gather_bytes_factor(plan))
         if plan.tp_comm_overlap:

@@ -57,7 +57,7 @@ everything else (attention, norms, router, shared experts) follows TP and the dp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -234,7 +234,7 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
     pre-MLP norm and the residual): router, permutation, the local experts' GEMMs and
     activation, un-permutation, shared experts. Executed FLOPs are the busiest rank's rows;
     useful FLOPs the balanced top-k rows (MoEOptions.useful_rows)."""
-    from .workload import MATMUL, MEMORY, Op, _elementwise, _linear, mlp_ops
+    from .workload import MEMORY, Op, _elementwise, _linear, mlp_ops
 
     a, h = shard.act_bytes, model.hidden
     o = experts.options
@@ -247,12 +247,9 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
     useful = o.useful_rows / o.busiest_rows
     gated = model.activation != "gelu"
 
-    def grouped(name, d_in, d_out, saved):
-        flops = 2 * rows * d_in * d_out
-        traffic = a * (rows * (d_in + d_out) + n_local * d_in * d_out)
-        return Op(name, MATMUL, fwd_flops=flops, bwd_input_flops=flops, bwd_weight_flops=flops, fwd_bytes=traffic,
-                  bwd_input_bytes=traffic, bwd_weight_bytes=traffic, saved_bytes=saved, model_flops=3 * flops * useful,
-                  kernels=n_local)
+    def grouped(name, d_in, d_out, saved, widths=None):
+        op = _linear(name, rows, d_in, d_out, a, saved, widths, matrices=n_local)
+        return replace(op, model_flops=op.flops * useful)
 
     sort = np.where(n_local > 1, 1.0, 0.0)  # rows are re-sorted by local expert when a rank holds several
     ops = [
@@ -261,7 +258,7 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
         _elementwise("router_topk", tokens * e, 2 * 4, 4 * tokens * e),
         _elementwise("moe_permute", sent * h, 2 * a, 0.0),
         _elementwise("moe_sort_chunks", sort * rows * h, 2 * a, 0.0),
-        grouped("expert_fc1", h, (2 if gated else 1) * f, a * rows * h),
+        grouped("expert_fc1", h, (2 if gated else 1) * f, a * rows * h, (f, f) if gated else None),
         _elementwise("expert_" + model.activation, rows * f, (3 if gated else 2) * a,
                      (2 if gated else 1) * a * rows * f),
         grouped("expert_fc2", f, h, a * rows * f),

@@ -22,8 +22,10 @@ torchtitan/models/llama3/model.py Attention.forward and FeedForward.forward;
   them one at a time (torch/csrc/autograd/input_buffer.cpp InputBuffer::add: read both,
   write one): 3 tensors per added gradient.
 
-Activation memory does not change: the projections save the same input tensor once. The
-routed experts' grouped GEMMs (moe.py) stay as they are.
+The routed experts' gate and up are separate grouped GEMMs in torchtitan too
+(torchtitan@b5bcd76c6 torchtitan/models/common/moe.py GroupedExperts: w1 and w3, each its own
+torch._grouped_mm), whose input-gradient sum no addmm pattern matches. Activation memory does
+not change: the projections save the same input tensor once.
 """
 
 from __future__ import annotations
@@ -31,25 +33,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .compute import linear_traffic
-from .workload import MATMUL, MEMORY, Op, Shard, _linear, local_heads
+from .workload import MATMUL, MEMORY, LinearShape, Op, Shard, _linear
 
 PROJECTIONS = ("fused", "separate")
 # fused workload operator -> its separate linears (torchtitan's names)
-SEPARATE = {"qkv": ("wq", "wk", "wv"), "mlp_gate_up": ("w1", "w3"), "shared_mlp_gate_up": ("shared_w1", "shared_w3")}
-
-
-def widths(model, shard: Shard) -> dict:
-    """Fused operator name -> the output width per TP rank of each of its projections."""
-    _, kv_heads = local_heads(model, shard.tp)
-    q_w, kv_w = model.q_width / shard.tp, kv_heads * model.head_dim
-    out = {"qkv": (q_w, kv_w, kv_w)}
-    if model.activation != "gelu":  # gated MLPs: gate (w1) and up (w3)
-        f = model.ffn_hidden / shard.tp
-        out["mlp_gate_up"] = (f, f)
-        if model.shared_experts:
-            s = model.shared_experts * model.shared_expert_ffn_hidden / shard.tp
-            out["shared_mlp_gate_up"] = (s, s)
-    return out
+SEPARATE = {"qkv": ("wq", "wk", "wv"), "mlp_gate_up": ("w1", "w3"), "shared_mlp_gate_up": ("shared_w1", "shared_w3"),
+            "expert_fc1": ("expert_w1", "expert_w3")}
 
 
 def readers(name: str, plan) -> int:
@@ -57,28 +46,31 @@ def readers(name: str, plan) -> int:
     return len(SEPARATE[name]) if plan.projections == "separate" and name in SEPARATE else 1
 
 
-def _projection(name, kind, tokens, d_in, d_out, act_bytes) -> Op:
+def _projection(name, kind, shape: LinearShape, d_out, act_bytes) -> Op:
     """One projection's GEMM, in the fused operator's kind (FP8 operands in 1 B)."""
-    fwd, bwd_input, bwd_weight = linear_traffic(kind, tokens, d_in, d_out, act_bytes)
-    return replace(_linear(name, tokens, d_in, d_out, act_bytes, 0.0), kind=kind, fwd_bytes=fwd,
+    t, d_in = shape.tokens, shape.d_in
+    fwd, bwd_input, bwd_weight = linear_traffic(kind, t, d_in, d_out, act_bytes, shape.matrices)
+    return replace(_linear(name, t, d_in, d_out, act_bytes, 0.0, matrices=shape.matrices if shape.grouped else None),
+                   kind=kind, fwd_bytes=fwd,
                    bwd_input_bytes=bwd_input, bwd_weight_bytes=bwd_weight)
 
 
-def separate_ops(ops: list[Op], model, shard: Shard, plan) -> list[Op]:
+def separate_ops(ops: list[Op], shard: Shard, plan) -> list[Op]:
     """The layer's operators with its fused projections run as separate GEMMs and their
     input gradients summed (module docstring); unchanged for `projections: fused`."""
     if plan.projections != "separate":
         return ops
-    groups = widths(model, shard)
-    tokens, d_in, a = shard.tokens, model.hidden, shard.act_bytes
-    grad = a * tokens * d_in  # one input-gradient tensor
+    a = shard.act_bytes
     out = []
     for op in ops:
-        if op.name not in groups:
+        if op.name not in SEPARATE:
             out.append(op)
             continue
-        pieces = [_projection(name, op.kind, tokens, d_in, w, a) for name, w in zip(SEPARATE[op.name], groups[op.name])]
-        r, addmm = len(pieces), op.kind == MATMUL and plan.compile
+        shape = op.linear
+        pieces = [_projection(name, op.kind, shape, w, a) for name, w in zip(SEPARATE[op.name], shape.widths)]
+        grad = a * shape.tokens * shape.d_in  # one input-gradient tensor
+        # Inductor's addmm pattern matches aten.mm, not FP8's _scaled_mm nor _grouped_mm
+        r, addmm = len(pieces), op.kind == MATMUL and plan.compile and not shape.grouped
         if addmm:  # each GEMM after the first reads the running sum in its epilogue
             pieces = pieces[:1] + [replace(p, bwd_input_bytes=p.bwd_input_bytes + grad) for p in pieces[1:]]
         out.append(replace(op, pieces=tuple(pieces), fwd_bytes=sum(p.fwd_bytes for p in pieces),

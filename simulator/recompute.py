@@ -42,7 +42,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .workload import ATTENTION_CORE, Op, Shard, local_heads
+from .projections import SEPARATE
+from .workload import ATTENTION_CORE, Op, Shard
 
 MODES = ("none", "selective", "full", "op-selective")
 
@@ -69,18 +70,17 @@ def _with_casts(ops, names) -> list:
     return [op for op in ops if op.name in names or op.name.split(".")[0] in names and op.name.endswith("fp8_cast")]
 
 
-def block_matmuls(model, shard: Shard) -> list[tuple[str, object, str]]:
+# torchtitan's names of the matmuls of each fused workload operator, in forward order
+# (torchtitan@820504e torchtitan/models/llama3/model.py: wq, wk, wv, wo; w1, w3, w2)
+TITAN_MATMULS = {"qkv": SEPARATE["qkv"], "attn_out": ("wo",), "mlp_gate_up": SEPARATE["mlp_gate_up"],
+                 "mlp_up": ("w1",), "mlp_down": ("w2",)}
+
+
+def block_matmuls(ops) -> list[tuple[str, object, Op]]:
     """torchtitan's Llama block matmuls in forward order: (name, output elements per token
     on this TP rank, the fused workload operator it is part of)."""
-    q_heads, kv_heads = local_heads(model, shard.tp)
-    q_w, kv_w = model.q_width / shard.tp, kv_heads * model.head_dim
-    f = model.ffn_hidden / shard.tp
-    out = [("wq", q_w, "qkv"), ("wk", kv_w, "qkv"), ("wv", kv_w, "qkv"), ("wo", model.hidden, "attn_out")]
-    if model.activation == "gelu":
-        out += [("w1", f, "mlp_up"), ("w2", model.hidden, "mlp_down")]
-    else:
-        out += [("w1", f, "mlp_gate_up"), ("w3", f, "mlp_gate_up"), ("w2", model.hidden, "mlp_down")]
-    return out
+    return [(name, width, op) for op in ops if op.name in TITAN_MATMULS
+            for name, width in zip(TITAN_MATMULS[op.name], op.linear.widths)]
 
 
 def _matmul_part(op: Op, name: str, fused: str, share) -> Op:
@@ -94,16 +94,14 @@ def _op_selective_parts(model, shard: Shard, ops):
     """(saved bytes, re-run ops) of one block under torchtitan's op-level policy."""
     a, tokens = shard.act_bytes, shard.tokens
     byname = _by_name(ops)
-    q_heads, kv_heads = local_heads(model, shard.tp)
-    widths = {"qkv": model.q_width / shard.tp + 2 * kv_heads * model.head_dim}
     saved = a * shard.replicated_tokens * model.hidden  # the checkpointed block's input
     rerun = []
-    for i, (name, width, fused) in enumerate(block_matmuls(model, shard), start=1):
+    for i, (name, width, fused) in enumerate(block_matmuls(ops), start=1):
         if i % 2:  # odd matmuls: output kept
             saved = saved + a * tokens * width
             continue
-        share = width / widths[fused] if fused == "qkv" else 0.5 if fused == "mlp_gate_up" else 1.0
-        rerun += [_matmul_part(op, name, fused, share) for op in _with_casts(ops, (fused,))]
+        share = width / fused.linear.d_out
+        rerun += [_matmul_part(op, name, fused.name, share) for op in _with_casts(ops, (fused.name,))]
     attention = [op for op in ops if op.group == ATTENTION_CORE]
     saved = saved + sum(op.saved_bytes for op in attention)  # SDPA's log-sum-exp (and O, below)
     saved = saved + a * tokens * model.q_width / shard.tp  # SDPA's output O

@@ -44,6 +44,22 @@ ATTENTION_CORE = "attention_core"
 
 
 @dataclass(frozen=True)
+class LinearShape:
+    """A linear's GEMM: `tokens` rows of width d_in times `matrices` weights of d_in x d_out
+    (`grouped`: one per local expert, each over its share of the rows, in one grouped GEMM);
+    `widths`: the output widths of the projections a fused linear computes at once (Q, K and
+    V; a gated MLP's gate and up), d_out in all; (d_out,) for a single projection. Widths per
+    TP rank."""
+
+    tokens: object
+    d_in: object
+    d_out: object
+    matrices: object = 1
+    widths: tuple = ()
+    grouped: bool = False
+
+
+@dataclass(frozen=True)
 class Op:
     name: str
     kind: str  # matmul | attention | memory
@@ -62,6 +78,7 @@ class Op:
     # The separate GEMMs a fused projection runs as (projections.py), timed one by one; its
     # FLOPs and bytes are their sums. Empty: the operator is one kernel per pass.
     pieces: tuple = ()
+    linear: LinearShape | None = None  # the GEMM's shape, for the linears only
 
     @property
     def flops(self):
@@ -109,14 +126,17 @@ def gemm_traffic(tokens, d_in, d_out, operand_bytes, out_bytes, matrices=1) -> t
         operand_bytes * (y + x) + out_bytes * w
 
 
-def _linear(name, tokens, d_in, d_out, act_bytes, saved_in):
+def _linear(name, tokens, d_in, d_out, act_bytes, saved_in, widths=None, matrices=None):
     """A dense layer y = x W on `tokens` rows: forward 2·T·d_in·d_out FLOPs, and as much again
     for each of the input- and weight-gradient GEMMs; weights are read in the compute
-    precision (16-bit under mixed precision, 4 B in fp32)."""
+    precision (16-bit under mixed precision, 4 B in fp32). `widths`: the projections it
+    fuses; `matrices`: a grouped GEMM's weights, one kernel each (LinearShape)."""
+    grouped, matrices = matrices is not None, 1 if matrices is None else matrices
     flops = 2 * tokens * d_in * d_out
-    fwd, bwd_input, bwd_weight = gemm_traffic(tokens, d_in, d_out, act_bytes, act_bytes)
+    fwd, bwd_input, bwd_weight = gemm_traffic(tokens, d_in, d_out, act_bytes, act_bytes, matrices)
     return Op(name, MATMUL, fwd_flops=flops, bwd_input_flops=flops, bwd_weight_flops=flops,
-              fwd_bytes=fwd, bwd_input_bytes=bwd_input, bwd_weight_bytes=bwd_weight, saved_bytes=saved_in)
+              fwd_bytes=fwd, bwd_input_bytes=bwd_input, bwd_weight_bytes=bwd_weight, saved_bytes=saved_in,
+              kernels=matrices, linear=LinearShape(tokens, d_in, d_out, matrices, widths or (d_out,), grouped))
 
 
 def _elementwise(name, elements, bytes_per_element, saved, group=None):
@@ -173,7 +193,7 @@ def _attention_ops(model: ModelSpec, shard: Shard) -> list[Op]:
     tokens, rep = shard.tokens, shard.replicated_tokens
     q_w, kv_w = q_heads * d, kv_heads * d
     ops = []
-    qkv = _linear("qkv", tokens, h, q_w + 2 * kv_w, a, a * rep * h)
+    qkv = _linear("qkv", tokens, h, q_w + 2 * kv_w, a, a * rep * h, widths=(q_w, kv_w, kv_w))
     # Q, K and V are the attention core's inputs: saved under every recompute mode but full.
     ops.append(Op(**{**qkv.__dict__, "saved_bytes": qkv.saved_bytes + a * tokens * (q_w + 2 * kv_w)}))
     if model.position_embedding == "rope":
@@ -249,7 +269,7 @@ def mlp_ops(model: ModelSpec, shard: Shard, width, prefix: str = "") -> list[Op]
     tokens, rep = shard.tokens, shard.replicated_tokens
     f = width
     if model.activation in ("swiglu", "geglu"):
-        return [_linear(prefix + "mlp_gate_up", tokens, h, 2 * f / t, a, a * rep * h),
+        return [_linear(prefix + "mlp_gate_up", tokens, h, 2 * f / t, a, a * rep * h, widths=(f / t, f / t)),
                 _elementwise(prefix + model.activation, tokens * f / t, 3 * a, 2 * a * tokens * f / t),
                 _linear(prefix + "mlp_down", tokens, f / t, h, a, a * tokens * f / t)]
     return [_linear(prefix + "mlp_up", tokens, h, f / t, a, a * rep * h),

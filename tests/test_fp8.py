@@ -22,7 +22,7 @@ def scenario(node="dgx-h100", **plan):
 def ops_of(**plan):
     s = scenario(**plan)
     shard = Shard(micro_batch=B, seq_len=S)
-    return s, fp8_layer_ops(layer_ops(s.model, shard), s.model, shard, s.plan)
+    return s, fp8_layer_ops(layer_ops(s.model, shard), shard, s.plan)
 
 
 def test_only_the_linears_become_fp8_gemms():

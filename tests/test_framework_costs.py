@@ -9,6 +9,8 @@ from simulator import InputError, evaluate, scenario_from_dict
 from simulator.evaluate import compile_scenario
 from simulator.fusion import EAGER_BYTES, eager_ops
 from simulator.hostbound import host_bound, launches
+from simulator.layermix import layer_operators
+from simulator.moe import ExpertShard
 from simulator.passes import OpsTime
 from simulator.plan import Plan
 from simulator.states import bytes_per_param, layer_params_local
@@ -131,3 +133,14 @@ def test_flashattention2_needs_a_flash_kernel():
 def test_bf16_adam_states_are_a_bf16_copy_and_two_bf16_moments():
     assert bytes_per_param("bf16", "bf16", "bf16").optimizer == 6.0
     assert bytes_per_param("bf16", "bf16").optimizer == 12.0
+
+
+def test_an_eager_moe_layer_runs_the_eager_kernels_of_its_attention_block_too():
+    s = scenario_from_dict({"model": {"preset": "mixtral-8x7b", "seq_len": 4096},
+                            "cluster": {"node": "dgx-h100", "nodes": 1},
+                            "plan": {"dp": 8, "ep": 8, "micro_batch": 1, "global_batch": 8}})
+    shard, experts = Shard(1, 4096), ExpertShard(8, 1)
+    eager = {op.name: op for op in layer_operators(s.model, shard, Plan(compile=False), experts)}
+    fused = {op.name: op for op in layer_operators(s.model, shard, Plan(compile=True), experts)}
+    factor = EAGER_BYTES["rmsnorm"][0] / EAGER_BYTES["rmsnorm"][1]
+    assert eager["attn_norm"].fwd_bytes == pytest.approx(factor * fused["attn_norm"].fwd_bytes)

@@ -7,7 +7,8 @@ from simulator.compute import FP8_MATMUL, op_times
 from simulator.fp8 import fp8_layer_ops
 from simulator.hardware import Accelerator, Efficiency
 from simulator.hostbound import launches
-from simulator.model import ModelSpec
+from simulator.model import ModelSpec, load_preset
+from simulator.moe import ExpertShard
 from simulator.plan import Plan
 from simulator.projections import separate_ops
 from simulator.recompute import layer_checkpoint
@@ -28,7 +29,7 @@ ACC = Accelerator(name="toy", description="", peak_flops={"bf16": 800e12, "fp8":
 
 def ops(**plan):
     p = Plan(**plan)
-    return separate_ops(fp8_layer_ops(layer_ops(LLAMA, SHARD), LLAMA, SHARD, p), LLAMA, SHARD, p)
+    return separate_ops(fp8_layer_ops(layer_ops(LLAMA, SHARD), SHARD, p), SHARD, p)
 
 
 def named(op_list, name):
@@ -114,3 +115,18 @@ def test_separate_projections_launch_a_gemm_each_and_their_gradient_sum_only_bac
     # wq/wk/wv and w1/w3 for qkv and gate/up: 3 more GEMMs, twice in the backward pass; the
     # eager sums of their input gradients: two backward kernels
     assert launches(separate) == (n_f + 3, n_b + 2 * 3 + 2)
+
+
+def test_torchtitan_experts_run_gate_and_up_as_two_grouped_gemms_summed_by_one_kernel():
+    # Qwen3-30B-A3B on EP 8: 16 local experts; top-8 of 4096 tokens, balanced: T·k = 32768
+    # rows of width 2048 into gate and up of 768 each. _grouped_mm matches no addmm pattern:
+    # one kernel reads the two input gradients and writes their sum, compiled or not.
+    m, shard, rows = load_preset("qwen3-30b-a3b"), Shard(micro_batch=1, seq_len=4096), 4096 * 8
+    p = Plan(projections="separate")
+    layer = separate_ops(fp8_layer_ops(layer_ops(m, shard, ExpertShard(8, 1)), shard, p), shard, p)
+    fc1 = named(layer, "expert_fc1")
+    assert [piece.name for piece in fc1.pieces] == ["expert_w1", "expert_w3"]
+    for piece in fc1.pieces:
+        assert piece.kernels == 16 and piece.fwd_flops == 2 * rows * 2048 * 768
+        assert piece.fwd_bytes == pytest.approx(2 * (rows * 2048 + 16 * 2048 * 768 + rows * 768))
+    assert named(layer, "expert_fc1_grad_sum").bwd_input_bytes == pytest.approx(3 * 2 * rows * 2048)
