@@ -63,10 +63,10 @@ def separate_ops(ops: list[Op], shard: Shard, plan) -> list[Op]:
     a = shard.act_bytes
     out = []
     for op in ops:
-        if op.name not in SEPARATE:
+        shape = op.linear
+        if op.name not in SEPARATE or len(shape.widths) < 2:  # an ungated MLP's experts: one GEMM
             out.append(op)
             continue
-        shape = op.linear
         pieces = [_projection(name, op.kind, shape, w, a) for name, w in zip(SEPARATE[op.name], shape.widths)]
         grad = a * shape.tokens * shape.d_in  # one input-gradient tensor
         # Inductor's addmm pattern matches aten.mm, not FP8's _scaled_mm nor _grouped_mm

@@ -1,6 +1,8 @@
 """Separate projection linears (torchtitan's wq/wk/wv and w1/w3) against one fused GEMM each:
 each GEMM timed on its own shape, the input gradients summed as Inductor or autograd sums them."""
 
+from dataclasses import replace
+
 import pytest
 
 from simulator.compute import FP8_MATMUL, op_times
@@ -130,3 +132,10 @@ def test_torchtitan_experts_run_gate_and_up_as_two_grouped_gemms_summed_by_one_k
         assert piece.kernels == 16 and piece.fwd_flops == 2 * rows * 2048 * 768
         assert piece.fwd_bytes == pytest.approx(2 * (rows * 2048 + 16 * 2048 * 768 + rows * 768))
     assert named(layer, "expert_fc1_grad_sum").bwd_input_bytes == pytest.approx(3 * 2 * rows * 2048)
+
+
+def test_ungated_experts_stay_one_grouped_gemm_under_separate_projections():
+    m, shard = replace(load_preset("qwen3-30b-a3b"), activation="gelu"), Shard(micro_batch=1, seq_len=4096)
+    p = Plan(projections="separate")
+    layer = separate_ops(layer_ops(m, shard, ExpertShard(8, 1)), shard, p)
+    assert not named(layer, "expert_fc1").pieces and not any(op.name == "expert_fc1_grad_sum" for op in layer)
