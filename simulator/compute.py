@@ -24,10 +24,14 @@ MX_SCALE = 1 / 32  # one E8M0 scale per 32 values (TE@d0067d0da recipe MXFP8Bloc
 OPERAND_BYTES = {FP8_MATMUL: 1.0, MXFP8_MATMUL: 1.0 + MX_SCALE}
 
 
-def linear_traffic(kind: str, tokens, d_in, d_out, act_bytes, matrices=1) -> tuple:
-    """(forward, input-gradient, weight-gradient) HBM bytes of a linear's GEMMs of operator
-    kind `kind`: FP8 operands where the kind is an FP8 GEMM, activation-precision otherwise."""
-    return gemm_traffic(tokens, d_in, d_out, OPERAND_BYTES.get(kind, act_bytes), act_bytes, matrices)
+def as_gemm_kind(op: Op, kind: str, act_bytes) -> Op:
+    """Linear `op` (its `op.linear` shape) run as GEMMs of operator kind `kind`: their
+    forward, input-gradient and weight-gradient HBM bytes with FP8 operands where the kind is
+    an FP8 GEMM, activation-precision ones otherwise."""
+    s = op.linear
+    fwd, bwd_input, bwd_weight = gemm_traffic(s.tokens, s.d_in, s.d_out, OPERAND_BYTES.get(kind, act_bytes),
+                                              act_bytes, s.matrices)
+    return replace(op, kind=kind, fwd_bytes=fwd, bwd_input_bytes=bwd_input, bwd_weight_bytes=bwd_weight)
 # The attention kernel of `plan.attention_kernel: flash2` (FlashAttention-2, PyTorch's SDPA
 # flash backend) where the profile's `efficiency.attention` is a faster kernel's (FA3, cuDNN).
 FLASH2_ATTENTION = "attention_flash2"

@@ -15,7 +15,7 @@ kernels each scaling recipe adds, and what FP8 changes in memory.
   whether they filtered it: the lm_head is taken as BF16). The FP8 GEMMs run at the
   profile's `peak_tflops.fp8` (`mxfp8`) and `efficiency.matmul_fp8`, measured on FP8 GEMMs,
   not twice the BF16 rate; they read their two operands in FP8 (1 B, MXFP8 1 + 1/32 with its
-  block scales) and write their result in BF16 (compute.linear_traffic).
+  block scales) and write their result in BF16 (compute.as_gemm_kind).
 - Cast kernels, per linear and micro-batch, as torchao's own roofline counts their HBM
   traffic (pytorch/ao@624304080 torchao/testing/float8/roofline_utils.py
   get_tensor_memory_traffic_ovhd_s; bytes per element of the tensor):
@@ -64,7 +64,7 @@ from dataclasses import replace
 import numpy as np
 
 from . import projections
-from .compute import FP8_MATMUL, MX_SCALE, MXFP8_MATMUL, linear_traffic
+from .compute import FP8_MATMUL, MX_SCALE, MXFP8_MATMUL, as_gemm_kind
 from .workload import MEMORY, Op, Shard, local_heads
 
 FP8_PRECISIONS = ("fp8", "mxfp8")
@@ -124,9 +124,8 @@ def fp8_layer_ops(ops: list[Op], shard: Shard, plan) -> list[Op]:
             out.append(op)
             continue
         tokens, d_in, d_out, matrices = op.linear.tokens, op.linear.d_in, op.linear.d_out, op.linear.matrices
-        readers = projections.readers(op.name, plan)  # torchao: each linear casts its own input
-        fwd, bwd_input, bwd_weight = linear_traffic(kind, tokens, d_in, d_out, shard.act_bytes, matrices)
-        out.append(replace(op, kind=kind, fwd_bytes=fwd, bwd_input_bytes=bwd_input, bwd_weight_bytes=bwd_weight,
+        readers = projections.readers(op, plan)  # torchao: each linear casts its own input
+        out.append(replace(as_gemm_kind(op, kind, shard.act_bytes),
                            saved_bytes=op.saved_bytes + saved_input_change(op.name, rec, tokens, d_in, readers, shard)))
         out.append(_cast_op(op.name, shard, rec, plan.compile, tokens, d_in, d_out, readers, matrices))
     return out

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .compute import linear_traffic
+from .compute import as_gemm_kind
 from .workload import MATMUL, MEMORY, LinearShape, Op, Shard, _linear
 
 PROJECTIONS = ("fused", "separate")
@@ -41,18 +41,21 @@ SEPARATE = {"qkv": ("wq", "wk", "wv"), "mlp_gate_up": ("w1", "w3"), "shared_mlp_
             "expert_fc1": ("expert_w1", "expert_w3")}
 
 
-def readers(name: str, plan) -> int:
-    """Linears reading the input of fused operator `name`: its projections when separate."""
-    return len(SEPARATE[name]) if plan.projections == "separate" and name in SEPARATE else 1
+def _runs_separate(op: Op, plan) -> bool:
+    """Whether linear `op` runs as separate projections: a fused one under `projections: separate`."""
+    return plan.projections == "separate" and op.name in SEPARATE and len(op.linear.widths) > 1
+
+
+def readers(op: Op, plan) -> int:
+    """Linears reading the input of linear `op`: its projections when they run separately."""
+    return len(op.linear.widths) if _runs_separate(op, plan) else 1
 
 
 def _projection(name, kind, shape: LinearShape, d_out, act_bytes) -> Op:
     """One projection's GEMM, in the fused operator's kind (FP8 operands in 1 B)."""
-    t, d_in = shape.tokens, shape.d_in
-    fwd, bwd_input, bwd_weight = linear_traffic(kind, t, d_in, d_out, act_bytes, shape.matrices)
-    return replace(_linear(name, t, d_in, d_out, act_bytes, 0.0, matrices=shape.matrices if shape.grouped else None),
-                   kind=kind, fwd_bytes=fwd,
-                   bwd_input_bytes=bwd_input, bwd_weight_bytes=bwd_weight)
+    matrices = shape.matrices if shape.grouped else None
+    return as_gemm_kind(_linear(name, shape.tokens, shape.d_in, d_out, act_bytes, 0.0, matrices=matrices), kind,
+                        act_bytes)
 
 
 def separate_ops(ops: list[Op], shard: Shard, plan) -> list[Op]:
@@ -63,10 +66,10 @@ def separate_ops(ops: list[Op], shard: Shard, plan) -> list[Op]:
     a = shard.act_bytes
     out = []
     for op in ops:
-        shape = op.linear
-        if op.name not in SEPARATE or len(shape.widths) < 2:  # an ungated MLP's experts: one GEMM
+        if not _runs_separate(op, plan):  # also an ungated MLP's experts: one GEMM
             out.append(op)
             continue
+        shape = op.linear
         pieces = [_projection(name, op.kind, shape, w, a) for name, w in zip(SEPARATE[op.name], shape.widths)]
         grad = a * shape.tokens * shape.d_in  # one input-gradient tensor
         # Inductor's addmm pattern matches aten.mm, not FP8's _scaled_mm nor _grouped_mm
