@@ -12,6 +12,7 @@ over the expert data-parallel group, the rest over dp x cp (dims.py). Broadcast-
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
@@ -19,11 +20,11 @@ from .dataparallel import DPCosts, buckets, dp_costs
 from .memory import ActivationSizes, activation_sizes, buffer_bytes
 from .moe import (SHARED_EXPERTS, ExpertShard, dispatch_comm_s, exposed_dispatch_s, layer_params_split,
                   moe_buffer_bytes, stage_layer_mix)
-from . import fp8, mtp, projections
+from . import cpattention, fp8, mtp, projections
 from .compute import LOW_PRECISION_GEMMS, op_times, with_attention_kernel
 from .fp8 import compute_precision
 from .fusion import eager_ops
-from .passes import OpsTime, cp_layer_comm_s, ops_time, pass_times, tp_layer_comm_s
+from .passes import OpsTime, ops_time, pass_times, tp_layer_comm_s
 from .recompute import chunk_checkpoint, layer_checkpoint
 from .states import ModelStates, model_states, stage_params
 from .workload import ATTENTION_CORE, MATMUL, layer_ops
@@ -44,7 +45,8 @@ class LayerMix:
     moe_t: OpsTime | None
     dense_tp_s: tuple
     moe_tp_s: tuple
-    cp_s: tuple
+    dense_cp_s: tuple  # exposed CP exchange of each kind (cpattention.py)
+    moe_cp_s: tuple
     ep_s: tuple  # exposed dispatch and combine of an MoE layer, forward and backward
     dense_params: object
     moe_rest_params: object  # an MoE layer's attention, norms, router and shared experts
@@ -86,10 +88,16 @@ def _overlapped(tp_s: tuple, t: OpsTime, ops, cluster, precision) -> tuple:
 
 def layer_operators(model, shard, plan, experts=None) -> list:
     """The operators of one layer as the plan runs them: eager kernels where nothing is
-    compiled (fusion.py), the attention kernel it names, its FP8 linears (fp8.py) and its
-    separate projections (projections.py); `experts`: an MoE layer's."""
+    compiled (fusion.py), the attention kernel it names, its FP8 linears (fp8.py), its
+    separate projections (projections.py) and the context-parallel ring's merges after the
+    attention core (cpattention.py); `experts`: an MoE layer's."""
     ops = with_attention_kernel(eager_ops(layer_ops(model, shard, experts), model, plan), plan.attention_kernel)
-    return projections.separate_ops(fp8.fp8_layer_ops(ops, shard, plan), shard, plan)
+    ops = projections.separate_ops(fp8.fp8_layer_ops(ops, shard, plan), shard, plan)
+    merges = cpattention.merge_ops(model, shard, plan.cp_attention, plan.compile)
+    if not merges:
+        return ops
+    core = max(i for i, op in enumerate(ops) if op.group == ATTENTION_CORE)
+    return ops[:core + 1] + merges + ops[core + 1:]
 
 
 def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix:
@@ -99,7 +107,9 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
     dense_tp, moe_tp = _tp_comm_s(model, shard, groups, cluster, fp8.tp_gather_bytes_factor(plan))
     if plan.tp_comm_overlap:
         dense_tp = _overlapped(dense_tp, dense_t, dense_ops, cluster, precision)
-    cp = cp_layer_comm_s(model, shard, groups, cluster)
+    cp = partial(cpattention.exposed_s, model, shard, groups, cluster, plan.cp_attention)
+    dense_cp = cp(dense_t.attention_fwd_s, dense_t.attention_bwd_s)
+    moe_cp = dense_cp
     dense_p, rest_p, routed_p = layer_params_split(model, plan.tp, plan.ep, plan.etp)
     moe_ops = moe_t = None
     ep = (0.0, 0.0)
@@ -113,13 +123,14 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
             moe_tp = _overlapped(moe_tp, moe_t, moe_ops, cluster, precision)
         shared_t = ops_time([op for op in moe_ops if op.group == SHARED_EXPERTS], cluster, precision) \
             if plan.moe.shared_expert_overlap else None
+        moe_cp = cp(moe_t.attention_fwd_s, moe_t.attention_bwd_s)
         ep = exposed_dispatch_s(dispatch_comm_s(model, shard, experts, groups, cluster), moe_t, shared_t, plan.moe)
         buffers_layer = np.maximum(dense_p, rest_p + routed_p)
         extra = moe_buffer_bytes(model, shard, experts)
     buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, buffers_layer, plan, per.weight,
                            per.grad) + extra
     shared_linears = model.shared_experts * fp8.mlp_linear_params(model, model.shared_expert_ffn_hidden, plan.tp)
-    return LayerMix(dense_ops, moe_ops, dense_t, moe_t, dense_tp, moe_tp, cp, ep, dense_p, rest_p, routed_p, buffers,
+    return LayerMix(dense_ops, moe_ops, dense_t, moe_t, dense_tp, moe_tp, dense_cp, moe_cp, ep, dense_p, rest_p, routed_p, buffers,
                     _rerun(model, shard, plan, cluster, dense_ops),
                     _rerun(model, shard, plan, cluster, moe_ops) if moe_ops is not None else None,
                     fp8.layer_linear_params(model, plan.tp), fp8.attention_linear_params(model, plan.tp) + shared_linears,
@@ -195,7 +206,7 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, grad_gr
     shard_group = (dense + routed) / (dense / grad_group + routed / expert_group)
     d_acts = activation_sizes(model, shard, plan, n_dense / v, has_emb, has_head, mix.dense_ops, head)
     passes = _kind_passes(mix.dense_t, mix.dense_rerun, n_dense, emb_t, head_t, has_emb, has_head, mix.dense_tp_s,
-                          mix.cp_s, (0.0, 0.0), plan, v)
+                          mix.dense_cp_s, (0.0, 0.0), plan, v)
     acts = d_acts
     if mix.moe_ops is not None:
         m_acts = activation_sizes(model, shard, plan, n_moe / v, has_emb, has_head, mix.moe_ops, head)
@@ -205,7 +216,7 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, grad_gr
         acts = ActivationSizes(d_acts.chunk_bytes + m_acts.chunk_bytes, d_acts.embedding_bytes, extra)
         zero = np.asarray(0.0)
         passes = passes + _kind_passes(mix.moe_t, mix.moe_rerun, n_moe, emb_t, head_t, zero, zero, mix.moe_tp_s,
-                                       mix.cp_s, mix.ep_s, plan, v)
+                                       mix.moe_cp_s, mix.ep_s, plan, v)
     if model.mtp_layers:
         passes = replace(passes, tp_fwd_s=passes.tp_fwd_s + depths * mix.mtp_tp_s[0],
                          tp_bwd_s=passes.tp_bwd_s + depths * mix.mtp_tp_s[1])

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 import numpy as np
 
-from . import fp8, framework_ops, fsdp, hostbound, mtp, stagesplit
+from . import cpattention, fp8, framework_ops, fsdp, hostbound, mtp, stagesplit
 from . import schedules as S
 from .dataparallel import DPCosts, buckets, dp_costs
 from .compute import memory_bound_time
@@ -35,7 +35,7 @@ from .layermix import compile_mix, layer_operators, mixed_stage, needs_layer_mix
 from .memory import ActivationSizes, StageMemory, activation_sizes, buffer_bytes, peak_activation_bytes
 from .offload import OffloadCosts, offload_costs, resident_chunks_with_offload
 from .recompute import chunk_checkpoint, layer_checkpoint, rerun_flops
-from .passes import PassTimes, cp_layer_comm_s, ops_time, pass_times, pp_hop_s, tp_layer_comm_s
+from .passes import PassTimes, ops_time, pass_times, pp_hop_s, tp_layer_comm_s
 from .states import BytesPerParam, ModelStates, bytes_per_param, layer_params_local, model_states, optimizer_step_s, \
     stage_params
 from .workload import Shard, embedding_ops, executed_flops_per_sequence, head_ops, layer_ops, model_flops_per_sequence
@@ -164,7 +164,8 @@ def compile_layout(model, cluster, plan) -> Layout:
             collectives = np.where(np.asarray(plan.tp) > 1, 4 if plan.sequence_parallel else 2, 0)
             launches = (collectives, collectives + 2 * plan.sequence_parallel)
             layer_t = hostbound.host_bound(layer_t, layer, host_s, tp_s, launches)
-        cp_s = cp_layer_comm_s(model, shard, g, cluster)
+        cp_s = cpattention.exposed_s(model, shard, g, cluster, plan.cp_attention, layer_t.attention_fwd_s,
+                                     layer_t.attention_bwd_s)
         checkpoint = layer_checkpoint(model, shard, plan.recompute, layer)
         rerun_t = hostbound.rerun_bound(ops_time(list(checkpoint.rerun), cluster, precision).fwd_s,
                                         checkpoint.rerun, host_s)

@@ -6,8 +6,9 @@
   timeline takes and frees the same bytes at each pass). What a recompute mode keeps and
   rebuilds is recompute.py's.
 - On top of the saved tensors, at the moment a stage peaks: what recomputation rebuilds
-  (a layer, a group of layers, an attention core), and where the last virtual stage sits
-  the head's saved tensors plus the loss's backward transient, whichever moment is larger.
+  (a layer, a group of layers, an attention core) with the buffers of PyTorch's
+  context-parallel ring (cpattention.py), and where the last virtual stage sits the head's
+  saved tensors plus the loss's backward transient, whichever moment is larger.
 - Activation offload keeps few chunks on the device (offload.resident_chunks_with_offload);
   the rest waits in host memory.
 - Other: the framework's reserve (a profile parameter) and communication buffers.
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import cpattention
 from .recompute import chunk_checkpoint, layer_checkpoint
 from .workload import Shard, embedding_ops, head_ops, layer_ops, loss_backward_transient_bytes
 
@@ -47,7 +49,8 @@ def activation_sizes(model, shard: Shard, plan, layers_per_chunk, has_embedding,
     emb = np.asarray(has_embedding) * sum(op.saved_bytes for op in embedding_ops(model, shard))
     head = head_ops(model, shard) if head is None else head
     held = sum(op.saved_bytes for op in head) + loss_backward_transient_bytes(model, shard)
-    rebuilt = chunk.rebuilt_bytes
+    # a layer's backward holds what recomputation rebuilt and the CP ring's buffers
+    rebuilt = chunk.rebuilt_bytes + cpattention.transient_bytes(model, shard, plan.cp_attention)
     return ActivationSizes(chunk.saved_bytes, emb, np.where(has_head, np.maximum(rebuilt, held), rebuilt))
 
 

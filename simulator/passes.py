@@ -18,7 +18,7 @@ from .compute import op_times
 from .dims import Groups
 from .hardware import Cluster
 from .model import ModelSpec
-from .workload import ATTENTION_CORE, Op, Shard, local_heads
+from .workload import ATTENTION_CORE, Op, Shard
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class OpsTime:
     fwd_s: object
     bwd_input_s: object
     bwd_weight_s: object
-    attention_fwd_s: object  # forward of the attention core (hides the CP exchange)
+    attention_fwd_s: object  # forward of the attention core (hides the CP exchange: cpattention.py)
     attention_bwd_s: object
 
 
@@ -106,16 +106,6 @@ def tp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Clu
     return fwd, fwd
 
 
-def cp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster):
-    """CP ring attention: cp-1 exchanges of the local K and V chunk forward, K, V and their
-    gradients backward (Liu et al. 2023, Ring Attention; Megatron-LM context parallelism)."""
-    _, kv_heads = local_heads(model, shard.tp)
-    kv_bytes = shard.act_bytes * shard.tokens * kv_heads * (model.head_dim + model.v_head_dim)
-    hop = send_recv_time(kv_bytes, groups.cp.domains > 1, cluster)
-    steps = shard.cp - 1
-    return steps * hop, 2 * steps * hop
-
-
 def pp_hop_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster, scatter_gather: bool = True):
     """One pipeline send of a micro-batch's activation or gradient, per TP rank: 1/t of it
     with Megatron-LM's scatter/gather optimisation or sequence parallelism, the whole of it
@@ -132,7 +122,8 @@ def pass_times(layer: OpsTime, layers, embedding: OpsTime, head: OpsTime, has_em
     head where flagged), of which `rerun_layers` run `rerun_s` of their forward again with
     the fraction `tp_rerun` of their TP collectives (and the CP exchange when `cp_rerun`) before
     their backward (recompute.py). `tp_layer_s`: the exposed TP seconds of a layer's forward
-    and backward (all of them, or what tpoverlap.py leaves exposed). `ep_layer_s`: a layer's
+    and backward (all of them, or what tpoverlap.py leaves exposed); `cp_layer_s` its exposed
+    CP exchange (cpattention.py). `ep_layer_s`: a layer's
     exposed MoE dispatch (moe.py), forward and backward, re-run with the same fraction as the
     TP collectives (the whole layer under full recomputation, none under selective).
     Broadcast-safe: the flags are 0/1 multipliers, not branches."""
@@ -141,8 +132,7 @@ def pass_times(layer: OpsTime, layers, embedding: OpsTime, head: OpsTime, has_em
     bwd_in = layers * layer.bwd_input_s + emb * embedding.bwd_input_s + hd * head.bwd_input_s
     bwd_w = layers * layer.bwd_weight_s + emb * embedding.bwd_weight_s + hd * head.bwd_weight_s
     tp_f, tp_b = tp_layer_s
-    cp_f = np.maximum(0.0, cp_layer_s[0] - layer.attention_fwd_s)
-    cp_b = np.maximum(0.0, cp_layer_s[1] - layer.attention_bwd_s)
+    cp_f, cp_b = cp_layer_s
     ep_f, ep_b = ep_layer_s
     rec, tp_r, cp_r = rerun_layers * rerun_s, rerun_layers * tp_rerun * tp_f, rerun_layers * float(cp_rerun) * cp_f
     ep_r = rerun_layers * tp_rerun * ep_f

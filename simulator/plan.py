@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from . import fields as F
 from .errors import InputError
 from .compute import ATTENTION_KERNELS
+from .cpattention import CP_ATTENTION
 from .hardware import Cluster
 from .loss import LOSSES
 from .model import ModelSpec
@@ -114,6 +115,10 @@ class Plan:
     # TransformerEngine) or as separate linears (torchtitan's wq/wk/wv and w1/w3, Hugging Face
     # models): projections.py.
     projections: str = "fused"
+    # How context parallelism runs attention (cpattention.py): TransformerEngine's P2P ring
+    # (Megatron-Core, NeMo) or PyTorch's experimental context_parallel with its all-gather or
+    # all-to-all rotation of K and V (torchtitan).
+    cp_attention: str = "ring"
     # Precision of the Adam states (the master copy and both moments): fp32, or bf16 as NeMo's
     # distributed_fused_adam with optim.dtype bf16 keeps them (states.bytes_per_param).
     optimizer_precision: str = "fp32"
@@ -195,6 +200,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         tp_overlap=F.choice(data, "tp_overlap", "plan", TP_OVERLAPS, "userbuffers"),
         attention_kernel=F.choice(data, "attention_kernel", "plan", ATTENTION_KERNELS, "fused"),
         projections=F.choice(data, "projections", "plan", PROJECTIONS, "fused"),
+        cp_attention=F.choice(data, "cp_attention", "plan", CP_ATTENTION, "ring"),
         optimizer_precision=F.choice(data, "optimizer_precision", "plan", ("fp32", "bf16"), "fp32"),
     )
 

@@ -97,6 +97,7 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
             extra["fsdp_reshard_after_forward"] = draw(st.booleans())
         extra["pp_scatter_gather"] = draw(st.booleans())
         extra["projections"] = draw(st.sampled_from(["fused", "separate"]))
+        extra["cp_attention"] = draw(st.sampled_from(["ring", "torch-allgather", "torch-alltoall"]))
         even = layers // (pp * chunks) * chunks  # layers per rank
         if pp > 1 and even > chunks and draw(st.booleans()):  # uneven ranks: one chunk's layers moved
             extra.update(first_stage_layers=even - chunks, last_stage_layers=even + chunks)

@@ -226,3 +226,18 @@ def test_import_without_hardware_is_one_clean_line():
     proc = _cli("import", "torchtitan", str(DATA / "torchtitan-llama3_8b.toml"))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "--node" in proc.stderr
+
+
+def test_torchtitan_context_parallelism_runs_pytorchs_ring_with_its_rotate_method(tmp_path):
+    # torchtitan's --parallelism.context_parallel_rotate_method, "allgather" by default
+    text = (DATA / "torchtitan-llama3_8b.toml").read_text().replace("context_parallel_degree = 1",
+                                                                        "context_parallel_degree = 4")
+    cp = tmp_path / "cp.toml"
+    cp.write_text(text)
+    assert import_config("torchtitan", cp, {"cluster.node": "dgx-h100"}).scenario["plan"]["cp_attention"] == \
+        "torch-allgather"
+    cp.write_text(text.replace("[parallelism]", "[parallelism]\ncontext_parallel_rotate_method = \"alltoall\""))
+    assert import_config("torchtitan", cp, {"cluster.node": "dgx-h100"}).scenario["plan"]["cp_attention"] == \
+        "torch-alltoall"
+    no_cp = import_config("torchtitan", DATA / "torchtitan-llama3_8b.toml", {"cluster.node": "dgx-h100"})
+    assert "cp_attention" not in no_cp.scenario["plan"]

@@ -14,7 +14,8 @@ under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
   express (it shards over every data-parallel rank) and is refused. tensor_parallel_degree
   (torchtitan's TP plan shards the norms' sequence too: sequence parallelism),
   enable_async_tensor_parallel -> TP overlap, pipeline_parallel_degree / _schedule /
-  _microbatch_size / _layers_per_stage, context_parallel_degree.
+  _microbatch_size / _layers_per_stage, context_parallel_degree and _rotate_method (PyTorch's
+  ring, cpattention.py).
 - [activation_checkpoint] mode none|selective|full; selective_ac_option "op" is per-op
   selective recomputation; an integer (every N-th layer) is refused.
 """
@@ -93,6 +94,14 @@ def read(path: str | Path) -> Imported:
     a.map("parallelism.tensor_parallel_degree", "plan.sequence_parallel", tp > 1)
     a.map("parallelism.pipeline_parallel_degree", "plan.pp", pp)
     a.map("parallelism.context_parallel_degree", "plan.cp", cp)
+    rotate = "parallelism.context_parallel_rotate_method"
+    if cp > 1:  # PyTorch's context_parallel rotates K and V by all-gather unless told (cpattention.py)
+        method = a.get(rotate, "allgather")
+        if method not in ("allgather", "alltoall"):
+            a.refuse(rotate, "expected allgather or alltoall")
+        a.map(rotate, "plan.cp_attention", f"torch-{method}")
+    else:
+        a.used(rotate)
     if tp > 1:  # torchtitan runs the loss under DTensor's loss_parallel unless disabled
         a.map("parallelism.disable_loss_parallel", "plan.loss",
               "unfused" if a.get("parallelism.disable_loss_parallel", False) else "loss-parallel")

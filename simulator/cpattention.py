@@ -1,0 +1,132 @@
+"""How context parallelism runs a layer's attention over a sequence split across `cp` ranks.
+
+Every implementation computes, on each rank, its local queries against the keys and values
+of all cp chunks, one chunk per step (load-balanced causal chunks: every step the same
+work), passing K and V (and in the backward pass their gradients) between the ranks. They
+differ in what moves, what hides behind what, and the kernels around the attention kernel.
+
+- `ring` (TransformerEngine's AttnFuncWithCPAndKVP2P under Megatron-Core and NeMo; Liu et
+  al. 2023, Ring Attention): cp-1 point-to-point exchanges of the local K and V forward, K,
+  V and their gradients backward, each hidden under the attention kernel; exposed is what
+  the layer's attention kernel does not cover.
+- `torch-allgather`, `torch-alltoall`: PyTorch's experimental context parallelism
+  (torch.distributed.tensor.experimental context_parallel), as torchtitan runs it
+  (torchtitan@9dec370, 2024-12-26: utils.py create_context_parallel_ctx,
+  config_manager.py --experimental.context_parallel_rotate_method, default "allgather").
+  The ring loop (pytorch/pytorch@0123248a48 torch/distributed/tensor/experimental/
+  _attention.py, _templated_ring_attention and _templated_ring_attention_backward):
+  - K and V move as the attention kernel receives them: torchtitan's Llama repeats the KV
+    heads to the query heads before SDPA (torchtitan@9dec370 models/llama/model.py
+    repeat_kv), so a GQA model moves q_heads/kv_heads times the ring's bytes.
+  - forward, allgather: one all-gather of every rank's K and V, started with the first
+    (local) step and waited for at the second, so it hides behind one step's kernel only;
+    the gathered K and V stay allocated until the attention returns. alltoall: cp-1
+    permutes, each hiding behind one step.
+  - each step's partial output is merged into fp32 (out, log-sum-exp; _SDPAMerger with
+    convert_to_f32), and cast back once.
+  - backward: K and V move again as in the forward; each step's dQ, dK, dV are accumulated
+    in fp32 and the dK, dV accumulators passed on after every step (an all-to-all permute of
+    fp32 tensors, dkv_rotater), waited for one step later, the last one after the loop.
+  - the merges and accumulations are elementwise kernels which Inductor fuses: torchtitan
+    compiles each TransformerBlock with fullgraph=True (torchtitan@9dec370
+    parallelisms/parallelize_llama.py apply_compile), so the ring loop is traced into the
+    block's graph; per step one fused kernel reads the fp32 accumulator and the step's
+    16-bit result and writes the accumulator (a partial step's concatenation rewrites the
+    whole of it, counted as a full step).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .comm import collective_time, send_recv_time
+from .workload import ATTENTION_CORE, MEMORY, Op, local_heads
+
+CP_ATTENTION = ("ring", "torch-allgather", "torch-alltoall")
+FP32_BYTES = 4
+
+
+def _torch(method: str) -> bool:
+    return method != "ring"
+
+
+def _elements(model, shard):
+    """Elements of one rank's Q, K, V and output chunks, as the attention kernel gets them."""
+    q_heads, _ = local_heads(model, shard.tp)
+    rows = shard.tokens * q_heads
+    return rows * model.head_dim, rows * model.head_dim, rows * model.v_head_dim, rows * model.v_head_dim
+
+
+def exchanged_bytes(model, shard, method: str):
+    """Bytes of one rank's K and V chunk as the exchange moves them."""
+    q_heads, kv_heads = local_heads(model, shard.tp)
+    heads = q_heads if _torch(method) else kv_heads
+    return shard.act_bytes * shard.tokens * heads * (model.head_dim + model.v_head_dim)
+
+
+def exposed_s(model, shard, groups, cluster, method: str, attention_fwd_s, attention_bwd_s):
+    """Seconds of a layer's CP exchange the attention does not hide, forward and backward,
+    one micro-batch; `attention_*_s`: the layer's attention-core kernels."""
+    c = np.asarray(shard.cp)
+    kv = exchanged_bytes(model, shard, method)
+    across = groups.cp.domains > 1
+    hop = send_recv_time(kv, across, cluster)
+    steps = c - 1
+    if not _torch(method):
+        return np.maximum(0.0, steps * hop - attention_fwd_s), np.maximum(0.0, 2 * steps * hop - attention_bwd_s)
+    step_f, step_b = attention_fwd_s / c, attention_bwd_s / c
+    if method == "torch-allgather":
+        gather = collective_time("all_gather", c * kv, groups.cp, cluster)
+        kv_f, kv_b = np.maximum(0.0, gather - step_f), np.maximum(0.0, gather - step_b)
+    else:
+        kv_f, kv_b = steps * np.maximum(0.0, hop - step_f), steps * np.maximum(0.0, hop - step_b)
+    grad_hop = send_recv_time(kv * FP32_BYTES / shard.act_bytes, across, cluster)
+    grads = steps * np.maximum(0.0, grad_hop - step_b) + grad_hop
+    on = c > 1
+    return np.where(on, kv_f, 0.0), np.where(on, kv_b + grads, 0.0)
+
+
+def merge_ops(model, shard, method: str, compiled: bool = True) -> list[Op]:
+    """The torch ring's fp32 merges and gradient accumulations around the attention kernel,
+    per micro-batch (see the module's docstring); none for the ring. `compiled`: Inductor
+    fuses each step's merge into one kernel; eager PyTorch runs every tensor op of the loop
+    as its own kernel, and the K, V send buffer is concatenated at every step even where
+    the all-gather no longer reads it."""
+    if not _torch(method) or (np.ndim(shard.cp) == 0 and shard.cp == 1):
+        return []
+    c = np.asarray(shard.cp)
+    a, f = shard.act_bytes, FP32_BYTES
+    x_q, x_k, x_v, x_o = _elements(model, shard)
+    on = np.where(c > 1, 1.0, 0.0)
+    grads = x_q + x_k + x_v
+    if compiled:
+        # a step's merge reads the fp32 accumulator and the step's output and writes the accumulator
+        merge, accumulate, send = (2 * f + a) * x_o, (2 * f + a) * grads, 0.0
+        sends = on if method == "torch-allgather" else c - 1
+    else:
+        # cast to fp32, out - block_out, times sigmoid(lse difference), out minus that
+        merge = (a + f + 3 * f + 3 * f + 3 * f) * x_o
+        # grad += step's grad for dQ, dK, dV; dK and dV concatenated into the send buffer
+        accumulate, send = (a + 2 * f) * grads, 2 * f * (x_k + x_v)
+        sends = c - 1
+    kv_cat = sends * 2 * a * (x_k + x_v)  # K and V read and written into one send buffer
+    # forward: the first step's output cast to fp32, cp-1 merges, the result cast back
+    fwd = on * 2 * (a + f) * x_o + (c - 1) * merge + kv_cat
+    # backward: every step accumulates (and passes on dK, dV); dQ, dK, dV cast back
+    bwd = c * on * (accumulate + send) + on * (a + f) * grads + kv_cat
+    return [Op("cp_merge", MEMORY, fwd_bytes=fwd, bwd_input_bytes=bwd, group=ATTENTION_CORE)]
+
+
+def transient_bytes(model, shard, method: str):
+    """Bytes the torch ring holds beyond the saved activations while a layer's attention
+    backward runs: K and V of every rank (allgather) or the current and next chunk
+    (alltoall), the fp32 dQ, dK, dV accumulators and the dK, dV in flight; 0 for the ring,
+    whose buffers are two chunks of K and V."""
+    if not _torch(method):
+        return 0.0
+    c = np.asarray(shard.cp)
+    kv = exchanged_bytes(model, shard, method)
+    x_q, x_k, x_v, _ = _elements(model, shard)
+    held = (c if method == "torch-allgather" else 2) * kv
+    accumulators = FP32_BYTES * (x_q + x_k + x_v) + 2 * FP32_BYTES * (x_k + x_v)
+    return np.where(c > 1, held + accumulators, 0.0)

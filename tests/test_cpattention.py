@@ -1,0 +1,96 @@
+"""Context parallelism's attention (cpattention.py): PyTorch's ring as torchtitan runs it,
+against the bytes and exposures counted by hand from its loop (pytorch/pytorch
+torch/distributed/tensor/experimental/_attention.py)."""
+
+import math
+
+import pytest
+
+from simulator.comm import Placement
+from simulator.cpattention import exchanged_bytes, exposed_s, merge_ops, transient_bytes
+from simulator.dims import Groups
+from simulator.model import ModelSpec
+from simulator.workload import Shard
+
+# GQA: 8 query heads over 2 KV heads of 32; 256 local tokens on each of 4 CP ranks
+GQA = ModelSpec(name="gqa", layers=2, hidden=256, heads=8, kv_heads=2, ffn_hidden=512, vocab=1000, seq_len=1024,
+                activation="swiglu")
+SHARD = Shard(micro_batch=1, seq_len=1024, cp=4)
+X = 256 * 8 * 32  # elements of one rank's Q (and K, V, output) chunk as SDPA gets them
+
+
+def _groups(cp, local=8):
+    g = Placement(cp, min(cp, local), math.ceil(cp / min(cp, local)))
+    return Groups(tp=Placement(1, 1, 1), cp=g, grad=g, pp=Placement(1, 1, 1))
+
+
+def test_torch_moves_keys_and_values_repeated_to_the_query_heads():
+    # torchtitan's repeat_kv: 8 heads of K and V in 2 bytes, where the ring moves the 2 KV heads
+    assert exchanged_bytes(GQA, SHARD, "torch-allgather") == 2 * 2 * X
+    assert exchanged_bytes(GQA, SHARD, "ring") == 2 * 2 * 256 * 2 * 32
+
+
+def test_allgather_hides_behind_the_first_step_only(dgx_a100):
+    cluster = dgx_a100(1)
+    link = cluster.node.scaleup
+    kv = 2 * 2 * X
+    gather = 3 * link.latency_s + 3 / 4 * 4 * kv / link.bus_bytes_per_s  # ring all-gather of 4 chunks
+    grad_hop = link.latency_s + 2 * kv / link.bus_bytes_per_s  # dK, dV in fp32
+    attention_s = 4 * gather / 2  # each of the 4 steps takes half the all-gather
+    fwd, bwd = exposed_s(GQA, SHARD, _groups(4), cluster, "torch-allgather", attention_s, attention_s)
+    assert float(fwd) == pytest.approx(gather / 2)
+    # K and V gathered again behind the first step; 3 gradient permutes hidden behind the next
+    # steps (each shorter than a step here), the last one waited for after the loop
+    assert grad_hop < gather / 2
+    assert float(bwd) == pytest.approx(gather / 2 + grad_hop)
+
+
+def test_alltoall_pays_each_permute_beyond_its_step(dgx_a100):
+    cluster = dgx_a100(1)
+    link = cluster.node.scaleup
+    hop = link.latency_s + 2 * 2 * X / link.bus_bytes_per_s
+    step_s = hop / 4
+    fwd, _ = exposed_s(GQA, SHARD, _groups(4), cluster, "torch-alltoall", 4 * step_s, 0.0)
+    assert float(fwd) == pytest.approx(3 * (hop - step_s))
+
+
+def test_merges_accumulate_each_step_in_fp32():
+    (op,) = merge_ops(GQA, SHARD, "torch-allgather")
+    cast = (2 + 4) * X  # 16-bit output read, fp32 written (and the final cast back)
+    merge = (4 + 2 + 4) * X  # fp32 accumulator read, the step's output read, accumulator written
+    kv_cat = 2 * (2 + 2) * X  # K and V read and written into the all-gather's send buffer
+    assert op.fwd_bytes == pytest.approx(2 * cast + 3 * merge + kv_cat)
+    # backward: 4 steps add dQ, dK, dV into fp32 accumulators; three casts back; one send buffer
+    assert op.bwd_input_bytes == pytest.approx(4 * 3 * merge + 3 * cast + kv_cat)
+
+
+def test_allgather_holds_every_ranks_keys_and_values_during_the_backward():
+    kv_all = 4 * 2 * 2 * X
+    accumulators = 3 * 4 * X  # fp32 dQ, dK, dV
+    in_flight = 2 * 2 * 4 * X  # the fp32 dK, dV sent and received
+    assert transient_bytes(GQA, SHARD, "torch-allgather") == kv_all + accumulators + in_flight
+    assert transient_bytes(GQA, SHARD, "torch-alltoall") == 2 * 2 * 2 * X + accumulators + in_flight
+
+
+def test_the_ring_adds_no_kernels_and_no_buffers():
+    assert merge_ops(GQA, SHARD, "ring") == [] and transient_bytes(GQA, SHARD, "ring") == 0.0
+
+
+def test_one_cp_rank_runs_no_ring(dgx_a100):
+    shard = Shard(micro_batch=1, seq_len=1024, cp=1)
+    assert merge_ops(GQA, shard, "torch-allgather") == []
+    assert transient_bytes(GQA, shard, "torch-allgather") == 0.0
+    fwd, bwd = exposed_s(GQA, shard, _groups(1), dgx_a100(1), "torch-allgather", 0.0, 0.0)
+    assert (float(fwd), float(bwd)) == (0.0, 0.0)
+
+
+def test_eager_merges_run_every_tensor_op_of_the_loop_as_a_kernel():
+    (op,) = merge_ops(GQA, SHARD, "torch-allgather", compiled=False)
+    cast = (2 + 4) * X
+    # cast, out - block_out (2 reads, 1 write in fp32), the product, the difference
+    merge = cast + 3 * (3 * 4) * X
+    kv_cat = 2 * (2 + 2) * X  # concatenated at each of the first 3 steps
+    assert op.fwd_bytes == pytest.approx(2 * cast + 3 * merge + 3 * kv_cat)
+    accumulate = 3 * (2 + 2 * 4) * X  # dQ, dK, dV: fp32 read and written, the step's 16-bit read
+    send = 2 * (4 + 4) * X  # dK, dV read and written into the send buffer
+    assert op.bwd_input_bytes == pytest.approx(4 * (accumulate + send) + 3 * cast + 3 * kv_cat)
