@@ -1,4 +1,17 @@
-"""FSDP2 without resharding after forward (`plan.fsdp_reshard_after_forward: false`).
+"""FSDP2: the root's parameters, and the stages that keep their weights gathered.
+
+llmsim's ZeRO-3 moves weights and gradients per transformer block (`units`), as FSDP2 does
+where torchtitan wraps every block and then the root module, which holds the embedding, the
+final norm and the lm_head (torchtitan@9dec370 torchtitan/parallelisms/parallelize_llama.py
+apply_fsdp). FSDP2 never reshards the root after its forward ("the parameters would be freed
+and all-gathered immediately": pytorch/pytorch torch/distributed/_composable/fsdp/
+_fsdp_state.py FSDPState._lazy_init sets the root group's post_forward_mesh_info to None), so
+those weights stay gathered from the forward to the end of the backward, and the lm_head's
+gradient, computed first in the backward, waits unsharded for the root's reduce-scatter
+after the last block's backward (`root_held_bytes`; not with `plan.zero3_impl: deepspeed`,
+whose stage 3 releases every gathered parameter after use).
+
+Without resharding after forward (`plan.fsdp_reshard_after_forward: false`):
 
 torchtitan shards each transformer block and the root with FSDP2 (fully_shard) and, when
 pipeline parallelism is on, sets reshard_after_forward=False for every block
@@ -25,6 +38,7 @@ import numpy as np
 
 from .comm import collective_time
 from .dataparallel import DPCosts
+from .states import stage_params
 
 
 def units(layers, v) -> object:
@@ -47,6 +61,16 @@ def step_costs(params, weight_bytes_per_param, grad_bytes_per_param, group, clus
     zero = 0.0 * params
     return DPCosts(collective_time("reduce_scatter", params * grad_bytes_per_param, group, cluster),
                    collective_time("all_gather", params * weight_bytes_per_param, group, cluster), zero, zero)
+
+
+def root_held_bytes(model, tp, has_embedding, has_head, head_copy, weight_bytes_per_param):
+    """Bytes the FSDP2 root holds unsharded on a stage through its backward: the gathered
+    embedding, final norm and lm_head, and the lm_head's gradient (in the weights' precision,
+    as autograd produces it). Where the weights stay gathered anyway (`keeps_gathered`) they
+    are in `gathered_extra_bytes`."""
+    root = stage_params(model, tp, 0.0, has_embedding, has_head, head_copy)
+    head_grad = np.asarray(has_head) * model.vocab * model.hidden / tp
+    return (root + head_grad) * weight_bytes_per_param
 
 
 def gathered_extra_bytes(params, layer_params, weight_bytes_per_param, grad_bytes_per_param):

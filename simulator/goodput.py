@@ -52,7 +52,7 @@ def checkpoint_bytes(layout):
     gradients are not saved. However the plan shards them, a distributed checkpoint stores
     each tensor once (replicated norms and shards deduplicated), so the size is the model's."""
     per = layout.per_param
-    return _params(layout.model) * (per.weight + per.optimizer) + 0.0 * layout.p
+    return _params(layout.model) * (per.kept_weight + per.optimizer) + 0.0 * layout.p
 
 
 @lru_cache(maxsize=64)

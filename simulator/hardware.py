@@ -484,11 +484,13 @@ def load_network(ref: str) -> Network:
     return _by_name_or_path("networks", ref)
 
 
-CLUSTER_KEYS = ("accelerator", "nodes", "devices_per_node", "node", "network", "price_usd_per_device_hour")
+CLUSTER_KEYS = ("accelerator", "nodes", "devices_per_node", "node", "network", "nics", "nic_gbit_per_s",
+                "price_usd_per_device_hour")
 
 
 def cluster_from_dict(data) -> Cluster:
-    """The scenario's `cluster` section: node profile, optional accelerator/network override."""
+    """The scenario's `cluster` section: node profile, optional accelerator, network, devices
+    per node and NIC (count, Gb/s each) overrides."""
     data = F.require_mapping(data, "cluster")
     F.reject_unknown(data, CLUSTER_KEYS, "cluster")
     if data.get("node") is None and data.get("accelerator") is None:
@@ -512,6 +514,11 @@ def cluster_from_dict(data) -> Cluster:
             data, "price_usd_per_device_hour", "cluster", minimum=0.0, strict_min=False))
     if per_node != node.devices_per_node:
         node = replace(node, devices_per_node=per_node, scaleup_domain=max(per_node, node.scaleup_domain))
+    # a node of the profile's make with other NICs (how many, how fast): its scale-out share per device
+    if data.get("nics") is not None:
+        node = replace(node, nics=F.integer(data, "nics", "cluster", maximum=4096))
+    if data.get("nic_gbit_per_s") is not None:
+        node = replace(node, nic_bytes_per_s=F.number(data, "nic_gbit_per_s", "cluster", **RATE) * GB / 8)
     return Cluster(accelerator=accelerator, node=node, network=network, nodes=nodes, devices_per_node=per_node)
 
 

@@ -130,7 +130,8 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
     buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, buffers_layer, plan, per.weight,
                            per.grad) + extra
     shared_linears = model.shared_experts * fp8.mlp_linear_params(model, model.shared_expert_ffn_hidden, plan.tp)
-    return LayerMix(dense_ops, moe_ops, dense_t, moe_t, dense_tp, moe_tp, dense_cp, moe_cp, ep, dense_p, rest_p, routed_p, buffers,
+    return LayerMix(dense_ops, moe_ops, dense_t, moe_t, dense_tp, moe_tp, dense_cp, moe_cp, ep, dense_p, rest_p,
+                    routed_p, buffers,
                     _rerun(model, shard, plan, cluster, dense_ops),
                     _rerun(model, shard, plan, cluster, moe_ops) if moe_ops is not None else None,
                     fp8.layer_linear_params(model, plan.tp), fp8.attention_linear_params(model, plan.tp) + shared_linears,

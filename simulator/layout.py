@@ -144,7 +144,7 @@ def compile_layout(model, cluster, plan) -> Layout:
                   loss_chunk_tokens=plan.loss_chunk_tokens)
     g = groups(plan, cluster)
     grad_group = grad_group_size(plan)
-    per = bytes_per_param(plan.precision, plan.grad_precision, plan.optimizer_precision)
+    per = bytes_per_param(plan.precision, plan.grad_precision, plan.optimizer_precision, plan.fp32_params)
     mix = compile_mix(model, cluster, plan, shard, g, per, precision) if needs_layer_mix(model) else None
     head = eager_ops(head_ops(model, shard), model, plan)
     if model.mtp_layers:  # each depth's embedding, projection, head and loss run on the head stage
@@ -211,6 +211,9 @@ def compile_layout(model, cluster, plan) -> Layout:
             n_buckets, shard_group, stage_buffers, linears = x.buckets, x.shard_group, buffers, x.linears
         if plan.zero_stage >= 3:  # FSDP moves weights and gradients per unit, not in Megatron's buckets
             n_buckets = fsdp.units(layers, v)
+            if plan.zero3_impl == "fsdp2" and not fsdp.keeps_gathered(plan):
+                stage_buffers = stage_buffers + fsdp.root_held_bytes(model, plan.tp, has_emb, has_head, head_copy,
+                                                                     per.weight)
         framework_s = framework_ops.microbatch_seconds(model, plan, cluster, shard, per, layers, has_emb, has_head,
                                                        head_copy)
         passes = replace(passes, fwd_s=co_run * passes.fwd_s, bwd_input_s=co_run * passes.bwd_input_s,

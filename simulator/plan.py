@@ -105,6 +105,9 @@ class Plan:
     # FSDP2 frees the gathered weights after each forward (True) or keeps them for the
     # backward and across micro-batches (False, torchtitan under PP): fsdp.py.
     fsdp_reshard_after_forward: bool = True
+    # Who runs ZeRO-3: PyTorch's FSDP2 (per-block units, the root kept gathered through the
+    # backward: fsdp.py) or DeepSpeed's stage 3 (every parameter released after use).
+    zero3_impl: str = "fsdp2"
     # How overlapped TP collectives are implemented (tpoverlap.py): TransformerEngine userbuffers
     # or PyTorch async TP.
     tp_overlap: str = "userbuffers"
@@ -122,6 +125,9 @@ class Plan:
     # Precision of the Adam states (the master copy and both moments): fp32, or bf16 as NeMo's
     # distributed_fused_adam with optim.dtype bf16 keeps them (states.bytes_per_param).
     optimizer_precision: str = "fp32"
+    # The parameters kept in fp32 and cast to 16 bits for the GEMMs, the optimizer's master copy
+    # themselves (FSDP2 with a 16-bit param_dtype, torchtitan; torch.autocast): states.py.
+    fp32_params: bool = False
 
     @property
     def devices(self) -> int:
@@ -197,11 +203,13 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         fp8_params=F.boolean(data, "fp8_params", "plan", False),
         compile=F.boolean(data, "compile", "plan", True),
         fsdp_reshard_after_forward=F.boolean(data, "fsdp_reshard_after_forward", "plan", True),
+        zero3_impl=F.choice(data, "zero3_impl", "plan", ("fsdp2", "deepspeed"), "fsdp2"),
         tp_overlap=F.choice(data, "tp_overlap", "plan", TP_OVERLAPS, "userbuffers"),
         attention_kernel=F.choice(data, "attention_kernel", "plan", ATTENTION_KERNELS, "fused"),
         projections=F.choice(data, "projections", "plan", PROJECTIONS, "fused"),
         cp_attention=F.choice(data, "cp_attention", "plan", CP_ATTENTION, "ring"),
         optimizer_precision=F.choice(data, "optimizer_precision", "plan", ("fp32", "bf16"), "fp32"),
+        fp32_params=F.boolean(data, "fp32_params", "plan", False),
     )
 
 
@@ -301,6 +309,12 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
         raise InputError("plan.offload.optimizer", off.optimizer, "optimizer offload (ZeRO-Offload) needs zero_stage >= 1")
     if off.params != "none" and plan.zero_stage < 3:
         raise InputError("plan.offload.params", off.params, "parameter offload (ZeRO-Infinity) needs zero_stage 3")
+    if plan.fp32_params and (off.optimizer != "none" or off.params != "none"):
+        raise InputError("plan.fp32_params", True, "false with optimizer or parameter offload (FSDP2's CPU "
+                         "offload of fp32 parameters is not modelled)")
+    if plan.fp32_params and plan.optimizer_precision != "fp32":
+        raise InputError("plan.fp32_params", True, "false with optimizer_precision bf16 (fp32 parameters are "
+                         "the master copy)")
     cluster.accelerator.peak(plan.precision)
     if plan.precision in ("fp8", "mxfp8") and cluster.accelerator.matmul_fp8 is None:
         raise InputError("plan.precision", plan.precision, f"the {cluster.accelerator.name} profile has no "
@@ -320,6 +334,8 @@ def check_options(plan: Plan) -> None:
         raise InputError("plan.attention_kernel", plan.attention_kernel, "only with flash_attention: true")
     if not plan.fsdp_reshard_after_forward and plan.zero_stage < 3:
         raise InputError("plan.fsdp_reshard_after_forward", False, "only with zero_stage 3 (FSDP)")
+    if not plan.fsdp_reshard_after_forward and plan.zero3_impl != "fsdp2":
+        raise InputError("plan.fsdp_reshard_after_forward", False, "only with zero3_impl fsdp2")
     if plan.fp8_params and plan.precision not in ("fp8", "mxfp8"):
         raise InputError("plan.fp8_params", True, "FP8 primary weights need precision: fp8 or mxfp8")
     if plan.loss == "loss-parallel" and plan.tp < 2:

@@ -6,6 +6,14 @@
   (12 B): 16 B/param with 16-bit gradients, 18 B with fp32 ones. Pure fp32 training keeps
   4 + 4 + 8. FP8 training keeps 16-bit weights too; the FP8 copies of the linear weights
   that TransformerEngine keeps on top (or its FP8 primary weights) are fp8.py's.
+- fp32 parameters (`plan.fp32_params`): the model is kept in fp32 and cast to 16 bits where
+  the GEMMs read it, so the parameter is the optimizer's master copy: 4 B weights, no 4 B
+  master in the optimizer's 12, 16 B/param with fp32 gradients. FSDP2 with a 16-bit
+  param_dtype works so (torchtitan builds the model in fp32, torchtitan@9dec370 train.py
+  model.to_empty, and shards it with MixedPrecisionPolicy(param_dtype=bf16,
+  reduce_dtype=fp32), parallelisms/parallelize_llama.py apply_fsdp: the fp32 shard is what
+  the optimizer updates and what is cast to bf16 for the all-gather), as does torch.autocast
+  over fp32 parameters. The all-gathers still move the 16-bit weights.
 - ZeRO stage 1 shards the optimizer states over the ranks that hold the same weights
   (dp x cp in Megatron-LM: dims.grad_group_size), stage 2 also the gradients, stage 3 also
   the weights.
@@ -32,15 +40,25 @@ class BytesPerParam:
     weight: float
     grad: float
     optimizer: float  # Adam: momentum and variance, plus the fp32 master copy under mixed precision
+    stored_weight: float | None = None  # weights kept between steps when not `weight` (fp32 parameters)
+
+    @property
+    def kept_weight(self) -> float:
+        """Bytes of a weight held between steps (`weight`: as the GEMMs read and the all-gathers move it)."""
+        return self.weight if self.stored_weight is None else self.stored_weight
 
 
-def bytes_per_param(precision: str, grad_precision: str, optimizer_precision: str = "fp32") -> BytesPerParam:
+def bytes_per_param(precision: str, grad_precision: str, optimizer_precision: str = "fp32",
+                    fp32_params: bool = False) -> BytesPerParam:
     """`optimizer_precision: bf16` is Apex DistributedFusedAdam with dtype=bf16 (NeMo's
     optim.dtype): its parameter copy, exp_avg and exp_avg_sq shards are all bf16, 3 x 2 B
-    (NVIDIA/apex@d571f3ee apex/contrib/optimizers/distributed_fused_adam.py StateBucket)."""
+    (NVIDIA/apex@d571f3ee apex/contrib/optimizers/distributed_fused_adam.py StateBucket).
+    `fp32_params`: the fp32 parameters are the master copy (the module's docstring)."""
     full = precision in FULL_PRECISION
     weight = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 2.0, "mxfp8": 2.0}[precision]
     grad = 4.0 if full or grad_precision == "fp32" else 2.0
+    if fp32_params and not full:
+        return BytesPerParam(weight=weight, grad=grad, optimizer=8.0, stored_weight=4.0)
     optimizer = 8.0 if full else 6.0 if optimizer_precision == "bf16" else 12.0
     return BytesPerParam(weight=weight, grad=grad, optimizer=optimizer)
 
@@ -89,7 +107,7 @@ def model_states(params, plan, per: BytesPerParam, shard_group) -> ModelStates:
     """Where the weights, gradients and optimizer states of `params` live."""
     z = plan.zero_stage
     local = params / shard_group if z >= 1 else params + 0.0 * shard_group
-    w = params * per.weight / (shard_group if z >= 3 else 1)
+    w = params * per.kept_weight / (shard_group if z >= 3 else 1)
     g = params * per.grad / (shard_group if z >= 2 else 1)
     o = local * per.optimizer
     off = plan.offload
@@ -109,8 +127,10 @@ def model_states(params, plan, per: BytesPerParam, shard_group) -> ModelStates:
 def optimizer_step_s(states: ModelStates, per: BytesPerParam, plan, acc: Accelerator) -> object:
     """Adam update of the local shard on the device: memory-bound, it reads the gradient and
     the optimizer states (with the master weights), writes the states and the compute-precision
-    weight. Zero when the optimizer runs on the host (offload.py times that)."""
+    weight (fp32 parameters: reads and writes them). Zero when the optimizer runs on the host
+    (offload.py times that)."""
     if plan.offload.optimizer != "none":
         return 0.0 * states.local_params
-    nbytes = states.local_params * (per.grad + 2 * per.optimizer + per.weight)
+    weight = per.weight if per.stored_weight is None else 2 * per.stored_weight
+    nbytes = states.local_params * (per.grad + 2 * per.optimizer + weight)
     return memory_bound_time(nbytes, acc, "optimizer", plan.precision)

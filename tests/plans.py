@@ -94,10 +94,13 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
         if flash:
             extra["attention_kernel"] = draw(st.sampled_from(["fused", "flash2"]))
         if zero == 3:
-            extra["fsdp_reshard_after_forward"] = draw(st.booleans())
+            extra["zero3_impl"] = draw(st.sampled_from(["fsdp2", "deepspeed"]))
+            extra["fsdp_reshard_after_forward"] = extra["zero3_impl"] == "deepspeed" or draw(st.booleans())
         extra["pp_scatter_gather"] = draw(st.booleans())
         extra["projections"] = draw(st.sampled_from(["fused", "separate"]))
         extra["cp_attention"] = draw(st.sampled_from(["ring", "torch-allgather", "torch-alltoall"]))
+        if extra["optimizer_precision"] == "fp32" and offload["optimizer"] == offload["params"] == "none":
+            extra["fp32_params"] = draw(st.booleans())
         even = layers // (pp * chunks) * chunks  # layers per rank
         if pp > 1 and even > chunks and draw(st.booleans()):  # uneven ranks: one chunk's layers moved
             extra.update(first_stage_layers=even - chunks, last_stage_layers=even + chunks)

@@ -49,3 +49,13 @@ def test_cross_node_all_reduce_uses_each_devices_nic_share(dgx_a100):
 
 def test_single_rank_group_takes_no_time(dgx_a100):
     assert float(collective_time("all_reduce", 1.0e9, Placement(1, 1, 1), dgx_a100(1))) == 0.0
+
+
+def test_a_cluster_with_fewer_nics_gives_each_device_a_smaller_share_of_the_network():
+    from simulator.hardware import cluster_from_dict
+
+    # four 200 Gb/s NICs shared by eight GPUs: 4 x 25 GB/s / 8 = 12.5 GB/s each (the profile: 8 x 25 / 8)
+    fewer = cluster_from_dict({"node": "dgx-a100", "nodes": 2, "nics": 4})
+    slower = cluster_from_dict({"node": "dgx-a100", "nodes": 2, "nic_gbit_per_s": 100})
+    assert fewer.scaleout.bytes_per_s == slower.scaleout.bytes_per_s == pytest.approx(12.5e9)
+    assert cluster_from_dict({"node": "dgx-a100", "nodes": 2}).scaleout.bytes_per_s == pytest.approx(25e9)

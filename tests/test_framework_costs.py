@@ -105,9 +105,25 @@ def test_fsdp_without_resharding_holds_the_stages_unsharded_weights_and_fp32_gra
     per = bytes_per_param("bf16", "fp32")
     one = layer_params_local(llama().model, 1)
     # the whole stage's bf16 weights and fp32 gradients instead of two gathered layers and one
-    # layer's gradients
-    expected = float(keep.params) * (per.weight + per.grad) - one * (2 * per.weight + per.grad)
+    # layer's gradients and the root's gathered embedding (this first stage holds no lm_head)
+    model = llama().model
+    expected = float(keep.params) * (per.weight + per.grad) - one * (2 * per.weight + per.grad) \
+        - model.vocab * model.hidden * per.weight
     assert float(keep.buffer_bytes - default.buffer_bytes) == pytest.approx(expected)
+
+
+def test_the_fsdp_root_holds_its_gathered_embedding_and_head_and_the_heads_gradient():
+    # FSDP2 does not reshard the root (embedding, final norm, lm_head) after forward; the
+    # lm_head's gradient waits for the root's reduce-scatter at the end of the backward
+    zero3, zero2 = compile_scenario(llama(zero_stage=3)).stages[0], compile_scenario(llama(zero_stage=2)).stages[0]
+    model = llama().model
+    one = layer_params_local(model, 1)
+    table = model.vocab * model.hidden
+    root = 2 * table + model.hidden  # untied embedding and lm_head, the final RMSNorm
+    # ZeRO-2 holds a layer's unsharded gradients; ZeRO-3 also two gathered layers and the root
+    assert float(zero3.buffer_bytes - zero2.buffer_bytes) == pytest.approx(2 * one * 2 + (root + table) * 2)
+    deepspeed = compile_scenario(llama(zero_stage=3, zero3_impl="deepspeed")).stages[0]
+    assert float(deepspeed.buffer_bytes - zero2.buffer_bytes) == pytest.approx(2 * one * 2)
 
 
 def test_keeping_weights_gathered_needs_fsdp():
@@ -144,3 +160,10 @@ def test_an_eager_moe_layer_runs_the_eager_kernels_of_its_attention_block_too():
     fused = {op.name: op for op in layer_operators(s.model, shard, Plan(compile=True), experts)}
     factor = EAGER_BYTES["rmsnorm"][0] / EAGER_BYTES["rmsnorm"][1]
     assert eager["attn_norm"].fwd_bytes == pytest.approx(factor * fused["attn_norm"].fwd_bytes)
+
+
+def test_fp32_parameters_need_fp32_adam_states_and_no_offload():
+    with pytest.raises(InputError, match="plan.fp32_params"):
+        llama(fp32_params=True, optimizer_precision="bf16")
+    with pytest.raises(InputError, match="plan.fp32_params"):
+        llama(fp32_params=True, zero_stage=1, offload={"optimizer": "cpu"})

@@ -179,6 +179,7 @@ def test_deepspeed_zero_infinity_offloads_to_nvme():
     assert _plan(imported, "zero_stage", "micro_batch", "global_batch", "precision", "grad_precision") == {
         "zero_stage": 3, "micro_batch": 4, "global_batch": 4 * 1 * 8, "precision": "fp16", "grad_precision": "fp16"}
     assert imported.scenario["plan"]["offload"] == {"optimizer": "nvme", "params": "nvme"}
+    assert imported.scenario["plan"]["zero3_impl"] == "deepspeed"  # no FSDP2 root kept gathered
     assert "aio.block_size" in [m["key"] for m in imported.unmapped]
     scenario_from_dict(imported.scenario)
 
@@ -241,3 +242,9 @@ def test_torchtitan_context_parallelism_runs_pytorchs_ring_with_its_rotate_metho
         "torch-alltoall"
     no_cp = import_config("torchtitan", DATA / "torchtitan-llama3_8b.toml", {"cluster.node": "dgx-h100"})
     assert "cp_attention" not in no_cp.scenario["plan"]
+
+
+def test_torchtitan_keeps_fp32_parameters_as_the_master_copy():
+    # the model is materialised in fp32 and FSDP2 casts it to bf16 for compute
+    imported = import_config("torchtitan", DATA / "torchtitan-llama3_8b.toml", {"cluster.node": "dgx-h100"})
+    assert imported.scenario["plan"]["fp32_params"] is True

@@ -48,6 +48,30 @@ def test_fp32_training_keeps_4_4_8_bytes():
     assert states(precision="fp32") == 16 * PSI
 
 
+def test_fp32_parameters_are_the_master_copy_16_bytes_with_fp32_grads():
+    # FSDP2 over an fp32 model with a bf16 param_dtype: 4 B weights, 4 B grads, 8 B moments
+    plan = Plan(dp=ND, zero_stage=3, grad_precision="fp32", fp32_params=True)
+    per = bytes_per_param(plan.precision, plan.grad_precision, fp32_params=True)
+    s = model_states(PSI, plan, per, ND)
+    assert (s.weights_bytes, s.gradients_bytes, s.optimizer_bytes) == pytest.approx((4 * PSI / ND, 4 * PSI / ND,
+                                                                                     8 * PSI / ND))
+    assert per.weight == 2.0  # what the GEMMs read and the all-gathers move
+
+
+def test_adam_over_fp32_parameters_reads_and_writes_them_in_place():
+    from simulator.compute import memory_bound_time
+    from simulator.hardware import load_accelerator
+    from simulator.states import optimizer_step_s
+
+    acc = load_accelerator("h100-sxm-80gb")
+    plan = Plan(dp=ND, zero_stage=3, fp32_params=True)
+    per = bytes_per_param("bf16", "fp32", fp32_params=True)
+    s = model_states(PSI, plan, per, ND)
+    # gradient read (4), moments read and written (16), fp32 parameter read and written (8)
+    assert optimizer_step_s(s, per, plan, acc) == pytest.approx(memory_bound_time(PSI / ND * 28, acc, "optimizer",
+                                                                                  "bf16"))
+
+
 def test_context_parallel_ranks_join_the_sharding_group():
     w, g, o = model_state_bytes(PSI, Plan(dp=8, cp=4, zero_stage=1))
     assert o == pytest.approx(12 * PSI / 32)

@@ -64,6 +64,8 @@ def read(path: str | Path) -> Imported:
 
     stage = a.number("zero_optimization.stage", 0)
     a.map("zero_optimization.stage", "plan.zero_stage", stage)
+    if stage == 3:  # DeepSpeed releases every gathered parameter after use, the embeddings too
+        a.map("zero_optimization.stage", "plan.zero3_impl", "deepspeed")
     for key, field in (("zero_optimization.offload_optimizer.device", "optimizer"),
                        ("zero_optimization.offload_param.device", "params")):
         device = str(a.get(key, "none"))

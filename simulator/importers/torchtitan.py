@@ -8,7 +8,8 @@ under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
   multiplier); converters = float8 -> precision fp8 (Float8 linears).
 - [training] local_batch_size (or batch_size, older) is per data-parallel rank; global batch =
   global_batch_size when set, else local x dp; seq_len; steps -> training tokens;
-  mixed_precision_param -> precision, mixed_precision_reduce -> gradient precision.
+  mixed_precision_param -> precision (16 bits: fp32 parameters cast for compute, states.py),
+  mixed_precision_reduce -> gradient precision.
 - [parallelism] data_parallel_shard_degree (FSDP2: ZeRO-3 over the shard group; -1 fills the
   devices) and data_parallel_replicate_degree (DDP); both > 1 is HSDP, which llmsim cannot
   express (it shards over every data-parallel rank) and is refused. tensor_parallel_degree
@@ -73,6 +74,8 @@ def read(path: str | Path) -> Imported:
     if precision is None:
         a.refuse("training.mixed_precision_param", "expected bfloat16, float16 or float32")
     a.map("training.mixed_precision_param", "plan.precision", precision)
+    if precision != "fp32":  # the model is built in fp32 and cast for compute: no separate master copy
+        a.map("training.mixed_precision_param", "plan.fp32_params", True)
     if "float8" in converters:
         a.map("model.converters", "plan.precision", "fp8")
     elif converters:
