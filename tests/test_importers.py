@@ -48,16 +48,55 @@ def test_torchtitan_llama3_8b_is_fsdp_with_a_local_batch_of_one_per_rank():
         "tp": 1, "pp": 1, "cp": 1, "dp": "auto", "zero_stage": 3, "micro_batch": 1, "global_batch": 64,
         "recompute": "selective"}
     assert imported.scenario["training"]["tokens"] == 1000 * 64 * 8192
-    assert "training.compile" in [m["key"] for m in imported.unmapped]
 
 
-def test_torchtitan_llama3_405b_maps_float8_and_async_tp_and_reports_compile():
+def test_torchtitan_llama3_405b_maps_float8_and_async_tp_and_reports_float8_details():
     imported = import_config("torchtitan", DATA / "torchtitan-llama3_405b.toml",
                              {"cluster.node": "dgx-h100", "cluster.nodes": 16})  # "a preset for 128 H100 GPUs"
     assert _plan(imported, "tp", "sequence_parallel", "tp_comm_overlap", "precision", "recompute", "global_batch") == {
         "tp": 8, "sequence_parallel": True, "tp_comm_overlap": True, "precision": "fp8", "recompute": "full",
         "global_batch": 2 * 16}  # batch_size 2 x dp = 128 / 8
-    assert {"training.compile", "float8.enable_fsdp_float8_all_gather"} <= {m["key"] for m in imported.unmapped}
+    assert "float8.enable_fsdp_float8_all_gather" in {m["key"] for m in imported.unmapped}
+
+
+@pytest.mark.parametrize("name, compiled", [("torchtitan-llama3_8b.toml", False),  # training.compile = false
+                                            ("torchtitan-llama3_405b.toml", True),  # training.compile = true
+                                            ("torchtitan-llama3_70b.toml", False)])  # [compile] enable=false
+def test_torchtitan_compile_switch_sets_fused_or_eager_kernels(name, compiled):
+    imported = import_config("torchtitan", DATA / name, {"cluster.node": "dgx-h100"})
+    assert imported.scenario["plan"]["compile"] is compiled
+
+
+def test_torchtitan_without_a_compile_key_runs_eager(tmp_path):
+    # JobConfig's CompileConfig.enable defaults to False (torchtitan/config/configs.py @b5bcd76)
+    text = (DATA / "torchtitan-llama3_70b.toml").read_text().replace("enable=false\n", "")
+    f = tmp_path / "no-enable.toml"
+    f.write_text(text)
+    assert import_config("torchtitan", f, {"cluster.node": "dgx-h100"}).scenario["plan"]["compile"] is False
+
+
+@pytest.mark.parametrize("policy, pp, reshard", [(None, 1, True), (None, 2, False), ("always", 2, True),
+                                                 ("never", 1, False)])
+def test_torchtitan_fsdp_reshard_policy_keeps_parameters_gathered_under_pp_by_default(tmp_path, policy, pp, reshard):
+    # get_fsdp_reshard_after_forward_policy: "default" reshards unless pipeline parallelism is on
+    text = (DATA / "torchtitan-llama3_70b.toml").read_text().replace(
+        "pipeline_parallel_degree = 1", f"pipeline_parallel_degree = {pp}")
+    if policy:
+        text = text.replace("[parallelism]\n", f'[parallelism]\nfsdp_reshard_after_forward = "{policy}"\n')
+    f = tmp_path / "policy.toml"
+    f.write_text(text)
+    imported = import_config("torchtitan", f, {"cluster.node": "dgx-h100", "cluster.nodes": 8})
+    assert imported.scenario["plan"]["fsdp_reshard_after_forward"] is reshard
+    scenario_from_dict(imported.scenario)
+
+
+def test_torchtitan_unknown_reshard_policy_is_refused(tmp_path):
+    text = (DATA / "torchtitan-llama3_70b.toml").read_text().replace(
+        "[parallelism]\n", '[parallelism]\nfsdp_reshard_after_forward = "sometimes"\n')
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    with pytest.raises(InputError, match="fsdp_reshard_after_forward"):
+        import_config("torchtitan", f, {"cluster.node": "dgx-h100"})
 
 
 def test_torchtitan_models_run_separate_projection_linears():
@@ -210,7 +249,7 @@ def test_evaluate_from_a_torchtitan_config_reports_what_it_does_not_model():
                 "--nodes", "8", "--engine", "analytic", "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["feasible"] is True
-    assert "compile.enable" in proc.stderr and "not modelled" in proc.stderr
+    assert "compile.components" in proc.stderr and "not modelled" in proc.stderr
 
 
 def test_import_writes_a_scenario_that_evaluates(tmp_path):

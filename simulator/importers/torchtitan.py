@@ -16,7 +16,11 @@ under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
   (torchtitan's TP plan shards the norms' sequence too: sequence parallelism),
   enable_async_tensor_parallel -> TP overlap, pipeline_parallel_degree / _schedule /
   _microbatch_size / _layers_per_stage, context_parallel_degree and _rotate_method (PyTorch's
-  ring, cpattention.py).
+  ring, cpattention.py), fsdp_reshard_after_forward (default: keep the parameters gathered
+  between forward and backward under pipeline parallelism only, torchtitan/distributed/fsdp.py
+  get_fsdp_reshard_after_forward_policy @b5bcd76).
+- [compile] enable (training.compile, older) -> plan.compile: memory-bound kernels fused by
+  torch.compile or launched op by op (torchtitan's default is eager).
 - [activation_checkpoint] mode none|selective|full; selective_ac_option "op" is per-op
   selective recomputation; an integer (every N-th layer) is refused.
 """
@@ -39,8 +43,7 @@ IGNORED = ("job.*", "profiling.*", "metrics.*", "checkpoint.*", "optimizer.lr", 
            "training.gc_freq", "validation.*", "model.tokenizer_path", "model.hf_assets_path", "comm.*",
            "float8.filter_fqns", "experimental.*", "fault_tolerance.*", "memory_estimation.*")
 REASONS = {
-    "training.compile": "torch.compile kernel fusion is not modelled (efficiencies are the profile's)",
-    "compile.*": "torch.compile kernel fusion is not modelled (efficiencies are the profile's)",
+    "compile.*": "llmsim runs the loss as the same kernels whether compiled or not",
     "float8.*": "float8 details (all-gather in float8, scale precomputation) are not modelled",
 }
 
@@ -117,6 +120,13 @@ def read(path: str | Path) -> Imported:
         a.map("parallelism.enable_async_tensor_parallel", "plan.tp_comm_overlap",
               bool(a.get("parallelism.enable_async_tensor_parallel")))
 
+    policy = "parallelism.fsdp_reshard_after_forward"
+    reshard = {"default": pp == 1, "always": True, "never": False}.get(str(a.get(policy, "default")))
+    if reshard is None:
+        a.refuse(policy, "expected default, always or never")
+    compile_key = "compile.enable" if a.has("compile.enable") else "training.compile"
+    a.map(compile_key, "plan.compile", bool(a.get(compile_key, False)))
+
     replicate = a.number("parallelism.data_parallel_replicate_degree", 1)
     shard = a.number("parallelism.data_parallel_shard_degree", -1)
     if replicate > 1 and shard != 1:
@@ -124,12 +134,13 @@ def read(path: str | Path) -> Imported:
                  "shards ZeRO over every data-parallel rank (set one of the two degrees to 1)")
     if shard == 1:
         a.map("parallelism.data_parallel_replicate_degree", "plan.zero_stage", 0)  # DDP
-        a.used("parallelism.data_parallel_shard_degree")
+        a.used("parallelism.data_parallel_shard_degree", policy)
         dp = replicate
     else:
         a.map("parallelism.data_parallel_shard_degree", "plan.zero_stage", 3)  # FSDP2: parameters sharded too
         a.used("parallelism.data_parallel_replicate_degree")
         dp = shard if shard > 0 else None
+        a.map(policy, "plan.fsdp_reshard_after_forward", reshard)
     if dp is not None:
         a.map("parallelism.data_parallel_shard_degree" if shard != 1 else "parallelism.data_parallel_replicate_degree",
               "plan.dp", dp)
