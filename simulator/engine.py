@@ -21,8 +21,8 @@ tasks of other stages on the chain are the pipeline bubble (fill and drain).
 Steady-state periodicity: a pipeline schedule repeats with period p micro-batches once
 past its warm-up, so the step time, breakdown, tasks and activation peaks are affine in m
 there. Where it saves work (not with activation offload nor the V shapes), `simulate`
-executes the graph for m0 and m0 + p micro-batches (m0 = p, or 2p for interleaved; with
-ZeRO-2/3 also m0 + 2p) and extrapolates; tests check the equality with a full execution.
+executes the graph for p and 2p micro-batches (with ZeRO-2/3 also 3p; interleaved with
+ZeRO-2/3 from 2p) and extrapolates; tests check the equality with a full execution.
 """
 
 from __future__ import annotations
@@ -468,21 +468,23 @@ def _simulate(layout: Layout, periodic: bool) -> Simulation:
     t0 = time.perf_counter()
     p, m = int(layout.p), int(layout.m)
     slowdown = layout.cluster.accelerator.overlap_slowdown
-    # A named schedule repeats every p micro-batches past its warm-up (interleaved: up to
-    # 3p-2 chunks in flight, one period more), and so does the step: affine in m from m0 on,
-    # unless some stream's backlog grows (_falls_behind). Checked against full runs over
+    # A named schedule repeats every p micro-batches, and so does the step: its time is
+    # affine in m from m = p on (interleaved's longer warm-up changes the activation peaks,
+    # not the time: _settled_peaks), unless some stream's backlog grows (_falls_behind). Checked against full runs over
     # random plans (tests/test_engine.py); not done where a copy backlog can build up for a
     # while before it settles (activation offload) nor for the V shapes, whose greedy orders
     # need not repeat every p micro-batches (random plans disagreed).
     plan = layout.plan
     unsettled = plan.offload.activations != "none" or layout.schedule.placement == "v"
-    m0 = p if layout.v == 1 else 2 * p
     # per-micro-batch ZeRO-2/3 traffic: a third period checks the slope (two alone put 1 of
     # 199 random ZeRO-2/3 plans 0.08 % off the full execution)
     points = 2 if plan.zero_stage <= 1 else 3
+    # except interleaved with those: its first period's forwards all run before its backwards
+    # (the warm-up exceeds m = p) and the per-pass gathers pace it differently
+    m0 = 2 * p if layout.v > 1 and plan.zero_stage >= 2 else p
     if periodic and plan.schedule_ops is None and not unsettled and p > 1 and m > m0 + points * p:
-        runs = [_one(layout, m0 + q * p, slowdown) for q in range(points)]
-        extrapolated = _extrapolate(runs, m, m0, p, t0)
+        runs = [(mq, *_one(layout, mq, slowdown)) for mq in range(m0, m0 + points * p, p)]
+        extrapolated = _extrapolate(layout, runs, m, t0)
         if extrapolated is not None:
             return extrapolated
     g, ex = _one(layout, m, slowdown)
@@ -490,32 +492,58 @@ def _simulate(layout: Layout, periodic: bool) -> Simulation:
                       time.perf_counter() - t0, False)
 
 
-def _extrapolate(runs: list, m: int, m0: int, p: int, t0: float) -> Simulation | None:
-    """The step for m micro-batches from executions at m0, m0 + p (and m0 + 2p: then the slopes
-    of both periods must agree), or None where the step is not yet affine in m."""
-    (g0, ex0), (g1, ex1) = runs[0], runs[1]
+def _extrapolate(layout: Layout, runs: list, m: int, t0: float) -> Simulation | None:
+    """The step for m micro-batches from executions (m_q, graph, execution) a period apart (three:
+    then the slopes of both periods must agree), or None where the step is not yet affine in
+    m. The step time is affine from one period on even where the activation peaks are not
+    (interleaved's warm-up fills more than p micro-batches' chunks): a stage's peak is taken
+    from a run that holds as many chunks in flight as the full step (Schedule.in_flight),
+    else extrapolated (GPipe's grows with m)."""
+    p = int(layout.p)
+    (m0, g0, ex0), (m1, g1, ex1) = runs[0], runs[1]
     k = (m - m0) / p
     path1 = critical_path(ex1)
     ref = reference_stage(ex1, path1)
     b0, b1 = breakdown(ex0, ref), breakdown(ex1, ref, path1)
     bd = {key: b0[key] + k * (b1[key] - b0[key]) for key in BREAKDOWN_KEYS}
     step = ex0.step_time_s + k * (ex1.step_time_s - ex0.step_time_s)
-    peaks0, peaks1 = memory_peaks(ex0), memory_peaks(ex1)
     # a stream whose backlog grows, or a critical path that changes route: no extrapolation
     if _falls_behind(ex0, ex1) or min(bd.values()) < -1e-9 * step:
         return None
+    peaks = [memory_peaks(ex) for _, _, ex in runs]
     if len(runs) > 2:
-        ex2 = runs[2][1]
+        ex2 = runs[2][2]
         tol = 1e-9 * ex2.step_time_s
         if (abs((ex2.step_time_s - ex1.step_time_s) - (ex1.step_time_s - ex0.step_time_s)) > tol
-                or _falls_behind(ex1, ex2)
-                or any(abs((c - b) - (b - a)) > 1e-9 * max(c, 1.0)
-                       for a, b, c in zip(peaks0, peaks1, memory_peaks(ex2)))):
+                or _falls_behind(ex1, ex2)):
             return None
-    # peaks are constant past the warm-up for 1F1B-like schedules, affine in m for GPipe
-    peaks = [a + k * (b - a) for a, b in zip(peaks0, peaks1)]
+    settled = _settled_peaks(layout, [mq for mq, _, _ in runs], m, peaks)
+    if settled is None:
+        return None
     full = int(round(len(g0) + k * (len(g1) - len(g0))))
-    return Simulation(step, bd, peaks, sum(len(g) for g, _ in runs), full, time.perf_counter() - t0, True)
+    return Simulation(step, bd, settled, sum(len(g) for _, g, _ in runs), full, time.perf_counter() - t0, True)
+
+
+def _settled_peaks(layout: Layout, ms: list, m: int, peaks: list) -> list | None:
+    """Each stage's activation peak at m micro-batches from its peaks at the runs' counts
+    `ms`: that of the runs holding the full step's chunks in flight (they must agree), else
+    affine in m across the runs (which must then be affine); None where neither holds."""
+    p, v, schedule = int(layout.p), int(layout.v), layout.schedule
+    out = []
+    for i in range(p):
+        target = schedule.in_flight(p, m, v, i)
+        same = [run[i] for mq, run in zip(ms, peaks) if schedule.in_flight(p, mq, v, i) == target]
+        if same:
+            if any(abs(x - same[0]) > 1e-9 * max(same[0], 1.0) for x in same):
+                return None
+            out.append(same[0])
+            continue
+        a, b = peaks[0][i], peaks[1][i]
+        if any(abs((run[i] - b) - (b - a) * (mq - ms[1]) / (ms[1] - ms[0])) > 1e-9 * max(run[i], 1.0)
+               for mq, run in zip(ms[2:], peaks[2:])):
+            return None
+        out.append(a + (m - ms[0]) / (ms[1] - ms[0]) * (b - a))
+    return out
 
 
 def execute(layout: Layout) -> Execution:
