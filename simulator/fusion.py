@@ -15,6 +15,21 @@ elementwise operator here):
 - SwiGLU `silu(w1(x)) * w3(x)`: silu 2 + 2, mul 2 + 2 + 2 = 10 per element of the FFN width
   (fused: 6).
 
+What autograd keeps for the backward pass differs too (the saved tensors of each op's
+backward formula, tools/autograd/derivatives.yaml; a tensor saved by two ops counted once):
+
+- RMSNorm eager keeps the fp32 copy of its input (pow and mul save it: 4 B, the input
+  itself when activations are fp32) and the normalised output the weight multiplies
+  (activation bytes); the fused kernel keeps its 16-bit input (and per-row statistics);
+- SwiGLU eager keeps w1's output (silu saves it), silu's output and w3's output (the mul
+  saves both operands): 3 activation-sized tensors of the FFN width where the fused kernel
+  keeps its two inputs; the down projection's input is kept by that linear either way;
+- RoPE keeps only freqs_cis (the complex mul saves the operand that has no gradient):
+  nothing activation-sized either way.
+
+These bytes are what a layer holds without recomputation, and what a recomputed layer
+rebuilds before its backward (recompute.py): the eager layer peaks higher.
+
 LayerNorm and GELU are one kernel each in eager PyTorch too (F.layer_norm, F.gelu), and the
 residual adds are one kernel either way. torchtitan compiles each transformer block, not
 the loss, so the cross-entropy is the same eager kernel sequence either way (workload.py).
@@ -24,9 +39,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .states import FULL_PRECISION
+
 # Bytes per element of the eager kernel sequence over the fused kernel's, 16-bit activations.
 EAGER_BYTES = {"rmsnorm": (36.0, 6.0), "rope": (20.0, 4.0), "swiglu": (10.0, 6.0)}
 NORMS = ("attn_norm", "mlp_norm", "final_norm")
+FP32_BYTES = 4.0
+
+
+def eager_saved_factor(kernel: str, act_bytes: float) -> float:
+    """Saved bytes of the eager kernel sequence over the fused kernel's (module docstring)."""
+    if kernel == "rmsnorm":
+        return (FP32_BYTES + act_bytes) / act_bytes
+    return 1.5 if kernel == "swiglu" else 1.0
 
 
 def _kernel(op_name: str, model) -> str | None:
@@ -37,9 +62,10 @@ def _kernel(op_name: str, model) -> str | None:
 
 def eager_ops(ops: list, model, plan) -> list:
     """The operators as the plan launches them: unchanged when compiled, the eager kernel
-    sequence's traffic otherwise."""
+    sequence's traffic and saved tensors otherwise."""
     if plan.compile:
         return ops
+    act_bytes = FP32_BYTES if plan.precision in FULL_PRECISION else 2.0
     out = []
     for op in ops:
         kernel = _kernel(op.name, model)
@@ -49,5 +75,6 @@ def eager_ops(ops: list, model, plan) -> list:
         eager, fused = EAGER_BYTES[kernel]
         k = eager / fused
         out.append(replace(op, fwd_bytes=op.fwd_bytes * k, bwd_input_bytes=op.bwd_input_bytes * k,
-                           bwd_weight_bytes=op.bwd_weight_bytes * k))
+                           bwd_weight_bytes=op.bwd_weight_bytes * k,
+                           saved_bytes=op.saved_bytes * eager_saved_factor(kernel, act_bytes)))
     return out

@@ -83,6 +83,31 @@ def test_compiled_kernels_are_untouched_and_layernorm_is_one_kernel_either_way()
     assert eager_ops(gops, gpt, Plan(compile=False)) == gops
 
 
+def test_eager_rmsnorm_and_swiglu_keep_the_tensors_their_autograd_formulas_save():
+    # RMSNorm: the fp32 copy of x (4 B) and the normalised bf16 output (2 B) for the
+    # weight's mul, where the fused kernel keeps x (2 B): 3x. SwiGLU: silu's input, silu's
+    # output and w3's output (3 x 2 B) where the fused kernel keeps w1's and w3's (2 x 2 B)
+    s = llama()
+    ops = layer_ops(s.model, Shard(1, 4096))
+    fused = {op.name: op.saved_bytes for op in ops}
+    eager = {op.name: op.saved_bytes for op in eager_ops(ops, s.model, Plan(compile=False))}
+    assert eager["attn_norm"] == pytest.approx(3 * fused["attn_norm"])
+    assert eager["swiglu"] == pytest.approx(1.5 * fused["swiglu"])
+    assert eager["rope"] == fused["rope"] and eager["qkv"] == fused["qkv"]
+    fp32 = {op.name: op.saved_bytes for op in eager_ops(layer_ops(s.model, Shard(1, 4096, act_bytes=4)), s.model,
+                                                       Plan(compile=False, precision="fp32"))}
+    assert fp32["attn_norm"] == pytest.approx(2 * 4 * 4096 * s.model.hidden)  # x itself and the output, 4 B each
+
+
+def test_an_eager_layer_without_recomputation_holds_more_than_a_compiled_one():
+    eager, compiled = (evaluate(llama(compile=c, recompute="none"), "analytic") for c in (False, True))
+    # per layer and token: 2 norms x 4 B x hidden more, 2 B x ffn more (the test above);
+    # the final norm's fp32 copy on top
+    m = llama().model
+    extra = m.layers * 4096 * (2 * 4 * m.hidden + 2 * m.ffn_hidden) + 4096 * 4 * m.hidden
+    assert eager.peak_memory_bytes - compiled.peak_memory_bytes == pytest.approx(extra, rel=1e-9)
+
+
 def test_an_eager_step_is_slower_than_a_compiled_one():
     assert evaluate(llama(compile=False), "analytic").step_time_s > evaluate(llama(), "analytic").step_time_s
 
