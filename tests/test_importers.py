@@ -16,6 +16,7 @@ import yaml
 from simulator import InputError, scenario_from_dict
 from simulator.importers import import_config
 from simulator.importers.common import flatten
+from simulator.importers.torchtitan import split_layers
 
 DATA = Path(__file__).parent / "data" / "imports"
 
@@ -88,6 +89,68 @@ def test_torchtitan_fsdp_reshard_policy_keeps_parameters_gathered_under_pp_by_de
     imported = import_config("torchtitan", f, {"cluster.node": "dgx-h100", "cluster.nodes": 8})
     assert imported.scenario["plan"]["fsdp_reshard_after_forward"] is reshard
     scenario_from_dict(imported.scenario)
+
+
+def test_torchtitan_default_split_weighs_the_embedding_and_the_output_as_a_layer_each():
+    # generate_split_points (torchtitan@01424cb) by hand: 126 + 2 effective layers over 8 x 2
+    # stages = 8 each, the first and last holding 7 transformer layers; 32 + 2 over 4 single
+    # stages = 8 rest 2: the first 8 - 1 + 1, the second 8 + 1, the third 8, the last 32 - 25
+    assert split_layers(126, 8, False, None) == [7] + [8] * 14 + [7]
+    assert split_layers(32, 4, True, None) == [8, 9, 8, 7]
+    assert split_layers(126, 8, False, 8) == [7] + [8] * 14 + [7]
+
+
+def _pp_toml(tmp_path, lines):
+    # 16 micro-batches of one per replica: the V shapes need 2 x pp, interleaved a multiple of pp
+    text = (DATA / "torchtitan-llama3_405b.toml").read_text().replace("pipeline_parallel_degree = 1", lines)
+    text = text.replace("batch_size = 2", "batch_size = 16")
+    f = tmp_path / "pp.toml"
+    f.write_text(text)
+    return f
+
+
+@pytest.mark.parametrize("schedule, expected", [("Interleaved1F1B", "interleaved"), ("ZBVZeroBubble", "zb-v"),
+                                                ("DualPipeV", "dualpipe-v")])
+def test_torchtitan_multi_stage_schedules_place_two_stages_per_rank_by_default(tmp_path, schedule, expected):
+    f = _pp_toml(tmp_path, f'pipeline_parallel_degree = 8\npipeline_parallel_schedule = "{schedule}"')
+    imported = import_config("torchtitan", f, {"cluster.node": "dgx-h100", "cluster.nodes": 64})
+    plan = imported.scenario["plan"]
+    assert plan["schedule"] == expected and plan["pipeline_layout"] == [7] + [8] * 14 + [7]
+    assert plan.get("vpp", 1) == (2 if expected == "interleaved" else 1)
+    scenario_from_dict(imported.scenario)
+
+
+def test_torchtitan_split_points_give_the_layout(tmp_path):
+    points = ", ".join(f'"layers.{n}"' for n in range(8, 126, 8))  # 15 cuts: 16 stages of 8, the last 6
+    f = _pp_toml(tmp_path, f'pipeline_parallel_degree = 8\npipeline_parallel_schedule = "Interleaved1F1B"\n'
+                           f"pipeline_parallel_split_points = [{points}]")
+    plan = import_config("torchtitan", f, {"cluster.node": "dgx-h100", "cluster.nodes": 64}).scenario["plan"]
+    assert plan["pipeline_layout"] == [8] * 15 + [6] and plan["vpp"] == 2
+
+
+def test_torchtitan_split_whose_middle_ranks_differ_is_refused_not_evened_out(tmp_path):
+    text = (DATA / "torchtitan-llama3_8b.toml").read_text().replace(
+        "pipeline_parallel_degree = 1", "pipeline_parallel_degree = 4")
+    f = tmp_path / "pp4.toml"
+    f.write_text(text)
+    imported = import_config("torchtitan", f, {"cluster.node": "dgx-h100", "cluster.nodes": 1})
+    assert imported.scenario["plan"]["pipeline_layout"] == [8, 9, 8, 7]
+    with pytest.raises(InputError, match="pipeline_layout"):
+        scenario_from_dict(imported.scenario)
+
+
+def test_torchtitan_layers_per_stage_that_leaves_a_remainder_is_refused(tmp_path):
+    f = _pp_toml(tmp_path, 'pipeline_parallel_degree = 8\npipeline_parallel_schedule = "Interleaved1F1B"\n'
+                           "pipeline_parallel_layers_per_stage = 5")
+    with pytest.raises(InputError, match="layers_per_stage"):
+        import_config("torchtitan", f, {"cluster.node": "dgx-h100", "cluster.nodes": 64})
+
+
+def test_torchtitan_single_stage_schedule_with_two_stages_per_rank_is_refused(tmp_path):
+    f = _pp_toml(tmp_path, 'pipeline_parallel_degree = 8\npipeline_parallel_schedule = "1F1B"\n'
+                           "pipeline_parallel_layers_per_stage = 8")
+    with pytest.raises(InputError, match="layers_per_stage"):
+        import_config("torchtitan", f, {"cluster.node": "dgx-h100", "cluster.nodes": 64})
 
 
 def test_torchtitan_unknown_reshard_policy_is_refused(tmp_path):

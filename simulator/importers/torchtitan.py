@@ -14,8 +14,11 @@ under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
   devices) and data_parallel_replicate_degree (DDP); both > 1 is HSDP, which llmsim cannot
   express (it shards over every data-parallel rank) and is refused. tensor_parallel_degree
   (torchtitan's TP plan shards the norms' sequence too: sequence parallelism),
-  enable_async_tensor_parallel -> TP overlap, pipeline_parallel_degree / _schedule /
-  _microbatch_size / _layers_per_stage, context_parallel_degree and _rotate_method (PyTorch's
+  enable_async_tensor_parallel -> TP overlap, pipeline_parallel_degree / _schedule (1F1B,
+  GPipe, Interleaved1F1B, ZBVZeroBubble, DualPipeV) / _microbatch_size, and the split of the
+  layers into stages (_split_points, or _layers_per_stage and torchtitan's default split,
+  `split_layers`: the embedding and the output weigh one layer each, so the first and last
+  stages hold a layer less) -> plan.pipeline_layout and plan.vpp, context_parallel_degree and _rotate_method (PyTorch's
   ring, cpattention.py), fsdp_reshard_after_forward (default: keep the parameters gathered
   between forward and backward under pipeline parallelism only, torchtitan/distributed/fsdp.py
   get_fsdp_reshard_after_forward_policy @b5bcd76).
@@ -35,7 +38,10 @@ from .common import Account, Imported
 
 PRESETS = {("llama3", "8B"): "llama-3.1-8b", ("llama3", "70B"): "llama-3.1-70b",
            ("llama3", "405B"): "llama-3.1-405b"}
-SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved"}
+SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved", "ZBVZeroBubble": "zb-v",
+             "DualPipeV": "dualpipe-v"}
+SINGLE_STAGE = ("1F1B", "GPipe")  # torch.distributed.pipelining's PipelineScheduleSingle: one stage per rank
+V_SHAPED = ("ZBVZeroBubble", "DualPipeV")  # two stages per rank, the second coming back (stage_ids_this_rank "v")
 PRECISIONS = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
 IGNORED = ("job.*", "profiling.*", "metrics.*", "checkpoint.*", "optimizer.lr", "optimizer.eps",
            "optimizer.weight_decay", "optimizer.beta*", "optimizer.implementation", "lr_scheduler.*",
@@ -152,13 +158,9 @@ def read(path: str | Path) -> Imported:
         a.map("parallelism.pipeline_parallel_schedule", "plan.schedule", SCHEDULES[schedule])
         micro = a.number("parallelism.pipeline_parallel_microbatch_size", 1)
         a.map("parallelism.pipeline_parallel_microbatch_size", "plan.micro_batch", micro)
-        if schedule == "Interleaved1F1B":
-            if not a.has("parallelism.pipeline_parallel_layers_per_stage"):
-                a.refuse("parallelism.pipeline_parallel_schedule", "Interleaved1F1B: give "
-                         "pipeline_parallel_layers_per_stage (llmsim needs the stages per rank, --vpp)")
-            per_stage = a.number("parallelism.pipeline_parallel_layers_per_stage")
-            a.derive("parallelism.pipeline_parallel_layers_per_stage", "plan.vpp",
-                     f"layers / (pp x {per_stage})", lambda c: c["layers"] // (pp * per_stage))
+        _pipeline_split(a, schedule, pp)
+    else:
+        a.used("parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_split_points")
     local = a.number("training.local_batch_size", None)
     local_key = "training.local_batch_size"
     if local is None:
@@ -191,3 +193,81 @@ def read(path: str | Path) -> Imported:
     a.map("activation_checkpoint.mode", "plan.recompute", mode)
     return a.finish(IGNORED, REASONS)
 
+
+def split_layers(layers: int, pp: int, single_stage: bool, layers_per_stage: int | None) -> list[int]:
+    """Transformer layers of each virtual stage as torchtitan splits them without explicit
+    split points (torchtitan@01424cb torchtitan/distributed/pipeline.py generate_split_points,
+    input and output weights 1): the embedding and the output count as one layer each; with
+    `layers_per_stage` the layers plus those two must fill pp ranks of whole stages, else
+    each rank holds one stage (single-stage schedules) or two and the stages share the
+    effective layers evenly, the first stages taking one more where they do not divide."""
+    effective = layers + 2
+    if layers_per_stage is not None:
+        per_rank = effective // pp
+        if effective % pp or per_rank % layers_per_stage:
+            raise InputError("torchtitan parallelism.pipeline_parallel_layers_per_stage", layers_per_stage,
+                             f"the {layers} layers plus the embedding and output ({effective}) must fill "
+                             f"{pp} ranks of whole stages (torchtitan asserts the same)")
+        stages, extra = effective // layers_per_stage, 0
+        per = layers_per_stage
+        if (stages // pp == 1) != single_stage:
+            raise InputError("torchtitan parallelism.pipeline_parallel_layers_per_stage", layers_per_stage,
+                             f"gives {stages // pp} stages per rank; single-stage schedules need 1, multi-stage 2 or more")
+    else:
+        stages = pp * (1 if single_stage else 2)
+        if stages > effective:
+            raise InputError("torchtitan parallelism.pipeline_parallel_degree", pp,
+                             f"{stages} stages for {effective} effective layers")
+        per, extra = divmod(effective, stages)
+    if per < 1:
+        raise InputError("torchtitan parallelism.pipeline_parallel_layers_per_stage", per,
+                         "a stage must hold at least the embedding or the output (torchtitan asserts >= 1)")
+    sizes = []
+    for i in range(stages - 1):
+        n = per - (1 if i == 0 else 0) + (1 if i < extra else 0)
+        sizes.append(n)
+    sizes.append(layers - sum(sizes))
+    return sizes
+
+
+def _pipeline_split(a: Account, schedule: str, pp: int) -> None:
+    """plan.pipeline_layout (and plan.vpp for Interleaved1F1B) from torchtitan's split of the
+    layers into stages: its explicit split points, or generate_split_points' default
+    (split_layers). Single-stage schedules hold one stage per rank, the V shapes two, the
+    interleaved schedule two or more."""
+    per_stage_key, points_key = ("parallelism.pipeline_parallel_layers_per_stage",
+                                 "parallelism.pipeline_parallel_split_points")
+    single = schedule in SINGLE_STAGE
+    points = a.get(points_key) or None
+    if points is not None:
+        try:
+            cuts = [int(str(x).rsplit(".", 1)[-1]) for x in points]
+        except ValueError:
+            a.refuse(points_key, "expected layer names such as 'layers.8'")
+        if cuts != sorted(set(cuts)) or cuts[0] < 1:
+            a.refuse(points_key, "expected increasing layer indices above 0")
+        key, how = points_key, "the layers between the split points"
+        a.used(per_stage_key)
+
+        def sizes(c):
+            return [hi - lo for lo, hi in zip([0] + cuts, cuts + [c["layers"]])]
+    else:
+        key, how = per_stage_key, "torchtitan's default split (the embedding and the output weigh a layer each)"
+        layers_per_stage = a.number(per_stage_key, None)
+
+        def sizes(c):
+            return split_layers(c["layers"], pp, single, layers_per_stage)
+
+    def layout(c):
+        out = sizes(c)
+        per_rank, spare = divmod(len(out), pp)
+        needs = {True: "one", False: "two" if schedule in V_SHAPED else "two or more"}[single]
+        if spare or (single and per_rank != 1) or (schedule in V_SHAPED and per_rank != 2) or \
+                (not single and per_rank < 2):
+            raise InputError(f"torchtitan {key}", a.flat.get(key, "(default)"),
+                             f"gives {len(out)} stages over {pp} ranks; {schedule} places {needs} per rank")
+        return out
+
+    a.derive(key, "plan.pipeline_layout", how, layout)
+    if schedule == "Interleaved1F1B":
+        a.derive(key, "plan.vpp", "stages per rank", lambda c: len(layout(c)) // pp)
