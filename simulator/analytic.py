@@ -37,7 +37,7 @@ def pipeline_times(layout: Layout) -> StageTimes:
         f.append(r.passes.forward_s + fwd_sends * layout.pp_hop_s)
         b.append(r.passes.backward_input_s + bwd_sends * layout.pp_hop_s)
         w.append(r.passes.bwd_weight_s)
-    return stage_times(f, b, w, [r.count for r in layout.stages])
+    return stage_times(f, b, w, [r.count for r in layout.stages], layout.rep_of_stage)
 
 
 def _reduce_tail_s(layout: Layout, reduce_s, grad_pass_s, buckets, times: StageTimes, i: int, stage):
@@ -74,12 +74,18 @@ def ends_before_last_s(layout: Layout, times: StageTimes) -> list:
         f, b, w = times.f[i] / v, times.b[i] / v, times.w[i] / v
         return n_f * f + n_b * (b + w) + n_i * b + n_w * w
 
-    chain_0 = (times.b[0] if split else times.b[0] + times.w[0]) / v + hop
-    chain_mid = (times.b[1] if split else times.b[1] + times.w[1]) / v + hop
+    def hop_down(i):  # one stage's last backward pass and the hop to the stage below
+        return (times.b[i] if split else times.b[i] + times.w[i]) / v + hop
+
+    if layout.rep_of_stage is not None:  # middle ranks of different layers: each stage's own pass
+        below = np.cumsum([0.0] + [hop_down(k) for k in layout.rep_of_stage])
     ends = []
     for i, r in enumerate(layout.stages):
         s = np.asarray(r.stage)
-        chain = np.where(s >= 1, chain_0, 0.0) + np.maximum(s - 1, 0) * chain_mid
+        if layout.rep_of_stage is not None:
+            chain = below[int(s)]
+        else:
+            chain = np.where(s >= 1, hop_down(0), 0.0) + np.maximum(s - 1, 0) * hop_down(1)
         ends.append(per_chunk(i, layout.schedule.drain_tail(layout.p, layout.m, v, r.stage)) - chain)
     latest = np.maximum.reduce(np.broadcast_arrays(*ends))
     return [latest - e for e in ends]
@@ -183,7 +189,8 @@ class PeakMemory:
 
 
 def peak_memory(layout: Layout) -> PeakMemory:
-    """The worst stage over the representatives (middle stages hold no more than stage 1)."""
+    """The worst stage over the representatives (the middle stages a representative stands for
+    hold no more than its own, the earliest of them)."""
     mems = [layout.stage_memory(r) for r in layout.stages]
     totals = np.stack(np.broadcast_arrays(*[np.asarray(mm.total, dtype=float) for mm in mems]))
     counted = np.stack(np.broadcast_arrays(*[np.asarray(r.count) for r in layout.stages])) > 0

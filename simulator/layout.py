@@ -79,13 +79,20 @@ class Layout:
     grad_group: object  # ranks sharing the weights (dp x cp)
     per_param: BytesPerParam
     pp_hop_s: object
-    stages: tuple  # StageLayout of stage 0, a middle stage, stage p-1
+    stages: tuple  # StageLayout of stage 0, the middle stages (one, or one per layer count), stage p-1
     model_flops_per_step: object
     hardware_flops_per_step: object
+    rep_of_stage: tuple | None = None  # each stage's index into `stages` where the middle ranks differ
+
+    def representative_index(self, stage: int) -> int:
+        """Index into `stages` of the representative standing for scalar pipeline stage `stage`."""
+        if self.rep_of_stage is not None:
+            return self.rep_of_stage[stage]
+        return 0 if stage == 0 else 2 if stage == self.p - 1 else 1
 
     def representative(self, stage: int) -> StageLayout:
         """The representative standing for scalar pipeline stage `stage`."""
-        return self.stages[0 if stage == 0 else 2 if stage == self.p - 1 else 1]
+        return self.stages[self.representative_index(stage)]
 
     @property
     def offloads_activations(self) -> bool:
@@ -116,20 +123,6 @@ class Layout:
             chunks, resident, _ = self.resident_chunks(rep, stage)
             host = host + (chunks - resident) * rep.activations.chunk_bytes
         return host
-
-
-def stage_layers(model, plan, schedule, p):
-    """Layers of the first, a middle and the last stage's device: even, Megatron-Core's
-    first/last-stage counts or a per-virtual-stage layout (stagesplit.py)."""
-    return stagesplit.stage_layers(model, plan, schedule, p)
-
-
-def representative_stages(p):
-    """(stage indices, multiplicities) of the representatives; broadcast-safe. With p = 1 or 2
-    the repeated representatives count zero times."""
-    p = np.asarray(p)
-    return [np.zeros_like(p), np.minimum(1, p - 1), p - 1], [np.ones_like(p), np.maximum(p - 2, 0),
-                                                            (p > 1).astype(p.dtype)]
 
 
 def compile_layout(model, cluster, plan) -> Layout:
@@ -178,12 +171,12 @@ def compile_layout(model, cluster, plan) -> Layout:
         emb_t = hostbound.host_bound(emb_t, embedding_ops(model, shard), host_s)
     hop = pp_hop_s(model, shard, g, cluster, plan.pp_scatter_gather)
     head_stage = schedule.head_stage(np.asarray(p))
-    indices, counts = representative_stages(p)
+    indices, counts, stage_layers, rep_of_stage = stagesplit.representatives(model, plan, schedule, p)
     linear_params = fp8.layer_linear_params(model, plan.tp)
     co_run = framework_ops.co_run_factor(cluster)
     total_rerun_layers = 0.0
     reps = []
-    for stage, count, layers in zip(indices, counts, stage_layers(model, plan, schedule, p)):
+    for stage, count, layers in zip(indices, counts, stage_layers):
         has_emb = stage == schedule.embedding_stage(p)
         has_head = stage == head_stage
         head_copy = has_head & (np.asarray(not model.tied_embeddings) | (head_stage != schedule.embedding_stage(p)))
@@ -240,4 +233,4 @@ def compile_layout(model, cluster, plan) -> Layout:
                                                plan.loss) * plan.global_batch
     return Layout(model=model, cluster=cluster, plan=plan, schedule=schedule, p=p, m=m, v=v, shard=shard, groups=g,
                   grad_group=grad_group, per_param=per, pp_hop_s=hop, stages=tuple(reps),
-                  model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops)
+                  model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops, rep_of_stage=rep_of_stage)

@@ -62,6 +62,7 @@ class StageTimes:
     w: tuple
     count: tuple
     critical: int | object  # index into the tuples of the slowest stage (f+b+w), per plan
+    stage_rep: tuple | None = None  # each stage's representative where the middle ranks differ (Layout.rep_of_stage)
 
     def pick(self, values: tuple):
         out = values[-1]
@@ -79,13 +80,14 @@ class StageTimes:
         return sum(k * x for k, x in zip(self.count, values)) - self.pick(tuple(values))
 
 
-def stage_times(f: list, b: list, w: list, count: list) -> StageTimes:
+def stage_times(f: list, b: list, w: list, count: list, stage_rep: tuple | None = None) -> StageTimes:
     totals = np.stack(np.broadcast_arrays(*[np.asarray(x + y + z, dtype=float) for x, y, z in zip(f, b, w)]))
     # a representative standing for no stage (count 0) is never critical
     counts = np.stack(np.broadcast_arrays(*[np.asarray(c) for c in count]))
     totals = np.where(counts > 0, totals, -np.inf)
     critical = np.argmax(totals, axis=0)
-    return StageTimes(tuple(f), tuple(b), tuple(w), tuple(count), critical if np.ndim(critical) else int(critical))
+    return StageTimes(tuple(f), tuple(b), tuple(w), tuple(count), critical if np.ndim(critical) else int(critical),
+                      stage_rep)
 
 
 # ------------------------------------------------------------------ schedules
@@ -703,7 +705,10 @@ def parse_explicit(ops_per_stage, p: int, m: int, v: int) -> list[list[tuple]]:
 
 def _stage_lists(t: StageTimes, index: tuple, p: int, v: int) -> tuple:
     """Per-stage, per-chunk pass times (f, b, w) of one plan from the representatives."""
-    kinds = [0] + [1] * (p - 2) + [len(t.f) - 1] if p > 1 else [0]
+    if t.stage_rep is not None:
+        kinds = list(t.stage_rep)
+    else:
+        kinds = [0] + [1] * (p - 2) + [len(t.f) - 1] if p > 1 else [0]
     return tuple([float(np.asarray(x[k])[index]) / v for k in kinds] for x in (t.f, t.b, t.w))
 
 

@@ -20,9 +20,9 @@ The embedding sits with the first virtual stage and the lm_head and loss with th
 tok_embeddings on the first stage and norm/output on the last), whatever the split: the
 Layout adds them to the stage the schedule places them on.
 
-The Layout times three representative stages (first, one middle, last), so the middle
-ranks must hold equal layer counts; a layout whose middle ranks differ is refused. A rank's
-chunks are timed as equal shares of its layers: under a layout whose virtual stages on one
+The Layout times representative stages: the first, one per distinct layer count among the
+ranks between (the earliest rank holding it: the one with the most in flight), and the last
+(`representatives`). A rank's chunks are timed as equal shares of its layers: under a layout whose virtual stages on one
 rank differ (7 + 8 layers on the 405B's first rank) the steady state is the rank's total
 either way, and only the pipeline's fill and drain, which pass through one chunk of each
 stage, would differ by that layer.
@@ -57,9 +57,6 @@ def check_split(plan, model, schedule) -> None:
         if sum(layout) != model.layers:
             raise InputError("plan.pipeline_layout", list(layout), f"must add up to layers={model.layers}")
         ranks = rank_layers_of_layout(layout, p, schedule)
-        if len(set(ranks[1:-1])) > 1:
-            raise InputError("plan.pipeline_layout", list(layout), f"the ranks between the first and the last "
-                             f"must hold equal layer counts (they hold {ranks[1:-1]})")
         if min(ranks) < 1:
             raise InputError("plan.pipeline_layout", list(layout), "every pipeline rank needs a layer")
         return
@@ -96,21 +93,33 @@ def check_split(plan, model, schedule) -> None:
             raise InputError(field, n, f"a rank's layers must split evenly over its {chunks} model chunks")
 
 
-def stage_layers(model, plan, schedule, p):
-    """Layers of the first, a middle and the last stage's device (p may be an array of
-    pipeline sizes for a batch of plans; the first/last counts and a layout are shared)."""
+def representatives(model, plan, schedule, p):
+    """(stage indices, how many stages each stands for, layers on its device) of the
+    representative stages, and each scalar stage's representative (None where the ranks
+    between the first and the last hold equal layers: then first, middle, last, and `p` may
+    be an array of pipeline sizes for a batch of plans; the first/last counts and a layout
+    are shared). With p = 1 or 2 the repeated representatives count zero times."""
     p = np.asarray(p)
+    indices = [np.zeros_like(p), np.minimum(1, p - 1), p - 1]
+    counts = [np.ones_like(p), np.maximum(p - 2, 0), (p > 1).astype(p.dtype)]
     if plan.pipeline_layout is not None:
         ranks = rank_layers_of_layout(plan.pipeline_layout, int(np.max(p)), schedule)
-        return ranks[0], ranks[min(1, len(ranks) - 1)], ranks[-1]
+        middles = list(dict.fromkeys(ranks[1:-1]))
+        if len(middles) > 1:
+            n = len(ranks)
+            first_at = [ranks.index(x, 1) for x in middles]
+            rep_of_stage = (0, *(1 + middles.index(x) for x in ranks[1:-1]), len(middles) + 1)
+            return ([0, *first_at, n - 1], [1, *(ranks[1:-1].count(x) for x in middles), 1],
+                    [ranks[0], *middles, ranks[-1]], rep_of_stage)
+        return indices, counts, [ranks[0], ranks[min(1, len(ranks) - 1)], ranks[-1]], None
     first, last = plan.first_stage_layers, plan.last_stage_layers
     if first is None and last is None:
         even = model.layers / p
-        return even, even, even
+        return indices, counts, [even, even, even], None
     if first is None:
         first = (model.layers - last) / (p - 1)
     if last is None:
         last = (model.layers - first) / (p - 1)
     middle = (model.layers - first - last) / np.maximum(p - 2, 1)
     # with p = 2 there is no middle stage: its representative counts zero times
-    return first, np.where(p > 2, middle, first), last
+    return indices, counts, [first, np.where(p > 2, middle, first), last], None

@@ -7,9 +7,9 @@ arrays in a `PlanBatch`, which is compiled into one Layout of arrays and run thr
 analytic engine: the same code as a single evaluation (layout.py, analytic.py), with no
 second copy of a formula here.
 
-Memory: a stage's memory is largest at the first, second or last stage (middle stages
-hold the same weights and no more in-flight activations than stage 1), so the Layout's
-three representatives give the peak stage and bytes. The per-stage list
+Memory: a stage's memory is largest at one of the Layout's representatives (a middle
+stage holds the weights of its representative and no more in-flight activations than
+it, the earliest of the stages it stands for), so they give the peak stage and bytes. The per-stage list
 (`memory_gib_by_stage`) is computed on request (`by_stage=True`, as sweeps do), with the
 stage index as a second array axis.
 """
@@ -68,7 +68,10 @@ def memory_by_stage_batch(layout: Layout, n: int, unit: float = 1.0) -> list[lis
     pp = np.asarray(layout.p).tolist()
     stages = np.arange(max(pp))[:, None]  # (stages, 1) against (plans,)
     reps = [layout.stage_memory(r, stages) for r in layout.stages]
-    index = np.where(stages == 0, 0, np.where(stages == np.asarray(layout.p) - 1, 2, 1))
+    if layout.rep_of_stage is not None:
+        index = np.asarray(layout.rep_of_stage)[:, None] + 0 * stages
+    else:
+        index = np.where(stages == 0, 0, np.where(stages == np.asarray(layout.p) - 1, 2, 1))
     per_plan = []
     for k in MEMORY_KEYS:
         values = [np.broadcast_to(np.asarray(getattr(m, k), dtype=float), (len(stages), n)) for m in reps]

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from simulator import InputError, scenario_from_dict
+from simulator.evaluate import compile_scenario
 from simulator.importers import import_config
 from simulator.importers.common import flatten
 from simulator.importers.torchtitan import split_layers
@@ -128,15 +129,15 @@ def test_torchtitan_split_points_give_the_layout(tmp_path):
     assert plan["pipeline_layout"] == [8] * 15 + [6] and plan["vpp"] == 2
 
 
-def test_torchtitan_split_whose_middle_ranks_differ_is_refused_not_evened_out(tmp_path):
+def test_torchtitan_split_whose_middle_ranks_differ_is_kept_as_split(tmp_path):
     text = (DATA / "torchtitan-llama3_8b.toml").read_text().replace(
         "pipeline_parallel_degree = 1", "pipeline_parallel_degree = 4")
     f = tmp_path / "pp4.toml"
     f.write_text(text)
     imported = import_config("torchtitan", f, {"cluster.node": "dgx-h100", "cluster.nodes": 1})
     assert imported.scenario["plan"]["pipeline_layout"] == [8, 9, 8, 7]
-    with pytest.raises(InputError, match="pipeline_layout"):
-        scenario_from_dict(imported.scenario)
+    layout = compile_scenario(scenario_from_dict(imported.scenario))
+    assert [layout.representative(i).layers for i in range(4)] == [8, 9, 8, 7]
 
 
 def test_torchtitan_layers_per_stage_that_leaves_a_remainder_is_refused(tmp_path):
