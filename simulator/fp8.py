@@ -35,10 +35,14 @@ kernels each scaling recipe adds, and what FP8 changes in memory.
   tensor and its transpose in one kernel (fp8_cast_transpose_fused): 2 + 2 = 4 for the input
   and the output gradient (TE@fb749619e transformer_engine/pytorch/module/linear.py); the
   weights are cast once per step (is_first_microbatch), not per micro-batch: see
-  `weight_cast_bytes_per_step`.
+  `weight_cast_bytes_per_step`. The casts move these bytes at the profile's memory curve,
+  torchao's rowwise ones at their own, efficiency.memory_kernels.fp8_cast_rowwise, measured
+  against torchao's published H100 rowwise speedups (validation/fp8_microbench.py: the
+  roofline bytes alone predicted those speedups 1.45x too high).
   torchao casts each linear's input itself: with separate projections (`plan.projections:
   separate`, projections.py: torchtitan's wq/wk/wv and w1/w3) the same input is cast three
-  and two times; with tensorwise and tensor parallelism the input is
+  and two times in eager mode, once under torch.compile (AOTAutograd's common-subexpression
+  elimination merges the identical casts); with tensorwise and tensor parallelism the input is
   cast once, before the FP8 all-gather (torchtitan@820504e
   torchtitan/models/llama3/parallelize_llama.py enable_float8_tensorwise_tp:
   Float8ColwiseParallel, PrepareFloat8ModuleInput), which also halves the bytes of the
@@ -104,11 +108,19 @@ def _cast_op(name, shard: Shard, rec: str, compiled: bool, tokens, d_in, d_out, 
     elif rec == "tensorwise" and shard.sp and readers > 1:
         # one cast of the sequence-sharded input, then an FP8 all-gather
         readers, x = 1, x / shard.tp
-    fwd = readers * inputs * x + weights * matrices * d_in * d_out
+    # compiled, the linears' identical casts of one input are one: AOTAutograd merges them
+    # (common-subexpression elimination before partitioning, pytorch/pytorch@c28ba8e5
+    # torch/_functorch/partitioners.py min_cut_rematerialization_partition; config.cse = True,
+    # @d4e83dce torch/_functorch/config.py); each linear's own gradient stays its own
+    casts = 1 if compiled else readers
+    fwd = casts * inputs * x + weights * matrices * d_in * d_out
     bwd = grads * tokens * d_out
     if rec == "rowwise":  # both gradient GEMMs rescaled after cuBLAS: read and write their outputs
         bwd = bwd + 2 * shard.act_bytes * (readers * tokens * d_in + d_in * d_out)
-    return Op(f"{name}.fp8_cast", MEMORY, fwd_bytes=fwd, bwd_input_bytes=bwd)
+    # torchao's rowwise casts (Inductor kernels with column-wise scales and transposes) run at
+    # their own measured rate: the profile's efficiency.memory_kernels.fp8_cast_rowwise
+    kind = "fp8_cast_rowwise" if rec == "rowwise" else "fp8_cast"
+    return Op(f"{name}.{kind}", MEMORY, fwd_bytes=fwd, bwd_input_bytes=bwd)
 
 
 def fp8_layer_ops(ops: list[Op], shard: Shard, plan) -> list[Op]:

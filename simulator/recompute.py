@@ -66,8 +66,8 @@ def _by_name(ops) -> dict:
 
 
 def _with_casts(ops, names) -> list:
-    """The ops named, with their FP8 cast kernels (fp8.py names them NAME.fp8_cast)."""
-    return [op for op in ops if op.name in names or op.name.split(".")[0] in names and op.name.endswith("fp8_cast")]
+    """The ops named, with their FP8 cast kernels (fp8.py: NAME.fp8_cast, NAME.fp8_cast_rowwise)."""
+    return [op for op in ops if op.name in names or op.name.split(".")[0] in names and ".fp8_cast" in op.name]
 
 
 # torchtitan's names of the matmuls of each fused workload operator, in forward order

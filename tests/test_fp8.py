@@ -43,24 +43,33 @@ def test_an_fp8_gemm_runs_at_the_fp8_peak_times_the_measured_fp8_efficiency():
 
 
 def test_torchao_tensorwise_casts_each_linear_input_its_weight_and_its_output_gradient():
-    # compiled: amax fused into the producer, 4 B per input element (read 2, write two FP8
-    # layouts), 8 B per weight element, 4 B per output-gradient element; torchtitan's
-    # separate wq, wk and wv each cast the same input (torchao/testing/float8/roofline_utils.py)
-    _, ops = ops_of(fp8_recipe="tensorwise", projections="separate")
+    # eager: amax 2 B, then a read and two FP8 layouts (2 + 2 x 1 B) per input element, 8 B per
+    # weight element, 6 B per output-gradient element; torchtitan's separate wq, wk and wv each
+    # cast the same input (torchao/testing/float8/roofline_utils.py)
+    _, ops = ops_of(fp8_recipe="tensorwise", projections="separate", compile=False)
     cast = next(op for op in ops if op.name == "qkv.fp8_cast")
     tokens, width = B * S, H + 2 * KV
-    assert cast.fwd_bytes == pytest.approx(3 * 4 * tokens * H + 8 * H * width)
-    assert cast.bwd_input_bytes == pytest.approx(4 * tokens * width)
+    assert cast.fwd_bytes == pytest.approx(3 * 6 * tokens * H + 8 * H * width)
+    assert cast.bwd_input_bytes == pytest.approx(6 * tokens * width)
+
+
+def test_compiled_linears_cast_their_shared_input_once():
+    # AOTAutograd's CSE merges wq's, wk's and wv's identical casts of one input; compiled, the
+    # amax is fused into the producer: 4 B per input element
+    _, ops = ops_of(fp8_recipe="tensorwise", projections="separate")
+    cast = next(op for op in ops if op.name == "qkv.fp8_cast")
+    assert cast.fwd_bytes == pytest.approx(4 * B * S * H + 8 * H * (H + 2 * KV))
 
 
 def test_rowwise_rescales_both_gradient_gemms_outputs_after_cublas():
-    # compiled rowwise: 6 B per input element, 10 per weight, 6 per output-gradient element,
-    # plus a read and a write (2 + 2 B) of wq's, wk's and wv's grad_input and of the weight
-    # gradient (pytorch/ao float8_ops.py addmm_float8_unwrapped without fast accumulation)
+    # compiled rowwise: 6 B per input element (one cast: CSE), 10 per weight, 6 per
+    # output-gradient element, plus a read and a write (2 + 2 B) of wq's, wk's and wv's own
+    # grad_input and of the weight gradient (pytorch/ao float8_ops.py addmm_float8_unwrapped
+    # without fast accumulation)
     _, ops = ops_of(fp8_recipe="rowwise", projections="separate")
-    cast = next(op for op in ops if op.name == "qkv.fp8_cast")
+    cast = next(op for op in ops if op.name == "qkv.fp8_cast_rowwise")
     tokens, width = B * S, H + 2 * KV
-    assert cast.fwd_bytes == pytest.approx(3 * 6 * tokens * H + 10 * H * width)
+    assert cast.fwd_bytes == pytest.approx(6 * tokens * H + 10 * H * width)
     assert cast.bwd_input_bytes == pytest.approx(6 * tokens * width + 4 * (3 * tokens * H + H * width))
 
 
