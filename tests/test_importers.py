@@ -101,6 +101,15 @@ def test_torchtitan_default_split_weighs_the_embedding_and_the_output_as_a_layer
     assert split_layers(126, 8, False, 8) == [7] + [8] * 14 + [7]
 
 
+def test_torchtitan_split_takes_the_embedding_and_output_weights_and_rounds_stages_up():
+    # first/last_stage_less_layers 2 and 0: 32 + 2 effective layers over 4 stages, 8 rest 2
+    assert split_layers(32, 4, True, None, 2, 0) == [7, 9, 8, 8]
+    # layers_per_stage 5 on 30 layers: ceil(32 / 5) = 7 stages, not a multiple of 4 ranks
+    with pytest.raises(InputError, match="layers_per_stage"):
+        split_layers(30, 4, False, 5)
+    assert split_layers(30, 4, False, 4) == [3] + [4] * 6 + [3]  # 32 / 4 = 8 stages, 2 per rank
+
+
 def _pp_toml(tmp_path, lines):
     # 16 micro-batches of one per replica: the V shapes need 2 x pp, interleaved a multiple of pp
     text = (DATA / "torchtitan-llama3_405b.toml").read_text().replace("pipeline_parallel_degree = 1", lines)
@@ -127,6 +136,15 @@ def test_torchtitan_split_points_give_the_layout(tmp_path):
                            f"pipeline_parallel_split_points = [{points}]")
     plan = import_config("torchtitan", f, {"cluster.node": "dgx-h100", "cluster.nodes": 64}).scenario["plan"]
     assert plan["pipeline_layout"] == [8] * 15 + [6] and plan["vpp"] == 2
+
+
+def test_torchtitan_model_parts_give_the_layout(tmp_path):
+    parts = [["tok_embeddings"] + [f"layers.{i}" for i in range(62)]] + \
+        [[f"layers.{i}" for i in range(62, 126)] + ["norm", "output"]]
+    toml = "module_fqns_per_model_part = [" + ", ".join("[" + ", ".join(f'"{n}"' for n in p) + "]" for p in parts) + "]"
+    f = _pp_toml(tmp_path, "pipeline_parallel_degree = 2\n" + toml)
+    plan = import_config("torchtitan", f, {"cluster.node": "dgx-h100", "cluster.nodes": 16}).scenario["plan"]
+    assert plan["pipeline_layout"] == [62, 64]
 
 
 def test_torchtitan_split_whose_middle_ranks_differ_is_kept_as_split(tmp_path):

@@ -16,9 +16,10 @@ under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
   (torchtitan's TP plan shards the norms' sequence too: sequence parallelism),
   enable_async_tensor_parallel -> TP overlap, pipeline_parallel_degree / _schedule (1F1B,
   GPipe, Interleaved1F1B, ZBVZeroBubble, DualPipeV) / _microbatch_size, and the split of the
-  layers into stages (_split_points, or _layers_per_stage and torchtitan's default split,
-  `split_layers`: the embedding and the output weigh one layer each, so the first and last
-  stages hold a layer less) -> plan.pipeline_layout and plan.vpp, context_parallel_degree and _rotate_method (PyTorch's
+  layers into stages (_split_points, module_fqns_per_model_part, or _layers_per_stage and
+  torchtitan's default split, `split_layers`: the embedding and the output weigh one layer
+  each, _first/_last_stage_less_layers, so the first and last stages hold a layer less)
+  -> plan.pipeline_layout and plan.vpp, context_parallel_degree and _rotate_method (PyTorch's
   ring, cpattention.py), fsdp_reshard_after_forward (default: keep the parameters gathered
   between forward and backward under pipeline parallelism only, torchtitan/distributed/fsdp.py
   get_fsdp_reshard_after_forward_policy @b5bcd76).
@@ -160,7 +161,9 @@ def read(path: str | Path) -> Imported:
         a.map("parallelism.pipeline_parallel_microbatch_size", "plan.micro_batch", micro)
         _pipeline_split(a, schedule, pp)
     else:
-        a.used("parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_split_points")
+        a.used("parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_split_points",
+               "parallelism.module_fqns_per_model_part", "parallelism.pipeline_parallel_first_stage_less_layers",
+               "parallelism.pipeline_parallel_last_stage_less_layers")
     local = a.number("training.local_batch_size", None)
     local_key = "training.local_batch_size"
     if local is None:
@@ -194,52 +197,66 @@ def read(path: str | Path) -> Imported:
     return a.finish(IGNORED, REASONS)
 
 
-def split_layers(layers: int, pp: int, single_stage: bool, layers_per_stage: int | None) -> list[int]:
-    """Transformer layers of each virtual stage as torchtitan splits them without explicit
-    split points (torchtitan@01424cb torchtitan/distributed/pipeline.py generate_split_points,
-    input and output weights 1): the embedding and the output count as one layer each; with
-    `layers_per_stage` the layers plus those two must fill pp ranks of whole stages, else
-    each rank holds one stage (single-stage schedules) or two and the stages share the
-    effective layers evenly, the first stages taking one more where they do not divide."""
-    effective = layers + 2
+def split_layers(layers: int, pp: int, single_stage: bool, layers_per_stage: int | None,
+                 input_weight: int = 1, output_weight: int = 1) -> list[int]:
+    """Transformer layers of each virtual stage as torchtitan splits them when no split is
+    given (torchtitan@01424cb torchtitan/distributed/pipeline.py generate_split_points; from
+    Jul 2025 @3c84ce095 torchtitan/distributed/pipeline_parallel.py
+    generate_llm_fqn_per_model_part, the same split): the embedding and the output weigh
+    `input_weight` and `output_weight` layers (pipeline_parallel_first/last_stage_less_layers,
+    1 by default); the stages, ceil(effective layers / layers_per_stage) or one (single-stage
+    schedules) or two per rank, share the effective layers evenly, the first stages taking
+    one more where they do not divide."""
+    key = "torchtitan parallelism.pipeline_parallel_layers_per_stage"
+    effective = layers + input_weight + output_weight
     if layers_per_stage is not None:
-        per_rank = effective // pp
-        if effective % pp or per_rank % layers_per_stage:
-            raise InputError("torchtitan parallelism.pipeline_parallel_layers_per_stage", layers_per_stage,
-                             f"the {layers} layers plus the embedding and output ({effective}) must fill "
-                             f"{pp} ranks of whole stages (torchtitan asserts the same)")
-        stages, extra = effective // layers_per_stage, 0
-        per = layers_per_stage
+        stages = -(-effective // layers_per_stage)
+        if stages % pp:
+            raise InputError(key, layers_per_stage, f"{stages} stages for the {layers} layers plus the embedding "
+                             f"and output weights do not divide over {pp} ranks (torchtitan refuses it too)")
         if (stages // pp == 1) != single_stage:
-            raise InputError("torchtitan parallelism.pipeline_parallel_layers_per_stage", layers_per_stage,
-                             f"gives {stages // pp} stages per rank; single-stage schedules need 1, multi-stage 2 or more")
+            raise InputError(key, layers_per_stage, f"gives {stages // pp} stages per rank; single-stage "
+                             "schedules need 1, multi-stage 2 or more")
     else:
         stages = pp * (1 if single_stage else 2)
-        if stages > effective:
-            raise InputError("torchtitan parallelism.pipeline_parallel_degree", pp,
-                             f"{stages} stages for {effective} effective layers")
-        per, extra = divmod(effective, stages)
-    if per < 1:
-        raise InputError("torchtitan parallelism.pipeline_parallel_layers_per_stage", per,
-                         "a stage must hold at least the embedding or the output (torchtitan asserts >= 1)")
-    sizes = []
-    for i in range(stages - 1):
-        n = per - (1 if i == 0 else 0) + (1 if i < extra else 0)
-        sizes.append(n)
-    sizes.append(layers - sum(sizes))
+    per, extra = divmod(effective, stages)
+    if per < max(1, input_weight, output_weight):
+        raise InputError("torchtitan parallelism.pipeline_parallel_degree", pp,
+                         f"{stages} stages for {effective} effective layers leave a stage without a layer "
+                         "or lighter than the embedding or output weight")
+    sizes = [per + (1 if i < extra else 0) for i in range(stages)]
+    sizes[0] -= input_weight
+    sizes[-1] -= output_weight
     return sizes
+
+
+def _stage_layers_of_parts(parts) -> list[int]:
+    """Transformer layers of each model part of torchtitan's module_fqns_per_model_part."""
+    return [sum(1 for name in part if str(name).startswith("layers.")) for part in parts]
 
 
 def _pipeline_split(a: Account, schedule: str, pp: int) -> None:
     """plan.pipeline_layout (and plan.vpp for Interleaved1F1B) from torchtitan's split of the
-    layers into stages: its explicit split points, or generate_split_points' default
+    layers into stages: its explicit model parts or split points, or its default split
     (split_layers). Single-stage schedules hold one stage per rank, the V shapes two, the
     interleaved schedule two or more."""
     per_stage_key, points_key = ("parallelism.pipeline_parallel_layers_per_stage",
                                  "parallelism.pipeline_parallel_split_points")
     single = schedule in SINGLE_STAGE
+    parts_key = "parallelism.module_fqns_per_model_part"
+    weights = ("parallelism.pipeline_parallel_first_stage_less_layers",
+               "parallelism.pipeline_parallel_last_stage_less_layers")
     points = a.get(points_key) or None
-    if points is not None:
+    parts = a.get(parts_key) or None
+    if parts is not None:
+        if not isinstance(parts, list) or not all(isinstance(p, list) for p in parts):
+            a.refuse(parts_key, "expected a list of module-name lists, one per model part")
+        key, how = parts_key, "the layers of each model part"
+        a.used(per_stage_key, points_key, *weights)
+
+        def sizes(c):
+            return _stage_layers_of_parts(parts)
+    elif points is not None:
         try:
             cuts = [int(str(x).rsplit(".", 1)[-1]) for x in points]
         except ValueError:
@@ -247,16 +264,18 @@ def _pipeline_split(a: Account, schedule: str, pp: int) -> None:
         if cuts != sorted(set(cuts)) or cuts[0] < 1:
             a.refuse(points_key, "expected increasing layer indices above 0")
         key, how = points_key, "the layers between the split points"
-        a.used(per_stage_key)
+        a.used(per_stage_key, *weights)
 
         def sizes(c):
             return [hi - lo for lo, hi in zip([0] + cuts, cuts + [c["layers"]])]
     else:
-        key, how = per_stage_key, "torchtitan's default split (the embedding and the output weigh a layer each)"
+        key, how = per_stage_key, "torchtitan's default split (the embedding and the output weigh layers too)"
         layers_per_stage = a.number(per_stage_key, None)
+        in_w, out_w = (a.number(k, 1) for k in weights)
+        a.used(*weights)
 
         def sizes(c):
-            return split_layers(c["layers"], pp, single, layers_per_stage)
+            return split_layers(c["layers"], pp, single, layers_per_stage, in_w, out_w)
 
     def layout(c):
         out = sizes(c)
