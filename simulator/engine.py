@@ -470,10 +470,11 @@ def _simulate(layout: Layout, periodic: bool) -> Simulation:
     slowdown = layout.cluster.accelerator.overlap_slowdown
     # A named schedule repeats every p micro-batches, and so does the step: its time is
     # affine in m from m = p on (interleaved's longer warm-up changes the activation peaks,
-    # not the time: _settled_peaks), unless some stream's backlog grows (_falls_behind). Checked against full runs over
-    # random plans (tests/test_engine.py); not done where a copy backlog can build up for a
-    # while before it settles (activation offload) nor for the V shapes, whose greedy orders
-    # need not repeat every p micro-batches (random plans disagreed).
+    # not the time: _settled_peaks), unless some stream's backlog grows (_falls_behind).
+    # Checked against full runs over random plans (tests/test_engine.py); not done where a
+    # copy backlog can build up for a while before it settles (activation offload) nor for
+    # the V shapes, whose greedy orders need not repeat every p micro-batches (random plans
+    # disagreed).
     plan = layout.plan
     unsettled = plan.offload.activations != "none" or layout.schedule.placement == "v"
     # per-micro-batch ZeRO-2/3 traffic: a third period checks the slope (two alone put 1 of

@@ -22,10 +22,10 @@ Layout adds them to the stage the schedule places them on.
 
 The Layout times representative stages: the first, one per distinct layer count among the
 ranks between (the earliest rank holding it: the one with the most in flight), and the last
-(`representatives`). A rank's chunks are timed as equal shares of its layers: under a layout whose virtual stages on one
-rank differ (7 + 8 layers on the 405B's first rank) the steady state is the rank's total
-either way, and only the pipeline's fill and drain, which pass through one chunk of each
-stage, would differ by that layer.
+(`representatives`). A rank's chunks are timed as equal shares of its layers: under a
+layout whose virtual stages on one rank differ (7 + 8 layers on the 405B's first rank) the
+steady state is the rank's total either way, and only the pipeline's fill and drain, which
+pass through one chunk of each stage, would differ by that layer.
 """
 
 from __future__ import annotations

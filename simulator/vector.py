@@ -8,10 +8,10 @@ analytic engine: the same code as a single evaluation (layout.py, analytic.py), 
 second copy of a formula here.
 
 Memory: a stage's memory is largest at one of the Layout's representatives (a middle
-stage holds the weights of its representative and no more in-flight activations than
-it, the earliest of the stages it stands for), so they give the peak stage and bytes. The per-stage list
-(`memory_gib_by_stage`) is computed on request (`by_stage=True`, as sweeps do), with the
-stage index as a second array axis.
+stage holds the weights of its representative and no more in-flight activations than it,
+the earliest of the stages it stands for), so they give the peak stage and bytes. The
+per-stage list (`memory_gib_by_stage`) is computed on request (`by_stage=True`, as sweeps
+do), with the stage index as a second array axis.
 """
 
 from __future__ import annotations
