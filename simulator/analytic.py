@@ -139,7 +139,7 @@ def step_breakdown(layout: Layout) -> dict:
     """Exposed seconds per step by cause (they add up to the step time), elementwise over plans."""
     times = pipeline_times(layout)
     m, reps = layout.m, layout.stages
-    pipeline = layout.schedule.step_s(times, layout.p, m, layout.v)
+    pipeline = layout.schedule.pipeline_s(times, layout.p, m, layout.v)
     crit = times.critical
 
     def pick(values):

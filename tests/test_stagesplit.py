@@ -83,8 +83,9 @@ def test_the_rank_with_the_most_layers_sets_the_pipeline_step():
         step = evaluate(s, engine).step_time_s
         assert step > evaluate(even, engine).step_time_s
         assert step >= busy
+    # the analytic engine executes the 1F1B order with each stage's own passes, as the graph does
     a, g = evaluate(s, "analytic"), evaluate(s, "graph")
-    assert g.step_time_s == pytest.approx(a.step_time_s, rel=0.05)
+    assert g.step_time_s == pytest.approx(a.step_time_s, rel=0.01)
     assert g.peak_memory_bytes == pytest.approx(a.peak_memory_bytes, rel=1e-9)
 
 
