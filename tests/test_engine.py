@@ -69,6 +69,17 @@ def test_steady_state_extrapolation_equals_full_simulation(scenario, kw):
     assert fast.activation_peak_bytes == pytest.approx(full.activation_peak_bytes, rel=1e-9)
 
 
+def test_interleaved_extrapolates_from_one_period_and_two(scenario):
+    # its warm-up holds up to (v+1)p - 1 chunks, more than m = p has: the time is affine from
+    # p on, the peaks are taken from the 2p run, and the result is the full execution's
+    s = plan(scenario, global_batch=96, schedule="interleaved", vpp=2)  # p = 4, m = 48
+    layout = compile_scenario(s)
+    fast, full = simulate_layout(layout, True), simulate_layout(layout, False)
+    assert fast.simulated_tasks == len(build(layout, 4)) + len(build(layout, 8))
+    assert fast.step_time_s == pytest.approx(full.step_time_s, rel=1e-9)
+    assert fast.activation_peak_bytes == pytest.approx(full.activation_peak_bytes, rel=1e-9)
+
+
 def test_plans_with_activation_offload_are_executed_in_full(scenario):
     assert not simulate(plan(scenario, global_batch=96, offload={"activations": "cpu"})).extrapolated
 
