@@ -55,7 +55,9 @@ kernels each scaling recipe adds, and what FP8 changes in memory.
   of 2 (the projection's FP8 copy of the attention output comes on top of the BF16 output
   the attention kernel keeps). MXFP8 keeps both quantisations of a weight (2·(1 + 1/32) B).
   torchao (Dec 2024, torchao@eab345c22 float8_linear.py
-  manual_float8_matmul_with_args_in_float8) saves each linear's own FP8 input; the Jun 2025
+  manual_float8_matmul_with_args_in_float8) saves each linear's FP8 input: one tensor that
+  wq, wk and wv all hold where it was cast once (compiled, or cast before a tensorwise FP8
+  all-gather), three copies where each linear cast its own (eager); the Jun 2025
   version and rowwise save the BF16 input (no change). torchao keeps no FP8 weight copy
   between steps. FSDP's parameter all-gather stays BF16 here: torchtitan's optional
   float8 all-gather of the FSDP shards is not modelled.
@@ -137,8 +139,12 @@ def fp8_layer_ops(ops: list[Op], shard: Shard, plan) -> list[Op]:
             continue
         tokens, d_in, d_out, matrices = op.linear.tokens, op.linear.d_in, op.linear.d_out, op.linear.matrices
         readers = projections.readers(op, plan)  # torchao: each linear casts its own input
+        # the linears reading one FP8 input save that one tensor: compiled, their casts are one
+        # (CSE, _cast_op); with tensorwise TP, the input is cast once before its FP8 all-gather
+        one_cast = plan.compile or (rec == "tensorwise" and shard.sp)
+        saved_by = 1 if one_cast else readers
         out.append(replace(as_gemm_kind(op, kind, shard.act_bytes),
-                           saved_bytes=op.saved_bytes + saved_input_change(op.name, rec, tokens, d_in, readers, shard)))
+                           saved_bytes=op.saved_bytes + saved_input_change(op.name, rec, tokens, d_in, saved_by, shard)))
         out.append(_cast_op(op.name, shard, rec, plan.compile, tokens, d_in, d_out, readers, matrices))
     return out
 

@@ -61,6 +61,20 @@ def test_compiled_linears_cast_their_shared_input_once():
     assert cast.fwd_bytes == pytest.approx(4 * B * S * H + 8 * H * (H + 2 * KV))
 
 
+def test_linears_reading_one_fp8_input_save_it_once_unless_eager_casts_it_apiece():
+    # torchao tensorwise keeps each linear's FP8 input for its weight gradient (1 B per element
+    # in place of the 2 B input): eager, wq, wk and wv cast and keep three copies; compiled
+    # (CSE), one tensor that all three hold
+    base = {op.name: op.saved_bytes for op in layer_ops(scenario().model, Shard(B, S))}
+    _, eager = ops_of(fp8_recipe="tensorwise", projections="separate", compile=False)
+    _, compiled = ops_of(fp8_recipe="tensorwise", projections="separate")
+    x = B * S * H
+    qkv = {name: next(op for op in ops if op.name == "qkv").saved_bytes for name, ops in
+           (("eager", eager), ("compiled", compiled))}
+    assert qkv["eager"] == pytest.approx(base["qkv"] + 3 * x - 2 * x)
+    assert qkv["compiled"] == pytest.approx(base["qkv"] + x - 2 * x)
+
+
 def test_rowwise_rescales_both_gradient_gemms_outputs_after_cublas():
     # compiled rowwise: 6 B per input element (one cast: CSE), 10 per weight, 6 per
     # output-gradient element, plus a read and a write (2 + 2 B) of wq's, wk's and wv's own
