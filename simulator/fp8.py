@@ -102,19 +102,25 @@ def compute_precision(plan) -> str:
     return "bf16" if plan.precision in FP8_PRECISIONS else plan.precision
 
 
-def _cast_op(name, shard: Shard, rec: str, compiled: bool, tokens, d_in, d_out, readers, matrices=1):
+def input_casts(rec: str, shard: Shard, compiled: bool, readers) -> int:
+    """How many times the `readers` linears reading one input cast it to FP8 (and keep that
+    FP8 input): once with TransformerEngine's fused GEMMs, once with tensorwise TP (cast
+    before the FP8 all-gather), once compiled (AOTAutograd merges the identical casts:
+    common-subexpression elimination before partitioning, pytorch/pytorch@c28ba8e5
+    torch/_functorch/partitioners.py min_cut_rematerialization_partition; config.cse = True,
+    @d4e83dce torch/_functorch/config.py), else once per linear (eager torchao)."""
+    if rec in TE_RECIPES or compiled or (rec == "tensorwise" and shard.sp):
+        return 1
+    return readers
+
+
+def _cast_op(name, shard: Shard, rec: str, compiled: bool, tokens, d_in, d_out, readers, casts, matrices=1):
+    """The cast kernels of one linear: `casts` casts of its input (input_casts), its weight, its
+    output gradient; rowwise also rescales each of the `readers` linears' own gradients."""
     inputs, weights, grads = CAST_BYTES[rec][1 if compiled else 0]
     x = tokens * d_in
-    if rec in TE_RECIPES:
-        readers = 1
-    elif rec == "tensorwise" and shard.sp and readers > 1:
-        # one cast of the sequence-sharded input, then an FP8 all-gather
-        readers, x = 1, x / shard.tp
-    # compiled, the linears' identical casts of one input are one: AOTAutograd merges them
-    # (common-subexpression elimination before partitioning, pytorch/pytorch@c28ba8e5
-    # torch/_functorch/partitioners.py min_cut_rematerialization_partition; config.cse = True,
-    # @d4e83dce torch/_functorch/config.py); each linear's own gradient stays its own
-    casts = 1 if compiled else readers
+    if rec == "tensorwise" and shard.sp and readers > 1:
+        x = x / shard.tp  # the sequence-sharded input is cast, then all-gathered in FP8
     fwd = casts * inputs * x + weights * matrices * d_in * d_out
     bwd = grads * tokens * d_out
     if rec == "rowwise":  # both gradient GEMMs rescaled after cuBLAS: read and write their outputs
@@ -139,26 +145,23 @@ def fp8_layer_ops(ops: list[Op], shard: Shard, plan) -> list[Op]:
             continue
         tokens, d_in, d_out, matrices = op.linear.tokens, op.linear.d_in, op.linear.d_out, op.linear.matrices
         readers = projections.readers(op, plan)  # torchao: each linear casts its own input
-        # the linears reading one FP8 input save that one tensor: compiled, their casts are one
-        # (CSE, _cast_op); with tensorwise TP, the input is cast once before its FP8 all-gather
-        one_cast = plan.compile or (rec == "tensorwise" and shard.sp)
-        saved_by = 1 if one_cast else readers
+        casts = input_casts(rec, shard, plan.compile, readers)
         out.append(replace(as_gemm_kind(op, kind, shard.act_bytes),
-                           saved_bytes=op.saved_bytes + saved_input_change(op.name, rec, tokens, d_in, saved_by, shard)))
-        out.append(_cast_op(op.name, shard, rec, plan.compile, tokens, d_in, d_out, readers, matrices))
+                           saved_bytes=op.saved_bytes + saved_input_change(op.name, rec, tokens, d_in, casts, shard)))
+        out.append(_cast_op(op.name, shard, rec, plan.compile, tokens, d_in, d_out, readers, casts, matrices))
     return out
 
 
-def saved_input_change(name: str, rec: str, tokens, d_in, readers, shard: Shard):
-    """Bytes an FP8 linear saves for its weight gradient beyond the BF16 input it would keep."""
+def saved_input_change(name: str, rec: str, tokens, d_in, casts, shard: Shard):
+    """Bytes an FP8 linear saves for its weight gradient beyond the BF16 input it would keep:
+    one FP8 input per cast of it (input_casts)."""
     a = shard.act_bytes
     x = tokens * d_in
     if rec in TE_RECIPES or rec == "tensorwise":
         fp8 = (1 + (MX_SCALE if rec == "mxfp8" else 0.0)) * x
-        copies = 1 if rec in TE_RECIPES else readers
         if name == "attn_out":  # the attention kernel keeps its BF16 output anyway
-            return copies * fp8
-        return copies * fp8 - a * x
+            return casts * fp8
+        return casts * fp8 - a * x
     return 0.0 * x
 
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .states import FULL_PRECISION
+from .states import activation_bytes
 
 # Bytes per element of the eager kernel sequence over the fused kernel's, 16-bit activations.
 EAGER_BYTES = {"rmsnorm": (36.0, 6.0), "rope": (20.0, 4.0), "swiglu": (10.0, 6.0)}
@@ -65,7 +65,7 @@ def eager_ops(ops: list, model, plan) -> list:
     sequence's traffic and saved tensors otherwise."""
     if plan.compile:
         return ops
-    act_bytes = FP32_BYTES if plan.precision in FULL_PRECISION else 2.0
+    act_bytes = activation_bytes(plan.precision)
     out = []
     for op in ops:
         kernel = _kernel(op.name, model)

@@ -36,11 +36,9 @@ from .memory import ActivationSizes, StageMemory, activation_sizes, buffer_bytes
 from .offload import OffloadCosts, offload_costs, resident_chunks_with_offload
 from .recompute import chunk_checkpoint, layer_checkpoint, rerun_flops
 from .passes import PassTimes, ops_time, pass_times, pp_hop_s, tp_layer_comm_s
-from .states import BytesPerParam, ModelStates, bytes_per_param, layer_params_local, model_states, optimizer_step_s, \
-    stage_params
+from .states import BytesPerParam, ModelStates, activation_bytes, bytes_per_param, layer_params_local, model_states, \
+    optimizer_step_s, stage_params
 from .workload import Shard, embedding_ops, executed_flops_per_sequence, head_ops, layer_ops, model_flops_per_sequence
-
-FULL_PRECISION = ("fp32", "tf32")
 
 
 @dataclass(frozen=True)
@@ -130,7 +128,7 @@ def compile_layout(model, cluster, plan) -> Layout:
     schedule = S.plan_schedule(plan)
     p, m = plan.pp, plan.microbatches
     v = schedule.chunks(plan.vpp)
-    act_bytes = 4 if plan.precision in FULL_PRECISION else 2
+    act_bytes = activation_bytes(plan.precision)
     precision = fp8.compute_precision(plan)  # of every GEMM but FP8 linears
     shard = Shard(micro_batch=plan.micro_batch, seq_len=model.seq_len, tp=plan.tp, cp=plan.cp, sp=plan.sp,
                   flash_attention=plan.flash_attention, act_bytes=act_bytes, loss=plan.loss,

@@ -35,6 +35,12 @@ from .model import ModelSpec
 FULL_PRECISION = ("fp32", "tf32")
 
 
+def activation_bytes(precision: str) -> int:
+    """Bytes per activation element: 4 in full precision, else 2 (16-bit activations, also
+    between FP8 linears)."""
+    return 4 if precision in FULL_PRECISION else 2
+
+
 @dataclass(frozen=True)
 class BytesPerParam:
     weight: float

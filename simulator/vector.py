@@ -69,7 +69,7 @@ def memory_by_stage_batch(layout: Layout, n: int, unit: float = 1.0) -> list[lis
     stages = np.arange(max(pp))[:, None]  # (stages, 1) against (plans,)
     reps = [layout.stage_memory(r, stages) for r in layout.stages]
     if layout.rep_of_stage is not None:
-        index = np.asarray(layout.rep_of_stage)[:, None] + 0 * stages
+        index = np.asarray(layout.rep_of_stage)[:, None]  # scalar pipelines only: one entry per stage
     else:
         index = np.where(stages == 0, 0, np.where(stages == np.asarray(layout.p) - 1, 2, 1))
     per_plan = []

@@ -206,7 +206,8 @@ def split_layers(layers: int, pp: int, single_stage: bool, layers_per_stage: int
     `input_weight` and `output_weight` layers (pipeline_parallel_first/last_stage_less_layers,
     1 by default); the stages, ceil(effective layers / layers_per_stage) or one (single-stage
     schedules) or two per rank, share the effective layers evenly, the first stages taking
-    one more where they do not divide."""
+    one more where they do not divide. Whether the schedule takes that many stages per rank
+    is _pipeline_split's check, for every source of a split."""
     key = "torchtitan parallelism.pipeline_parallel_layers_per_stage"
     effective = layers + input_weight + output_weight
     if layers_per_stage is not None:
@@ -214,9 +215,6 @@ def split_layers(layers: int, pp: int, single_stage: bool, layers_per_stage: int
         if stages % pp:
             raise InputError(key, layers_per_stage, f"{stages} stages for the {layers} layers plus the embedding "
                              f"and output weights do not divide over {pp} ranks (torchtitan refuses it too)")
-        if (stages // pp == 1) != single_stage:
-            raise InputError(key, layers_per_stage, f"gives {stages // pp} stages per rank; single-stage "
-                             "schedules need 1, multi-stage 2 or more")
     else:
         stages = pp * (1 if single_stage else 2)
     per, extra = divmod(effective, stages)
