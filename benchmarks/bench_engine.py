@@ -50,7 +50,7 @@ def main():
     case("  same, full simulation (no steady-state extrapolation)", periodic=False)
     case("  same, 1F1B", {"plan.schedule": "1f1b", "plan.vpp": 1})
     case("  same, ZB-H1", {"plan.schedule": "zb-h1", "plan.vpp": 1})
-    case("  same, ZeRO-3 (extrapolated from three periods)", {"plan.zero_stage": 3})
+    case("  same, ZeRO-3 (extrapolated from 2p and 3p)", {"plan.zero_stage": 3})
     case("GPT-3 175B, 102,400 A100, TP8 PP16 DP800, interleaved v=2",
          {"cluster.nodes": 12800, "plan.dp": 800, "plan.global_batch": 153600})
     case("  same, full simulation", {"cluster.nodes": 12800, "plan.dp": 800, "plan.global_batch": 153600},
