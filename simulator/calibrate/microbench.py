@@ -21,6 +21,17 @@ operator, so a curve fitted on these samples predicts their operators without co
   param_cast 4 + a (fp32 master weights into 16-bit ones).
 - host overhead: whole training steps (trainer.py) of tiny models, whose kernels do almost
   no work: per operator, per micro-batch, per step and per parameter tensor (host_overhead).
+
+Memory-bound kernels run on cold data (`Bench.cold`): each call takes the next of as many
+copies of its tensors as fill COLD_POOL_BYTES, so no call finds its data in a cache, as
+Triton's benchmark clears the cache with a 256 MB write before every call (triton-lang/triton
+@3fb4e46 python/triton/testing.py do_bench). A training step runs them so: between two
+uses of a tensor the GEMMs, attention and other layers move more data than the caches hold.
+Timed hot, in a loop over one tensor, they ran at cache speed and the model under-predicted
+them: on the Intel Xeon (2026-12-04, one thread) GELU on 512 x 1024 fp32 took 0.20 ms forward,
+0.83 ms forward and backward timed hot, 0.40-0.44 and 1.16-1.21 ms cold (pools of 128 and 512
+MB), and 0.49 and 1.24 ms inside l4-h256-s256-b2's step (torch profiler, self time); a 2 MiB
+zero-fill 0.05 ms hot, 0.25 ms cold. GEMMs and attention, compute-bound, are timed as before.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from .probe import GEMM
 from .timing import interleaved
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+COLD_POOL_BYTES = 256 * 2**20  # the copies a memory-bound case cycles through (Bench.cold)
 # Kernel class (compute.MEMORY_KERNELS, framework_ops.KERNELS) of each memory-bound
 # microbenchmark; "copy" is the plain bandwidth-bound kernel of the generic `efficiency.memory`.
 KERNEL_OF = {"copy": "copy", "residual_add": "residual", "layernorm": "norm", "gelu": "gelu",
@@ -108,6 +120,16 @@ class Bench:
             if p in group and s["kind"] != "probe":
                 s["seconds"] *= ref[p] / group[p]
         return ref
+
+    def cold(self, make, nbytes: float):
+        """A function returning, call by call, the next of as many independent results of
+        `make()` (a tuple of tensors of `nbytes` together) as fill COLD_POOL_BYTES, in turn:
+        a case that takes its tensors from it finds none of them in a cache."""
+        import itertools
+        import math
+
+        pool = [make() for _ in range(max(1, math.ceil(COLD_POOL_BYTES / max(nbytes, 1.0))))]
+        return itertools.cycle(pool).__next__
 
     def _dtype(self, dt: str):
         return getattr(self.torch, DTYPES[dt])
@@ -209,33 +231,55 @@ class Bench:
         a = torch.finfo(dtype).bits // 8
         for t, h in self.memory_sizes():
             n = t * h
-            x = torch.randn(t, h, device=dev, dtype=dtype, requires_grad=True)
-            y = torch.randn(t, h, device=dev, dtype=dtype)
-            g = torch.randn(t, h, device=dev, dtype=dtype)
+            data = self.cold(lambda: (torch.randn(t, h, device=dev, dtype=dtype, requires_grad=True),
+                                      torch.randn(t, h, device=dev, dtype=dtype),
+                                      torch.randn(t, h, device=dev, dtype=dtype),
+                                      torch.empty(t, h, device=dev, dtype=dtype)), 4 * a * n)
             ln = torch.nn.LayerNorm(h, device=dev, dtype=dtype)
-            out = torch.empty_like(y)
-            self.add("copy", "memory", (t, h), dt, "fwd", 2 * a * n, lambda out=out, y=y: out.copy_(y))
-            self.add("residual_add", "memory", (t, h), dt, "fwd", 3 * a * n, lambda x=x, y=y: torch.add(x, y))
+
+            def copy(data=data):
+                _, y, _, out = data()
+                out.copy_(y)
+
+            def add(data=data):
+                x, y, _, _ = data()
+                torch.add(x, y)
+
+            self.add("copy", "memory", (t, h), dt, "fwd", 2 * a * n, copy)
+            self.add("residual_add", "memory", (t, h), dt, "fwd", 3 * a * n, add)
             for name, fn, per in (("layernorm", ln, 4 * a), ("gelu", F.gelu, 2 * a)):
-                f = self.add(name, "memory", (t, h), dt, "fwd", per * n, lambda fn=fn, x=x: fn(x))
-                self.add(name, "memory", (t, h), dt, "bwd", 2 * per * n,
-                         lambda fn=fn, x=x, g=g: torch.autograd.grad(fn(x), (x,), g), minus=[f])
+                def fwd(fn=fn, data=data):
+                    fn(data()[0])
+
+                def fwd_bwd(fn=fn, data=data):
+                    x, _, g, _ = data()
+                    torch.autograd.grad(fn(x), (x,), g)
+
+                f = self.add(name, "memory", (t, h), dt, "fwd", per * n, fwd)
+                self.add(name, "memory", (t, h), dt, "bwd", 2 * per * n, fwd_bwd, minus=[f])
+            self.measure()  # a shape's pool at a time
         vocabs = (512, 2048) if self.quick else (512, 2048, 8192)
         tokens = (256,) if self.quick else (128, 256, 512, 1024)
         if self.device.type == "cuda":
             vocabs, tokens = ((32768,), (4096,)) if self.quick else ((8192, 32768, 50304), (2048, 8192))
         for t in tokens:
             for vsz in vocabs:
-                logits = torch.randn(t, vsz, device=dev, dtype=dtype, requires_grad=True)
                 tgt = torch.randint(0, vsz, (t,), device=dev)
+                logits = self.cold(lambda: (torch.randn(t, vsz, device=dev, dtype=dtype, requires_grad=True),),
+                                   a * t * vsz)
                 per = a + 4 + 4
+
                 # as torch_model.GPT: the loss in fp32 (the upcast of 16-bit logits is part of it)
-                f = self.add("cross_entropy", "memory", (t, vsz), dt, "fwd", per * t * vsz,
-                             lambda lg=logits, tgt=tgt: F.cross_entropy(lg.float(), tgt))
-                self.add("cross_entropy", "memory", (t, vsz), dt, "bwd", 2 * per * t * vsz,
-                         lambda lg=logits, tgt=tgt: torch.autograd.grad(F.cross_entropy(lg.float(), tgt), (lg,)),
-                         minus=[f])
-        self.measure()
+                def fwd(logits=logits, tgt=tgt):
+                    F.cross_entropy(logits()[0].float(), tgt)
+
+                def fwd_bwd(logits=logits, tgt=tgt):
+                    lg, = logits()
+                    torch.autograd.grad(F.cross_entropy(lg.float(), tgt), (lg,))
+
+                f = self.add("cross_entropy", "memory", (t, vsz), dt, "fwd", per * t * vsz, fwd)
+                self.add("cross_entropy", "memory", (t, vsz), dt, "bwd", 2 * per * t * vsz, fwd_bwd, minus=[f])
+            self.measure()
 
     def embedding(self, dt: str = "fp32"):
         """Token + learned position embedding (gather and add): 3a B/element forward, 6a backward.
@@ -250,20 +294,30 @@ class Bench:
         if self.device.type == "cuda":
             shapes = [(t, h, 32768) for t in (4096, 16384) for h in (1024, 2048)][: 1 if self.quick else None]
         for t, h, vocab in shapes:
-            tok = torch.nn.Embedding(vocab, h, device=dev, dtype=dtype)
-            pos = torch.nn.Embedding(t, h, device=dev, dtype=dtype)
             idx = torch.randint(0, vocab, (t,), device=dev)
             ar = torch.arange(t, device=dev)
-            g = torch.randn(t, h, device=dev, dtype=dtype)
-            tables = torch.empty((vocab + t) * h, device=dev, dtype=dtype)
             n = t * h
-            f = self.add("embedding", "memory", (t, h, vocab), dt, "fwd", 3 * a * n,
-                         lambda tok=tok, pos=pos, idx=idx, ar=ar: tok(idx) + pos(ar))
-            z = self.add("zero_fill", "memory", ((vocab + t) * h,), dt, "helper", 0.0, tables.zero_)
-            self.add("embedding", "memory", (t, h, vocab), dt, "bwd", 6 * a * n,
-                     lambda tok=tok, pos=pos, idx=idx, ar=ar, g=g:
-                     torch.autograd.grad(tok(idx) + pos(ar), (tok.weight, pos.weight), g), minus=[f, z])
-        self.measure()
+            data = self.cold(lambda: (torch.nn.Embedding(vocab, h, device=dev, dtype=dtype),
+                                      torch.nn.Embedding(t, h, device=dev, dtype=dtype),
+                                      torch.randn(t, h, device=dev, dtype=dtype),
+                                      torch.empty((vocab + t) * h, device=dev, dtype=dtype)),
+                             a * (2 * (vocab + t) * h + n))
+
+            def fwd(data=data, idx=idx, ar=ar):
+                tok, pos, _, _ = data()
+                tok(idx) + pos(ar)
+
+            def fill(data=data):
+                data()[3].zero_()
+
+            def fwd_bwd(data=data, idx=idx, ar=ar):
+                tok, pos, g, _ = data()
+                torch.autograd.grad(tok(idx) + pos(ar), (tok.weight, pos.weight), g)
+
+            f = self.add("embedding", "memory", (t, h, vocab), dt, "fwd", 3 * a * n, fwd)
+            z = self.add("zero_fill", "memory", ((vocab + t) * h,), dt, "helper", 0.0, fill)
+            self.add("embedding", "memory", (t, h, vocab), dt, "bwd", 6 * a * n, fwd_bwd, minus=[f, z])
+            self.measure()
 
     # ------------------------------------------------------------------ framework operators
     def framework(self, dt: str = "fp32"):
@@ -275,22 +329,34 @@ class Bench:
         if dev.type == "cuda":
             sizes = (2**20, 2**26) if self.quick else tuple(2**k for k in range(16, 29, 2))
         for n in sizes:
-            buf = torch.empty(n, device=dev, dtype=dtype)
-            main = torch.zeros(n, device=dev)  # fp32 gradient buffer
-            new = torch.randn(n, device=dev, dtype=dtype)
-            self.add("zero_fill", "memory", (n,), dt, "step", a * n, buf.zero_, kernel="zero_fill")
-            self.add("grad_accumulate", "memory", (n,), dt, "bwd", (a + 8) * n, lambda m=main, g=new: m.add_(g),
-                     kernel="grad_accumulate")
+            # a 16-bit or fp32 buffer, an fp32 gradient buffer, a new gradient
+            data = self.cold(lambda: (torch.empty(n, device=dev, dtype=dtype), torch.zeros(n, device=dev),
+                                      torch.randn(n, device=dev, dtype=dtype)), (2 * a + 4) * n)
+
+            def fill(data=data):
+                data()[0].zero_()
+
+            def accumulate(data=data):
+                _, main, new = data()
+                main.add_(new)
+
+            def cast(data=data):
+                buf, main, _ = data()
+                buf.copy_(main)
+
+            self.add("zero_fill", "memory", (n,), dt, "step", a * n, fill, kernel="zero_fill")
+            self.add("grad_accumulate", "memory", (n,), dt, "bwd", (a + 8) * n, accumulate, kernel="grad_accumulate")
             if dt != "fp32":
-                self.add("param_cast", "memory", (n,), dt, "step", (4 + a) * n, lambda b=buf, m=main: b.copy_(m),
-                         kernel="param_cast")
+                self.add("param_cast", "memory", (n,), dt, "step", (4 + a) * n, cast, kernel="param_cast")
+            self.measure()
         shapes = [(256, 512), (1024, 1024)] if self.quick else [(t, d) for t in (256, 1024, 4096) for d in (128, 512, 2048)]
         if dev.type == "cuda":
             shapes = [(t * 16, d * 4) for t, d in shapes]
         for t, d in shapes:
-            g = torch.randn(t, d, device=dev, dtype=dtype)
-            self.add("bias_grad", "memory", (t, d), dt, "bwd", a * t * d, lambda g=g: g.sum(0), kernel="bias_grad")
-        self.measure()
+            grads = self.cold(lambda: (torch.randn(t, d, device=dev, dtype=dtype),), a * t * d)
+            self.add("bias_grad", "memory", (t, d), dt, "bwd", a * t * d, lambda grads=grads: grads()[0].sum(0),
+                     kernel="bias_grad")
+            self.measure()
 
     def adamw(self, dt: str = "fp32"):
         """Fused AdamW over fp32 parameters (the master weights under mixed precision).
@@ -305,12 +371,17 @@ class Bench:
         sizes = (2**16, 2**20) if self.quick else (2**14, 2**16, 2**18, 2**20, 2**22)
         if dev.type == "cuda":
             sizes = tuple(n * 64 for n in sizes)
-        for p in sizes:
+        def optimizer(p):
             param = torch.nn.Parameter(torch.randn(p, device=dev))
             param.grad = torch.randn(p, device=dev)
             opt = torch.optim.AdamW([param], lr=1e-4, fused=True)
-            self.add("adamw_fused", "memory", (p,), dt, "step", per * p, opt.step)
-        self.measure()
+            opt.step()  # its states allocated now, not in a timed call
+            return (opt,)
+
+        for p in sizes:
+            opts = self.cold(lambda p=p: optimizer(p), 16 * p)
+            self.add("adamw_fused", "memory", (p,), dt, "step", per * p, lambda opts=opts: opts()[0].step())
+            self.measure()
 
     # ------------------------------------------------------------------ host overhead
     def host_overhead(self) -> dict:
