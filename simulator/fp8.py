@@ -53,7 +53,9 @@ kernels each scaling recipe adds, and what FP8 changes in memory.
   transpose (1 + 1 B) and its all-gather in 1 B (NeMo@v2.0.0 nemo/core/optim/
   distributed_adam.py); a linear saves its input for the weight gradient in FP8, 1 B instead
   of 2 (the projection's FP8 copy of the attention output comes on top of the BF16 output
-  the attention kernel keeps). MXFP8 keeps both quantisations of a weight (2·(1 + 1/32) B).
+  the attention kernel keeps); under sequence parallelism TransformerEngine keeps the FP8
+  shard of an all-gathered input, as BF16 linears keep theirs, and torchao's tensorwise TP
+  the gathered FP8 input (saved_input_change). MXFP8 keeps both quantisations of a weight (2·(1 + 1/32) B).
   torchao (Dec 2024, torchao@eab345c22 float8_linear.py
   manual_float8_matmul_with_args_in_float8) saves each linear's FP8 input: one tensor that
   wq, wk and wv all hold where it was cast once (compiled, or cast before a tensorwise FP8
@@ -114,12 +116,13 @@ def input_casts(rec: str, shard: Shard, compiled: bool, readers) -> int:
     return readers
 
 
-def _cast_op(name, shard: Shard, rec: str, compiled: bool, tokens, d_in, d_out, readers, casts, matrices=1):
+def _cast_op(name, shard: Shard, rec: str, compiled: bool, tokens, d_in, d_out, readers, casts, matrices=1,
+             sp_input=False):
     """The cast kernels of one linear: `casts` casts of its input (input_casts), its weight, its
     output gradient; rowwise also rescales each of the `readers` linears' own gradients."""
     inputs, weights, grads = CAST_BYTES[rec][1 if compiled else 0]
     x = tokens * d_in
-    if rec == "tensorwise" and shard.sp and readers > 1:
+    if rec == "tensorwise" and shard.sp and sp_input:
         x = x / shard.tp  # the sequence-sharded input is cast, then all-gathered in FP8
     fwd = casts * inputs * x + weights * matrices * d_in * d_out
     bwd = grads * tokens * d_out
@@ -146,22 +149,33 @@ def fp8_layer_ops(ops: list[Op], shard: Shard, plan) -> list[Op]:
         tokens, d_in, d_out, matrices = op.linear.tokens, op.linear.d_in, op.linear.d_out, op.linear.matrices
         readers = projections.readers(op, plan)  # torchao: each linear casts its own input
         casts = input_casts(rec, shard, plan.compile, readers)
+        sp_input = op.linear.sp_input
         out.append(replace(as_gemm_kind(op, kind, shard.act_bytes),
-                           saved_bytes=op.saved_bytes + saved_input_change(op.name, rec, tokens, d_in, casts, shard)))
-        out.append(_cast_op(op.name, shard, rec, plan.compile, tokens, d_in, d_out, readers, casts, matrices))
+                           saved_bytes=op.saved_bytes + saved_input_change(op.name, rec, tokens, d_in, casts, shard,
+                                                                           sp_input)))
+        out.append(_cast_op(op.name, shard, rec, plan.compile, tokens, d_in, d_out, readers, casts, matrices, sp_input))
     return out
 
 
-def saved_input_change(name: str, rec: str, tokens, d_in, casts, shard: Shard):
-    """Bytes an FP8 linear saves for its weight gradient beyond the BF16 input it would keep:
-    one FP8 input per cast of it (input_casts)."""
+def saved_input_change(name: str, rec: str, tokens, d_in, casts, shard: Shard, sp_input: bool = False):
+    """Bytes an FP8 linear saves for its weight gradient beyond the BF16 input it would keep.
+
+    The BF16 input kept is the linear's whole input, or under sequence parallelism, for a
+    linear reading the all-gathered norm output (`sp_input`), its sequence shard
+    (workload.LinearShape). TransformerEngine keeps that same tensor in FP8 and all-gathers
+    it again for the weight gradient (TE@fb749619e transformer_engine/pytorch/module/
+    layernorm_linear.py, backward: gather_along_first_dim(ln_out)); torchao's tensorwise TP
+    casts the shard, all-gathers it in FP8 and keeps the gathered FP8 input the linear
+    received (input_casts); otherwise one FP8 input per cast."""
     a = shard.act_bytes
     x = tokens * d_in
     if rec in TE_RECIPES or rec == "tensorwise":
-        fp8 = (1 + (MX_SCALE if rec == "mxfp8" else 0.0)) * x
+        local = x / shard.tp if sp_input and shard.sp else x  # the BF16 input kept without FP8
+        fp8 = 1 + (MX_SCALE if rec == "mxfp8" else 0.0)
         if name == "attn_out":  # the attention kernel keeps its BF16 output anyway
-            return casts * fp8
-        return casts * fp8 - a * x
+            return casts * fp8 * x
+        kept = local if rec in TE_RECIPES else x
+        return casts * fp8 * kept - a * local
     return 0.0 * x
 
 

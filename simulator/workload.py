@@ -49,7 +49,9 @@ class LinearShape:
     (`grouped`: one per local expert, each over its share of the rows, in one grouped GEMM);
     `widths`: the output widths of the projections a fused linear computes at once (Q, K and
     V; a gated MLP's gate and up), d_out in all; (d_out,) for a single projection. Widths per
-    TP rank."""
+    TP rank. `sp_input`: the input is the layer's norm output, all-gathered from its sequence
+    shards under sequence parallelism; the linear then keeps only its shard for the weight
+    gradient and gathers it again (Korthikanti et al. 2022, Sec. 4.2.2)."""
 
     tokens: object
     d_in: object
@@ -57,6 +59,7 @@ class LinearShape:
     matrices: object = 1
     widths: tuple = ()
     grouped: bool = False
+    sp_input: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,7 @@ def gemm_traffic(tokens, d_in, d_out, operand_bytes, out_bytes, matrices=1) -> t
         operand_bytes * (y + x) + out_bytes * w
 
 
-def _linear(name, tokens, d_in, d_out, act_bytes, saved_in, widths=None, matrices=None):
+def _linear(name, tokens, d_in, d_out, act_bytes, saved_in, widths=None, matrices=None, sp_input=False):
     """A dense layer y = x W on `tokens` rows: forward 2·T·d_in·d_out FLOPs, and as much again
     for each of the input- and weight-gradient GEMMs; weights are read in the compute
     precision (16-bit under mixed precision, 4 B in fp32). `widths`: the projections it
@@ -136,7 +139,7 @@ def _linear(name, tokens, d_in, d_out, act_bytes, saved_in, widths=None, matrice
     fwd, bwd_input, bwd_weight = gemm_traffic(tokens, d_in, d_out, act_bytes, act_bytes, matrices)
     return Op(name, MATMUL, fwd_flops=flops, bwd_input_flops=flops, bwd_weight_flops=flops,
               fwd_bytes=fwd, bwd_input_bytes=bwd_input, bwd_weight_bytes=bwd_weight, saved_bytes=saved_in,
-              kernels=matrices, linear=LinearShape(tokens, d_in, d_out, matrices, widths or (d_out,), grouped))
+              kernels=matrices, linear=LinearShape(tokens, d_in, d_out, matrices, widths or (d_out,), grouped, sp_input))
 
 
 def _elementwise(name, elements, bytes_per_element, saved, group=None):
@@ -193,7 +196,7 @@ def _attention_ops(model: ModelSpec, shard: Shard) -> list[Op]:
     tokens, rep = shard.tokens, shard.replicated_tokens
     q_w, kv_w = q_heads * d, kv_heads * d
     ops = []
-    qkv = _linear("qkv", tokens, h, q_w + 2 * kv_w, a, a * rep * h, widths=(q_w, kv_w, kv_w))
+    qkv = _linear("qkv", tokens, h, q_w + 2 * kv_w, a, a * rep * h, widths=(q_w, kv_w, kv_w), sp_input=True)
     # Q, K and V are the attention core's inputs: saved under every recompute mode but full.
     ops.append(Op(**{**qkv.__dict__, "saved_bytes": qkv.saved_bytes + a * tokens * (q_w + 2 * kv_w)}))
     if model.position_embedding == "rope":
@@ -269,10 +272,11 @@ def mlp_ops(model: ModelSpec, shard: Shard, width, prefix: str = "") -> list[Op]
     tokens, rep = shard.tokens, shard.replicated_tokens
     f = width
     if model.activation in ("swiglu", "geglu"):
-        return [_linear(prefix + "mlp_gate_up", tokens, h, 2 * f / t, a, a * rep * h, widths=(f / t, f / t)),
+        return [_linear(prefix + "mlp_gate_up", tokens, h, 2 * f / t, a, a * rep * h, widths=(f / t, f / t),
+                        sp_input=True),
                 _elementwise(prefix + model.activation, tokens * f / t, 3 * a, 2 * a * tokens * f / t),
                 _linear(prefix + "mlp_down", tokens, f / t, h, a, a * tokens * f / t)]
-    return [_linear(prefix + "mlp_up", tokens, h, f / t, a, a * rep * h),
+    return [_linear(prefix + "mlp_up", tokens, h, f / t, a, a * rep * h, sp_input=True),
             _elementwise(prefix + "gelu", tokens * f / t, 2 * a, a * tokens * f / t),
             _linear(prefix + "mlp_down", tokens, f / t, h, a, a * tokens * f / t)]
 

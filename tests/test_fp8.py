@@ -75,6 +75,27 @@ def test_linears_reading_one_fp8_input_save_it_once_unless_eager_casts_it_apiece
     assert qkv["compiled"] == pytest.approx(base["qkv"] + x - 2 * x)
 
 
+def test_under_sequence_parallelism_transformer_engine_keeps_the_fp8_shard_and_torchao_the_gathered_input():
+    # t = 4 with SP: without FP8 qkv keeps its BF16 input shard (2 B x T/t x h) and gathers it
+    # again for the weight gradient; TransformerEngine keeps that shard in FP8 (1 B x T/t x h),
+    # torchao's tensorwise TP the all-gathered FP8 input it received (1 B x T x h); the
+    # projection after the attention reads no gathered input: its FP8 copy of the whole input
+    t = 4
+    shard = Shard(micro_batch=B, seq_len=S, tp=t, sp=True)
+    model = scenario().model
+    base = {op.name: op.saved_bytes for op in layer_ops(model, shard)}
+    x = B * S * H
+
+    def saved(**plan):
+        s = scenario(tp=t, dp=2, sequence_parallel=True, **plan)
+        return {op.name: op.saved_bytes for op in fp8_layer_ops(layer_ops(model, shard), shard, s.plan)}
+
+    te, torchao = saved(fp8_recipe="delayed"), saved(fp8_recipe="tensorwise", projections="separate")
+    assert te["qkv"] == pytest.approx(base["qkv"] + x / t - 2 * x / t)
+    assert torchao["qkv"] == pytest.approx(base["qkv"] + x - 2 * x / t)
+    assert te["mlp_down"] == pytest.approx(base["mlp_down"] + (x - 2 * x) * F / (t * H))
+
+
 def test_rowwise_rescales_both_gradient_gemms_outputs_after_cublas():
     # compiled rowwise: 6 B per input element (one cast: CSE), 10 per weight, 6 per
     # output-gradient element, plus a read and a write (2 + 2 B) of wq's, wk's and wv's own
