@@ -160,17 +160,19 @@ def fp8_layer_ops(ops: list[Op], shard: Shard, plan) -> list[Op]:
 def saved_input_change(name: str, rec: str, tokens, d_in, casts, shard: Shard, sp_input: bool = False):
     """Bytes an FP8 linear saves for its weight gradient beyond the BF16 input it would keep.
 
-    The BF16 input kept is the linear's whole input, or under sequence parallelism, for a
-    linear reading the all-gathered norm output (`sp_input`), its sequence shard
-    (workload.LinearShape). TransformerEngine keeps that same tensor in FP8 and all-gathers
-    it again for the weight gradient (TE@fb749619e transformer_engine/pytorch/module/
-    layernorm_linear.py, backward: gather_along_first_dim(ln_out)); torchao's tensorwise TP
-    casts the shard, all-gathers it in FP8 and keeps the gathered FP8 input the linear
-    received (input_casts); otherwise one FP8 input per cast."""
+    The BF16 input kept is the linear's whole input, or under Megatron-LM's sequence
+    parallelism, for a linear reading the all-gathered norm output (`sp_input`), its
+    sequence shard (workload.Shard.kept_input_tokens). TransformerEngine keeps that same
+    tensor in FP8 and all-gathers it again for the weight gradient (TE@fb749619e
+    transformer_engine/pytorch/module/layernorm_linear.py, backward:
+    gather_along_first_dim(ln_out)); torchao's tensorwise TP casts the shard, all-gathers it
+    in FP8 and keeps the gathered FP8 input the linear received (input_casts); otherwise one
+    FP8 input per cast."""
     a = shard.act_bytes
     x = tokens * d_in
     if rec in TE_RECIPES or rec == "tensorwise":
-        local = x / shard.tp if sp_input and shard.sp else x  # the BF16 input kept without FP8
+        # the BF16 input kept without FP8
+        local = x * shard.kept_input_tokens / shard.tokens if sp_input else x
         fp8 = 1 + (MX_SCALE if rec == "mxfp8" else 0.0)
         if name == "attn_out":  # the attention kernel keeps its BF16 output anyway
             return casts * fp8 * x

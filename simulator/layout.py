@@ -132,7 +132,7 @@ def compile_layout(model, cluster, plan) -> Layout:
     precision = fp8.compute_precision(plan)  # of every GEMM but FP8 linears
     shard = Shard(micro_batch=plan.micro_batch, seq_len=model.seq_len, tp=plan.tp, cp=plan.cp, sp=plan.sp,
                   flash_attention=plan.flash_attention, act_bytes=act_bytes, loss=plan.loss,
-                  loss_chunk_tokens=plan.loss_chunk_tokens)
+                  loss_chunk_tokens=plan.loss_chunk_tokens, tp_keeps_gathered=plan.tp_impl == "dtensor")
     g = groups(plan, cluster)
     grad_group = grad_group_size(plan)
     per = bytes_per_param(plan.precision, plan.grad_precision, plan.optimizer_precision, plan.fp32_params)

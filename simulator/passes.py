@@ -93,15 +93,17 @@ def tp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Clu
     becomes an all-gather plus a reduce-scatter of the same volume (Korthikanti 2022), and
     the backward pass all-gathers the sequence-sharded input of the two column-parallel
     GEMMs again for their weight gradients (Megatron-LM
-    LinearWithGradAccumulationAndAsyncCommunication.backward). `gather_factor` scales the
-    bytes of the forward all-gathers (0.5: FP8 all-gathers, fp8.py).
+    LinearWithGradAccumulationAndAsyncCommunication.backward), where DTensor's linears kept
+    the gathered input (Shard.tp_keeps_gathered). `gather_factor` scales the bytes of the
+    forward all-gathers (0.5: FP8 all-gathers, fp8.py).
     """
     nbytes = shard.act_bytes * shard.tokens * model.hidden
     if shard.sp:
         gather = collective_time("all_gather", nbytes, groups.tp, cluster)
         scatter = collective_time("reduce_scatter", nbytes, groups.tp, cluster)
         fwd = 2 * (collective_time("all_gather", gather_factor * nbytes, groups.tp, cluster) + scatter)
-        return fwd, 2 * (gather + scatter) + 2 * gather
+        regather = 0.0 if shard.tp_keeps_gathered else 2 * gather
+        return fwd, 2 * (gather + scatter) + regather
     fwd = 2 * collective_time("all_reduce", nbytes, groups.tp, cluster)
     return fwd, fwd
 

@@ -27,6 +27,7 @@ RECOMPUTE_METHODS = ("uniform", "block")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8")
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise")
 TP_OVERLAPS = ("userbuffers", "async-tp")
+TP_IMPLS = ("megatron", "dtensor")
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
 GRAD_PRECISIONS = ("fp32", "bf16", "fp16")
 DIMENSIONS = ("tp", "cp", "dp", "pp")
@@ -111,6 +112,12 @@ class Plan:
     # How overlapped TP collectives are implemented (tpoverlap.py): TransformerEngine userbuffers
     # or PyTorch async TP.
     tp_overlap: str = "userbuffers"
+    # Who splits the layers over TP ranks: Megatron-LM's parallel linears (TransformerEngine
+    # alike), which under sequence parallelism keep the sequence shard of a column-parallel
+    # linear's input and all-gather it again for the weight gradient, or PyTorch DTensor's
+    # parallelize_module (torchtitan), whose linears keep the all-gathered input they were
+    # given (workload.Shard.tp_keeps_gathered).
+    tp_impl: str = "megatron"
     # The attention kernel: the profile's fused kernel (FA3, cuDNN on Hopper) or FlashAttention-2
     # (PyTorch's SDPA flash backend): compute.FLASH2_ATTENTION.
     attention_kernel: str = "fused"
@@ -205,6 +212,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         fsdp_reshard_after_forward=F.boolean(data, "fsdp_reshard_after_forward", "plan", True),
         zero3_impl=F.choice(data, "zero3_impl", "plan", ("fsdp2", "deepspeed"), "fsdp2"),
         tp_overlap=F.choice(data, "tp_overlap", "plan", TP_OVERLAPS, "userbuffers"),
+        tp_impl=F.choice(data, "tp_impl", "plan", TP_IMPLS, "megatron"),
         attention_kernel=F.choice(data, "attention_kernel", "plan", ATTENTION_KERNELS, "fused"),
         projections=F.choice(data, "projections", "plan", PROJECTIONS, "fused"),
         cp_attention=F.choice(data, "cp_attention", "plan", CP_ATTENTION, "ring"),
@@ -334,6 +342,9 @@ def check_options(plan: Plan) -> None:
         raise InputError("plan.attention_kernel", plan.attention_kernel, "only with flash_attention: true")
     if not plan.fsdp_reshard_after_forward and plan.zero_stage < 3:
         raise InputError("plan.fsdp_reshard_after_forward", False, "only with zero_stage 3 (FSDP)")
+    if plan.tp_impl == "dtensor" and plan.tp_comm_overlap and plan.tp_overlap == "userbuffers":
+        raise InputError("plan.tp_overlap", plan.tp_overlap, "TransformerEngine's userbuffers overlap Megatron-LM's "
+                         "parallel linears; with tp_impl: dtensor the overlap is async-tp")
     if not plan.fsdp_reshard_after_forward and plan.zero3_impl != "fsdp2":
         raise InputError("plan.fsdp_reshard_after_forward", False, "only with zero3_impl fsdp2")
     if plan.fp8_params and plan.precision not in ("fp8", "mxfp8"):

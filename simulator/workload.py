@@ -106,6 +106,11 @@ class Shard:
     act_bytes: int = 2  # bytes per activation element (16-bit training)
     loss: str = "unfused"  # lm_head + cross-entropy: unfused | fused | chunked (loss.py)
     loss_chunk_tokens: object = None  # chunked loss: tokens per chunk (None: Liger's rule)
+    # DTensor TP (plan.tp_impl): a column-parallel linear keeps the all-gathered input it was
+    # given (F.linear's autograd saves its input; pytorch/pytorch torch/distributed/tensor/
+    # parallel/style.py ColwiseParallel, torchtitan's PrepareModuleInput to Replicate) instead
+    # of its sequence shard, and needs no all-gather of it in the backward pass
+    tp_keeps_gathered: bool = False
 
     @property
     def tokens(self):
@@ -118,6 +123,13 @@ class Shard:
         all of them on every TP rank, or 1/t with sequence parallelism (Korthikanti et al.
         2022, Sec. 4.2.2)."""
         return self.tokens / self.tp if self.sp else self.tokens
+
+    @property
+    def kept_input_tokens(self):
+        """Tokens of the input a column-parallel linear reading the sequence-parallel
+        all-gather keeps for its weight gradient: its shard (Megatron-LM), or all of them
+        (DTensor: tp_keeps_gathered)."""
+        return self.tokens if self.tp_keeps_gathered else self.replicated_tokens
 
 
 def gemm_traffic(tokens, d_in, d_out, operand_bytes, out_bytes, matrices=1) -> tuple:
@@ -193,10 +205,11 @@ def _attention_ops(model: ModelSpec, shard: Shard) -> list[Op]:
     a, t = shard.act_bytes, shard.tp
     h, d = model.hidden, model.head_dim
     q_heads, kv_heads = local_heads(model, t)
-    tokens, rep = shard.tokens, shard.replicated_tokens
+    tokens = shard.tokens
     q_w, kv_w = q_heads * d, kv_heads * d
     ops = []
-    qkv = _linear("qkv", tokens, h, q_w + 2 * kv_w, a, a * rep * h, widths=(q_w, kv_w, kv_w), sp_input=True)
+    qkv = _linear("qkv", tokens, h, q_w + 2 * kv_w, a, a * shard.kept_input_tokens * h, widths=(q_w, kv_w, kv_w),
+                  sp_input=True)
     # Q, K and V are the attention core's inputs: saved under every recompute mode but full.
     ops.append(Op(**{**qkv.__dict__, "saved_bytes": qkv.saved_bytes + a * tokens * (q_w + 2 * kv_w)}))
     if model.position_embedding == "rope":
@@ -269,14 +282,14 @@ def mlp_ops(model: ModelSpec, shard: Shard, width, prefix: str = "") -> list[Op]
     GeGLU), the activation, down. `prefix` names another MLP of the layer (shared experts)."""
     a, t = shard.act_bytes, shard.tp
     h = model.hidden
-    tokens, rep = shard.tokens, shard.replicated_tokens
+    tokens = shard.tokens
     f = width
     if model.activation in ("swiglu", "geglu"):
-        return [_linear(prefix + "mlp_gate_up", tokens, h, 2 * f / t, a, a * rep * h, widths=(f / t, f / t),
-                        sp_input=True),
+        return [_linear(prefix + "mlp_gate_up", tokens, h, 2 * f / t, a, a * shard.kept_input_tokens * h,
+                        widths=(f / t, f / t), sp_input=True),
                 _elementwise(prefix + model.activation, tokens * f / t, 3 * a, 2 * a * tokens * f / t),
                 _linear(prefix + "mlp_down", tokens, f / t, h, a, a * tokens * f / t)]
-    return [_linear(prefix + "mlp_up", tokens, h, f / t, a, a * rep * h, sp_input=True),
+    return [_linear(prefix + "mlp_up", tokens, h, f / t, a, a * shard.kept_input_tokens * h, sp_input=True),
             _elementwise(prefix + "gelu", tokens * f / t, 2 * a, a * tokens * f / t),
             _linear(prefix + "mlp_down", tokens, f / t, h, a, a * tokens * f / t)]
 
@@ -295,7 +308,7 @@ def head_ops(model: ModelSpec, shard: Shard) -> list[Op]:
     The cross-entropy keeps fp32 logits for the backward pass: 4·s·b·V/t bytes
     (Korthikanti et al. 2022, Sec. 4.3).
     """
-    a, tokens, rep = shard.act_bytes, shard.tokens, shard.replicated_tokens
+    a, tokens = shard.act_bytes, shard.tokens
     h, v = model.hidden, model.vocab / shard.tp
     logits = tokens * v
     norm = norm_op("final_norm", model, shard)
@@ -310,7 +323,7 @@ def head_ops(model: ModelSpec, shard: Shard) -> list[Op]:
     else:
         # fp32 upcast, max, exp-sum and loss: read 16-bit logits, write and re-read fp32 softmax
         cross_entropy = _elementwise("cross_entropy", logits, a + 4 + 4, 4 * logits)
-    return [norm, _linear("lm_head", tokens, h, v, a, a * rep * h), cross_entropy]
+    return [norm, _linear("lm_head", tokens, h, v, a, a * shard.kept_input_tokens * h, sp_input=True), cross_entropy]
 
 
 def loss_backward_transient_bytes(model: ModelSpec, shard: Shard):

@@ -1,7 +1,7 @@
 """Random valid plans for the property tests (hypothesis strategies): every schedule,
 recompute mode (Megatron selective/full uniform/block, torchtitan op-level), precision (FP8
-recipes on H100), TP overlap implementation, eager or compiled kernels, FSDP resharding,
-uneven pipeline ranks.
+recipes on H100), TP implementation (Megatron-LM or DTensor) and overlap, eager or compiled
+kernels, FSDP resharding, uneven pipeline ranks.
 
 Plans are built valid by construction where the rules are simple (divisors, batch
 multiples) and the rest is left to plan validation; a draw the validation refuses is
@@ -86,6 +86,9 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
         extra = {"compile": draw(st.booleans()), "tp_overlap": draw(st.sampled_from(["userbuffers", "async-tp"])),
                  "optimizer_precision": draw(st.sampled_from(["fp32", "bf16"])),
                  "grad_accumulation_fusion": draw(st.booleans())}
+        # DTensor's parallel linears (torchtitan) overlap their TP collectives only by async TP
+        extra["tp_impl"] = draw(st.sampled_from(["megatron", "dtensor"])) if extra["tp_overlap"] == "async-tp" \
+            else "megatron"
         if recompute == "full":
             extra["recompute_method"] = draw(st.sampled_from(["uniform", "block"]))
             extra["recompute_num_layers"] = draw(st.sampled_from([1, 2, 3]))

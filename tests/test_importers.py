@@ -58,6 +58,8 @@ def test_torchtitan_llama3_405b_maps_float8_and_async_tp_and_reports_float8_deta
     assert _plan(imported, "tp", "sequence_parallel", "tp_comm_overlap", "precision", "recompute", "global_batch") == {
         "tp": 8, "sequence_parallel": True, "tp_comm_overlap": True, "precision": "fp8", "recompute": "full",
         "global_batch": 2 * 16}  # batch_size 2 x dp = 128 / 8
+    # PyTorch's async TP over DTensor's parallel linears, which keep their gathered inputs
+    assert _plan(imported, "tp_overlap", "tp_impl") == {"tp_overlap": "async-tp", "tp_impl": "dtensor"}
     assert "float8.enable_fsdp_float8_all_gather" in {m["key"] for m in imported.unmapped}
 
 

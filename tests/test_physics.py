@@ -18,7 +18,7 @@ from simulator.offload import OffloadCosts, exposed_offload_s, offload_costs
 from simulator.passes import pp_hop_s, tp_layer_comm_s
 from simulator.plan import Offload, Plan
 from simulator.states import bytes_per_param, model_states, optimizer_step_s
-from simulator.workload import MATMUL, MEMORY, Op, Shard
+from simulator.workload import MATMUL, MEMORY, Op, Shard, layer_ops
 
 GPT = ModelSpec(name="gpt", layers=24, hidden=2048, heads=16, kv_heads=16, ffn_hidden=8192, vocab=51200,
                 seq_len=2048, activation="gelu", dropout=False)
@@ -89,6 +89,38 @@ def test_sequence_parallel_turns_each_all_reduce_into_gather_and_scatter_plus_a_
     fwd, bwd = tp_layer_comm_s(GPT, shard, _groups(tp=4), cluster)
     assert float(fwd) == pytest.approx(2 * (gather + _ring("reduce_scatter", nbytes, 4, link)))
     assert float(bwd) == pytest.approx(float(fwd) + 2 * gather)
+
+
+def test_dtensor_linears_keep_the_gathered_input_and_need_no_backward_regather(dgx_a100):
+    # torchtitan's PrepareModuleInput redistributes the norm output to Replicate and F.linear
+    # keeps that gathered input: the backward has only the mirror images of the forward's
+    cluster = dgx_a100(1)
+    shard = Shard(micro_batch=2, seq_len=2048, tp=4, sp=True, tp_keeps_gathered=True)
+    nbytes = 2 * 2 * 2048 * 2048
+    link = cluster.node.scaleup
+    fwd, bwd = tp_layer_comm_s(GPT, shard, _groups(tp=4), cluster)
+    assert float(fwd) == pytest.approx(2 * (_ring("all_gather", nbytes, 4, link) + _ring("reduce_scatter", nbytes, 4, link)))
+    assert float(bwd) == pytest.approx(float(fwd))
+
+
+def test_a_column_parallel_linear_keeps_its_input_shard_under_megatron_and_all_of_it_under_dtensor():
+    # qkv's saved bytes beyond Q, K and V: 2 B x b s h / t (Megatron-LM sequence parallelism), 2 B x b s h (DTensor)
+    def saved(**kw):
+        ops = {op.name: op for op in layer_ops(GPT, Shard(micro_batch=2, seq_len=2048, tp=4, sp=True, **kw))}
+        return ops["qkv"].saved_bytes - 2 * 2 * 2048 * 3 * 2048 / 4, ops["mlp_up"].saved_bytes
+    assert saved() == pytest.approx((2 * 2 * 2048 * 2048 / 4, 2 * 2 * 2048 * 2048 / 4))
+    assert saved(tp_keeps_gathered=True) == pytest.approx((2 * 2 * 2048 * 2048, 2 * 2 * 2048 * 2048))
+
+
+def test_userbuffers_overlap_of_dtensor_linears_is_refused():
+    from simulator import InputError, scenario_from_dict
+    plan = {"tp": 8, "dp": 1, "micro_batch": 1, "global_batch": 8, "sequence_parallel": True, "tp_impl": "dtensor",
+            "tp_comm_overlap": True}
+    with pytest.raises(InputError, match="plan.tp_overlap"):
+        scenario_from_dict({"model": {"preset": "llama-3.1-8b"}, "cluster": {"node": "dgx-h100", "nodes": 1},
+                            "plan": plan})
+    scenario_from_dict({"model": {"preset": "llama-3.1-8b"}, "cluster": {"node": "dgx-h100", "nodes": 1},
+                        "plan": {**plan, "tp_overlap": "async-tp"}})
 
 
 def test_context_parallel_ring_passes_keys_and_values_cp_minus_one_times(dgx_a100):

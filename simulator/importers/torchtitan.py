@@ -105,6 +105,8 @@ def read(path: str | Path) -> Imported:
     cp = a.number("parallelism.context_parallel_degree", 1)
     a.map("parallelism.tensor_parallel_degree", "plan.tp", tp)
     a.map("parallelism.tensor_parallel_degree", "plan.sequence_parallel", tp > 1)
+    # DTensor's parallelize_module: the linears keep the all-gathered input (workload.Shard)
+    a.map("parallelism.tensor_parallel_degree", "plan.tp_impl", "dtensor")
     a.map("parallelism.pipeline_parallel_degree", "plan.pp", pp)
     a.map("parallelism.context_parallel_degree", "plan.cp", cp)
     rotate = "parallelism.context_parallel_rotate_method"
@@ -126,6 +128,7 @@ def read(path: str | Path) -> Imported:
     if a.has("parallelism.enable_async_tensor_parallel"):
         a.map("parallelism.enable_async_tensor_parallel", "plan.tp_comm_overlap",
               bool(a.get("parallelism.enable_async_tensor_parallel")))
+        a.map("parallelism.enable_async_tensor_parallel", "plan.tp_overlap", "async-tp")
 
     policy = "parallelism.fsdp_reshard_after_forward"
     reshard = {"default": pp == 1, "always": True, "never": False}.get(str(a.get(policy, "default")))
