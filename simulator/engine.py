@@ -537,10 +537,10 @@ def _simulate(layout: Layout, periodic: bool) -> Simulation:
 
 def _extrapolate(layout: Layout, runs: list, m: int, t0: float) -> Simulation | None:
     """The step for m micro-batches from two executions (m_q, graph, execution) a period
-    apart, or None where the step is not yet affine in m. The step time is affine from one period on even where the activation peaks are not
-    (interleaved's warm-up fills more than p micro-batches' chunks): a stage's peak is taken
-    from a run that holds as many chunks in flight as the full step (Schedule.in_flight),
-    else extrapolated (GPipe's grows with m)."""
+    apart, or None where the step is not yet affine in m. The step time is affine from one
+    period on even where the activation peaks are not (interleaved's warm-up fills more than
+    p micro-batches' chunks): a stage's peak is taken from a run that holds as many chunks in
+    flight as the full step (Schedule.in_flight), else extrapolated (GPipe's grows with m)."""
     p = int(layout.p)
     (m0, g0, ex0), (m1, g1, ex1) = runs[0], runs[1]
     k = (m - m0) / p
