@@ -207,3 +207,15 @@ def test_cuda_calibrate_and_validate_quick(tmp_path, capsys):
     assert main(["validate", "--torch", "--device", "cuda", "--quick", "--profile", str(out), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert rows and all(math.isfinite(r["predicted_step_s"]) for r in rows)
+
+
+def test_memory_bound_cases_cycle_through_tensors_filling_the_cold_pool():
+    # each call of a memory-bound case takes the next of ceil(256 MB / its bytes) copies, so
+    # a loop over the case never finds its tensors in a cache (microbench.Bench.cold)
+    from simulator.calibrate.microbench import COLD_POOL_BYTES, Bench
+
+    nbytes = 4 * 2**20
+    nxt = Bench(quick=True).cold(lambda: (torch.empty(2**20),), nbytes)
+    first = [nxt()[0].data_ptr() for _ in range(COLD_POOL_BYTES // nbytes)]
+    assert len(set(first)) == COLD_POOL_BYTES // nbytes == 64
+    assert nxt()[0].data_ptr() == first[0]  # then round again
