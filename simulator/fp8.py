@@ -61,8 +61,17 @@ kernels each scaling recipe adds, and what FP8 changes in memory.
   wq, wk and wv all hold where it was cast once (compiled, or cast before a tensorwise FP8
   all-gather), three copies where each linear cast its own (eager); the Jun 2025
   version and rowwise save the BF16 input (no change). torchao keeps no FP8 weight copy
-  between steps. FSDP's parameter all-gather stays BF16 here: torchtitan's optional
-  float8 all-gather of the FSDP shards is not modelled.
+  between steps.
+- FSDP float8 all-gather (`plan.fp8_fsdp_all_gather`, tensorwise; torchtitan's
+  float8.enable_fsdp_float8_all_gather with precompute_float8_dynamic_scale_for_fsdp;
+  torchao@eab345c22 torchao/float8/fsdp_utils.py): after the optimizer step one foreach
+  max-norm over the weight shards and one all-reduce give every weight's scale; before each
+  FSDP all-gather the shard is cast to FP8 with it (WeightWithDynamicFloat8CastTensor
+  .fsdp_pre_all_gather), the all-gather moves 1 B per linear weight element and the gathered
+  FP8 weight goes straight into the GEMM: no weight cast per linear and micro-batch, the
+  gathered buffers in 1 B. The shard casts (stored + 1 B per shard element and gather; the
+  max-norm reads the shard once) are booked with the optimizer step
+  (`weight_cast_bytes_per_step`), where TransformerEngine's once-per-step casts are.
 """
 
 from __future__ import annotations
@@ -71,8 +80,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import projections
+from . import fsdp, projections
 from .compute import FP8_MATMUL, MX_SCALE, MXFP8_MATMUL, as_gemm_kind
+from .dims import grad_group_size
 from .workload import MEMORY, Op, Shard, local_heads
 
 FP8_PRECISIONS = ("fp8", "mxfp8")
@@ -117,10 +127,12 @@ def input_casts(rec: str, shard: Shard, compiled: bool, readers) -> int:
 
 
 def _cast_op(name, shard: Shard, rec: str, compiled: bool, tokens, d_in, d_out, readers, casts, matrices=1,
-             sp_input=False):
-    """The cast kernels of one linear: `casts` casts of its input (input_casts), its weight, its
-    output gradient; rowwise also rescales each of the `readers` linears' own gradients."""
+             sp_input=False, weight_in_fp8=False):
+    """The cast kernels of one linear: `casts` casts of its input (input_casts), its weight
+    (none where FSDP all-gathered it in FP8), its output gradient; rowwise also rescales each
+    of the `readers` linears' own gradients."""
     inputs, weights, grads = CAST_BYTES[rec][1 if compiled else 0]
+    weights = 0.0 if weight_in_fp8 else weights
     x = tokens * d_in
     if rec == "tensorwise" and shard.sp and sp_input:
         x = x / shard.tp  # the sequence-sharded input is cast, then all-gathered in FP8
@@ -153,7 +165,8 @@ def fp8_layer_ops(ops: list[Op], shard: Shard, plan) -> list[Op]:
         out.append(replace(as_gemm_kind(op, kind, shard.act_bytes),
                            saved_bytes=op.saved_bytes + saved_input_change(op.name, rec, tokens, d_in, casts, shard,
                                                                            sp_input)))
-        out.append(_cast_op(op.name, shard, rec, plan.compile, tokens, d_in, d_out, readers, casts, matrices, sp_input))
+        out.append(_cast_op(op.name, shard, rec, plan.compile, tokens, d_in, d_out, readers, casts, matrices, sp_input,
+                            plan.fp8_fsdp_all_gather))
     return out
 
 
@@ -190,6 +203,8 @@ def weight_bytes_per_param(plan) -> tuple[float, float]:
     if rec == "mxfp8":
         both = 2 * (1 + MX_SCALE)
         return (both, 1.0 + MX_SCALE) if plan.fp8_params else (2.0 + both, 2.0)
+    if plan.fp8_fsdp_all_gather:
+        return 2.0, 1.0
     return 2.0, 2.0
 
 
@@ -233,12 +248,19 @@ def weight_cast_bytes_per_step(plan, linear_params) -> object:
     """HBM bytes TransformerEngine's once-per-step weight casts move on a device holding
     `linear_params` linear weights: read BF16, write FP8 and its transpose (2 + 2 B), or with
     FP8 primary weights only the transpose (1 + 1 B); MXFP8 two quantisations (2·(2 + 1 +
-    1/32) B). torchao casts the weights every micro-batch (in the layer's cast kernels)."""
+    1/32) B). torchao casts the weights every micro-batch (in the layer's cast kernels), or
+    with the FSDP float8 all-gather its shard before every all-gather (the stored weight
+    read, 1 B written: per micro-batch one gather for the forward and one for the backward,
+    once a step where FSDP keeps the weights gathered) and reads it once for the scales."""
     rec = recipe(plan)
     if rec == "delayed":
         return linear_params * (2.0 if plan.fp8_params else 4.0)
     if rec == "mxfp8":
         return linear_params * (0.0 if plan.fp8_params else 2 * (3 + MX_SCALE))
+    if plan.fp8_fsdp_all_gather:
+        stored = 4.0 if plan.fp32_params else 2.0
+        gathers = 1 if fsdp.keeps_gathered(plan) else 2 * plan.microbatches
+        return linear_params / grad_group_size(plan) * (gathers * (stored + 1.0) + stored)
     return 0.0 * np.asarray(linear_params)
 
 

@@ -73,8 +73,10 @@ def root_held_bytes(model, tp, has_embedding, has_head, head_copy, weight_bytes_
     return (root + head_grad) * weight_bytes_per_param
 
 
-def gathered_extra_bytes(params, layer_params, weight_bytes_per_param, grad_bytes_per_param):
+def gathered_extra_bytes(params, layer_params, weight_bytes_per_param, layer_weight_bytes_per_param,
+                         grad_bytes_per_param):
     """Bytes the stage's unsharded weights and gradients take beyond ZeRO-3's buffers of two
-    gathered layers and one layer's unsharded gradients (memory.buffer_bytes)."""
+    gathered layers and one layer's unsharded gradients (memory.buffer_bytes); the weights in
+    the bytes they are gathered in (the stage's and one layer's: FP8 linears, fp8.py)."""
     whole = params * (weight_bytes_per_param + grad_bytes_per_param)
-    return whole - layer_params * (2 * weight_bytes_per_param + grad_bytes_per_param)
+    return whole - layer_params * (2 * layer_weight_bytes_per_param + grad_bytes_per_param)

@@ -153,7 +153,7 @@ def compile_layout(model, cluster, plan) -> Layout:
             layer_t = replace(layer_t, fwd_s=layer_t.fwd_s + extra_f, bwd_input_s=layer_t.bwd_input_s + extra_b)
         if host_s > 0:  # eager frameworks' launches (hostbound.py)
             collectives = np.where(np.asarray(plan.tp) > 1, 4 if plan.sequence_parallel else 2, 0)
-            launches = (collectives, collectives + 2 * plan.sequence_parallel)
+            launches = (collectives, collectives + 2 * plan.sequence_parallel * (plan.tp_impl != "dtensor"))
             layer_t = hostbound.host_bound(layer_t, layer, host_s, tp_s, launches)
         cp_s = cpattention.exposed_s(model, shard, g, cluster, plan.cp_attention, layer_t.attention_fwd_s,
                                      layer_t.attention_bwd_s)
@@ -161,7 +161,10 @@ def compile_layout(model, cluster, plan) -> Layout:
         rerun_t = hostbound.rerun_bound(ops_time(list(checkpoint.rerun), cluster, precision).fwd_s,
                                         checkpoint.rerun, host_s)
         layer_params = layer_params_local(model, plan.tp)
-        buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, layer_params, plan, per.weight, per.grad)
+        # ZeRO-3 gathers a layer's linear weights in FP8 where they move in FP8
+        layer_gather = fp8.gather_bytes_per_param(per, fp8.layer_linear_params(model, plan.tp), layer_params, plan)
+        buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, layer_params, plan, layer_gather,
+                               per.grad)
     else:  # experts or MLA: two layer kinds (layermix.py)
         buffers = mix.buffer_bytes
     if host_s > 0:
@@ -193,7 +196,8 @@ def compile_layout(model, cluster, plan) -> Layout:
             stage_buffers = buffers
             if fsdp.keeps_gathered(plan):
                 dp = fsdp.step_costs(params, gather_per_param, per.grad, g.grad, cluster)
-                stage_buffers = buffers + fsdp.gathered_extra_bytes(params, layer_params, per.weight, per.grad)
+                stage_buffers = buffers + fsdp.gathered_extra_bytes(params, layer_params, gather_per_param,
+                                                                    layer_gather, per.grad)
             n_buckets, shard_group = buckets(params / v, grad_group), grad_group
         else:  # dense-MLP and MoE layers, MLA (layermix.py)
             x = mixed_stage(mix, model, cluster, plan, shard, g, per, grad_group, expert_grad_group_size(plan), p, v,

@@ -170,6 +170,7 @@ def check_layer_mix_options(plan, model) -> None:
     unsupported = (("plan.precision", plan.precision, fp8 and model.attention == "mla"),
                    ("plan.fp8_recipe", plan.fp8_recipe, fp8 and model.experts and plan.fp8_recipe in ("tensorwise",
                                                                                                      "rowwise")),
+                   ("plan.fp8_fsdp_all_gather", plan.fp8_fsdp_all_gather, plan.fp8_fsdp_all_gather),
                    ("plan.compile", plan.compile, not plan.compile),
                    ("plan.recompute", plan.recompute, plan.recompute == "op-selective"),
                    ("plan.recompute_method", plan.recompute_method, plan.recompute_method != "uniform"),

@@ -100,6 +100,9 @@ class Plan:
     # torchao tensorwise or rowwise) and FP8 primary weights (TE fp8_params).
     fp8_recipe: str = "delayed"
     fp8_params: bool = False
+    # torchao's float8 all-gather of FSDP2's weight shards (torchtitan's
+    # float8.enable_fsdp_float8_all_gather, with its precomputed scales): fp8.py.
+    fp8_fsdp_all_gather: bool = False
     # Memory-bound kernels fused (torch.compile, the frameworks' fused kernels) or launched op
     # by op as eager PyTorch runs them (fusion.py).
     compile: bool = True
@@ -208,6 +211,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         recompute_num_layers=F.integer(data, "recompute_num_layers", "plan", 1, maximum=100_000),
         fp8_recipe=F.choice(data, "fp8_recipe", "plan", FP8_RECIPES, "delayed"),
         fp8_params=F.boolean(data, "fp8_params", "plan", False),
+        fp8_fsdp_all_gather=F.boolean(data, "fp8_fsdp_all_gather", "plan", False),
         compile=F.boolean(data, "compile", "plan", True),
         fsdp_reshard_after_forward=F.boolean(data, "fsdp_reshard_after_forward", "plan", True),
         zero3_impl=F.choice(data, "zero3_impl", "plan", ("fsdp2", "deepspeed"), "fsdp2"),
@@ -347,6 +351,10 @@ def check_options(plan: Plan) -> None:
                          "parallel linears; with tp_impl: dtensor the overlap is async-tp")
     if not plan.fsdp_reshard_after_forward and plan.zero3_impl != "fsdp2":
         raise InputError("plan.fsdp_reshard_after_forward", False, "only with zero3_impl fsdp2")
+    if plan.fp8_fsdp_all_gather and not (plan.precision == "fp8" and plan.fp8_recipe == "tensorwise"
+                                         and plan.zero_stage == 3 and plan.zero3_impl == "fsdp2"):
+        raise InputError("plan.fp8_fsdp_all_gather", True, "torchao all-gathers FSDP2's weight shards in FP8 only "
+                         "with precision: fp8, fp8_recipe: tensorwise, zero_stage: 3 and zero3_impl: fsdp2")
     if plan.fp8_params and plan.precision not in ("fp8", "mxfp8"):
         raise InputError("plan.fp8_params", True, "FP8 primary weights need precision: fp8 or mxfp8")
     if plan.loss == "loss-parallel" and plan.tp < 2:

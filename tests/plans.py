@@ -100,6 +100,8 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
         if zero == 3:
             extra["zero3_impl"] = draw(st.sampled_from(["fsdp2", "deepspeed"]))
             extra["fsdp_reshard_after_forward"] = extra["zero3_impl"] == "deepspeed" or draw(st.booleans())
+            if precision == "fp8" and extra.get("fp8_recipe") == "tensorwise" and extra["zero3_impl"] == "fsdp2":
+                extra["fp8_fsdp_all_gather"] = draw(st.booleans())
         extra["pp_scatter_gather"] = draw(st.booleans())
         extra["projections"] = draw(st.sampled_from(["fused", "separate"]))
         extra["cp_attention"] = draw(st.sampled_from(["ring", "torch-allgather", "torch-alltoall"]))

@@ -236,3 +236,48 @@ def test_fp8_moe_with_torchao_recipes_or_mla_is_refused(model, plan, field):
     with pytest.raises(InputError, match=field.replace(".", r"\.") + ".*not yet modelled"):
         scenario_from_dict({"model": model, "cluster": {"node": "dgx-h100", "nodes": 1},
                             "plan": {"tp": 1, "dp": 8, "ep": 8, "global_batch": 8, "precision": "fp8", **plan}})
+
+
+FSDP_FP8 = dict(fp8_recipe="tensorwise", zero_stage=3, fp8_fsdp_all_gather=True, fp32_params=True)
+
+
+def test_fsdp_float8_all_gather_moves_linear_weights_in_one_byte():
+    # the gathered unit of one layer: its linear weights in FP8 (1 B), its norms in BF16 (2 B)
+    from simulator.fp8 import gather_bytes_per_param
+    from simulator.states import bytes_per_param, layer_params_local
+    s = scenario(**FSDP_FP8)
+    linear, params = layer_linear_params(s.model, 1), layer_params_local(s.model, 1)
+    per = bytes_per_param("fp8", "fp32", "fp32", True)
+    assert gather_bytes_per_param(per, linear, params, s.plan) * params == pytest.approx(linear + 2 * (params - linear))
+
+
+def test_fsdp_float8_all_gather_leaves_no_weight_cast_in_the_layer():
+    # compiled tensorwise: 4 B per input element; the weight arrives in FP8 (8 B per element before)
+    _, ops = ops_of(**FSDP_FP8, projections="separate")
+    cast = next(op for op in ops if op.name == "qkv.fp8_cast")
+    assert cast.fwd_bytes == pytest.approx(4 * B * S * H)
+
+
+def test_fsdp_float8_all_gather_casts_each_shard_per_gather_and_reads_it_for_the_scales():
+    # 8 micro-batches, a gather for each forward and backward: 16 casts of the 1/8 shard
+    # (fp32 read, FP8 written: 5 B) and one 4 B read for the max-norm, per step
+    from simulator.fp8 import weight_cast_bytes_per_step
+    s = scenario(**FSDP_FP8)
+    linear = 1e9
+    assert float(weight_cast_bytes_per_step(s.plan, linear)) == pytest.approx(linear / 8 * (16 * 5 + 4))
+
+
+def test_fsdp_float8_all_gather_holds_the_gathered_layers_in_fp8():
+    s = scenario(**FSDP_FP8)
+    plain = scenario(fp8_recipe="tensorwise", zero_stage=3, fp32_params=True)
+    linear = layer_linear_params(s.model, 1)
+    # two gathered layers (the one computing, the one prefetched), each linear 1 B lighter
+    assert (float(compile_scenario(plain).stages[0].buffer_bytes) - float(compile_scenario(s).stages[0].buffer_bytes)
+            == pytest.approx(2 * linear))
+
+
+@pytest.mark.parametrize("plan", [dict(fp8_recipe="rowwise", zero_stage=3), dict(fp8_recipe="tensorwise", zero_stage=2),
+                                  dict(fp8_recipe="delayed", zero_stage=3)])
+def test_fsdp_float8_all_gather_needs_tensorwise_fsdp(plan):
+    with pytest.raises(InputError, match="plan.fp8_fsdp_all_gather"):
+        scenario(fp8_fsdp_all_gather=True, **plan)

@@ -52,7 +52,7 @@ def test_torchtitan_llama3_8b_is_fsdp_with_a_local_batch_of_one_per_rank():
     assert imported.scenario["training"]["tokens"] == 1000 * 64 * 8192
 
 
-def test_torchtitan_llama3_405b_maps_float8_and_async_tp_and_reports_float8_details():
+def test_torchtitan_llama3_405b_maps_float8_its_fsdp_all_gather_and_async_tp():
     imported = import_config("torchtitan", DATA / "torchtitan-llama3_405b.toml",
                              {"cluster.node": "dgx-h100", "cluster.nodes": 16})  # "a preset for 128 H100 GPUs"
     assert _plan(imported, "tp", "sequence_parallel", "tp_comm_overlap", "precision", "recompute", "global_batch") == {
@@ -60,7 +60,11 @@ def test_torchtitan_llama3_405b_maps_float8_and_async_tp_and_reports_float8_deta
         "global_batch": 2 * 16}  # batch_size 2 x dp = 128 / 8
     # PyTorch's async TP over DTensor's parallel linears, which keep their gathered inputs
     assert _plan(imported, "tp_overlap", "tp_impl") == {"tp_overlap": "async-tp", "tp_impl": "dtensor"}
-    assert "float8.enable_fsdp_float8_all_gather" in {m["key"] for m in imported.unmapped}
+    # torchao's dynamic tensorwise scaling, the FSDP shards all-gathered in FP8 with precomputed scales
+    assert _plan(imported, "fp8_recipe", "fp8_fsdp_all_gather", "zero_stage") == {
+        "fp8_recipe": "tensorwise", "fp8_fsdp_all_gather": True, "zero_stage": 3}
+    assert not {m["key"] for m in imported.unmapped} & {"float8.enable_fsdp_float8_all_gather",
+                                                        "float8.precompute_float8_dynamic_scale_for_fsdp"}
 
 
 @pytest.mark.parametrize("name, compiled", [("torchtitan-llama3_8b.toml", False),  # training.compile = false

@@ -51,7 +51,7 @@ IGNORED = ("job.*", "profiling.*", "metrics.*", "checkpoint.*", "optimizer.lr", 
            "float8.filter_fqns", "experimental.*", "fault_tolerance.*", "memory_estimation.*")
 REASONS = {
     "compile.*": "llmsim runs the loss as the same kernels whether compiled or not",
-    "float8.*": "float8 details (all-gather in float8, scale precomputation) are not modelled",
+    "float8.*": "not modelled (scales computed at every all-gather, without precomputation)",
 }
 
 
@@ -88,6 +88,15 @@ def read(path: str | Path) -> Imported:
         a.map("training.mixed_precision_param", "plan.fp32_params", True)
     if "float8" in converters:
         a.map("model.converters", "plan.precision", "fp8")
+        # torchao's dynamic scaling (torchtitan's Float8Converter): tensorwise unless a recipe is named
+        recipe = str(a.get("float8.recipe_name", "tensorwise"))
+        if recipe not in ("tensorwise", "rowwise"):
+            a.refuse("float8.recipe_name", "llmsim models torchao's tensorwise and rowwise recipes")
+        a.map("float8.recipe_name", "plan.fp8_recipe", recipe)
+        if a.get("float8.enable_fsdp_float8_all_gather", False):
+            a.map("float8.enable_fsdp_float8_all_gather", "plan.fp8_fsdp_all_gather", True)
+            if a.get("float8.precompute_float8_dynamic_scale_for_fsdp", False):
+                a.used("float8.precompute_float8_dynamic_scale_for_fsdp")
     elif converters:
         a.refuse("model.converters", "only float8 is modelled")
     else:
