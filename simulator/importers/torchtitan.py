@@ -5,7 +5,10 @@ under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
 
 - [model] name + flavor -> a preset: llama3 8B/70B/405B are Llama 3.1's shapes
   (torchtitan/models/llama3/__init__.py @00f555e: dim, n_layers, n_heads, n_kv_heads, FFN
-  multiplier); converters = float8 -> precision fp8 (Float8 linears).
+  multiplier); converters = float8 -> precision fp8 (Float8 linears), with [float8]
+  recipe_name (torchao's dynamic scaling: tensorwise unless named; rowwise) -> fp8_recipe and
+  enable_fsdp_float8_all_gather (with precompute_float8_dynamic_scale_for_fsdp) ->
+  fp8_fsdp_all_gather.
 - [training] local_batch_size (or batch_size, older) is per data-parallel rank; global batch =
   global_batch_size when set, else local x dp; seq_len; steps -> training tokens;
   mixed_precision_param -> precision (16 bits: fp32 parameters cast for compute, states.py),
@@ -13,8 +16,9 @@ under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
 - [parallelism] data_parallel_shard_degree (FSDP2: ZeRO-3 over the shard group; -1 fills the
   devices) and data_parallel_replicate_degree (DDP); both > 1 is HSDP, which llmsim cannot
   express (it shards over every data-parallel rank) and is refused. tensor_parallel_degree
-  (torchtitan's TP plan shards the norms' sequence too: sequence parallelism),
-  enable_async_tensor_parallel -> TP overlap, pipeline_parallel_degree / _schedule (1F1B,
+  (torchtitan's TP plan shards the norms' sequence too: sequence parallelism; DTensor's
+  linears: tp_impl dtensor), enable_async_tensor_parallel -> TP overlap by async TP,
+  pipeline_parallel_degree / _schedule (1F1B,
   GPipe, Interleaved1F1B, ZBVZeroBubble, DualPipeV) / _microbatch_size, and the split of the
   layers into stages (_split_points, module_fqns_per_model_part, or _layers_per_stage and
   torchtitan's default split, `split_layers`: the embedding and the output weigh one layer
