@@ -55,7 +55,8 @@ kernels each scaling recipe adds, and what FP8 changes in memory.
   of 2 (the projection's FP8 copy of the attention output comes on top of the BF16 output
   the attention kernel keeps); under sequence parallelism TransformerEngine keeps the FP8
   shard of an all-gathered input, as BF16 linears keep theirs, and torchao's tensorwise TP
-  the gathered FP8 input (saved_input_change). MXFP8 keeps both quantisations of a weight (2·(1 + 1/32) B).
+  the gathered FP8 input (saved_input_change). MXFP8 keeps both quantisations of a weight
+  (2·(1 + 1/32) B).
   torchao (Dec 2024, torchao@eab345c22 float8_linear.py
   manual_float8_matmul_with_args_in_float8) saves each linear's FP8 input: one tensor that
   wq, wk and wv all hold where it was cast once (compiled, or cast before a tensorwise FP8
