@@ -542,7 +542,7 @@ def _extrapolate(layout: Layout, runs: list, m: int, t0: float) -> Simulation | 
     p micro-batches' chunks): a stage's peak is taken from a run that holds as many chunks in
     flight as the full step (Schedule.in_flight), else extrapolated (GPipe's grows with m)."""
     p = int(layout.p)
-    (m0, g0, ex0), (m1, g1, ex1) = runs[0], runs[1]
+    (m0, g0, ex0), (_, g1, ex1) = runs
     k = (m - m0) / p
     path1 = critical_path(ex1)
     ref = reference_stage(ex1, path1)
@@ -562,9 +562,9 @@ def _extrapolate(layout: Layout, runs: list, m: int, t0: float) -> Simulation | 
 
 
 def _settled_peaks(layout: Layout, ms: list, m: int, peaks: list) -> list | None:
-    """Each stage's activation peak at m micro-batches from its peaks at the runs' counts
+    """Each stage's activation peak at m micro-batches from its peaks at the two runs' counts
     `ms`: that of the runs holding the full step's chunks in flight (they must agree), else
-    affine in m across the runs (which must then be affine); None where neither holds."""
+    affine in m through both; None where the runs holding as many chunks disagree."""
     p, v, schedule = int(layout.p), int(layout.v), layout.schedule
     out = []
     for i in range(p):
@@ -576,9 +576,6 @@ def _settled_peaks(layout: Layout, ms: list, m: int, peaks: list) -> list | None
             out.append(same[0])
             continue
         a, b = peaks[0][i], peaks[1][i]
-        if any(abs((run[i] - b) - (b - a) * (mq - ms[1]) / (ms[1] - ms[0])) > 1e-9 * max(run[i], 1.0)
-               for mq, run in zip(ms[2:], peaks[2:])):
-            return None
         out.append(a + (m - ms[0]) / (ms[1] - ms[0]) * (b - a))
     return out
 

@@ -143,6 +143,7 @@ def compile_layout(model, cluster, plan) -> Layout:
     emb_t = ops_time(embedding_ops(model, shard), cluster, precision)
     head_t = ops_time(head, cluster, precision)
     host_s = cluster.node.launch_overhead_s
+    linear_params = fp8.layer_linear_params(model, plan.tp)
     if mix is None:
         layer = layer_operators(model, shard, plan)
         layer_t = ops_time(layer, cluster, precision)
@@ -153,7 +154,7 @@ def compile_layout(model, cluster, plan) -> Layout:
             layer_t = replace(layer_t, fwd_s=layer_t.fwd_s + extra_f, bwd_input_s=layer_t.bwd_input_s + extra_b)
         if host_s > 0:  # eager frameworks' launches (hostbound.py)
             collectives = np.where(np.asarray(plan.tp) > 1, 4 if plan.sequence_parallel else 2, 0)
-            launches = (collectives, collectives + 2 * plan.sequence_parallel * (plan.tp_impl != "dtensor"))
+            launches = (collectives, collectives + 2 * plan.sequence_parallel * (not shard.tp_keeps_gathered))
             layer_t = hostbound.host_bound(layer_t, layer, host_s, tp_s, launches)
         cp_s = cpattention.exposed_s(model, shard, g, cluster, plan.cp_attention, layer_t.attention_fwd_s,
                                      layer_t.attention_bwd_s)
@@ -162,7 +163,7 @@ def compile_layout(model, cluster, plan) -> Layout:
                                         checkpoint.rerun, host_s)
         layer_params = layer_params_local(model, plan.tp)
         # ZeRO-3 gathers a layer's linear weights in FP8 where they move in FP8
-        layer_gather = fp8.gather_bytes_per_param(per, fp8.layer_linear_params(model, plan.tp), layer_params, plan)
+        layer_gather = fp8.gather_bytes_per_param(per, linear_params, layer_params, plan)
         buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, layer_params, plan, layer_gather,
                                per.grad)
     else:  # experts or MLA: two layer kinds (layermix.py)
@@ -173,7 +174,6 @@ def compile_layout(model, cluster, plan) -> Layout:
     hop = pp_hop_s(model, shard, g, cluster, plan.pp_scatter_gather)
     head_stage = schedule.head_stage(np.asarray(p))
     indices, counts, stage_layers, rep_of_stage = stagesplit.representatives(model, plan, schedule, p)
-    linear_params = fp8.layer_linear_params(model, plan.tp)
     co_run = framework_ops.co_run_factor(cluster)
     total_rerun_layers = 0.0
     reps = []
