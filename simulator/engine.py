@@ -524,7 +524,9 @@ def _simulate(layout: Layout, periodic: bool) -> Simulation:
     unsettled = plan.offload.activations != "none" or layout.schedule.placement == "v"
     # per-micro-batch ZeRO-2/3 traffic paces the first period differently (interleaved's
     # forwards there all run before its backwards): from 2p on, as random plans showed
-    m0 = 2 * p if plan.zero_stage >= 2 else p
+    # from 2p on too where the torch pipeline's buffers grow with m: interleaved's peaks need
+    # two runs holding the full step's chunks in flight (_settled_peaks)
+    m0 = 2 * p if plan.zero_stage >= 2 or layout.pipe is not None else p
     if periodic and plan.schedule_ops is None and not unsettled and p > 1 and m > m0 + 2 * p:
         runs = [(mq, *_one(layout, mq, slowdown)) for mq in (m0, m0 + p)]
         extrapolated = _extrapolate(layout, runs, m, t0)
@@ -564,13 +566,17 @@ def _extrapolate(layout: Layout, runs: list, m: int, t0: float) -> Simulation | 
 def _settled_peaks(layout: Layout, ms: list, m: int, peaks: list) -> list | None:
     """Each stage's activation peak at m micro-batches from its peaks at the two runs' counts
     `ms`: that of the runs holding the full step's chunks in flight (they must agree), else
-    affine in m through both; None where the runs holding as many chunks disagree."""
+    affine in m through both (also where the torch pipeline's buffers grow with m,
+    pipebuffers.py, if both runs hold the full step's chunks); None where the runs holding
+    as many chunks disagree."""
     p, v, schedule = int(layout.p), int(layout.v), layout.schedule
     out = []
     for i in range(p):
         target = schedule.in_flight(p, m, v, i)
         same = [run[i] for mq, run in zip(ms, peaks) if schedule.in_flight(p, mq, v, i) == target]
-        if same:
+        if layout.pipe is not None and len(same) < 2:
+            return None
+        if same and layout.pipe is None:
             if any(abs(x - same[0]) > 1e-9 * max(same[0], 1.0) for x in same):
                 return None
             out.append(same[0])

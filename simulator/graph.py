@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import pipebuffers
 from .layout import Layout, StageLayout
 from .schedules import BACKWARDS, BWD, BWD_INPUT, FWD, WGT, Explicit, Schedule, cached_orders, schedule_for
 
@@ -157,6 +158,7 @@ class StageTasks:
     chunk_bytes: float = 0.0
     embedding_bytes: float = 0.0
     extra_bytes: float = 0.0
+    pipe: object = None  # pipebuffers.PipeBuffers of the torch pipeline, or None
 
     @property
     def dur(self) -> dict:
@@ -189,7 +191,7 @@ def stage_tasks(layout: Layout, r: StageLayout) -> StageTasks:
         gradients_d2h_s=float(o.gradients_d2h_s), host_adam_s=float(o.host_adam_s),
         weights_back_h2d_s=float(o.weights_back_h2d_s), optimizer_s=float(r.optimizer_s),
         framework_s=float(r.framework_step_s), chunk_bytes=float(a.chunk_bytes),
-        embedding_bytes=float(a.embedding_bytes), extra_bytes=float(a.extra_bytes))
+        embedding_bytes=float(a.embedding_bytes), extra_bytes=float(a.extra_bytes), pipe=layout.pipe)
 
 
 def build(layout: Layout, microbatches: int | None = None) -> TaskGraph:
@@ -328,6 +330,12 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
     template = {}
     for ch, vk in virtual.items():
         chunk_bytes = st.chunk_bytes + (st.embedding_bytes if ch == emb_chunk else 0.0)
+        freed = chunk_bytes
+        if st.pipe is not None:  # the torch pipeline's buffers (pipebuffers.py)
+            held, taken, left = pipebuffers.chunk_events(st.pipe, gr.microbatches, vk == 0, vk == n_virtual - 1)
+            gr.base_bytes[i] += float(held)
+            chunk_bytes += float(taken)
+            freed = chunk_bytes - float(left)
         for kind in (FWD, BWD, BWD_INPUT, WGT):
             if kind == FWD:
                 dep = None if vk == 0 else (("sf" if where[vk - 1] != i else "F"), vk - 1)
@@ -341,7 +349,8 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
             rd, rps = (dur[RECOMPUTE], parts[RECOMPUTE]) if recompute and kind in BACKWARDS else (0.0, ())
             own_parts = parts[kind] + (("pp_comm", hop),) if sends else parts[kind]
             template[(kind, ch)] = (vk, dep, sends, own, ("sf" if kind == FWD else "sb"), dur[kind], parts[kind],
-                                    chunk_bytes, rd, rps, rd + dur[kind], rps + own_parts, hop if sends else 0.0)
+                                    chunk_bytes if kind == FWD else freed, rd, rps, rd + dur[kind],
+                                    rps + own_parts, hop if sends else 0.0)
 
     # the per-pass transfers' breakdown parts, shared by all their tasks
     h2d_w_parts, h2d_a_parts = (("offload", st.weights_h2d_s),), (("offload", st.act_h2d_s),)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 import numpy as np
 
-from . import cpattention, fp8, framework_ops, fsdp, hostbound, mtp, stagesplit
+from . import cpattention, fp8, framework_ops, fsdp, hostbound, mtp, pipebuffers, stagesplit
 from . import schedules as S
 from .dataparallel import DPCosts, buckets, dp_costs
 from .compute import memory_bound_time
@@ -81,6 +81,7 @@ class Layout:
     model_flops_per_step: object
     hardware_flops_per_step: object
     rep_of_stage: tuple | None = None  # each stage's index into `stages` where the middle ranks differ
+    pipe: pipebuffers.PipeBuffers | None = None  # the torch pipeline's buffers (plan.pp_impl: torch)
 
     def representative_index(self, stage: int) -> int:
         """Index into `stages` of the representative standing for scalar pipeline stage `stage`."""
@@ -110,7 +111,11 @@ class Layout:
         index; any stage it stands for), from the schedule's in-flight counts."""
         stage = rep.stage if stage is None else stage
         _, resident, first = self.resident_chunks(rep, stage)
-        acts = peak_activation_bytes(rep.activations, resident, first)
+        if self.pipe is None:
+            acts = peak_activation_bytes(rep.activations, resident, first)
+        else:
+            acts = pipebuffers.peak_activation_bytes(self.pipe, rep.activations, self.schedule, self.p, self.m,
+                                                     self.v, stage, rep.has_embedding, rep.has_head)
         s = rep.states
         return StageMemory(stage, s.weights_bytes, s.gradients_bytes, s.optimizer_bytes, acts, rep.buffer_bytes)
 
@@ -235,4 +240,5 @@ def compile_layout(model, cluster, plan) -> Layout:
                                                plan.loss) * plan.global_batch
     return Layout(model=model, cluster=cluster, plan=plan, schedule=schedule, p=p, m=m, v=v, shard=shard, groups=g,
                   grad_group=grad_group, per_param=per, pp_hop_s=hop, stages=tuple(reps),
-                  model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops, rep_of_stage=rep_of_stage)
+                  model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops, rep_of_stage=rep_of_stage,
+                  pipe=pipebuffers.pipe_buffers(model, shard, plan))

@@ -12,6 +12,8 @@
 - Activation offload keeps few chunks on the device (offload.resident_chunks_with_offload);
   the rest waits in host memory.
 - Other: the framework's reserve (a profile parameter) and communication buffers.
+- PyTorch's pipeline runtime (plan.pp_impl: torch) holds receive buffers, outputs and input
+  gradients beside the saved activations; pipebuffers.py composes that peak.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from .hardware import Cluster
 from .loss import LOSSES
 from .model import ModelSpec
 from .mtp import check_mtp_plan
+from .pipebuffers import PP_IMPLS, PP_OUTPUTS
 from .moe import DISPATCHERS, MoEOptions, check_layer_mix_options, check_moe_plan, check_moe_stages
 from .projections import PROJECTIONS
 from .schedules import SCHEDULES, plan_schedule
@@ -121,6 +122,13 @@ class Plan:
     # parallelize_module (torchtitan), whose linears keep the all-gathered input they were
     # given (workload.Shard.tp_keeps_gathered).
     tp_impl: str = "megatron"
+    # Who runs the pipeline: Megatron-LM (a received activation becomes the first layer's saved
+    # input; a sent output is freed) or torch.distributed.pipelining (torchtitan), whose
+    # receive buffers, outputs and input gradients stay allocated longer (pipebuffers.py), with
+    # `pp_outputs`: whose every micro-batch's output waits for the step's end (torch only;
+    # default last-stage, step()'s return_outputs).
+    pp_impl: str = "megatron"
+    pp_outputs: str | None = None
     # The attention kernel: the profile's fused kernel (FA3, cuDNN on Hopper) or FlashAttention-2
     # (PyTorch's SDPA flash backend): compute.FLASH2_ATTENTION.
     attention_kernel: str = "fused"
@@ -217,6 +225,8 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         zero3_impl=F.choice(data, "zero3_impl", "plan", ("fsdp2", "deepspeed"), "fsdp2"),
         tp_overlap=F.choice(data, "tp_overlap", "plan", TP_OVERLAPS, "userbuffers"),
         tp_impl=F.choice(data, "tp_impl", "plan", TP_IMPLS, "megatron"),
+        pp_impl=F.choice(data, "pp_impl", "plan", PP_IMPLS, "megatron"),
+        pp_outputs=F.choice(data, "pp_outputs", "plan", PP_OUTPUTS, None),
         attention_kernel=F.choice(data, "attention_kernel", "plan", ATTENTION_KERNELS, "fused"),
         projections=F.choice(data, "projections", "plan", PROJECTIONS, "fused"),
         cp_attention=F.choice(data, "cp_attention", "plan", CP_ATTENTION, "ring"),
@@ -349,6 +359,12 @@ def check_options(plan: Plan) -> None:
     if plan.tp_impl == "dtensor" and plan.tp_comm_overlap and plan.tp_overlap == "userbuffers":
         raise InputError("plan.tp_overlap", plan.tp_overlap, "TransformerEngine's userbuffers overlap Megatron-LM's "
                          "parallel linears; with tp_impl: dtensor the overlap is async-tp")
+    if plan.pp_outputs is not None and plan.pp_impl != "torch":
+        raise InputError("plan.pp_outputs", plan.pp_outputs, "only with pp_impl: torch (Megatron-LM frees a "
+                         "stage's output once sent)")
+    if plan.pp_impl == "torch" and plan.offload.activations != "none":
+        raise InputError("plan.offload.activations", plan.offload.activations, "not modelled with pp_impl: torch "
+                         "(torch.distributed.pipelining has no activation offload)")
     if not plan.fsdp_reshard_after_forward and plan.zero3_impl != "fsdp2":
         raise InputError("plan.fsdp_reshard_after_forward", False, "only with zero3_impl fsdp2")
     if plan.fp8_fsdp_all_gather and not (plan.precision == "fp8" and plan.fp8_recipe == "tensorwise"

@@ -126,6 +126,11 @@ class Schedule:
         """(chunks, embedding chunks) in flight at the stage's peak; broadcast-safe."""
         return _generic_in_flight(self, p, m, v, stage)
 
+    def forward_moments(self, p: int, m: int, v: int, stage: int) -> np.ndarray:
+        """The stage's pipeline counts after each of its forwards (forward_moments_in_order;
+        cached per shape; scalar shapes only)."""
+        return _forward_moments_cached(self.name, int(p), int(m), int(v), int(stage))
+
     def offloaded_chunks(self, p, m, v, stage) -> tuple:
         """Chunk passes of a stage whose activations activation offload copies out and reads
         back, as (reads overlapping a forward pass, reads overlapping a backward pass): all
@@ -194,6 +199,11 @@ def _generic_in_flight(schedule: Schedule, p, m, v, stage):
 def _peak_cached(name: str, p: int, m: int, v: int, stage: int) -> tuple[int, int]:
     s = SCHEDULES[name]
     return peak_in_flight(s.orders(p, m, v)[stage], 0 if stage == s.embedding_stage(p) else None)
+
+
+@lru_cache(maxsize=4096)
+def _forward_moments_cached(name: str, p: int, m: int, v: int, stage: int) -> np.ndarray:
+    return forward_moments_in_order(cached_orders(name, p, m, v)[stage], v)
 
 
 @lru_cache(maxsize=4096)
@@ -591,6 +601,9 @@ class Explicit(Schedule):
     def in_flight(self, p, m, v, stage):
         return peak_in_flight(self._orders[int(stage)], 0 if int(stage) == self.embedding_stage(p) else None)
 
+    def forward_moments(self, p, m, v, stage):
+        return forward_moments_in_order(self._orders[int(stage)], v)
+
     def offloaded_chunks(self, p, m, v, stage):
         return offloaded_in_order(self._orders[int(stage)])
 
@@ -635,6 +648,24 @@ def peak_in_flight(order: list[tuple], first_chunk: int | None = 0) -> tuple[int
             live -= 1
             first -= chunk == first_chunk
     return peak, peak_first
+
+
+def forward_moments_in_order(order: list[tuple], v: int) -> np.ndarray:
+    """After each forward on one stage's order, as rows (read-only): chunks in flight (forward
+    done, backward B or I not), of chunk 0, of chunk v-1; backwards done, of chunk 0; forwards
+    of chunk v-1 done. Memory that grows with these counts peaks after some forward."""
+    live = np.zeros(6, dtype=np.int64)
+    rows = []
+    for kind, chunk, _ in order:
+        first, last = int(chunk == 0), int(chunk == v - 1)
+        if kind == FWD:
+            live += (1, first, last, 0, 0, last)
+            rows.append(live.copy())
+        elif kind in BACKWARDS:
+            live += (-1, -first, -last, 1, first, 0)
+    out = np.array(rows, dtype=float).reshape(-1, 6)
+    out.flags.writeable = False
+    return out
 
 
 def grad_tail_in_order(order: list[tuple], v: int) -> list:

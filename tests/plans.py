@@ -1,7 +1,7 @@
 """Random valid plans for the property tests (hypothesis strategies): every schedule,
 recompute mode (Megatron selective/full uniform/block, torchtitan op-level), precision (FP8
 recipes on H100), TP implementation (Megatron-LM or DTensor) and overlap, eager or compiled
-kernels, FSDP resharding, uneven pipeline ranks.
+kernels, FSDP resharding, uneven pipeline ranks, Megatron-LM's or PyTorch's pipeline runtime.
 
 Plans are built valid by construction where the rules are simple (divisors, batch
 multiples) and the rest is left to plan validation; a draw the validation refuses is
@@ -103,6 +103,10 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
             if precision == "fp8" and extra.get("fp8_recipe") == "tensorwise" and extra["zero3_impl"] == "fsdp2":
                 extra["fp8_fsdp_all_gather"] = draw(st.booleans())
         extra["pp_scatter_gather"] = draw(st.booleans())
+        if offload["activations"] == "none":  # PyTorch's pipeline runtime (pipebuffers.py)
+            extra["pp_impl"] = draw(st.sampled_from(["megatron", "torch"]))
+            if extra["pp_impl"] == "torch":
+                extra["pp_outputs"] = draw(st.sampled_from(["in-flight", "last-stage", "every-stage"]))
         extra["projections"] = draw(st.sampled_from(["fused", "separate"]))
         extra["cp_attention"] = draw(st.sampled_from(["ring", "torch-allgather", "torch-alltoall"]))
         if extra["optimizer_precision"] == "fp32" and offload["optimizer"] == offload["params"] == "none":

@@ -136,6 +136,15 @@ def test_torchtitan_multi_stage_schedules_place_two_stages_per_rank_by_default(t
     scenario_from_dict(imported.scenario)
 
 
+def test_torchtitan_pipelines_run_on_torchs_runtime_keeping_no_outputs(tmp_path):
+    # torch.distributed.pipelining; trainer.py calls step(return_outputs=False) (pipebuffers.py)
+    f = _pp_toml(tmp_path, 'pipeline_parallel_degree = 8\npipeline_parallel_schedule = "1F1B"')
+    plan = import_config("torchtitan", f, {"cluster.node": "dgx-h100", "cluster.nodes": 64}).scenario["plan"]
+    assert (plan["pp_impl"], plan["pp_outputs"]) == ("torch", "in-flight")
+    plain = import_config("torchtitan", DATA / "torchtitan-llama3_405b.toml", {"cluster.node": "dgx-h100"})
+    assert "pp_impl" not in plain.scenario["plan"]
+
+
 def test_torchtitan_split_points_give_the_layout(tmp_path):
     points = ", ".join(f'"layers.{n}"' for n in range(8, 126, 8))  # 15 cuts: 16 stages of 8, the last 6
     f = _pp_toml(tmp_path, f'pipeline_parallel_degree = 8\npipeline_parallel_schedule = "Interleaved1F1B"\n'

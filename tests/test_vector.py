@@ -18,7 +18,7 @@ def _sample_scenarios(count=160, seed=5):
                 schedule=["gpipe", "1f1b", "interleaved", "zb-h1"], recompute=["none", "selective", "full"],
                 sequence_parallel=[False, True], zero_stage=[0, 1, 2, 3], flash_attention=[True, False],
                 precision=["bf16", "fp32"], dp_overlap=[True, False], tp_comm_overlap=[False, True],
-                rank_order=["tp-cp-dp-pp", "dp-tp-cp-pp"],
+                rank_order=["tp-cp-dp-pp", "dp-tp-cp-pp"], pp_impl=["megatron", "torch"],
                 offload=[{}, {"optimizer": "cpu"}, {"optimizer": "nvme", "params": "cpu"}, {"activations": "cpu"}])
     rng = random.Random(seed)
     out = []

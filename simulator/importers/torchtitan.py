@@ -18,8 +18,9 @@ under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
   express (it shards over every data-parallel rank) and is refused. tensor_parallel_degree
   (torchtitan's TP plan shards the norms' sequence too: sequence parallelism; DTensor's
   linears: tp_impl dtensor), enable_async_tensor_parallel -> TP overlap by async TP,
-  pipeline_parallel_degree / _schedule (1F1B,
-  GPipe, Interleaved1F1B, ZBVZeroBubble, DualPipeV) / _microbatch_size, and the split of the
+  pipeline_parallel_degree (torch.distributed.pipelining: pp_impl torch, its outputs kept
+  in flight only, as torchtitan's trainer.py step(return_outputs=False) @e5ef99aab on) /
+  _schedule (1F1B, GPipe, Interleaved1F1B, ZBVZeroBubble, DualPipeV) / _microbatch_size, and the split of the
   layers into stages (_split_points, module_fqns_per_model_part, or _layers_per_stage and
   torchtitan's default split, `split_layers`: the embedding and the output weigh one layer
   each, _first/_last_stage_less_layers, so the first and last stages hold a layer less)
@@ -173,6 +174,10 @@ def read(path: str | Path) -> Imported:
         if schedule not in SCHEDULES:
             a.refuse("parallelism.pipeline_parallel_schedule", "modelled: " + ", ".join(SCHEDULES))
         a.map("parallelism.pipeline_parallel_schedule", "plan.schedule", SCHEDULES[schedule])
+        # torch.distributed.pipelining's buffers; torchtitan's step(return_outputs=False) keeps
+        # no outputs past their backward (pipebuffers.py)
+        a.map("parallelism.pipeline_parallel_degree", "plan.pp_impl", "torch")
+        a.map("parallelism.pipeline_parallel_degree", "plan.pp_outputs", "in-flight")
         micro = a.number("parallelism.pipeline_parallel_microbatch_size", 1)
         a.map("parallelism.pipeline_parallel_microbatch_size", "plan.micro_batch", micro)
         _pipeline_split(a, schedule, pp)
