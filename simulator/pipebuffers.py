@@ -108,10 +108,13 @@ def _largest(schedule, p, m, v, stage, coefficients):
     shape = arrays[0].shape
     keys = np.stack([a.ravel().astype(np.int64) for a in arrays[:4]], axis=1)
     weights = np.stack([a.ravel() for a in arrays[4:]], axis=1)
-    unique, inverse = np.unique(keys, axis=0, return_inverse=True)
+    unique, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(len(unique) + 1))
     out = np.empty(len(keys))
     for k, (pp, mm, vv, ss) in enumerate(unique):
-        rows = inverse.ravel() == k
+        rows = order[bounds[k]:bounds[k + 1]]
         moments = schedule.forward_moments(pp, mm, vv, min(ss, pp - 1))
         out[rows] = (weights[rows] @ moments.T).max(axis=1)
     return out.reshape(shape) if shape else float(out[0])

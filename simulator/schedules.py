@@ -651,19 +651,19 @@ def peak_in_flight(order: list[tuple], first_chunk: int | None = 0) -> tuple[int
 
 
 def forward_moments_in_order(order: list[tuple], v: int) -> np.ndarray:
-    """After each forward on one stage's order, as rows (read-only): chunks in flight (forward
-    done, backward B or I not), of chunk 0, of chunk v-1; backwards done, of chunk 0; forwards
-    of chunk v-1 done. Memory that grows with these counts peaks after some forward."""
-    live = np.zeros(6, dtype=np.int64)
-    rows = []
+    """After each forward on one stage's order, as distinct rows (read-only): chunks in flight
+    (forward done, backward B or I not), of chunk 0, of chunk v-1; backwards done, of chunk 0;
+    forwards of chunk v-1 done. Memory that grows with these counts peaks after some forward."""
+    live = live0 = live_last = back = back0 = fwd_last = 0
+    rows = set()
     for kind, chunk, _ in order:
-        first, last = int(chunk == 0), int(chunk == v - 1)
+        first, last = chunk == 0, chunk == v - 1
         if kind == FWD:
-            live += (1, first, last, 0, 0, last)
-            rows.append(live.copy())
+            live, live0, live_last, fwd_last = live + 1, live0 + first, live_last + last, fwd_last + last
+            rows.add((live, live0, live_last, back, back0, fwd_last))
         elif kind in BACKWARDS:
-            live += (-1, -first, -last, 1, first, 0)
-    out = np.array(rows, dtype=float).reshape(-1, 6)
+            live, live0, live_last, back, back0 = live - 1, live0 - first, live_last - last, back + 1, back0 + first
+    out = np.array(sorted(rows), dtype=float).reshape(-1, 6)
     out.flags.writeable = False
     return out
 
