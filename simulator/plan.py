@@ -17,8 +17,8 @@ from .hardware import Cluster
 from .loss import LOSSES
 from .model import ModelSpec
 from .mtp import check_mtp_plan
-from .pipebuffers import PP_IMPLS, PP_OUTPUTS
 from .moe import DISPATCHERS, MoEOptions, check_layer_mix_options, check_moe_plan, check_moe_stages
+from .pipebuffers import PP_IMPLS, PP_OUTPUTS
 from .projections import PROJECTIONS
 from .schedules import SCHEDULES, plan_schedule
 from .stagesplit import check_split
