@@ -332,7 +332,9 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
         chunk_bytes = st.chunk_bytes + (st.embedding_bytes if ch == emb_chunk else 0.0)
         freed = chunk_bytes
         if st.pipe is not None:  # the torch pipeline's buffers (pipebuffers.py)
-            held, taken, left = pipebuffers.chunk_events(st.pipe, gr.microbatches, vk == 0, vk == n_virtual - 1)
+            held, taken, left = pipebuffers.chunk_events(st.pipe, gr.microbatches, vk == 0, vk == n_virtual - 1,
+                                                         vk > 0 and where[vk - 1] == i,
+                                                         vk < n_virtual - 1 and where[vk + 1] == i)
             gr.base_bytes[i] += float(held)
             chunk_bytes += float(taken)
             freed = chunk_bytes - float(left)

@@ -66,15 +66,20 @@ def _chunk_io(b: PipeBuffers, first_virtual: bool, last_virtual: bool):
     return x_in, x_out, kept
 
 
-def chunk_events(b: PipeBuffers, m, first_virtual: bool, last_virtual: bool):
+def chunk_events(b: PipeBuffers, m, first_virtual: bool, last_virtual: bool, local_in: bool = False,
+                 local_out: bool = False):
     """(bytes held all step, bytes a forward takes beyond the chunk's saved activations, bytes
     of those a backward leaves taken) of one chunk for `m` micro-batches. Held: the receive
     buffers. A forward takes its output (its input is in a receive buffer, not new); its
     backward returns the saved activations and, unless it waits for the step's end, the
-    output, and leaves the input gradient."""
+    output, and leaves the input gradient. Between two virtual stages on one device (the
+    turn of a V, `local_in` / `local_out`) the stage hands its output and gradient over as
+    the receive buffers themselves (PipelineStage.set_local_fwd_input, set_local_bwd_input),
+    so neither takes more than the buffers."""
     x_in, x_out, kept = _chunk_io(b, first_virtual, last_virtual)
     held = m * (x_in + (0.0 if last_virtual else x_out))
-    return held, x_out - x_in, x_in + (x_out if kept else 0.0)
+    output = 0.0 if local_out else x_out
+    return held, output - x_in, (0.0 if local_in else x_in) + (output if kept else 0.0)
 
 
 def peak_activation_bytes(b: PipeBuffers, sizes, schedule, p, m, v, stage, has_embedding, has_head):
@@ -94,8 +99,10 @@ def peak_activation_bytes(b: PipeBuffers, sizes, schedule, p, m, v, stage, has_e
         per_live_head, per_fwd_head = -h * x, h * logits
     else:
         per_live_head, per_fwd_head = zero, h * (logits - x)
-    coefficients = (sizes.chunk_bytes + zero, sizes.embedding_bytes + e * x, per_live_head,
-                    (2.0 if every else 1.0) * x, -e * x, per_fwd_head)
+    # the turn of a V hands chunk 0's output to chunk 1 on the same device (chunk_events)
+    t = np.where((schedule.placement == "v") & (np.asarray(stage) == np.asarray(p) - 1), x, zero)
+    coefficients = (sizes.chunk_bytes + zero, sizes.embedding_bytes + e * x - t, per_live_head,
+                    (2.0 if every else 1.0) * x - t, -e * x + (0.0 if every else 1.0) * t, per_fwd_head)
     held = m * x * ((v - e) + (v - h))
     return held + sizes.extra_bytes + _largest(schedule, p, m, v, stage, coefficients)
 

@@ -10,7 +10,7 @@ it adds)."""
 
 import pytest
 
-from simulator import InputError
+from simulator import InputError, pipebuffers
 from simulator.engine import simulate
 from simulator.evaluate import compile_scenario
 from simulator.scenario import scenario_from_dict
@@ -99,3 +99,12 @@ def test_kept_outputs_are_refused_for_megatrons_pipeline():
 def test_activation_offload_is_refused_with_the_torch_pipeline():
     with pytest.raises(InputError, match="plan.offload.activations"):
         scenario(pp_impl="torch", offload={"activations": "cpu"})
+
+
+def test_the_turn_of_a_v_hands_its_output_over_as_the_receive_buffer():
+    # set_local_fwd_input / set_local_bwd_input: the sender's output and the receiver's input
+    # gradient are the buffers themselves; both keep their m receive buffers
+    b = pipebuffers.PipeBuffers(boundary_bytes=X, logits_bytes=L, outputs="in-flight")
+    assert pipebuffers.chunk_events(b, 8, False, False) == (16 * X, 0.0, X)
+    assert pipebuffers.chunk_events(b, 8, False, False, local_out=True) == (16 * X, -X, X)
+    assert pipebuffers.chunk_events(b, 8, False, False, local_in=True) == (16 * X, 0.0, 0.0)
