@@ -440,9 +440,11 @@ def cmd_validate_torch(args) -> int:
           f"{out['max_abs_error_pct']:.1f}%; memory MAPE {out['memory_mape_pct']:.1f}% over {len(out['rows'])} "
           f"configurations ({out['device']}, {out['threads']} thread(s) per device, profile {out['profile']})")
     change = 100 * (out["machine_slowdown"] - 1)
+    compared = ("steps are compared at the calibration's speed (uncorrected MAPE "
+                f"{out['raw_mape_pct']:.1f}%{extra})") if out["device"] != "cuda" else \
+        "on a GPU steps are compared as measured (the probe reads the clock its own power draw sets)"
     print(f"noise: a row's steps spread by {out['median_noise_pct']:.1f}% (median IQR/median); the speed probe ran "
-          f"{abs(change):.1f}% {'slower' if change >= 0 else 'faster'} than at calibration, and steps are compared at "
-          f"the calibration's speed (uncorrected MAPE {out['raw_mape_pct']:.1f}%{extra})")
+          f"{abs(change):.1f}% {'slower' if change >= 0 else 'faster'} than at calibration; {compared}")
     return 0
 
 

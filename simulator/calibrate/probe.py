@@ -10,7 +10,8 @@ before every configuration's timed steps in every round (the other ranks idle): 
 ratio over the run is the machine's speed during validation relative to calibration, and
 the steps are compared with the predictions at the calibration-time speed (the measured
 step divided by the ratio; both are reported). The probe is microbenchmarks, not training
-steps, so nothing is fitted to the validation runs.
+steps, so nothing is fitted to the validation runs. Not on a GPU: there the probe reads the
+clock its own power draw sets, not the steps' (validate_torch.run_validation).
 
 The probe does a training step's kinds of work in one precision: GEMMs (forward, and
 backward with a transposed operand), causal attention, a norm, GELU, and a copy beyond the
