@@ -24,13 +24,16 @@ from simulator.calibrate.timing import interleaved
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--fp8", action="store_true", help="torch._scaled_mm in float8_e4m3fn, tensor-wise scales "
+                    "(torchao's tensorwise recipe's GEMM)")
     args = ap.parse_args()
     cuda = not args.smoke and torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
     scale = 1 if cuda else 64
     if cuda:
         p = torch.cuda.get_device_properties(0)
-        print(f"# {p.name}, torch {torch.__version__}, CUDA {torch.version.cuda}; bf16 F.linear(x[M,K], w[N,K])")
+        what = "fp8 _scaled_mm(x[M,K], w[N,K].t())" if args.fp8 else "bf16 F.linear(x[M,K], w[N,K])"
+        print(f"# {p.name}, torch {torch.__version__}, CUDA {torch.version.cuda}; {what}")
     wide = 4096 // scale
     cases = []  # (label, M, K, N)
     for m in (16384 // scale, 98304 // scale):
@@ -43,7 +46,13 @@ def main() -> None:
     for _, m, k, n in cases:
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
-        fns.append(lambda x=x, w=w: F.linear(x, w))
+        if args.fp8 and cuda:
+            one = torch.ones((), device=dev)
+            x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+            fns.append(lambda x8=x8, w8=w8, one=one: torch._scaled_mm(x8, w8.t(), scale_a=one, scale_b=one,
+                                                                       out_dtype=torch.bfloat16))
+        else:
+            fns.append(lambda x=x, w=w: F.linear(x, w))
         flops.append(2.0 * m * k * n)
     timed = interleaved(fns, rounds=9 if cuda else 1, sync=torch.cuda.synchronize if cuda else None)
     rate = {i: f / t.seconds / 1e12 for i, (f, t) in enumerate(zip(flops, timed))}

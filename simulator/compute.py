@@ -93,7 +93,8 @@ def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
                        sum(t.bwd_weight_s for t in times))
     if op.kind in LOW_PRECISION_GEMMS:  # FP8 linears (fp8.py): the FP8 peak at the FP8 GEMM efficiency
         peak, eff = acc.peak(LOW_PRECISION_GEMMS[op.kind]), acc.matmul_fp8
-        flops_s = [_work_time(x, peak, eff) for x in (op.fwd_flops, op.bwd_input_flops, op.bwd_weight_flops)]
+        flops_s = _reduced(op, [_work_time(x, peak, eff) for x in (op.fwd_flops, op.bwd_input_flops,
+                                                                   op.bwd_weight_flops)], acc.matmul_fp8_k_half)
         mem = acc.memory
     elif op.kind == FLASH2_ATTENTION and acc.attention_flash2 is not None:
         peak, eff = acc.peak(precision), acc.attention_flash2
@@ -107,6 +108,8 @@ def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
         passes = ("fwd", "bwd", "bwd") if kind == "attention" else ("fwd", "bwd_input", "bwd_weight")
         flops_s = [_work_time(x, peak, acc.compute_efficiency(kind, pass_, precision), op.kernels)
                    for x, pass_ in zip((op.fwd_flops, op.bwd_input_flops, op.bwd_weight_flops), passes)]
+        if op.kind == MATMUL:
+            flops_s = _reduced(op, flops_s, acc.matmul_k_half)
         mem = acc.memory_efficiency(None, precision)
     else:
         flops_s = [0.0, 0.0, 0.0]
@@ -117,6 +120,20 @@ def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
     o = acc.op_overhead_s
     return OpTimes(np.maximum(flops_s[0], bytes_s[0]) + o, np.maximum(flops_s[1], bytes_s[1]) + o,
                    np.maximum(flops_s[2], bytes_s[2]))
+
+
+def _reduced(op: Op, flops_s: list, k_half: float) -> list:
+    """A linear's GEMM seconds of its three passes at the rate their reduction dimension K
+    leaves: K / (K + k_half) of a wide GEMM's (forward: K = its input features; input
+    gradient: its output features; weight gradient: its tokens, an expert's share in a grouped
+    GEMM). Measured on an H200 (benchmarks/bench_narrow_gemm_cuda.py): at equal FLOPs, a GEMM
+    over K = 512 ran at 0.80 of a wide one in bf16 and 0.65-0.68 in FP8, a fixed cost per output
+    tile worth about two of its K tiles; a narrow output dimension cost nothing from 256 up."""
+    s = op.linear
+    if s is None or k_half <= 0:
+        return flops_s
+    dims = (s.d_in, s.d_out, s.tokens / s.matrices if s.grouped else s.tokens)
+    return [t * (np.asarray(k, dtype=float) + k_half) / np.asarray(k, dtype=float) for t, k in zip(flops_s, dims)]
 
 
 def memory_bound_time(nbytes, acc: Accelerator, kernel: str | None = None, precision: str | None = None):

@@ -103,6 +103,11 @@ class Accelerator:
     # Fractional slowdown of a device's kernels while the node's other devices run
     # too (CPU cores sharing caches and memory bandwidth); 0 where devices have their own memory.
     co_run_slowdown: float = 0.0
+    # A GEMM's rate falls with its reduction dimension K as K / (K + k_half): a fixed cost per
+    # output tile worth that many elements of K (16-bit GEMMs: matmul_k_half; FP8 ones:
+    # matmul_fp8_k_half); 0: not measured.
+    matmul_k_half: float = 0.0
+    matmul_fp8_k_half: float = 0.0
     # Curves of the backward passes where their kernels differ from the forward
     # one (efficiency.matmul_bwd_input, matmul_bwd_weight, attention_bwd; e.g. a CPU's bf16 GEMM
     # with a transposed operand); absent: the forward curve.
@@ -314,7 +319,9 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
         raise InputError(f"{where}.peak_tflops", dict(peaks), "at least one precision is needed")
     eff = F.require_mapping(data.get("efficiency"), f"{where}.efficiency")
     F.reject_unknown(eff, ("matmul", "matmul_fp8", "attention", "attention_flash2", "memory", "memory_kernels",
-                           "overlap_slowdown", "precisions", "co_run_slowdown") + PASS_CURVES, f"{where}.efficiency")
+                           "overlap_slowdown", "precisions", "co_run_slowdown", "matmul_k_half",
+                           "matmul_fp8_k_half") + PASS_CURVES,
+                     f"{where}.efficiency")
     kernels = F.require_mapping(eff.get("memory_kernels") or {}, f"{where}.efficiency.memory_kernels")
     memory_kernels = {str(k): _efficiency(kernels, k, f"{where}.efficiency.memory_kernels", "half_bytes")
                       for k in kernels}
@@ -345,6 +352,10 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
                           if eff.get("attention_flash2") is not None else None),
         co_run_slowdown=F.number(eff, "co_run_slowdown", f"{where}.efficiency", 0.0, minimum=0.0, strict_min=False,
                                  maximum=10.0),
+        matmul_k_half=F.number(eff, "matmul_k_half", f"{where}.efficiency", 0.0, minimum=0.0, strict_min=False,
+                               maximum=1e6),
+        matmul_fp8_k_half=F.number(eff, "matmul_fp8_k_half", f"{where}.efficiency", 0.0, minimum=0.0,
+                                   strict_min=False, maximum=1e6),
         pass_efficiency={k: _efficiency(eff, k, f"{where}.efficiency", "half_flops") for k in PASS_CURVES if k in eff},
         precision_efficiency=_precision_efficiency(eff, f"{where}.efficiency"),
         host_overhead_s=_host_overhead(data, where),

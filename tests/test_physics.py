@@ -242,3 +242,21 @@ def test_zero3_buffers_hold_two_gathered_layers_and_one_layers_gradients():
 def test_loaded_profiles_keep_physical_units():
     acc = load_accelerator("a100-sxm-80gb")
     assert acc.hbm_bytes_per_s == pytest.approx(2039e9) and acc.hbm_bytes == 80 * 2**30
+
+
+def test_a_short_reduction_dimension_slows_a_gemm_as_the_profile_measured():
+    # wo of an 8B layer under TP 8: K = 512 forward, 4096 for its input gradient, the tokens
+    # for its weight gradient; each pass at K / (K + 106) of the FLOP curve's rate (h100)
+    from dataclasses import replace as _replace
+
+    from simulator.compute import op_times
+    from simulator.hardware import load_accelerator
+    from simulator.workload import _linear
+
+    acc = load_accelerator("h100-sxm-80gb")
+    flat = _replace(acc, matmul_k_half=0.0)
+    op = _linear("wo", 16384, 512, 4096, 2, 0.0)
+    t, t0 = op_times(op, acc, "bf16"), op_times(op, flat, "bf16")
+    assert t.fwd_s == pytest.approx(t0.fwd_s * (512 + 106) / 512, rel=1e-12)
+    assert t.bwd_input_s == pytest.approx(t0.bwd_input_s * (4096 + 106) / 4096, rel=1e-12)
+    assert t.bwd_weight_s == pytest.approx(t0.bwd_weight_s * (16384 + 106) / 16384, rel=1e-12)
