@@ -574,9 +574,10 @@ def _settled_peaks(layout: Layout, ms: list, m: int, peaks: list) -> list | None
     for i in range(p):
         target = schedule.in_flight(p, m, v, i)
         same = [run[i] for mq, run in zip(ms, peaks) if schedule.in_flight(p, mq, v, i) == target]
-        if layout.pipe is not None and len(same) < 2:
-            return None
-        if same and layout.pipe is None:
+        if layout.pipe is not None:  # its buffers grow with m: affine through two full runs
+            if len(same) < 2:
+                return None
+        elif same:
             if any(abs(x - same[0]) > 1e-9 * max(same[0], 1.0) for x in same):
                 return None
             out.append(same[0])

@@ -115,7 +115,7 @@ def _largest(schedule, p, m, v, stage, coefficients):
     shape = arrays[0].shape
     keys = np.stack([a.ravel().astype(np.int64) for a in arrays[:4]], axis=1)
     weights = np.stack([a.ravel() for a in arrays[4:]], axis=1)
-    unique, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    unique, inverse = np.unique(keys, axis=0, return_inverse=True)
     inverse = inverse.ravel()
     order = np.argsort(inverse, kind="stable")
     bounds = np.searchsorted(inverse[order], np.arange(len(unique) + 1))
