@@ -522,10 +522,10 @@ def _simulate(layout: Layout, periodic: bool) -> Simulation:
     # disagreed).
     plan = layout.plan
     unsettled = plan.offload.activations != "none" or layout.schedule.placement == "v"
-    # per-micro-batch ZeRO-2/3 traffic paces the first period differently (interleaved's
-    # forwards there all run before its backwards): from 2p on, as random plans showed
-    # from 2p on too where the torch pipeline's buffers grow with m: interleaved's peaks need
-    # two runs holding the full step's chunks in flight (_settled_peaks)
+    # from 2p on where per-micro-batch ZeRO-2/3 traffic paces the first period differently
+    # (interleaved's forwards there all run before its backwards; as random plans showed), and
+    # where the torch pipeline's buffers grow with m (interleaved's peaks need two runs holding
+    # the full step's chunks in flight: _settled_peaks)
     m0 = 2 * p if plan.zero_stage >= 2 or layout.pipe is not None else p
     if periodic and plan.schedule_ops is None and not unsettled and p > 1 and m > m0 + 2 * p:
         runs = [(mq, *_one(layout, mq, slowdown)) for mq in (m0, m0 + p)]

@@ -110,10 +110,10 @@ class Layout:
         """Peak bytes of a device of pipeline stage `stage` (default: the representative's own
         index; any stage it stands for), from the schedule's in-flight counts."""
         stage = rep.stage if stage is None else stage
-        _, resident, first = self.resident_chunks(rep, stage)
         if self.pipe is None:
+            _, resident, first = self.resident_chunks(rep, stage)
             acts = peak_activation_bytes(rep.activations, resident, first)
-        else:
+        else:  # the torch pipeline's buffers move its peak (no activation offload with it: plan.py)
             acts = pipebuffers.peak_activation_bytes(self.pipe, rep.activations, self.schedule, self.p, self.m,
                                                      self.v, stage, rep.has_embedding, rep.has_head)
         s = rep.states

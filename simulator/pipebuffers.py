@@ -50,8 +50,7 @@ def pipe_buffers(model, shard, plan) -> PipeBuffers | None:
     (`pp_impl: megatron`, or no pipeline)."""
     if plan.pp_impl != "torch" or np.all(np.asarray(plan.pp) == 1):
         return None
-    split = np.where(shard.sp, shard.tp, 1)
-    boundary = shard.act_bytes * shard.tokens * model.hidden / split
+    boundary = shard.act_bytes * shard.replicated_tokens * model.hidden  # the first layer's checkpointed input
     logits = shard.act_bytes * shard.tokens * model.vocab / shard.tp
     on = np.asarray(plan.pp) > 1
     return PipeBuffers(np.where(on, boundary, 0.0), np.where(on, logits, 0.0), plan.pp_outputs or "last-stage")
