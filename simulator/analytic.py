@@ -186,6 +186,7 @@ class PeakMemory:
     stage: object
     parts: dict  # MEMORY_KEYS -> bytes
     total: object
+    reserved_bytes: object  # the most any stage's caching allocator holds (StageMemory.reserved_bytes)
 
 
 def peak_memory(layout: Layout) -> PeakMemory:
@@ -203,7 +204,9 @@ def peak_memory(layout: Layout) -> PeakMemory:
         return out
 
     parts = {k: pick([np.asarray(getattr(mm, k), dtype=float) for mm in mems]) for k in MEMORY_KEYS}
-    return PeakMemory(pick([r.stage for r in layout.stages]), parts, sum(parts.values()))
+    reserved = np.stack(np.broadcast_arrays(*[np.asarray(mm.reserved_bytes, dtype=float) for mm in mems]))
+    return PeakMemory(pick([r.stage for r in layout.stages]), parts, sum(parts.values()),
+                      np.max(np.where(counted, reserved, -np.inf), axis=0))
 
 
 def memory_by_stage(layout: Layout) -> list[StageMemory]:

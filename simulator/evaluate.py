@@ -15,7 +15,7 @@ from .energy import capped_cluster
 from .errors import InputError
 from .intervals import interval_fields
 from .layout import Layout, compile_layout
-from .memory import StageMemory
+from .memory import MEMORY_KEYS, StageMemory
 from .result import Result, require_finite
 from .scenario import Scenario
 from .wholerun import run_economics, with_data_stall
@@ -70,8 +70,8 @@ def assemble(scenario: Scenario, layout: Layout, engine: str, breakdown: dict, s
              extra: dict) -> Result:
     """The Result of a scalar plan from an engine's breakdown and per-stage memory."""
     cluster, plan = scenario.cluster, scenario.plan
-    stages = [StageMemory(i, *(float(getattr(s, k)) for k in ("weights", "gradients", "optimizer", "activations",
-                                                              "other"))) for i, s in enumerate(stages)]
+    stages = [StageMemory(i, *(float(getattr(s, k)) for k in (*MEMORY_KEYS, "cached_free_bytes")))
+              for i, s in enumerate(stages)]
     peak = max(stages, key=lambda s: s.total)
     capacity = cluster.accelerator.hbm_bytes
     feasible = peak.total <= capacity
@@ -93,7 +93,8 @@ def assemble(scenario: Scenario, layout: Layout, engine: str, breakdown: dict, s
         devices=cluster.devices, model_flops_per_step=float(layout.model_flops_per_step),
         hardware_flops_per_step=float(layout.hardware_flops_per_step),
         peak_flops_per_device=cluster.accelerator.peak(plan.precision), peak_memory_bytes=peak.total,
-        peak_memory_stage=peak.stage, memory_bytes=peak.as_dict(), memory_by_stage=[s.as_dict() for s in stages],
+        peak_memory_stage=peak.stage, peak_reserved_bytes=max(s.reserved_bytes for s in stages),
+        memory_bytes=peak.as_dict(), memory_by_stage=[s.as_dict() for s in stages],
         capacity_bytes=capacity, host_bytes_per_device=host,
         economics=econ, extra=extra, whole_run=run,
         parameters=float(scenario.model.params()), active_parameters=float(scenario.model.active_params()))

@@ -212,9 +212,13 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, grad_gr
     if mix.moe_ops is not None:
         m_acts = activation_sizes(model, shard, plan, n_moe / v, has_emb, has_head, mix.moe_ops, head)
         # the layer rebuilt by full recomputation is one of the kinds the stage holds
-        d, m = d_acts.extra_bytes, m_acts.extra_bytes
-        extra = np.where(n_moe > 0, np.where(n_dense > 0, np.maximum(d, m), m), d)
-        acts = ActivationSizes(d_acts.chunk_bytes + m_acts.chunk_bytes, d_acts.embedding_bytes, extra)
+        def either(d, m):
+            return np.where(n_moe > 0, np.where(n_dense > 0, np.maximum(d, m), m), d)
+
+        extra = either(d_acts.extra_bytes, m_acts.extra_bytes)
+        reserved = either(d_acts.extra_bytes + d_acts.cached_free_bytes, m_acts.extra_bytes + m_acts.cached_free_bytes)
+        acts = ActivationSizes(d_acts.chunk_bytes + m_acts.chunk_bytes, d_acts.embedding_bytes, extra,
+                               reserved - extra)
         zero = np.asarray(0.0)
         passes = passes + _kind_passes(mix.moe_t, mix.moe_rerun, n_moe, emb_t, head_t, zero, zero, mix.moe_tp_s,
                                        mix.moe_cp_s, mix.ep_s, plan, v)

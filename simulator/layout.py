@@ -117,7 +117,8 @@ class Layout:
             acts = pipebuffers.peak_activation_bytes(self.pipe, rep.activations, self.schedule, self.p, self.m,
                                                      self.v, stage, rep.has_embedding, rep.has_head)
         s = rep.states
-        return StageMemory(stage, s.weights_bytes, s.gradients_bytes, s.optimizer_bytes, acts, rep.buffer_bytes)
+        return StageMemory(stage, s.weights_bytes, s.gradients_bytes, s.optimizer_bytes, acts, rep.buffer_bytes,
+                           rep.activations.cached_free_bytes)
 
     def host_bytes(self, rep: StageLayout, stage=None):
         """Host memory one device of the stage takes for what it offloads to the CPU."""

@@ -12,6 +12,8 @@
 - Activation offload keeps few chunks on the device (offload.resident_chunks_with_offload);
   the rest waits in host memory.
 - Other: the framework's reserve (a profile parameter) and communication buffers.
+- Beside the live bytes, what PyTorch's caching allocator keeps reserved and free at the
+  loss (allocator.py): the reserved peak, which torch's max_memory_reserved reports.
 - PyTorch's pipeline runtime (plan.pp_impl: torch) holds receive buffers, outputs and input
   gradients beside the saved activations; pipebuffers.py composes that peak.
 """
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import cpattention
+from . import allocator, cpattention
 from .recompute import chunk_checkpoint, layer_checkpoint
 from .workload import Shard, embedding_ops, head_ops, layer_ops, loss_backward_transient_bytes
 
@@ -40,6 +42,7 @@ class ActivationSizes:
     chunk_bytes: object  # saved by the layers of one model chunk
     embedding_bytes: object  # saved by the embedding (where the first virtual stage sits)
     extra_bytes: object  # held at the stage's peak on top of the in-flight chunks
+    cached_free_bytes: object = 0.0  # reserved by the caching allocator beyond the peak's live bytes
 
 
 def activation_sizes(model, shard: Shard, plan, layers_per_chunk, has_embedding, has_head, ops=None,
@@ -53,7 +56,10 @@ def activation_sizes(model, shard: Shard, plan, layers_per_chunk, has_embedding,
     held = sum(op.saved_bytes for op in head) + loss_backward_transient_bytes(model, shard)
     # a layer's backward holds what recomputation rebuilt and the CP ring's buffers
     rebuilt = chunk.rebuilt_bytes + cpattention.transient_bytes(model, shard, plan.cp_attention)
-    return ActivationSizes(chunk.saved_bytes, emb, np.where(has_head, np.maximum(rebuilt, held), rebuilt))
+    extra = np.where(has_head, np.maximum(rebuilt, held), rebuilt)
+    # reserved only grows: the loss's free block stays reserved through the layers' backward
+    reserved = np.where(has_head, np.maximum(rebuilt, held + allocator.loss_free_bytes(model, shard, plan)), rebuilt)
+    return ActivationSizes(chunk.saved_bytes, emb, extra, reserved - extra)
 
 
 def peak_activation_bytes(sizes: ActivationSizes, resident_chunks, in_flight_embedding):
@@ -87,10 +93,16 @@ class StageMemory:
     optimizer: object
     activations: object
     other: object
+    cached_free_bytes: object = 0.0  # not a part of the total: reserved, free (allocator.py)
 
     @property
     def total(self):
         return self.weights + self.gradients + self.optimizer + self.activations + self.other
+
+    @property
+    def reserved_bytes(self):
+        """What the caching allocator holds at the stage's peak: the live bytes and its free blocks."""
+        return self.total + self.cached_free_bytes
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in MEMORY_KEYS}

@@ -33,6 +33,7 @@ LABELS = {
     "step_time_s": "step time (s)", "tokens_per_s": "throughput (tokens/s)",
     "tokens_per_s_per_device": "throughput per device (tokens/s)", "mfu": "MFU (fraction of peak)",
     "hfu": "HFU (fraction of peak)", "peak_memory_gib": "peak memory per device (GiB)",
+    "peak_reserved_gib": "peak reserved per device (GiB)",
     "usd_per_million_tokens": "cost ($ per million tokens)", "cost_usd_per_step": "cost ($ per step)",
     "time_to_train_days": "time to train (days)", "cost_to_train_usd": "cost to train ($)",
     "model_tflops_per_device": "model TFLOP/s per device", "hardware_tflops_per_device": "hardware TFLOP/s per device",

@@ -191,6 +191,10 @@ def render_result(d: dict, scenario, data: dict | None = None) -> str:
     stages = d.get("memory_gib_by_stage") or [d["memory_gib"]]
     lines.append(fmt_table(stage_memory_rows(stages, d["memory_capacity_gib"]),
                            ("stage", *MEMORY_KEYS, "total", "of HBM")))
+    free_gib = d["peak_reserved_gib"] - d["peak_memory_gib"]
+    if free_gib > 0.05:
+        lines.append(f"reserved   {d['peak_reserved_gib']:.1f} GiB at peak (torch's max reserved): the caching "
+                     f"allocator holds {free_gib:.1f} GiB free at the loss")
     if _offloads(p):
         off = offload_bytes_per_node(scenario)
         lines.append(f"offload    per node ({c.devices_per_node} devices): host RAM {off['host_bytes'] / GIB:.1f} of "

@@ -46,8 +46,9 @@ class Result:
     model_flops_per_step: float
     hardware_flops_per_step: float
     peak_flops_per_device: float
-    peak_memory_bytes: float
+    peak_memory_bytes: float  # live tensors (torch's max_memory_allocated): what must fit
     peak_memory_stage: int
+    peak_reserved_bytes: float  # with the caching allocator's free blocks (max_memory_reserved), allocator.py
     memory_bytes: dict  # of the peak stage, MEMORY_KEYS
     memory_by_stage: list  # one MEMORY_KEYS dict per pipeline stage
     capacity_bytes: float
@@ -92,6 +93,7 @@ class Result:
             "hfu": self.hfu,
             "peak_memory_gib": self.peak_memory_bytes / GIB,
             "peak_memory_stage": self.peak_memory_stage,
+            "peak_reserved_gib": self.peak_reserved_bytes / GIB,
             "memory_capacity_gib": self.capacity_bytes / GIB,
             "memory_gib": {k: self.memory_bytes[k] / GIB for k in MEMORY_KEYS},
             "memory_gib_by_stage": [{k: st[k] / GIB for k in MEMORY_KEYS} for st in self.memory_by_stage],

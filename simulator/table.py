@@ -29,7 +29,7 @@ RESULT_SCALARS = {
     "feasible": "bool", "reason": "str", "engine": "str", "step_time_s": "float", "tokens_per_s": "float",
     "tokens_per_s_per_device": "float", "model_tflops_per_device": "float",
     "hardware_tflops_per_device": "float", "mfu": "float", "hfu": "float", "peak_memory_gib": "float",
-    "peak_memory_stage": "int", "memory_capacity_gib": "float",
+    "peak_memory_stage": "int", "peak_reserved_gib": "float", "memory_capacity_gib": "float",
 }
 RESULT_TAIL = {
     "model_flops_per_step": "float", "hardware_flops_per_step": "float", "price_usd_per_device_hour": "float",

@@ -251,7 +251,7 @@ def test_narayanan_rows_compare_hardware_tflops_and_nemo_rows_step_time(runs):
     assert runs["narayanan21_t1_1T"].primary.metric == "hardware_tflops_per_device"
     assert runs["dgxc-gpt3-175b-bf16-128gpu"].primary.metric == "step_time_s"
     assert [m.metric for m in runs["tt_t1_8B_8gpu_FSDP"].measurements] == ["tokens_per_s_per_device",
-                                                                             "peak_memory_gib"]
+                                                                             "peak_reserved_gib"]
 
 
 def test_the_torchtitan_part_names_its_fit_and_what_it_transfers():

@@ -52,7 +52,7 @@ FORMATS = ("table", "scenario", "moe")
 # llmsim metric (a key of `evaluate --json`) of each measured column of the table layout,
 # and the factor from the column's unit to the metric's.
 METRIC_KEYS = ("step_time_s", "tokens_per_s_per_device", "hardware_tflops_per_device",
-               "model_tflops_per_device", "mfu", "hfu", "peak_memory_gib")
+               "model_tflops_per_device", "mfu", "hfu", "peak_memory_gib", "peak_reserved_gib")
 PERCENT_COLUMNS = ("measured_mfu_pct", "measured_hfu_pct")
 # Speed metrics: higher is faster except for the step time.
 SLOWER_WHEN_HIGHER = ("step_time_s",)
