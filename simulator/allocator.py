@@ -24,12 +24,14 @@ bytes by them (DTensor's loss-parallel forward frees one more fp32 temporary, wh
 backward's extra buffer takes, leaving the same). In later steps other free blocks may sit
 beside these; a·N is what the loss's own order leaves.
 
-No such gap where the logits are fp32 (their block takes the first fp32 buffer exactly), where
-the logits stay allocated through the backward (PyTorch's pipeline keeps the last stage's
-output in fwd_cache until its backward, pipebuffers.py), or where no logits-sized tensor is
-built (`fused`, or the `chunked` loss whose chunks reuse blocks of one size). With expandable
-segments the allocator unmaps free blocks and retries before it reports out of memory, so
-whether a plan fits stays a matter of the live bytes; the gap is what the logs show.
+Without expandable segments (PyTorch's default) every block that found no free space is a
+segment of its own (cudaMalloc), and the same a·N stay free. No such gap where the logits are
+fp32 (their block takes the first fp32 buffer exactly), where the logits stay allocated
+through the backward (PyTorch's pipeline keeps the last stage's output in fwd_cache until its
+backward, pipebuffers.py), or where no logits-sized tensor is built (`fused`, or the `chunked` loss whose chunks reuse blocks of one size). Before it
+reports out of memory the allocator releases its free segments (unmaps free blocks, with
+expandable segments) and retries, so whether a plan fits stays a matter of the live bytes;
+the gap is what the logs show.
 """
 
 from __future__ import annotations
