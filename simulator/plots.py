@@ -391,7 +391,8 @@ def timeline(tl: pd.DataFrame, ax=None, max_tasks: int = 5000, title: str | None
 
 METRIC_UNITS = {"hardware_tflops_per_device": "hardware TFLOP/s per device", "step_time_s": "step time (s)",
                 "model_tflops_per_device": "model TFLOP/s per device", "tokens_per_s_per_device": "tokens/s per device",
-                "peak_memory_gib": "peak memory (GiB)", "memory_mib": "memory (MiB)"}
+                "peak_memory_gib": "peak memory (GiB)", "peak_reserved_gib": "peak reserved memory (GiB)",
+                "memory_mib": "memory (MiB)"}
 
 
 def scatter(df: pd.DataFrame, ax=None, measured: str = "measured", predicted: str = "predicted",
