@@ -28,10 +28,11 @@ Without expandable segments (PyTorch's default) every block that found no free s
 segment of its own (cudaMalloc), and the same a·N stay free. No such gap where the logits are
 fp32 (their block takes the first fp32 buffer exactly), where the logits stay allocated
 through the backward (PyTorch's pipeline keeps the last stage's output in fwd_cache until its
-backward, pipebuffers.py), or where no logits-sized tensor is built (`fused`, or the `chunked` loss whose chunks reuse blocks of one size). Before it
-reports out of memory the allocator releases its free segments (unmaps free blocks, with
-expandable segments) and retries, so whether a plan fits stays a matter of the live bytes;
-the gap is what the logs show.
+backward, pipebuffers.py), or where no logits-sized tensor is built (`fused`, or the
+`chunked` loss whose chunks reuse blocks of one size). Before it reports out of memory the
+allocator releases its free segments (unmaps free blocks, with expandable segments) and
+retries, so whether a plan fits stays a matter of the live bytes; the gap is what the logs
+show.
 """
 
 from __future__ import annotations
