@@ -256,7 +256,8 @@ COMPARE_ROWS = (  # label, key of the row dict
     ("cp", "cp"), ("vpp", "vpp"), ("micro_batch", "micro_batch"), ("global_batch", "global_batch"),
     ("schedule", "schedule"), ("sequence_parallel", "sequence_parallel"), ("recompute", "recompute"),
     ("zero_stage", "zero_stage"), ("precision", "precision"), ("offload opt/par/act", "offload"),
-    ("feasible", "feasible"), ("peak memory GiB", "peak_memory_gib"), ("step time", "step_time"),
+    ("feasible", "feasible"), ("peak memory GiB", "peak_memory_gib"), ("peak reserved GiB", "peak_reserved_gib"),
+    ("step time", "step_time"),
     ("tokens/s", "tokens_per_s"), ("tokens/s per device", "tokens_per_s_per_device"), ("MFU", "mfu"),
     ("$ per M tokens", "usd_per_million_tokens"), ("days to train", "time_to_train_days"),
 )
@@ -277,6 +278,7 @@ def compare_row(d: dict, scenario) -> dict:
         "zero_stage": str(p.zero_stage), "precision": p.precision,
         "offload": f"{p.offload.optimizer}/{p.offload.params}/{p.offload.activations}",
         "feasible": "yes" if ok else "NO", "peak_memory_gib": f"{d['peak_memory_gib']:.1f}",
+        "peak_reserved_gib": f"{d['peak_reserved_gib']:.1f}",
         "step_time": valid(human_time(d["step_time_s"])), "tokens_per_s": valid(f"{d['tokens_per_s']:,.0f}"),
         "tokens_per_s_per_device": valid(f"{d['tokens_per_s_per_device']:,.1f}"),
         "mfu": valid(f"{100 * d['mfu']:.1f}%"), "usd_per_million_tokens": valid(f"{d['usd_per_million_tokens']:.4g}"),
