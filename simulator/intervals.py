@@ -100,14 +100,19 @@ def residuals_for(accelerator, engine: str = "graph") -> Residuals | None:
 
 def interval_fields(step_time_s, tokens_per_step, accelerator, engine: str = "graph",
                     coverage: float = COVERAGE) -> dict:
-    """The result fields of the prediction interval (None where no interval is available).
+    """The result fields of how far to trust a prediction: its interval (None where none is
+    available) and whether the accelerator profile was checked against measured runs
+    (`profile_validated`: None where the profile says nothing; `profile_validation`: why).
     `step_time_s` and `tokens_per_step` may be numpy arrays (vector.py): the intervals are
     then (n, 2) arrays of [low, high]."""
     res = residuals_for(accelerator, engine)
     bounds = conformal_bounds(res.values, coverage) if res else None
+    checked = accelerator.validation
     out = {"step_time_s_interval": None, "tokens_per_s_interval": None, "interval_coverage": coverage,
            "interval_basis": res.basis if res else "no validation rows for this profile",
-           "interval_rows": len(res.values) if res else 0}
+           "interval_rows": len(res.values) if res else 0,
+           "profile_validated": None if checked is None else checked.validated,
+           "profile_validation": "" if checked is None else checked.reason}
     if bounds is not None:
         step = np.asarray(step_time_s, dtype=float)
         low, high = step * math.exp(bounds[0]), step * math.exp(bounds[1])

@@ -112,3 +112,20 @@ def test_same_inputs_give_bit_identical_output():
         return out
     assert run("--json") == run("--json")
     assert run() == run()  # the human report holds no wall-clock time
+
+
+@pytest.mark.parametrize("node, accelerator", [("dgx-h200", "h200-sxm-141gb"), ("dgx-h100", "h100-sxm-80gb")])
+def test_result_says_whether_its_profile_was_validated_against_runs_and_why(node, accelerator):
+    import yaml
+
+    from simulator.hardware import profiles_dir
+    from simulator.report import render_result
+    from simulator.scenario import scenario_from_dict
+
+    profile = yaml.safe_load((profiles_dir() / "accelerators" / f"{accelerator}.yaml").read_text())["validation"]
+    s = scenario_from_dict({"model": {"preset": "llama-3.1-8b", "seq_len": 4096}, "cluster": {"node": node, "nodes": 1},
+                            "plan": {"dp": 8, "micro_batch": 1, "global_batch": 8, "zero_stage": 3}})
+    d = evaluate(s).to_dict()
+    assert (d["profile_validated"], d["profile_validation"]) == (profile["validated"], profile["reason"])
+    said = f"{accelerator} is not validated against measured runs: {profile['reason']}" in render_result(d, s)
+    assert said == (not profile["validated"])

@@ -30,6 +30,7 @@ def test_interval_scales_the_prediction_and_inverts_for_throughput():
     class Acc:
         validation_residuals = tuple(math.log(x) for x in (0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 0.8, 1.0, 1.0))
         validation_basis = "hand-made"
+        validation = None  # the profile says nothing of runs
 
     f = intervals.interval_fields(2.0, 1000.0, Acc())
     assert f["step_time_s_interval"] == pytest.approx([1.6, 2.4])  # 2 s x (0.8, 1.2)
