@@ -28,7 +28,9 @@ Without expandable segments (PyTorch's default) every block that found no free s
 segment of its own (cudaMalloc), and the same a·N stay free. No such gap where the logits are
 fp32 (their block takes the first fp32 buffer exactly), where the logits stay allocated
 through the backward (PyTorch's pipeline keeps the last stage's output in fwd_cache until its
-backward, pipebuffers.py), or where no logits-sized tensor is built (`fused`, or the
+backward, pipebuffers.py), under Megatron-LM's in-place loss (`vocab-parallel`: its one fp32
+buffer is the saved softmax and the gradient, whose 16-bit copy takes the freed logits'
+block exactly), or where no logits-sized tensor is built (`fused`, or the
 `chunked` loss whose chunks reuse blocks of one size). Before it reports out of memory the
 allocator releases its free segments (unmaps free blocks, with expandable segments) and
 retries, so whether a plan fits stays a matter of the live bytes; the gap is what the logs
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import numpy as np
 
-FP32_BYTES = 4
+from .loss import FP32_BYTES
 
 
 def loss_free_bytes(model, shard, plan):

@@ -1,4 +1,4 @@
-"""The lm_head and cross-entropy of the last virtual stage, computed four ways (`plan.loss`).
+"""The lm_head and cross-entropy of the last virtual stage, computed five ways (`plan.loss`).
 
 Per device, T tokens of a micro-batch, hidden h, local vocabulary v = V/t (vocab-parallel
 lm_head), a bytes per 16-bit element; N = T·v logits.
@@ -7,6 +7,16 @@ lm_head), a bytes per 16-bit element; N = T·v logits.
   them and keeps the fp32 softmax (4·N bytes) for the backward (Korthikanti et al. 2022,
   Sec. 4.3), whose start materialises two more fp32 logits-sized gradients
   (workload.loss_backward_transient_bytes): 12·N bytes at the head's peak.
+- vocab-parallel: Megatron-LM's _VocabParallelCrossEntropy, under Megatron-LM, Megatron-Core,
+  NeMo and Megatron-DeepSpeed (NVIDIA/Megatron-LM@00611e6eeb
+  megatron/core/tensor_parallel/cross_entropy.py; the fused variant,
+  cross_entropy_loss_fusion, runs the same steps). It upcasts the 16-bit logits to fp32 once
+  and then works in place: subtracts the all-reduced max, exponentiates, divides by the
+  all-reduced sum, and saves that buffer as the softmax (4·N); the backward subtracts one at
+  the targets and scales by the incoming gradient in the same buffer, which autograd casts to
+  the logits' 16-bit dtype: 4·N + a·N bytes at the head's peak. Bytes moved per logit:
+  forward a + 36 (upcast a + 4, max 4, subtract 8, exp 8, sum 4, divide 8), backward 12 + a
+  (scale 8, downcast 4 + a); fp32 logits skip both casts.
 - loss-parallel: PyTorch's DTensor loss parallelism over the TP group, as torchtitan runs it
   (pytorch/torchtitan@9dec370 train.py: `loss_fn` = cross_entropy(pred.float(), labels)
   under `loss_parallel()`, `del pred` before the backward; pytorch/pytorch
@@ -44,7 +54,8 @@ import numpy as np
 
 from .workload import MATMUL, MEMORY, Op, Shard
 
-LOSSES = ("unfused", "fused", "chunked", "loss-parallel")
+FP32_BYTES = 4
+LOSSES = ("unfused", "vocab-parallel", "fused", "chunked", "loss-parallel")
 
 
 def liger_chunk_tokens(tokens, vocab_local, hidden):
@@ -68,6 +79,15 @@ def loss_parallel_cross_entropy(logits, act_bytes) -> Op:
     unfused path's lm_head (module docstring): a + 36 bytes per logit each way, the fp32
     log-softmax kept."""
     return Op("cross_entropy", MEMORY, fwd_bytes=(act_bytes + 36) * logits, bwd_input_bytes=(36 + act_bytes) * logits,
+              saved_bytes=4 * logits)
+
+
+def vocab_parallel_cross_entropy(logits, act_bytes) -> Op:
+    """Megatron-LM's in-place cross-entropy over `logits` local logits (module docstring): a +
+    36 bytes per logit forward, 12 + a backward, the fp32 softmax kept (fp32 logits need no
+    upcast or downcast: 32 and 8)."""
+    cast = act_bytes + 4 if act_bytes < FP32_BYTES else 0
+    return Op("cross_entropy", MEMORY, fwd_bytes=(cast + 32) * logits, bwd_input_bytes=(8 + cast) * logits,
               saved_bytes=4 * logits)
 
 
@@ -98,9 +118,12 @@ def loss_ops(model, shard: Shard) -> list[Op]:
 def loss_transient_bytes(model, shard: Shard):
     """Bytes the loss holds on top of its saved tensors at the head's peak: one chunk's
     logits in fp32 plus two 16-bit copies (chunked), nothing logits-sized (fused), three fp32
-    logits-sized buffers in the fused nll/log-softmax backward (loss-parallel)."""
+    logits-sized buffers in the fused nll/log-softmax backward (loss-parallel), the gradient's
+    16-bit copy beside the fp32 one it was computed in (vocab-parallel)."""
     if shard.loss == "loss-parallel":
         return 3 * 4 * shard.tokens * model.vocab / shard.tp
+    if shard.loss == "vocab-parallel":  # no copy where the logits are fp32 already
+        return (shard.act_bytes < FP32_BYTES) * shard.act_bytes * shard.tokens * model.vocab / shard.tp
     if shard.loss == "chunked":
         return (4 + 2 * shard.act_bytes) * chunk_tokens(model, shard) * model.vocab / shard.tp
     return 0.0 * shard.tokens

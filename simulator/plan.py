@@ -85,7 +85,8 @@ class Plan:
     # run by the graph engine in place of the named schedule's (schedules.py).
     schedule_ops: tuple | None = None
     moe: MoEOptions = MoEOptions()
-    # lm_head + cross-entropy: unfused | fused (Cut Cross-Entropy) | chunked (Liger), loss.py
+    # lm_head + cross-entropy: unfused | vocab-parallel (Megatron) | fused (Cut Cross-Entropy) | chunked (Liger) |
+    # loss-parallel (DTensor), loss.py
     loss: str = "unfused"
     loss_chunk_tokens: int | None = None  # chunked: tokens per chunk (None: Liger's rule)
     # Uneven pipeline stages (stagesplit.py): Megatron-Core's --decoder-first/last-pipeline-

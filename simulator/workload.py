@@ -104,7 +104,7 @@ class Shard:
     sp: bool = False  # sequence parallelism (only meaningful with tp > 1)
     flash_attention: bool = True
     act_bytes: int = 2  # bytes per activation element (16-bit training)
-    loss: str = "unfused"  # lm_head + cross-entropy: unfused | fused | chunked (loss.py)
+    loss: str = "unfused"  # lm_head + cross-entropy: plan.loss (loss.py)
     loss_chunk_tokens: object = None  # chunked loss: tokens per chunk (None: Liger's rule)
     # DTensor TP (plan.tp_impl): a column-parallel linear keeps the all-gathered input it was
     # given (F.linear's autograd saves its input; pytorch/pytorch torch/distributed/tensor/
@@ -320,6 +320,10 @@ def head_ops(model: ModelSpec, shard: Shard) -> list[Op]:
         from .loss import loss_parallel_cross_entropy
 
         cross_entropy = loss_parallel_cross_entropy(logits, a)
+    elif shard.loss == "vocab-parallel":
+        from .loss import vocab_parallel_cross_entropy
+
+        cross_entropy = vocab_parallel_cross_entropy(logits, a)
     else:
         # fp32 upcast, max, exp-sum and loss: read 16-bit logits, write and re-read fp32 softmax
         cross_entropy = _elementwise("cross_entropy", logits, a + 4 + 4, 4 * logits)

@@ -61,6 +61,10 @@ def replay(act_bytes, loss="unfused", logits_held=False):
         a.alloc("upcast", 4 * N)
     if loss == "unfused":
         a.alloc("saved", 4 * N)
+    elif loss == "vocab-parallel":
+        a.free("upcast")  # Megatron: the upcast is the saved softmax, renamed
+        a.alloc("saved", 4 * N)
+        upcast = False
     else:
         a.alloc("shifted", 4 * N)
         a.alloc("exp", 4 * N)
@@ -71,6 +75,9 @@ def replay(act_bytes, loss="unfused", logits_held=False):
         a.free("upcast")
     if not logits_held:
         a.free("logits")  # torchtitan: del pred
+    if loss == "vocab-parallel":  # the gradient in the softmax's buffer; autograd's 16-bit copy
+        a.alloc("grad16", act_bytes * N)
+        return a.gaps[-1]
     for name in ("grad", "grad2") if loss == "unfused" else ("zeros", "exp2", "product"):
         a.alloc(name, 4 * N)
     return a.gaps[-1]
@@ -92,6 +99,11 @@ def test_replayed_16_bit_loss_leaves_its_logits_block_free_at_the_peak(loss):
     model, shard, plan = shard_and_plan(loss=loss, tp=2 if loss == "loss-parallel" else 1)
     logits = shard.tokens * model.vocab / shard.tp
     assert allocator.loss_free_bytes(model, shard, plan) == pytest.approx(replay(2, loss) / N * logits)
+
+
+def test_megatrons_in_place_loss_leaves_no_free_block():
+    assert replay(2, "vocab-parallel") == 0
+    assert allocator.loss_free_bytes(*shard_and_plan(loss="vocab-parallel")) == 0
 
 
 def test_fp32_logits_leave_no_free_block_their_gradient_could_not_take():

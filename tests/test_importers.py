@@ -275,6 +275,13 @@ def test_nemo_configs_import_as_the_validation_rows_of_the_same_runs(name):
     assert keys <= set(_accounted(imported))
 
 
+def test_megatron_and_nemo_imports_run_megatrons_vocab_parallel_cross_entropy():
+    nemo = import_config("megatron", DATA / "nemo-llama3.1_70b.yaml", {"cluster.node": "dgx-h100"})
+    script = import_config("megatron", DATA / "megatron-train_gpt3_175b_distributed.sh",
+                           {"cluster.node": "dgx-a100", "cluster.nodes": 128})
+    assert nemo.scenario["plan"]["loss"] == script.scenario["plan"]["loss"] == "vocab-parallel"
+
+
 def test_nemo_squared_relu_is_refused():
     with pytest.raises(InputError, match="model.activation"):
         import_config("megatron", DATA / "nemo-nemotron4-15b-synth.yaml", {"cluster.node": "dgx-h100"})

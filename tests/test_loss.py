@@ -1,4 +1,4 @@
-"""plan.loss: the logits memory of unfused, chunked, fused and loss-parallel lm_head +
+"""plan.loss: the logits memory of unfused, vocab-parallel, chunked, fused and loss-parallel lm_head +
 cross-entropy for a 128k vocabulary, worked from the formulas in simulator/loss.py."""
 
 import pytest
@@ -56,6 +56,29 @@ def test_loss_parallel_moves_38_bytes_per_logit_each_way():
     # forward: upcast 2 + 4, max 4, shift 4 + 4, exp 4 + 4, sum 4, result 4 + 4;
     # backward: zeros 4, exp 4 + 4, add 8 + 4, multiply 4 + 4, downcast 4 + 2
     assert (ce.fwd_bytes, ce.bwd_input_bytes, ce.saved_bytes) == (38 * T * V / 2, 38 * T * V / 2, 4 * T * V / 2)
+
+
+def test_megatron_vocab_parallel_head_holds_its_one_fp32_buffer_and_the_gradients_16_bit_copy(scenario):
+    # _VocabParallelCrossEntropy: the upcast logits turned into the softmax in place and saved,
+    # the gradient computed in that buffer, and autograd's bf16 copy of it for the logits
+    n = T * V / 2
+    assert head_extra(llama8b(scenario, "vocab-parallel", tp=2, dp=4)) == 2 * A * T * H + 4 * n + A * n
+    assert head_extra(llama8b(scenario, "vocab-parallel")) == 2 * A * T * H + 4 * N + A * N  # without TP too
+
+
+def test_megatron_vocab_parallel_on_fp32_logits_needs_no_16_bit_copy(scenario):
+    assert head_extra(llama8b(scenario, "vocab-parallel", precision="fp32")) == 2 * 4 * T * H + 4 * N
+
+
+def test_megatron_vocab_parallel_moves_38_bytes_per_logit_forward_and_14_backward():
+    from simulator.model import load_preset
+    from simulator.workload import Shard, head_ops
+
+    shard = Shard(micro_batch=1, seq_len=T, tp=2, loss="vocab-parallel")
+    ce = next(op for op in head_ops(load_preset("llama-3.1-8b"), shard) if op.name == "cross_entropy")
+    # forward: upcast 2 + 4, max 4, subtract 4 + 4, exp 4 + 4, sum 4, divide 4 + 4 (in place);
+    # backward: scale 4 + 4 (in place), downcast 4 + 2
+    assert (ce.fwd_bytes, ce.bwd_input_bytes, ce.saved_bytes) == (38 * T * V / 2, 14 * T * V / 2, 4 * T * V / 2)
 
 
 def test_loss_parallel_needs_a_tp_group(scenario):

@@ -44,7 +44,6 @@ IGNORED_ARGS = ("lr*", "min-lr", "decoupled-*", "weight-decay", "adam-*", "clip-
                 "lr-*", "train-samples", "rotary-*", "kv-channels", "apply-layernorm-1p", "attention-dropout",
                 "hidden-dropout", "fp8-amax-*", "make-vocab-size-divisible-by")
 ARG_REASONS = {"rampup-batch-size": "the batch-size ramp-up of the first steps is not modelled",
-               "cross-entropy-loss-fusion": "kernel fusion is not modelled (efficiencies are the profile's)",
                "overlap-param-gather": "parameter all-gather overlap is not modelled separately"}
 
 
@@ -186,6 +185,8 @@ def read_args(args: dict) -> Imported:
     a.map("attention-backend", "plan.flash_attention", backend in ("auto", "flash", "fused") or
           bool(a.get("use-flash-attn")))
     a.used("use-flash-attn")
+    # Megatron's vocab-parallel cross-entropy, fused or not: the same in-place steps (loss.py)
+    a.map("cross-entropy-loss-fusion", "plan.loss", "vocab-parallel")
     _recompute_args(a, layers, pp)
 
     if a.has("nproc_per_node"):
@@ -328,6 +329,7 @@ def read_nemo(data: dict) -> Imported:
     a.map(m("optim.grad_sync_dtype"), "plan.grad_precision", "bf16" if grads in ("bf16", "bfloat16") else "fp32")
     a.map(m("ub_tp_comm_overlap"), "plan.tp_comm_overlap", bool(a.get(m("ub_tp_comm_overlap"), False)))
     a.map(m("use_flash_attention"), "plan.flash_attention", bool(a.get(m("use_flash_attention"), True)))
+    a.map(m("cross_entropy_loss_fusion"), "plan.loss", "vocab-parallel")  # Megatron-Core's loss, fused or not
     if a.get(m("fsdp")):
         a.refuse(m("fsdp"), "NeMo FSDP is not modelled; use zero_stage 3 in a scenario")
     a.used(m("fsdp"))
