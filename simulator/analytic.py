@@ -193,7 +193,11 @@ def peak_memory(layout: Layout) -> PeakMemory:
     """The worst stage over the representatives (the middle stages a representative stands for
     hold no more than its own, the earliest of them)."""
     mems = [layout.stage_memory(r) for r in layout.stages]
-    totals = np.stack(np.broadcast_arrays(*[np.asarray(mm.total, dtype=float) for mm in mems]))
+
+    def stacked(key):
+        return np.stack(np.broadcast_arrays(*[np.asarray(getattr(mm, key), dtype=float) for mm in mems]))
+
+    totals = stacked("total")
     counted = np.stack(np.broadcast_arrays(*[np.asarray(r.count) for r in layout.stages])) > 0
     index = np.argmax(np.where(counted, totals, -np.inf), axis=0)
 
@@ -204,9 +208,8 @@ def peak_memory(layout: Layout) -> PeakMemory:
         return out
 
     parts = {k: pick([np.asarray(getattr(mm, k), dtype=float) for mm in mems]) for k in MEMORY_KEYS}
-    reserved = np.stack(np.broadcast_arrays(*[np.asarray(mm.reserved_bytes, dtype=float) for mm in mems]))
     return PeakMemory(pick([r.stage for r in layout.stages]), parts, sum(parts.values()),
-                      np.max(np.where(counted, reserved, -np.inf), axis=0))
+                      np.max(np.where(counted, stacked("reserved_bytes"), -np.inf), axis=0))
 
 
 def memory_by_stage(layout: Layout) -> list[StageMemory]:

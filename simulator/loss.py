@@ -74,21 +74,17 @@ def chunk_tokens(model, shard: Shard):
     return np.minimum(chunk, shard.tokens)
 
 
-def loss_parallel_cross_entropy(logits, act_bytes) -> Op:
-    """The cross-entropy of the `loss-parallel` loss over `logits` local logits, after the
-    unfused path's lm_head (module docstring): a + 36 bytes per logit each way, the fp32
-    log-softmax kept."""
-    return Op("cross_entropy", MEMORY, fwd_bytes=(act_bytes + 36) * logits, bwd_input_bytes=(36 + act_bytes) * logits,
-              saved_bytes=4 * logits)
-
-
-def vocab_parallel_cross_entropy(logits, act_bytes) -> Op:
-    """Megatron-LM's in-place cross-entropy over `logits` local logits (module docstring): a +
-    36 bytes per logit forward, 12 + a backward, the fp32 softmax kept (fp32 logits need no
-    upcast or downcast: 32 and 8)."""
-    cast = act_bytes + 4 if act_bytes < FP32_BYTES else 0
-    return Op("cross_entropy", MEMORY, fwd_bytes=(cast + 32) * logits, bwd_input_bytes=(8 + cast) * logits,
-              saved_bytes=4 * logits)
+def cross_entropy_op(loss: str, logits, act_bytes) -> Op:
+    """The cross-entropy of the `loss-parallel` or `vocab-parallel` loss over `logits` local
+    logits, after the unfused path's lm_head (module docstring), the fp32 (log-)softmax kept:
+    DTensor's a + 36 bytes per logit each way; Megatron-LM's in-place one a + 36 forward and
+    12 + a backward (fp32 logits need no upcast or downcast: 32 and 8)."""
+    if loss == "loss-parallel":
+        fwd = bwd = act_bytes + 36
+    else:
+        cast = act_bytes + 4 if act_bytes < FP32_BYTES else 0
+        fwd, bwd = cast + 32, cast + 8
+    return Op("cross_entropy", MEMORY, fwd_bytes=fwd * logits, bwd_input_bytes=bwd * logits, saved_bytes=4 * logits)
 
 
 def loss_ops(model, shard: Shard) -> list[Op]:

@@ -114,7 +114,8 @@ def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training
         global_batch=plan.global_batch, seq_len=model.seq_len, devices=cluster.devices,
         model_flops_per_step=layout.model_flops_per_step, hardware_flops_per_step=layout.hardware_flops_per_step,
         peak_flops_per_device=cluster.accelerator.peak(plan.precision), peak_memory_bytes=total,
-        peak_memory_stage=stage, peak_reserved_bytes=np.broadcast_to(peak.reserved_bytes, (n,)), memory_bytes=parts, memory_by_stage=[], capacity_bytes=capacity,
+        peak_memory_stage=stage, peak_reserved_bytes=np.broadcast_to(peak.reserved_bytes, (n,)), memory_bytes=parts,
+        memory_by_stage=[], capacity_bytes=capacity,
         host_bytes_per_device=host,
         economics=econ, whole_run=run,
         parameters=float(model.params()), active_parameters=float(model.active_params()))

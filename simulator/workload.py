@@ -316,14 +316,10 @@ def head_ops(model: ModelSpec, shard: Shard) -> list[Op]:
         from .loss import loss_ops  # loss.py builds on this module's Op
 
         return [norm, *loss_ops(model, shard)]
-    if shard.loss == "loss-parallel":
-        from .loss import loss_parallel_cross_entropy
+    if shard.loss in ("loss-parallel", "vocab-parallel"):
+        from .loss import cross_entropy_op
 
-        cross_entropy = loss_parallel_cross_entropy(logits, a)
-    elif shard.loss == "vocab-parallel":
-        from .loss import vocab_parallel_cross_entropy
-
-        cross_entropy = vocab_parallel_cross_entropy(logits, a)
+        cross_entropy = cross_entropy_op(shard.loss, logits, a)
     else:
         # fp32 upcast, max, exp-sum and loss: read 16-bit logits, write and re-read fp32 softmax
         cross_entropy = _elementwise("cross_entropy", logits, a + 4 + 4, 4 * logits)
