@@ -1,8 +1,10 @@
-"""The A100 matmul efficiency fitted to a named subset of the published runs."""
+"""Profile numbers fitted to a named subset of the published runs: a matmul efficiency, a
+node's launch overhead."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import InputError
@@ -19,7 +21,8 @@ def select(spec: str, folder: Path = PUBLISHED_DIR):
             and (not precision or r.precision == precision)]
 
 
-def fit_matmul_max(prefix: str, engine: str = "analytic", folder: Path = PUBLISHED_DIR) -> tuple[float, list[Outcome]]:
+def fit_matmul_max(prefix: str, engine: str = "analytic", folder: Path = PUBLISHED_DIR,
+                   reduction_factor: bool = True) -> tuple[float, list[Outcome]]:
     """Least-squares fit of the accelerator's matmul efficiency `max` to the expressible runs
     `prefix` names (`select`: id prefixes, optionally a precision), on the squared log error of
     each run's primary measurement. Returns (max, outcomes at it).
@@ -27,9 +30,20 @@ def fit_matmul_max(prefix: str, engine: str = "analytic", folder: Path = PUBLISH
     This is the provenance of the profiles' fitted matmul efficiencies (A100 on the
     Korthikanti et al. runs, H100 on NeMo's BF16 runs, the 500 W H100 on torchtitan's
     Dec 2024 BF16 runs): one number for all runs of the named data set, never a per-row
-    constant.
+    constant. `reduction_factor=False` fits with the profile's matmul_k_half off, the
+    real-shape ratio a profile without a reduction-dimension measurement of its own takes
+    over (the B200's).
     """
-    return _fit(prefix, engine, folder, lambda x: (lambda s: with_matmul_max(s, x)), (0.3, 1.0), 3, "--fit-matmul")
+    def adjust(x):
+        def at(s):
+            s = with_matmul_max(s, x)
+            if reduction_factor:
+                return s
+            acc = replace(s.cluster.accelerator, matmul_k_half=0.0)
+            return replace(s, cluster=replace(s.cluster, accelerator=acc))
+        return at
+
+    return _fit(prefix, engine, folder, adjust, (0.3, 1.0), 3, "--fit-matmul")
 
 
 def fit_launch_overhead_us(prefix: str, engine: str = "analytic",

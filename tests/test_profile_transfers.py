@@ -1,0 +1,85 @@
+"""An efficiency a profile transfers from another profile's fit follows that fit: when the
+A100 or H100 fit moves, every profile that states "MAMF x the fitted real-shape ratio" must
+move with it, or the stated rule and the number part.
+
+The best-shape fractions of peak are the MAMF table's (stas00/ml-engineering@744d01e
+compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table", mean of
+100 iterations, TFLOP/s over the dense peak); TPU v5p and V100 have no MAMF row and their
+profiles take 0.80 by inference. The fits are the profiles' own stored values, which
+tests/test_published.py holds to `llmsim validate --published --fit-matmul`, and for the B200,
+which has no reduction-dimension measurement, the H100 fit made without that factor."""
+
+import functools
+
+import pytest
+
+from simulator.hardware import load_accelerator
+from simulator.validation.fit import fit_matmul_max
+
+MAMF = {
+    "a100": 271.2 / 312,
+    "h100_bf16": 794.5 / 989,
+    "h100_fp8": 1402.6 / 1979,
+    "h200_fp8": 1453.4 / 1979,
+    "b200_bf16": 1745 / 2250,
+    "b200_fp8": 3432.5 / 4500,
+    "mi300x": 668.4 / 1307.4,
+    "mi250x": 147.0 / 191.5,
+    "gaudi3": 1243 / 1835,
+    "inferred": 0.80,
+}
+
+
+def _max(profile: str, curve: str) -> float:
+    return getattr(load_accelerator(profile), curve).max
+
+
+def a100_ratio() -> float:
+    """Real Megatron-LM shapes over the best shape on the A100 (the Korthikanti fit)."""
+    return _max("a100-sxm-80gb", "matmul") / MAMF["a100"]
+
+
+def h100_ratio() -> float:
+    """Real NeMo shapes over the best shape on the H100 (the NeMo BF16 fit)."""
+    return _max("h100-sxm-80gb", "matmul") / MAMF["h100_bf16"]
+
+
+@functools.cache
+def h100_ratio_without_reduction_factor() -> float:
+    """The same with the Hopper reduction-dimension factor off, for a profile that has none."""
+    return fit_matmul_max("dgxc-:bf16", reduction_factor=False)[0] / MAMF["h100_bf16"]
+
+
+def power_cap() -> float:
+    """The 500 W part's fitted matmul rate over the 700 W part's."""
+    return _max("h100-sxm-96gb-500w", "matmul") / _max("h100-sxm-80gb", "matmul")
+
+
+TRANSFERS = {
+    ("a100-sxm-40gb", "matmul"): lambda: _max("a100-sxm-80gb", "matmul"),
+    ("h100-sxm-80gb", "matmul_fp8"): lambda: MAMF["h100_fp8"] * h100_ratio(),
+    ("h200-sxm-141gb", "matmul"): lambda: _max("h100-sxm-80gb", "matmul"),
+    ("h200-sxm-141gb", "matmul_fp8"): lambda: MAMF["h200_fp8"] * h100_ratio(),
+    ("h100-sxm-96gb-500w", "matmul_fp8"): lambda: _max("h100-sxm-96gb-500w", "matmul") * MAMF["h100_fp8"]
+    / MAMF["h100_bf16"],
+    ("h100-sxm-96gb-500w", "attention"): lambda: _max("h100-sxm-80gb", "attention") * power_cap(),
+    ("h100-sxm-96gb-500w", "attention_flash2"): lambda: _max("h100-sxm-80gb", "attention_flash2") * power_cap(),
+    ("b200", "matmul"): lambda: MAMF["b200_bf16"] * h100_ratio_without_reduction_factor(),
+    ("b200", "matmul_fp8"): lambda: MAMF["b200_fp8"] * h100_ratio_without_reduction_factor(),
+    ("b200", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["b200_bf16"] / MAMF["h100_bf16"],
+    ("mi300x", "matmul"): lambda: MAMF["mi300x"] * a100_ratio(),
+    ("mi300x", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["mi300x"] / MAMF["h100_bf16"],
+    ("mi250x", "matmul"): lambda: MAMF["mi250x"] * a100_ratio(),
+    ("mi250x", "attention"): lambda: _max("a100-sxm-80gb", "attention") * MAMF["mi250x"] / MAMF["a100"],
+    ("gaudi3", "matmul"): lambda: MAMF["gaudi3"] * a100_ratio(),
+    ("gaudi3", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["gaudi3"] / MAMF["h100_bf16"],
+    ("tpu-v5p", "matmul"): lambda: MAMF["inferred"] * a100_ratio(),
+    ("tpu-v5p", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["inferred"] / MAMF["h100_bf16"],
+    ("v100-sxm-32gb", "matmul"): lambda: MAMF["inferred"] * a100_ratio(),
+}
+
+
+@pytest.mark.parametrize("profile,curve", sorted(TRANSFERS), ids=lambda v: str(v))
+def test_a_transferred_efficiency_follows_the_fit_it_comes_from(profile, curve):
+    # profiles store three decimals
+    assert _max(profile, curve) == pytest.approx(TRANSFERS[profile, curve](), abs=0.0006)
