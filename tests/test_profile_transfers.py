@@ -1,6 +1,7 @@
-"""An efficiency a profile transfers from another profile's fit follows that fit: when the
-A100 or H100 fit moves, every profile that states "MAMF x the fitted real-shape ratio" must
-move with it, or the stated rule and the number part.
+"""A number a profile transfers from another profile's fit follows that fit: when the A100
+or H100 matmul fit or the DGX A100 launch overhead moves, every profile that states "MAMF x the
+fitted real-shape ratio" or "the DGX A100 figure" must move with it, or the stated rule and the
+number part.
 
 The best-shape fractions of peak are the MAMF table's (stas00/ml-engineering@744d01e
 compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table", mean of
@@ -13,7 +14,7 @@ import functools
 
 import pytest
 
-from simulator.hardware import load_accelerator
+from simulator.hardware import load_accelerator, load_node
 from simulator.validation.fit import fit_matmul_max
 
 MAMF = {
@@ -83,3 +84,8 @@ TRANSFERS = {
 def test_a_transferred_efficiency_follows_the_fit_it_comes_from(profile, curve):
     # profiles store three decimals
     assert _max(profile, curve) == pytest.approx(TRANSFERS[profile, curve](), abs=0.0006)
+
+
+@pytest.mark.parametrize("node", ["dgx-h100", "dgx-h200", "dgx-b200"])
+def test_a_node_without_a_launch_bound_run_takes_the_dgx_a100_launch_overhead(node):
+    assert load_node(node).launch_overhead_s == load_node("dgx-a100").launch_overhead_s
