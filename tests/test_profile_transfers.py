@@ -61,6 +61,8 @@ TRANSFERS = {
     ("h100-sxm-80gb", "matmul_fp8"): lambda: MAMF["h100_fp8"] * h100_ratio(),
     ("h200-sxm-141gb", "matmul"): lambda: _max("h100-sxm-80gb", "matmul"),
     ("h200-sxm-141gb", "matmul_fp8"): lambda: MAMF["h200_fp8"] * h100_ratio(),
+    ("h200-sxm-141gb", "attention"): lambda: _max("h100-sxm-80gb", "attention"),
+    ("h200-sxm-141gb", "attention_flash2"): lambda: _max("h100-sxm-80gb", "attention_flash2"),
     ("h100-sxm-96gb-500w", "matmul_fp8"): lambda: _max("h100-sxm-96gb-500w", "matmul") * MAMF["h100_fp8"]
     / MAMF["h100_bf16"],
     ("h100-sxm-96gb-500w", "attention"): lambda: _max("h100-sxm-80gb", "attention") * power_cap(),
