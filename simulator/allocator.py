@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .loss import FP32_BYTES
+from .states import FP32_BYTES
 
 
 def loss_free_bytes(model, shard, plan):

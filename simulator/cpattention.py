@@ -40,10 +40,10 @@ from __future__ import annotations
 import numpy as np
 
 from .comm import collective_time, send_recv_time
+from .states import FP32_BYTES
 from .workload import ATTENTION_CORE, MEMORY, Op, local_heads
 
 CP_ATTENTION = ("ring", "torch-allgather", "torch-alltoall")
-FP32_BYTES = 4
 
 
 def _torch(method: str) -> bool:

@@ -52,9 +52,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .states import FP32_BYTES
 from .workload import MATMUL, MEMORY, Op, Shard
 
-FP32_BYTES = 4
 LOSSES = ("unfused", "vocab-parallel", "fused", "chunked", "loss-parallel")
 
 

@@ -33,12 +33,13 @@ from .hardware import Accelerator
 from .model import ModelSpec
 
 FULL_PRECISION = ("fp32", "tf32")
+FP32_BYTES = 4
 
 
 def activation_bytes(precision: str) -> int:
     """Bytes per activation element: 4 in full precision, else 2 (16-bit activations, also
     between FP8 linears)."""
-    return 4 if precision in FULL_PRECISION else 2
+    return FP32_BYTES if precision in FULL_PRECISION else 2
 
 
 @dataclass(frozen=True)
