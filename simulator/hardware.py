@@ -108,6 +108,10 @@ class Accelerator:
     # matmul_fp8_k_half); 0: not measured.
     matmul_k_half: float = 0.0
     matmul_fp8_k_half: float = 0.0
+    # Best-shape GEMM rate over the dense peak, per precision (efficiency.mamf: a Maximum
+    # Achievable Matmul FLOPS measurement): what a transfer scales by (validation/transfer.py);
+    # empty where none is measured.
+    mamf: Mapping[str, float] = field(default_factory=dict)
     # Curves of the backward passes where their kernels differ from the forward
     # one (efficiency.matmul_bwd_input, matmul_bwd_weight, attention_bwd; e.g. a CPU's bf16 GEMM
     # with a transposed operand); absent: the forward curve.
@@ -302,6 +306,12 @@ def _validation_residuals(data: Mapping, where: str) -> tuple[tuple, str]:
     return residuals, str(val.get("basis", ""))
 
 
+def _mamf(eff: Mapping, where: str) -> dict:
+    d = F.require_mapping(eff.get("mamf") or {}, where)
+    F.reject_unknown(d, PRECISIONS, where)
+    return {str(k): F.number(d, k, where, minimum=1e-3, maximum=1.0) for k in d}
+
+
 def _host_overhead(data: Mapping, where: str) -> dict:
     host = F.require_mapping(data.get("host_overhead_us") or {}, f"{where}.host_overhead_us")
     F.reject_unknown(host, HOST_OVERHEADS, f"{where}.host_overhead_us")
@@ -320,7 +330,7 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
     eff = F.require_mapping(data.get("efficiency"), f"{where}.efficiency")
     F.reject_unknown(eff, ("matmul", "matmul_fp8", "attention", "attention_flash2", "memory", "memory_kernels",
                            "overlap_slowdown", "precisions", "co_run_slowdown", "matmul_k_half",
-                           "matmul_fp8_k_half") + PASS_CURVES,
+                           "matmul_fp8_k_half", "mamf") + PASS_CURVES,
                      f"{where}.efficiency")
     kernels = F.require_mapping(eff.get("memory_kernels") or {}, f"{where}.efficiency.memory_kernels")
     memory_kernels = {str(k): _efficiency(kernels, k, f"{where}.efficiency.memory_kernels", "half_bytes")
@@ -356,6 +366,7 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
                                maximum=1e6),
         matmul_fp8_k_half=F.number(eff, "matmul_fp8_k_half", f"{where}.efficiency", 0.0, minimum=0.0,
                                    strict_min=False, maximum=1e6),
+        mamf=_mamf(eff, f"{where}.efficiency.mamf"),
         pass_efficiency={k: _efficiency(eff, k, f"{where}.efficiency", "half_flops") for k in PASS_CURVES if k in eff},
         precision_efficiency=_precision_efficiency(eff, f"{where}.efficiency"),
         host_overhead_s=_host_overhead(data, where),

@@ -3,11 +3,15 @@
 A residual is r = ln(measured step time / predicted step time) of one validation row:
 - for a calibrated profile, the rows `llmsim validate --torch` recorded in it (its
   `calibration.validation` block, read by hardware.py into Accelerator.validation_residuals);
-- for the other profiles, the published runs of `llmsim validate --published` on the same
-  accelerator where there are enough of them for the interval's coverage, otherwise all
-  published runs (for that accelerator an extrapolation, which the result's basis says);
-  stored per engine in data/scenarios/published/residuals.json (`llmsim validate --published
-  --write-residuals` writes it; a test checks it is current).
+- for a profile validated against published runs, the runs of `llmsim validate --published`
+  on the same accelerator where there are enough of them for the interval's coverage,
+  otherwise all published runs (an extrapolation, which the result's basis says);
+- for a profile that is not (its efficiencies transferred from a fitted one, or a profile
+  that does not say), the published runs predicted with efficiencies transferred between the
+  fitted profiles by the same rules (validation/transfer.py): how far a transfer misses,
+  wider than how far a fit misses;
+  both stored per engine in data/scenarios/published/residuals.json (`llmsim validate
+  --published --write-residuals` writes it; a test checks it is current).
 
 The interval is split-conformal (Vovk et al. 2005; Lei et al. 2018, "Distribution-free
 predictive inference for regression", JASA 113:1094): with the n residuals sorted
@@ -90,11 +94,24 @@ def published_residuals(engine: str, accelerator: str | None = None) -> Residual
     return Residuals(tuple(everything), f"{len(everything)} published runs (llmsim validate --published){where}")
 
 
+def transferred_residuals(engine: str) -> Residuals | None:
+    """The published runs' residuals when each is predicted on a transferred profile."""
+    data = _published().get("transferred", {})
+    values = data.get(engine)
+    if not values:
+        return None
+    return Residuals(tuple(values), f"{len(values)} published runs predicted with efficiencies transferred between "
+                                    "the fitted profiles: how far a transfer misses")
+
+
 def residuals_for(accelerator, engine: str = "graph") -> Residuals | None:
     """The validation residuals that apply to predictions on `accelerator`."""
     own = getattr(accelerator, "validation_residuals", ())
     if own:
         return Residuals(tuple(own), accelerator.validation_basis)
+    checked = getattr(accelerator, "validation", None)
+    if checked is None or not checked.validated:
+        return transferred_residuals(engine) or published_residuals(engine, getattr(accelerator, "name", None))
     return published_residuals(engine, getattr(accelerator, "name", None))
 
 
@@ -128,22 +145,31 @@ def published_residual_data() -> dict:
     all together and per accelerator profile."""
     from .validation.report import predict
     from .validation.runs import PREDICTED, SPEED_METRICS, load_runs
+    from .validation.transfer import BASIS, with_transferred
 
     runs = [r for r in load_runs() if r.status == PREDICTED]
-    out = {"basis": "", "coverage_note": "", "residuals": {}, "by_accelerator": {}, "runs": []}
-    for engine in ("graph", "analytic"):
-        rows = [(o.run, o.primary) for o in (predict(r, engine) for r in runs)
+    out = {"basis": "", "coverage_note": "", "residuals": {}, "by_accelerator": {}, "runs": [],
+           "transferred": {"basis": BASIS}}
+
+    def residuals(engine, adjust=None):
+        rows = [(o.run, o.primary) for o in (predict(r, engine, adjust=adjust) for r in runs)
                 if o.primary is not None and o.primary.metric in SPEED_METRICS]
         # speed_error = predicted speed / measured speed - 1 = measured step time / predicted - 1
-        residuals = [(run, math.log1p(c.speed_error)) for run, c in rows]
-        out["residuals"][engine] = [x for _, x in residuals]
+        return [(run, math.log1p(c.speed_error)) for run, c in rows]
+
+    for engine in ("graph", "analytic"):
+        rows = residuals(engine)
+        out["residuals"][engine] = [x for _, x in rows]
         by = out["by_accelerator"][engine] = {}
-        for run, x in residuals:
+        for run, x in rows:
             by.setdefault(run.accelerator, []).append(x)
         out["runs"] = [run.id for run, _ in rows]
+        out["transferred"][engine] = [x for _, x in residuals(engine, with_transferred)]
     out["basis"] = f"{len(out['runs'])} published runs (llmsim validate --published)"
     out["coverage_note"] = (f"leave-one-out coverage of the {COVERAGE:.0%} interval: "
-                            f"{leave_one_out_coverage(out['residuals']['graph']):.0%} (graph engine)")
+                            f"{leave_one_out_coverage(out['residuals']['graph']):.0%} (graph engine), "
+                            f"{leave_one_out_coverage(out['transferred']['graph']):.0%} on transferred "
+                            "profiles")
     return out
 
 

@@ -91,3 +91,17 @@ def test_a_transferred_efficiency_follows_the_fit_it_comes_from(profile, curve):
 @pytest.mark.parametrize("node", ["dgx-h100", "dgx-h200", "dgx-b200"])
 def test_a_node_without_a_launch_bound_run_takes_the_dgx_a100_launch_overhead(node):
     assert load_node(node).launch_overhead_s == load_node("dgx-a100").launch_overhead_s
+
+
+PROFILE_MAMF = {"a100-sxm-80gb": {"bf16": "a100"}, "h100-sxm-80gb": {"bf16": "h100_bf16", "fp8": "h100_fp8"},
+                "h200-sxm-141gb": {"bf16": "h100_bf16", "fp8": "h200_fp8"},  # "H200 is the same" in BF16
+                "b200": {"bf16": "b200_bf16", "fp8": "b200_fp8"}, "mi300x": {"bf16": "mi300x"},
+                "mi250x": {"bf16": "mi250x"}, "gaudi3": {"bf16": "gaudi3"}}
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILE_MAMF))
+def test_a_profiles_best_shape_rate_is_the_mamf_tables(profile):
+    got = load_accelerator(profile).mamf
+    assert got.keys() == PROFILE_MAMF[profile].keys()
+    for precision, row in PROFILE_MAMF[profile].items():
+        assert got[precision] == pytest.approx(MAMF[row], abs=0.0006)
