@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--fit-matmul", metavar="RUN_PREFIX", default=None,
                     help="fit the accelerator's matmul efficiency to the published runs whose id starts with "
                          "RUN_PREFIX (e.g. korthikanti22) and print it; the profile's provenance")
+    va.add_argument("--transferred", action="store_true",
+                    help="--published: predict each run with its profile's efficiencies transferred from another "
+                         "fitted profile (how far a transfer misses: the basis of a transferred profile's interval)")
     va.add_argument("--write-residuals", action="store_true",
                     help="--published: store the runs' residuals (both engines) as the package data "
                          "that evaluate's prediction intervals read")
@@ -468,7 +471,7 @@ def cmd_validate(args) -> int:
         from .intervals import write_published_residuals
 
         print(f"wrote {write_published_residuals()}", file=sys.stderr)
-    report = validate_published(engine=args.engine, approximate=args.approximate)
+    report = validate_published(engine=args.engine, approximate=args.approximate, transferred=args.transferred)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 

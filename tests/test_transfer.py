@@ -35,3 +35,21 @@ def test_the_500w_part_takes_the_700w_parts_efficiencies_as_the_h200_does():
 
 def test_a_profile_without_a_rule_is_not_transferred():
     assert transferred(load_accelerator("b200")) is None
+
+
+def test_validate_transferred_reports_the_residuals_the_intervals_use():
+    import json
+    import math
+    import subprocess
+    import sys
+
+    from simulator import intervals
+    from simulator.resources import data_dir
+
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "validate", "--published", "--transferred",
+                           "--json", "--engine", "analytic"], capture_output=True, text=True, check=True)
+    report = json.loads(proc.stdout)
+    stored = json.loads(data_dir().joinpath(*intervals.PUBLISHED_RESIDUALS).read_text())["transferred"]["analytic"]
+    # a speed error is e^r - 1 for r = ln(measured / predicted step time)
+    assert report["transferred"] is True
+    assert report["mape_pct"] == pytest.approx(100 * sum(abs(math.expm1(r)) for r in stored) / len(stored), abs=1e-6)

@@ -135,14 +135,20 @@ def summaries(outcomes: list[Outcome]) -> list[dict]:
     return out
 
 
-def validate_published(engine: str = "graph", folder: Path = PUBLISHED_DIR, approximate: bool = False) -> dict:
-    """Predict every published run; the report `llmsim validate --published --json` prints."""
+def validate_published(engine: str = "graph", folder: Path = PUBLISHED_DIR, approximate: bool = False,
+                       transferred: bool = False) -> dict:
+    """Predict every published run; the report `llmsim validate --published --json` prints.
+    `transferred`: each run on its profile as the transfer rules would give it from another
+    fitted profile (transfer.py), how far a transfer misses."""
+    from .transfer import with_transferred
+
     runs = load_runs(folder, approximate=approximate)
-    outcomes = [predict(r, engine) for r in runs]
+    outcomes = [predict(r, engine, adjust=with_transferred if transferred else None) for r in runs]
     predicted = [o for o in outcomes if o.run.status == PREDICTED]
     report = {
         "engine": engine,
         "approximate": approximate,
+        "transferred": transferred,
         "error": "(predicted - measured) / measured; speed: the primary measurement of each row, + = predicted "
                  "faster than measured",
         "counts": _counts(outcomes),
@@ -243,6 +249,9 @@ def format_report(report: dict) -> str:
            f"(--approximate), {c['not_expressible']} not expressible today ({report['engine']} engine).",
            "error = (predicted - measured) / measured; speed = each row's primary measurement, "
            "+ = predicted faster.", ""]
+    if report.get("transferred"):
+        out[-1:-1] = ["--transferred: every profile's efficiencies as transferred from another fitted profile "
+                      "(simulator/validation/transfer.py): how far a transfer misses, not the fits."]
     rows = []
     for r in report["rows"]:
         if r["status"] == NOT_EXPRESSIBLE:
