@@ -454,6 +454,11 @@ def cmd_validate_torch(args) -> int:
 def cmd_validate(args) -> int:
     if args.torch and args.published:
         raise InputError("validate", "--published --torch", "choose one of --published or --torch")
+    if args.transferred and not args.published:
+        raise InputError("validate --transferred", "", "only with --published")
+    if args.transferred and args.fit_matmul:
+        raise InputError("validate --transferred", args.fit_matmul, "not with --fit-matmul: a fit is made on the "
+                         "profile's own efficiencies")
     if args.torch:
         return cmd_validate_torch(args)
     if not args.published:

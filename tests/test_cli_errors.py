@@ -110,3 +110,11 @@ def test_out_of_memory_plan_is_a_result_not_an_error(tmp_path):
     d = json.loads(proc.stdout)
     assert d["feasible"] is False
     assert "out of memory" in d["reason"] and "stage 0" in d["reason"] and "GiB" in d["reason"]
+
+
+@pytest.mark.parametrize("flags,needle", [(["--torch", "--transferred"], "only with --published"),
+                                          (["--published", "--transferred", "--fit-matmul", "korthikanti22"],
+                                           "not with --fit-matmul")])
+def test_validate_transferred_outside_the_published_report_is_refused(flags, needle):
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "validate", *flags], capture_output=True, text=True)
+    assert_clean_error(proc, "--transferred", needle)
