@@ -11,12 +11,14 @@ group of dimension X has its members `stride` ranks apart, stride being the prod
 the dimensions inside X. Members inside one scale-up domain (NVLink / ICI island) use
 scale-up links; a group spanning domains runs hierarchically: reduce-scatter inside the
 domain, all-reduce of the 1/g shard across domains over each device's share of the NICs,
-all-gather inside the domain (the algorithm NCCL's tree and CollNet variants follow).
+all-gather inside the domain (the algorithm NCCL's tree and CollNet variants follow). On a
+switchless full mesh (AMD xGMI, Gaudi's on-die RoCE) a group inside the domain uses only the
+links to its own members (scaleup_for).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -48,6 +50,21 @@ def placement(sizes: dict, dims, order: str, domain: int) -> Placement:
     return Placement(size=n, local=local, domains=np.ceil(n / local))
 
 
+def scaleup_for(cluster: Cluster, members):
+    """The scale-up link as a group with `members` devices in one domain sees it. Behind a
+    switch (NVSwitch) any pair of devices drives the whole link. On a full mesh each pair has
+    its own link, 1/(D - 1) of a device's bandwidth over D devices, so a group uses only the
+    links to its own members, (members - 1)/(D - 1) of it: on 8 MI300X, 64 GB/s per peer and
+    448 GB/s in all, RCCL's all-reduce bus bandwidth is 47.7 GB/s on 2 GPUs and 312.9 GB/s on
+    8 (stas00/ml-engineering@744d01e network/README.md, "Peer-to-peer bandwidth", 4 GiB)."""
+    up = cluster.node.scaleup
+    if not up.full_mesh:
+        return up
+    peers = max(cluster.node.scaleup_domain - 1, 1)
+    share = np.minimum(1.0, np.maximum(np.asarray(members, dtype=float) - 1, 1) / peers)
+    return replace(up, bytes_per_s=up.bytes_per_s * share)
+
+
 def _ring(kind: str, nbytes, n, link: Link):
     n = np.asarray(n, dtype=float)
     factor = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}[kind]
@@ -67,8 +84,8 @@ def collective_time(kind: str, nbytes, group: Placement, cluster: Cluster):
 
     kind: all_reduce | all_gather | reduce_scatter.
     """
-    up, out = cluster.node.scaleup, cluster.scaleout
     g, k = group.local, group.domains
+    up, out = scaleup_for(cluster, g), cluster.scaleout
     if kind == "all_reduce":
         flat_up = np.minimum(_ring(kind, nbytes, g, up), _tree_all_reduce(nbytes, g, up))
         across = np.minimum(_ring(kind, nbytes / g, k, out), _tree_all_reduce(nbytes / g, k, out))
@@ -81,7 +98,7 @@ def collective_time(kind: str, nbytes, group: Placement, cluster: Cluster):
 
 def send_recv_time(nbytes, crosses_domain, cluster: Cluster):
     """Point-to-point transfer between neighbouring pipeline stages."""
-    up, out = cluster.node.scaleup, cluster.scaleout
+    up, out = scaleup_for(cluster, 2), cluster.scaleout
     t_up = up.latency_s + nbytes / up.bus_bytes_per_s
     t_out = out.latency_s + nbytes / out.bus_bytes_per_s
     return np.where(crosses_domain, t_out, t_up)
@@ -101,9 +118,9 @@ def all_to_all_time(nbytes, group: Placement, cluster: Cluster):
     peers elsewhere cross the rank's share of the NICs, at the same time, so the slower of
     the two bounds the collective.
     """
-    up, out = cluster.node.scaleup, cluster.scaleout
     n = np.asarray(group.size, dtype=float)
     g = np.asarray(group.local, dtype=float)
+    up, out = scaleup_for(cluster, g), cluster.scaleout
     share = nbytes / np.maximum(n, 1)
     intra = (g - 1) * (up.latency_s + share / up.bus_bytes_per_s)
     inter = (n - g) * (out.latency_s + share / out.bus_bytes_per_s)

@@ -166,6 +166,9 @@ class Link:
     bytes_per_s: float  # per device, one direction, line rate
     latency_s: float  # per collective step
     efficiency: float  # achieved bus bandwidth / line rate
+    # Scale-up links only: every pair of the domain's devices has its own link, 1/(domain - 1)
+    # of `bytes_per_s` (AMD xGMI, Gaudi's on-die RoCE), where a switch gives any pair all of it.
+    full_mesh: bool = False
 
     @property
     def bus_bytes_per_s(self) -> float:
@@ -384,11 +387,13 @@ def _validation(data, where: str) -> Validation | None:
 
 def _link(data: Mapping, where: str) -> tuple[Link, int]:
     d = F.require_mapping(data, where)
-    F.reject_unknown(d, ("name", "bandwidth_gb_per_s", "domain_devices", "latency_us", "efficiency"), where)
+    F.reject_unknown(d, ("name", "bandwidth_gb_per_s", "domain_devices", "latency_us", "efficiency", "topology"),
+                     where)
     link = Link(name=F.text(d, "name", where, "scale-up"),
                 bytes_per_s=F.number(d, "bandwidth_gb_per_s", where, **RATE) * GB,
                 latency_s=F.number(d, "latency_us", where, **LATENCY) * 1e-6,
-                efficiency=F.number(d, "efficiency", where, minimum=1e-3, maximum=1.0))
+                efficiency=F.number(d, "efficiency", where, minimum=1e-3, maximum=1.0),
+                full_mesh=F.choice(d, "topology", where, ("switch", "full-mesh"), "switch") == "full-mesh")
     return link, F.integer(d, "domain_devices", where, 1)
 
 

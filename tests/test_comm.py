@@ -59,3 +59,50 @@ def test_a_cluster_with_fewer_nics_gives_each_device_a_smaller_share_of_the_netw
     slower = cluster_from_dict({"node": "dgx-a100", "nodes": 2, "nic_gbit_per_s": 100})
     assert fewer.scaleout.bytes_per_s == slower.scaleout.bytes_per_s == pytest.approx(12.5e9)
     assert cluster_from_dict({"node": "dgx-a100", "nodes": 2}).scaleout.bytes_per_s == pytest.approx(25e9)
+
+
+def _mi300x(nodes=1):
+    from simulator.hardware import cluster_from_dict
+
+    return cluster_from_dict({"node": "mi300x-node", "nodes": nodes})
+
+
+def test_a_pair_on_a_full_mesh_drives_one_of_its_seven_links():
+    # 448 GB/s over 7 peers: 64 GB/s per pair, x 0.7 efficiency; ring all-reduce of 2: 2 steps, S/2 each way
+    cluster, size = _mi300x(), 1.0e9
+    link = cluster.node.scaleup
+    expected = 2 * link.latency_s + 2 * (1 / 2) * size / (64e9 * 0.7)
+    assert float(collective_time("all_reduce", size, Placement(2, 2, 1), cluster)) == pytest.approx(expected)
+
+
+def test_the_whole_mesh_drives_every_link():
+    cluster, size, n = _mi300x(), 1.0e9, 8
+    link = cluster.node.scaleup
+    expected = 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * size / (448e9 * 0.7)
+    assert float(collective_time("all_reduce", size, Placement(n, n, 1), cluster)) == pytest.approx(expected)
+
+
+def test_mi300x_all_reduce_bandwidth_of_2_over_8_gpus_is_the_measured_ratio():
+    """RCCL all-reduce bus bandwidth at 4 GiB on one 8 x MI300X node: 47.671 GB/s on 2 GPUs,
+    312.912 GB/s on 8 (stas00/ml-engineering@744d01e network/README.md)."""
+    cluster, size = _mi300x(), 4 * 2**30
+
+    def busbw(n):
+        return 2 * (n - 1) / n * size / float(collective_time("all_reduce", size, Placement(n, n, 1), cluster))
+
+    assert busbw(2) / busbw(8) == pytest.approx(47.671 / 312.912, rel=0.08)
+
+
+def test_a_switch_gives_a_pair_the_whole_link(dgx_a100):
+    cluster, size = dgx_a100(1), 1.0e9
+    link = cluster.node.scaleup
+    expected = 2 * link.latency_s + size / (link.bytes_per_s * link.efficiency)
+    assert float(collective_time("all_reduce", size, Placement(2, 2, 1), cluster)) == pytest.approx(expected)
+
+
+def test_a_pipeline_send_on_a_full_mesh_takes_one_peer_link():
+    from simulator.comm import send_recv_time
+
+    cluster, size = _mi300x(), 1.0e9
+    expected = cluster.node.scaleup.latency_s + size / (64e9 * 0.7)
+    assert float(send_recv_time(size, False, cluster)) == pytest.approx(expected)
