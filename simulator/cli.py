@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -625,6 +626,15 @@ def _validated(acc) -> str:
     return "-" if acc.validation is None else "yes" if acc.validation.validated else "no"
 
 
+def _interval(acc) -> str:
+    """The 80 % interval a step-time prediction on `acc` carries, as low/high % (intervals.py)."""
+    from .intervals import conformal_bounds, residuals_for
+
+    res = residuals_for(acc)
+    bounds = conformal_bounds(res.values) if res else None
+    return "-" if bounds is None else f"{math.expm1(bounds[0]):+.0%} / {math.expm1(bounds[1]):+.0%}"
+
+
 def cmd_list(args) -> int:
     if args.command == "scenarios":
         from .resources import bundled_scenarios, data_dir
@@ -639,9 +649,9 @@ def cmd_list(args) -> int:
         accs = [load_accelerator(n) for n in available("accelerators")]
         rows = [(a.name, f"{a.peak_flops.get('bf16', a.peak_flops.get('fp16', 0)) / 1e12:.0f}",
                  f"{a.hbm_bytes / 2**30:.0f}", f"{a.hbm_bytes_per_s / 1e9:.0f}", f"{a.price_usd_per_hour:.2f}",
-                 _validated(a), a.description.split(" (")[0][:50]) for a in accs]
+                 _validated(a), _interval(a), a.description.split(" (")[0][:50]) for a in accs]
         print(_fmt_table(rows, ("accelerator", "bf16 TFLOP/s", "HBM GiB", "HBM GB/s", "USD/h", "validated",
-                                "description")))
+                                "80% step time", "description")))
         unchecked = [a for a in accs if a.validation and not a.validation.validated]
         if unchecked:
             print("\nnot validated against runs (the profile's validation.reason):")

@@ -127,3 +127,19 @@ def test_sweep_tables_carry_the_same_interval_as_evaluate():
         pytest.approx(want["step_time_s_interval"])
     assert row["tokens_per_s_interval.high"] == pytest.approx(want["tokens_per_s_interval"][1])
     assert row["interval_coverage"] == intervals.COVERAGE
+
+
+def test_hardware_list_shows_each_profiles_interval():
+    import contextlib
+    import io
+
+    from simulator.cli import main
+
+    stored = json.loads(data_dir().joinpath(*intervals.PUBLISHED_RESIDUALS).read_text())["transferred"]["graph"]
+    r, n = sorted(stored), len(stored)  # at 80 %: the floor((n+1)/10)-th and ceil(9(n+1)/10)-th
+    want = f"{math.expm1(r[(n + 1) // 10 - 1]):+.0%} / {math.expm1(r[math.ceil(9 * (n + 1) / 10) - 1]):+.0%}"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["hardware", "list"]) == 0
+    line = next(x for x in buf.getvalue().splitlines() if x.startswith("b200 "))
+    assert want in line
