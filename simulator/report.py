@@ -204,14 +204,6 @@ def render_result(d: dict, scenario, data: dict | None = None) -> str:
     if not d["feasible"]:
         lines += _what_would_fit(data, scenario)
         return "\n".join(lines)
-    lines += [
-        f"step time  {human_time(d['step_time_s'])}  ({d['engine']} engine)",
-        f"throughput {d['tokens_per_s']:,.0f} tokens/s ({d['tokens_per_s_per_device']:,.1f} per device)",
-        f"per device {d['model_tflops_per_device']:.1f} model TFLOP/s (MFU {100 * d['mfu']:.1f}%), "
-        f"{d['hardware_tflops_per_device']:.1f} hardware TFLOP/s (HFU {100 * d['hfu']:.1f}%)",
-        f"cost       ${d['cost_usd_per_step']:.4g} per step, ${d['usd_per_million_tokens']:.4g} per million tokens "
-        f"at ${d['price_usd_per_device_hour']:.2f}/device-hour",
-    ]
     trust = []
     if d.get("step_time_s_interval"):
         lo, hi = d["step_time_s_interval"]
@@ -219,8 +211,15 @@ def render_result(d: dict, scenario, data: dict | None = None) -> str:
                      f"{human_time(lo)} - {human_time(hi)} (from {d['interval_basis']})")
     if d.get("profile_validated") is False:
         trust.append(f"profile    {c.accelerator.name} is not validated against measured runs: {d['profile_validation']}")
-    at = lines.index(f"step time  {human_time(d['step_time_s'])}  ({d['engine']} engine)") + 1
-    lines[at:at] = trust
+    lines += [
+        f"step time  {human_time(d['step_time_s'])}  ({d['engine']} engine)",
+        *trust,
+        f"throughput {d['tokens_per_s']:,.0f} tokens/s ({d['tokens_per_s_per_device']:,.1f} per device)",
+        f"per device {d['model_tflops_per_device']:.1f} model TFLOP/s (MFU {100 * d['mfu']:.1f}%), "
+        f"{d['hardware_tflops_per_device']:.1f} hardware TFLOP/s (HFU {100 * d['hfu']:.1f}%)",
+        f"cost       ${d['cost_usd_per_step']:.4g} per step, ${d['usd_per_million_tokens']:.4g} per million tokens "
+        f"at ${d['price_usd_per_device_hour']:.2f}/device-hour",
+    ]
     if d.get("time_to_train_days") is not None:
         lines.append(f"to train   {d['training_tokens']:.3g} tokens: {d['time_to_train_days']:.1f} days, "
                      f"${d['cost_to_train_usd']:,.0f} with failures and energy ({d['time_to_train_days_no_failures']:.1f}"
