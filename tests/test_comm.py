@@ -106,3 +106,23 @@ def test_a_pipeline_send_on_a_full_mesh_takes_one_peer_link():
     cluster, size = _mi300x(), 1.0e9
     expected = cluster.node.scaleup.latency_s + size / (64e9 * 0.7)
     assert float(send_recv_time(size, False, cluster)) == pytest.approx(expected)
+
+
+def test_an_nvl72_group_spanning_trays_stays_on_nvlink():
+    from simulator.hardware import cluster_from_dict
+
+    # 4 GPUs per tray, 72 per NVLink domain: TP 8 over two trays is a ring over NVLink5 (900 GB/s x 0.756)
+    cluster, size, n = cluster_from_dict({"node": "gb200-nvl72", "nodes": 36}), 1.0e9, 8
+    group = placement({"tp": 8, "cp": 1, "dp": 18, "pp": 1}, "tp", "tp-cp-dp-pp", cluster.scaleup_domain)
+    assert (group.local, group.domains) == (8, 1)
+    link = cluster.node.scaleup
+    expected = 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * size / (900e9 * 0.756)
+    assert float(collective_time("all_reduce", size, group, cluster)) == pytest.approx(expected)
+
+
+def test_a_group_wider_than_one_nvl72_rack_crosses_the_network():
+    from simulator.hardware import cluster_from_dict
+
+    cluster = cluster_from_dict({"node": "gb200-nvl72", "nodes": 36})  # 144 GPUs, two racks
+    group = placement({"tp": 8, "cp": 1, "dp": 18, "pp": 1}, "dp", "tp-cp-dp-pp", cluster.scaleup_domain)
+    assert (group.local, group.domains) == (9, 2)  # 72 / 8 = 9 DP ranks per rack

@@ -24,6 +24,8 @@ MAMF = {
     "h200_fp8": 1453.4 / 1979,
     "b200_bf16": 1745 / 2250,
     "b200_fp8": 3432.5 / 4500,
+    "gb200_bf16": 1822 / 2500,
+    "gb200_fp8": 3615.6 / 5000,
     "mi300x": 668.4 / 1307.4,
     "mi250x": 147.0 / 191.5,
     "gaudi3": 1243 / 1835,
@@ -70,6 +72,9 @@ TRANSFERS = {
     ("b200", "matmul"): lambda: MAMF["b200_bf16"] * h100_ratio_without_reduction_factor(),
     ("b200", "matmul_fp8"): lambda: MAMF["b200_fp8"] * h100_ratio_without_reduction_factor(),
     ("b200", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["b200_bf16"] / MAMF["h100_bf16"],
+    ("gb200", "matmul"): lambda: MAMF["gb200_bf16"] * h100_ratio_without_reduction_factor(),
+    ("gb200", "matmul_fp8"): lambda: MAMF["gb200_fp8"] * h100_ratio_without_reduction_factor(),
+    ("gb200", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["gb200_bf16"] / MAMF["h100_bf16"],
     ("mi300x", "matmul"): lambda: MAMF["mi300x"] * a100_ratio(),
     ("mi300x", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["mi300x"] / MAMF["h100_bf16"],
     ("mi250x", "matmul"): lambda: MAMF["mi250x"] * a100_ratio(),
@@ -88,14 +93,15 @@ def test_a_transferred_efficiency_follows_the_fit_it_comes_from(profile, curve):
     assert _max(profile, curve) == pytest.approx(TRANSFERS[profile, curve](), abs=0.0006)
 
 
-@pytest.mark.parametrize("node", ["dgx-h100", "dgx-h200", "dgx-b200"])
+@pytest.mark.parametrize("node", ["dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72"])
 def test_a_node_without_a_launch_bound_run_takes_the_dgx_a100_launch_overhead(node):
     assert load_node(node).launch_overhead_s == load_node("dgx-a100").launch_overhead_s
 
 
 PROFILE_MAMF = {"a100-sxm-80gb": {"bf16": "a100"}, "h100-sxm-80gb": {"bf16": "h100_bf16", "fp8": "h100_fp8"},
                 "h200-sxm-141gb": {"bf16": "h100_bf16", "fp8": "h200_fp8"},  # "H200 is the same" in BF16
-                "b200": {"bf16": "b200_bf16", "fp8": "b200_fp8"}, "mi300x": {"bf16": "mi300x"},
+                "b200": {"bf16": "b200_bf16", "fp8": "b200_fp8"}, "gb200": {"bf16": "gb200_bf16", "fp8": "gb200_fp8"},
+                "mi300x": {"bf16": "mi300x"},
                 "mi250x": {"bf16": "mi250x"}, "gaudi3": {"bf16": "gaudi3"}}
 
 
