@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -628,11 +627,10 @@ def _validated(acc) -> str:
 
 def _interval(acc) -> str:
     """The 80 % interval a step-time prediction on `acc` carries, as low/high % (intervals.py)."""
-    from .intervals import conformal_bounds, residuals_for
+    from .intervals import interval_fields
 
-    res = residuals_for(acc)
-    bounds = conformal_bounds(res.values) if res else None
-    return "-" if bounds is None else f"{math.expm1(bounds[0]):+.0%} / {math.expm1(bounds[1]):+.0%}"
+    ratio = interval_fields(1.0, 1.0, acc)["step_time_s_interval"]  # of a 1 s prediction
+    return "-" if ratio is None else f"{ratio[0] - 1:+.0%} / {ratio[1] - 1:+.0%}"
 
 
 def cmd_list(args) -> int:

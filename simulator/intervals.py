@@ -110,9 +110,8 @@ def residuals_for(accelerator, engine: str = "graph") -> Residuals | None:
     if own:
         return Residuals(tuple(own), accelerator.validation_basis)
     checked = getattr(accelerator, "validation", None)
-    if checked is None or not checked.validated:
-        return transferred_residuals(engine) or published_residuals(engine, getattr(accelerator, "name", None))
-    return published_residuals(engine, getattr(accelerator, "name", None))
+    transfer = transferred_residuals(engine) if checked is None or not checked.validated else None
+    return transfer or published_residuals(engine, getattr(accelerator, "name", None))
 
 
 def interval_fields(step_time_s, tokens_per_step, accelerator, engine: str = "graph",

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import InputError
-from .report import Outcome, predict, with_launch_overhead, with_matmul_max
+from .report import Outcome, predict, with_accelerator, with_launch_overhead, with_matmul_max
 from .runs import PREDICTED, PUBLISHED_DIR, load_runs
 
 
@@ -39,8 +39,7 @@ def fit_matmul_max(prefix: str, engine: str = "analytic", folder: Path = PUBLISH
             s = with_matmul_max(s, x)
             if reduction_factor:
                 return s
-            acc = replace(s.cluster.accelerator, matmul_k_half=0.0)
-            return replace(s, cluster=replace(s.cluster, accelerator=acc))
+            return with_accelerator(s, replace(s.cluster.accelerator, matmul_k_half=0.0))
         return at
 
     return _fit(prefix, engine, folder, adjust, (0.3, 1.0), 3, "--fit-matmul")

@@ -64,11 +64,15 @@ class Outcome:
         return self.feasible is False
 
 
+def with_accelerator(scenario, acc):
+    """The scenario on another accelerator profile (a fitted or transferred number changed)."""
+    return replace(scenario, cluster=replace(scenario.cluster, accelerator=acc))
+
+
 def with_matmul_max(scenario, matmul_max: float):
     """The scenario on an accelerator whose matmul efficiency `max` is replaced (for fits)."""
     acc = scenario.cluster.accelerator
-    acc = replace(acc, matmul=replace(acc.matmul, max=matmul_max))
-    return replace(scenario, cluster=replace(scenario.cluster, accelerator=acc))
+    return with_accelerator(scenario, replace(acc, matmul=replace(acc.matmul, max=matmul_max)))
 
 
 def with_launch_overhead(scenario, seconds: float):

@@ -71,5 +71,7 @@ def transferred(acc: Accelerator) -> Accelerator | None:
 
 def with_transferred(scenario):
     """The scenario on its accelerator's transferred profile (for published_residual_data)."""
+    from .report import with_accelerator
+
     acc = transferred(scenario.cluster.accelerator)
-    return scenario if acc is None else replace(scenario, cluster=replace(scenario.cluster, accelerator=acc))
+    return scenario if acc is None else with_accelerator(scenario, acc)
