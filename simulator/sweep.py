@@ -458,11 +458,6 @@ def sweep(space: Space | Mapping | str | Path, *, workers: int | None = None, da
         raise InputError("out", out, "expected a .csv or .parquet path")
     if resume and out is None:
         raise InputError("resume", resume, "resume needs an output file (out=)")
-    if engine == "graph":
-        from .search import graph_engine_available
-
-        if not graph_engine_available():
-            raise InputError("--engine", engine, "the graph engine is not installed in this build; use analytic")
     import pandas as pd
 
     from . import table

@@ -59,6 +59,15 @@ def test_sweep_rows_equal_single_evaluations(vectorize):
             assert all(math.isclose(got_stage[k], v, rel_tol=1e-12) for k, v in want_stage.items())
 
 
+def test_a_graph_engine_sweep_gives_each_point_the_graph_engines_evaluation():
+    space = space_from_dict({"base": BASE, "sweep": {"plan.tp": [1, 2], "plan.pp": [1, 2]}})
+    df = sweep(space, workers=1, progress=False, engine="graph")
+    assert len(df) == 4 and set(df["engine"]) == {"graph"}
+    for row, point in zip(df.itertuples(index=False), space.points()):
+        want = evaluate(scenario_from_dict(apply_overrides(BASE, point)), engine="graph").to_dict()
+        assert math.isclose(row.step_time_s, want["step_time_s"], rel_tol=1e-12)
+
+
 def test_invalid_points_are_infeasible_rows_with_the_input_error():
     df = sweep(_space(), workers=1, progress=False)
     bad = df[(df["tp"] == 1) & (df["pp"] == 3)]  # 16 devices are not a multiple of pp = 3
