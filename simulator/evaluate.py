@@ -86,7 +86,7 @@ def assemble(scenario: Scenario, layout: Layout, engine: str, breakdown: dict, s
     econ, run = run_economics(layout, scenario.training, breakdown, data, step, cluster.devices,
                               scenario.price_usd_per_device_hour)
     extra = {**extra, **interval_fields(step, plan.global_batch * scenario.model.seq_len, cluster.accelerator,
-                                        engine)}
+                                        engine, scenario=scenario)}
     return Result(
         scenario=scenario.name, engine=engine, feasible=feasible, reason=reason, step_time_s=step,
         breakdown_s=breakdown, global_batch=plan.global_batch, seq_len=scenario.model.seq_len,

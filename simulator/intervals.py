@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
+from .domain import domain_of, outside
 from .resources import data_dir
 
 COVERAGE = 0.8  # nominal coverage of the reported intervals
@@ -42,6 +44,7 @@ PUBLISHED_RESIDUALS = ("scenarios", "published", "residuals.json")
 class Residuals:
     values: tuple  # ln(measured / predicted step time), one per validation row
     basis: str  # which validation rows, in words
+    runs_domain: Mapping | None = None  # what those rows' plans span (domain.domain_of), where stored
 
 
 def conformal_bounds(residuals, coverage: float = COVERAGE) -> tuple[float, float] | None:
@@ -86,12 +89,15 @@ def published_residuals(engine: str, accelerator: str | None = None) -> Residual
     data = _published()
     everything = data.get("residuals", {}).get(engine)
     own = data.get("by_accelerator", {}).get(engine, {}).get(accelerator or "")
+    domains = data.get("domain", {})
     if own and conformal_bounds(own) is not None:
-        return Residuals(tuple(own), f"{len(own)} published runs on {accelerator} (llmsim validate --published)")
+        return Residuals(tuple(own), f"{len(own)} published runs on {accelerator} (llmsim validate --published)",
+                         domains.get("by_accelerator", {}).get(accelerator))
     if not everything:
         return None
     where = f"; none enough on {accelerator}" if accelerator else ""
-    return Residuals(tuple(everything), f"{len(everything)} published runs (llmsim validate --published){where}")
+    return Residuals(tuple(everything), f"{len(everything)} published runs (llmsim validate --published){where}",
+                     domains.get("all"))
 
 
 def transferred_residuals(engine: str) -> Residuals | None:
@@ -101,7 +107,8 @@ def transferred_residuals(engine: str) -> Residuals | None:
     if not values:
         return None
     return Residuals(tuple(values), f"{len(values)} published runs predicted with efficiencies transferred between "
-                                    "the fitted profiles: how far a transfer misses")
+                                    "the fitted profiles: how far a transfer misses",
+                     _published().get("domain", {}).get("all"))
 
 
 def residuals_for(accelerator, engine: str = "graph") -> Residuals | None:
@@ -114,13 +121,21 @@ def residuals_for(accelerator, engine: str = "graph") -> Residuals | None:
     return transfer or published_residuals(engine, getattr(accelerator, "name", None))
 
 
+def outside_runs(scenario, residuals: Residuals | None) -> list[dict]:
+    """Where `scenario` lies beyond the runs behind `residuals` (domain.outside); [] where
+    their domain is not stored."""
+    return outside(scenario, residuals.runs_domain) if residuals and residuals.runs_domain else []
+
+
 def interval_fields(step_time_s, tokens_per_step, accelerator, engine: str = "graph",
-                    coverage: float = COVERAGE) -> dict:
+                    coverage: float = COVERAGE, scenario=None) -> dict:
     """The result fields of how far to trust a prediction: its interval (None where none is
     available) and whether the accelerator profile was checked against measured runs
     (`profile_validated`: None where the profile says nothing; `profile_validation`: why).
     `step_time_s` and `tokens_per_step` may be numpy arrays (vector.py): the intervals are
-    then (n, 2) arrays of [low, high]."""
+    then (n, 2) arrays of [low, high]. Given the `scenario`, also where its plan lies
+    outside the published runs behind the interval (`outside_validation`, domain.py; empty
+    where none are stored, as for a profile calibrated by `llmsim validate --torch`)."""
     res = residuals_for(accelerator, engine)
     bounds = conformal_bounds(res.values, coverage) if res else None
     checked = accelerator.validation
@@ -129,6 +144,8 @@ def interval_fields(step_time_s, tokens_per_step, accelerator, engine: str = "gr
            "interval_rows": len(res.values) if res else 0,
            "profile_validated": None if checked is None else checked.validated,
            "profile_validation": "" if checked is None else checked.reason}
+    if scenario is not None:
+        out["outside_validation"] = outside_runs(scenario, res)
     if bounds is not None:
         step = np.asarray(step_time_s, dtype=float)
         low, high = step * math.exp(bounds[0]), step * math.exp(bounds[1])
@@ -165,6 +182,10 @@ def published_residual_data() -> dict:
         out["runs"] = [run.id for run, _ in rows]
         out["transferred"][engine] = [x for _, x in residuals(engine, with_transferred)]
     out["basis"] = f"{len(out['runs'])} published runs (llmsim validate --published)"
+    ids = set(out["runs"])
+    built = [(r.accelerator, r.build()) for r in runs if r.id in ids]
+    out["domain"] = {"all": domain_of(s for _, s in built), "by_accelerator": {
+        acc: domain_of(s for a, s in built if a == acc) for acc in sorted({a for a, _ in built})}}
     out["coverage_note"] = (f"leave-one-out coverage of the {COVERAGE:.0%} interval: "
                             f"{leave_one_out_coverage(out['residuals']['graph']):.0%} (graph engine), "
                             f"{leave_one_out_coverage(out['transferred']['graph']):.0%} on transferred "

@@ -13,6 +13,7 @@ import itertools
 import math
 from dataclasses import replace
 
+from .domain import describe
 from .errors import InputError
 from .result import MEMORY_KEYS
 
@@ -211,6 +212,9 @@ def render_result(d: dict, scenario, data: dict | None = None) -> str:
                      f"{human_time(lo)} - {human_time(hi)} (from {d['interval_basis']})")
     if d.get("profile_validated") is False:
         trust.append(f"profile    {c.accelerator.name} is not validated against measured runs: {d['profile_validation']}")
+    if d.get("outside_validation"):
+        trust.append("beyond     the runs behind the interval: "
+                     + "; ".join(describe(f) for f in d["outside_validation"]))
     lines += [
         f"step time  {human_time(d['step_time_s'])}  ({d['engine']} engine)",
         *trust,

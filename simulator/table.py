@@ -48,7 +48,8 @@ RESULT_COLUMNS = {**RESULT_SCALARS, **{f"memory_gib.{k}": "float" for k in MEMOR
                   **{f"breakdown_s.{k}": "float" for k in BREAKDOWN_KEYS}, **RESULT_TAIL, **INTERVAL_COLUMNS}
 INT64 = (-2**63, 2**63 - 1)
 DROPPED = ("scenario", "flop_convention", "devices", "global_batch", "seq_len", "diagnostics", "interval_basis",
-           "interval_rows", "profile_validated", "profile_validation")  # per accelerator: `llmsim hardware list`
+           "interval_rows", "profile_validated", "profile_validation",  # per accelerator: `llmsim hardware list`
+           "outside_validation")  # a list per plan: `llmsim evaluate` reports it
 
 
 def plan_columns(model, cluster, plan) -> dict:

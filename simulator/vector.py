@@ -25,7 +25,7 @@ from . import analytic
 from .energy import capped_cluster
 from .evaluate import host_reason, oom_reason
 from .hardware import Cluster
-from .intervals import interval_fields
+from .intervals import interval_fields, outside_runs, residuals_for
 from .layout import Layout, compile_layout
 from .memory import MEMORY_KEYS
 from .model import ModelSpec
@@ -158,10 +158,12 @@ def evaluate_many(scenarios: list[Scenario]) -> list[dict]:
                            by_stage=True)
         d.update(interval_fields(d["step_time_s"], batch.global_batch * s0.model.seq_len, s0.cluster.accelerator,
                                  "analytic"))
+        runs = residuals_for(s0.cluster.accelerator, "analytic")
         columns = {k: _column(v, len(members)) for k, v in d.items()}
         for j, i in enumerate(members):
             out[i] = {k: ({kk: vv[j] for kk, vv in v.items()} if isinstance(v, dict) else v[j])
                       for k, v in columns.items()}
+            out[i]["outside_validation"] = outside_runs(scenarios[i], runs)
     return out
 
 

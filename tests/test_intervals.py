@@ -51,6 +51,7 @@ def test_published_residuals_are_current():
             "run `llmsim validate --published --write-residuals`"
         assert stored["by_accelerator"][engine].keys() == fresh["by_accelerator"][engine].keys()
         assert stored["transferred"][engine] == pytest.approx(fresh["transferred"][engine], abs=1e-9)
+    assert stored["domain"] == fresh["domain"]
 
 
 @pytest.mark.parametrize("engine", ["graph", "analytic"])

@@ -17,13 +17,21 @@ def test_the_h100_takes_the_a100_real_shape_ratio_with_shapes_folded_in():
     assert acc.matmul.max == pytest.approx(H100_MAMF * a100_ratio, abs=0.001)
     assert acc.matmul_fp8.max == pytest.approx(H100_FP8_MAMF * a100_ratio, abs=0.001)
     assert acc.matmul_k_half == 0 and acc.matmul_fp8_k_half == 0
+    # its FlashAttention-3 rate from the A100's FlashAttention-2 by the best-shape ratio, the
+    # SDPA kernel in the proportion the H100 profile puts it
+    h100 = load_accelerator("h100-sxm-80gb")
+    assert acc.attention.max == pytest.approx(load_accelerator("a100-sxm-80gb").attention.max * H100_MAMF / A100_MAMF,
+                                              abs=5e-4)
+    assert acc.attention_flash2.max / acc.attention.max == pytest.approx(h100.attention_flash2.max / h100.attention.max)
 
 
 def test_the_a100_takes_the_h100_ratio_fitted_without_the_reduction_factor():
     h100_ratio = fit_matmul_max("dgxc-:bf16", reduction_factor=False)[0] / H100_MAMF
     acc = transferred(load_accelerator("a100-sxm-80gb"))
     assert acc.matmul.max == pytest.approx(A100_MAMF * h100_ratio, abs=0.001)
-    assert acc.attention == load_accelerator("a100-sxm-80gb").attention  # not fitted, not transferred
+    # the H100's FlashAttention-3 rate by the best-shape ratio, as the B200's and MI300X's are
+    assert acc.attention.max == pytest.approx(load_accelerator("h100-sxm-80gb").attention.max * A100_MAMF / H100_MAMF,
+                                              abs=5e-4)
 
 
 def test_the_500w_part_takes_the_700w_parts_efficiencies_as_the_h200_does():
