@@ -264,9 +264,10 @@ COMPARE_ROWS = (  # label, key of the row dict
     ("schedule", "schedule"), ("sequence_parallel", "sequence_parallel"), ("recompute", "recompute"),
     ("zero_stage", "zero_stage"), ("precision", "precision"), ("offload opt/par/act", "offload"),
     ("feasible", "feasible"), ("peak memory GiB", "peak_memory_gib"), ("peak reserved GiB", "peak_reserved_gib"),
-    ("step time", "step_time"),
+    ("step time", "step_time"), ("80% interval", "step_time_interval"),
     ("tokens/s", "tokens_per_s"), ("tokens/s per device", "tokens_per_s_per_device"), ("MFU", "mfu"),
     ("$ per M tokens", "usd_per_million_tokens"), ("days to train", "time_to_train_days"),
+    ("beyond the runs", "outside_validation"),
 )
 
 
@@ -290,6 +291,9 @@ def compare_row(d: dict, scenario) -> dict:
         "tokens_per_s_per_device": valid(f"{d['tokens_per_s_per_device']:,.1f}"),
         "mfu": valid(f"{100 * d['mfu']:.1f}%"), "usd_per_million_tokens": valid(f"{d['usd_per_million_tokens']:.4g}"),
         "time_to_train_days": valid(f"{d['time_to_train_days']:.1f}") if d.get("time_to_train_days") else "-",
+        "step_time_interval": valid(" - ".join(human_time(t) for t in d["step_time_s_interval"]))
+        if d.get("step_time_s_interval") else "-",
+        "outside_validation": ", ".join(f["field"] for f in d.get("outside_validation") or ()) or "-",
     }
 
 

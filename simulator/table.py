@@ -41,15 +41,16 @@ RESULT_TAIL = {
     "energy_kwh_to_train": "float", "data_bound": "bool", "time_to_train_days_no_failures": "float",
     "cost_to_train_usd_no_failures": "float",
 }
-# prediction intervals (intervals.py): the JSON's [low, high] pairs as two columns
+# prediction intervals (intervals.py): the JSON's [low, high] pairs as two columns; the
+# properties in which the plan lies beyond the runs behind them (domain.py) as their names
 INTERVALS = ("step_time_s_interval", "tokens_per_s_interval")
-INTERVAL_COLUMNS = {**{f"{k}.{b}": "float" for k in INTERVALS for b in ("low", "high")}, "interval_coverage": "float"}
+INTERVAL_COLUMNS = {**{f"{k}.{b}": "float" for k in INTERVALS for b in ("low", "high")}, "interval_coverage": "float",
+                    "outside_validation": "str"}
 RESULT_COLUMNS = {**RESULT_SCALARS, **{f"memory_gib.{k}": "float" for k in MEMORY_KEYS},
                   **{f"breakdown_s.{k}": "float" for k in BREAKDOWN_KEYS}, **RESULT_TAIL, **INTERVAL_COLUMNS}
 INT64 = (-2**63, 2**63 - 1)
 DROPPED = ("scenario", "flop_convention", "devices", "global_batch", "seq_len", "diagnostics", "interval_basis",
-           "interval_rows", "profile_validated", "profile_validation",  # per accelerator: `llmsim hardware list`
-           "outside_validation")  # a list per plan: `llmsim evaluate` reports it
+           "interval_rows", "profile_validated", "profile_validation")  # per accelerator: `llmsim hardware list`
 
 
 def plan_columns(model, cluster, plan) -> dict:
@@ -102,6 +103,8 @@ def result_row(d: Mapping) -> dict:
             out[key] = json.dumps(value) if value is not None else None
         elif key in INTERVALS:
             out[f"{key}.low"], out[f"{key}.high"] = value if value is not None else (None, None)
+        elif key == "outside_validation":
+            out[key] = ", ".join(flag["field"] for flag in value)
         else:
             out[key] = value
     return out

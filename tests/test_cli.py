@@ -38,6 +38,9 @@ def test_compare_shows_scenarios_side_by_side_and_marks_differences():
     rows = {line.split()[1] if line.startswith("*") else line.split()[0]: line.startswith("*")
             for line in proc.stdout.splitlines()[2:] if line.strip() and not line.startswith("* differs")}
     assert rows["model"] and rows["tp"] and not rows["cp"] and not rows["precision"]
+    # the GPT-3 plan runs ZeRO-1 in bf16 where every published A100 run is ZeRO-0 (fp16)
+    beyond = next(line for line in proc.stdout.splitlines() if "beyond the runs" in line)
+    assert beyond.split()[-1] == "plan.zero_stage" and "80%" in proc.stdout
     proc = cli("compare", "quickstart", "quickstart", "--tp", "4", "--engine", "analytic", "--json")
     d = json.loads(proc.stdout)
     assert d["differing_keys"] == [] and len(d["results"]) == 2

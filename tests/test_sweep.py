@@ -68,6 +68,17 @@ def test_a_graph_engine_sweep_gives_each_point_the_graph_engines_evaluation():
         assert math.isclose(row.step_time_s, want["step_time_s"], rel_tol=1e-12)
 
 
+def test_a_sweep_row_names_the_properties_its_plan_has_beyond_the_validated_runs():
+    df = sweep(_space(), workers=1, progress=False)
+    named = 0
+    for row, point in zip(df.itertuples(index=False), _space().points()):
+        want = _expected(point)
+        if want is not None:
+            assert row.outside_validation == ", ".join(f["field"] for f in want["outside_validation"])
+            named += bool(row.outside_validation)
+    assert named  # the A100 runs recomputed: `recompute: none` is beyond them
+
+
 def test_invalid_points_are_infeasible_rows_with_the_input_error():
     df = sweep(_space(), workers=1, progress=False)
     bad = df[(df["tp"] == 1) & (df["pp"] == 3)]  # 16 devices are not a multiple of pp = 3
