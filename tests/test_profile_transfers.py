@@ -27,8 +27,12 @@ MAMF = {
     "gb200_bf16": 1822 / 2500,
     "gb200_fp8": 3615.6 / 5000,
     "mi300x": 668.4 / 1307.4,
+    # no MI300X FP8 row: the BF16 figure x AMD's FP8 / BF16 Max-Achievable FLOPs ratio
+    # (ROCm/rocm-blogs@8e01195 measuring-max-achievable-flops-part2, footnote 4), of the FP8 peak
+    "mi300x_fp8": 668.4 * (1223.6 / 708) / 2614.9,
     "mi250x": 147.0 / 191.5,
     "gaudi3": 1243 / 1835,
+    "gaudi3_fp8": 1289.5 / 1835,
     "inferred": 0.80,
 }
 
@@ -76,10 +80,12 @@ TRANSFERS = {
     ("gb200", "matmul_fp8"): lambda: MAMF["gb200_fp8"] * h100_ratio_without_reduction_factor(),
     ("gb200", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["gb200_bf16"] / MAMF["h100_bf16"],
     ("mi300x", "matmul"): lambda: MAMF["mi300x"] * a100_ratio(),
+    ("mi300x", "matmul_fp8"): lambda: MAMF["mi300x_fp8"] * a100_ratio(),
     ("mi300x", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["mi300x"] / MAMF["h100_bf16"],
     ("mi250x", "matmul"): lambda: MAMF["mi250x"] * a100_ratio(),
     ("mi250x", "attention"): lambda: _max("a100-sxm-80gb", "attention") * MAMF["mi250x"] / MAMF["a100"],
     ("gaudi3", "matmul"): lambda: MAMF["gaudi3"] * a100_ratio(),
+    ("gaudi3", "matmul_fp8"): lambda: MAMF["gaudi3_fp8"] * a100_ratio(),
     ("gaudi3", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["gaudi3"] / MAMF["h100_bf16"],
     ("tpu-v5p", "matmul"): lambda: MAMF["inferred"] * a100_ratio(),
     ("tpu-v5p", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["inferred"] / MAMF["h100_bf16"],
@@ -101,8 +107,8 @@ def test_a_node_without_a_launch_bound_run_takes_the_dgx_a100_launch_overhead(no
 PROFILE_MAMF = {"a100-sxm-80gb": {"bf16": "a100"}, "h100-sxm-80gb": {"bf16": "h100_bf16", "fp8": "h100_fp8"},
                 "h200-sxm-141gb": {"bf16": "h100_bf16", "fp8": "h200_fp8"},  # "H200 is the same" in BF16
                 "b200": {"bf16": "b200_bf16", "fp8": "b200_fp8"}, "gb200": {"bf16": "gb200_bf16", "fp8": "gb200_fp8"},
-                "mi300x": {"bf16": "mi300x"},
-                "mi250x": {"bf16": "mi250x"}, "gaudi3": {"bf16": "gaudi3"}}
+                "mi300x": {"bf16": "mi300x", "fp8": "mi300x_fp8"},
+                "mi250x": {"bf16": "mi250x"}, "gaudi3": {"bf16": "gaudi3", "fp8": "gaudi3_fp8"}}
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILE_MAMF))
