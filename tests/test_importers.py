@@ -233,17 +233,17 @@ NEMO_ROWS = {
         layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256, seq_len=8192, activation="swiglu",
         tied_embeddings=False, tp=1, pp=1, cp=2, vpp=1, schedule="1f1b", micro_batch=1, global_batch=128,
         sequence_parallel=False, recompute="none", zero_stage=1, precision="bf16", tp_comm_overlap=False,
-        dp_overlap=True, grad_precision="bf16", nodes=1, dp=4)),
+        dp_overlap=True, grad_precision="bf16", fp8_params=False, nodes=1, dp=4)),
     "nemo-llama3.1_70b.yaml": ("dgxc-llama31-70b-bf16-64gpu", dict(
         layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=128512, seq_len=8192, activation="swiglu",
         tied_embeddings=False, tp=4, pp=4, cp=2, vpp=5, schedule="interleaved", micro_batch=1, global_batch=128,
         sequence_parallel=True, recompute="none", zero_stage=1, precision="bf16", tp_comm_overlap=True,
-        dp_overlap=True, grad_precision="bf16", nodes=8, dp=2)),
+        dp_overlap=True, grad_precision="bf16", fp8_params=False, nodes=8, dp=2)),
     "nemo-gpt3_175b_hydra.yaml": ("dgxc-gpt3-175b-fp8-128gpu", dict(
         layers=96, hidden=12288, heads=96, kv_heads=96, ffn_hidden=49152, vocab=50688, seq_len=2048, activation="gelu",
         tied_embeddings=True, tp=4, pp=8, cp=1, vpp=12, schedule="interleaved", micro_batch=1, global_batch=256,
         sequence_parallel=True, recompute="none", zero_stage=1, precision="fp8", tp_comm_overlap=True,
-        dp_overlap=True, grad_precision="bf16", nodes=16, dp=4)),
+        dp_overlap=True, grad_precision="bf16", fp8_params=True, nodes=16, dp=4)),
 }
 
 
@@ -268,7 +268,8 @@ def test_nemo_configs_import_as_the_validation_rows_of_the_same_runs(name):
                                                  "seq_len", "activation", "tied_embeddings")},
            **{k: getattr(s.plan, k) for k in ("tp", "pp", "cp", "vpp", "schedule", "micro_batch", "global_batch",
                                                 "sequence_parallel", "recompute", "zero_stage", "precision",
-                                                "tp_comm_overlap", "dp_overlap", "grad_precision", "dp")},
+                                                "tp_comm_overlap", "dp_overlap", "grad_precision", "fp8_params",
+                                                "dp")},
            "nodes": s.cluster.nodes}
     assert got == want
     keys = set(flatten(yaml.safe_load((DATA / name).read_text())))
@@ -280,6 +281,29 @@ def test_megatron_and_nemo_imports_run_megatrons_vocab_parallel_cross_entropy():
     script = import_config("megatron", DATA / "megatron-train_gpt3_175b_distributed.sh",
                            {"cluster.node": "dgx-a100", "cluster.nodes": 128})
     assert nemo.scenario["plan"]["loss"] == script.scenario["plan"]["loss"] == "vocab-parallel"
+
+
+MEGATRON_ARGV = ["--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "2048",
+                 "--max-position-embeddings", "2048", "--micro-batch-size", "1", "--global-batch-size", "64",
+                 "--tensor-model-parallel-size", "2", "--bf16", "--use-distributed-optimizer"]
+
+
+def test_megatron_fp8_param_gather_is_fp8_primary_weights():
+    """--fp8-param-gather keeps the compute parameters in FP8 and all-gathers them in FP8
+    (Megatron-LM megatron/training/arguments.py _add_transformer_engine_args)."""
+    plan = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[
+        *MEGATRON_ARGV, "--fp8-format", "hybrid", "--fp8-param-gather"]).scenario["plan"]
+    assert (plan["precision"], plan["fp8_params"]) == ("fp8", True)
+
+
+def test_megatron_fp8_recipes_map_to_delayed_and_mxfp8_and_the_rest_are_refused():
+    def plan(recipe):
+        return import_config("megatron", None, {"cluster.node": "dgx-b200"}, argv=[
+            *MEGATRON_ARGV, "--fp8-format", "e4m3", "--fp8-recipe", recipe]).scenario["plan"]
+    assert plan("delayed")["precision"] == "fp8" and plan("mxfp8")["precision"] == "mxfp8"
+    for recipe in ("tensorwise", "blockwise"):
+        with pytest.raises(InputError, match="fp8-recipe"):
+            plan(recipe)
 
 
 def test_nemo_squared_relu_is_refused():

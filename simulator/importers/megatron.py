@@ -6,7 +6,10 @@ embeddings, learned positions, GeLU, LayerNorm, biases and no overlap of the gra
 reduction unless flags say otherwise; --ffn-hidden-size defaults to 4h, or with --swiglu to
 int(8h/3 / 64) * 64; the vocabulary is padded to a multiple of make-vocab-size-divisible-by
 (128) x TP. --use-distributed-optimizer shards the optimizer states over data-parallel ranks
-(ZeRO-1). torchrun's --nproc_per_node and --nnodes give the cluster's shape.
+(ZeRO-1). --fp8-format runs the linears in FP8 under --fp8-recipe delayed (the default) or
+mxfp8 (TransformerEngine's per-tensor current and block-wise recipes are refused);
+--fp8-param-gather, like NeMo's fp8_params, keeps FP8 primary weights (plan.fp8_params).
+torchrun's --nproc_per_node and --nnodes give the cluster's shape.
 
 A launch script is read as its shell words: `NAME=value` assignments are substituted into
 `$NAME` / `${NAME}`, everything else that is not a `--flag` and its values (array
@@ -173,8 +176,18 @@ def read_args(args: dict) -> Imported:
     if a.get("no-scatter-gather-tensors-in-pipeline"):  # legacy Megatron-LM: whole activations per TP rank
         a.map("no-scatter-gather-tensors-in-pipeline", "plan.pp_scatter_gather", False)
     precision = "fp8" if a.has("fp8-format") else "bf16" if a.get("bf16") else "fp16" if a.get("fp16") else "fp32"
+    recipe = str(a.get("fp8-recipe", "delayed"))
+    if precision == "fp8":
+        if recipe not in ("delayed", "mxfp8"):
+            a.refuse("fp8-recipe", "TransformerEngine's delayed and MXFP8 scaling are modelled, not its per-tensor current "
+                                   "(tensorwise) or block-wise scaling")
+        precision = "mxfp8" if recipe == "mxfp8" else precision
     a.map("fp8-format" if a.has("fp8-format") else "bf16" if a.get("bf16") else "fp16", "plan.precision", precision)
-    a.used("fp16", "bf16", "fp8-param-gather")
+    a.used("fp16", "bf16", "fp8-recipe")
+    if a.get("fp8-param-gather"):
+        if not a.has("fp8-format"):
+            a.refuse("fp8-param-gather", "FP8 parameters need --fp8-format")
+        a.map("fp8-param-gather", "plan.fp8_params", True)
     grads = "bf16" if a.get("grad-reduce-in-bf16") else "fp32"
     a.map("grad-reduce-in-bf16", "plan.grad_precision", grads)
     a.used("accumulate-allreduce-grads-in-fp32")
@@ -251,8 +264,7 @@ NEMO_REASONS = {"model.*fusion": "kernel fusion is not modelled (efficiencies ar
                 "model.optim.overlap_param_sync": "parameter all-gather overlap is not modelled separately",
                 "model.overlap_p2p_comm": "pipeline send/receive overlap is not modelled separately",
                 "model.batch_p2p_comm": "pipeline send/receive batching is not modelled",
-                "model.defer_embedding_wgrad_compute": "not modelled", "model.wgrad_deferral_limit": "not modelled",
-                "model.fp8_params": "fp8 parameter copies are not modelled separately"}
+                "model.defer_embedding_wgrad_compute": "not modelled", "model.wgrad_deferral_limit": "not modelled"}
 NEMO_ACTIVATIONS = {"gelu": "gelu", "swiglu": "swiglu", "fast-swiglu": "swiglu"}
 
 
@@ -314,6 +326,8 @@ def read_nemo(data: dict) -> Imported:
         a.refuse("trainer.precision", "expected bf16, bf16-mixed, 16, 16-mixed or 32")
     a.map("trainer.precision", "plan.precision", "fp8" if a.get(m("fp8")) else precision)
     a.used(m("fp8"))
+    if a.get(m("fp8")) and a.get(m("fp8_params")):
+        a.map(m("fp8_params"), "plan.fp8_params", True)
     granularity = a.get(m("activations_checkpoint_granularity"))
     if granularity == "full" and (a.get(m("activations_checkpoint_method")) != "uniform"
                                   or a.number(m("activations_checkpoint_num_layers"), 1) != 1):
