@@ -30,6 +30,8 @@ MAMF = {
     # no MI300X FP8 row: the BF16 figure x AMD's FP8 / BF16 Max-Achievable FLOPs ratio
     # (ROCm/rocm-blogs@8e01195 measuring-max-achievable-flops-part2, footnote 4), of the FP8 peak
     "mi300x_fp8": 668.4 * (1223.6 / 708) / 2614.9,
+    "mi325x": 784.9 / 1307.4,
+    "mi325x_fp8": 784.9 * (1527.7 / 840.8) / 2614.9,  # the same blog's MI325X footnote
     "mi250x": 147.0 / 191.5,
     "gaudi3": 1243 / 1835,
     "gaudi3_fp8": 1289.5 / 1835,
@@ -82,6 +84,10 @@ TRANSFERS = {
     ("mi300x", "matmul"): lambda: MAMF["mi300x"] * a100_ratio(),
     ("mi300x", "matmul_fp8"): lambda: MAMF["mi300x_fp8"] * a100_ratio(),
     ("mi300x", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["mi300x"] / MAMF["h100_bf16"],
+    ("mi325x", "matmul"): lambda: MAMF["mi325x"] * a100_ratio(),
+    ("mi325x", "memory"): lambda: _max("mi300x", "memory"),
+    ("mi325x", "matmul_fp8"): lambda: MAMF["mi325x_fp8"] * a100_ratio(),
+    ("mi325x", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["mi325x"] / MAMF["h100_bf16"],
     ("mi250x", "matmul"): lambda: MAMF["mi250x"] * a100_ratio(),
     ("mi250x", "attention"): lambda: _max("a100-sxm-80gb", "attention") * MAMF["mi250x"] / MAMF["a100"],
     ("gaudi3", "matmul"): lambda: MAMF["gaudi3"] * a100_ratio(),
@@ -100,7 +106,7 @@ def test_a_transferred_efficiency_follows_the_fit_it_comes_from(profile, curve):
 
 
 @pytest.mark.parametrize("node", ["dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "dgx-v100", "mi250x-node",
-                                  "mi300x-node"])
+                                  "mi300x-node", "mi325x-node"])
 def test_a_node_without_a_launch_bound_run_takes_the_dgx_a100_launch_overhead(node):
     assert load_node(node).launch_overhead_s == load_node("dgx-a100").launch_overhead_s
 
@@ -108,7 +114,7 @@ def test_a_node_without_a_launch_bound_run_takes_the_dgx_a100_launch_overhead(no
 PROFILE_MAMF = {"a100-sxm-80gb": {"bf16": "a100"}, "h100-sxm-80gb": {"bf16": "h100_bf16", "fp8": "h100_fp8"},
                 "h200-sxm-141gb": {"bf16": "h100_bf16", "fp8": "h200_fp8"},  # "H200 is the same" in BF16
                 "b200": {"bf16": "b200_bf16", "fp8": "b200_fp8"}, "gb200": {"bf16": "gb200_bf16", "fp8": "gb200_fp8"},
-                "mi300x": {"bf16": "mi300x", "fp8": "mi300x_fp8"},
+                "mi300x": {"bf16": "mi300x", "fp8": "mi300x_fp8"}, "mi325x": {"bf16": "mi325x", "fp8": "mi325x_fp8"},
                 "mi250x": {"bf16": "mi250x"}, "gaudi3": {"bf16": "gaudi3", "fp8": "gaudi3_fp8"}}
 
 
