@@ -24,6 +24,8 @@ MAMF = {
     "h200_fp8": 1453.4 / 1979,
     "b200_bf16": 1745 / 2250,
     "b200_fp8": 3432.5 / 4500,
+    "b300_bf16": 1769.0 / 2250,
+    "b300_fp8": 3353.3 / 4500,
     "gb200_bf16": 1822 / 2500,
     "gb200_fp8": 3615.6 / 5000,
     "mi300x": 668.4 / 1307.4,
@@ -78,6 +80,10 @@ TRANSFERS = {
     ("b200", "matmul"): lambda: MAMF["b200_bf16"] * h100_ratio_without_reduction_factor(),
     ("b200", "matmul_fp8"): lambda: MAMF["b200_fp8"] * h100_ratio_without_reduction_factor(),
     ("b200", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["b200_bf16"] / MAMF["h100_bf16"],
+    ("b300", "matmul"): lambda: MAMF["b300_bf16"] * h100_ratio_without_reduction_factor(),
+    ("b300", "matmul_fp8"): lambda: MAMF["b300_fp8"] * h100_ratio_without_reduction_factor(),
+    ("b300", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["b300_bf16"] / MAMF["h100_bf16"],
+    ("b300", "memory"): lambda: _max("b200", "memory"),
     ("gb200", "matmul"): lambda: MAMF["gb200_bf16"] * h100_ratio_without_reduction_factor(),
     ("gb200", "matmul_fp8"): lambda: MAMF["gb200_fp8"] * h100_ratio_without_reduction_factor(),
     ("gb200", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["gb200_bf16"] / MAMF["h100_bf16"],
@@ -105,8 +111,8 @@ def test_a_transferred_efficiency_follows_the_fit_it_comes_from(profile, curve):
     assert _max(profile, curve) == pytest.approx(TRANSFERS[profile, curve](), abs=0.0006)
 
 
-@pytest.mark.parametrize("node", ["dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "dgx-v100", "mi250x-node",
-                                  "mi300x-node", "mi325x-node"])
+@pytest.mark.parametrize("node", ["dgx-h100", "dgx-h200", "dgx-b200", "dgx-b300", "gb200-nvl72", "dgx-v100",
+                                  "mi250x-node", "mi300x-node", "mi325x-node"])
 def test_a_node_without_a_launch_bound_run_takes_the_dgx_a100_launch_overhead(node):
     assert load_node(node).launch_overhead_s == load_node("dgx-a100").launch_overhead_s
 
@@ -114,6 +120,7 @@ def test_a_node_without_a_launch_bound_run_takes_the_dgx_a100_launch_overhead(no
 PROFILE_MAMF = {"a100-sxm-80gb": {"bf16": "a100"}, "h100-sxm-80gb": {"bf16": "h100_bf16", "fp8": "h100_fp8"},
                 "h200-sxm-141gb": {"bf16": "h100_bf16", "fp8": "h200_fp8"},  # "H200 is the same" in BF16
                 "b200": {"bf16": "b200_bf16", "fp8": "b200_fp8"}, "gb200": {"bf16": "gb200_bf16", "fp8": "gb200_fp8"},
+                "b300": {"bf16": "b300_bf16", "fp8": "b300_fp8"},
                 "mi300x": {"bf16": "mi300x", "fp8": "mi300x_fp8"}, "mi325x": {"bf16": "mi325x", "fp8": "mi325x_fp8"},
                 "mi250x": {"bf16": "mi250x"}, "gaudi3": {"bf16": "gaudi3", "fp8": "gaudi3_fp8"}}
 
