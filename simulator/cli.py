@@ -218,8 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "validate --torch compares on the profile's clock")
     ca.add_argument("--json", action="store_true")
 
-    hw = sub.add_parser("hardware", help="hardware profiles")
-    hw.add_argument("what", choices=("list",))
+    hw = sub.add_parser("hardware", help="hardware profiles: list them, or show one's numbers beside their sources")
+    hw.add_argument("what", choices=("list", "show"))
+    hw.add_argument("name", nargs="?", help="show: an accelerator, node or network profile")
+    hw.add_argument("--json", action="store_true", help="show: {kind, name, path, fields: [{field, value, source}]}")
     mo = sub.add_parser("models", help="model presets")
     mo.add_argument("what", choices=("list",))
     sc = sub.add_parser("scenarios", help="shipped scenarios and sweep spaces (usable by name)")
@@ -633,6 +635,23 @@ def _interval(acc) -> str:
     return "-" if ratio is None else f"{ratio[0] - 1:+.0%} / {ratio[1] - 1:+.0%}"
 
 
+def cmd_hardware_show(args) -> int:
+    """One profile's numbers, each beside the source it states (provenance.py)."""
+    from .provenance import profile_file, provenance_rows, render
+    from .yamlio import load_yaml
+
+    if not args.name:
+        raise InputError("hardware show", None, "give a profile name (see `llmsim hardware list`)")
+    kind, path = profile_file(args.name)
+    rows = provenance_rows(load_yaml(path, "hardware show"))
+    if args.json:
+        print(json.dumps({"kind": kind, "name": args.name, "path": str(path), "fields": rows}, indent=1,
+                         default=str))
+    else:
+        print(render(args.name, kind, path, rows))
+    return 0
+
+
 def cmd_list(args) -> int:
     if args.command == "scenarios":
         from .resources import bundled_scenarios, data_dir
@@ -641,6 +660,8 @@ def cmd_list(args) -> int:
             print(name)
         print(f"\n(in {data_dir() / 'scenarios'}; give a name to evaluate or sweep, e.g. `llmsim evaluate quickstart`)")
         return 0
+    if args.command == "hardware" and args.what == "show":
+        return cmd_hardware_show(args)
     if args.command == "hardware":
         from .hardware import available, load_accelerator, load_node
 

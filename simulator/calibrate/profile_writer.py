@@ -189,7 +189,8 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
         "efficiency": 1.0,
         "oversubscription": 1.0,
         "sources": {"latency_us": f"[measured] {backend} all-reduce fit, per ring step",
-                    "efficiency": "[inferred] bandwidths are measured bus bandwidths"},
+                    "efficiency": "[inferred] bandwidths are measured bus bandwidths",
+                    "oversubscription": "1.0: the processes of one machine share no switched fabric"},
     }
     return acc, node, net
 
