@@ -1,5 +1,5 @@
 """`llmsim` command line: evaluate, compare, import, sweep, search, plot, validate (--published,
---torch), calibrate, hardware list, models list, scenarios list.
+--torch), calibrate, hardware list | show NAME, models list, scenarios list.
 
 Bad input exits with code 2 and one line on stderr naming the field, the value and what
 is allowed; never a traceback (an unexpected error, a bug, is one line with exit code 1).
