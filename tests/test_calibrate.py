@@ -35,6 +35,15 @@ def quick_profile(tmp_path_factory):
     return out
 
 
+def test_a_calibrated_profile_states_a_source_for_every_number(quick_profile):
+    from simulator.provenance import provenance_rows, unsourced
+    from simulator.yamlio import load_yaml
+
+    stem = quick_profile.with_suffix("")
+    for path in (quick_profile, Path(f"{stem}-node.yaml"), Path(f"{stem}-net.yaml")):
+        assert unsourced(provenance_rows(load_yaml(path))) == [], path.name
+
+
 def test_profile_loads_with_the_normal_loader(quick_profile):
     acc = load_accelerator(str(quick_profile))
     assert acc.name == "quick-cpu"
