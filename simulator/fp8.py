@@ -35,7 +35,14 @@ kernels each scaling recipe adds, and what FP8 changes in memory.
   tensor and its transpose in one kernel (fp8_cast_transpose_fused): 2 + 2 = 4 for the input
   and the output gradient (TE@fb749619e transformer_engine/pytorch/module/linear.py); the
   weights are cast once per step (is_first_microbatch), not per micro-batch: see
-  `weight_cast_bytes_per_step`. The casts move these bytes at the profile's memory curve,
+  `weight_cast_bytes_per_step`. current (TransformerEngine's Float8CurrentScaling, Megatron-LM's
+  --fp8-recipe tensorwise): the scale comes from the tensor itself, one more pass reading it
+  for its amax before the same fused cast and transpose (TE@d0067d0da
+  transformer_engine/pytorch/csrc/quantizer.cpp Float8CurrentScalingQuantizer::quantize_impl:
+  nvte_compute_amax, nvte_compute_scale_from_amax, nvte_quantize_v2): 2 + 4 = 6 for the input
+  and the output gradient, and the weights' once-per-step casts read them once more for their
+  amax; the amax all-reduce it adds over the TP group for sequence-parallel inputs (one float,
+  latency-bound) is not modelled. The casts move these bytes at the profile's memory curve,
   torchao's rowwise ones at their own, efficiency.memory_kernels.fp8_cast_rowwise, measured
   against torchao's published H100 rowwise speedups (validation/fp8_microbench.py: the
   roofline bytes alone predicted those speedups 1.45x too high).
@@ -95,8 +102,10 @@ CAST_BYTES = {
     "rowwise": ((8.0, 10.0, 8.0), (6.0, 10.0, 6.0)),
     "mxfp8": ((6 + 2 * MX_SCALE, 0.0, 6 + 2 * MX_SCALE), (4 + 2 * MX_SCALE, 0.0, 4 + 2 * MX_SCALE)),
     "delayed": ((4.0, 0.0, 4.0), (4.0, 0.0, 4.0)),
+    "current": ((6.0, 0.0, 6.0), (6.0, 0.0, 6.0)),
 }
-TE_RECIPES = ("delayed", "mxfp8")  # TransformerEngine: fused QKV/FC1 GEMMs, weights cast once per step
+# TransformerEngine: fused QKV/FC1 GEMMs, weights cast once per step
+TE_RECIPES = ("delayed", "current", "mxfp8")
 # Layer linears that stay in 16 bits: the MoE router's gating GEMM runs in the input's dtype
 # (or fp32), not in a TransformerEngine module (NVIDIA/Megatron-LM@d98e8a64dd
 # megatron/core/transformer/moe/router.py Router.gating, router_gating_linear)
@@ -199,7 +208,7 @@ def weight_bytes_per_param(plan) -> tuple[float, float]:
     """(bytes per linear weight parameter on the device between steps, bytes its data-parallel
     all-gather moves) under the plan's FP8 recipe; (2, 2) without FP8 or with torchao."""
     rec = recipe(plan)
-    if rec == "delayed":
+    if rec in ("delayed", "current"):
         return (2.0, 1.0) if plan.fp8_params else (4.0, 2.0)
     if rec == "mxfp8":
         both = 2 * (1 + MX_SCALE)
@@ -248,14 +257,15 @@ def layer_linear_params(model, tp) -> object:
 def weight_cast_bytes_per_step(plan, linear_params) -> object:
     """HBM bytes TransformerEngine's once-per-step weight casts move on a device holding
     `linear_params` linear weights: read BF16, write FP8 and its transpose (2 + 2 B), or with
-    FP8 primary weights only the transpose (1 + 1 B); MXFP8 two quantisations (2·(2 + 1 +
-    1/32) B). torchao casts the weights every micro-batch (in the layer's cast kernels), or
+    FP8 primary weights only the transpose (1 + 1 B), current scaling 2 B more for the amax
+    pass over the BF16 weight; MXFP8 two quantisations (2·(2 + 1 + 1/32) B). torchao casts the weights every micro-batch (in the layer's cast kernels), or
     with the FSDP float8 all-gather its shard before every all-gather (the stored weight
     read, 1 B written: per micro-batch one gather for the forward and one for the backward,
     once a step where FSDP keeps the weights gathered) and reads it once for the scales."""
     rec = recipe(plan)
-    if rec == "delayed":
-        return linear_params * (2.0 if plan.fp8_params else 4.0)
+    if rec in ("delayed", "current"):
+        amax = 2.0 if rec == "current" and not plan.fp8_params else 0.0
+        return linear_params * ((2.0 if plan.fp8_params else 4.0) + amax)
     if rec == "mxfp8":
         return linear_params * (0.0 if plan.fp8_params else 2 * (3 + MX_SCALE))
     if plan.fp8_fsdp_all_gather:

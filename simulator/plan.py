@@ -26,7 +26,7 @@ from .stagesplit import check_split
 RECOMPUTE = ("none", "selective", "full", "op-selective")
 RECOMPUTE_METHODS = ("uniform", "block")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8")
-FP8_RECIPES = ("delayed", "tensorwise", "rowwise")
+FP8_RECIPES = ("delayed", "current", "tensorwise", "rowwise")
 TP_OVERLAPS = ("userbuffers", "async-tp")
 TP_IMPLS = ("megatron", "dtensor")
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
@@ -98,8 +98,8 @@ class Plan:
     # layers (uniform) or only the first `recompute_num_layers` layers of each chunk (block).
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
-    # FP8 linears (fp8.py): the scaling recipe of `precision: fp8` (TransformerEngine delayed,
-    # torchao tensorwise or rowwise) and FP8 primary weights (TE fp8_params).
+    # FP8 linears (fp8.py): the scaling recipe of `precision: fp8` (TransformerEngine delayed or
+    # current, torchao tensorwise or rowwise) and FP8 primary weights (TE fp8_params).
     fp8_recipe: str = "delayed"
     fp8_params: bool = False
     # torchao's float8 all-gather of FSDP2's weight shards (torchtitan's
@@ -377,9 +377,9 @@ def check_options(plan: Plan) -> None:
     if plan.loss == "loss-parallel" and plan.tp < 2:
         raise InputError("plan.loss", plan.loss, "DTensor's loss parallelism shards the logits over the TP "
                          "group: needs tp > 1 (without TP the plain cross-entropy runs: unfused)")
-    if plan.fp8_params and plan.fp8_recipe != "delayed" and plan.precision == "fp8":
+    if plan.fp8_params and plan.fp8_recipe not in ("delayed", "current") and plan.precision == "fp8":
         raise InputError("plan.fp8_params", True, "FP8 primary weights are TransformerEngine's (fp8_recipe: "
-                         "delayed)")
+                         "delayed or current)")
 
 
 def _divides(field: str, value: int, target_field: str, target: int) -> None:

@@ -138,6 +138,22 @@ def test_transformer_engine_casts_the_fused_qkv_input_once_and_its_weights_once_
     assert cast.fwd_bytes == pytest.approx(4 * B * S * H)  # cast + transpose, no amax pass, no weight
 
 
+def test_transformer_engine_current_scaling_reads_each_cast_tensor_once_more_for_its_amax():
+    """Float8CurrentScalingQuantizer (TE@d0067d0da quantizer.cpp quantize_impl): an amax pass
+    (2 B per element read) before the fused cast and transpose (4 B): 6 B for the input and
+    the output gradient; the once-per-step weight cast reads each BF16 weight once more."""
+    from simulator.fp8 import weight_cast_bytes_per_step
+
+    _, ops = ops_of(fp8_recipe="current")
+    cast = next(op for op in ops if op.name == "qkv.fp8_cast")
+    assert cast.fwd_bytes == pytest.approx(6 * B * S * H)
+    assert cast.bwd_input_bytes == pytest.approx(6 * B * S * (H + 2 * KV))  # the fused QKV output's gradient
+    linear = 1.0e9
+    assert float(weight_cast_bytes_per_step(scenario(fp8_recipe="current").plan, linear)) == pytest.approx(6 * linear)
+    assert float(weight_cast_bytes_per_step(scenario(fp8_recipe="current", fp8_params=True).plan, linear)) == \
+        pytest.approx(2 * linear)  # the FP8 primary weight's transpose, as delayed
+
+
 def test_transformer_engine_keeps_an_fp8_weight_and_its_transpose_on_top_of_the_bf16_weight():
     bf16 = compile_scenario(scenario(precision="bf16"))
     te = compile_scenario(scenario(fp8_recipe="delayed"))

@@ -296,14 +296,15 @@ def test_megatron_fp8_param_gather_is_fp8_primary_weights():
     assert (plan["precision"], plan["fp8_params"]) == ("fp8", True)
 
 
-def test_megatron_fp8_recipes_map_to_delayed_and_mxfp8_and_the_rest_are_refused():
+def test_megatron_fp8_recipes_map_to_te_delayed_current_and_mxfp8_and_blockwise_is_refused():
     def plan(recipe):
         return import_config("megatron", None, {"cluster.node": "dgx-b200"}, argv=[
             *MEGATRON_ARGV, "--fp8-format", "e4m3", "--fp8-recipe", recipe]).scenario["plan"]
-    assert plan("delayed")["precision"] == "fp8" and plan("mxfp8")["precision"] == "mxfp8"
-    for recipe in ("tensorwise", "blockwise"):
-        with pytest.raises(InputError, match="fp8-recipe"):
-            plan(recipe)
+    assert (plan("delayed")["precision"], plan("delayed")["fp8_recipe"]) == ("fp8", "delayed")
+    assert (plan("tensorwise")["precision"], plan("tensorwise")["fp8_recipe"]) == ("fp8", "current")
+    assert plan("mxfp8")["precision"] == "mxfp8"
+    with pytest.raises(InputError, match="fp8-recipe"):
+        plan("blockwise")
 
 
 def test_nemo_squared_relu_is_refused():

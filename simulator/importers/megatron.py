@@ -6,8 +6,9 @@ embeddings, learned positions, GeLU, LayerNorm, biases and no overlap of the gra
 reduction unless flags say otherwise; --ffn-hidden-size defaults to 4h, or with --swiglu to
 int(8h/3 / 64) * 64; the vocabulary is padded to a multiple of make-vocab-size-divisible-by
 (128) x TP. --use-distributed-optimizer shards the optimizer states over data-parallel ranks
-(ZeRO-1). --fp8-format runs the linears in FP8 under --fp8-recipe delayed (the default) or
-mxfp8 (TransformerEngine's per-tensor current and block-wise recipes are refused);
+(ZeRO-1). --fp8-format runs the linears in FP8 under --fp8-recipe delayed (the default),
+tensorwise (TransformerEngine's per-tensor current scaling: fp8_recipe current) or mxfp8
+(its block-wise recipe is refused);
 --fp8-param-gather, like NeMo's fp8_params, keeps FP8 primary weights (plan.fp8_params).
 torchrun's --nproc_per_node and --nnodes give the cluster's shape.
 
@@ -178,12 +179,16 @@ def read_args(args: dict) -> Imported:
     precision = "fp8" if a.has("fp8-format") else "bf16" if a.get("bf16") else "fp16" if a.get("fp16") else "fp32"
     recipe = str(a.get("fp8-recipe", "delayed"))
     if precision == "fp8":
-        if recipe not in ("delayed", "mxfp8"):
-            a.refuse("fp8-recipe", "TransformerEngine's delayed and MXFP8 scaling are modelled, not its per-tensor current "
-                                   "(tensorwise) or block-wise scaling")
+        if recipe not in ("delayed", "tensorwise", "mxfp8"):
+            a.refuse("fp8-recipe", "TransformerEngine's delayed, per-tensor current (tensorwise) and MXFP8 scaling are "
+                                   "modelled, not its block-wise scaling")
         precision = "mxfp8" if recipe == "mxfp8" else precision
     a.map("fp8-format" if a.has("fp8-format") else "bf16" if a.get("bf16") else "fp16", "plan.precision", precision)
-    a.used("fp16", "bf16", "fp8-recipe")
+    a.used("fp16", "bf16")
+    if precision == "fp8":  # TE's Float8CurrentScaling is Megatron-LM's tensorwise
+        a.map("fp8-recipe", "plan.fp8_recipe", "current" if recipe == "tensorwise" else "delayed")
+    else:
+        a.used("fp8-recipe")
     if a.get("fp8-param-gather"):
         if not a.has("fp8-format"):
             a.refuse("fp8-param-gather", "FP8 parameters need --fp8-format")

@@ -114,7 +114,7 @@ OP_SELECTIVE_RECOMPUTE = Feature(
 
 # ---------------------------------------------------------------- FP8
 
-FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "mxfp8")
+FP8_RECIPES = ("delayed", "current", "tensorwise", "rowwise", "mxfp8")
 
 
 def _fp8_recipe(value) -> str:
