@@ -258,8 +258,9 @@ def weight_cast_bytes_per_step(plan, linear_params) -> object:
     """HBM bytes TransformerEngine's once-per-step weight casts move on a device holding
     `linear_params` linear weights: read BF16, write FP8 and its transpose (2 + 2 B), or with
     FP8 primary weights only the transpose (1 + 1 B), current scaling 2 B more for the amax
-    pass over the BF16 weight; MXFP8 two quantisations (2·(2 + 1 + 1/32) B). torchao casts the weights every micro-batch (in the layer's cast kernels), or
-    with the FSDP float8 all-gather its shard before every all-gather (the stored weight
+    pass over the BF16 weight; MXFP8 two quantisations (2·(2 + 1 + 1/32) B). torchao casts
+    the weights every micro-batch (in the layer's cast kernels), or with the FSDP float8
+    all-gather its shard before every all-gather (the stored weight
     read, 1 B written: per micro-batch one gather for the forward and one for the backward,
     once a step where FSDP keeps the weights gathered) and reads it once for the scales."""
     rec = recipe(plan)
