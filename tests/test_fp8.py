@@ -323,3 +323,14 @@ def test_fsdp_float8_all_gather_holds_the_gathered_layers_in_fp8():
 def test_fsdp_float8_all_gather_needs_tensorwise_fsdp(plan):
     with pytest.raises(InputError, match="plan.fp8_fsdp_all_gather"):
         scenario(fp8_fsdp_all_gather=True, **plan)
+
+
+def test_hardware_list_shows_the_fp8_peak_only_where_fp8_plans_run(capsys):
+    """A100 has no FP8 tensor cores; the MI300X has them and, since its FP8 GEMM rate is
+    measured (AMD's FP8/BF16 ratio), runs FP8 plans at its 2614.9 TF dense FP8 peak."""
+    from simulator.cli import main
+
+    assert main(["hardware", "list"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert rows["a100-sxm-80gb"][2] == "-"
+    assert rows["mi300x"][2] == "2615"
