@@ -1,5 +1,5 @@
 """`llmsim` command line: evaluate, compare, import, sweep, search, plot, validate (--published,
---torch), calibrate, hardware list | show NAME, models list, scenarios list.
+--torch), calibrate, hardware list | show NAME, models list | show NAME, scenarios list.
 
 Bad input exits with code 2 and one line on stderr naming the field, the value and what
 is allowed; never a traceback (an unexpected error, a bug, is one line with exit code 1).
@@ -222,8 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     hw.add_argument("what", choices=("list", "show"))
     hw.add_argument("name", nargs="?", help="show: an accelerator, node or network profile")
     hw.add_argument("--json", action="store_true", help="show: {kind, name, path, fields: [{field, value, source}]}")
-    mo = sub.add_parser("models", help="model presets")
-    mo.add_argument("what", choices=("list",))
+    mo = sub.add_parser("models", help="model presets: list them, or show one with its source")
+    mo.add_argument("what", choices=("list", "show"))
+    mo.add_argument("name", nargs="?", help="show: a preset")
+    mo.add_argument("--json", action="store_true", help="show: the preset's fields, parameters and source")
     sc = sub.add_parser("scenarios", help="shipped scenarios and sweep spaces (usable by name)")
     sc.add_argument("what", choices=("list",))
     return p
@@ -652,6 +654,30 @@ def cmd_hardware_show(args) -> int:
     return 0
 
 
+def cmd_models_show(args) -> int:
+    """One preset's fields, its total and active parameters, and the config it was read from."""
+    import textwrap
+
+    from .model import load_preset, presets_dir
+    from .yamlio import load_yaml
+
+    if not args.name:
+        raise InputError("models show", None, "give a preset name (see `llmsim models list`)")
+    spec = load_preset(args.name)  # refuses an unknown name, listing the known ones
+    data = load_yaml(presets_dir() / f"{args.name}.yaml", "models show")
+    source = str(data.pop("source", ""))
+    counts = {"parameters": spec.params(), "active_parameters": spec.active_params()}
+    if args.json:
+        print(json.dumps({"name": args.name, "fields": data, **counts, "source": source}, indent=1, default=str))
+        return 0
+    lines = [f"{k} = {v}" for k, v in data.items()]
+    lines += [f"parameters = {counts['parameters'] / 1e9:.2f} B (active {counts['active_parameters'] / 1e9:.2f} B)",
+              "source:"]
+    lines += textwrap.wrap(" ".join(source.split()), 100, initial_indent="    ", subsequent_indent="    ")
+    print("\n".join(lines))
+    return 0
+
+
 def cmd_list(args) -> int:
     if args.command == "scenarios":
         from .resources import bundled_scenarios, data_dir
@@ -662,6 +688,8 @@ def cmd_list(args) -> int:
         return 0
     if args.command == "hardware" and args.what == "show":
         return cmd_hardware_show(args)
+    if args.command == "models" and args.what == "show":
+        return cmd_models_show(args)
     if args.command == "hardware":
         from .hardware import available, load_accelerator, load_node
 

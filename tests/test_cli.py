@@ -197,3 +197,15 @@ def test_offload_per_node_is_the_offloaded_states_of_its_devices():
     off = offload_bytes_per_node(s)
     assert off["nvme_bytes"] == pytest.approx(16 * params, rel=1e-12)
     assert off["host_bytes"] == pytest.approx(2 * params, rel=1e-12)
+
+
+def test_models_show_gives_a_presets_fields_its_parameters_and_its_source():
+    d = json.loads(cli("models", "show", "llama-3.1-8b", "--json").stdout)
+    f = d["fields"]
+    assert (f["layers"], f["hidden"], f["kv_heads"], f["ffn_hidden"], f["vocab"]) == (32, 4096, 8, 14336, 128256)
+    # by hand: untied embedding and head 2·V·h; per layer Q, K, V, O (h·(h + 2·8·128) + h·h),
+    # SwiGLU 3·h·f and two norms; the final norm
+    h, L, V, F = 4096, 32, 128256, 14336
+    assert d["parameters"] == 2 * V * h + L * (h * (h + 2 * 1024) + h * h + 3 * h * F + 2 * h) + h
+    assert "config.json" in d["source"]
+    one_line_error(cli("models", "show", "llama-9"), "model.preset", "llama-3.1-8b")
