@@ -148,10 +148,11 @@ def breakdown(df: pd.DataFrame, ax=None, labels=None, max_plans: int = 20):
         bottom += values
     labels = labels if labels is not None else [plan_label(r) for r in rows.to_dict("records")]
     ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=8)
-    ax.set_xlabel("plan (fastest first)")
-    ax.set_ylabel("step time (s), exposed parts")
     valid = int(df["step_time_s"].notna().sum())
-    _title(ax, f"Step-time breakdown of the {len(rows)} fastest of {valid} plans", df)
+    ax.set_xlabel("plan (fastest first)" if valid > 1 else "plan")
+    ax.set_ylabel("step time (s), exposed parts")
+    _title(ax, f"Step-time breakdown of the {len(rows)} fastest of {valid} plans" if valid > 1
+           else "Step-time breakdown", df)
     _outside_legend(ax)
     fig.tight_layout()
     return fig
@@ -522,6 +523,12 @@ def plot_file(results: str | Path, kind: str, out: str | Path, row: int | None =
         elif not isinstance(data, Mapping) or "memory_capacity_gib" not in data:
             raise InputError("RESULTS", str(results), "--kind memory needs a results table or an evaluate --json")
         fig = memory(data)
+    elif kind == "breakdown" and isinstance(data, Mapping) and "breakdown_s" in data:  # one evaluate --json
+        from .table import result_row
+
+        if not data.get("feasible"):
+            raise InputError("RESULTS", str(results), "the plan does not fit: it has no step time to break down")
+        fig = breakdown(pd.DataFrame([result_row(data)]), labels=[data.get("scenario") or "plan"])
     else:
         if not isinstance(data, pd.DataFrame):
             raise InputError("RESULTS", str(results), f"--kind {kind} needs a table (.csv, .parquet or a JSON list)")

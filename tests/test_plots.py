@@ -67,6 +67,17 @@ def test_breakdown_draws_the_fastest_plans_with_one_container_per_part(table):
     assert _legend_is_outside(ax)
 
 
+def test_breakdown_of_one_evaluate_json_is_one_bar_of_its_exposed_parts(tmp_path):
+    d = evaluate(load_scenario("quickstart"), engine="analytic").to_dict()
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(d))
+    ax = plots.plot_file(path, "breakdown", tmp_path / "one.png").axes[0]
+    assert (tmp_path / "one.png").is_file()
+    assert all(len(c) == 1 for c in ax.containers)
+    assert sum(c[0].get_height() for c in ax.containers) == pytest.approx(d["step_time_s"], rel=1e-9)
+    assert ax.get_xticklabels()[0].get_text() == d["scenario"]
+
+
 def test_memory_has_one_stacked_bar_per_stage_and_the_capacity_line():
     result = evaluate(load_scenario("scenarios/gpt3-175b-1024xa100.yaml", {"plan.pp": 4, "plan.dp": 32,
                                                                             "plan.vpp": 1, "plan.schedule": "1f1b"}))
