@@ -66,6 +66,18 @@ def power_cap() -> float:
     return _max("h100-sxm-96gb-500w", "matmul") / _max("h100-sxm-80gb", "matmul")
 
 
+def _by_mamf(profile: str, bf16: str, fp8: str | None, ratio, attention=("h100-sxm-80gb", "h100_bf16")) -> dict:
+    """The rules a profile built from its own best-shape rates states: each GEMM rate its MAMF
+    row x a fitted real-shape ratio, its attention another part's FlashAttention rate x the
+    two parts' best-shape ratio."""
+    source, source_mamf = attention
+    rules = {(profile, "matmul"): lambda: MAMF[bf16] * ratio(),
+             (profile, "attention"): lambda: _max(source, "attention") * MAMF[bf16] / MAMF[source_mamf]}
+    if fp8:
+        rules[profile, "matmul_fp8"] = lambda: MAMF[fp8] * ratio()
+    return rules
+
+
 TRANSFERS = {
     ("a100-sxm-40gb", "matmul"): lambda: _max("a100-sxm-80gb", "matmul"),
     ("h100-sxm-80gb", "matmul_fp8"): lambda: MAMF["h100_fp8"] * h100_ratio(),
@@ -77,30 +89,16 @@ TRANSFERS = {
     / MAMF["h100_bf16"],
     ("h100-sxm-96gb-500w", "attention"): lambda: _max("h100-sxm-80gb", "attention") * power_cap(),
     ("h100-sxm-96gb-500w", "attention_flash2"): lambda: _max("h100-sxm-80gb", "attention_flash2") * power_cap(),
-    ("b200", "matmul"): lambda: MAMF["b200_bf16"] * h100_ratio_without_reduction_factor(),
-    ("b200", "matmul_fp8"): lambda: MAMF["b200_fp8"] * h100_ratio_without_reduction_factor(),
-    ("b200", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["b200_bf16"] / MAMF["h100_bf16"],
-    ("b300", "matmul"): lambda: MAMF["b300_bf16"] * h100_ratio_without_reduction_factor(),
-    ("b300", "matmul_fp8"): lambda: MAMF["b300_fp8"] * h100_ratio_without_reduction_factor(),
-    ("b300", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["b300_bf16"] / MAMF["h100_bf16"],
+    **_by_mamf("b200", "b200_bf16", "b200_fp8", h100_ratio_without_reduction_factor),
+    **_by_mamf("b300", "b300_bf16", "b300_fp8", h100_ratio_without_reduction_factor),
     ("b300", "memory"): lambda: _max("b200", "memory"),
-    ("gb200", "matmul"): lambda: MAMF["gb200_bf16"] * h100_ratio_without_reduction_factor(),
-    ("gb200", "matmul_fp8"): lambda: MAMF["gb200_fp8"] * h100_ratio_without_reduction_factor(),
-    ("gb200", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["gb200_bf16"] / MAMF["h100_bf16"],
-    ("mi300x", "matmul"): lambda: MAMF["mi300x"] * a100_ratio(),
-    ("mi300x", "matmul_fp8"): lambda: MAMF["mi300x_fp8"] * a100_ratio(),
-    ("mi300x", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["mi300x"] / MAMF["h100_bf16"],
-    ("mi325x", "matmul"): lambda: MAMF["mi325x"] * a100_ratio(),
+    **_by_mamf("gb200", "gb200_bf16", "gb200_fp8", h100_ratio_without_reduction_factor),
+    **_by_mamf("mi300x", "mi300x", "mi300x_fp8", a100_ratio),
+    **_by_mamf("mi325x", "mi325x", "mi325x_fp8", a100_ratio),
     ("mi325x", "memory"): lambda: _max("mi300x", "memory"),
-    ("mi325x", "matmul_fp8"): lambda: MAMF["mi325x_fp8"] * a100_ratio(),
-    ("mi325x", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["mi325x"] / MAMF["h100_bf16"],
-    ("mi250x", "matmul"): lambda: MAMF["mi250x"] * a100_ratio(),
-    ("mi250x", "attention"): lambda: _max("a100-sxm-80gb", "attention") * MAMF["mi250x"] / MAMF["a100"],
-    ("gaudi3", "matmul"): lambda: MAMF["gaudi3"] * a100_ratio(),
-    ("gaudi3", "matmul_fp8"): lambda: MAMF["gaudi3_fp8"] * a100_ratio(),
-    ("gaudi3", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["gaudi3"] / MAMF["h100_bf16"],
-    ("tpu-v5p", "matmul"): lambda: MAMF["inferred"] * a100_ratio(),
-    ("tpu-v5p", "attention"): lambda: _max("h100-sxm-80gb", "attention") * MAMF["inferred"] / MAMF["h100_bf16"],
+    **_by_mamf("mi250x", "mi250x", None, a100_ratio, attention=("a100-sxm-80gb", "a100")),
+    **_by_mamf("gaudi3", "gaudi3", "gaudi3_fp8", a100_ratio),
+    **_by_mamf("tpu-v5p", "inferred", None, a100_ratio),
     ("v100-sxm-32gb", "matmul"): lambda: MAMF["inferred"] * a100_ratio(),
 }
 
