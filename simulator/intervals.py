@@ -102,13 +102,13 @@ def published_residuals(engine: str, accelerator: str | None = None) -> Residual
 
 def transferred_residuals(engine: str) -> Residuals | None:
     """The published runs' residuals when each is predicted on a transferred profile."""
-    data = _published().get("transferred", {})
-    values = data.get(engine)
+    data = _published()
+    values = data.get("transferred", {}).get(engine)
     if not values:
         return None
     return Residuals(tuple(values), f"{len(values)} published runs predicted with efficiencies transferred between "
                                     "the fitted profiles: how far a transfer misses",
-                     _published().get("domain", {}).get("all"))
+                     data.get("domain", {}).get("all"))
 
 
 def residuals_for(accelerator, engine: str = "graph") -> Residuals | None:

@@ -2,7 +2,7 @@
 
 Three profiles are fitted to measured runs: the A100 80 GB (Megatron-LM, `--fit-matmul
 korthikanti22`), the H100 80 GB (NeMo BF16, `dgxc-:bf16`) and the 500 W H100 (torchtitan
-BF16). The others take their compute efficiencies from those fits by two rules, which
+BF16). The others take their compute efficiencies from those fits by three rules, which
 tests/test_profile_transfers.py holds them to:
 
 - a real-shape ratio: the profile's own best-shape GEMM rate (`efficiency.mamf`) times a
@@ -55,6 +55,11 @@ def _take(curve, other):
     return curve if curve is None or other is None else replace(curve, max=other.max)
 
 
+def _scaled(curve, factor: float):
+    """`curve` with its max times `factor` (None stays None)."""
+    return curve if curve is None else replace(curve, max=curve.max * factor)
+
+
 def transferred(acc: Accelerator) -> Accelerator | None:
     """`acc` with the compute efficiencies its CROSS rule transfers to it; None for a profile
     without one."""
@@ -73,11 +78,6 @@ def transferred(acc: Accelerator) -> Accelerator | None:
                    matmul_k_half=0.0, matmul_fp8_k_half=0.0,
                    attention=replace(acc.attention, max=attention),
                    attention_flash2=_scaled(acc.attention_flash2, attention / acc.attention.max))
-
-
-def _scaled(curve, factor: float):
-    """`curve` with its max times `factor` (None stays None)."""
-    return curve if curve is None else replace(curve, max=curve.max * factor)
 
 
 def with_transferred(scenario):
