@@ -104,8 +104,10 @@ CAST_BYTES = {
     "delayed": ((4.0, 0.0, 4.0), (4.0, 0.0, 4.0)),
     "current": ((6.0, 0.0, 6.0), (6.0, 0.0, 6.0)),
 }
-# TransformerEngine: fused QKV/FC1 GEMMs, weights cast once per step
-TE_RECIPES = ("delayed", "current", "mxfp8")
+# TransformerEngine: fused QKV/FC1 GEMMs, weights cast once per step; its per-tensor scaled
+# recipes keep one FP8 weight and its transpose (or FP8 primary weights)
+TE_PER_TENSOR = ("delayed", "current")
+TE_RECIPES = (*TE_PER_TENSOR, "mxfp8")
 # Layer linears that stay in 16 bits: the MoE router's gating GEMM runs in the input's dtype
 # (or fp32), not in a TransformerEngine module (NVIDIA/Megatron-LM@d98e8a64dd
 # megatron/core/transformer/moe/router.py Router.gating, router_gating_linear)
@@ -208,7 +210,7 @@ def weight_bytes_per_param(plan) -> tuple[float, float]:
     """(bytes per linear weight parameter on the device between steps, bytes its data-parallel
     all-gather moves) under the plan's FP8 recipe; (2, 2) without FP8 or with torchao."""
     rec = recipe(plan)
-    if rec in ("delayed", "current"):
+    if rec in TE_PER_TENSOR:
         return (2.0, 1.0) if plan.fp8_params else (4.0, 2.0)
     if rec == "mxfp8":
         both = 2 * (1 + MX_SCALE)
@@ -264,7 +266,7 @@ def weight_cast_bytes_per_step(plan, linear_params) -> object:
     read, 1 B written: per micro-batch one gather for the forward and one for the backward,
     once a step where FSDP keeps the weights gathered) and reads it once for the scales."""
     rec = recipe(plan)
-    if rec in ("delayed", "current"):
+    if rec in TE_PER_TENSOR:
         amax = 2.0 if rec == "current" and not plan.fp8_params else 0.0
         return linear_params * ((2.0 if plan.fp8_params else 4.0) + amax)
     if rec == "mxfp8":

@@ -13,6 +13,7 @@ from . import fields as F
 from .errors import InputError
 from .compute import ATTENTION_KERNELS
 from .cpattention import CP_ATTENTION
+from .fp8 import TE_PER_TENSOR
 from .hardware import Cluster
 from .loss import LOSSES
 from .model import ModelSpec
@@ -377,7 +378,7 @@ def check_options(plan: Plan) -> None:
     if plan.loss == "loss-parallel" and plan.tp < 2:
         raise InputError("plan.loss", plan.loss, "DTensor's loss parallelism shards the logits over the TP "
                          "group: needs tp > 1 (without TP the plain cross-entropy runs: unfused)")
-    if plan.fp8_params and plan.fp8_recipe not in ("delayed", "current") and plan.precision == "fp8":
+    if plan.fp8_params and plan.fp8_recipe not in TE_PER_TENSOR and plan.precision == "fp8":
         raise InputError("plan.fp8_params", True, "FP8 primary weights are TransformerEngine's (fp8_recipe: "
                          "delayed or current)")
 
