@@ -26,15 +26,16 @@ UNSOURCED = ("name", "description", "vendor", "accelerator", "network", "host_li
 def profile_file(name: str) -> tuple[str, Path]:
     """(kind, path) of the shipped or calibrated profile called `name`."""
     root = profiles_dir()
-    for kind in KINDS:
-        path = root / kind / f"{name}.yaml"
-        if "/" not in name and path.is_file():
-            return kind, path
-    for folder in (root / CALIBRATED, user_calibrated_dir()):
-        path = folder / f"{name}.yaml"
-        if "/" not in name and path.is_file():
-            kind = "nodes" if name.endswith("-node") else "networks" if name.endswith("-net") else "accelerators"
-            return kind, path
+    if "/" not in name:
+        for kind in KINDS:
+            path = root / kind / f"{name}.yaml"
+            if path.is_file():
+                return kind, path
+        for folder in (root / CALIBRATED, user_calibrated_dir()):
+            path = folder / f"{name}.yaml"
+            if path.is_file():
+                kind = "nodes" if name.endswith("-node") else "networks" if name.endswith("-net") else "accelerators"
+                return kind, path
     known = sorted({n for kind in KINDS for n in available(kind)})
     raise InputError("hardware show", name, "known profiles: " + ", ".join(known))
 
