@@ -7,6 +7,18 @@ forward and again for the backward pass of each micro-batch and reduce-scatters 
 gradients after each backward pass (Rajbhandari et al. 2020). The group is every rank
 holding the same weights (dp x cp: dims.Groups.grad).
 
+Hybrid sharding (HSDP, plan.dp_replicate): ZeRO's group is one replica's ranks; the weights
+are gathered inside the replica only, and each gradient reduce-scatter inside it is followed
+by an all-reduce of the reduced shard over the replicas (dims.Groups.replicate). Megatron-LM
+runs the two one after the other on one communication stream (NVIDIA/Megatron-LM@0011998
+megatron/core/distributed/param_and_grad_buffer.py start_grad_sync, "NCCL Stream: RS ... AR").
+FSDP2 issues the all-reduce after every reduce-scatter, on its own stream waiting for that
+reduce-scatter (torch 2.13.0 torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
+foreach_reduce; all_reduce_grads stays True unless set_requires_all_reduce(False)), so one
+unit's all-reduce may run beside the next unit's reduce-scatter; llmsim counts them one after
+the other for FSDP2 too: where both cross the NICs they share them, and where the replica sits
+inside a scale-up domain its reduce-scatter is the small part.
+
 Buckets (Megatron-LM, megatron/core/distributed/distributed_data_parallel.py@d98e8a6,
 DistributedDataParallel.__init__): gradients are grouped into buckets of
 max(40M, 1M x group size) parameters; with --overlap-grad-reduce a bucket's reduction is
@@ -49,23 +61,31 @@ def buckets(params, group_size) -> object:
     return np.maximum(1, np.ceil(np.asarray(params) / bucket_params(group_size)))
 
 
+def gradient_reduction_s(grads, group: Placement, replicate: Placement | None, cluster: Cluster):
+    """Seconds to reduce-scatter `grads` bytes over ZeRO's group, and under hybrid sharding
+    to all-reduce the 1/|group| shard over the replicas after it."""
+    t = collective_time("reduce_scatter", grads, group, cluster)
+    if replicate is None:
+        return t
+    return t + collective_time("all_reduce", grads / group.size, replicate, cluster)
+
+
 def dp_costs(zero_stage: int, params, weight_bytes_per_param, grad_bytes_per_param, group: Placement,
-             cluster: Cluster) -> DPCosts:
+             cluster: Cluster, replicate: Placement | None = None) -> DPCosts:
     """Collective seconds for the gradients and weights of a device holding `params` (before
-    sharding). With one rank in the group every collective takes zero time."""
+    sharding), over ZeRO's `group` and, under hybrid sharding, the `replicate` group. With one
+    rank in a group its collectives take zero time."""
     grads = params * grad_bytes_per_param
     weights = params * weight_bytes_per_param
     zero = 0.0 * params
     if zero_stage == 0:
         return DPCosts(collective_time("all_reduce", grads, group, cluster), zero, zero, zero)
+    reduce = gradient_reduction_s(grads, group, replicate, cluster)
     if zero_stage == 1:
-        return DPCosts(collective_time("reduce_scatter", grads, group, cluster),
-                       collective_time("all_gather", weights, group, cluster), zero, zero)
+        return DPCosts(reduce, collective_time("all_gather", weights, group, cluster), zero, zero)
     if zero_stage == 2:
-        return DPCosts(zero, collective_time("all_gather", weights, group, cluster), zero,
-                       collective_time("reduce_scatter", grads, group, cluster))
-    return DPCosts(zero, zero, 2 * collective_time("all_gather", weights, group, cluster),
-                   collective_time("reduce_scatter", grads, group, cluster))
+        return DPCosts(zero, collective_time("all_gather", weights, group, cluster), zero, reduce)
+    return DPCosts(zero, zero, 2 * collective_time("all_gather", weights, group, cluster), reduce)
 
 
 def bucketed_overlap_s(comm_s, compute_s, k) -> object:

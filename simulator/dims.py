@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .comm import Placement, placement
 from .hardware import Cluster
 
@@ -48,8 +50,11 @@ class Groups:
 
     tp: Placement
     cp: Placement
-    grad: Placement  # dimensions replicating the weights (dp x cp): gradient reduction, ZeRO sharding
+    grad: Placement  # ZeRO's group: the ranks replicating the weights (dp x cp; one replica's under HSDP)
     pp: Placement
+    # HSDP (plan.dp_replicate > 1): `grad` is one replica's dp/dp_replicate x cp ranks, and
+    # this the dp_replicate replicas, which all-reduce their gradient shards
+    replicate: Placement | None = None
     # expert layout (expert_order): EP all-to-all, ETP gather, EP x ETP (all-gather dispatcher),
     # expert-DP (gradient reduction and ZeRO sharding of the expert parameters)
     ep: Placement | None = None
@@ -60,6 +65,14 @@ class Groups:
     @property
     def pp_crosses_domain(self):
         return self.pp.domains > 1
+
+    @property
+    def dp_crosses_domain(self) -> bool:
+        """Some data-parallel collective leaves the scale-up domain (on every plan of a batch)."""
+        crosses = np.asarray(self.grad.domains) > 1
+        if self.replicate is not None:
+            crosses = crosses | (np.asarray(self.replicate.domains) > 1)
+        return bool(np.all(crosses))
 
 
 def sizes(plan) -> dict:
@@ -94,13 +107,27 @@ def grad_dims() -> tuple[str, ...]:
 
 
 def groups(plan, cluster: Cluster) -> Groups:
-    """Placement of each group under the plan's rank order on the cluster's scale-up domains."""
+    """Placement of each group under the plan's rank order on the cluster's scale-up domains.
+
+    Under hybrid sharding the dp dimension splits into a replica's consecutive ranks inside
+    ("dp", dp/dp_replicate of them) and the replicas outside ("dpr"): torchtitan's device mesh
+    is (pp, dp_replicate, dp_shard, cp, tp), outermost first, and FSDP2 gets (dp_replicate,
+    dp_shard x cp) (torchtitan@9dec370 torchtitan/parallelisms/parallel_dims.py build_mesh,
+    parallelize_llama.py); Megatron-LM's distributed-optimizer instances are consecutive
+    slices of a dp-cp group's ranks, the inter-instance groups strided across them
+    (megatron/core/parallel_state.py initialize_model_parallel, num_distributed_optimizer_instances)."""
     s = sizes(plan)
     order, domain = plan.rank_order, cluster.scaleup_domain
-    e, e_order = expert_sizes(plan), expert_order(order, plan.moe.folding)
+    r = plan.dp_replicate
+    hybrid = np.any(np.asarray(r) > 1)
+    if hybrid:
+        s = {**s, "dp": s["dp"] // r, "dpr": r}
+        order = order.replace("dp", "dp-dpr")
+    e, e_order = expert_sizes(plan), expert_order(plan.rank_order, plan.moe.folding)
     expert_grad = ("edp",) if plan.moe.folding else ("cp", "edp")
     return Groups(tp=placement(s, "tp", order, domain), cp=placement(s, "cp", order, domain),
                   grad=placement(s, grad_dims(), order, domain), pp=placement(s, "pp", order, domain),
+                  replicate=placement(s, "dpr", order, domain) if hybrid else None,
                   ep=placement(e, "ep", e_order, domain), etp=placement(e, "etp", e_order, domain),
                   ep_etp=placement(e, ("etp", "ep"), e_order, domain),
                   expert_grad=placement(e, expert_grad, e_order, domain))
@@ -113,8 +140,14 @@ def expert_grad_group_size(plan):
 
 
 def grad_group_size(plan):
-    """Ranks holding the same weights (dp x cp): ZeRO shards the model states over them."""
+    """Ranks holding the same weights (dp x cp), whose gradients are reduced together."""
     out = 1
     for name in grad_dims():
         out = out * getattr(plan, DIMS[name].plan_field)
     return out
+
+
+def zero_group_size(plan):
+    """Ranks over which ZeRO shards the model states: those holding the same weights, or
+    under hybrid sharding one replica's of them (dp/dp_replicate x cp)."""
+    return grad_group_size(plan) // plan.dp_replicate

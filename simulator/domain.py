@@ -30,6 +30,7 @@ RANGES: dict[str, Callable] = {
     "plan.pp": lambda s: s.plan.pp,
     "plan.cp": lambda s: s.plan.cp,
     "plan.ep": lambda s: s.plan.ep,
+    "plan.dp_replicate": lambda s: s.plan.dp_replicate,
     "plan.micro_batch": lambda s: s.plan.micro_batch,
 }
 # Properties compared as the set of values the runs used.

@@ -90,7 +90,7 @@ import numpy as np
 
 from . import fsdp, projections
 from .compute import FP8_MATMUL, MX_SCALE, MXFP8_MATMUL, as_gemm_kind
-from .dims import grad_group_size
+from .dims import zero_group_size
 from .workload import MEMORY, Op, Shard, local_heads
 
 FP8_PRECISIONS = ("fp8", "mxfp8")
@@ -274,7 +274,7 @@ def weight_cast_bytes_per_step(plan, linear_params) -> object:
     if plan.fp8_fsdp_all_gather:
         stored = 4.0 if plan.fp32_params else 2.0
         gathers = 1 if fsdp.keeps_gathered(plan) else 2 * plan.microbatches
-        return linear_params / grad_group_size(plan) * (gathers * (stored + 1.0) + stored)
+        return linear_params / zero_group_size(plan) * (gathers * (stored + 1.0) + stored)
     return 0.0 * np.asarray(linear_params)
 
 

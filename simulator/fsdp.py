@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from .comm import collective_time
-from .dataparallel import DPCosts
+from .dataparallel import DPCosts, gradient_reduction_s
 from .states import stage_params
 
 
@@ -56,10 +56,11 @@ def keeps_gathered(plan) -> bool:
     return plan.zero_stage >= 3 and not plan.fsdp_reshard_after_forward
 
 
-def step_costs(params, weight_bytes_per_param, grad_bytes_per_param, group, cluster) -> DPCosts:
-    """One all-gather of the weights and one reduce-scatter of the gradients per step."""
+def step_costs(params, weight_bytes_per_param, grad_bytes_per_param, group, cluster, replicate=None) -> DPCosts:
+    """One all-gather of the weights and one reduce-scatter of the gradients per step (under
+    hybrid sharding followed by the replicas' all-reduce)."""
     zero = 0.0 * params
-    return DPCosts(collective_time("reduce_scatter", params * grad_bytes_per_param, group, cluster),
+    return DPCosts(gradient_reduction_s(params * grad_bytes_per_param, group, replicate, cluster),
                    collective_time("all_gather", params * weight_bytes_per_param, group, cluster), zero, zero)
 
 

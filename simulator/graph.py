@@ -210,7 +210,7 @@ def build(layout: Layout, microbatches: int | None = None) -> TaskGraph:
         st = kinds[id(layout.representative(i))]
         b.g.base_bytes.append(st.extra_bytes)
         _stage(b, schedule, plan, p, v, i, st, orders[i])
-    if bool(g.grad.domains > 1):  # DP collectives span scale-up domains: their inter-domain phase uses the NIC
+    if g.dp_crosses_domain:  # DP collectives span scale-up domains: their inter-domain phase uses the NIC
         b.g.nic = {t for t, s in enumerate(b.g.stream) if s % NS == DP}
     return b.finish()
 

@@ -30,7 +30,7 @@ from .dataparallel import DPCosts, buckets, dp_costs
 from .compute import memory_bound_time
 from .fusion import eager_ops
 from .tpoverlap import overlapped_tp_s
-from .dims import Groups, expert_grad_group_size, grad_group_size, groups
+from .dims import Groups, expert_grad_group_size, grad_group_size, groups, zero_group_size
 from .layermix import compile_mix, layer_operators, mixed_stage, needs_layer_mix
 from .memory import ActivationSizes, StageMemory, activation_sizes, buffer_bytes, peak_activation_bytes
 from .offload import OffloadCosts, offload_costs, resident_chunks_with_offload
@@ -74,7 +74,7 @@ class Layout:
     v: object  # model chunks per device
     shard: Shard
     groups: Groups
-    grad_group: object  # ranks sharing the weights (dp x cp)
+    zero_group: object  # ranks ZeRO shards the model states over (dp x cp; one replica's under HSDP)
     per_param: BytesPerParam
     pp_hop_s: object
     stages: tuple  # StageLayout of stage 0, the middle stages (one, or one per layer count), stage p-1
@@ -140,7 +140,7 @@ def compile_layout(model, cluster, plan) -> Layout:
                   flash_attention=plan.flash_attention, act_bytes=act_bytes, loss=plan.loss,
                   loss_chunk_tokens=plan.loss_chunk_tokens, tp_keeps_gathered=plan.tp_impl == "dtensor")
     g = groups(plan, cluster)
-    grad_group = grad_group_size(plan)
+    zero_group = zero_group_size(plan)
     per = bytes_per_param(plan.precision, plan.grad_precision, plan.optimizer_precision, plan.fp32_params)
     mix = compile_mix(model, cluster, plan, shard, g, per, precision) if needs_layer_mix(model) else None
     head = eager_ops(head_ops(model, shard), model, plan)
@@ -189,7 +189,7 @@ def compile_layout(model, cluster, plan) -> Layout:
         head_copy = has_head & (np.asarray(not model.tied_embeddings) | (head_stage != schedule.embedding_stage(p)))
         if mix is None:
             params = stage_params(model, plan.tp, layers, has_emb, has_head, head_copy)
-            states = model_states(params, plan, per, grad_group)
+            states = model_states(params, plan, per, zero_group)
             linears = layers * linear_params
             states = fp8.with_weight_copies(states, linears, plan, per)
             gather_per_param = fp8.gather_bytes_per_param(per, linears, params, plan)
@@ -198,15 +198,15 @@ def compile_layout(model, cluster, plan) -> Layout:
             total_rerun_layers = total_rerun_layers + count * rerun_layers
             passes = pass_times(layer_t, layers, emb_t, head_t, has_emb, has_head, tp_s, cp_s, rerun_t, rerun_layers,
                                 checkpoint.tp_rerun, checkpoint.cp_rerun)
-            dp = dp_costs(plan.zero_stage, params, gather_per_param, per.grad, g.grad, cluster)
+            dp = dp_costs(plan.zero_stage, params, gather_per_param, per.grad, g.grad, cluster, g.replicate)
             stage_buffers = buffers
             if fsdp.keeps_gathered(plan):
-                dp = fsdp.step_costs(params, gather_per_param, per.grad, g.grad, cluster)
+                dp = fsdp.step_costs(params, gather_per_param, per.grad, g.grad, cluster, g.replicate)
                 stage_buffers = buffers + fsdp.gathered_extra_bytes(params, layer_params, gather_per_param,
                                                                     layer_gather, per.grad)
-            n_buckets, shard_group = buckets(params / v, grad_group), grad_group
+            n_buckets, shard_group = buckets(params / v, grad_group_size(plan)), zero_group
         else:  # dense-MLP and MoE layers, MLA (layermix.py)
-            x = mixed_stage(mix, model, cluster, plan, shard, g, per, grad_group, expert_grad_group_size(plan), p, v,
+            x = mixed_stage(mix, model, cluster, plan, shard, g, per, zero_group, expert_grad_group_size(plan), p, v,
                             has_emb, has_head, head_copy, emb_t, head_t, head)
             params, states, acts, passes, dp = x.params, x.states, x.activations, x.passes, x.dp
             n_buckets, shard_group, stage_buffers, linears = x.buckets, x.shard_group, buffers, x.linears
@@ -240,6 +240,6 @@ def compile_layout(model, cluster, plan) -> Layout:
         hw_flops = executed_flops_per_sequence(model, plan.flash_attention, plan.recompute, plan.moe,
                                                plan.loss) * plan.global_batch
     return Layout(model=model, cluster=cluster, plan=plan, schedule=schedule, p=p, m=m, v=v, shard=shard, groups=g,
-                  grad_group=grad_group, per_param=per, pp_hop_s=hop, stages=tuple(reps),
+                  zero_group=zero_group, per_param=per, pp_hop_s=hop, stages=tuple(reps),
                   model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops, rep_of_stage=rep_of_stage,
                   pipe=pipebuffers.pipe_buffers(model, shard, plan))

@@ -60,6 +60,12 @@ class Plan:
     sequence_parallel: bool = False
     recompute: str = "none"
     zero_stage: int = 0
+    # Hybrid sharding (HSDP: FSDP2 on a (replicate, shard) mesh, torchtitan's
+    # data_parallel_replicate_degree; Megatron-LM --num-distributed-optimizer-instances): the
+    # dp ranks form dp_replicate replicas of dp/dp_replicate consecutive ranks each; ZeRO shards
+    # over one replica's ranks (x cp) and the replicas all-reduce their gradient shards
+    # (dataparallel.py).
+    dp_replicate: int = 1
     precision: str = "bf16"
     offload: Offload = Offload()
     flash_attention: bool = True
@@ -202,6 +208,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         sequence_parallel=F.boolean(data, "sequence_parallel", "plan", False),
         recompute=F.choice(data, "recompute", "plan", RECOMPUTE, "none"),
         zero_stage=F.integer(data, "zero_stage", "plan", 0, minimum=0, maximum=3),
+        dp_replicate=F.integer(data, "dp_replicate", "plan", 1, maximum=10**8),
         precision=precision,
         offload=offload,
         flash_attention=F.boolean(data, "flash_attention", "plan", True),
@@ -328,6 +335,8 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     if plan.sp and (model.seq_len // plan.cp) % plan.tp:
         raise InputError("plan.sequence_parallel", True, f"tp={plan.tp} must divide the sequence per CP rank "
                          f"({model.seq_len // plan.cp})")
+    if plan.dp_replicate > 1:
+        check_hybrid_sharding(plan, model)
     off = plan.offload
     if off.optimizer != "none" and plan.zero_stage < 1:
         raise InputError("plan.offload.optimizer", off.optimizer, "optimizer offload (ZeRO-Offload) needs zero_stage >= 1")
@@ -346,6 +355,17 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     check_options(plan)
     if plan.precision == "fp16" and plan.grad_precision == "bf16":
         raise InputError("plan.grad_precision", "bf16", "fp16 training keeps fp16 or fp32 gradients")
+
+
+def check_hybrid_sharding(plan: Plan, model: ModelSpec) -> None:
+    """HSDP's replicas: whole groups of dp ranks, each sharding ZeRO's states over its own."""
+    _divides("plan.dp_replicate", plan.dp_replicate, "plan.dp", plan.dp)
+    if plan.zero_stage < 1:
+        raise InputError("plan.dp_replicate", plan.dp_replicate, "hybrid sharding needs zero_stage >= 1 (with "
+                         "zero_stage 0 every data-parallel rank is a replica already)")
+    if model.experts:
+        raise InputError("plan.dp_replicate", plan.dp_replicate, "hybrid sharding of MoE models (their expert-"
+                         "data-parallel group split into replicas) is not modelled: use dp_replicate: 1")
 
 
 def check_options(plan: Plan) -> None:

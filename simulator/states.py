@@ -15,8 +15,8 @@
   the optimizer updates and what is cast to bf16 for the all-gather), as does torch.autocast
   over fp32 parameters. The all-gathers still move the 16-bit weights.
 - ZeRO stage 1 shards the optimizer states over the ranks that hold the same weights
-  (dp x cp in Megatron-LM: dims.grad_group_size), stage 2 also the gradients, stage 3 also
-  the weights.
+  (dp x cp in Megatron-LM; one replica's of them under hybrid sharding: dims.zero_group_size),
+  stage 2 also the gradients, stage 3 also the weights.
 - Offload (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity, Rajbhandari et al. 2021): the
   optimizer states, and with ZeRO-2/3 the partitioned gradients, live on the host; ZeRO-
   Infinity also the weights. Offloaded to NVMe they take no host memory but staging buffers.

@@ -22,7 +22,7 @@ PLAN_COLUMNS = {
     "model": "str", "accelerator": "str", "node": "str", "nodes": "int", "devices": "int",
     "tp": "int", "pp": "int", "dp": "int", "cp": "int", "ep": "int", "etp": "int", "vpp": "int", "micro_batch": "int",
     "global_batch": "int", "microbatches": "int", "schedule": "str", "sequence_parallel": "bool",
-    "recompute": "str", "zero_stage": "int", "precision": "str", "offload_optimizer": "str",
+    "recompute": "str", "zero_stage": "int", "dp_replicate": "int", "precision": "str", "offload_optimizer": "str",
     "offload_params": "str", "offload_activations": "str", "flash_attention": "bool",
 }
 RESULT_SCALARS = {

@@ -60,6 +60,12 @@ CASES = {
     "batch_divisibility": (GOOD.replace("global_batch: 8", "global_batch: 12"), ("plan.global_batch", "12")),
     "python_tag": (GOOD + "name: !!python/object/apply:os.system ['echo pwned']\n", ("invalid YAML",)),
     "bool_for_number": (GOOD.replace("tp: 1,", "tp: true,"), ("plan.tp", "True")),
+    "replicas_not_dividing_dp": (GOOD.replace("dp: 8,", "dp: 8, zero_stage: 3, dp_replicate: 3,"),
+                                 ("plan.dp_replicate", "3", "divide plan.dp=8")),
+    "replicas_without_zero": (GOOD.replace("dp: 8,", "dp: 8, dp_replicate: 2,"),
+                              ("plan.dp_replicate", "2", "zero_stage >= 1")),
+    "replicas_of_moe": (GOOD.replace("megatron-gpt-1.7b", "mixtral-8x7b").replace("dp: 8,", "dp: 8, zero_stage: 1, "
+                        "dp_replicate: 2,"), ("plan.dp_replicate", "2", "MoE")),
 }
 
 

@@ -215,12 +215,18 @@ def test_torchtitan_with_tp_computes_the_loss_under_loss_parallel_unless_disable
     assert "loss" not in fsdp.scenario["plan"]  # no TP group: the plain cross-entropy (unfused, the default)
 
 
-def test_torchtitan_hsdp_and_layerwise_recompute_are_refused(tmp_path):
+def test_torchtitan_hsdp_is_zero_3_over_each_replica(tmp_path):
     text = (DATA / "torchtitan-llama3_8b.toml").read_text()
     hsdp = tmp_path / "hsdp.toml"
-    hsdp.write_text(text.replace("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2"))
-    with pytest.raises(InputError, match="HSDP"):
-        import_config("torchtitan", hsdp, {"cluster.node": "dgx-a100"})
+    hsdp.write_text(text.replace("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2")
+                    .replace("data_parallel_shard_degree = -1", "data_parallel_shard_degree = 8"))
+    imported = import_config("torchtitan", hsdp, {"cluster.node": "dgx-h100", "cluster.nodes": 2})
+    assert _plan(imported, "dp", "dp_replicate", "zero_stage") == {"dp": 16, "dp_replicate": 2, "zero_stage": 3}
+    scenario_from_dict(imported.resolve(imported.scenario, set()))
+
+
+def test_torchtitan_layerwise_recompute_is_refused(tmp_path):
+    text = (DATA / "torchtitan-llama3_8b.toml").read_text()
     layerwise = tmp_path / "ac.toml"
     layerwise.write_text(text.replace("selective_ac_option = 'op'", "selective_ac_option = '2'"))
     with pytest.raises(InputError, match="selective_ac_option"):
@@ -286,6 +292,12 @@ def test_megatron_and_nemo_imports_run_megatrons_vocab_parallel_cross_entropy():
 MEGATRON_ARGV = ["--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "2048",
                  "--max-position-embeddings", "2048", "--micro-batch-size", "1", "--global-batch-size", "64",
                  "--tensor-model-parallel-size", "2", "--bf16", "--use-distributed-optimizer"]
+
+
+def test_megatron_distributed_optimizer_instances_are_hybrid_sharding():
+    plan = import_config("megatron", None, {"cluster.node": "dgx-h100", "cluster.nodes": 2}, argv=[
+        *MEGATRON_ARGV, "--num-distributed-optimizer-instances", "2"]).scenario["plan"]
+    assert (plan["zero_stage"], plan["dp_replicate"]) == (1, 2)
 
 
 def test_megatron_fp8_param_gather_is_fp8_primary_weights():
@@ -360,6 +372,14 @@ def test_deepspeed_legacy_cpu_offload_and_batch_from_the_total():
     assert imported.scenario["plan"]["offload"] == {"optimizer": "cpu"}
     keys = set(flatten(json.loads((DATA / "deepspeed-ds_zero2_cpu_offload_config.json").read_text())))
     assert keys <= set(_accounted(imported))
+
+
+def test_deepspeed_mics_is_refused_for_its_once_per_step_replica_sync(tmp_path):
+    f = tmp_path / "mics.json"
+    f.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "train_batch_size": 16,
+                             "zero_optimization": {"stage": 3, "mics_shard_size": 8}}))
+    with pytest.raises(InputError, match="mics_shard_size"):
+        import_config("deepspeed", f, {"model.preset": "megatron-gpt-1.7b", "cluster.node": "dgx-a100"})
 
 
 def test_deepspeed_auto_values_are_refused(tmp_path):

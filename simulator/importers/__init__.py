@@ -5,7 +5,7 @@
 Each importer reads every key of its source and reports it as `mapped` (to a scenario field),
 `ignored` (no effect on step time or memory: paths, learning rates, logging) or `unmapped`
 (it may matter, and llmsim cannot express it; `evaluate --from` prints these). A setting
-that would make the prediction about a different model or plan (MoE experts, HSDP, layer-wise
+that would make the prediction about a different model or plan (MoE experts, layer-wise
 partial recomputation, another optimizer) is refused with an InputError naming the key.
 The configs do not say which hardware ran them: the cluster comes from the overrides
 (`--node`, `--nodes`), unless the source states node and device counts (Megatron's torchrun

@@ -66,6 +66,13 @@ def read(path: str | Path) -> Imported:
     a.map("zero_optimization.stage", "plan.zero_stage", stage)
     if stage == 3:  # DeepSpeed releases every gathered parameter after use, the embeddings too
         a.map("zero_optimization.stage", "plan.zero3_impl", "deepspeed")
+    if a.number("zero_optimization.mics_shard_size", -1) > 0:
+        # MiCS (Zhang et al. 2022, "MiCS: Near-linear Scaling for Training Gigantic Model on
+        # Public Cloud", Sec. 3.3) all-reduces across its replicas once per step, where
+        # plan.dp_replicate (FSDP2's HSDP) does after every micro-batch's reduce-scatter
+        a.refuse("zero_optimization.mics_shard_size", "MiCS's once-per-step gradient sync across replicas is not "
+                 "modelled (plan.dp_replicate is FSDP2's HSDP, which all-reduces every micro-batch)")
+    a.used("zero_optimization.mics_shard_size")
     for key, field in (("zero_optimization.offload_optimizer.device", "optimizer"),
                        ("zero_optimization.offload_param.device", "params")):
         device = str(a.get(key, "none"))

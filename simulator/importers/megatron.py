@@ -6,7 +6,8 @@ embeddings, learned positions, GeLU, LayerNorm, biases and no overlap of the gra
 reduction unless flags say otherwise; --ffn-hidden-size defaults to 4h, or with --swiglu to
 int(8h/3 / 64) * 64; the vocabulary is padded to a multiple of make-vocab-size-divisible-by
 (128) x TP. --use-distributed-optimizer shards the optimizer states over data-parallel ranks
-(ZeRO-1). --fp8-format runs the linears in FP8 under --fp8-recipe delayed (the default),
+(ZeRO-1), over each of --num-distributed-optimizer-instances groups of them (plan.dp_replicate).
+--fp8-format runs the linears in FP8 under --fp8-recipe delayed (the default),
 tensorwise (TransformerEngine's per-tensor current scaling: fp8_recipe current) or mxfp8
 (its block-wise recipe is refused);
 --fp8-param-gather, like NeMo's fp8_params, keeps FP8 primary weights (plan.fp8_params).
@@ -197,6 +198,11 @@ def read_args(args: dict) -> Imported:
     a.map("grad-reduce-in-bf16", "plan.grad_precision", grads)
     a.used("accumulate-allreduce-grads-in-fp32")
     a.map("use-distributed-optimizer", "plan.zero_stage", 1 if a.get("use-distributed-optimizer") else 0)
+    instances = _number(a, "num-distributed-optimizer-instances", 1)
+    if instances > 1:  # partial distributed optimizer: hybrid sharding
+        a.map("num-distributed-optimizer-instances", "plan.dp_replicate", instances)
+    else:
+        a.used("num-distributed-optimizer-instances")
     a.map("overlap-grad-reduce", "plan.dp_overlap", bool(a.get("overlap-grad-reduce", False)))
     a.map("tp-comm-overlap", "plan.tp_comm_overlap", bool(a.get("tp-comm-overlap", False)))
     backend = str(a.get("attention-backend", "auto"))

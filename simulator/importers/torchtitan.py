@@ -14,8 +14,8 @@ under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
   mixed_precision_param -> precision (16 bits: fp32 parameters cast for compute, states.py),
   mixed_precision_reduce -> gradient precision.
 - [parallelism] data_parallel_shard_degree (FSDP2: ZeRO-3 over the shard group; -1 fills the
-  devices) and data_parallel_replicate_degree (DDP); both > 1 is HSDP, which llmsim cannot
-  express (it shards over every data-parallel rank) and is refused. tensor_parallel_degree
+  devices) and data_parallel_replicate_degree (DDP); both > 1 is HSDP: ZeRO-3 over
+  replicate x shard ranks with plan.dp_replicate replicas (dataparallel.py). tensor_parallel_degree
   (torchtitan's TP plan shards the norms' sequence too: sequence parallelism; DTensor's
   linears: tp_impl dtensor), enable_async_tensor_parallel -> TP overlap by async TP,
   pipeline_parallel_degree (torch.distributed.pipelining: pp_impl torch, its outputs kept
@@ -153,17 +153,17 @@ def read(path: str | Path) -> Imported:
 
     replicate = a.number("parallelism.data_parallel_replicate_degree", 1)
     shard = a.number("parallelism.data_parallel_shard_degree", -1)
-    if replicate > 1 and shard != 1:
-        a.refuse("parallelism.data_parallel_replicate_degree", f"replicate {replicate} x shard {shard} is HSDP; llmsim "
-                 "shards ZeRO over every data-parallel rank (set one of the two degrees to 1)")
     if shard == 1:
         a.map("parallelism.data_parallel_replicate_degree", "plan.zero_stage", 0)  # DDP
         a.used("parallelism.data_parallel_shard_degree", policy)
         dp = replicate
     else:
         a.map("parallelism.data_parallel_shard_degree", "plan.zero_stage", 3)  # FSDP2: parameters sharded too
-        a.used("parallelism.data_parallel_replicate_degree")
-        dp = shard if shard > 0 else None
+        if replicate > 1:  # HSDP
+            a.map("parallelism.data_parallel_replicate_degree", "plan.dp_replicate", replicate)
+        else:
+            a.used("parallelism.data_parallel_replicate_degree")
+        dp = replicate * shard if shard > 0 else None
         a.map(policy, "plan.fsdp_reshard_after_forward", reshard)
     if dp is not None:
         a.map("parallelism.data_parallel_shard_degree" if shard != 1 else "parallelism.data_parallel_replicate_degree",
