@@ -191,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--recompute", action="append", default=None, metavar="R",
                     help="only these recomputation modes (repeat or comma-separate): none, selective, full")
     se.add_argument("--zero-stage", action="append", default=None, metavar="Z", help="only these ZeRO stages")
+    se.add_argument("--dp-replicate", action="append", default=None, metavar="R",
+                    help="also try hybrid sharding with these replica counts (repeat or comma-separate; "
+                         "1 is always tried)")
     se.add_argument("--max-tp", default=None, metavar="N", help="largest tensor-parallel size")
     se.add_argument("--max-pp", default=None, metavar="N", help="largest pipeline-parallel size")
     se.add_argument("--memory-headroom", default=None, metavar="FRACTION",
@@ -561,6 +564,10 @@ def _search_options(args):
                           if name != "zero_stages" else args.zero_stage, flag, allowed)
         if chosen is not None:
             changes[name] = chosen
+    if args.dp_replicate is not None:
+        replicas = [_int_flag(v.strip(), "--dp-replicate", maximum=10**6) for item in args.dp_replicate
+                    for v in str(item).split(",")]
+        changes["dp_replicates"] = tuple(sorted({1, *replicas}))
     if args.max_tp is not None:
         changes["max_tp"] = _int_flag(args.max_tp, "--max-tp", maximum=10**6)
     if args.max_pp is not None:
@@ -602,7 +609,8 @@ def cmd_search(args) -> int:
         print("note: " + note)
     rows = [(r.rank, r.tp, r.pp, r.dp, r.cp, f"{r.ep}/{r.etp}", r.vpp, r.micro_batch, r.schedule,
              "y" if r.sequence_parallel else "n",
-             r.recompute, r.zero_stage, "/".join(x for x in (r.offload_optimizer, r.offload_params,
+             r.recompute, r.zero_stage if r.dp_replicate == 1 else f"{r.zero_stage}, {r.dp_replicate} replicas",
+             "/".join(x for x in (r.offload_optimizer, r.offload_params,
                                                                r.offload_activations)),
              _human_time(r.step_time_s), f"{r.tokens_per_s:,.0f}", f"{100 * r.mfu:.1f}%",
              f"{r.peak_memory_gib:.1f}", f"{r.usd_per_million_tokens:.3g}", r.equivalent_plans)

@@ -9,15 +9,17 @@ holding the same weights (dp x cp: dims.Groups.grad).
 
 Hybrid sharding (HSDP, plan.dp_replicate): ZeRO's group is one replica's ranks; the weights
 are gathered inside the replica only, and each gradient reduce-scatter inside it is followed
-by an all-reduce of the reduced shard over the replicas (dims.Groups.replicate). Megatron-LM
-runs the two one after the other on one communication stream (NVIDIA/Megatron-LM@0011998
-megatron/core/distributed/param_and_grad_buffer.py start_grad_sync, "NCCL Stream: RS ... AR").
-FSDP2 issues the all-reduce after every reduce-scatter, on its own stream waiting for that
-reduce-scatter (torch 2.13.0 torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
-foreach_reduce; all_reduce_grads stays True unless set_requires_all_reduce(False)), so one
-unit's all-reduce may run beside the next unit's reduce-scatter; llmsim counts them one after
-the other for FSDP2 too: where both cross the NICs they share them, and where the replica sits
-inside a scale-up domain its reduce-scatter is the small part.
+by an all-reduce of the reduced shard over the replicas (dims.Groups.replicate):
+- Megatron-LM (ZeRO-1, --num-distributed-optimizer-instances) runs the two one after the
+  other on one communication stream (NVIDIA/Megatron-LM@d98e8a64dd megatron/core/distributed/
+  param_and_grad_buffer.py start_grad_sync, "NCCL Stream: RS ... AR").
+- PyTorch's FSDP (ZeRO-2/3) reduces unit by unit after every backward and runs the all-reduces
+  on their own stream, "concurrently with all-gather/reduce-scatter since collectives use
+  different network resources ... in the typical intra-node sharding / inter-node replication
+  case" (torch 2.13.0 torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py
+  FSDPCommContext.lazy_init; _fsdp_collectives.py foreach_reduce): one unit's all-reduce runs
+  beside the next unit's reduce-scatter where the replica sits inside a scale-up domain and
+  the replicas across them; where both cross the NICs they share them, one after the other.
 
 Buckets (Megatron-LM, megatron/core/distributed/distributed_data_parallel.py@d98e8a6,
 DistributedDataParallel.__init__): gradients are grouped into buckets of
@@ -61,28 +63,36 @@ def buckets(params, group_size) -> object:
     return np.maximum(1, np.ceil(np.asarray(params) / bucket_params(group_size)))
 
 
-def gradient_reduction_s(grads, group: Placement, replicate: Placement | None, cluster: Cluster):
+def gradient_reduction_s(grads, group: Placement, replicate: Placement | None, cluster: Cluster, units=None):
     """Seconds to reduce-scatter `grads` bytes over ZeRO's group, and under hybrid sharding
-    to all-reduce the 1/|group| shard over the replicas after it."""
-    t = collective_time("reduce_scatter", grads, group, cluster)
+    to all-reduce the 1/|group| shard over the replicas after it: on one stream (`units`
+    None), or in `units` equal pieces whose all-reduces run beside the next piece's
+    reduce-scatter where the two use different links (PyTorch's FSDP, the module docstring)."""
+    rs = collective_time("reduce_scatter", grads, group, cluster)
     if replicate is None:
-        return t
-    return t + collective_time("all_reduce", grads / group.size, replicate, cluster)
+        return rs
+    ar = collective_time("all_reduce", grads / group.size, replicate, cluster)
+    if units is None:
+        return rs + ar
+    apart = (np.asarray(group.domains) == 1) & (np.asarray(replicate.domains) > 1)
+    return np.where(apart, np.maximum(rs, ar) + np.minimum(rs, ar) / units, rs + ar)
 
 
 def dp_costs(zero_stage: int, params, weight_bytes_per_param, grad_bytes_per_param, group: Placement,
-             cluster: Cluster, replicate: Placement | None = None) -> DPCosts:
+             cluster: Cluster, replicate: Placement | None = None, units=1) -> DPCosts:
     """Collective seconds for the gradients and weights of a device holding `params` (before
-    sharding), over ZeRO's `group` and, under hybrid sharding, the `replicate` group. With one
-    rank in a group its collectives take zero time."""
+    sharding), over ZeRO's `group` and, under hybrid sharding, the `replicate` group (ZeRO-2/3
+    reducing in `units` pieces: the stage's layers). With one rank in a group its collectives
+    take zero time."""
     grads = params * grad_bytes_per_param
     weights = params * weight_bytes_per_param
     zero = 0.0 * params
     if zero_stage == 0:
         return DPCosts(collective_time("all_reduce", grads, group, cluster), zero, zero, zero)
-    reduce = gradient_reduction_s(grads, group, replicate, cluster)
     if zero_stage == 1:
-        return DPCosts(reduce, collective_time("all_gather", weights, group, cluster), zero, zero)
+        return DPCosts(gradient_reduction_s(grads, group, replicate, cluster),
+                       collective_time("all_gather", weights, group, cluster), zero, zero)
+    reduce = gradient_reduction_s(grads, group, replicate, cluster, units)
     if zero_stage == 2:
         return DPCosts(zero, collective_time("all_gather", weights, group, cluster), zero, reduce)
     return DPCosts(zero, zero, 2 * collective_time("all_gather", weights, group, cluster), reduce)

@@ -56,11 +56,12 @@ def keeps_gathered(plan) -> bool:
     return plan.zero_stage >= 3 and not plan.fsdp_reshard_after_forward
 
 
-def step_costs(params, weight_bytes_per_param, grad_bytes_per_param, group, cluster, replicate=None) -> DPCosts:
-    """One all-gather of the weights and one reduce-scatter of the gradients per step (under
-    hybrid sharding followed by the replicas' all-reduce)."""
+def step_costs(params, weight_bytes_per_param, grad_bytes_per_param, group, cluster, replicate=None,
+               units=1) -> DPCosts:
+    """One all-gather of the weights and one reduce-scatter of the gradients per step, unit by
+    unit (under hybrid sharding with the replicas' all-reduces beside them)."""
     zero = 0.0 * params
-    return DPCosts(gradient_reduction_s(params * grad_bytes_per_param, group, replicate, cluster),
+    return DPCosts(gradient_reduction_s(params * grad_bytes_per_param, group, replicate, cluster, units),
                    collective_time("all_gather", params * weight_bytes_per_param, group, cluster), zero, zero)
 
 

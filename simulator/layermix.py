@@ -202,7 +202,8 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, zero_gr
     states = fp8.with_weight_copies(states, dense_linears + routed, plan, per)
     dense_gather = fp8.gather_bytes_per_param(per, dense_linears, dense, plan)
     routed_gather = fp8.weight_bytes_per_param(plan)[1]
-    dp = _sum_dp(dp_costs(plan.zero_stage, dense, dense_gather, per.grad, groups.grad, cluster, groups.replicate),
+    dp = _sum_dp(dp_costs(plan.zero_stage, dense, dense_gather, per.grad, groups.grad, cluster, groups.replicate,
+                          np.maximum(n_dense + n_moe, 1)),
                  dp_costs(plan.zero_stage, routed, routed_gather, per.grad, groups.expert_grad, cluster))
     count = buckets(dense / v, grad_group_size(plan)) + np.where(routed > 0, buckets(routed / v, expert_group), 0)
     shard_group = (dense + routed) / (dense / zero_group + routed / expert_group)

@@ -198,10 +198,11 @@ def compile_layout(model, cluster, plan) -> Layout:
             total_rerun_layers = total_rerun_layers + count * rerun_layers
             passes = pass_times(layer_t, layers, emb_t, head_t, has_emb, has_head, tp_s, cp_s, rerun_t, rerun_layers,
                                 checkpoint.tp_rerun, checkpoint.cp_rerun)
-            dp = dp_costs(plan.zero_stage, params, gather_per_param, per.grad, g.grad, cluster, g.replicate)
+            units = np.maximum(layers, 1)  # FSDP's reduction pieces (fsdp.units)
+            dp = dp_costs(plan.zero_stage, params, gather_per_param, per.grad, g.grad, cluster, g.replicate, units)
             stage_buffers = buffers
             if fsdp.keeps_gathered(plan):
-                dp = fsdp.step_costs(params, gather_per_param, per.grad, g.grad, cluster, g.replicate)
+                dp = fsdp.step_costs(params, gather_per_param, per.grad, g.grad, cluster, g.replicate, units)
                 stage_buffers = buffers + fsdp.gathered_extra_bytes(params, layer_params, gather_per_param,
                                                                     layer_gather, per.grad)
             n_buckets, shard_group = buckets(params / v, grad_group_size(plan)), zero_group

@@ -366,6 +366,9 @@ def check_hybrid_sharding(plan: Plan, model: ModelSpec) -> None:
     if model.experts:
         raise InputError("plan.dp_replicate", plan.dp_replicate, "hybrid sharding of MoE models (their expert-"
                          "data-parallel group split into replicas) is not modelled: use dp_replicate: 1")
+    if plan.zero_stage == 3 and plan.zero3_impl == "deepspeed":
+        raise InputError("plan.dp_replicate", plan.dp_replicate, "with zero3_impl fsdp2 (DeepSpeed's MiCS syncs "
+                         "its replicas once per step, which is not modelled)")
 
 
 def check_options(plan: Plan) -> None:

@@ -9,6 +9,8 @@ plans are the product of the valid shapes and the valid settings. Left out as du
 sequence parallelism at tp = 1 (it needs tp > 1), the interleaved schedule with one
 chunk (vpp = 1 is 1F1B) and, with flash attention, selective recomputation (it re-runs
 nothing). Sizes range over divisors; micro_batch, vpp and cp have caps (SearchOptions).
+Hybrid sharding (plan.dp_replicate) is tried at the replica counts SearchOptions names, each
+shape with replicas only under ZeRO stages >= 1 (its settings are checked per shape group).
 
 Ranking. Every valid plan is evaluated with the vectorised analytic engine
 (simulator.vector), out-of-memory plans are dropped, the rest are ranked by the
@@ -69,6 +71,9 @@ class SearchOptions:
     max_vpp: int = 8
     max_cp: int = 16
     max_ep: int = 256
+    # Hybrid-sharding replica counts to try (plan.dp_replicate), each where it divides dp and
+    # with ZeRO stages >= 1; (1,): ZeRO over every data-parallel rank only.
+    dp_replicates: tuple = (1,)
     flash_attention: bool = True
     max_tp: int | None = None  # None: up to the device count
     max_pp: int | None = None
@@ -108,11 +113,14 @@ def _shapes(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchO
                             for sp in opts.sequence_parallel:
                                 if sp and tp == 1:
                                     continue  # sequence parallelism needs tp > 1: the same plan as sp off
-                                for ep, etp in _expert_shapes(model, tp, tp * cp * dp, opts):
+                                for (ep, etp), r in itertools.product(_expert_shapes(model, tp, tp * cp * dp, opts),
+                                                                      opts.dp_replicates):
                                     tried += 1
+                                    # a shape with replicas is checked at ZeRO-1, the least stage it needs
                                     plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch=mb,
                                                 global_batch=global_batch, schedule=schedule, sequence_parallel=sp,
-                                                precision=opts.precision, flash_attention=opts.flash_attention)
+                                                precision=opts.precision, flash_attention=opts.flash_attention,
+                                                dp_replicate=r, zero_stage=int(r > 1))
                                     try:
                                         validate(plan, model, cluster)
                                     except InputError:
@@ -173,16 +181,15 @@ def _evaluate_groups(model: ModelSpec, cluster: Cluster, global_batch: int, opts
     """[(PlanBatch, evaluate_batch dict)] for every valid plan, grouped by categorical fields,
     and how many plans were enumerated."""
     shapes, tried_shapes = _shapes(model, cluster, global_batch, opts)
-    settings = _settings(model, cluster, shapes[0], opts) if shapes else []
     by_group: dict = {}
     for s in shapes:
-        by_group.setdefault((s.schedule, s.sequence_parallel), []).append(s)
+        by_group.setdefault((s.schedule, s.sequence_parallel, s.dp_replicate), []).append(s)
     out = []
-    for (schedule, sp), members in by_group.items():
+    for (schedule, sp, r), members in by_group.items():
         sizes = {k: np.array([getattr(p, k) for p in members], dtype=np.int64) for k in SIZES}
-        for setting in settings:
+        for setting in _settings(model, cluster, members[0], opts):
             batch = PlanBatch(**sizes, schedule=schedule, sequence_parallel=sp, precision=opts.precision,
-                              flash_attention=opts.flash_attention, **setting)
+                              flash_attention=opts.flash_attention, dp_replicate=r, **setting)
             out.append((batch, evaluate_batch(model, cluster, batch, training, reasons=reasons)))
     tried = tried_shapes * len(_recompute_modes(opts)) * len(opts.zero_stages) * len(opts.offloads)
     return out, tried
@@ -253,6 +260,7 @@ def _scenario_of(row, model: ModelSpec, cluster: Cluster, training: Training) ->
     plan = Plan(**{k: int(getattr(row, k)) for k in SIZES},
                 **{k: getattr(row, k) for k in ("schedule", "recompute", "precision")},
                 sequence_parallel=bool(row.sequence_parallel), zero_stage=int(row.zero_stage),
+                dp_replicate=int(row.dp_replicate),
                 offload=Offload(row.offload_optimizer, row.offload_params, row.offload_activations),
                 flash_attention=bool(row.flash_attention))
     return Scenario(model=model, cluster=cluster, plan=plan, training=training)

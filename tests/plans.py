@@ -107,7 +107,7 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
             extra["pp_impl"] = draw(st.sampled_from(["megatron", "torch"]))
             if extra["pp_impl"] == "torch":
                 extra["pp_outputs"] = draw(st.sampled_from(["in-flight", "last-stage", "every-stage"]))
-        if zero >= 1:  # hybrid sharding: replicas of dp/dp_replicate ranks
+        if zero >= 1 and extra.get("zero3_impl") != "deepspeed":  # hybrid sharding: replicas of dp/dp_replicate ranks
             extra["dp_replicate"] = draw(st.sampled_from([r for r in (1, 1, 2, 4) if dp % r == 0]))
         extra["projections"] = draw(st.sampled_from(["fused", "separate"]))
         extra["cp_attention"] = draw(st.sampled_from(["ring", "torch-allgather", "torch-alltoall"]))

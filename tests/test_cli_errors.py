@@ -64,6 +64,8 @@ CASES = {
                                  ("plan.dp_replicate", "3", "divide plan.dp=8")),
     "replicas_without_zero": (GOOD.replace("dp: 8,", "dp: 8, dp_replicate: 2,"),
                               ("plan.dp_replicate", "2", "zero_stage >= 1")),
+    "replicas_under_deepspeed": (GOOD.replace("dp: 8,", "dp: 8, zero_stage: 3, zero3_impl: deepspeed, "
+                                 "dp_replicate: 2,"), ("plan.dp_replicate", "2", "fsdp2")),
     "replicas_of_moe": (GOOD.replace("megatron-gpt-1.7b", "mixtral-8x7b").replace("dp: 8,", "dp: 8, zero_stage: 1, "
                         "dp_replicate: 2,"), ("plan.dp_replicate", "2", "MoE")),
 }

@@ -48,6 +48,7 @@ def test_zero_1_reduce_scatters_in_the_replica_then_all_reduces_the_shard_over_t
 
 
 def test_fsdp_reduces_every_micro_batch_across_the_replicas_too(scenario):
+    # a replica over 2 nodes: its reduce-scatters and the all-reduces share the NICs, in turn
     s, layout = _layout(scenario, zero_stage=3, dp_replicate=4)
     _, whole = _layout(scenario, zero_stage=3)
     g, rep = groups(s.plan, s.cluster), layout.stages[0]
@@ -56,6 +57,19 @@ def test_fsdp_reduces_every_micro_batch_across_the_replicas_too(scenario):
     assert float(rep.dp.mb_reduce_s) == pytest.approx(float(
         collective_time("reduce_scatter", rep.params * layout.per_param.grad, g.grad, s.cluster)
         + collective_time("all_reduce", shard, g.replicate, s.cluster)))
+
+
+def test_fsdp_all_reduces_across_nodes_beside_the_next_layers_reduce_scatter_inside_one(scenario):
+    # tp 1, dp 64 as 8 replicas of a node's 8 GPUs: each of the 32 layers' reduce-scatter runs
+    # on NVLink while the layer before all-reduces over the NICs; the longer of the two
+    # collectives sets the pace, the shorter shows once, for one layer
+    s, layout = _layout(scenario, tp=1, dp=64, sequence_parallel=False, zero_stage=3, dp_replicate=8)
+    g, rep = groups(s.plan, s.cluster), layout.stages[0]
+    assert (g.grad.domains, g.replicate.domains) == (1, 8)
+    grads = rep.params * layout.per_param.grad
+    rs = float(collective_time("reduce_scatter", grads, g.grad, s.cluster))
+    ar = float(collective_time("all_reduce", grads / 8, g.replicate, s.cluster))
+    assert float(rep.dp.mb_reduce_s) == pytest.approx(max(rs, ar) + min(rs, ar) / 32)
 
 
 def test_one_replica_is_plain_zero(scenario):

@@ -4,6 +4,7 @@ import itertools
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -17,6 +18,7 @@ from simulator.search import OFFLOADS, SearchOptions, _scenario_of, evaluate_all
 MODEL = {"preset": "megatron-gpt-1.7b"}
 CLUSTER = {"node": "dgx-a100", "nodes": 1}
 OPTS = SearchOptions(max_micro_batch=4, max_vpp=3, max_cp=2, offloads=("none", "optimizer-cpu"))
+HYBRID = replace(OPTS, dp_replicates=(1, 2, 4))
 
 
 def _brute_force(model, cluster, global_batch, opts):
@@ -27,33 +29,38 @@ def _brute_force(model, cluster, global_batch, opts):
                                                  range(1, opts.max_micro_batch + 1), range(1, opts.max_vpp + 1)):
         if n % (tp * pp * cp):
             continue
-        for schedule, sp, recompute, zero, off in itertools.product(
-                opts.schedules, (False, True), ("none", "full"), opts.zero_stages, opts.offloads):
+        for schedule, sp, recompute, zero, off, r in itertools.product(
+                opts.schedules, (False, True), ("none", "full"), opts.zero_stages, opts.offloads, opts.dp_replicates):
             if (sp and tp == 1) or (schedule == "interleaved" and vpp == 1):
                 continue  # the same plan as sp off; interleaving one chunk is 1F1B (search skips both)
             plan = Plan(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, vpp=vpp, micro_batch=mb,
                         global_batch=global_batch, schedule=schedule, sequence_parallel=sp, recompute=recompute,
-                        zero_stage=zero, offload=OFFLOADS[off])
+                        zero_stage=zero, offload=OFFLOADS[off], dp_replicate=r)
             try:
                 validate(plan, model, cluster)
             except InputError:
                 continue
-            out.add((tp, pp, plan.dp, cp, vpp, mb, schedule, sp, recompute, zero, plan.offload.optimizer))
+            out.add((tp, pp, plan.dp, cp, vpp, mb, schedule, sp, recompute, zero, plan.offload.optimizer, r))
     return out
 
 
-def test_search_enumerates_exactly_the_plans_validate_accepts():
+@pytest.mark.parametrize("opts", [OPTS, HYBRID], ids=["zero-over-dp", "with-hybrid-sharding"])
+def test_search_enumerates_exactly_the_plans_validate_accepts(opts):
     model, cluster = model_from_dict(MODEL), cluster_from_dict(CLUSTER)
-    table, _ = evaluate_all(model, cluster, 16, OPTS)
+    table, _ = evaluate_all(model, cluster, 16, opts)
     got = {(r.tp, r.pp, r.dp, r.cp, r.vpp, r.micro_batch, r.schedule, bool(r.sequence_parallel), r.recompute,
-            r.zero_stage, r.offload_optimizer) for r in table.itertuples(index=False)}
+            r.zero_stage, r.offload_optimizer, r.dp_replicate) for r in table.itertuples(index=False)}
     assert len(got) == len(table)
-    assert got == _brute_force(model, cluster, 16, OPTS)
+    assert got == _brute_force(model, cluster, 16, opts)
+    assert (max(r[-1] for r in got) > 1) == (opts is HYBRID)
 
 
-def test_ranked_plans_carry_the_numbers_of_single_evaluations():
+@pytest.mark.parametrize("opts", [OPTS, replace(OPTS, dp_replicates=(2,), zero_stages=(1, 2, 3))],
+                         ids=["zero-over-dp", "hybrid-sharding-only"])
+def test_ranked_plans_carry_the_numbers_of_single_evaluations(opts):
     model, cluster = model_from_dict(MODEL), cluster_from_dict(CLUSTER)
-    result = search(model, cluster, 16, top=5, engine="analytic", options=OPTS)
+    result = search(model, cluster, 16, top=5, engine="analytic", options=opts)
+    assert set(result.table.dp_replicate) == set(opts.dp_replicates)
     for row in result.table.itertuples(index=False):
         want = evaluate(_scenario_of(row, model, cluster, Training()), engine="analytic").to_dict()
         for key in ("step_time_s", "tokens_per_s", "mfu", "peak_memory_gib", "usd_per_million_tokens"):
