@@ -9,6 +9,20 @@ differ in what moves, what hides behind what, and the kernels around the attenti
   al. 2023, Ring Attention): cp-1 point-to-point exchanges of the local K and V forward, K,
   V and their gradients backward, each hidden under the attention kernel; exposed is what
   the layer's attention kernel does not cover.
+- `kv-allgather` (TransformerEngine's AttnFuncWithCPAndKVAllGather, Megatron-LM's
+  --cp-comm-type all_gather; the Llama 3 paper's Sec. 3.3.2): every rank all-gathers K and V
+  (its own KV heads, no repeat) before the attention, "exposed" as TE's docstring says, and
+  reorders them into sequence order; the backward gathers them again, accumulates dK and dV
+  over the whole sequence in the activation dtype and reduce-scatters them (TE@d0067d0da
+  transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py).
+- `ulysses` (TransformerEngine's AttnFuncWithCPAndQKVOA2A, Megatron-LM's --cp-comm-type a2a;
+  Jacobs et al. 2023, DeepSpeed Ulysses): an all-to-all turns each of Q, K and V from a
+  sequence chunk of every head into the whole sequence of heads/cp heads, the attention runs
+  on that, and an all-to-all turns the output back; the backward does the same for dO and
+  for dQ, dK, dV (flash_attn_a2a_communicate, same file). Nothing hides them: the attention
+  waits for its inputs. Each tensor is copied twice around its all-to-all (a contiguous
+  head-split before, a chunk reorder after). Heads per rank, query and key/value alike, must
+  divide over the CP ranks (TE asserts num_heads % cp_size == 0).
 - `torch-allgather`, `torch-alltoall`: PyTorch's experimental context parallelism
   (torch.distributed.tensor.experimental context_parallel), as torchtitan runs it
   (torchtitan@9dec370, 2024-12-26: utils.py create_context_parallel_ctx,
@@ -39,15 +53,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .comm import collective_time, send_recv_time
+from .comm import all_to_all_time, collective_time, send_recv_time
 from .states import FP32_BYTES
 from .workload import ATTENTION_CORE, MEMORY, Op, local_heads
 
-CP_ATTENTION = ("ring", "torch-allgather", "torch-alltoall")
+CP_ATTENTION = ("ring", "kv-allgather", "ulysses", "torch-allgather", "torch-alltoall")
+TE_EXPOSED = ("kv-allgather", "ulysses")  # TransformerEngine's collectives the attention waits for
 
 
 def _torch(method: str) -> bool:
-    return method != "ring"
+    return method.startswith("torch-")
 
 
 def _elements(model, shard):
@@ -64,9 +79,34 @@ def exchanged_bytes(model, shard, method: str):
     return shard.act_bytes * shard.tokens * heads * (model.head_dim + model.v_head_dim)
 
 
+def _te_exposed_s(model, shard, groups, cluster, method: str):
+    """Forward and backward seconds of TE's all-gather or all-to-all CP collectives, all exposed."""
+    c = np.asarray(shard.cp)
+    on = c > 1
+    if method == "kv-allgather":
+        kv = exchanged_bytes(model, shard, method)
+        gather = collective_time("all_gather", c * kv, groups.cp, cluster)
+        scatter = collective_time("reduce_scatter", c * kv, groups.cp, cluster)
+        return np.where(on, gather, 0.0), np.where(on, gather + scatter, 0.0)
+    x_q, x_k, x_v, x_o = (shard.act_bytes * x for x in _ulysses_elements(model, shard))
+    a2a = sum(all_to_all_time(x, groups.cp, cluster) for x in (x_q, x_k, x_v, x_o))
+    return np.where(on, a2a, 0.0), np.where(on, a2a, 0.0)
+
+
+def _ulysses_elements(model, shard):
+    """Elements of one rank's Q, K, V and output as Ulysses moves them (K and V with their own
+    KV heads)."""
+    q_heads, kv_heads = local_heads(model, shard.tp)
+    t = shard.tokens
+    return (t * q_heads * model.head_dim, t * kv_heads * model.head_dim, t * kv_heads * model.v_head_dim,
+            t * q_heads * model.v_head_dim)
+
+
 def exposed_s(model, shard, groups, cluster, method: str, attention_fwd_s, attention_bwd_s):
     """Seconds of a layer's CP exchange the attention does not hide, forward and backward,
     one micro-batch; `attention_*_s`: the layer's attention-core kernels."""
+    if method in TE_EXPOSED:
+        return _te_exposed_s(model, shard, groups, cluster, method)
     c = np.asarray(shard.cp)
     kv = exchanged_bytes(model, shard, method)
     across = groups.cp.domains > 1
@@ -87,12 +127,17 @@ def exposed_s(model, shard, groups, cluster, method: str, attention_fwd_s, atten
 
 
 def merge_ops(model, shard, method: str, compiled: bool = True) -> list[Op]:
-    """The torch ring's fp32 merges and gradient accumulations around the attention kernel,
-    per micro-batch (see the module's docstring); none for the ring. `compiled`: Inductor
-    fuses each step's merge into one kernel; eager PyTorch runs every tensor op of the loop
-    as its own kernel, and the K, V send buffer is concatenated at every step even where
-    the all-gather no longer reads it."""
-    if not _torch(method) or (np.ndim(shard.cp) == 0 and shard.cp == 1):
+    """The memory-bound kernels around the attention kernel, per micro-batch (see the module's
+    docstring): the torch ring's fp32 merges and gradient accumulations, TE's reorders and
+    dK, dV accumulation (kv-allgather) or copies around the all-to-alls (ulysses); none for
+    the ring. `compiled`: Inductor fuses each step's torch merge into one kernel; eager
+    PyTorch runs every tensor op of the loop as its own kernel, and the K, V send buffer is
+    concatenated at every step even where the all-gather no longer reads it."""
+    if np.ndim(shard.cp) == 0 and shard.cp == 1:
+        return []
+    if method in TE_EXPOSED:
+        return [_te_copies(model, shard, method)]
+    if not _torch(method):
         return []
     c = np.asarray(shard.cp)
     a, f = shard.act_bytes, FP32_BYTES
@@ -117,15 +162,36 @@ def merge_ops(model, shard, method: str, compiled: bool = True) -> list[Op]:
     return [Op("cp_merge", MEMORY, fwd_bytes=fwd, bwd_input_bytes=bwd, group=ATTENTION_CORE)]
 
 
+def _te_copies(model, shard, method: str) -> Op:
+    """kv-allgather: the gathered K and V reordered (read and written) in each pass; in the
+    backward dK, dV zeroed over the whole sequence, each step's piece made contiguous and
+    added into them (the two steps' key ranges add up to about the whole sequence), and
+    reordered for the reduce-scatter. ulysses: every tensor moved copied twice (read and
+    written), Q, K, V and O forward, dO, dQ, dK, dV backward."""
+    c = np.asarray(shard.cp)
+    on = np.where(c > 1, 1.0, 0.0)
+    if method == "kv-allgather":
+        whole = c * exchanged_bytes(model, shard, method)
+        fwd, bwd = 2 * whole, (2 + 1 + 2 + 3 + 2) * whole
+    else:
+        moved = shard.act_bytes * sum(_ulysses_elements(model, shard))
+        fwd = bwd = 2 * 2 * moved
+    return Op("cp_copies", MEMORY, fwd_bytes=on * fwd, bwd_input_bytes=on * bwd, group=ATTENTION_CORE)
+
+
 def transient_bytes(model, shard, method: str):
     """Bytes the torch ring holds beyond the saved activations while a layer's attention
     backward runs: K and V of every rank (allgather) or the current and next chunk
     (alltoall), the fp32 dQ, dK, dV accumulators and the dK, dV in flight; 0 for the ring,
-    whose buffers are two chunks of K and V."""
-    if not _torch(method):
-        return 0.0
+    whose buffers are two chunks of K and V. kv-allgather: every rank's K and V, gathered
+    again for the backward, and dK, dV over the whole sequence; ulysses: 0 beyond the ring's
+    (the whole-sequence Q, K, V of heads/cp heads are the chunks' elements)."""
     c = np.asarray(shard.cp)
     kv = exchanged_bytes(model, shard, method)
+    if method == "kv-allgather":
+        return np.where(c > 1, 2 * c * kv, 0.0)
+    if not _torch(method):
+        return 0.0
     x_q, x_k, x_v, _ = _elements(model, shard)
     held = (c if method == "torch-allgather" else 2) * kv
     accumulators = FP32_BYTES * (x_q + x_k + x_v) + 2 * FP32_BYTES * (x_k + x_v)

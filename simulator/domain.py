@@ -39,6 +39,8 @@ VALUES: dict[str, Callable] = {
     "plan.precision": lambda s: "bf16/fp16" if s.plan.precision in ("bf16", "fp16") else s.plan.precision,
     "plan.recompute": lambda s: s.plan.recompute,
     "plan.zero_stage": lambda s: s.plan.zero_stage,
+    # how CP runs the attention, where it runs at all
+    "plan.cp_attention": lambda s: s.plan.cp_attention if s.plan.cp > 1 else "none",
 }
 
 

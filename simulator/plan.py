@@ -19,6 +19,7 @@ from .loss import LOSSES
 from .model import ModelSpec
 from .mtp import check_mtp_plan
 from .moe import DISPATCHERS, MoEOptions, check_layer_mix_options, check_moe_plan, check_moe_stages
+from .workload import local_heads
 from .pipebuffers import PP_IMPLS, PP_OUTPUTS
 from .projections import PROJECTIONS
 from .schedules import SCHEDULES, plan_schedule
@@ -145,7 +146,8 @@ class Plan:
     # models): projections.py.
     projections: str = "fused"
     # How context parallelism runs attention (cpattention.py): TransformerEngine's P2P ring
-    # (Megatron-Core, NeMo) or PyTorch's experimental context_parallel with its all-gather or
+    # (Megatron-Core, NeMo), its K/V all-gather or its Ulysses all-to-alls (--cp-comm-type
+    # all_gather, a2a), or PyTorch's experimental context_parallel with its all-gather or
     # all-to-all rotation of K and V (torchtitan).
     cp_attention: str = "ring"
     # Precision of the Adam states (the master copy and both moments): fp32, or bf16 as NeMo's
@@ -332,6 +334,11 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     check_moe_stages(plan, model, plan.pp * schedule.chunks(plan.vpp))
     if plan.cp > 1 and model.seq_len % (2 * plan.cp):
         raise InputError("plan.cp", plan.cp, f"2*cp must divide seq_len={model.seq_len} (load-balanced causal chunks)")
+    if plan.cp > 1 and plan.cp_attention == "ulysses":
+        q_heads, kv_heads = local_heads(model, plan.tp)
+        if q_heads % plan.cp or kv_heads % plan.cp:
+            raise InputError("plan.cp", plan.cp, f"must divide each rank's {q_heads:g} query and {kv_heads:g} "
+                             "key/value heads for cp_attention ulysses (its all-to-all splits the heads)")
     if plan.sp and (model.seq_len // plan.cp) % plan.tp:
         raise InputError("plan.sequence_parallel", True, f"tp={plan.tp} must divide the sequence per CP rank "
                          f"({model.seq_len // plan.cp})")

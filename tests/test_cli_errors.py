@@ -66,6 +66,8 @@ CASES = {
                               ("plan.dp_replicate", "2", "zero_stage >= 1")),
     "replicas_under_deepspeed": (GOOD.replace("dp: 8,", "dp: 8, zero_stage: 3, zero3_impl: deepspeed, "
                                  "dp_replicate: 2,"), ("plan.dp_replicate", "2", "fsdp2")),
+    "ulysses_heads": (GOOD.replace("nodes: 1", "nodes: 2").replace("dp: 8,", "dp: 1, cp: 16, "
+                      "cp_attention: ulysses,"), ("plan.cp", "16", "24 query", "ulysses")),
     "replicas_of_moe": (GOOD.replace("megatron-gpt-1.7b", "mixtral-8x7b").replace("dp: 8,", "dp: 8, zero_stage: 1, "
                         "dp_replicate: 2,"), ("plan.dp_replicate", "2", "MoE")),
 }

@@ -94,3 +94,46 @@ def test_eager_merges_run_every_tensor_op_of_the_loop_as_a_kernel():
     accumulate = 3 * (2 + 2 * 4) * X  # dQ, dK, dV: fp32 read and written, the step's 16-bit read
     send = 2 * (4 + 4) * X  # dK, dV read and written into the send buffer
     assert op.bwd_input_bytes == pytest.approx(4 * (accumulate + send) + 3 * cast + 3 * kv_cat)
+
+
+# TransformerEngine's all-gather and all-to-all implementations (TE@d0067d0da context_parallel.py)
+KV_HEADS_X = 256 * 2 * 32  # elements of one rank's K (or V) chunk with its own 2 KV heads
+
+
+def test_te_allgather_gathers_keys_and_values_exposed_and_reduce_scatters_their_gradients(dgx_a100):
+    cluster = dgx_a100(1)
+    link = cluster.node.scaleup
+    whole = 4 * 2 * 2 * KV_HEADS_X  # K and V of all 4 ranks in 2 bytes, no repeat to the query heads
+    gather = 3 * link.latency_s + 3 / 4 * whole / link.bus_bytes_per_s
+    fwd, bwd = exposed_s(GQA, SHARD, _groups(4), cluster, "kv-allgather", 1.0, 1.0)
+    assert float(fwd) == pytest.approx(gather)  # nothing hides it, however long the attention
+    assert float(bwd) == pytest.approx(2 * gather)  # gathered again; dK, dV reduce-scattered alike
+
+
+def test_te_allgather_holds_the_gathered_keys_values_and_their_whole_sequence_gradients():
+    assert transient_bytes(GQA, SHARD, "kv-allgather") == 2 * (4 * 2 * 2 * KV_HEADS_X)
+
+
+def test_te_allgather_reorders_and_accumulates_over_the_whole_sequence():
+    (op,) = merge_ops(GQA, SHARD, "kv-allgather")
+    whole = 4 * 2 * 2 * KV_HEADS_X
+    assert op.fwd_bytes == pytest.approx(2 * whole)  # index_select: read and write
+    # reorder again, dK/dV zeroed, each step's piece made contiguous, added, reordered back
+    assert op.bwd_input_bytes == pytest.approx((2 + 1 + 2 + 3 + 2) * whole)
+
+
+def test_ulysses_all_to_alls_queries_keys_values_and_output_each_way(dgx_a100):
+    cluster = dgx_a100(1)
+    link = cluster.node.scaleup
+    # pairwise exchange over 4 ranks: 3 steps of a quarter of the tensor each (comm.all_to_all_time)
+    a2a = lambda n: 3 * (link.latency_s + n / 4 / link.bus_bytes_per_s)  # noqa: E731
+    sizes = (2 * X, 2 * KV_HEADS_X, 2 * KV_HEADS_X, 2 * X)  # Q, K, V, O in 2 bytes
+    fwd, bwd = exposed_s(GQA, SHARD, _groups(4), cluster, "ulysses", 1.0, 1.0)
+    assert float(fwd) == pytest.approx(sum(a2a(n) for n in sizes))
+    assert float(bwd) == pytest.approx(float(fwd))  # dO; dQ, dK, dV
+
+
+def test_ulysses_copies_every_tensor_twice_around_its_all_to_all():
+    (op,) = merge_ops(GQA, SHARD, "ulysses")
+    moved = 2 * (X + KV_HEADS_X + KV_HEADS_X + X)
+    assert op.fwd_bytes == pytest.approx(2 * 2 * moved) and op.bwd_input_bytes == pytest.approx(2 * 2 * moved)

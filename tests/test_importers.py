@@ -294,6 +294,19 @@ MEGATRON_ARGV = ["--num-layers", "24", "--hidden-size", "2048", "--num-attention
                  "--tensor-model-parallel-size", "2", "--bf16", "--use-distributed-optimizer"]
 
 
+@pytest.mark.parametrize("comm,method", [("p2p", "ring"), ("all_gather", "kv-allgather"), ("a2a", "ulysses")])
+def test_megatron_cp_comm_types_are_transformer_engines_cp_attention(comm, method):
+    plan = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[
+        *MEGATRON_ARGV, "--context-parallel-size", "2", "--cp-comm-type", comm]).scenario["plan"]
+    assert plan["cp_attention"] == method
+
+
+def test_megatron_hierarchical_cp_is_refused():
+    with pytest.raises(InputError, match="cp-comm-type"):
+        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[
+            *MEGATRON_ARGV, "--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"])
+
+
 def test_megatron_distributed_optimizer_instances_are_hybrid_sharding():
     plan = import_config("megatron", None, {"cluster.node": "dgx-h100", "cluster.nodes": 2}, argv=[
         *MEGATRON_ARGV, "--num-distributed-optimizer-instances", "2"]).scenario["plan"]

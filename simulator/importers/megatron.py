@@ -113,6 +113,22 @@ def _number(a: Account, key: str, default=None, integer=True):
     return a.number(key, default, integer)
 
 
+# Megatron-Core's CP implementations (--cp-comm-type, TransformerEngine's attn_forward_func_with_cp)
+CP_COMM_TYPES = {"p2p": "ring", "all_gather": "kv-allgather", "a2a": "ulysses"}
+
+
+def _cp_comm_type(a: Account, key: str) -> None:
+    """--cp-comm-type (one value, or one per layer that all agree) -> plan.cp_attention."""
+    if not a.has(key):
+        return
+    value = a.get(key)
+    values = set(value) if isinstance(value, (list, tuple)) else {value}
+    if len(values) != 1 or str(next(iter(values))) not in CP_COMM_TYPES:
+        a.refuse(key, "modelled: one of " + ", ".join(CP_COMM_TYPES) + " for every layer (a2a+p2p, "
+                 "hierarchical CP, is not)")
+    a.map(key, "plan.cp_attention", CP_COMM_TYPES[str(next(iter(values)))])
+
+
 def read_args(args: dict) -> Imported:
     a = Account(args, "megatron")
     if a.has("num-experts") or a.has("num-moe-experts"):
@@ -153,6 +169,7 @@ def read_args(args: dict) -> Imported:
     a.map("tensor-model-parallel-size", "plan.tp", tp)
     a.map("pipeline-model-parallel-size", "plan.pp", pp)
     a.map("context-parallel-size", "plan.cp", _number(a, "context-parallel-size", 1))
+    _cp_comm_type(a, "cp-comm-type")
     vocab_key = "vocab-size" if a.has("vocab-size") else "tokenizer-type"
     vocab = _number(a, "vocab-size") if a.has("vocab-size") else TOKENIZER_VOCAB.get(a.get("tokenizer-type",
                                                                                            "GPT2BPETokenizer"))
@@ -321,6 +338,7 @@ def read_nemo(data: dict) -> Imported:
     a.map(m("tensor_model_parallel_size"), "plan.tp", tp)
     a.map(m("pipeline_model_parallel_size"), "plan.pp", a.number(m("pipeline_model_parallel_size"), 1))
     a.map(m("context_parallel_size"), "plan.cp", a.number(m("context_parallel_size"), 1))
+    _cp_comm_type(a, m("cp_comm_type"))
     vpp = a.number(m("virtual_pipeline_model_parallel_size"), 1)
     a.map(m("virtual_pipeline_model_parallel_size"), "plan.vpp", vpp)
     a.scenario["plan"]["schedule"] = "interleaved" if vpp > 1 else "1f1b"
