@@ -223,11 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     hw = sub.add_parser("hardware", help="hardware profiles: list them, or show one's numbers beside their sources")
     hw.add_argument("what", choices=("list", "show"))
-    hw.add_argument("name", nargs="?", help="show: an accelerator, node or network profile")
+    hw.add_argument("name", nargs="?", help="show: an accelerator, node or network profile; list: only the "
+                                            "profiles whose name contains it")
     hw.add_argument("--json", action="store_true", help="show: {kind, name, path, fields: [{field, value, source}]}")
     mo = sub.add_parser("models", help="model presets: list them, or show one with its source")
     mo.add_argument("what", choices=("list", "show"))
-    mo.add_argument("name", nargs="?", help="show: a preset")
+    mo.add_argument("name", nargs="?", help="show: a preset; list: only the presets whose name contains it")
     mo.add_argument("--json", action="store_true", help="show: the preset's fields, parameters and source")
     sc = sub.add_parser("scenarios", help="shipped scenarios and sweep spaces (usable by name)")
     sc.add_argument("what", choices=("list",))
@@ -701,7 +702,8 @@ def cmd_list(args) -> int:
     if args.command == "hardware":
         from .hardware import available, load_accelerator, load_node
 
-        accs = [load_accelerator(n) for n in available("accelerators")]
+        names, nodes = _listed(args, available("accelerators"), available("nodes"))
+        accs = [load_accelerator(n) for n in names]
         rows = [(a.name, f"{a.peak_flops.get('bf16', a.peak_flops.get('fp16', 0)) / 1e12:.0f}",
                  # FP8 plans need a measured FP8 GEMM rate (plan.py), not only an FP8 peak
                  f"{a.peak_flops['fp8'] / 1e12:.0f}" if a.matmul_fp8 is not None and "fp8" in a.peak_flops else "-",
@@ -713,7 +715,7 @@ def cmd_list(args) -> int:
         if unchecked:
             print("\nnot validated against runs (the profile's validation.reason):")
             print("\n".join(f"  {a.name}: {a.validation.reason}" for a in unchecked))
-        nodes = [load_node(n) for n in available("nodes")]
+        nodes = [load_node(n) for n in nodes]
         rows = [(n.name, n.accelerator, n.devices_per_node, n.scaleup.name, f"{n.nics}x{n.nic_bytes_per_s * 8 / 1e9:.0f}G",
                  n.network) for n in nodes]
         print()
@@ -729,8 +731,27 @@ def cmd_list(args) -> int:
     from .model import preset_table
 
     headers, rows = preset_table()
+    if args.name:
+        rows = [r for r in rows if args.name.lower() in str(r[0]).lower()]
+        if not rows:
+            raise InputError("models list", args.name, "no preset name contains it (`llmsim models list`)")
     print(_fmt_table(rows, headers))
     return 0
+
+
+def _listed(args, accelerators: list[str], nodes: list[str]) -> tuple[list[str], list[str]]:
+    """`hardware list NAME`: the accelerators whose name contains NAME and the nodes whose name
+    or accelerator does; every one without a NAME."""
+    if not args.name:
+        return accelerators, nodes
+    from .hardware import load_node
+
+    key = args.name.lower()
+    accs = [a for a in accelerators if key in a.lower()]
+    kept = [n for n in nodes if key in n.lower() or load_node(n).accelerator in accs]
+    if not accs and not kept:
+        raise InputError("hardware list", args.name, "no accelerator or node name contains it (`llmsim hardware list`)")
+    return accs, kept
 
 
 def main(argv=None) -> int:

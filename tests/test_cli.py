@@ -209,3 +209,18 @@ def test_models_show_gives_a_presets_fields_its_parameters_and_its_source():
     assert d["parameters"] == 2 * V * h + L * (h * (h + 2 * 1024) + h * h + 3 * h * F + 2 * h) + h
     assert "config.json" in d["source"]
     one_line_error(cli("models", "show", "llama-9"), "model.preset", "llama-3.1-8b")
+
+
+def test_hardware_list_with_a_name_lists_only_the_profiles_containing_it():
+    out = cli("hardware", "list", "mi300").stdout
+    listed = {line.split()[0] for line in out.splitlines() if line[:1].isalnum()}
+    assert {"mi300x", "mi300x-node"} <= listed
+    assert not {"h100-sxm-80gb", "dgx-h100", "a100-sxm-80gb"} & listed
+    one_line_error(cli("hardware", "list", "nothing-like-it"), "hardware list", "nothing-like-it")
+
+
+def test_models_list_with_a_name_lists_only_the_presets_containing_it():
+    out = cli("models", "list", "mixtral").stdout
+    rows = [line.split()[0] for line in out.splitlines()[2:] if line.strip()]
+    assert rows and all("mixtral" in r for r in rows)
+    one_line_error(cli("models", "list", "gpt-9"), "models list", "gpt-9")
