@@ -23,6 +23,11 @@ differ in what moves, what hides behind what, and the kernels around the attenti
   waits for its inputs. Each tensor is copied twice around its all-to-all (a contiguous
   head-split before, a chunk reorder after). Heads per rank, query and key/value alike, must
   divide over the CP ranks (TE asserts num_heads % cp_size == 0).
+- `ulysses-ring` (TE's hierarchical CP in AttnFuncWithCPAndKVP2P, Megatron-LM's --cp-comm-type
+  a2a+p2p with --hierarchical-context-parallel-sizes; Fang and Zhao 2024, USP): Ulysses'
+  all-to-alls inside groups of plan.cp_ulysses consecutive CP ranks, then the P2P ring over
+  the cp/cp_ulysses groups (each rank's ring partner sits cp_ulysses ranks on), hidden under
+  the attention as the plain ring is.
 - `torch-allgather`, `torch-alltoall`: PyTorch's experimental context parallelism
   (torch.distributed.tensor.experimental context_parallel), as torchtitan runs it
   (torchtitan@9dec370, 2024-12-26: utils.py create_context_parallel_ctx,
@@ -57,8 +62,9 @@ from .comm import all_to_all_time, collective_time, send_recv_time
 from .states import FP32_BYTES
 from .workload import ATTENTION_CORE, MEMORY, Op, local_heads
 
-CP_ATTENTION = ("ring", "kv-allgather", "ulysses", "torch-allgather", "torch-alltoall")
+CP_ATTENTION = ("ring", "kv-allgather", "ulysses", "ulysses-ring", "torch-allgather", "torch-alltoall")
 TE_EXPOSED = ("kv-allgather", "ulysses")  # TransformerEngine's collectives the attention waits for
+ULYSSES = ("ulysses", "ulysses-ring")  # all-to-alls of Q, K, V and O
 
 
 def _torch(method: str) -> bool:
@@ -88,9 +94,13 @@ def _te_exposed_s(model, shard, groups, cluster, method: str):
         gather = collective_time("all_gather", c * kv, groups.cp, cluster)
         scatter = collective_time("reduce_scatter", c * kv, groups.cp, cluster)
         return np.where(on, gather, 0.0), np.where(on, gather + scatter, 0.0)
-    x_q, x_k, x_v, x_o = (shard.act_bytes * x for x in _ulysses_elements(model, shard))
-    a2a = sum(all_to_all_time(x, groups.cp, cluster) for x in (x_q, x_k, x_v, x_o))
+    a2a = _all_to_alls_s(model, shard, groups.cp, cluster)
     return np.where(on, a2a, 0.0), np.where(on, a2a, 0.0)
+
+
+def _all_to_alls_s(model, shard, group, cluster):
+    """Seconds of Ulysses' four all-to-alls over `group` (Q, K, V, O; dO, dQ, dK, dV alike)."""
+    return sum(all_to_all_time(shard.act_bytes * x, group, cluster) for x in _ulysses_elements(model, shard))
 
 
 def _ulysses_elements(model, shard):
@@ -109,11 +119,17 @@ def exposed_s(model, shard, groups, cluster, method: str, attention_fwd_s, atten
         return _te_exposed_s(model, shard, groups, cluster, method)
     c = np.asarray(shard.cp)
     kv = exchanged_bytes(model, shard, method)
+    if method == "ulysses-ring" and groups.cp_a2a is not None:
+        # the ring over cp/cp_ulysses groups moves the K and V of cp_ulysses chunks of
+        # kv_heads/cp_ulysses heads: the bytes of the plain ring's chunk
+        a2a = np.where(c > 1, _all_to_alls_s(model, shard, groups.cp_a2a, cluster), 0.0)
+        fwd, bwd = _ring_exposed_s(kv, groups.cp_ring, cluster, attention_fwd_s, attention_bwd_s)
+        return a2a + fwd, a2a + bwd
+    if not _torch(method):
+        return _ring_exposed_s(kv, groups.cp, cluster, attention_fwd_s, attention_bwd_s)
     across = groups.cp.domains > 1
     hop = send_recv_time(kv, across, cluster)
     steps = c - 1
-    if not _torch(method):
-        return np.maximum(0.0, steps * hop - attention_fwd_s), np.maximum(0.0, 2 * steps * hop - attention_bwd_s)
     step_f, step_b = attention_fwd_s / c, attention_bwd_s / c
     if method == "torch-allgather":
         gather = collective_time("all_gather", c * kv, groups.cp, cluster)
@@ -126,6 +142,14 @@ def exposed_s(model, shard, groups, cluster, method: str, attention_fwd_s, atten
     return np.where(on, kv_f, 0.0), np.where(on, kv_b + grads, 0.0)
 
 
+def _ring_exposed_s(kv, group, cluster, attention_fwd_s, attention_bwd_s):
+    """TE's P2P ring over `group`: size-1 exchanges of `kv` bytes forward, twice that backward
+    (K, V and their gradients), hidden under the attention kernels."""
+    steps = np.asarray(group.size) - 1
+    hop = send_recv_time(kv, group.domains > 1, cluster)
+    return np.maximum(0.0, steps * hop - attention_fwd_s), np.maximum(0.0, 2 * steps * hop - attention_bwd_s)
+
+
 def merge_ops(model, shard, method: str, compiled: bool = True) -> list[Op]:
     """The memory-bound kernels around the attention kernel, per micro-batch (see the module's
     docstring): the torch ring's fp32 merges and gradient accumulations, TE's reorders and
@@ -135,7 +159,7 @@ def merge_ops(model, shard, method: str, compiled: bool = True) -> list[Op]:
     concatenated at every step even where the all-gather no longer reads it."""
     if np.ndim(shard.cp) == 0 and shard.cp == 1:
         return []
-    if method in TE_EXPOSED:
+    if method in TE_EXPOSED + ULYSSES:
         return [_te_copies(model, shard, method)]
     if not _torch(method):
         return []

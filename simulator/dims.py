@@ -55,6 +55,10 @@ class Groups:
     # HSDP (plan.dp_replicate > 1): `grad` is one replica's dp/dp_replicate x cp ranks, and
     # this the dp_replicate replicas, which all-reduce their gradient shards
     replicate: Placement | None = None
+    # hierarchical CP (cp_attention ulysses-ring): the all-to-all group of cp_ulysses
+    # consecutive CP ranks, and the ring over the groups
+    cp_a2a: Placement | None = None
+    cp_ring: Placement | None = None
     # expert layout (expert_order): EP all-to-all, ETP gather, EP x ETP (all-gather dispatcher),
     # expert-DP (gradient reduction and ZeRO sharding of the expert parameters)
     ep: Placement | None = None
@@ -125,9 +129,16 @@ def groups(plan, cluster: Cluster) -> Groups:
         order = order.replace("dp", "dp-dpr")
     e, e_order = expert_sizes(plan), expert_order(plan.rank_order, plan.moe.folding)
     expert_grad = ("edp",) if plan.moe.folding else ("cp", "edp")
+    # TE's ring sends to the rank cp_ulysses further on (TE@d0067d0da context_parallel.py
+    # AttnFuncWithCPAndKVP2P: send_dst = cp_global_ranks[(rank + 1) % cp_size * cp_size_a2a + rank_a2a])
+    a2a = plan.cp_ulysses
+    hierarchical = np.any(np.asarray(a2a) > 1)
+    cs, c_order = ({**s, "cp": s["cp"] // a2a, "cpa": a2a}, order.replace("cp", "cpa-cp")) if hierarchical else (s, order)
     return Groups(tp=placement(s, "tp", order, domain), cp=placement(s, "cp", order, domain),
                   grad=placement(s, grad_dims(), order, domain), pp=placement(s, "pp", order, domain),
                   replicate=placement(s, "dpr", order, domain) if hybrid else None,
+                  cp_a2a=placement(cs, "cpa", c_order, domain) if hierarchical else None,
+                  cp_ring=placement(cs, "cp", c_order, domain) if hierarchical else None,
                   ep=placement(e, "ep", e_order, domain), etp=placement(e, "etp", e_order, domain),
                   ep_etp=placement(e, ("etp", "ep"), e_order, domain),
                   expert_grad=placement(e, expert_grad, e_order, domain))

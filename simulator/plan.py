@@ -146,10 +146,14 @@ class Plan:
     # models): projections.py.
     projections: str = "fused"
     # How context parallelism runs attention (cpattention.py): TransformerEngine's P2P ring
-    # (Megatron-Core, NeMo), its K/V all-gather or its Ulysses all-to-alls (--cp-comm-type
-    # all_gather, a2a), or PyTorch's experimental context_parallel with its all-gather or
+    # (Megatron-Core, NeMo), its K/V all-gather, its Ulysses all-to-alls or both (--cp-comm-type
+    # all_gather, a2a, a2a+p2p), or PyTorch's experimental context_parallel with its all-gather or
     # all-to-all rotation of K and V (torchtitan).
     cp_attention: str = "ring"
+    # ulysses-ring (TE's hierarchical CP, Megatron --cp-comm-type a2a+p2p): the all-to-all group
+    # of that many consecutive CP ranks, the ring over cp/cp_ulysses of them
+    # (--hierarchical-context-parallel-sizes)
+    cp_ulysses: int = 1
     # Precision of the Adam states (the master copy and both moments): fp32, or bf16 as NeMo's
     # distributed_fused_adam with optim.dtype bf16 keeps them (states.bytes_per_param).
     optimizer_precision: str = "fp32"
@@ -241,6 +245,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         attention_kernel=F.choice(data, "attention_kernel", "plan", ATTENTION_KERNELS, "fused"),
         projections=F.choice(data, "projections", "plan", PROJECTIONS, "fused"),
         cp_attention=F.choice(data, "cp_attention", "plan", CP_ATTENTION, "ring"),
+        cp_ulysses=F.integer(data, "cp_ulysses", "plan", 1, maximum=10**6),
         optimizer_precision=F.choice(data, "optimizer_precision", "plan", ("fp32", "bf16"), "fp32"),
         fp32_params=F.boolean(data, "fp32_params", "plan", False),
     )
@@ -334,11 +339,7 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     check_moe_stages(plan, model, plan.pp * schedule.chunks(plan.vpp))
     if plan.cp > 1 and model.seq_len % (2 * plan.cp):
         raise InputError("plan.cp", plan.cp, f"2*cp must divide seq_len={model.seq_len} (load-balanced causal chunks)")
-    if plan.cp > 1 and plan.cp_attention == "ulysses":
-        q_heads, kv_heads = local_heads(model, plan.tp)
-        if q_heads % plan.cp or kv_heads % plan.cp:
-            raise InputError("plan.cp", plan.cp, f"must divide each rank's {q_heads:g} query and {kv_heads:g} "
-                             "key/value heads for cp_attention ulysses (its all-to-all splits the heads)")
+    check_cp_attention(plan, model)
     if plan.sp and (model.seq_len // plan.cp) % plan.tp:
         raise InputError("plan.sequence_parallel", True, f"tp={plan.tp} must divide the sequence per CP rank "
                          f"({model.seq_len // plan.cp})")
@@ -376,6 +377,26 @@ def check_hybrid_sharding(plan: Plan, model: ModelSpec) -> None:
     if plan.zero_stage == 3 and plan.zero3_impl == "deepspeed":
         raise InputError("plan.dp_replicate", plan.dp_replicate, "with zero3_impl fsdp2 (DeepSpeed's MiCS syncs "
                          "its replicas once per step, which is not modelled)")
+
+
+def check_cp_attention(plan: Plan, model: ModelSpec) -> None:
+    """The all-to-all of Ulysses splits every rank's query and key/value heads over its group
+    (TransformerEngine asserts num_heads % cp_size == 0); the hierarchical one's group is
+    cp_ulysses consecutive CP ranks."""
+    if plan.cp_ulysses != 1 and plan.cp_attention != "ulysses-ring":
+        raise InputError("plan.cp_ulysses", plan.cp_ulysses, "only with cp_attention: ulysses-ring")
+    if plan.cp_ulysses != 1:
+        _divides("plan.cp_ulysses", plan.cp_ulysses, "plan.cp", plan.cp)
+    if plan.cp_attention == "ulysses-ring" and plan.cp > 1 and plan.cp_ulysses < 2:
+        raise InputError("plan.cp_ulysses", plan.cp_ulysses, "the all-to-all group of ulysses-ring: 2 or more CP "
+                         "ranks dividing cp (1 is the plain ring, cp_attention: ring)")
+    a2a = {"ulysses": plan.cp, "ulysses-ring": plan.cp_ulysses}.get(plan.cp_attention, 1)
+    if a2a > 1:
+        q_heads, kv_heads = local_heads(model, plan.tp)
+        field = "plan.cp" if plan.cp_attention == "ulysses" else "plan.cp_ulysses"
+        if q_heads % a2a or kv_heads % a2a:
+            raise InputError(field, a2a, f"must divide each rank's {q_heads:g} query and {kv_heads:g} key/value "
+                             f"heads for cp_attention {plan.cp_attention} (its all-to-all splits the heads)")
 
 
 def check_options(plan: Plan) -> None:

@@ -110,8 +110,10 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
         if zero >= 1 and extra.get("zero3_impl") != "deepspeed":  # hybrid sharding: replicas of dp/dp_replicate ranks
             extra["dp_replicate"] = draw(st.sampled_from([r for r in (1, 1, 2, 4) if dp % r == 0]))
         extra["projections"] = draw(st.sampled_from(["fused", "separate"]))
-        extra["cp_attention"] = draw(st.sampled_from(["ring", "kv-allgather", "ulysses", "torch-allgather",
-                                                      "torch-alltoall"]))
+        extra["cp_attention"] = draw(st.sampled_from(["ring", "kv-allgather", "ulysses", "ulysses-ring",
+                                                      "torch-allgather", "torch-alltoall"]))
+        if extra["cp_attention"] == "ulysses-ring":  # all-to-alls over all of the (at most 2) CP ranks
+            extra["cp_ulysses"] = cp
         if extra["optimizer_precision"] == "fp32" and offload["optimizer"] == offload["params"] == "none":
             extra["fp32_params"] = draw(st.booleans())
         even = layers // (pp * chunks) * chunks  # layers per rank

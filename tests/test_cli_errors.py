@@ -68,6 +68,10 @@ CASES = {
                                  "dp_replicate: 2,"), ("plan.dp_replicate", "2", "fsdp2")),
     "ulysses_heads": (GOOD.replace("nodes: 1", "nodes: 2").replace("dp: 8,", "dp: 1, cp: 16, "
                       "cp_attention: ulysses,"), ("plan.cp", "16", "24 query", "ulysses")),
+    "ulysses_group_without_hierarchy": (GOOD.replace("dp: 8,", "dp: 4, cp: 2, cp_ulysses: 2,"),
+                                        ("plan.cp_ulysses", "2", "ulysses-ring")),
+    "hierarchy_of_one": (GOOD.replace("dp: 8,", "dp: 4, cp: 2, cp_attention: ulysses-ring,"),
+                         ("plan.cp_ulysses", "1", "2 or more")),
     "replicas_of_moe": (GOOD.replace("megatron-gpt-1.7b", "mixtral-8x7b").replace("dp: 8,", "dp: 8, zero_stage: 1, "
                         "dp_replicate: 2,"), ("plan.dp_replicate", "2", "MoE")),
 }

@@ -137,3 +137,32 @@ def test_ulysses_copies_every_tensor_twice_around_its_all_to_all():
     (op,) = merge_ops(GQA, SHARD, "ulysses")
     moved = 2 * (X + KV_HEADS_X + KV_HEADS_X + X)
     assert op.fwd_bytes == pytest.approx(2 * 2 * moved) and op.bwd_input_bytes == pytest.approx(2 * 2 * moved)
+
+
+def test_hierarchical_cp_all_to_alls_in_its_group_then_rings_over_the_groups(dgx_a100):
+    # cp 4 as 2 all-to-all groups of 2 consecutive ranks and a ring of 2 over them
+    cluster = dgx_a100(1)
+    link = cluster.node.scaleup
+    pair = Placement(2, 2, 1)
+    groups = Groups(tp=Placement(1, 1, 1), cp=Placement(4, 4, 1), grad=Placement(4, 4, 1), pp=Placement(1, 1, 1),
+                    cp_a2a=pair, cp_ring=pair)
+    a2a = lambda n: link.latency_s + n / 2 / link.bus_bytes_per_s  # noqa: E731  one step, half the tensor
+    sizes = (2 * X, 2 * KV_HEADS_X, 2 * KV_HEADS_X, 2 * X)
+    # each ring hop moves K and V of 2 chunks of 1 of the 2 KV heads: the plain ring's chunk
+    hop = link.latency_s + 2 * 2 * KV_HEADS_X / link.bus_bytes_per_s
+    fwd, bwd = exposed_s(GQA, SHARD, groups, cluster, "ulysses-ring", 0.0, 0.0)
+    assert float(fwd) == pytest.approx(sum(a2a(n) for n in sizes) + hop)
+    assert float(bwd) == pytest.approx(sum(a2a(n) for n in sizes) + 2 * hop)
+    # an attention longer than the ring's hops hides them, never the all-to-alls
+    fwd, _ = exposed_s(GQA, SHARD, groups, cluster, "ulysses-ring", 10 * hop, 10 * hop)
+    assert float(fwd) == pytest.approx(sum(a2a(n) for n in sizes))
+
+
+def test_hierarchical_cp_groups_are_consecutive_cp_ranks_and_the_ring_strides_over_them(scenario):
+    from simulator.dims import groups
+
+    s = scenario(model={"preset": "llama-3.1-8b", "seq_len": 32768}, cluster={"node": "dgx-h100", "nodes": 2},
+                 tp=2, cp=8, dp=1, global_batch=8, sequence_parallel=True, cp_attention="ulysses-ring", cp_ulysses=2)
+    g = groups(s.plan, s.cluster)
+    assert (g.cp_a2a.size, g.cp_a2a.local, g.cp_a2a.domains) == (2, 2, 1)  # ranks 2 apart, one node
+    assert (g.cp_ring.size, g.cp_ring.local, g.cp_ring.domains) == (4, 2, 2)  # ranks 4 apart, 2 per node

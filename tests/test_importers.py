@@ -301,8 +301,12 @@ def test_megatron_cp_comm_types_are_transformer_engines_cp_attention(comm, metho
     assert plan["cp_attention"] == method
 
 
-def test_megatron_hierarchical_cp_is_refused():
-    with pytest.raises(InputError, match="cp-comm-type"):
+def test_megatron_hierarchical_cp_is_ulysses_inside_groups_of_the_first_size_and_a_ring_over_them():
+    plan = import_config("megatron", None, {"cluster.node": "dgx-h100", "cluster.nodes": 2}, argv=[
+        *MEGATRON_ARGV, "--context-parallel-size", "8", "--cp-comm-type", "a2a+p2p",
+        "--hierarchical-context-parallel-sizes", "2", "4"]).scenario["plan"]
+    assert (plan["cp_attention"], plan["cp_ulysses"]) == ("ulysses-ring", 2)
+    with pytest.raises(InputError, match="hierarchical-context-parallel-sizes"):
         import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[
             *MEGATRON_ARGV, "--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"])
 

@@ -117,16 +117,24 @@ def _number(a: Account, key: str, default=None, integer=True):
 CP_COMM_TYPES = {"p2p": "ring", "all_gather": "kv-allgather", "a2a": "ulysses"}
 
 
-def _cp_comm_type(a: Account, key: str) -> None:
-    """--cp-comm-type (one value, or one per layer that all agree) -> plan.cp_attention."""
+def _cp_comm_type(a: Account, key: str, sizes_key: str) -> None:
+    """--cp-comm-type (one value, or one per layer that all agree) -> plan.cp_attention; a2a+p2p
+    with --hierarchical-context-parallel-sizes A2A P2P -> ulysses-ring over groups of A2A."""
     if not a.has(key):
         return
     value = a.get(key)
-    values = set(value) if isinstance(value, (list, tuple)) else {value}
-    if len(values) != 1 or str(next(iter(values))) not in CP_COMM_TYPES:
-        a.refuse(key, "modelled: one of " + ", ".join(CP_COMM_TYPES) + " for every layer (a2a+p2p, "
-                 "hierarchical CP, is not)")
-    a.map(key, "plan.cp_attention", CP_COMM_TYPES[str(next(iter(values)))])
+    values = {str(v) for v in value} if isinstance(value, (list, tuple)) else {str(value)}
+    comm = next(iter(values))
+    if len(values) != 1 or comm not in (*CP_COMM_TYPES, "a2a+p2p"):
+        a.refuse(key, "modelled: one of " + ", ".join((*CP_COMM_TYPES, "a2a+p2p")) + ", the same for every layer")
+    if comm != "a2a+p2p":
+        a.map(key, "plan.cp_attention", CP_COMM_TYPES[comm])
+        return
+    sizes = a.get(sizes_key)
+    if not isinstance(sizes, (list, tuple)) or len(sizes) != 2:
+        a.refuse(sizes_key, "a2a+p2p needs the two hierarchical CP sizes (all-to-all group, ring)")
+    a.map(key, "plan.cp_attention", "ulysses-ring")
+    a.map(sizes_key, "plan.cp_ulysses", int(sizes[0]))
 
 
 def read_args(args: dict) -> Imported:
@@ -169,7 +177,7 @@ def read_args(args: dict) -> Imported:
     a.map("tensor-model-parallel-size", "plan.tp", tp)
     a.map("pipeline-model-parallel-size", "plan.pp", pp)
     a.map("context-parallel-size", "plan.cp", _number(a, "context-parallel-size", 1))
-    _cp_comm_type(a, "cp-comm-type")
+    _cp_comm_type(a, "cp-comm-type", "hierarchical-context-parallel-sizes")
     vocab_key = "vocab-size" if a.has("vocab-size") else "tokenizer-type"
     vocab = _number(a, "vocab-size") if a.has("vocab-size") else TOKENIZER_VOCAB.get(a.get("tokenizer-type",
                                                                                            "GPT2BPETokenizer"))
@@ -338,7 +346,7 @@ def read_nemo(data: dict) -> Imported:
     a.map(m("tensor_model_parallel_size"), "plan.tp", tp)
     a.map(m("pipeline_model_parallel_size"), "plan.pp", a.number(m("pipeline_model_parallel_size"), 1))
     a.map(m("context_parallel_size"), "plan.cp", a.number(m("context_parallel_size"), 1))
-    _cp_comm_type(a, m("cp_comm_type"))
+    _cp_comm_type(a, m("cp_comm_type"), m("hierarchical_context_parallel_sizes"))
     vpp = a.number(m("virtual_pipeline_model_parallel_size"), 1)
     a.map(m("virtual_pipeline_model_parallel_size"), "plan.vpp", vpp)
     a.scenario["plan"]["schedule"] = "interleaved" if vpp > 1 else "1f1b"
