@@ -122,18 +122,16 @@ def groups(plan, cluster: Cluster) -> Groups:
     (megatron/core/parallel_state.py initialize_model_parallel, num_distributed_optimizer_instances)."""
     s = sizes(plan)
     order, domain = plan.rank_order, cluster.scaleup_domain
-    r = plan.dp_replicate
-    hybrid = np.any(np.asarray(r) > 1)
+    hybrid = np.any(np.asarray(plan.dp_replicate) > 1)
     if hybrid:
-        s = {**s, "dp": s["dp"] // r, "dpr": r}
-        order = order.replace("dp", "dp-dpr")
+        s, order = _split(s, order, "dp", "dp", s["dp"] // plan.dp_replicate, "dpr")
     e, e_order = expert_sizes(plan), expert_order(plan.rank_order, plan.moe.folding)
     expert_grad = ("edp",) if plan.moe.folding else ("cp", "edp")
-    # TE's ring sends to the rank cp_ulysses further on (TE@d0067d0da context_parallel.py
-    # AttnFuncWithCPAndKVP2P: send_dst = cp_global_ranks[(rank + 1) % cp_size * cp_size_a2a + rank_a2a])
-    a2a = plan.cp_ulysses
-    hierarchical = np.any(np.asarray(a2a) > 1)
-    cs, c_order = ({**s, "cp": s["cp"] // a2a, "cpa": a2a}, order.replace("cp", "cpa-cp")) if hierarchical else (s, order)
+    # hierarchical CP: TE's ring sends to the rank cp_ulysses further on (TE@d0067d0da
+    # context_parallel.py AttnFuncWithCPAndKVP2P: send_dst = cp_global_ranks[(rank + 1) %
+    # cp_size * cp_size_a2a + rank_a2a])
+    hierarchical = np.any(np.asarray(plan.cp_ulysses) > 1)
+    cs, c_order = _split(s, order, "cp", "cpa", plan.cp_ulysses, "cp") if hierarchical else (s, order)
     return Groups(tp=placement(s, "tp", order, domain), cp=placement(s, "cp", order, domain),
                   grad=placement(s, grad_dims(), order, domain), pp=placement(s, "pp", order, domain),
                   replicate=placement(s, "dpr", order, domain) if hybrid else None,
@@ -142,6 +140,12 @@ def groups(plan, cluster: Cluster) -> Groups:
                   ep=placement(e, "ep", e_order, domain), etp=placement(e, "etp", e_order, domain),
                   ep_etp=placement(e, ("etp", "ep"), e_order, domain),
                   expert_grad=placement(e, expert_grad, e_order, domain))
+
+
+def _split(s: dict, order: str, dim: str, inner: str, inner_size, outer: str) -> tuple[dict, str]:
+    """Sizes and rank order with `dim` split into `inner` (inner_size consecutive ranks) and
+    `outer` (the rest, strided over them)."""
+    return {**s, outer: s[dim] // inner_size, inner: inner_size}, order.replace(dim, f"{inner}-{outer}")
 
 
 def expert_grad_group_size(plan):
