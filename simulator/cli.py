@@ -194,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--dp-replicate", action="append", default=None, metavar="R",
                     help="also try hybrid sharding with these replica counts (repeat or comma-separate; "
                          "1 is always tried)")
+    se.add_argument("--cp-attention", action="append", default=None, metavar="M",
+                    help="CP implementations to try where cp > 1 (repeat or comma-separate; default ring): "
+                         "ring, kv-allgather, ulysses, torch-allgather, torch-alltoall")
     se.add_argument("--max-tp", default=None, metavar="N", help="largest tensor-parallel size")
     se.add_argument("--max-pp", default=None, metavar="N", help="largest pipeline-parallel size")
     se.add_argument("--memory-headroom", default=None, metavar="FRACTION",
@@ -552,6 +555,7 @@ def _choices(values, flag: str, allowed) -> tuple | None:
 def _search_options(args):
     from dataclasses import replace
 
+    from .cpattention import CP_ATTENTION
     from .plan import PRECISIONS, RECOMPUTE, SCHEDULES
     from .search import SearchOptions
 
@@ -565,6 +569,9 @@ def _search_options(args):
                           if name != "zero_stages" else args.zero_stage, flag, allowed)
         if chosen is not None:
             changes[name] = chosen
+    if args.cp_attention is not None:
+        changes["cp_attentions"] = _choices(args.cp_attention, "--cp-attention", tuple(
+            m for m in CP_ATTENTION if m != "ulysses-ring"))  # its group size is a plan of its own
     if args.dp_replicate is not None:
         replicas = [_int_flag(v.strip(), "--dp-replicate", maximum=10**6) for item in args.dp_replicate
                     for v in str(item).split(",")]
@@ -608,7 +615,8 @@ def cmd_search(args) -> int:
           f"ranked by {args.objective} ({result.ranked_by})")
     for note in result.notes:
         print("note: " + note)
-    rows = [(r.rank, r.tp, r.pp, r.dp, r.cp, f"{r.ep}/{r.etp}", r.vpp, r.micro_batch, r.schedule,
+    rows = [(r.rank, r.tp, r.pp, r.dp, r.cp if r.cp_attention == "ring" or r.cp == 1 else f"{r.cp} {r.cp_attention}",
+             f"{r.ep}/{r.etp}", r.vpp, r.micro_batch, r.schedule,
              "y" if r.sequence_parallel else "n",
              r.recompute, r.zero_stage if r.dp_replicate == 1 else f"{r.zero_stage}, {r.dp_replicate} replicas",
              "/".join(x for x in (r.offload_optimizer, r.offload_params,

@@ -23,7 +23,7 @@ PLAN_COLUMNS = {
     "tp": "int", "pp": "int", "dp": "int", "cp": "int", "ep": "int", "etp": "int", "vpp": "int", "micro_batch": "int",
     "global_batch": "int", "microbatches": "int", "schedule": "str", "sequence_parallel": "bool",
     "recompute": "str", "zero_stage": "int", "dp_replicate": "int", "precision": "str", "offload_optimizer": "str",
-    "offload_params": "str", "offload_activations": "str", "flash_attention": "bool",
+    "offload_params": "str", "offload_activations": "str", "flash_attention": "bool", "cp_attention": "str",
 }
 RESULT_SCALARS = {
     "feasible": "bool", "reason": "str", "engine": "str", "step_time_s": "float", "tokens_per_s": "float",
