@@ -131,7 +131,7 @@ def _cp_comm_type(a: Account, key: str, sizes_key: str) -> None:
         a.map(key, "plan.cp_attention", CP_COMM_TYPES[comm])
         return
     sizes = a.get(sizes_key)
-    if not isinstance(sizes, (list, tuple)) or len(sizes) != 2:
+    if not isinstance(sizes, (list, tuple)) or len(sizes) != 2 or not str(sizes[0]).isdigit():
         a.refuse(sizes_key, "a2a+p2p needs the two hierarchical CP sizes (all-to-all group, ring)")
     a.map(key, "plan.cp_attention", "ulysses-ring")
     a.map(sizes_key, "plan.cp_ulysses", int(sizes[0]))
