@@ -9,7 +9,8 @@ holding the same weights (dp x cp: dims.Groups.grad).
 
 Hybrid sharding (HSDP, plan.dp_replicate): ZeRO's group is one replica's ranks; the weights
 are gathered inside the replica only, and each gradient reduce-scatter inside it is followed
-by an all-reduce of the reduced shard over the replicas (dims.Groups.replicate):
+by an all-reduce of the reduced shard over the replicas (dims.Groups.replicate; MoE layers'
+expert-DP group splits into the same number of replicas, dims.Groups.expert_replicate):
 - Megatron-LM (ZeRO-1, --num-distributed-optimizer-instances) runs the two one after the
   other on one communication stream (NVIDIA/Megatron-LM@d98e8a64dd megatron/core/distributed/
   param_and_grad_buffer.py start_grad_sync, "NCCL Stream: RS ... AR").

@@ -65,6 +65,7 @@ class Groups:
     etp: Placement | None = None
     ep_etp: Placement | None = None
     expert_grad: Placement | None = None
+    expert_replicate: Placement | None = None  # HSDP's replicas in the expert layout
 
     @property
     def pp_crosses_domain(self):
@@ -127,6 +128,8 @@ def groups(plan, cluster: Cluster) -> Groups:
         s, order = _split(s, order, "dp", "dp", s["dp"] // plan.dp_replicate, "dpr")
     e, e_order = expert_sizes(plan), expert_order(plan.rank_order, plan.moe.folding)
     expert_grad = ("edp",) if plan.moe.folding else ("cp", "edp")
+    if hybrid:  # Megatron-Core's expert grid (tp, ep, inner_dp, outer_dp, pp), innermost first
+        e, e_order = _split(e, e_order, "edp", "edp", e["edp"] // plan.dp_replicate, "edpr")
     # hierarchical CP: TE's ring sends to the rank cp_ulysses further on (TE@d0067d0da
     # context_parallel.py AttnFuncWithCPAndKVP2P: send_dst = cp_global_ranks[(rank + 1) %
     # cp_size * cp_size_a2a + rank_a2a])
@@ -139,7 +142,8 @@ def groups(plan, cluster: Cluster) -> Groups:
                   cp_ring=placement(cs, "cp", c_order, domain) if hierarchical else None,
                   ep=placement(e, "ep", e_order, domain), etp=placement(e, "etp", e_order, domain),
                   ep_etp=placement(e, ("etp", "ep"), e_order, domain),
-                  expert_grad=placement(e, expert_grad, e_order, domain))
+                  expert_grad=placement(e, expert_grad, e_order, domain),
+                  expert_replicate=placement(e, "edpr", e_order, domain) if hybrid else None)
 
 
 def _split(s: dict, order: str, dim: str, inner: str, inner_size, outer: str) -> tuple[dict, str]:
@@ -152,6 +156,12 @@ def expert_grad_group_size(plan):
     """Ranks holding the same expert weights (expert-DP, devices / (pp·ep·etp)): ZeRO shards
     the expert parameters' states over them (Megatron-Core's expert data-parallel group)."""
     return plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp)
+
+
+def expert_zero_group_size(plan):
+    """Ranks over which ZeRO shards the expert parameters' states: the expert-DP group, or
+    one replica's share of it under hybrid sharding."""
+    return expert_grad_group_size(plan) // plan.dp_replicate
 
 
 def grad_group_size(plan):

@@ -17,7 +17,7 @@ from functools import partial
 import numpy as np
 
 from .dataparallel import DPCosts, buckets, dp_costs
-from .dims import grad_group_size
+from .dims import expert_grad_group_size, grad_group_size
 from .memory import ActivationSizes, activation_sizes, buffer_bytes
 from .moe import (SHARED_EXPERTS, ExpertShard, dispatch_comm_s, exposed_dispatch_s, layer_params_split,
                   moe_buffer_bytes, stage_layer_mix)
@@ -179,7 +179,7 @@ def _kind_passes(t: OpsTime, rerun: tuple, n, emb_t, head_t, has_emb, has_head, 
                       checkpoint.tp_rerun, checkpoint.cp_rerun, ep_s)
 
 
-def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, zero_group, expert_group,
+def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, zero_group, expert_zero_group,
                 p, v, has_emb, has_head, head_copy, emb_t, head_t, head) -> MixedStage:
     """A representative stage of a model with experts, MLA or multi-token prediction (whose
     depths run on the head stage, each a layer of the last layer's kind: mtp.py)."""
@@ -195,18 +195,21 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, zero_gr
         dense = dense + depths * mtp.depth_params(model, plan.tp) + mtp.embedding_copy_params(model, plan.tp, has_emb,
                                                                                               has_head)
     routed = n_moe * mix.routed_params
-    states = _sum_states(model_states(dense, plan, per, zero_group), model_states(routed, plan, per, expert_group))
+    states = _sum_states(model_states(dense, plan, per, zero_group), model_states(routed, plan, per, expert_zero_group))
     # FP8 linears (fp8.py): the weight copies TransformerEngine keeps, and FP8 all-gathers of
     # FP8 primary weights; the routed experts are all linear weights
     dense_linears = n_dense * mix.dense_linear_params + n_moe * mix.moe_rest_linear_params
     states = fp8.with_weight_copies(states, dense_linears + routed, plan, per)
     dense_gather = fp8.gather_bytes_per_param(per, dense_linears, dense, plan)
     routed_gather = fp8.weight_bytes_per_param(plan)[1]
+    units = np.maximum(n_dense + n_moe, 1)
     dp = _sum_dp(dp_costs(plan.zero_stage, dense, dense_gather, per.grad, groups.grad, cluster, groups.replicate,
-                          np.maximum(n_dense + n_moe, 1)),
-                 dp_costs(plan.zero_stage, routed, routed_gather, per.grad, groups.expert_grad, cluster))
-    count = buckets(dense / v, grad_group_size(plan)) + np.where(routed > 0, buckets(routed / v, expert_group), 0)
-    shard_group = (dense + routed) / (dense / zero_group + routed / expert_group)
+                          units),
+                 dp_costs(plan.zero_stage, routed, routed_gather, per.grad, groups.expert_grad, cluster,
+                          groups.expert_replicate, np.maximum(n_moe, 1)))
+    count = buckets(dense / v, grad_group_size(plan)) + np.where(routed > 0, buckets(routed / v,
+                                                                                      expert_grad_group_size(plan)), 0)
+    shard_group = (dense + routed) / (dense / zero_group + routed / expert_zero_group)
     d_acts = activation_sizes(model, shard, plan, n_dense / v, has_emb, has_head, mix.dense_ops, head)
     passes = _kind_passes(mix.dense_t, mix.dense_rerun, n_dense, emb_t, head_t, has_emb, has_head, mix.dense_tp_s,
                           mix.dense_cp_s, (0.0, 0.0), plan, v)

@@ -30,7 +30,7 @@ from .dataparallel import DPCosts, buckets, dp_costs
 from .compute import memory_bound_time
 from .fusion import eager_ops
 from .tpoverlap import overlapped_tp_s
-from .dims import Groups, expert_grad_group_size, grad_group_size, groups, zero_group_size
+from .dims import Groups, expert_zero_group_size, grad_group_size, groups, zero_group_size
 from .layermix import compile_mix, layer_operators, mixed_stage, needs_layer_mix
 from .memory import ActivationSizes, StageMemory, activation_sizes, buffer_bytes, peak_activation_bytes
 from .offload import OffloadCosts, offload_costs, resident_chunks_with_offload
@@ -207,7 +207,7 @@ def compile_layout(model, cluster, plan) -> Layout:
                                                                     layer_gather, per.grad)
             n_buckets, shard_group = buckets(params / v, grad_group_size(plan)), zero_group
         else:  # dense-MLP and MoE layers, MLA (layermix.py)
-            x = mixed_stage(mix, model, cluster, plan, shard, g, per, zero_group, expert_grad_group_size(plan), p, v,
+            x = mixed_stage(mix, model, cluster, plan, shard, g, per, zero_group, expert_zero_group_size(plan), p, v,
                             has_emb, has_head, head_copy, emb_t, head_t, head)
             params, states, acts, passes, dp = x.params, x.states, x.activations, x.passes, x.dp
             n_buckets, shard_group, stage_buffers, linears = x.buckets, x.shard_group, buffers, x.linears

@@ -19,6 +19,7 @@ from .loss import LOSSES
 from .model import ModelSpec
 from .mtp import check_mtp_plan
 from .moe import DISPATCHERS, MoEOptions, check_layer_mix_options, check_moe_plan, check_moe_stages
+from .dims import expert_grad_group_size
 from .workload import local_heads
 from .pipebuffers import PP_IMPLS, PP_OUTPUTS
 from .projections import PROJECTIONS
@@ -371,9 +372,12 @@ def check_hybrid_sharding(plan: Plan, model: ModelSpec) -> None:
     if plan.zero_stage < 1:
         raise InputError("plan.dp_replicate", plan.dp_replicate, "hybrid sharding needs zero_stage >= 1 (with "
                          "zero_stage 0 every data-parallel rank is a replica already)")
-    if model.experts:
-        raise InputError("plan.dp_replicate", plan.dp_replicate, "hybrid sharding of MoE models (their expert-"
-                         "data-parallel group split into replicas) is not modelled: use dp_replicate: 1")
+    if model.experts:  # Megatron-Core splits the expert-DP group into the same instances
+        if not plan.moe.folding:
+            raise InputError("plan.dp_replicate", plan.dp_replicate, "with MoE layers only under moe.folding: true "
+                             "(Megatron-Core's expert layout, whose expert-DP group the instances split)")
+        _divides("plan.dp_replicate", plan.dp_replicate, "the expert data-parallel size (tp*cp*dp/(ep*etp))",
+                 expert_grad_group_size(plan))
     if plan.zero_stage == 3 and plan.zero3_impl == "deepspeed":
         raise InputError("plan.dp_replicate", plan.dp_replicate, "with zero3_impl fsdp2 (DeepSpeed's MiCS syncs "
                          "its replicas once per step, which is not modelled)")

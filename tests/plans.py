@@ -142,6 +142,8 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
     }
     if experts:
         data["plan"].update(_expert_plan(draw, experts, tp, cp, dp, preset == "deepseek-v3"))
+        if zero >= 1:  # hybrid sharding splits the expert-DP group too (validation rejects what it cannot split)
+            data["plan"]["dp_replicate"] = draw(st.sampled_from([1, 1, 2]))
     return data
 
 

@@ -72,8 +72,8 @@ CASES = {
                                         ("plan.cp_ulysses", "2", "ulysses-ring")),
     "hierarchy_of_one": (GOOD.replace("dp: 8,", "dp: 4, cp: 2, cp_attention: ulysses-ring,"),
                          ("plan.cp_ulysses", "1", "2 or more")),
-    "replicas_of_moe": (GOOD.replace("megatron-gpt-1.7b", "mixtral-8x7b").replace("dp: 8,", "dp: 8, zero_stage: 1, "
-                        "dp_replicate: 2,"), ("plan.dp_replicate", "2", "MoE")),
+    "replicas_beyond_expert_dp": (GOOD.replace("megatron-gpt-1.7b", "mixtral-8x7b").replace("dp: 8,", "dp: 8, ep: 8, "
+                                  "zero_stage: 1, dp_replicate: 2,"), ("plan.dp_replicate", "2", "expert data-parallel")),
 }
 
 

@@ -84,3 +84,18 @@ def test_the_engines_agree_on_a_hybrid_sharded_plan(scenario):
     a, g = evaluate(s, "analytic"), evaluate(s, "graph")
     assert a.step_time_s == pytest.approx(g.step_time_s, rel=0.03)
     assert a.peak_memory_bytes == pytest.approx(g.peak_memory_bytes, rel=1e-6)
+
+
+def test_moe_replicas_split_the_expert_data_parallel_group_too(scenario):
+    # Mixtral on 32 GPUs, tp 2 x dp 16, ep 4 (etp = tp): the expert-DP group of 2*16/(4*2) = 4
+    # ranks splits like the dense one into 2 replicas of 2 (Megatron-Core's expert grid
+    # tp, ep, inner_dp, outer_dp, pp); every ZeRO-1 shard, dense and routed, doubles
+    plan = dict(tp=2, dp=16, ep=4, micro_batch=1, global_batch=64, sequence_parallel=True, zero_stage=1)
+    kw = dict(model={"preset": "mixtral-8x7b"}, cluster={"node": "dgx-h100", "nodes": 4})
+    whole, hybrid = scenario(**kw, **plan), scenario(**kw, **plan, dp_replicate=2)
+    a = compile_layout(whole.model, whole.cluster, whole.plan).stages[0].states
+    b = compile_layout(hybrid.model, hybrid.cluster, hybrid.plan).stages[0].states
+    assert float(b.optimizer_bytes) == pytest.approx(2 * float(a.optimizer_bytes))
+    g = groups(hybrid.plan, hybrid.cluster)
+    assert (g.expert_grad.size, g.expert_replicate.size) == (2, 2)
+    assert (g.expert_replicate.local, g.expert_replicate.domains) == (1, 2)  # 16 ranks apart: across nodes
