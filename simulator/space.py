@@ -125,8 +125,9 @@ def _numbers(where: str, arg, count: tuple) -> list:
     if not isinstance(arg, list) or len(arg) not in count:
         raise InputError(where, arg, f"expected a list of {' or '.join(map(str, count))} numbers")
     for v in arg:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise InputError(where, v, "expected a finite number")
+        # abs() first: an int too large for a float has no isfinite
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not abs(v) <= F.ABSURD:
+            raise InputError(where, v, f"expected a finite number of magnitude at most {F.ABSURD:g}")
     return arg
 
 

@@ -80,6 +80,12 @@ def test_bad_space_on_the_command_line_is_one_line_and_exit_2(tmp_path):
     assert "sweep.plan.tp.range" in proc.stderr
 
 
+@pytest.mark.parametrize("bad", [10**400, float("nan"), 1e31])
+def test_a_range_end_beyond_any_plan_is_one_input_error(bad):
+    with pytest.raises(InputError, match="magnitude"):
+        _space({"plan.tp": {"range": [0, bad]}})
+
+
 BOUNDED = {"2 ** 2 ** 2 ** 40": "exponents", "((2**64)**64)**64": "beyond", "10.0 ** 400": "beyond",
            "1e20 * 1e20": "beyond", "'a' * 10**9": "repetition", "[1] * 10**6": "repetition", "-'x'": "negate",
            "'%*d' % (10**9, 1)": "formatting", "plan.tp in 5": "`in`", "1 / 0": "division by zero",
