@@ -11,11 +11,12 @@ measured on the part itself. A source may be given for the exact field
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from .errors import InputError
 from .hardware import CALIBRATED, available, profiles_dir
+from .importers.common import flatten
 from .resources import user_calibrated_dir
 
 KINDS = ("accelerators", "nodes", "networks")
@@ -40,15 +41,6 @@ def profile_file(name: str) -> tuple[str, Path]:
     raise InputError("hardware show", name, "known profiles: " + ", ".join(known))
 
 
-def _leaves(data: Mapping, prefix: str = "") -> Iterator[tuple[str, object]]:
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            yield from _leaves(value, dotted + ".")
-        else:
-            yield dotted, value
-
-
 def source_of(field: str, sources: Mapping) -> str:
     """The most specific source stated for dotted `field`: its own, else its mapping's, else
     that of the curve or table it belongs to; "" where none is."""
@@ -68,26 +60,22 @@ def provenance_rows(data: Mapping) -> list[dict]:
     if run:
         sources.setdefault("calibration", f"[measured] the record of {run}")
     return [{"field": field, "value": value, "source": source_of(field, sources)}
-            for field, value in _leaves({k: v for k, v in data.items() if k != "sources"})]
+            for field, value in flatten({k: v for k, v in data.items() if k != "sources"}).items()]
 
 
 def render(name: str, kind: str, path: Path, rows: list[dict], width: int = 100) -> str:
     """The rows as text: consecutive fields that share a source, then that source once,
     wrapped; a calibration record folded into one line."""
+    import itertools
     import textwrap
 
     record = [r for r in rows if r["field"].startswith("calibration.")]
     rows = [r for r in rows if not r["field"].startswith("calibration.")]
     lines = [f"{name} ({kind[:-1]}, {path})", ""]
-    i = 0
-    while i < len(rows):
-        j = i
-        while j + 1 < len(rows) and rows[j + 1]["source"] == rows[i]["source"]:
-            j += 1
-        lines += [f"{r['field']} = {r['value']}" for r in rows[i:j + 1]]
-        if rows[i]["source"]:
-            lines += textwrap.wrap(rows[i]["source"], width, initial_indent="    ", subsequent_indent="    ")
-        i = j + 1
+    for source, run in itertools.groupby(rows, key=lambda r: r["source"]):
+        lines += [f"{r['field']} = {r['value']}" for r in run]
+        if source:
+            lines += textwrap.wrap(source, width, initial_indent="    ", subsequent_indent="    ")
     if record:
         lines += [f"calibration: {len(record)} values, {record[0]['source']} (--json lists them)"]
     return "\n".join(lines)
