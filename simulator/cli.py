@@ -196,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "1 is always tried)")
     se.add_argument("--cp-attention", action="append", default=None, metavar="M",
                     help="CP implementations to try where cp > 1 (repeat or comma-separate; default ring): "
-                         "ring, kv-allgather, ulysses, torch-allgather, torch-alltoall")
+                         "ring, kv-allgather, ulysses, ulysses-ring (at every all-to-all group size), "
+                         "torch-allgather, torch-alltoall")
     se.add_argument("--max-tp", default=None, metavar="N", help="largest tensor-parallel size")
     se.add_argument("--max-pp", default=None, metavar="N", help="largest pipeline-parallel size")
     se.add_argument("--memory-headroom", default=None, metavar="FRACTION",
@@ -570,8 +571,7 @@ def _search_options(args):
         if chosen is not None:
             changes[name] = chosen
     if args.cp_attention is not None:
-        changes["cp_attentions"] = _choices(args.cp_attention, "--cp-attention", tuple(
-            m for m in CP_ATTENTION if m != "ulysses-ring"))  # its group size is a plan of its own
+        changes["cp_attentions"] = _choices(args.cp_attention, "--cp-attention", CP_ATTENTION)
     if args.dp_replicate is not None:
         replicas = [_int_flag(v.strip(), "--dp-replicate", maximum=10**6) for item in args.dp_replicate
                     for v in str(item).split(",")]
@@ -615,7 +615,7 @@ def cmd_search(args) -> int:
           f"ranked by {args.objective} ({result.ranked_by})")
     for note in result.notes:
         print("note: " + note)
-    rows = [(r.rank, r.tp, r.pp, r.dp, r.cp if r.cp_attention == "ring" or r.cp == 1 else f"{r.cp} {r.cp_attention}",
+    rows = [(r.rank, r.tp, r.pp, r.dp, _cp_cell(r),
              f"{r.ep}/{r.etp}", r.vpp, r.micro_batch, r.schedule,
              "y" if r.sequence_parallel else "n",
              r.recompute, r.zero_stage if r.dp_replicate == 1 else f"{r.zero_stage}, {r.dp_replicate} replicas",
@@ -629,6 +629,15 @@ def cmd_search(args) -> int:
     print(_fmt_table(rows, ("#", "tp", "pp", "dp", "cp", "ep/etp", "vpp", "mb", "schedule", "sp", "recompute",
                             "zero", "offload opt/par/act", "step", "tokens/s", "MFU", "GiB", "$/M tok", "same as")))
     return 0
+
+
+def _cp_cell(row) -> str | int:
+    """The search table's cp: the degree, with the implementation where it is not the ring
+    ('8 ulysses-ring/2': all-to-alls in groups of 2, the ring over 4 of them)."""
+    if row.cp == 1 or row.cp_attention == "ring":
+        return row.cp
+    group = f"/{row.cp_ulysses}" if row.cp_attention == "ulysses-ring" else ""
+    return f"{row.cp} {row.cp_attention}{group}"
 
 
 def cmd_plot(args) -> int:

@@ -11,7 +11,8 @@ chunk (vpp = 1 is 1F1B) and, with flash attention, selective recomputation (it r
 nothing). Sizes range over divisors; micro_batch, vpp and cp have caps (SearchOptions).
 Hybrid sharding (plan.dp_replicate) is tried at the replica counts SearchOptions names, each
 shape with replicas only under ZeRO stages >= 1 (its settings are checked per shape group),
-and shapes with CP at each CP implementation it names (plan.cp_attention).
+and shapes with CP at each CP implementation it names (plan.cp_attention; ulysses-ring at
+each all-to-all group size, plan.cp_ulysses).
 
 Ranking. Every valid plan is evaluated with the vectorised analytic engine
 (simulator.vector), out-of-memory plans are dropped, the rest are ranked by the
@@ -75,7 +76,8 @@ class SearchOptions:
     # Hybrid-sharding replica counts to try (plan.dp_replicate), each where it divides dp and
     # with ZeRO stages >= 1; (1,): ZeRO over every data-parallel rank only.
     dp_replicates: tuple = (1,)
-    # CP implementations to try where cp > 1 (plan.cp_attention; cpattention.py)
+    # CP implementations to try where cp > 1 (plan.cp_attention; cpattention.py);
+    # ulysses-ring at every all-to-all group size (plan.cp_ulysses) from 2 to cp/2 that divides cp
     cp_attentions: tuple = ("ring",)
     flash_attention: bool = True
     max_tp: int | None = None  # None: up to the device count
@@ -116,21 +118,31 @@ def _shapes(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchO
                             for sp in opts.sequence_parallel:
                                 if sp and tp == 1:
                                     continue  # sequence parallelism needs tp > 1: the same plan as sp off
-                                for (ep, etp), r, attention in itertools.product(
+                                for (ep, etp), r, (attention, ulysses) in itertools.product(
                                         _expert_shapes(model, tp, tp * cp * dp, opts), opts.dp_replicates,
-                                        opts.cp_attentions if cp > 1 else opts.cp_attentions[:1]):
+                                        _cp_methods(cp, opts)):
                                     tried += 1
                                     # a shape with replicas is checked at ZeRO-1, the least stage it needs
                                     plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch=mb,
                                                 global_batch=global_batch, schedule=schedule, sequence_parallel=sp,
                                                 precision=opts.precision, flash_attention=opts.flash_attention,
-                                                dp_replicate=r, zero_stage=int(r > 1), cp_attention=attention)
+                                                dp_replicate=r, zero_stage=int(r > 1), cp_attention=attention,
+                                                cp_ulysses=ulysses)
                                     try:
                                         validate(plan, model, cluster)
                                     except InputError:
                                         continue
                                     valid.append(plan)
     return valid, tried
+
+
+def _cp_methods(cp: int, opts: SearchOptions) -> list[tuple[str, int]]:
+    """(cp_attention, cp_ulysses) pairs to try at this CP degree: without CP the implementations
+    are one plan; ulysses-ring once per all-to-all group size that leaves a ring of 2 or more."""
+    if cp == 1:
+        return [(opts.cp_attentions[0], 1)]
+    return [(attention, u) for attention in opts.cp_attentions
+            for u in ([d for d in _divisors(cp, cp // 2) if d > 1] if attention == "ulysses-ring" else [1])]
 
 
 def _expert_shapes(model: ModelSpec, tp: int, stage_devices: int, opts: SearchOptions) -> list[tuple[int, int]]:
@@ -187,13 +199,15 @@ def _evaluate_groups(model: ModelSpec, cluster: Cluster, global_batch: int, opts
     shapes, tried_shapes = _shapes(model, cluster, global_batch, opts)
     by_group: dict = {}
     for s in shapes:
-        by_group.setdefault((s.schedule, s.sequence_parallel, s.dp_replicate, s.cp_attention), []).append(s)
+        by_group.setdefault((s.schedule, s.sequence_parallel, s.dp_replicate, s.cp_attention, s.cp_ulysses),
+                            []).append(s)
     out = []
-    for (schedule, sp, r, attention), members in by_group.items():
+    for (schedule, sp, r, attention, ulysses), members in by_group.items():
         sizes = {k: np.array([getattr(p, k) for p in members], dtype=np.int64) for k in SIZES}
         for setting in _settings(model, cluster, members[0], opts):
             batch = PlanBatch(**sizes, schedule=schedule, sequence_parallel=sp, precision=opts.precision,
                               flash_attention=opts.flash_attention, dp_replicate=r, cp_attention=attention,
+                              cp_ulysses=ulysses,
                               **setting)
             out.append((batch, evaluate_batch(model, cluster, batch, training, reasons=reasons)))
     tried = tried_shapes * len(_recompute_modes(opts)) * len(opts.zero_stages) * len(opts.offloads)
@@ -265,7 +279,7 @@ def _scenario_of(row, model: ModelSpec, cluster: Cluster, training: Training) ->
     plan = Plan(**{k: int(getattr(row, k)) for k in SIZES},
                 **{k: getattr(row, k) for k in ("schedule", "recompute", "precision")},
                 sequence_parallel=bool(row.sequence_parallel), zero_stage=int(row.zero_stage),
-                dp_replicate=int(row.dp_replicate), cp_attention=row.cp_attention,
+                dp_replicate=int(row.dp_replicate), cp_attention=row.cp_attention, cp_ulysses=int(row.cp_ulysses),
                 offload=Offload(row.offload_optimizer, row.offload_params, row.offload_activations),
                 flash_attention=bool(row.flash_attention))
     return Scenario(model=model, cluster=cluster, plan=plan, training=training)

@@ -24,6 +24,7 @@ PLAN_COLUMNS = {
     "global_batch": "int", "microbatches": "int", "schedule": "str", "sequence_parallel": "bool",
     "recompute": "str", "zero_stage": "int", "dp_replicate": "int", "precision": "str", "offload_optimizer": "str",
     "offload_params": "str", "offload_activations": "str", "flash_attention": "bool", "cp_attention": "str",
+    "cp_ulysses": "int",
 }
 RESULT_SCALARS = {
     "feasible": "bool", "reason": "str", "engine": "str", "step_time_s": "float", "tokens_per_s": "float",

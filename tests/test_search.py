@@ -20,6 +20,8 @@ CLUSTER = {"node": "dgx-a100", "nodes": 1}
 OPTS = SearchOptions(max_micro_batch=4, max_vpp=3, max_cp=2, offloads=("none", "optimizer-cpu"))
 HYBRID = replace(OPTS, dp_replicates=(1, 2, 4))
 CP_METHODS = replace(OPTS, cp_attentions=("ring", "ulysses", "kv-allgather"))
+HIERARCHICAL_CP = replace(OPTS, max_cp=8, max_micro_batch=2, schedules=("1f1b",), offloads=("none",),
+                          cp_attentions=("ring", "ulysses-ring"))
 
 
 def _brute_force(model, cluster, global_batch, opts):
@@ -30,35 +32,47 @@ def _brute_force(model, cluster, global_batch, opts):
                                                  range(1, opts.max_micro_batch + 1), range(1, opts.max_vpp + 1)):
         if n % (tp * pp * cp):
             continue
-        for schedule, sp, recompute, zero, off, r, attention in itertools.product(
+        for schedule, sp, recompute, zero, off, r, attention, ulysses in itertools.product(
                 opts.schedules, (False, True), ("none", "full"), opts.zero_stages, opts.offloads, opts.dp_replicates,
-                opts.cp_attentions):
+                opts.cp_attentions, range(1, cp + 1)):
             if (sp and tp == 1) or (schedule == "interleaved" and vpp == 1):
                 continue  # the same plan as sp off; interleaving one chunk is 1F1B (search skips both)
             if cp == 1 and attention != opts.cp_attentions[0]:
                 continue  # without CP the implementations are one plan
+            if ulysses == cp > 1:
+                continue  # ulysses-ring with one group of all CP ranks is ulysses
             plan = Plan(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, vpp=vpp, micro_batch=mb,
                         global_batch=global_batch, schedule=schedule, sequence_parallel=sp, recompute=recompute,
-                        zero_stage=zero, offload=OFFLOADS[off], dp_replicate=r, cp_attention=attention)
+                        zero_stage=zero, offload=OFFLOADS[off], dp_replicate=r, cp_attention=attention,
+                        cp_ulysses=ulysses)
             try:
                 validate(plan, model, cluster)
             except InputError:
                 continue
             out.add((tp, pp, plan.dp, cp, vpp, mb, schedule, sp, recompute, zero, plan.offload.optimizer, r,
-                     attention))
+                     attention, ulysses))
     return out
 
 
-@pytest.mark.parametrize("opts", [OPTS, HYBRID, CP_METHODS], ids=["default", "hybrid-sharding", "cp-methods"])
+@pytest.mark.parametrize("opts", [OPTS, HYBRID, CP_METHODS, HIERARCHICAL_CP],
+                         ids=["default", "hybrid-sharding", "cp-methods", "hierarchical-cp"])
 def test_search_enumerates_exactly_the_plans_validate_accepts(opts):
     model, cluster = model_from_dict(MODEL), cluster_from_dict(CLUSTER)
     table, _ = evaluate_all(model, cluster, 16, opts)
     got = {(r.tp, r.pp, r.dp, r.cp, r.vpp, r.micro_batch, r.schedule, bool(r.sequence_parallel), r.recompute,
-            r.zero_stage, r.offload_optimizer, r.dp_replicate, r.cp_attention) for r in table.itertuples(index=False)}
+            r.zero_stage, r.offload_optimizer, r.dp_replicate, r.cp_attention, r.cp_ulysses)
+           for r in table.itertuples(index=False)}
     assert len(got) == len(table)
     assert got == _brute_force(model, cluster, 16, opts)
-    assert {r[-2] for r in got} == set(opts.dp_replicates)
-    assert {r[-1] for r in got} == set(opts.cp_attentions)
+    assert {r[-3] for r in got} == set(opts.dp_replicates)
+    assert {r[-2] for r in got} == set(opts.cp_attentions)
+
+
+def test_search_tries_ulysses_ring_at_every_group_size_short_of_all_cp_ranks():
+    model, cluster = model_from_dict(MODEL), cluster_from_dict(CLUSTER)
+    table, _ = evaluate_all(model, cluster, 16, HIERARCHICAL_CP)
+    hierarchical = table[table.cp_attention == "ulysses-ring"]
+    assert {(int(r.cp), int(r.cp_ulysses)) for r in hierarchical.itertuples()} == {(4, 2), (8, 2), (8, 4)}
 
 
 @pytest.mark.parametrize("opts", [OPTS, replace(OPTS, dp_replicates=(2,), zero_stages=(1, 2, 3))],
