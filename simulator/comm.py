@@ -11,8 +11,10 @@ group of dimension X has its members `stride` ranks apart, stride being the prod
 the dimensions inside X. Members inside one scale-up domain (NVLink / ICI island) use
 scale-up links; a group spanning domains runs hierarchically: reduce-scatter inside the
 domain, all-reduce of the 1/g shard across domains over each device's share of the NICs,
-all-gather inside the domain (the algorithm NCCL's tree and CollNet variants follow). On a
-switchless full mesh (AMD xGMI, Gaudi's on-die RoCE) a group inside the domain uses only the
+all-gather inside the domain (the algorithm NCCL's tree and CollNet variants follow). An
+all-reduce inside one NVSwitch domain with in-switch reduction (NVLink SHARP: H100 and later)
+runs as NCCL's NVLS algorithm where that is faster (_nvls_all_reduce); across domains NCCL's
+NVLSTree is not modelled (the ring/tree path stands). On a switchless full mesh (AMD xGMI, Gaudi's on-die RoCE) a group inside the domain uses only the
 links to its own members (scaleup_for).
 """
 
@@ -79,6 +81,18 @@ def _tree_all_reduce(nbytes, n, link: Link):
     return np.where(n > 1, t, 0.0)
 
 
+def _nvls_all_reduce(nbytes, n, link: Link):
+    """NVLink SHARP (hardware.Nvls): S / (algorithm bandwidth) after one fixed latency, for
+    groups NCCL runs it on; infinite elsewhere. NCCL's tuning model has the same form, a
+    constant NVLS bus bandwidth per channel and 25 us of latency per collective over NVLink
+    (NVIDIA/nccl@5067397c src/graph/tuning.cc nvlsEfficiency, hwLatencies NVLS Simple)."""
+    nv = link.nvls
+    if nv is None:
+        return np.full(np.shape(n), np.inf) if np.ndim(n) else np.inf
+    n = np.asarray(n, dtype=float)
+    return np.where(n >= nv.min_devices, nv.latency_s + nbytes / (link.bytes_per_s * nv.efficiency), np.inf)
+
+
 def collective_time(kind: str, nbytes, group: Placement, cluster: Cluster):
     """Seconds for one collective of `nbytes` (full size) over a placed group.
 
@@ -87,7 +101,8 @@ def collective_time(kind: str, nbytes, group: Placement, cluster: Cluster):
     g, k = group.local, group.domains
     up, out = scaleup_for(cluster, g), cluster.scaleout
     if kind == "all_reduce":
-        flat_up = np.minimum(_ring(kind, nbytes, g, up), _tree_all_reduce(nbytes, g, up))
+        flat_up = np.minimum(np.minimum(_ring(kind, nbytes, g, up), _tree_all_reduce(nbytes, g, up)),
+                             _nvls_all_reduce(nbytes, g, up))
         across = np.minimum(_ring(kind, nbytes / g, k, out), _tree_all_reduce(nbytes / g, k, out))
         hier = _ring("reduce_scatter", nbytes, g, up) + across + _ring("all_gather", nbytes, g, up)
     else:

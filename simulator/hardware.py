@@ -159,6 +159,19 @@ class Accelerator:
 
 
 @dataclass(frozen=True)
+class Nvls:
+    """NVLink SHARP all-reduce (NCCL's NVLS algorithm): the NVSwitch reduces and multicasts, so
+    each device sends its S bytes once and receives the S reduced bytes once, at an algorithm
+    bandwidth that hardly depends on the group size, where a ring moves 2(n-1)/n·S per device.
+    NCCL selects it for all-reduces of groups of `min_devices` or more inside one NVSwitch
+    domain (measured: 5 on 8 H200, 6 on 8 B200)."""
+
+    min_devices: int
+    efficiency: float  # achieved algorithm bandwidth (S / time) / the link's line rate
+    latency_s: float  # per collective
+
+
+@dataclass(frozen=True)
 class Link:
     """A link class for collectives: per-device one-direction bandwidth, latency, efficiency."""
 
@@ -169,6 +182,8 @@ class Link:
     # Scale-up links only: every pair of the domain's devices has its own link, 1/(domain - 1)
     # of `bytes_per_s` (AMD xGMI, Gaudi's on-die RoCE), where a switch gives any pair all of it.
     full_mesh: bool = False
+    # Scale-up links only: the switch's in-network all-reduce, where it has one
+    nvls: Nvls | None = None
 
     @property
     def bus_bytes_per_s(self) -> float:
@@ -387,14 +402,25 @@ def _validation(data, where: str) -> Validation | None:
 
 def _link(data: Mapping, where: str) -> tuple[Link, int]:
     d = F.require_mapping(data, where)
-    F.reject_unknown(d, ("name", "bandwidth_gb_per_s", "domain_devices", "latency_us", "efficiency", "topology"),
-                     where)
+    F.reject_unknown(d, ("name", "bandwidth_gb_per_s", "domain_devices", "latency_us", "efficiency", "topology",
+                         "nvls"), where)
     link = Link(name=F.text(d, "name", where, "scale-up"),
                 bytes_per_s=F.number(d, "bandwidth_gb_per_s", where, **RATE) * GB,
                 latency_s=F.number(d, "latency_us", where, **LATENCY) * 1e-6,
                 efficiency=F.number(d, "efficiency", where, minimum=1e-3, maximum=1.0),
-                full_mesh=F.choice(d, "topology", where, ("switch", "full-mesh"), "switch") == "full-mesh")
+                full_mesh=F.choice(d, "topology", where, ("switch", "full-mesh"), "switch") == "full-mesh",
+                nvls=_nvls(d["nvls"], f"{where}.nvls") if "nvls" in d else None)
+    if link.nvls and link.full_mesh:
+        raise InputError(f"{where}.nvls", "given", "only behind a switch (topology: switch)")
     return link, F.integer(d, "domain_devices", where, 1)
+
+
+def _nvls(data: Mapping, where: str) -> Nvls:
+    d = F.require_mapping(data, where)
+    F.reject_unknown(d, ("min_devices", "efficiency", "latency_us"), where)
+    return Nvls(min_devices=F.integer(d, "min_devices", where, minimum=2, maximum=4096),
+                efficiency=F.number(d, "efficiency", where, minimum=1e-3, maximum=1.0),
+                latency_s=F.number(d, "latency_us", where, **LATENCY) * 1e-6)
 
 
 NODE_KEYS = ("name", "description", "accelerator", "devices_per_node", "scaleup", "network", "nics", "nic_gbit_per_s",

@@ -111,13 +111,13 @@ def test_a_pipeline_send_on_a_full_mesh_takes_one_peer_link():
 def test_an_nvl72_group_spanning_trays_stays_on_nvlink():
     from simulator.hardware import cluster_from_dict
 
-    # 4 GPUs per tray, 72 per NVLink domain: TP 8 over two trays is a ring over NVLink5 (900 GB/s x 0.756)
+    # 4 GPUs per tray, 72 per NVLink domain: TP 8 over two trays all-gathers over NVLink5 (900 GB/s x 0.756)
     cluster, size, n = cluster_from_dict({"node": "gb200-nvl72", "nodes": 36}), 1.0e9, 8
     group = placement({"tp": 8, "cp": 1, "dp": 18, "pp": 1}, "tp", "tp-cp-dp-pp", cluster.scaleup_domain)
     assert (group.local, group.domains) == (8, 1)
     link = cluster.node.scaleup
-    expected = 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * size / (900e9 * 0.756)
-    assert float(collective_time("all_reduce", size, group, cluster)) == pytest.approx(expected)
+    expected = (n - 1) * link.latency_s + (n - 1) / n * size / (900e9 * 0.756)
+    assert float(collective_time("all_gather", size, group, cluster)) == pytest.approx(expected)
 
 
 def test_a_group_wider_than_one_nvl72_rack_crosses_the_network():
@@ -126,3 +126,63 @@ def test_a_group_wider_than_one_nvl72_rack_crosses_the_network():
     cluster = cluster_from_dict({"node": "gb200-nvl72", "nodes": 36})  # 144 GPUs, two racks
     group = placement({"tp": 8, "cp": 1, "dp": 18, "pp": 1}, "dp", "tp-cp-dp-pp", cluster.scaleup_domain)
     assert (group.local, group.domains) == (9, 2)  # 72 / 8 = 9 DP ranks per rack
+
+
+def _busbw(cluster, n, size=8 * 2**30):
+    return 2 * (n - 1) / n * size / float(collective_time("all_reduce", size, Placement(n, n, 1), cluster))
+
+
+# nccl-tests all-reduce bus bandwidth at 8 GiB on one node, NCCL's own choice of algorithm:
+# Ring up to 4 (H200) or 5 (B200) GPUs, NVLS above (stas00/ml-engineering@744d01e
+# network/README.md, NVLS section). The profiles take NVLS's efficiency from 8 GPUs only.
+H200_BUSBW = {4: 363.3, 5: 414.2, 6: 435.6, 7: 460.0, 8: 473.1}
+B200_BUSBW = {4: 673.2, 5: 677.8, 6: 778.2, 7: 811.2, 8: 838.0}
+
+
+@pytest.mark.parametrize("node, measured", [("dgx-h200", H200_BUSBW), ("dgx-b200", B200_BUSBW)])
+def test_all_reduce_inside_an_nvswitch_node_follows_the_measured_ring_to_nvls_ramp(node, measured):
+    from simulator.hardware import cluster_from_dict
+
+    cluster = cluster_from_dict({"node": node, "nodes": 1})
+    for n, gbps in measured.items():
+        assert _busbw(cluster, n) / 1e9 == pytest.approx(gbps, rel=0.05), n
+
+
+def test_nvls_is_used_only_from_its_group_size_on():
+    from simulator.hardware import cluster_from_dict
+
+    cluster = cluster_from_dict({"node": "dgx-h200", "nodes": 1})
+    ring = cluster.node.scaleup.bus_bytes_per_s
+    assert _busbw(cluster, 4) < ring < _busbw(cluster, 5)
+
+
+def test_a100_nvswitch_has_no_in_switch_reduction(dgx_a100):
+    cluster, n = dgx_a100(1), 8
+    assert cluster.node.scaleup.nvls is None
+    assert _busbw(cluster, n) < cluster.node.scaleup.bus_bytes_per_s
+
+
+def test_all_reduce_across_nodes_does_not_use_nvls():
+    from simulator.hardware import cluster_from_dict
+
+    cluster, size = cluster_from_dict({"node": "dgx-h200", "nodes": 2}), 1.0e9
+    up, out = cluster.node.scaleup, cluster.scaleout
+    # ring reduce-scatter and all-gather inside each node, a 2-rank ring across them
+    inside = 7 * up.latency_s + 7 / 8 * size / up.bus_bytes_per_s
+    across = 2 * out.latency_s + size / 8 / out.bus_bytes_per_s
+    got = collective_time("all_reduce", size, Placement(16, 8, 2), cluster)
+    assert float(got) == pytest.approx(2 * inside + across)
+
+
+def test_in_switch_reduction_on_a_switchless_mesh_is_refused():
+    import yaml
+    from importlib import resources
+
+    from simulator import InputError
+    from simulator.hardware import node_from_dict
+
+    data = yaml.safe_load(resources.files("simulator").joinpath(
+        "data/hardware_profiles/nodes/mi300x-node.yaml").read_text())
+    data["scaleup"]["nvls"] = {"min_devices": 5, "efficiency": 0.6, "latency_us": 25}
+    with pytest.raises(InputError, match="scaleup.nvls.*only behind a switch"):
+        node_from_dict(data, "node")
