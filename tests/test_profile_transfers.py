@@ -34,6 +34,8 @@ MAMF = {
     "mi300x_fp8": 668.4 * (1223.6 / 708) / 2614.9,
     "mi325x": 784.9 / 1307.4,
     "mi325x_fp8": 784.9 * (1527.7 / 840.8) / 2614.9,  # the same blog's MI325X footnote
+    "mi355x": 1565.0 / 2516.6,
+    "mi355x_fp8": 1565.0 * (1527.7 / 840.8) / 5033.2,  # no CDNA4 ratio published: the MI325X's
     "mi250x": 147.0 / 191.5,
     "gaudi3": 1243 / 1835,
     "gaudi3_fp8": 1289.5 / 1835,
@@ -96,6 +98,8 @@ TRANSFERS = {
     **_by_mamf("mi300x", "mi300x", "mi300x_fp8", a100_ratio),
     **_by_mamf("mi325x", "mi325x", "mi325x_fp8", a100_ratio),
     ("mi325x", "memory"): lambda: _max("mi300x", "memory"),
+    **_by_mamf("mi355x", "mi355x", "mi355x_fp8", a100_ratio),
+    ("mi355x", "memory"): lambda: _max("mi300x", "memory"),
     **_by_mamf("mi250x", "mi250x", None, a100_ratio, attention=("a100-sxm-80gb", "a100")),
     **_by_mamf("gaudi3", "gaudi3", "gaudi3_fp8", a100_ratio),
     **_by_mamf("tpu-v5p", "inferred", None, a100_ratio),
@@ -110,7 +114,7 @@ def test_a_transferred_efficiency_follows_the_fit_it_comes_from(profile, curve):
 
 
 @pytest.mark.parametrize("node", ["dgx-h100", "dgx-h200", "dgx-b200", "dgx-b300", "gb200-nvl72", "dgx-v100",
-                                  "mi250x-node", "mi300x-node", "mi325x-node"])
+                                  "mi250x-node", "mi300x-node", "mi325x-node", "mi355x-node"])
 def test_a_node_without_a_launch_bound_run_takes_the_dgx_a100_launch_overhead(node):
     assert load_node(node).launch_overhead_s == load_node("dgx-a100").launch_overhead_s
 
@@ -120,6 +124,7 @@ PROFILE_MAMF = {"a100-sxm-80gb": {"bf16": "a100"}, "h100-sxm-80gb": {"bf16": "h1
                 "b200": {"bf16": "b200_bf16", "fp8": "b200_fp8"}, "gb200": {"bf16": "gb200_bf16", "fp8": "gb200_fp8"},
                 "b300": {"bf16": "b300_bf16", "fp8": "b300_fp8"},
                 "mi300x": {"bf16": "mi300x", "fp8": "mi300x_fp8"}, "mi325x": {"bf16": "mi325x", "fp8": "mi325x_fp8"},
+                "mi355x": {"bf16": "mi355x", "fp8": "mi355x_fp8"},
                 "mi250x": {"bf16": "mi250x"}, "gaudi3": {"bf16": "gaudi3", "fp8": "gaudi3_fp8"}}
 
 
