@@ -93,10 +93,16 @@ TRANSFERS = {
     / MAMF["h100_bf16"],
     ("h100-sxm-96gb-500w", "attention"): lambda: _max("h100-sxm-80gb", "attention") * power_cap(),
     ("h100-sxm-96gb-500w", "attention_flash2"): lambda: _max("h100-sxm-80gb", "attention_flash2") * power_cap(),
-    **_by_mamf("b200", "b200_bf16", "b200_fp8", h100_ratio_without_reduction_factor),
-    **_by_mamf("b300", "b300_bf16", "b300_fp8", h100_ratio_without_reduction_factor),
+    ("b200", "matmul"): lambda: MAMF["b200_bf16"] * h100_ratio_without_reduction_factor(),
+    ("b200", "matmul_fp8"): lambda: MAMF["b200_fp8"] * h100_ratio_without_reduction_factor(),
+    # Blackwell's attention: the B200's measured cuDNN rate, scaled by the best-shape ratio
+    **_by_mamf("b300", "b300_bf16", "b300_fp8", h100_ratio_without_reduction_factor,
+               attention=("b200", "b200_bf16")),
     ("b300", "memory"): lambda: _max("b200", "memory"),
-    **_by_mamf("gb200", "gb200_bf16", "gb200_fp8", h100_ratio_without_reduction_factor),
+    ("b300", "attention_flash2"): lambda: _max("b200", "attention_flash2"),
+    **_by_mamf("gb200", "gb200_bf16", "gb200_fp8", h100_ratio_without_reduction_factor,
+               attention=("b200", "b200_bf16")),
+    ("gb200", "attention_flash2"): lambda: _max("b200", "attention_flash2"),
     **_by_mamf("mi300x", "mi300x", "mi300x_fp8", a100_ratio),
     **_by_mamf("mi325x", "mi325x", "mi325x_fp8", a100_ratio),
     ("mi325x", "memory"): lambda: _max("mi300x", "memory"),
@@ -150,3 +156,21 @@ def test_mi355x_attention_reproduces_aiters_measured_flash_attention():
         measured = 3.5 / (1 / fwd + 2.5 / bwd)
         modelled = peak * curve.max * forward_flops / (forward_flops + curve.half)
         assert modelled == pytest.approx(measured, rel=0.02), tokens
+
+
+# cuDNN 9.13.0 and FlashAttention-2 2.8.3 on a B200, BF16, non-causal, 16 heads of 128, batch x
+# seqlen = 32k tokens: forward and backward TFLOP/s at 1k-32k (arXiv 2603.05451 Figs. 4 and 6)
+B200_ATTENTION = {"attention": ((1157, 1328, 1413, 1460, 1488, 1517), (857, 1016, 1116, 1171, 1212, 1107)),
+                  "attention_flash2": ((383, 406, 420, 427, 430, 432), (295, 333, 357, 374, 381, 386))}
+
+
+@pytest.mark.parametrize("curve", sorted(B200_ATTENTION))
+def test_b200_attention_reproduces_the_measured_kernels(curve):
+    profile = load_accelerator("b200")
+    eff, peak = getattr(profile, curve), profile.peak_flops["bf16"] / 1e12
+    for k, (fwd, bwd) in enumerate(zip(*B200_ATTENTION[curve])):
+        seqlen = 1024 * 2**k
+        forward_flops = 4 * (32768 // seqlen) * seqlen**2 * 16 * 128
+        measured = 3.5 / (1 / fwd + 2.5 / bwd)
+        modelled = peak * eff.max * forward_flops / (forward_flops + eff.half)
+        assert modelled == pytest.approx(measured, rel=0.06), seqlen
