@@ -158,6 +158,17 @@ def test_mi355x_attention_reproduces_aiters_measured_flash_attention():
         assert modelled == pytest.approx(measured, rel=0.02), tokens
 
 
+def test_mi355x_sdpa_attention_reproduces_pytorchs_measured_rocm_kernels():
+    """PyTorch SDPA (AOTriton) in the same HipKittens runs: the flash2 kernel class."""
+    profile = load_accelerator("mi355x")
+    curve, peak = profile.attention_flash2, profile.peak_flops["bf16"] / 1e12
+    for tokens, batch, fwd, bwd in ((4096, 16, 422, 143), (8192, 16, 630, 224), (16384, 15, 762, 259)):
+        forward_flops = 4 * batch * tokens**2 * 16 * 128 / 2
+        measured = 3.5 / (1 / fwd + 2.5 / bwd)
+        modelled = peak * curve.max * forward_flops / (forward_flops + curve.half)
+        assert modelled == pytest.approx(measured, rel=0.02), tokens
+
+
 # cuDNN 9.13.0 and FlashAttention-2 2.8.3 on a B200, BF16, non-causal, 16 heads of 128, batch x
 # seqlen = 32k tokens: forward and backward TFLOP/s at 1k-32k (arXiv 2603.05451 Figs. 4 and 6)
 B200_ATTENTION = {"attention": ((1157, 1328, 1413, 1460, 1488, 1517), (857, 1016, 1116, 1171, 1212, 1107)),
