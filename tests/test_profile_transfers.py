@@ -145,28 +145,29 @@ def test_a_profiles_best_shape_rate_is_the_mamf_tables(profile):
         assert got[precision] == pytest.approx(MAMF[row], abs=0.0006)
 
 
-def test_mi355x_attention_reproduces_aiters_measured_flash_attention():
-    """AITER's flash attention on an MI355X, BF16, causal, 16 heads of 128 (HazyResearch/
-    HipKittens@f09e9685 analysis/attn): forward and backward TFLOP/s at 4k, 8k and 16k tokens
-    (batch 16, 16, 15), combined as a training step weighs them (backward 2.5x the FLOPs)."""
-    profile = load_accelerator("mi355x")
-    curve, peak = profile.attention, profile.peak_flops["bf16"] / 1e12
-    for tokens, batch, fwd, bwd in ((4096, 16, 1069, 877), (8192, 16, 1173, 1034), (16384, 15, 1247, 1109)):
-        forward_flops = 4 * batch * tokens**2 * 16 * 128 / 2
-        measured = 3.5 / (1 / fwd + 2.5 / bwd)
-        modelled = peak * curve.max * forward_flops / (forward_flops + curve.half)
-        assert modelled == pytest.approx(measured, rel=0.02), tokens
+# AITER's flash attention (the fused kernel) and PyTorch's SDPA (AOTriton: flash2) on an MI355X,
+# BF16, causal, 16 heads of 128, batch 16, 16, 15: forward and backward TFLOP/s at 4k, 8k and 16k
+# tokens (HazyResearch/HipKittens@f09e9685 analysis/attn)
+MI355X_ATTENTION = {"attention": ((1069, 1173, 1247), (877, 1034, 1109)),
+                    "attention_flash2": ((422, 630, 762), (143, 224, 259))}
 
 
-def test_mi355x_sdpa_attention_reproduces_pytorchs_measured_rocm_kernels():
-    """PyTorch SDPA (AOTriton) in the same HipKittens runs: the flash2 kernel class."""
+def _attention_rate(eff, peak_tflops: float, forward_flops: float) -> float:
+    return peak_tflops * eff.max * forward_flops / (forward_flops + eff.half)
+
+
+def _step_weighted(fwd: float, bwd: float) -> float:
+    """Forward and backward TFLOP/s combined as a training step runs them (backward 2.5x the FLOPs)."""
+    return 3.5 / (1 / fwd + 2.5 / bwd)
+
+
+@pytest.mark.parametrize("curve", sorted(MI355X_ATTENTION))
+def test_mi355x_attention_reproduces_the_measured_kernels(curve):
     profile = load_accelerator("mi355x")
-    curve, peak = profile.attention_flash2, profile.peak_flops["bf16"] / 1e12
-    for tokens, batch, fwd, bwd in ((4096, 16, 422, 143), (8192, 16, 630, 224), (16384, 15, 762, 259)):
+    eff, peak = getattr(profile, curve), profile.peak_flops["bf16"] / 1e12
+    for (tokens, batch), fwd, bwd in zip(((4096, 16), (8192, 16), (16384, 15)), *MI355X_ATTENTION[curve]):
         forward_flops = 4 * batch * tokens**2 * 16 * 128 / 2
-        measured = 3.5 / (1 / fwd + 2.5 / bwd)
-        modelled = peak * curve.max * forward_flops / (forward_flops + curve.half)
-        assert modelled == pytest.approx(measured, rel=0.02), tokens
+        assert _attention_rate(eff, peak, forward_flops) == pytest.approx(_step_weighted(fwd, bwd), rel=0.02), tokens
 
 
 # cuDNN 9.13.0 and FlashAttention-2 2.8.3 on a B200, BF16, non-causal, 16 heads of 128, batch x
@@ -182,6 +183,4 @@ def test_b200_attention_reproduces_the_measured_kernels(curve):
     for k, (fwd, bwd) in enumerate(zip(*B200_ATTENTION[curve])):
         seqlen = 1024 * 2**k
         forward_flops = 4 * (32768 // seqlen) * seqlen**2 * 16 * 128
-        measured = 3.5 / (1 / fwd + 2.5 / bwd)
-        modelled = peak * eff.max * forward_flops / (forward_flops + eff.half)
-        assert modelled == pytest.approx(measured, rel=0.06), seqlen
+        assert _attention_rate(eff, peak, forward_flops) == pytest.approx(_step_weighted(fwd, bwd), rel=0.06), seqlen
