@@ -14,8 +14,9 @@ domain, all-reduce of the 1/g shard across domains over each device's share of t
 all-gather inside the domain (the algorithm NCCL's tree and CollNet variants follow). An
 all-reduce inside one NVSwitch domain with in-switch reduction (NVLink SHARP: H100 and later)
 runs as NCCL's NVLS algorithm where that is faster (_nvls_all_reduce); across domains NCCL's
-NVLSTree is not modelled (the ring/tree path stands). On a switchless full mesh (AMD xGMI, Gaudi's on-die RoCE) a group inside the domain uses only the
-links to its own members (scaleup_for).
+NVLSTree is not modelled (the ring/tree path stands). On a switchless full mesh (AMD xGMI,
+Gaudi's on-die RoCE) a group inside the domain uses only the links to its own members
+(scaleup_for).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def _nvls_all_reduce(nbytes, n, link: Link):
     (NVIDIA/nccl@5067397c src/graph/tuning.cc nvlsEfficiency, hwLatencies NVLS Simple)."""
     nv = link.nvls
     if nv is None:
-        return np.full(np.shape(n), np.inf) if np.ndim(n) else np.inf
+        return np.inf
     n = np.asarray(n, dtype=float)
     return np.where(n >= nv.min_devices, nv.latency_s + nbytes / (link.bytes_per_s * nv.efficiency), np.inf)
 

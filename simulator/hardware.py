@@ -409,7 +409,7 @@ def _link(data: Mapping, where: str) -> tuple[Link, int]:
                 latency_s=F.number(d, "latency_us", where, **LATENCY) * 1e-6,
                 efficiency=F.number(d, "efficiency", where, minimum=1e-3, maximum=1.0),
                 full_mesh=F.choice(d, "topology", where, ("switch", "full-mesh"), "switch") == "full-mesh",
-                nvls=_nvls(d["nvls"], f"{where}.nvls") if "nvls" in d else None)
+                nvls=_nvls(d["nvls"], f"{where}.nvls") if d.get("nvls") is not None else None)
     if link.nvls and link.full_mesh:
         raise InputError(f"{where}.nvls", "given", "only behind a switch (topology: switch)")
     return link, F.integer(d, "domain_devices", where, 1)
