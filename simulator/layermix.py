@@ -21,7 +21,7 @@ from .dims import expert_grad_group_size, grad_group_size
 from .memory import ActivationSizes, activation_sizes, buffer_bytes
 from .moe import (SHARED_EXPERTS, ExpertShard, dispatch_comm_s, exposed_dispatch_s, layer_params_split,
                   moe_buffer_bytes, stage_layer_mix)
-from . import cpattention, fp8, mtp, projections
+from . import cpattention, fp8, fsdp, mtp, projections
 from .compute import LOW_PRECISION_GEMMS, op_times, with_attention_kernel
 from .fp8 import compute_precision
 from .fusion import eager_ops
@@ -202,11 +202,11 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, zero_gr
     states = fp8.with_weight_copies(states, dense_linears + routed, plan, per)
     dense_gather = fp8.gather_bytes_per_param(per, dense_linears, dense, plan)
     routed_gather = fp8.weight_bytes_per_param(plan)[1]
-    units = np.maximum(n_dense + n_moe, 1)
+    # FSDP's units (fsdp.units) over the stage's chunks: every layer, and the MoE layers' experts
     dp = _sum_dp(dp_costs(plan.zero_stage, dense, dense_gather, per.grad, groups.grad, cluster, groups.replicate,
-                          units),
+                          fsdp.units(n_dense + n_moe, 1)),
                  dp_costs(plan.zero_stage, routed, routed_gather, per.grad, groups.expert_grad, cluster,
-                          groups.expert_replicate, np.maximum(n_moe, 1)))
+                          groups.expert_replicate, fsdp.units(n_moe, 1)))
     count = buckets(dense / v, grad_group_size(plan)) + np.where(routed > 0, buckets(routed / v,
                                                                                       expert_grad_group_size(plan)), 0)
     shard_group = (dense + routed) / (dense / zero_group + routed / expert_zero_group)

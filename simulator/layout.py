@@ -198,7 +198,7 @@ def compile_layout(model, cluster, plan) -> Layout:
             total_rerun_layers = total_rerun_layers + count * rerun_layers
             passes = pass_times(layer_t, layers, emb_t, head_t, has_emb, has_head, tp_s, cp_s, rerun_t, rerun_layers,
                                 checkpoint.tp_rerun, checkpoint.cp_rerun)
-            units = np.maximum(layers, 1)  # FSDP's reduction pieces (fsdp.units)
+            units = fsdp.units(layers, 1)  # the stage's FSDP units over all its chunks
             dp = dp_costs(plan.zero_stage, params, gather_per_param, per.grad, g.grad, cluster, g.replicate, units)
             stage_buffers = buffers
             if fsdp.keeps_gathered(plan):
