@@ -97,9 +97,12 @@ class Accelerator:
     # Streaming multiprocessors (compute units): the share of them a kernel running beside a
     # GEMM takes (tpoverlap.py); None where the profile does not say.
     sm_count: int | None = None
-    # FlashAttention-2 where `attention` is a faster kernel's (FA3/cuDNN on Hopper); None: the
-    # same kernel (compute.FLASH2_ATTENTION).
+    # FlashAttention-2 (PyTorch SDPA's flash backend) where `attention` is a faster kernel's
+    # (FA3/cuDNN on Hopper): compute.FLASH2_ATTENTION. `attention_is_flash2` (YAML
+    # `attention_flash2: fused`): the `attention` curves are FlashAttention-2's own. Neither:
+    # no FlashAttention-2 rate is known for the part, and plans that name it are refused.
     attention_flash2: Efficiency | None = None
+    attention_is_flash2: bool = False
     # Fractional slowdown of a device's kernels while the node's other devices run
     # too (CPU cores sharing caches and memory bandwidth); 0 where devices have their own memory.
     co_run_slowdown: float = 0.0
@@ -284,6 +287,8 @@ def _efficiency(data: Mapping, key: str, where: str, size_key: str) -> Efficienc
 
 
 PASS_CURVES = ("matmul_bwd_input", "matmul_bwd_weight", "attention_bwd")
+# `efficiency.attention_flash2: fused`: the profile's attention kernel is FlashAttention-2
+FUSED = "fused"
 
 
 ACCELERATOR_KEYS = ("name", "description", "vendor", "peak_tflops", "memory_gib", "memory_bandwidth_gb_per_s",
@@ -350,6 +355,9 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
                            "overlap_slowdown", "precisions", "co_run_slowdown", "matmul_k_half",
                            "matmul_fp8_k_half", "mamf") + PASS_CURVES,
                      f"{where}.efficiency")
+    if isinstance(eff.get("attention_flash2"), str) and eff["attention_flash2"] != FUSED:
+        raise InputError(f"{where}.efficiency.attention_flash2", eff["attention_flash2"],
+                         f"a curve {{max, half_flops}} or {FUSED} (efficiency.attention is FlashAttention-2's own)")
     kernels = F.require_mapping(eff.get("memory_kernels") or {}, f"{where}.efficiency.memory_kernels")
     memory_kernels = {str(k): _efficiency(kernels, k, f"{where}.efficiency.memory_kernels", "half_bytes")
                       for k in kernels}
@@ -377,7 +385,8 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
         matmul_fp8=(_efficiency(eff, "matmul_fp8", f"{where}.efficiency", "half_flops")
                     if eff.get("matmul_fp8") is not None else None),
         attention_flash2=(_efficiency(eff, "attention_flash2", f"{where}.efficiency", "half_flops")
-                          if eff.get("attention_flash2") is not None else None),
+                          if eff.get("attention_flash2") not in (None, FUSED) else None),
+        attention_is_flash2=eff.get("attention_flash2") == FUSED,
         co_run_slowdown=F.number(eff, "co_run_slowdown", f"{where}.efficiency", 0.0, minimum=0.0, strict_min=False,
                                  maximum=10.0),
         matmul_k_half=F.number(eff, "matmul_k_half", f"{where}.efficiency", 0.0, minimum=0.0, strict_min=False,

@@ -357,10 +357,15 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     if plan.fp32_params and plan.optimizer_precision != "fp32":
         raise InputError("plan.fp32_params", True, "false with optimizer_precision bf16 (fp32 parameters are "
                          "the master copy)")
-    cluster.accelerator.peak(plan.precision)
-    if plan.precision in ("fp8", "mxfp8") and cluster.accelerator.matmul_fp8 is None:
-        raise InputError("plan.precision", plan.precision, f"the {cluster.accelerator.name} profile has no "
+    acc = cluster.accelerator
+    acc.peak(plan.precision)
+    if plan.precision in ("fp8", "mxfp8") and acc.matmul_fp8 is None:
+        raise InputError("plan.precision", plan.precision, f"the {acc.name} profile has no "
                          "efficiency.matmul_fp8 (an FP8 GEMM rate measured by a microbenchmark)")
+    if plan.attention_kernel == "flash2" and acc.attention_flash2 is None and not acc.attention_is_flash2:
+        raise InputError("plan.attention_kernel", "flash2", f"fused only: the {acc.name} profile has no "
+                         "efficiency.attention_flash2 (FlashAttention-2's rate, PyTorch SDPA's flash backend, "
+                         "measured on the part)")
     check_options(plan)
     if plan.precision == "fp16" and plan.grad_precision == "bf16":
         raise InputError("plan.grad_precision", "bf16", "fp16 training keeps fp16 or fp32 gradients")

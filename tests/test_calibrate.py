@@ -228,3 +228,44 @@ def test_memory_bound_cases_cycle_through_tensors_filling_the_cold_pool():
     first = [nxt()[0].data_ptr() for _ in range(COLD_POOL_BYTES // nbytes)]
     assert len(set(first)) == COLD_POOL_BYTES // nbytes == 64
     assert nxt()[0].data_ptr() == first[0]  # then round again
+
+
+def _samples_on_curve(kind: str, dtype: str, passes, works, peak: float, eff_max: float, half: float) -> list[dict]:
+    """Samples whose times follow work / (peak·max·work/(work + half)) exactly."""
+    return [{"op": kind, "kind": kind, "shape": [], "dtype": dtype, "pass": p, "work": w,
+             "seconds": (w + half) / (peak * eff_max)} for p in passes for w in works]
+
+
+def test_sdpas_flash_backend_samples_become_the_profiles_flashattention2_curve():
+    """On CUDA the default SDPA kernel (cuDNN's on Hopper) is `attention`; SDPA restricted to
+    its flash backend, measured beside it in bf16, is efficiency.attention_flash2, one curve
+    over both passes against the bf16 peak."""
+    from simulator.calibrate.calibration import fit_all
+    from simulator.calibrate.profile_writer import build_profiles
+    from simulator.hardware import accelerator_from_dict
+
+    gemm = (1e9, 1e10, 1e11)
+    samples = (_samples_on_curve("matmul", "fp32", ("fwd",), gemm, 50e12, 1.0, 0.0)
+               + _samples_on_curve("matmul", "bf16", ("fwd",), gemm, 800e12, 1.0, 0.0)
+               + _samples_on_curve("attention", "fp32", ("fwd", "bwd"), gemm, 50e12, 0.6, 2e9)
+               + _samples_on_curve("attention", "bf16", ("fwd", "bwd"), gemm, 800e12, 0.6, 2e9)
+               + _samples_on_curve("attention_flash2", "bf16", ("fwd", "bwd"), gemm, 800e12, 0.3, 1e9))
+    samples += [{**s, "op": "copy", "kernel": "copy"} for s in
+                _samples_on_curve("memory", "fp32", ("fwd",), (1e6, 1e8), 3e12, 1.0, 0.0)]
+    collectives = [{"ranks": 2, "bytes": b, "seconds": 20e-6 + b / 100e9} for b in (1e3, 1e6, 1e8)]
+    fits = fit_all(samples, collectives)
+    info = {"device": "cuda", "threads": 1, "quick": False, "torch": "2.13.0", "date": "2026-12-05T00:00:00Z",
+            "devices_per_node": 1, "gpu_name": "GPU", "memory_bytes": 80 * 2**30, "tdp_w": 700.0,
+            "framework_overhead_bytes": 2**30, "host_memory_bytes": 2**40}
+    acc, _, _ = build_profiles("synthetic", info, fits, samples, collectives)
+    loaded = accelerator_from_dict(acc, "synthetic")
+    assert loaded.attention_flash2.max == pytest.approx(0.3, rel=1e-2)
+    assert loaded.attention_flash2.half == pytest.approx(1e9, rel=1e-2)
+    assert not loaded.attention_is_flash2
+
+
+def test_a_cpu_profiles_attention_is_sdpas_flash_kernel(quick_profile):
+    """On a CPU the attention samples run SDPA restricted to its flash backend, so a plan that
+    names FlashAttention-2 runs at the profile's own attention curves."""
+    acc = load_accelerator(str(quick_profile))
+    assert acc.attention_is_flash2 and acc.attention_flash2 is None

@@ -17,10 +17,10 @@ from simulator.states import bytes_per_param, layer_params_local
 from simulator.workload import Shard, layer_ops
 
 
-def llama(**plan):
+def llama(node="dgx-h100", **plan):
     base = {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 1, "global_batch": 8}
     return scenario_from_dict({"model": {"preset": "llama-3.1-8b", "seq_len": 4096},
-                               "cluster": {"node": "dgx-h100", "nodes": 1}, "plan": {**base, **plan}})
+                               "cluster": {"node": node, "nodes": 1}, "plan": {**base, **plan}})
 
 
 # ---------------------------------------------------------------- host-bound launches
@@ -164,6 +164,30 @@ def test_flashattention2_runs_at_the_profiles_fa2_efficiency():
     acc = fa3.cluster.accelerator
     assert acc.attention_flash2.max < acc.attention.max
     assert fa2.stages[0].passes.fwd_s > fa3.stages[0].passes.fwd_s
+
+
+def test_flashattention2_is_the_fused_kernel_where_the_profile_measured_flashattention2():
+    """The A100's efficiency.attention is FlashAttention-2's own rate (Dao 2023, arXiv 2307.08691)."""
+    fused = evaluate(llama("dgx-a100"))
+    fa2 = evaluate(llama("dgx-a100", attention_kernel="flash2"))
+    assert fa2.step_time_s == fused.step_time_s
+
+
+def test_flashattention2_is_refused_where_the_profile_knows_no_rate_for_it():
+    """The MI300X's attention rate is AITER/CK's; PyTorch SDPA's flash backend there is
+    another kernel (AOTriton), unmeasured: the plan is refused, not priced at the fused rate."""
+    with pytest.raises(InputError, match="plan.attention_kernel.*mi300x profile has no efficiency.attention_flash2"):
+        llama("mi300x-node", attention_kernel="flash2")
+
+
+def test_a_profiles_flashattention2_rate_is_a_curve_or_the_fused_kernel():
+    from simulator.hardware import accelerator_from_dict, profiles_dir
+    from simulator.yamlio import load_yaml
+
+    data = load_yaml(profiles_dir() / "accelerators" / "a100-sxm-80gb.yaml")
+    data["efficiency"]["attention_flash2"] = "same"
+    with pytest.raises(InputError, match="efficiency.attention_flash2: got 'same'; a curve .* or fused"):
+        accelerator_from_dict(data, "a100")
 
 
 def test_flashattention2_needs_a_flash_kernel():

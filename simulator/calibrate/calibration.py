@@ -122,6 +122,11 @@ def fit_all(samples: list[dict], collectives: list[dict], host: dict | None = No
         curves = _curves([s for s in samples if s["dtype"] == dt], peaks.get(dt, peaks["fp32"]), mem_bw)
         if curves.get("matmul") or curves.get("memory_kernels"):
             precisions[dt] = curves
+    # SDPA's flash backend (microbench.Bench.attention, bf16 on CUDA): one curve over both
+    # passes against its precision's peak, as a shipped profile's efficiency.attention_flash2
+    flash = [s for s in samples if s["kind"] == "attention_flash2"]
+    if flash:
+        reference["attention_flash2"] = _fit(flash, peaks.get(flash[0]["dtype"], peaks["fp32"]))
     adam = [s for s in samples if s["op"] == "adamw_fused" and s["dtype"] == "fp32"]
     link = [s for s in samples if s["kind"] == "host_link"]
     ranks = collectives[0]["ranks"]
@@ -205,6 +210,7 @@ def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, t
         host = {**{n: v * k for n, v in host.items() if n in ("op_s", "microbatch_s", "step_s", "param_tensor_s")},
                 "train_steps_s": {n: v * k for n, v in host["train_steps_s"].items()}}
     fits = fit_all(bench.samples, colls, host)
+    fits["attention_is_flash2"] = bench.attention_is_flash2
     fits["co_run"] = co_run
     info["noise"] = noise([x for x in bench.samples if x["kind"] != "probe"])
     # how much the machine's speed moved during the calibration (the probes' range over the groups)

@@ -11,7 +11,8 @@ operator, so a curve fitted on these samples predicts their operators without co
   x·Wᵀ + b, backward-input g·W, backward-weight gᵀ·x), each timed on its own.
 - attention: causal scaled_dot_product_attention with Q, K, V as views of a fused QKV
   output (the layout a layer hands it); executed FLOPs as workload.py's flash attention op:
-  forward 2·core·0.5, backward 4·core·0.625, core = 2·b·heads·s²·d.
+  forward 2·core·0.5, backward 4·core·0.625, core = 2·b·heads·s²·d. On CUDA also SDPA
+  restricted to its flash backend (FlashAttention-2, kind attention_flash2, bf16).
 - memory: layernorm 4a forward, gelu 2a, residual add 3a, plain copy 2a, cross-entropy
   a + 4 + 4 per logit (fp32 upcast), token + position embedding 3a (the tokens' rows;
   the table's zero-fill is framework_ops' zero_fill); backward passes move twice their forward
@@ -76,6 +77,9 @@ class Bench:
         self.pending: list[Case] = []
         self.clock = clock
         self.probes = {}  # probe name (a precision, or its "-gemm") -> probe.make_probe(...): timed in every group
+        # whether every `attention` sample ran SDPA's flash backend (the profile's
+        # efficiency.attention_flash2: fused); set by attention()
+        self.attention_is_flash2 = self.device.type == "cpu"
 
     def add(self, op, kind, shape, dtype, pass_, work, fn, kernel=None, minus=()) -> Case:
         row = {"op": op, "kind": kind, "shape": list(shape), "dtype": dtype, "pass": pass_, "work": float(work)}
@@ -193,6 +197,7 @@ class Bench:
     def attention(self, dt: str = "fp32"):
         torch, dev, dtype = self.torch, self.device, self._dtype(dt)
         F = torch.nn.functional
+        flash_runs = self._flash_runs(dt)
         for b, h, s, d in self.attention_shapes():
             # The layout a transformer layer hands the kernel (torch_model.py): Q, K and V are
             # (b, s, heads, d) slices of the fused QKV output seen as (b, heads, s, d), and the
@@ -212,7 +217,44 @@ class Bench:
 
             f = self.add("sdpa_causal", "attention", (b, h, s, d), dt, "fwd", 2 * core * 0.5, fwd)
             self.add("sdpa_causal", "attention", (b, h, s, d), dt, "bwd", 4 * core * 0.625, fwd_bwd, minus=[f])
-        self.measure()
+            if self.device.type == "cuda" and dt == "bf16" and flash_runs:
+                # FlashAttention-2 beside the default (cuDNN's on Hopper since torch 2.9), for plans
+                # that name it: SDPA restricted to its flash backend
+                def flash(fn):
+                    def run():
+                        with self._flash_only():
+                            fn()
+                    return run
+                f = self.add("sdpa_flash_causal", "attention_flash2", (b, h, s, d), dt, "fwd", 2 * core * 0.5,
+                             flash(fwd))
+                self.add("sdpa_flash_causal", "attention_flash2", (b, h, s, d), dt, "bwd", 4 * core * 0.625,
+                         flash(fwd_bwd), minus=[f])
+        if self.device.type == "cpu" and flash_runs:
+            # SDPA's CPU default is its flash kernel already (torch 2.13: the same times on the
+            # Intel Xeon); restricting it to that backend makes `attention` FlashAttention by
+            # construction. Once, around the group: entering the restriction costs ~10 us a call.
+            with self._flash_only():
+                self.measure()
+        else:
+            self.attention_is_flash2 = False
+            self.measure()
+
+    def _flash_only(self):
+        """PyTorch's SDPA restricted to its flash backend (FlashAttention-2 on CUDA sm80+, the
+        flash kernel on CPUs)."""
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+
+    def _flash_runs(self, dt: str) -> bool:
+        """Whether SDPA's flash backend takes causal attention in `dt` here (not on pre-sm80
+        GPUs, nor in fp32 on CUDA)."""
+        q = self.torch.randn(1, 1, 64, 32, device=self.device, dtype=self._dtype(dt))
+        try:
+            with self._flash_only():
+                self.torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        except RuntimeError:
+            return False
+        return True
 
     # ------------------------------------------------------------------ memory-bound
     def memory_sizes(self):

@@ -149,6 +149,15 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
             f"[measured] a layer-like probe (GEMMs, GELU, LayerNorm, an 8 MiB copy) on one device while the other "
             f"{devices - 1} run it too vs alone: {fits['co_run']['together_s'] * 1e3:.2f} ms / "
             f"{fits['co_run']['alone_s'] * 1e3:.2f} ms - 1 (calibrate/dist.py co_run_slowdown)")
+    if fits.get("attention_flash2"):
+        acc["sources"]["efficiency.attention_flash2"] = (
+            "[measured] PyTorch SDPA restricted to its flash backend (FlashAttention-2), causal, bf16, forward and "
+            "backward samples (op sdpa_flash_causal) fitted as one curve against the bf16 peak")
+    elif fits.get("attention_is_flash2"):
+        acc["efficiency"]["attention_flash2"] = "fused"
+        acc["sources"]["efficiency.attention_flash2"] = (
+            "fused: [measured] the attention samples ran PyTorch SDPA restricted to its flash backend "
+            "(microbench.Bench.attention), so efficiency.attention is that kernel's own rate")
     if host:
         acc["host_overhead_us"] = {"microbatch": _r(host["microbatch_s"] * 1e6), "step": _r(host["step_s"] * 1e6),
                                    "param_tensor": _r(host["param_tensor_s"] * 1e6)}
@@ -195,7 +204,8 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
     return acc, node, net
 
 
-CURVES = ("matmul", "matmul_bwd_input", "matmul_bwd_weight", "attention", "attention_bwd", "memory")
+CURVES = ("matmul", "matmul_bwd_input", "matmul_bwd_weight", "attention", "attention_bwd", "attention_flash2",
+          "memory")
 
 
 def _curve_yaml(fit: dict, unit: str) -> dict:
