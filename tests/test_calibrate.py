@@ -269,3 +269,17 @@ def test_a_cpu_profiles_attention_is_sdpas_flash_kernel(quick_profile):
     names FlashAttention-2 runs at the profile's own attention curves."""
     acc = load_accelerator(str(quick_profile))
     assert acc.attention_is_flash2 and acc.attention_flash2 is None
+
+
+def test_attention_is_not_called_flashattention2_where_sdpas_flash_backend_declines(monkeypatch):
+    """A device whose SDPA has no flash kernel for the inputs (here: SDPA held to cuDNN's
+    backend, which a CPU lacks) is timed with its default kernel and claims no FlashAttention-2."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from simulator.calibrate.microbench import Bench
+
+    bench = Bench("cpu", quick=True, rounds=1)
+    monkeypatch.setattr(bench, "_flash_only", lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION))
+    bench.attention("fp32")
+    assert not bench.attention_is_flash2
+    assert {s["kind"] for s in bench.samples} == {"attention"}
