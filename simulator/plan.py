@@ -365,7 +365,7 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     if plan.attention_kernel == "flash2" and acc.attention_flash2 is None and not acc.attention_is_flash2:
         raise InputError("plan.attention_kernel", "flash2", f"fused only: the {acc.name} profile has no "
                          "efficiency.attention_flash2 (FlashAttention-2's rate, PyTorch SDPA's flash backend, "
-                         "measured on the part)")
+                         "measured on the part: `llmsim calibrate` measures it)")
     check_options(plan)
     if plan.precision == "fp16" and plan.grad_precision == "bf16":
         raise InputError("plan.grad_precision", "bf16", "fp16 training keeps fp16 or fp32 gradients")
