@@ -283,3 +283,18 @@ def test_attention_is_not_called_flashattention2_where_sdpas_flash_backend_decli
     bench.attention("fp32")
     assert not bench.attention_is_flash2
     assert {s["kind"] for s in bench.samples} == {"attention"}
+
+
+def test_sdpa_held_to_its_flash_backend_is_timed_beside_the_default_kernel():
+    """The CUDA path (Bench.times_flash2_beside), run on this CPU: bf16 samples of SDPA held to
+    its flash backend, forward and backward per shape, the kind fit_all turns into the
+    attention_flash2 curve."""
+    from simulator.calibrate.microbench import Bench
+
+    bench = Bench("cpu", quick=True, rounds=1)
+    bench.times_flash2_beside = True
+    bench.attention("bf16")
+    flash = [s for s in bench.samples if s["kind"] == "attention_flash2"]
+    shapes = bench.attention_shapes()
+    assert len(flash) == 2 * len(shapes) and {s["pass"] for s in flash} == {"fwd", "bwd"}
+    assert all(s["op"] == "sdpa_flash_causal" and s["dtype"] == "bf16" and s["seconds"] > 0 for s in flash)

@@ -80,6 +80,9 @@ class Bench:
         # whether every `attention` sample ran SDPA's flash backend (the profile's
         # efficiency.attention_flash2: fused); set by attention()
         self.attention_is_flash2 = self.device.type == "cpu"
+        # whether SDPA held to its flash backend is timed beside the default kernel (CUDA: the
+        # default is another kernel, cuDNN's on Hopper since torch 2.9)
+        self.times_flash2_beside = self.device.type == "cuda"
 
     def add(self, op, kind, shape, dtype, pass_, work, fn, kernel=None, minus=()) -> Case:
         row = {"op": op, "kind": kind, "shape": list(shape), "dtype": dtype, "pass": pass_, "work": float(work)}
@@ -217,18 +220,11 @@ class Bench:
 
             f = self.add("sdpa_causal", "attention", (b, h, s, d), dt, "fwd", 2 * core * 0.5, fwd)
             self.add("sdpa_causal", "attention", (b, h, s, d), dt, "bwd", 4 * core * 0.625, fwd_bwd, minus=[f])
-            if self.device.type == "cuda" and dt == "bf16" and flash_runs:
-                # FlashAttention-2 beside the default (cuDNN's on Hopper since torch 2.9), for plans
-                # that name it: SDPA restricted to its flash backend
-                def flash(fn):
-                    def run():
-                        with self._flash_only():
-                            fn()
-                    return run
+            if self.times_flash2_beside and dt == "bf16" and flash_runs:  # for plans naming FlashAttention-2
                 f = self.add("sdpa_flash_causal", "attention_flash2", (b, h, s, d), dt, "fwd", 2 * core * 0.5,
-                             flash(fwd))
+                             self._held_to_flash(fwd))
                 self.add("sdpa_flash_causal", "attention_flash2", (b, h, s, d), dt, "bwd", 4 * core * 0.625,
-                         flash(fwd_bwd), minus=[f])
+                         self._held_to_flash(fwd_bwd), minus=[f])
         if self.device.type == "cpu" and flash_runs:
             # SDPA's CPU default is its flash kernel already (torch 2.13: the same times on the
             # Intel Xeon); restricting it to that backend makes `attention` FlashAttention by
@@ -244,6 +240,13 @@ class Bench:
         flash kernel on CPUs)."""
         from torch.nn.attention import SDPBackend, sdpa_kernel
         return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+
+    def _held_to_flash(self, fn):
+        """`fn` run with SDPA restricted to its flash backend."""
+        def run():
+            with self._flash_only():
+                fn()
+        return run
 
     def _flash_runs(self, dt: str) -> bool:
         """Whether SDPA's flash backend takes causal attention in `dt` here (not on pre-sm80
