@@ -355,8 +355,9 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
                            "overlap_slowdown", "precisions", "co_run_slowdown", "matmul_k_half",
                            "matmul_fp8_k_half", "mamf") + PASS_CURVES,
                      f"{where}.efficiency")
-    if isinstance(eff.get("attention_flash2"), str) and eff["attention_flash2"] != FUSED:
-        raise InputError(f"{where}.efficiency.attention_flash2", eff["attention_flash2"],
+    flash2 = eff.get("attention_flash2")
+    if isinstance(flash2, str) and flash2 != FUSED:
+        raise InputError(f"{where}.efficiency.attention_flash2", flash2,
                          f"a curve {{max, half_flops}} or {FUSED} (efficiency.attention is FlashAttention-2's own)")
     kernels = F.require_mapping(eff.get("memory_kernels") or {}, f"{where}.efficiency.memory_kernels")
     memory_kernels = {str(k): _efficiency(kernels, k, f"{where}.efficiency.memory_kernels", "half_bytes")
@@ -385,8 +386,8 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
         matmul_fp8=(_efficiency(eff, "matmul_fp8", f"{where}.efficiency", "half_flops")
                     if eff.get("matmul_fp8") is not None else None),
         attention_flash2=(_efficiency(eff, "attention_flash2", f"{where}.efficiency", "half_flops")
-                          if eff.get("attention_flash2") not in (None, FUSED) else None),
-        attention_is_flash2=eff.get("attention_flash2") == FUSED,
+                          if flash2 not in (None, FUSED) else None),
+        attention_is_flash2=flash2 == FUSED,
         co_run_slowdown=F.number(eff, "co_run_slowdown", f"{where}.efficiency", 0.0, minimum=0.0, strict_min=False,
                                  maximum=10.0),
         matmul_k_half=F.number(eff, "matmul_k_half", f"{where}.efficiency", 0.0, minimum=0.0, strict_min=False,

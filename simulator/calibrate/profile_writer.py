@@ -24,6 +24,8 @@ from pathlib import Path
 
 import yaml
 
+from ..hardware import FUSED
+
 GIB = 2**30
 
 
@@ -154,7 +156,7 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
             "[measured] PyTorch SDPA restricted to its flash backend (FlashAttention-2), causal, bf16, forward and "
             "backward samples (op sdpa_flash_causal) fitted as one curve against the bf16 peak")
     elif fits.get("attention_is_flash2"):
-        acc["efficiency"]["attention_flash2"] = "fused"
+        acc["efficiency"]["attention_flash2"] = FUSED
         acc["sources"]["efficiency.attention_flash2"] = (
             "fused: [measured] the attention samples ran PyTorch SDPA restricted to its flash backend "
             "(microbench.Bench.attention), so efficiency.attention is that kernel's own rate")
