@@ -1,6 +1,7 @@
 """Importers: real public configs (tests/data/imports, sources in SOURCES.md) become the scenario
 their authors ran, and every key of the source is accounted for."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,13 +14,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simulator import InputError, scenario_from_dict
+from simulator import InputError, evaluate, scenario_from_dict
 from simulator.evaluate import compile_scenario
 from simulator.importers import import_config
 from simulator.importers.common import flatten
+from simulator.importers.launch_script import script_words
 from simulator.importers.torchtitan import split_layers
 
 DATA = Path(__file__).parent / "data" / "imports"
+HF = Path(__file__).parent / "data" / "hf"
 
 
 def _plan(imported, *keys):
@@ -289,6 +292,8 @@ def test_megatron_and_nemo_imports_run_megatrons_vocab_parallel_cross_entropy():
     assert nemo.scenario["plan"]["loss"] == script.scenario["plan"]["loss"] == "vocab-parallel"
 
 
+MOE_ARGV = ["--num-layers", "61", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "2048",
+            "--global-batch-size", "64", "--vocab-size", "32000", "--num-experts", "8"]
 MEGATRON_ARGV = ["--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "2048",
                  "--max-position-embeddings", "2048", "--micro-batch-size", "1", "--global-batch-size", "64",
                  "--tensor-model-parallel-size", "2", "--bf16", "--use-distributed-optimizer"]
@@ -363,11 +368,127 @@ def test_megatron_arguments_and_their_refusals():
     s = scenario_from_dict(imported.scenario)
     assert (s.model.kv_heads, s.model.ffn_hidden, s.model.vocab) == (8, 10880, 32000)  # int(8*4096/3/64)*64
     assert (s.plan.zero_stage, s.plan.precision, s.plan.global_batch) == (1, "bf16", 64)
-    with pytest.raises(InputError, match="num-experts"):
-        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + ["--num-experts", "8"])
-    with pytest.raises(InputError, match="recompute-num-layers"):
+    block = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + [
+        "--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "2"])
+    assert _plan(block, "recompute", "recompute_method", "recompute_num_layers") == {
+        "recompute": "full", "recompute_method": "block", "recompute_num_layers": 2}
+    with pytest.raises(InputError, match="recompute-modules"):
         import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + [
-            "--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "2"])
+            "--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp"])
+    with pytest.raises(InputError, match="moe-token-dispatcher-type.*flex"):
+        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + [
+            "--num-experts", "8", "--moe-token-dispatcher-type", "flex"])
+
+
+def test_a_flag_given_twice_with_different_values_is_refused_only_where_it_is_read():
+    """Megatron-LM's llama3 example gives --tokenizer-type in both branches of an `if`; with
+    --vocab-size given the tokenizer does not matter."""
+    script = import_config("megatron", DATA / "megatron-train_llama3_8b_h100_fp8.sh", {"cluster.node": "dgx-h100"})
+    assert (script.scenario["model"]["vocab"], script.scenario["plan"]["precision"]) == (128256, "fp8")
+    twice = ["--tokenizer-type", "NullTokenizer", "--tokenizer-type", "HuggingFaceTokenizer"]
+    with pytest.raises(InputError, match="tokenizer-type.*more than once"):
+        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=MEGATRON_ARGV + twice)
+    same = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=MEGATRON_ARGV + ["--bf16"])
+    assert same.scenario["plan"]["precision"] == "bf16"
+
+
+def test_megatron_mixtral_script_is_mixtral_8x7b_with_expert_parallelism():
+    """Parameters by hand: embedding and lm_head 2 x 32000 x 4096; per layer attention
+    2 x 4096^2 + 2 x 4096 x 1024, 8 experts x 3 x 4096 x 14336, router 4096 x 8, two RMSNorms;
+    active: 2 of the 8 experts."""
+    imported = import_config("megatron", DATA / "megatron-train_mixtral_8x7b_distributed.sh",
+                             {"cluster.node": "dgx-h100", "cluster.nodes": 8})
+    s = scenario_from_dict(imported.scenario)
+    m = s.model
+    assert (m.layers, m.hidden, m.heads, m.kv_heads, m.vocab, m.seq_len, m.activation) == (
+        32, 4096, 32, 8, 32000, 4096, "swiglu")
+    assert (m.experts, m.top_k, m.expert_ffn_hidden, m.shared_experts, m.dense_layers) == (8, 2, 14336, 0, 0)
+    assert (s.plan.tp, s.plan.pp, s.plan.ep, s.plan.etp, s.plan.moe.dispatcher) == (1, 4, 8, 1, "alltoall")
+    layer = 2 * 4096 ** 2 + 2 * 4096 * 1024 + 4096 * 8 + 2 * 4096
+    assert m.params() == 32 * (layer + 8 * 3 * 4096 * 14336) + 2 * 32000 * 4096 + 4096
+    assert m.active_params() == 32 * (layer + 2 * 3 * 4096 * 14336) + 2 * 32000 * 4096 + 4096
+
+
+def test_megatron_deepseek_v3_arguments_give_the_model_of_its_config_json():
+    """Megatron-LM's DeepSeek-V3 script (MLA, 256 experts top-8 with a shared expert, 3 dense
+    layers by a layer pattern, one MTP module) against DeepSeek-V3's released config.json. The
+    script as published uses the flex (DeepEP) dispatcher and recomputes modules llmsim does not
+    model: both are refused by name."""
+    path = DATA / "megatron-sbatch_mfsdp_deepseek_v3.sh"
+    with pytest.raises(InputError, match="moe-token-dispatcher-type"):
+        import_config("megatron", path, {"cluster.node": "dgx-h100"})
+    words = ["alltoall" if w == "flex" else w for w in script_words(path.read_text())]
+    with pytest.raises(InputError, match="recompute-modules"):
+        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=words)
+    at = words.index("--recompute-modules")
+    words = words[:at] + words[at + 5:]
+    imported = import_config("megatron", None, {"cluster.node": "dgx-h100", "cluster.nodes": 32}, argv=words)
+    s = scenario_from_dict(imported.scenario)
+    hf = scenario_from_dict({"model": {"hf_config": str(HF / "deepseek-v3.json"), "seq_len": 4096},
+                             "cluster": {"node": "dgx-h100"}, "plan": {"global_batch": 8}}).model
+    assert dataclasses.replace(s.model, name=hf.name) == hf
+    assert (s.plan.ep, s.plan.etp, s.plan.zero_stage, s.plan.zero3_impl, s.plan.grad_precision) == (
+        8, 1, 3, "fsdp2", "bf16")  # Megatron-FSDP optim_grads_params, main grads and their reduction in bf16
+
+
+def test_megatron_fsdp_shards_by_its_strategy_and_torch_fsdp2_is_zero_3():
+    script = import_config("megatron", DATA / "megatron-train_llama3_8b_fsdp_h100_fp8.sh",
+                           {"cluster.node": "dgx-h100"})
+    assert _plan(script, "zero_stage", "zero3_impl", "grad_precision") == {
+        "zero_stage": 3, "zero3_impl": "fsdp2", "grad_precision": "bf16"}
+    fsdp = [*MEGATRON_ARGV, "--use-megatron-fsdp", "--data-parallel-sharding-strategy"]
+    for strategy, stage in (("no_shard", 0), ("optim", 1), ("optim_grads", 2)):
+        imported = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=fsdp + [strategy])
+        assert imported.scenario["plan"]["zero_stage"] == stage
+    with pytest.raises(InputError, match="megatron-fsdp-grad-comm-dtype"):
+        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=fsdp + [
+            "optim_grads_params", "--megatron-fsdp-main-grads-dtype", "fp32", "--megatron-fsdp-grad-comm-dtype",
+            "bf16"])
+    torch_fsdp = import_config("megatron", None, {"cluster.node": "dgx-h100"},
+                               argv=[*MEGATRON_ARGV, "--use-torch-fsdp2"])
+    assert _plan(torch_fsdp, "zero_stage", "zero3_impl") == {"zero_stage": 3, "zero3_impl": "fsdp2"}
+
+
+@pytest.mark.parametrize("pattern,dense,freq", [("([0]*3+[1]*58)", 3, 1), ("[1,0]*30+[1]", 0, 2), ("2", 0, 2)])
+def test_megatron_moe_layer_pattern_is_leading_dense_layers_and_a_frequency(pattern, dense, freq):
+    model = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[
+        *MOE_ARGV, "--moe-layer-freq", pattern]).scenario["model"]
+    assert (model.get("dense_layers", 0), model["moe_layer_freq"]) == (dense, freq)
+
+
+@pytest.mark.parametrize("pattern", ["([1]*3+[0]*58)", "[1]*60", "__import__('os')", "[1]*10**9"])
+def test_megatron_moe_layer_pattern_llmsim_cannot_express_is_refused(pattern):
+    with pytest.raises(InputError, match="moe-layer-freq"):
+        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[*MOE_ARGV, "--moe-layer-freq", pattern])
+
+
+def test_megatron_kv_channels_is_the_head_width():
+    """Qwen3-30B-A3B: hidden 2048 over 32 heads of 128 (its config.json head_dim)."""
+    model = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[
+        "--num-layers", "48", "--hidden-size", "2048", "--num-attention-heads", "32", "--kv-channels", "128",
+        "--seq-length", "4096", "--global-batch-size", "64", "--vocab-size", "151936"]).scenario["model"]
+    assert model["head_dim"] == 128
+
+
+def test_nemo_grok1_yaml_imports_as_the_grok_rows_of_the_same_runs():
+    """moe-runs.csv, dgxc2411-h100-grok1-314b-bf16-512gpu: the yaml is for its 64 nodes. Experts
+    are split over TP in Megatron-Core 0.9 (etp = tp = 4); capacity factor 1 with padding. The
+    yaml's ub_tp_comm_overlap is false; configure.sh turns it on for the runs."""
+    imported = import_config("megatron", DATA / "nemo-grok1_314b.yaml", {"cluster.node": "dgx-h100"})
+    s = scenario_from_dict(imported.scenario)
+    m, p = s.model, s.plan
+    assert (m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.vocab, m.seq_len, m.activation) == (
+        64, 6144, 48, 8, 128, 128512, 8192, "geglu")
+    assert (m.experts, m.top_k, m.expert_ffn_hidden, m.shared_experts, m.dense_layers, m.moe_layer_freq) == (
+        8, 2, 32768, 0, 0, 1)
+    assert (p.tp, p.pp, p.vpp, p.dp, p.cp, p.ep, p.etp, p.micro_batch, p.global_batch, p.recompute, p.precision) == (
+        4, 8, 8, 8, 2, 8, 4, 1, 1024, "none", "bf16")
+    assert (p.moe.dispatcher, p.moe.capacity_factor, p.moe.pad_to_capacity) == ("alltoall", 1.0, True)
+    assert s.cluster.devices == 512
+    folding = [u for u in imported.unmapped if u["key"] == "model.expert_tensor_parallel_size"]
+    assert "plan.moe.folding=false" in folding[0]["why"]  # MCore 0.9 did not fold; the yaml does not say
+    keys = set(flatten(yaml.safe_load((DATA / "nemo-grok1_314b.yaml").read_text())))
+    assert keys <= set(_accounted(imported))
 
 
 def test_deepspeed_zero_infinity_offloads_to_nvme():
@@ -453,3 +574,75 @@ def test_torchtitan_keeps_fp32_parameters_as_the_master_copy():
     # the model is materialised in fp32 and FSDP2 casts it to bf16 for compute
     imported = import_config("torchtitan", DATA / "torchtitan-llama3_8b.toml", {"cluster.node": "dgx-h100"})
     assert imported.scenario["plan"]["fp32_params"] is True
+
+
+LLAMA_405B_ARGV = ["--num-layers", "126", "--hidden-size", "16384", "--num-attention-heads", "128",
+                   "--group-query-attention", "--num-query-groups", "8", "--ffn-hidden-size", "53248", "--swiglu",
+                   "--seq-length", "8192", "--global-batch-size", "256", "--vocab-size", "128256", "--bf16",
+                   "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "8"]
+
+
+@pytest.mark.parametrize("split,layout,vpp", [
+    (["--decoder-first-pipeline-num-layers", "15", "--decoder-last-pipeline-num-layers", "15"], None, None),
+    (["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"],
+     [15, 16, 16, 16, 16, 16, 16, 15], None),  # 126 + 2 over 8 stages, the end stages a layer less
+    (["--pipeline-model-parallel-layout", "Et*15|(t*16|)*6,t*15L"], [15, 16, 16, 16, 16, 16, 16, 15], None),
+    (["--pipeline-model-parallel-layout", "Et*7|(t*8|)*14t*7L"], [7] + [8] * 14 + [7], 2),
+    (["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+      "--virtual-pipeline-model-parallel-size", "2"], [7] + [8] * 14 + [7], 2)])
+def test_megatron_uneven_pipeline_splits_are_the_stage_layers_megatron_builds(split, layout, vpp):
+    plan = import_config("megatron", None, {"cluster.node": "dgx-h100", "cluster.nodes": 64},
+                         argv=LLAMA_405B_ARGV + split).scenario["plan"]
+    assert (plan.get("pipeline_layout"), plan.get("vpp")) == (layout, vpp)
+    if layout is None:
+        assert (plan["first_stage_layers"], plan["last_stage_layers"]) == (15, 15)
+
+
+def test_megatron_first_last_counts_and_the_same_layout_predict_the_same_step():
+    def step(split):
+        imported = import_config("megatron", None, {"cluster.node": "dgx-h100", "cluster.nodes": 64},
+                                 argv=LLAMA_405B_ARGV + split)
+        return evaluate(scenario_from_dict(imported.scenario)).step_time_s
+    assert step(["--decoder-first-pipeline-num-layers", "15", "--decoder-last-pipeline-num-layers", "15"]) == step(
+        ["--pipeline-model-parallel-layout", "Et*15|(t*16|)*6,t*15L"])
+
+
+@pytest.mark.parametrize("layout", ["t*126", "Et*125|L" + "|" * 6, "Et*63|t*63L", "(t)*999999999", "Et*126mL"])
+def test_megatron_pipeline_layout_llmsim_cannot_take_is_refused(layout):
+    """No embedding, a wrong stage count or layer count, an unrolled bomb; MTP is fine in the
+    last stage but the model here has none (its layers would not add up)."""
+    with pytest.raises(InputError, match="pipeline-model-parallel-layout"):
+        import_config("megatron", None, {"cluster.node": "dgx-h100", "cluster.nodes": 64},
+                      argv=LLAMA_405B_ARGV + ["--pipeline-model-parallel-layout", layout])
+
+
+def test_megatron_sliding_windows_every_other_layer_from_the_first():
+    """GPT-OSS in Megatron-LM: --window-size 127,0 (127 earlier tokens and the token itself) on
+    layers 1, 3, 5, ... (1-indexed), every 2nd layer full attention: llmsim's window of 128 on
+    layers 0, 2, 4, ... (0-indexed), as the GPT-OSS config.json imports."""
+    argv = ["--num-layers", "12", *MOE_ARGV[2:], "--quick-geglu", "--window-size", "127,0"]
+    model = import_config("megatron", None, {"cluster.node": "dgx-h100"},
+                          argv=argv + ["--window-attn-skip-freq", "2"]).scenario["model"]
+    assert (model["activation"], model["sliding_window"], model["sliding_window_freq"]) == ("geglu", 128, 2)
+    hf = scenario_from_dict({"model": {"hf_config": str(HF / "gpt-oss-120b.json"), "seq_len": 4096},
+                             "cluster": {"node": "dgx-h100"}, "plan": {"global_batch": 8}}).model
+    assert (hf.sliding_window, hf.sliding_window_freq) == (128, 2)
+    every = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=argv).scenario["model"]
+    assert every["sliding_window_freq"] == 1
+    with pytest.raises(InputError, match="window-attn-skip-freq"):
+        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=argv + ["--window-attn-skip-freq", "3"])
+
+
+def test_megatron_script_arithmetic_and_case_patterns():
+    """$((...)) over integers is expanded (bash: / truncates); a `case` pattern such as
+    `--data)` is the script's own option, not Megatron's."""
+    script = "\n".join([
+        "GPUS=8; NODES=2; TP=2", "PP=$(( GPUS * NODES / TP / 3 ))",
+        'while [[ $# -gt 0 ]]; do case $1 in', '  --data) DATA="$2"; shift 2 ;;', "esac; done",
+        "torchrun pretrain_gpt.py --num-layers 24 --hidden-size 1024 --num-attention-heads 16 "
+        "--seq-length 2048 --global-batch-size 64 --tensor-model-parallel-size $TP "
+        "--pipeline-model-parallel-size $((24 / 12)) --micro-batch-size $(( PP - 1 ))"])
+    imported = import_config("megatron", None, {"cluster.node": "dgx-h100", "cluster.nodes": 2},
+                             argv=script_words(script))
+    assert _plan(imported, "tp", "pp", "micro_batch") == {"tp": 2, "pp": 2, "micro_batch": 1}  # 16/2/3 = 2
+    assert "data)" not in set(_accounted(imported))

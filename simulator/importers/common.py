@@ -44,6 +44,11 @@ class Imported:
         return scenario
 
 
+class Conflicting(tuple):
+    """The values of a key a source gives more than once with different values (a launch
+    script's shell conditional: both branches' words are read): refused where read."""
+
+
 def flatten(data: Mapping, prefix: str = "") -> dict:
     """Nested mappings as dotted keys (lists stay values)."""
     out = {}
@@ -75,17 +80,24 @@ class Account:
         self._seen: set = set()
 
     def has(self, key: str) -> bool:
-        return key in self.flat and self.flat[key] is not None
+        return key in self.flat and self._read(key) is not None
 
     def get(self, key: str, default=None):
-        value = self.flat.get(key)
+        value = self._read(key)
         return default if value is None else value
+
+    def _read(self, key: str):
+        value = self.flat.get(key)
+        if isinstance(value, Conflicting):
+            self.refuse(key, "given more than once with different values (both branches of a shell "
+                             "conditional?); keep the one the run used")
+        return value
 
     def number(self, key: str, default=None, integer: bool = True):
         """A numeric value (an integer unless integer=False); text numbers like "8" are read too."""
         if not self.has(key):
             return default
-        value = self.flat[key]
+        value = self._read(key)
         if isinstance(value, str):
             try:
                 value = float(value) if not integer else int(value)
@@ -126,6 +138,10 @@ class Account:
             self.result.unmapped.append({"key": key, "value": self.flat[key], "why": why})
             self._seen.add(key)
 
+    def absent(self, key: str, why: str) -> None:
+        """A key the source does not give whose default llmsim had to assume (said in the report)."""
+        self.result.unmapped.append({"key": key, "value": "(absent)", "why": why})
+
     def refuse(self, key: str, why: str):
         raise InputError(f"{self.where} {key}", self.flat.get(key), why)
 
@@ -156,6 +172,8 @@ def padded_vocab(vocab: int, multiple: int, tp: int) -> int:
 # Vocabulary sizes of tokenizers that configs name instead of giving a size.
 TOKENIZER_VOCAB = {
     "GPT2BPETokenizer": 50257,  # GPT-2 BPE (Radford et al. 2019)
+    "Llama2Tokenizer": 32000,  # Llama 2's SentencePiece model, "32k tokens" (Touvron et al. 2023, Sec. 2.1)
+    "deepseek-ai/DeepSeek-V3": 129280,  # its config.json vocab_size (tests/data/hf/deepseek-v3.json)
     "meta-llama/Meta-Llama-3-8B": 128256, "meta-llama/Meta-Llama-3-70B": 128256,
     "meta-llama/Meta-Llama-3.1-8B": 128256, "meta-llama/Meta-Llama-3.1-70B": 128256,
     "meta-llama/Llama-3.1-8B": 128256, "meta-llama/Llama-3.1-70B": 128256, "meta-llama/Llama-3.1-405B": 128256,

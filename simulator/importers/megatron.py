@@ -11,12 +11,15 @@ int(8h/3 / 64) * 64; the vocabulary is padded to a multiple of make-vocab-size-d
 tensorwise (TransformerEngine's per-tensor current scaling: fp8_recipe current) or mxfp8
 (its block-wise recipe is refused);
 --fp8-param-gather, like NeMo's fp8_params, keeps FP8 primary weights (plan.fp8_params).
-torchrun's --nproc_per_node and --nnodes give the cluster's shape.
+--use-megatron-fsdp shards by --data-parallel-sharding-strategy (ZeRO-0 to 3) and
+--use-torch-fsdp2 is ZeRO-3, both in FSDP units. Full recomputation keeps its method and layer
+count; selective recomputation is of core attention (other --recompute-modules are refused).
+Mixture-of-Experts, latent attention and MTP keys: megatron_moe.py. --kv-channels is the head
+width. torchrun's --nproc_per_node and --nnodes give the cluster's shape.
 
-A launch script is read as its shell words: `NAME=value` assignments are substituted into
-`$NAME` / `${NAME}`, everything else that is not a `--flag` and its values (array
-syntax, torchrun, the script path) is skipped. A value left as a shell expression (`$1`) is
-refused when a mapped key needs it.
+A launch script is read as its shell words (launch_script.py); a value left as a shell
+expression (`$1`) is refused when a mapped key needs it, as is a flag given twice with
+different values (both branches of an `if` are read).
 
 NeMo YAML keys are the launcher's (`trainer`, `model`, `model.optim`), as in NVIDIA's
 dgxc-benchmarking configs; optim distributed_fused_adam accumulates into a full bf16 gradient
@@ -26,27 +29,22 @@ buffer and reduce-scatters once per step (ZeRO-1 timing; see shared/validation/n
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 
 from ..errors import InputError
 from ..yamlio import parse_yaml, read_text
+from . import megatron_moe as moe
 from .common import TOKENIZER_VOCAB, Account, Imported, padded_vocab
+from .launch_script import parse_args, script_words
+from .megatron_pipeline import read_stage_split
 
-STORE_TRUE = {"fp16", "bf16", "swiglu", "sequence-parallel", "use-distributed-optimizer", "overlap-grad-reduce",
-              "overlap-param-gather", "tp-comm-overlap", "untie-embeddings-and-output-weights", "disable-bias-linear",
-              "group-query-attention", "recompute-activations", "use-flash-attn", "grad-reduce-in-bf16",
-              "accumulate-allreduce-grads-in-fp32", "use-mcore-models", "mock-data", "fp8-param-gather",
-              "apply-layernorm-1p", "cross-entropy-loss-fusion", "calculate-per-token-loss", "manual-gc",
-              "log-throughput", "profile", "no-create-attention-mask-in-dataloader", "no-mmap-bin-files",
-              "no-scatter-gather-tensors-in-pipeline"}
 IGNORED_ARGS = ("lr*", "min-lr", "decoupled-*", "weight-decay", "adam-*", "clip-grad", "init-method-std", "seed",
                 "log-*", "save*", "load", "eval-*", "data-*", "split", "vocab-file", "merge-file", "tokenizer-model",
                 "tensorboard-*", "wandb-*", "exit-*", "ckpt-*", "distributed-timeout-minutes", "num-workers",
                 "mock-data", "profile*", "master_addr", "master_port", "node_rank", "use-mcore-models",
                 "max-position-embeddings", "tiktoken-pattern", "no-create-attention-mask-in-dataloader",
                 "no-mmap-bin-files", "manual-gc*", "calculate-per-token-loss", "empty-unused-memory-level",
-                "lr-*", "train-samples", "rotary-*", "kv-channels", "apply-layernorm-1p", "attention-dropout",
+                "lr-*", "train-samples", "rotary-*", "apply-layernorm-1p", "tokenizer-type", "attention-dropout",
                 "hidden-dropout", "fp8-amax-*", "make-vocab-size-divisible-by")
 ARG_REASONS = {"rampup-batch-size": "the batch-size ramp-up of the first steps is not modelled",
                "overlap-param-gather": "parameter all-gather overlap is not modelled separately"}
@@ -54,63 +52,27 @@ ARG_REASONS = {"rampup-batch-size": "the batch-size ramp-up of the first steps i
 
 # ------------------------------------------------------------------ arguments
 
-_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}?")
-
-
-def script_words(text: str) -> list[str]:
-    """The shell words of a launch script with simple variables substituted."""
-    text = text.replace("\\\n", " ")
-    try:
-        words = shlex.split(text, comments=True)
-    except ValueError as exc:
-        raise InputError("megatron", "script", f"cannot split it into shell words ({exc})") from None
-    env: dict[str, str] = {}
-    out = []
-    for word in words:
-        m = _ASSIGN.match(word)
-        if m and not m.group(2).startswith("("):
-            env[m.group(1)] = _VAR.sub(lambda v: env.get(v.group(1), v.group(2) or v.group(0)), m.group(2))
-            continue
-        out.extend(_VAR.sub(lambda v: env.get(v.group(1), v.group(2) or v.group(0)), word).split()
-                   if word.startswith("--") and " " in word else
-                   [_VAR.sub(lambda v: env.get(v.group(1), v.group(2) or v.group(0)), word)])
-    return out
-
-
-def parse_args(words: list[str]) -> dict:
-    """{flag name (no dashes): value} of the `--flag [value...]` words; store-true flags are True,
-    a flag with several values gets a list."""
-    args: dict = {}
-    i = 0
-    while i < len(words):
-        word = words[i]
-        i += 1
-        if not word.startswith("--") or len(word) < 3:
-            continue
-        name, _, inline = word[2:].partition("=")
-        values = [inline] if inline else []
-        if name not in STORE_TRUE and not inline:
-            while i < len(words) and not words[i].startswith("--") and _is_value(words[i]):
-                values.append(words[i])
-                i += 1
-        if name in args:
-            raise InputError(f"megatron --{name}", values, "given twice")
-        args[name] = True if not values else (values[0] if len(values) == 1 else values)
-    return args
-
-
-def _is_value(word: str) -> bool:
-    """A word that belongs to the preceding flag (not array syntax, a program, or a script)."""
-    return not (word in ("(", ")", "torchrun", "python", "python3") or word.endswith(("=(", ".py"))
-                or word.startswith("${") and word.endswith("[@]}"))
-
-
 def _number(a: Account, key: str, default=None, integer=True):
     value = a.get(key, default)
     if isinstance(value, str) and value.startswith("$"):
         a.refuse(key, f"the value is the shell expression {value}; give the arguments with their values")
     return a.number(key, default, integer)
+
+
+# TransformerConfig fields whose Megatron-LM argument is named otherwise (arguments.py)
+ARGUMENT_NAMES = {"num_moe_experts": "num-experts",
+                  "num_layers_in_first_pipeline_stage": "decoder-first-pipeline-num-layers",
+                  "num_layers_in_last_pipeline_stage": "decoder-last-pipeline-num-layers"}
+
+
+def megatron_key(field: str) -> str:
+    """A TransformerConfig field as Megatron-LM's argument (without its dashes)."""
+    return ARGUMENT_NAMES.get(field, field.replace("_", "-"))
+
+
+def nemo_key(field: str) -> str:
+    """A TransformerConfig field as a NeMo YAML key."""
+    return f"model.{field}"
 
 
 # Megatron-Core's CP implementations (--cp-comm-type, TransformerEngine's attn_forward_func_with_cp)
@@ -139,9 +101,6 @@ def _cp_comm_type(a: Account, key: str, sizes_key: str) -> None:
 
 def read_args(args: dict) -> Imported:
     a = Account(args, "megatron")
-    if a.has("num-experts") or a.has("num-moe-experts"):
-        a.refuse("num-experts" if a.has("num-experts") else "num-moe-experts",
-                 "mixture-of-experts models are not modelled")
     layers = _number(a, "num-layers")
     hidden = _number(a, "hidden-size")
     heads = _number(a, "num-attention-heads")
@@ -158,7 +117,14 @@ def read_args(args: dict) -> Imported:
     a.used("group-query-attention")
     ffn = _number(a, "ffn-hidden-size", int(8 * hidden / 3 / 64) * 64 if swiglu else 4 * hidden)
     a.map("ffn-hidden-size" if a.has("ffn-hidden-size") else "hidden-size", "model.ffn_hidden", ffn)
-    a.map("swiglu", "model.activation", "swiglu" if swiglu else "gelu")
+    _head_dim(a, "kv-channels", bool(a.get("multi-latent-attention")), _number)
+    moe.read_moe(a, megatron_key, _number, layers, ffn)
+    if a.get("squared-relu"):
+        a.refuse("squared-relu", "modelled activations: gelu, swiglu, quick-geglu")
+    activation = "swiglu" if swiglu else "geglu" if a.get("quick-geglu") else "gelu"
+    a.map("quick-geglu" if activation == "geglu" else "swiglu", "model.activation", activation)
+    a.used("swiglu", "quick-geglu")
+    _window(a, "window-size", "window-attn-skip-freq", layers)
     a.map("seq-length", "model.seq_len", _number(a, "seq-length", 2048))
     norm = str(a.get("normalization", "LayerNorm"))
     if norm not in ("LayerNorm", "RMSNorm"):
@@ -178,13 +144,16 @@ def read_args(args: dict) -> Imported:
     a.map("pipeline-model-parallel-size", "plan.pp", pp)
     a.map("context-parallel-size", "plan.cp", _number(a, "context-parallel-size", 1))
     _cp_comm_type(a, "cp-comm-type", "hierarchical-context-parallel-sizes")
-    vocab_key = "vocab-size" if a.has("vocab-size") else "tokenizer-type"
-    vocab = _number(a, "vocab-size") if a.has("vocab-size") else TOKENIZER_VOCAB.get(a.get("tokenizer-type",
-                                                                                           "GPT2BPETokenizer"))
+    # a Hugging Face tokenizer is named by --tokenizer-model (a hub name or a path)
+    hf = not a.has("vocab-size") and a.get("tokenizer-type") == "HuggingFaceTokenizer"
+    vocab_key = "vocab-size" if a.has("vocab-size") else "tokenizer-model" if hf else "tokenizer-type"
+    vocab = _number(a, "vocab-size") if a.has("vocab-size") else TOKENIZER_VOCAB.get(
+        str(a.get(vocab_key, "GPT2BPETokenizer")))
     if vocab is None:
         a.refuse(vocab_key, "the tokenizer's vocabulary size is unknown; give --vocab-size")
     a.map(vocab_key, "model.vocab", padded_vocab(vocab, _number(a, "make-vocab-size-divisible-by", 128), tp))
-    a.used("tokenizer-type")
+    if hf:
+        a.used("tokenizer-type")
     vpp = None
     if a.has("num-layers-per-virtual-pipeline-stage"):
         per = _number(a, "num-layers-per-virtual-pipeline-stage")
@@ -193,6 +162,13 @@ def read_args(args: dict) -> Imported:
     elif a.has("virtual-pipeline-model-parallel-size"):
         vpp = _number(a, "virtual-pipeline-model-parallel-size")
         a.map("virtual-pipeline-model-parallel-size", "plan.vpp", vpp)
+    split_vpp = read_stage_split(a, megatron_key, layers, pp, vpp or 1, _number)
+    if split_vpp != (vpp or 1):
+        if vpp is not None:
+            a.refuse("pipeline-model-parallel-layout", f"{split_vpp} virtual stages per rank where the arguments "
+                                                       f"give {vpp}")
+        vpp = split_vpp
+        a.map("pipeline-model-parallel-layout", "plan.vpp", vpp)
     a.scenario["plan"]["schedule"] = "interleaved" if vpp and vpp > 1 else "1f1b"
     a.map("micro-batch-size", "plan.micro_batch", _number(a, "micro-batch-size", 1))
     if not a.has("global-batch-size"):
@@ -219,10 +195,9 @@ def read_args(args: dict) -> Imported:
         if not a.has("fp8-format"):
             a.refuse("fp8-param-gather", "FP8 parameters need --fp8-format")
         a.map("fp8-param-gather", "plan.fp8_params", True)
-    grads = "bf16" if a.get("grad-reduce-in-bf16") else "fp32"
-    a.map("grad-reduce-in-bf16", "plan.grad_precision", grads)
+    _grad_precision(a, precision)
     a.used("accumulate-allreduce-grads-in-fp32")
-    a.map("use-distributed-optimizer", "plan.zero_stage", 1 if a.get("use-distributed-optimizer") else 0)
+    _data_parallel_sharding(a)
     instances = _number(a, "num-distributed-optimizer-instances", 1)
     if instances > 1:  # partial distributed optimizer: hybrid sharding
         a.map("num-distributed-optimizer-instances", "plan.dp_replicate", instances)
@@ -236,7 +211,7 @@ def read_args(args: dict) -> Imported:
     a.used("use-flash-attn")
     # Megatron's vocab-parallel cross-entropy, fused or not: the same in-place steps (loss.py)
     a.map("cross-entropy-loss-fusion", "plan.loss", "vocab-parallel")
-    _recompute_args(a, layers, pp)
+    _recompute_args(a)
 
     if a.has("nproc_per_node"):
         a.map("nproc_per_node", "cluster.devices_per_node", _number(a, "nproc_per_node"))
@@ -247,10 +222,107 @@ def read_args(args: dict) -> Imported:
         a.map("train-iters", "training.tokens", float(_number(a, "train-iters") * global_batch * seq))
     elif a.has("train-samples"):
         a.map("train-samples", "training.tokens", float(_number(a, "train-samples") * seq))
-    return a.finish(IGNORED_ARGS, ARG_REASONS)
+    return a.finish(IGNORED_ARGS + moe.ignored(megatron_key), {**ARG_REASONS, **moe.reasons(megatron_key)})
 
 
-def _recompute_args(a: Account, layers: int, pp: int) -> None:
+# Megatron-FSDP's --data-parallel-sharding-strategy (arguments.py, default optim_grads_params)
+FSDP_STRATEGIES = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+
+
+def _data_parallel_sharding(a: Account) -> None:
+    """What the data-parallel ranks shard: the distributed optimizer (ZeRO-1), Megatron-FSDP
+    (--use-megatron-fsdp: ZeRO-0 to 3 by --data-parallel-sharding-strategy) or torch FSDP2
+    (--use-torch-fsdp2: ZeRO-3). Both FSDPs gather a layer's weights one layer ahead and
+    reduce-scatter its gradients behind, resharding after the forward pass
+    (megatron/core/distributed/fsdp/src/docs/runtime_schedule.md @d98e8a64dd;
+    torch_fully_sharded_data_parallel.py wraps each TransformerLayer in fully_shard): the
+    structure of plan.zero3_impl fsdp2."""
+    if a.get("use-megatron-fsdp"):
+        strategy = str(a.get("data-parallel-sharding-strategy", "optim_grads_params"))
+        if strategy not in FSDP_STRATEGIES:
+            a.refuse("data-parallel-sharding-strategy", "expected one of " + ", ".join(FSDP_STRATEGIES))
+        if str(a.get("outer-dp-sharding-strategy", "no_shard")) != "no_shard":
+            a.refuse("outer-dp-sharding-strategy", "sharding the optimizer over the replicas of hybrid FSDP is "
+                                                   "not modelled (no_shard is)")
+        a.map("data-parallel-sharding-strategy", "plan.zero_stage", FSDP_STRATEGIES[strategy])
+        a.used("use-megatron-fsdp", "outer-dp-sharding-strategy", "use-distributed-optimizer")
+        if FSDP_STRATEGIES[strategy] == 3:
+            a.map("use-megatron-fsdp", "plan.zero3_impl", "fsdp2")
+    elif a.get("use-torch-fsdp2"):
+        a.map("use-torch-fsdp2", "plan.zero_stage", 3)
+        a.map("use-torch-fsdp2", "plan.zero3_impl", "fsdp2")
+    else:
+        a.map("use-distributed-optimizer", "plan.zero_stage", 1 if a.get("use-distributed-optimizer") else 0)
+        a.unmapped("data-parallel-sharding-strategy", "Megatron-FSDP's; without --use-megatron-fsdp it does nothing")
+
+
+def _grad_precision(a: Account, precision: str) -> None:
+    """The precision gradients are kept and reduced in: fp32 unless --grad-reduce-in-bf16; under
+    Megatron-FSDP its main-gradient dtype, by default the parameters' (bf16 or fp16 with
+    --bf16/--fp16), and its communication dtype, by default the main gradients'
+    (megatron/core/distributed/distributed_data_parallel_config.py megatron_fsdp_main_grads_dtype,
+    megatron_fsdp_grad_comm_dtype)."""
+    if not a.get("use-megatron-fsdp"):
+        a.map("grad-reduce-in-bf16", "plan.grad_precision", "bf16" if a.get("grad-reduce-in-bf16") else "fp32")
+        return
+    params = {"fp8": "bf16", "mxfp8": "bf16"}.get(precision, precision)  # FP8 runs keep bf16 parameters
+    kept = str(a.get("megatron-fsdp-main-grads-dtype", "auto"))
+    kept = params if kept == "auto" else kept
+    sent = str(a.get("megatron-fsdp-grad-comm-dtype", "auto"))
+    sent = kept if sent == "auto" else sent
+    if kept != sent:
+        a.refuse("megatron-fsdp-grad-comm-dtype", f"llmsim keeps and reduces gradients in one precision "
+                                                  f"(plan.grad_precision); here they are kept in {kept}")
+    a.map("megatron-fsdp-main-grads-dtype", "plan.grad_precision", kept)
+    a.used("megatron-fsdp-grad-comm-dtype", "grad-reduce-in-bf16")
+
+
+def _window(a: Account, size_key: str, skip_key: str, layers: int) -> None:
+    """Megatron-Core's sliding windows: window_size (left, right) lets a token see `left`
+    earlier tokens and itself, on every layer unless window_attn_skip_freq N makes every N-th
+    layer (1-indexed) full attention, or a 0/1 pattern names the windowed layers
+    (megatron/core/transformer/utils.py is_layer_window_attention @d98e8a64dd); llmsim windows
+    layers i (0-indexed) with i % sliding_window_freq == 0 (model.py)."""
+    if not a.has(size_key):
+        a.used(skip_key)
+        return
+    size = a.get(size_key)
+    size = [s for s in re.split(r"[\s,()\[\]]+", str(size)) if s] if not isinstance(size, (list, tuple)) else size
+    if len(size) != 2 or not all(str(x).lstrip("-").isdigit() for x in size) or int(size[1]) != 0 \
+            or int(size[0]) < 1:
+        a.refuse(size_key, "expected a causal window (left, 0) with left >= 1")
+    skip = a.get(skip_key)
+    text = None if skip is None else str(skip).strip()
+    if text is None:
+        windowed = [1] * layers
+    elif text.isdigit():
+        windowed = [int((i + 1) % int(text) != 0) for i in range(layers)]
+    else:
+        windowed = moe.pattern_list(text)
+        if windowed is None or len(windowed) != layers:
+            a.refuse(skip_key, f"expected an integer or a list expression of {layers} zeros and ones")
+    freq = next((f for f in range(1, layers + 1) if windowed == [int(i % f == 0) for i in range(layers)]), None)
+    if freq is None:
+        a.refuse(skip_key, "llmsim windows every n-th layer from the first (n = 1, 2, ...), not this pattern")
+    a.map(size_key, "model.sliding_window", int(size[0]) + 1)
+    a.map(skip_key, "model.sliding_window_freq", freq)
+
+
+def _head_dim(a: Account, key: str, mla: bool, number) -> None:
+    """--kv-channels (NeMo kv_channels): the width of a head where it is not hidden / heads;
+    multi-latent attention takes its head widths from its own keys."""
+    if not a.has(key):
+        a.used(key)
+    elif mla:
+        a.unmapped(key, "multi-latent attention's head widths are qk_head_dim + qk_pos_emb_head_dim")
+    else:
+        a.map(key, "model.head_dim", number(a, key))
+
+
+def _recompute_args(a: Account) -> None:
+    """--recompute-granularity full with its method and layer count (plan.recompute_method,
+    recompute_num_layers), or selective over --recompute-modules (default core_attn, the only
+    module llmsim recomputes selectively: transformer_config.py recompute_modules)."""
     granularity = a.get("recompute-granularity")
     if a.get("recompute-activations"):
         granularity = granularity or "selective"
@@ -260,15 +332,28 @@ def _recompute_args(a: Account, layers: int, pp: int) -> None:
     if granularity not in ("full", "selective"):
         a.refuse("recompute-granularity", "expected full or selective")
     if granularity == "full":
-        method = a.get("recompute-method", "uniform")
-        num = _number(a, "recompute-num-layers", 1)
-        if not (method == "uniform" and num == 1) and not (method == "block" and num >= layers // pp):
-            a.refuse("recompute-num-layers", "recomputing only some layers is not modelled (llmsim recomputes "
-                     "every layer with full recomputation)")
-        a.used("recompute-method", "recompute-num-layers")
+        _full_recompute(a, "recompute-method", "recompute-num-layers", _number)
+    else:
+        modules = a.get("recompute-modules", ["core_attn"])
+        modules = [modules] if isinstance(modules, str) else list(modules)
+        if set(modules) != {"core_attn"}:
+            a.refuse("recompute-modules", "selective recomputation of core_attn alone is modelled (Megatron's "
+                                          "default), not of mlp, moe, moe_act, layernorm, mla_up_proj or "
+                                          "shared_experts")
+        a.used("recompute-modules")
     a.map("recompute-granularity" if a.has("recompute-granularity") else "recompute-activations", "plan.recompute",
           granularity)
     a.used("recompute-activations")
+
+
+def _full_recompute(a: Account, method_key: str, layers_key: str, number) -> None:
+    """Megatron's full recomputation: uniform groups of N layers or the first N layers of each
+    chunk (block); its transformer block refuses any other method, so absent is uniform of 1."""
+    method = str(a.get(method_key, "uniform"))
+    if method not in ("uniform", "block"):
+        a.refuse(method_key, "expected uniform or block")
+    a.map(method_key, "plan.recompute_method", method)
+    a.map(layers_key, "plan.recompute_num_layers", number(a, layers_key, 1))
 
 
 # ------------------------------------------------------------------ NeMo YAML
@@ -277,7 +362,7 @@ NEMO_IGNORED = ("run.*", "exp_manager.*", "hydra.*", "trainer.accelerator", "tra
                 "trainer.use_distributed_sampler", "trainer.max_epochs", "trainer.max_time", "trainer.log_*",
                 "trainer.val_check_interval", "trainer.limit_*", "trainer.num_sanity_val_steps",
                 "trainer.gradient_clip_val", "model.init_method_std", "model.use_scaled_init_method",
-                "model.*dropout", "model.kv_channels", "model.apply_query_key_layer_scaling", "model.layernorm_epsilon",
+                "model.*dropout", "model.apply_query_key_layer_scaling", "model.layernorm_epsilon",
                 "model.do_layer_norm_weight_decay", "model.pre_process", "model.post_process", "model.headscale",
                 "model.transformer_block_type", "model.openai_gelu", "model.normalize_attention_scores",
                 "model.rotary_percentage", "model.rotary_base", "model.attention_type", "model.tokenizer.*",
@@ -301,13 +386,12 @@ NEMO_REASONS = {"model.*fusion": "kernel fusion is not modelled (efficiencies ar
                 "model.overlap_p2p_comm": "pipeline send/receive overlap is not modelled separately",
                 "model.batch_p2p_comm": "pipeline send/receive batching is not modelled",
                 "model.defer_embedding_wgrad_compute": "not modelled", "model.wgrad_deferral_limit": "not modelled"}
-NEMO_ACTIVATIONS = {"gelu": "gelu", "swiglu": "swiglu", "fast-swiglu": "swiglu"}
+NEMO_ACTIVATIONS = {"gelu": "gelu", "swiglu": "swiglu", "fast-swiglu": "swiglu", "geglu": "geglu",
+                    "fast-geglu": "geglu"}
 
 
 def read_nemo(data: dict) -> Imported:
     a = Account(data, "nemo")
-    if a.has("model.num_moe_experts"):
-        a.refuse("model.num_moe_experts", "mixture-of-experts models are not modelled")
     m = lambda key: f"model.{key}"  # noqa: E731
     layers, hidden, heads = (a.number(m(k)) for k in ("num_layers", "hidden_size", "num_attention_heads"))
     if None in (layers, hidden, heads):
@@ -322,7 +406,10 @@ def read_nemo(data: dict) -> Imported:
     if activation is None:
         a.refuse(m("activation"), "modelled: " + ", ".join(NEMO_ACTIVATIONS))
     a.map(m("activation"), "model.activation", activation)
-    a.map(m("ffn_hidden_size"), "model.ffn_hidden", a.number(m("ffn_hidden_size"), 4 * hidden))
+    ffn = a.number(m("ffn_hidden_size"), 4 * hidden)
+    a.map(m("ffn_hidden_size"), "model.ffn_hidden", ffn)
+    _head_dim(a, m("kv_channels"), bool(a.get(m("multi_latent_attention"))), _number)
+    moe.read_moe(a, nemo_key, _number, layers, ffn)
     seq = a.number(m("encoder_seq_length"), 2048)
     a.map(m("encoder_seq_length"), "model.seq_len", seq)
     norm = str(a.get(m("normalization"), "layernorm")).lower()
@@ -349,6 +436,14 @@ def read_nemo(data: dict) -> Imported:
     _cp_comm_type(a, m("cp_comm_type"), m("hierarchical_context_parallel_sizes"))
     vpp = a.number(m("virtual_pipeline_model_parallel_size"), 1)
     a.map(m("virtual_pipeline_model_parallel_size"), "plan.vpp", vpp)
+    split_vpp = read_stage_split(a, nemo_key, layers, a.number(m("pipeline_model_parallel_size"), 1), vpp,
+                                 _number)
+    if split_vpp != vpp:
+        if a.has(m("virtual_pipeline_model_parallel_size")):
+            a.refuse(m("pipeline_model_parallel_layout"), f"{split_vpp} virtual stages per rank where "
+                                                          f"virtual_pipeline_model_parallel_size is {vpp}")
+        vpp = split_vpp
+        a.map(m("pipeline_model_parallel_layout"), "plan.vpp", vpp)
     a.scenario["plan"]["schedule"] = "interleaved" if vpp > 1 else "1f1b"
     a.map(m("micro_batch_size"), "plan.micro_batch", a.number(m("micro_batch_size"), 1))
     global_batch = a.number(m("global_batch_size"))
@@ -366,9 +461,10 @@ def read_nemo(data: dict) -> Imported:
     if a.get(m("fp8")) and a.get(m("fp8_params")):
         a.map(m("fp8_params"), "plan.fp8_params", True)
     granularity = a.get(m("activations_checkpoint_granularity"))
-    if granularity == "full" and (a.get(m("activations_checkpoint_method")) != "uniform"
-                                  or a.number(m("activations_checkpoint_num_layers"), 1) != 1):
-        a.refuse(m("activations_checkpoint_num_layers"), "recomputing only some layers is not modelled")
+    if granularity not in (None, "full", "selective"):
+        a.refuse(m("activations_checkpoint_granularity"), "expected full, selective or null")
+    if granularity == "full":
+        _full_recompute(a, m("activations_checkpoint_method"), m("activations_checkpoint_num_layers"), _number)
     a.map(m("activations_checkpoint_granularity"), "plan.recompute", granularity or "none")
     a.used(m("activations_checkpoint_method"), m("activations_checkpoint_num_layers"))
     optimizer = str(a.get(m("optim.name"), "fused_adam"))
@@ -391,7 +487,7 @@ def read_nemo(data: dict) -> Imported:
     a.used("trainer.accumulate_grad_batches")
     if a.has("trainer.max_steps"):
         a.map("trainer.max_steps", "training.tokens", float(a.number("trainer.max_steps") * global_batch * seq))
-    return a.finish(NEMO_IGNORED, NEMO_REASONS)
+    return a.finish(NEMO_IGNORED + moe.ignored(nemo_key), {**NEMO_REASONS, **moe.reasons(nemo_key)})
 
 
 def read(path: str | Path | None, argv: list[str] | None = None) -> Imported:

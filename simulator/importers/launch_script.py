@@ -1,0 +1,133 @@
+"""A Megatron-LM launch script or argument list read as {argument: value}.
+
+A script is read as its shell words: `NAME=value` assignments are substituted into `$NAME` /
+`${NAME}` (with `${NAME:-default}`), integer arithmetic `$((...))` is expanded as bash does, and
+`;` ends a command. Everything that is not a `--flag` and its values (array syntax, torchrun,
+the script path, the script's own `case` patterns such as `--data)`) is skipped. No branch of
+an `if` is evaluated: both are read, so a flag they give with different values is kept as
+Conflicting and refused where the importer reads it.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+
+from ..errors import InputError
+from .common import Conflicting
+
+# Megatron-LM's store-true arguments (megatron/training/arguments.py): they take no value
+STORE_TRUE = {"fp16", "bf16", "swiglu", "sequence-parallel", "use-distributed-optimizer", "overlap-grad-reduce",
+              "overlap-param-gather", "tp-comm-overlap", "untie-embeddings-and-output-weights",
+              "disable-bias-linear", "group-query-attention", "recompute-activations", "use-flash-attn",
+              "grad-reduce-in-bf16", "accumulate-allreduce-grads-in-fp32", "use-mcore-models", "mock-data",
+              "fp8-param-gather", "apply-layernorm-1p", "cross-entropy-loss-fusion", "calculate-per-token-loss",
+              "manual-gc", "log-throughput", "profile", "no-create-attention-mask-in-dataloader",
+              "no-mmap-bin-files", "no-scatter-gather-tensors-in-pipeline", "use-megatron-fsdp", "use-torch-fsdp2",
+              "moe-grouped-gemm", "multi-latent-attention", "moe-pad-expert-input-to-capacity",
+              "moe-shared-expert-overlap", "overlap-moe-expert-parallel-comm", "moe-router-force-load-balancing",
+              "moe-permute-fusion", "moe-router-fusion", "moe-router-enable-expert-bias",
+              "moe-use-legacy-grouped-gemm", "moe-router-pre-softmax", "moe-per-layer-logging",
+              "moe-shared-expert-gate", "moe-apply-probs-on-input", "quick-geglu", "squared-relu",
+              "account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split",
+              "moe-extended-tp"}
+
+
+_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}?")
+_ARITH = re.compile(r"\$\(\((.*?)\)\)")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def script_words(text: str) -> list[str]:
+    """The shell words of a launch script with simple variables and integer arithmetic
+    (`$((GPUS * NODES))`) substituted."""
+    text = text.replace("\\\n", " ")
+    text = _ARITH.sub(lambda e: "$((" + re.sub(r"\s+", "", e.group(1)) + "))", text)  # one word, as bash reads it
+    try:
+        lexer = shlex.shlex(text, posix=True, punctuation_chars=";")  # `;` ends a command, as in bash
+        lexer.whitespace_split = True
+        words = list(lexer)
+    except ValueError as exc:
+        raise InputError("megatron", "script", f"cannot split it into shell words ({exc})") from None
+    env: dict[str, str] = {}
+    out = []
+    for word in words:
+        m = _ASSIGN.match(word)
+        if m and not m.group(2).startswith("("):
+            env[m.group(1)] = _substitute(m.group(2), env)
+            continue
+        out.extend(_substitute(word, env).split() if word.startswith("--") and " " in word else
+                   [_substitute(word, env)])
+    return out
+
+
+def _substitute(word: str, env: dict) -> str:
+    word = _VAR.sub(lambda v: env.get(v.group(1), v.group(2) or v.group(0)), word)
+    return _ARITH.sub(lambda e: _arithmetic(e.group(1), env, e.group(0)), word)
+
+
+def _arithmetic(expression: str, env: dict, text: str) -> str:
+    """The value of a shell arithmetic expansion over integers (bash: `/` truncates toward
+    zero, `%` keeps the dividend's sign); `text` unchanged where it is anything else."""
+    expression = _NAME.sub(lambda n: env.get(n.group(0), n.group(0)), expression)
+    try:
+        tree = ast.parse(expression.strip(), mode="eval").body
+    except (SyntaxError, ValueError, RecursionError):
+        return text
+
+    def value(node):
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            v = value(node.operand)
+            return None if v is None else (-v if isinstance(node.op, ast.USub) else v)
+        if isinstance(node, ast.BinOp):
+            left, right = value(node.left), value(node.right)
+            if left is None or right is None or abs(left) > 10**12 or abs(right) > 10**12:
+                return None
+            if isinstance(node.op, ast.Add):
+                return left + right
+            if isinstance(node.op, ast.Sub):
+                return left - right
+            if isinstance(node.op, ast.Mult):
+                return left * right
+            if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right:
+                quotient = abs(left) // abs(right) * (1 if (left >= 0) == (right > 0) else -1)
+                return quotient if not isinstance(node.op, ast.Mod) else left - right * quotient
+        return None
+
+    result = value(tree)
+    return text if result is None else str(result)
+
+
+def parse_args(words: list[str]) -> dict:
+    """{flag name (no dashes): value} of the `--flag [value...]` words; store-true flags are True,
+    a flag with several values gets a list. A flag repeated with the same value is read once;
+    with different values (both branches of a script's `if`) it is refused only if read."""
+    args: dict = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if not word.startswith("--") or len(word) < 3 or word.endswith(")") or "|" in word:
+            continue  # not a flag: a `case` pattern of the script's own options (`--data)`)
+        name, _, inline = word[2:].partition("=")
+        values = [inline] if inline else []
+        if name not in STORE_TRUE and not inline:
+            while i < len(words) and not words[i].startswith("--") and _is_value(words[i]):
+                values.append(words[i])
+                i += 1
+        value = True if not values else (values[0] if len(values) == 1 else values)
+        if name in args and args[name] != value:
+            before = args[name]
+            value = Conflicting((*before, value) if isinstance(before, Conflicting) else (before, value))
+        args[name] = value
+    return args
+
+
+def _is_value(word: str) -> bool:
+    """A word that belongs to the preceding flag (not array syntax, a program, or a script)."""
+    return not (word in ("(", ")", "torchrun", "python", "python3") or word.endswith(("=(", ".py"))
+                or word.startswith("${") and word.endswith("[@]}"))
