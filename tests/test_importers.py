@@ -51,7 +51,7 @@ def test_torchtitan_llama3_8b_is_fsdp_with_a_local_batch_of_one_per_rank():
     # batch_size 1 per data-parallel rank x 64 FSDP ranks; 1000 steps of 64 x 8192 tokens
     assert _plan(imported, "tp", "pp", "cp", "dp", "zero_stage", "micro_batch", "global_batch", "recompute") == {
         "tp": 1, "pp": 1, "cp": 1, "dp": "auto", "zero_stage": 3, "micro_batch": 1, "global_batch": 64,
-        "recompute": "selective"}
+        "recompute": "op-selective"}  # selective_ac_option 'op': torchtitan's op-level policy
     assert imported.scenario["training"]["tokens"] == 1000 * 64 * 8192
 
 
@@ -226,6 +226,28 @@ def test_torchtitan_hsdp_is_zero_3_over_each_replica(tmp_path):
     imported = import_config("torchtitan", hsdp, {"cluster.node": "dgx-h100", "cluster.nodes": 2})
     assert _plan(imported, "dp", "dp_replicate", "zero_stage") == {"dp": 16, "dp_replicate": 2, "zero_stage": 3}
     scenario_from_dict(imported.resolve(imported.scenario, set()))
+
+
+@pytest.mark.parametrize("converters,precision", [([], "bf16"), (["quantize.linear.float8"], "fp8")])
+def test_torchtitan_float8_converter_of_its_quantize_api_is_fp8(tmp_path, converters, precision):
+    """torchtitan renamed the converter and its section quantize.linear.float8 (8a2686c4a); the
+    config of Feb 2026 filters the lm_head (`output`), which llmsim keeps in BF16 anyway."""
+    text = (DATA / "torchtitan-llama3_8b-202602.toml").read_text().replace(
+        '# converters = ["float8"]', f"converters = {json.dumps(converters)}")
+    (tmp_path / "c.toml").write_text(text)
+    imported = import_config("torchtitan", tmp_path / "c.toml", {"cluster.node": "dgx-h100"})
+    assert _plan(imported, "precision", "recompute") == {"precision": precision, "recompute": "op-selective"}
+    assert "quantize.linear.float8.filter_fqns" not in {u["key"] for u in imported.unmapped}
+    if converters:
+        assert imported.scenario["plan"]["fp8_recipe"] == "tensorwise"
+
+
+def test_torchtitan_mx_converters_are_refused(tmp_path):
+    text = (DATA / "torchtitan-llama3_8b-202602.toml").read_text().replace(
+        '# converters = ["float8"]', 'converters = ["quantize.linear.mx"]')
+    (tmp_path / "c.toml").write_text(text)
+    with pytest.raises(InputError, match="quantize.linear.mx"):
+        import_config("torchtitan", tmp_path / "c.toml", {"cluster.node": "dgx-h100"})
 
 
 def test_torchtitan_layerwise_recompute_is_refused(tmp_path):

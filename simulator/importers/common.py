@@ -138,6 +138,13 @@ class Account:
             self.result.unmapped.append({"key": key, "value": self.flat[key], "why": why})
             self._seen.add(key)
 
+    def ignore(self, *keys: str) -> None:
+        """Keys that have no effect on this config (listed as ignored)."""
+        for key in keys:
+            if key in self.flat and key not in self._seen:
+                self.result.ignored.append({"key": key, "value": self.flat[key]})
+                self._seen.add(key)
+
     def absent(self, key: str, why: str) -> None:
         """A key the source does not give whose default llmsim had to assume (said in the report)."""
         self.result.unmapped.append({"key": key, "value": "(absent)", "why": why})

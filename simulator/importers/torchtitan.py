@@ -5,10 +5,11 @@ under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
 
 - [model] name + flavor -> a preset: llama3 8B/70B/405B are Llama 3.1's shapes
   (torchtitan/models/llama3/__init__.py @00f555e: dim, n_layers, n_heads, n_kv_heads, FFN
-  multiplier); converters = float8 -> precision fp8 (Float8 linears), with [float8]
-  recipe_name (torchao's dynamic scaling: tensorwise unless named; rowwise) -> fp8_recipe and
+  multiplier); converters = float8 (quantize.linear.float8 since torchtitan@8a2686c4a) ->
+  precision fp8 (Float8 linears), with [float8] ([quantize.linear.float8]) recipe_name
+  (torchao's dynamic scaling: tensorwise unless named; rowwise) -> fp8_recipe and
   enable_fsdp_float8_all_gather (with precompute_float8_dynamic_scale_for_fsdp) ->
-  fp8_fsdp_all_gather.
+  fp8_fsdp_all_gather; other converters (MX, grouped GEMMs) are refused.
 - [training] local_batch_size (or batch_size, older) is per data-parallel rank; global batch =
   global_batch_size when set, else local x dp; seq_len; steps -> training tokens;
   mixed_precision_param -> precision (16 bits: fp32 parameters cast for compute, states.py),
@@ -30,8 +31,9 @@ under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
   get_fsdp_reshard_after_forward_policy @b5bcd76).
 - [compile] enable (training.compile, older) -> plan.compile: memory-bound kernels fused by
   torch.compile or launched op by op (torchtitan's default is eager).
-- [activation_checkpoint] mode none|selective|full; selective_ac_option "op" is per-op
-  selective recomputation; an integer (every N-th layer) is refused.
+- [activation_checkpoint] mode none|selective|full; selective with selective_ac_option "op"
+  is torchtitan's op-level policy (plan.recompute op-selective); an integer (every N-th
+  layer) is refused.
 """
 
 from __future__ import annotations
@@ -53,10 +55,11 @@ IGNORED = ("job.*", "profiling.*", "metrics.*", "checkpoint.*", "optimizer.lr", 
            "optimizer.weight_decay", "optimizer.beta*", "optimizer.implementation", "lr_scheduler.*",
            "training.max_norm", "training.dataset", "training.dataset_path", "training.seed", "training.deterministic",
            "training.gc_freq", "validation.*", "model.tokenizer_path", "model.hf_assets_path", "comm.*",
-           "float8.filter_fqns", "experimental.*", "fault_tolerance.*", "memory_estimation.*")
+           "experimental.*", "fault_tolerance.*", "memory_estimation.*")
 REASONS = {
     "compile.*": "llmsim runs the loss as the same kernels whether compiled or not",
     "float8.*": "not modelled (scales computed at every all-gather, without precomputation)",
+    "quantize.linear.float8.*": "not modelled (scales computed at every all-gather, without precomputation)",
 }
 
 
@@ -91,21 +94,7 @@ def read(path: str | Path) -> Imported:
     a.map("training.mixed_precision_param", "plan.precision", precision)
     if precision != "fp32":  # the model is built in fp32 and cast for compute: no separate master copy
         a.map("training.mixed_precision_param", "plan.fp32_params", True)
-    if "float8" in converters:
-        a.map("model.converters", "plan.precision", "fp8")
-        # torchao's dynamic scaling (torchtitan's Float8Converter): tensorwise unless a recipe is named
-        recipe = str(a.get("float8.recipe_name", "tensorwise"))
-        if recipe not in ("tensorwise", "rowwise"):
-            a.refuse("float8.recipe_name", "llmsim models torchao's tensorwise and rowwise recipes")
-        a.map("float8.recipe_name", "plan.fp8_recipe", recipe)
-        if a.get("float8.enable_fsdp_float8_all_gather", False):
-            a.map("float8.enable_fsdp_float8_all_gather", "plan.fp8_fsdp_all_gather", True)
-            if a.get("float8.precompute_float8_dynamic_scale_for_fsdp", False):
-                a.used("float8.precompute_float8_dynamic_scale_for_fsdp")
-    elif converters:
-        a.refuse("model.converters", "only float8 is modelled")
-    else:
-        a.used("model.converters")
+    _float8(a, converters)
     reduce = PRECISIONS.get(a.get("training.mixed_precision_reduce", "float32"))
     a.map("training.mixed_precision_reduce", "plan.grad_precision", reduce if reduce in ("fp32", "bf16") else "fp32")
 
@@ -214,8 +203,46 @@ def read(path: str | Path) -> Imported:
             a.refuse("activation_checkpoint.selective_ac_option", "layer-wise recomputation (every N-th layer) "
                      "is not modelled; use 'op' or mode 'full'")
         a.used("activation_checkpoint.selective_ac_option")
-    a.map("activation_checkpoint.mode", "plan.recompute", mode)
+    # torchtitan's selective AC with the 'op' option is its op-level policy (recompute.py)
+    a.map("activation_checkpoint.mode", "plan.recompute", "op-selective" if mode == "selective" else mode)
     return a.finish(IGNORED, REASONS)
+
+
+# torchao's Float8 linears: converter name -> its config section (torchtitan renamed both in
+# pytorch/torchtitan@8a2686c4a, 2025-09-30: quantize.linear.float8)
+FLOAT8_CONVERTERS = {"float8": "float8", "quantize.linear.float8": "quantize.linear.float8"}
+
+
+def _float8(a: Account, converters: list) -> None:
+    """Float8 linears: precision fp8 with torchao's tensorwise (unless named) or rowwise recipe,
+    and FP8 all-gathers of the FSDP shards. llmsim converts every linear of the layers and
+    keeps the lm_head in BF16 (fp8.py): a filter other than the lm_head's (`output`) is said."""
+    others = [c for c in converters if c not in FLOAT8_CONVERTERS]
+    if others:
+        a.refuse("model.converters", "only torchao's Float8 linears are modelled (float8 or "
+                                     "quantize.linear.float8), not " + ", ".join(others))
+    if not converters:  # the sections of unused converters change nothing
+        a.used("model.converters")
+        a.ignore(*(k for k in a.flat if k.startswith(tuple(f"{c}." for c in FLOAT8_CONVERTERS))))
+        return
+    section = FLOAT8_CONVERTERS[converters[0]]
+    a.map("model.converters", "plan.precision", "fp8")
+    recipe = str(a.get(f"{section}.recipe_name", "tensorwise"))
+    if recipe not in ("tensorwise", "rowwise"):
+        a.refuse(f"{section}.recipe_name", "llmsim models torchao's tensorwise and rowwise recipes")
+    a.map(f"{section}.recipe_name", "plan.fp8_recipe", recipe)
+    if a.get(f"{section}.enable_fsdp_float8_all_gather", False):
+        a.map(f"{section}.enable_fsdp_float8_all_gather", "plan.fp8_fsdp_all_gather", True)
+        if a.get(f"{section}.precompute_float8_dynamic_scale_for_fsdp", False):
+            a.used(f"{section}.precompute_float8_dynamic_scale_for_fsdp")
+    filtered = a.get(f"{section}.filter_fqns")
+    if filtered is not None:
+        filtered = [filtered] if isinstance(filtered, str) else list(filtered)
+        if filtered == ["output"]:
+            a.used(f"{section}.filter_fqns")
+        else:
+            a.unmapped(f"{section}.filter_fqns", "llmsim converts every linear of the layers and keeps the lm_head "
+                                                 "(output) in BF16, whatever the filter")
 
 
 def split_layers(layers: int, pp: int, single_stage: bool, layers_per_stage: int | None,
