@@ -112,8 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("scenario", nargs="?", default=None,
                     help="scenario YAML file, or the name of a shipped one (llmsim scenarios list)")
     ev.add_argument("--from", dest="source", nargs=2, metavar=("KIND", "FILE"), default=None,
-                    help="instead of a scenario: a torchtitan TOML, Megatron-LM arguments or NeMo YAML, or a "
-                         "DeepSpeed JSON config (KIND: " + ", ".join(IMPORT_KINDS) + ")")
+                    help="instead of a scenario: a torchtitan TOML, Megatron-LM arguments, a NeMo or Megatron-Bridge "
+                         "YAML, or a DeepSpeed JSON config (KIND: " + ", ".join(IMPORT_KINDS) + ")")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.add_argument("--engine", choices=("graph", "analytic"), default="graph",
                     help="graph: execute the step's task graph (default); analytic: closed form, fast")
@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(no effect on step time or memory), or unmapped (llmsim cannot express it).")
     im.add_argument("kind", choices=IMPORT_KINDS)
     im.add_argument("source", nargs="?", default=None,
-                    help="the config file (megatron: an arguments file, a launch script or a NeMo YAML)")
+                    help="the config file (megatron: an arguments file, a launch script, a NeMo YAML or a "
+                         "Megatron-Bridge run config)")
     im.add_argument("-o", "--out", default=None, help="scenario YAML to write (default: print it)")
     im.add_argument("--json", action="store_true", help="print the mapping report as JSON")
     _add_field_flags(im)

@@ -668,3 +668,58 @@ def test_megatron_script_arithmetic_and_case_patterns():
                              argv=script_words(script))
     assert _plan(imported, "tp", "pp", "micro_batch") == {"tp": 2, "pp": 2, "micro_batch": 1}  # 16/2/3 = 2
     assert "data)" not in set(_accounted(imported))
+
+
+def test_megatron_bridge_run_config_is_the_run_it_describes():
+    """Read by hand from the file: Llama 3 8B, 16k tokens, TP/PP/CP 1, global batch 8 of 1,
+    MXFP8 (fp8 e4m3 with the mxfp8 recipe) with FP8 parameters, the distributed optimizer,
+    gradients reduced in bf16 (grad_reduce_in_fp32 false), no recomputation."""
+    imported = import_config("megatron", DATA / "bridge-llama3_8b_sft_gb200_fp8_mx_v1.yaml",
+                             {"cluster.node": "dgx-b200"})
+    s = scenario_from_dict(imported.scenario)
+    m, p = s.model, s.plan
+    assert (m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.ffn_hidden, m.vocab, m.seq_len) == (
+        32, 4096, 32, 8, 128, 14336, 128256, 16384)
+    assert (m.activation, m.norm, m.position_embedding, m.bias, m.tied_embeddings, m.experts) == (
+        "swiglu", "rmsnorm", "rope", False, False, 0)
+    assert (p.tp, p.pp, p.cp, p.vpp, p.micro_batch, p.global_batch, p.precision, p.fp8_params, p.zero_stage,
+            p.grad_precision, p.dp_overlap, p.recompute) == (1, 1, 1, 1, 1, 8, "mxfp8", True, 1, "bf16", False, "none")
+    keys = set(flatten(yaml.safe_load((DATA / "bridge-llama3_8b_sft_gb200_fp8_mx_v1.yaml").read_text())))
+    assert keys <= set(_accounted(imported))
+    assert {u["key"] for u in imported.unmapped} == {"mixed_precision.reuse_grad_buf_for_mxfp8_param_ag"}
+
+
+def test_megatron_bridge_gpt_oss_model_is_the_model_of_its_config_json(tmp_path):
+    """The recipe recomputes layernorm and moe_act (refused: not modelled); without them the
+    model is GPT-OSS 120B's config.json field by field but for its gate's name: Megatron's
+    quick-GELU gated GLU where the config says silu, the same three GEMMs either way."""
+    path = DATA / "bridge-gpt_oss_120b_pretrain_h100_fp8_mx_v1.yaml"
+    with pytest.raises(InputError, match="recompute_modules"):
+        import_config("megatron", path, {"cluster.node": "dgx-h100"})
+    data = yaml.safe_load(path.read_text())
+    data["model"].update(recompute_granularity=None, recompute_modules=None)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    imported = import_config("megatron", tmp_path / "c.yaml", {"cluster.node": "dgx-h100", "cluster.nodes": 8})
+    model = scenario_from_dict({**imported.scenario, "plan": {**imported.scenario["plan"], "pp": 2}}).model
+    hf = scenario_from_dict({"model": {"hf_config": str(HF / "gpt-oss-120b.json"), "seq_len": 4096},
+                             "cluster": {"node": "dgx-h100"}, "plan": {"global_batch": 8}}).model
+    assert (model.activation, hf.activation) == ("geglu", "swiglu")
+    assert dataclasses.replace(model, name=hf.name, activation=hf.activation) == hf
+    assert _plan(imported, "ep", "pp") == {"ep": 8, "pp": 4}
+
+
+@pytest.mark.parametrize("change,key", [
+    ({}, "moe_token_dispatcher_type"),  # the DeepSeek-V3 H100 recipe as published: DeepEP's flex dispatcher
+    ({"model": {"moe_token_dispatcher_type": "alltoall"}}, "fp8_recipe"),  # then its block-wise FP8
+    ({"model": {"moe_token_dispatcher_type": "alltoall"}, "mixed_precision": {"fp8_recipe": "tensorwise"}},
+     "recompute_modules"),  # then mla_up_proj and mlp recomputation
+    ({"model": {"moe_token_dispatcher_type": "alltoall", "recompute_modules": None, "recompute_granularity": None},
+      "mixed_precision": {"fp8_recipe": "tensorwise"}}, "use_precision_aware_optimizer"),  # bf16 Adam moments
+    ({"peft": {"dim": 16}}, "peft")])
+def test_megatron_bridge_settings_llmsim_cannot_express_are_refused_by_name(tmp_path, change, key):
+    data = yaml.safe_load((DATA / "bridge-deepseek_v3_pretrain_h100_fp8_sc_v1.yaml").read_text())
+    for section, fields in change.items():
+        data[section] = {**data[section], **fields} if isinstance(data.get(section), dict) else fields
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(InputError, match=key):
+        import_config("megatron", tmp_path / "c.yaml", {"cluster.node": "dgx-h100"})

@@ -15,7 +15,8 @@ IMPORTS = ROOT / "tests" / "data" / "imports"
 # Files the README's import examples name, as the fixtures they are.
 CONFIGS = {"llama3_8b.toml": "torchtitan-llama3_8b.toml",
            "train_gpt3_175b_distributed.sh": "megatron-train_gpt3_175b_distributed.sh",
-           "llama3.1_70b.yaml": "nemo-llama3.1_70b.yaml", "ds_config.json": "deepspeed-ds_config_zero3.json"}
+           "llama3.1_70b.yaml": "nemo-llama3.1_70b.yaml", "ds_config.json": "deepspeed-ds_config_zero3.json",
+           "config.yaml": "bridge-llama3_8b_sft_gb200_fp8_mx_v1.yaml"}
 TORCH = ("calibrate", "validate --torch")  # run with --quick here: the full measurement takes minutes
 
 

@@ -238,22 +238,27 @@ def _data_parallel_sharding(a: Account) -> None:
     torch_fully_sharded_data_parallel.py wraps each TransformerLayer in fully_shard): the
     structure of plan.zero3_impl fsdp2."""
     if a.get("use-megatron-fsdp"):
-        strategy = str(a.get("data-parallel-sharding-strategy", "optim_grads_params"))
-        if strategy not in FSDP_STRATEGIES:
-            a.refuse("data-parallel-sharding-strategy", "expected one of " + ", ".join(FSDP_STRATEGIES))
-        if str(a.get("outer-dp-sharding-strategy", "no_shard")) != "no_shard":
-            a.refuse("outer-dp-sharding-strategy", "sharding the optimizer over the replicas of hybrid FSDP is "
-                                                   "not modelled (no_shard is)")
-        a.map("data-parallel-sharding-strategy", "plan.zero_stage", FSDP_STRATEGIES[strategy])
-        a.used("use-megatron-fsdp", "outer-dp-sharding-strategy", "use-distributed-optimizer")
-        if FSDP_STRATEGIES[strategy] == 3:
-            a.map("use-megatron-fsdp", "plan.zero3_impl", "fsdp2")
+        megatron_fsdp(a, "use-megatron-fsdp", "data-parallel-sharding-strategy", "outer-dp-sharding-strategy")
+        a.used("use-distributed-optimizer")
     elif a.get("use-torch-fsdp2"):
         a.map("use-torch-fsdp2", "plan.zero_stage", 3)
         a.map("use-torch-fsdp2", "plan.zero3_impl", "fsdp2")
     else:
         a.map("use-distributed-optimizer", "plan.zero_stage", 1 if a.get("use-distributed-optimizer") else 0)
         a.unmapped("data-parallel-sharding-strategy", "Megatron-FSDP's; without --use-megatron-fsdp it does nothing")
+
+
+def megatron_fsdp(a: Account, on_key: str, strategy_key: str, outer_key: str) -> None:
+    """Megatron-FSDP's ZeRO stage by its sharding strategy; ZeRO-3 in FSDP units."""
+    strategy = str(a.get(strategy_key, "optim_grads_params"))
+    if strategy not in FSDP_STRATEGIES:
+        a.refuse(strategy_key, "expected one of " + ", ".join(FSDP_STRATEGIES))
+    if str(a.get(outer_key, "no_shard")) != "no_shard":
+        a.refuse(outer_key, "sharding the optimizer over the replicas of hybrid FSDP is not modelled (no_shard is)")
+    a.map(strategy_key, "plan.zero_stage", FSDP_STRATEGIES[strategy])
+    a.used(on_key, outer_key)
+    if FSDP_STRATEGIES[strategy] == 3:
+        a.map(on_key, "plan.zero3_impl", "fsdp2")
 
 
 def _grad_precision(a: Account, precision: str) -> None:
@@ -320,40 +325,40 @@ def _head_dim(a: Account, key: str, mla: bool, number) -> None:
 
 
 def _recompute_args(a: Account) -> None:
-    """--recompute-granularity full with its method and layer count (plan.recompute_method,
-    recompute_num_layers), or selective over --recompute-modules (default core_attn, the only
-    module llmsim recomputes selectively: transformer_config.py recompute_modules)."""
+    """--recompute-activations is selective recomputation (the older flag)."""
     granularity = a.get("recompute-granularity")
     if a.get("recompute-activations"):
         granularity = granularity or "selective"
-    if granularity in (None, False):
-        a.map("recompute-granularity", "plan.recompute", "none")
-        return
-    if granularity not in ("full", "selective"):
-        a.refuse("recompute-granularity", "expected full or selective")
-    if granularity == "full":
-        _full_recompute(a, "recompute-method", "recompute-num-layers", _number)
-    else:
-        modules = a.get("recompute-modules", ["core_attn"])
-        modules = [modules] if isinstance(modules, str) else list(modules)
-        if set(modules) != {"core_attn"}:
-            a.refuse("recompute-modules", "selective recomputation of core_attn alone is modelled (Megatron's "
-                                          "default), not of mlp, moe, moe_act, layernorm, mla_up_proj or "
-                                          "shared_experts")
-        a.used("recompute-modules")
-    a.map("recompute-granularity" if a.has("recompute-granularity") else "recompute-activations", "plan.recompute",
-          granularity)
+    read_recompute(a, megatron_key, granularity,
+                   "recompute-granularity" if a.has("recompute-granularity") else "recompute-activations")
     a.used("recompute-activations")
 
 
-def _full_recompute(a: Account, method_key: str, layers_key: str, number) -> None:
-    """Megatron's full recomputation: uniform groups of N layers or the first N layers of each
-    chunk (block); its transformer block refuses any other method, so absent is uniform of 1."""
-    method = str(a.get(method_key, "uniform"))
-    if method not in ("uniform", "block"):
-        a.refuse(method_key, "expected uniform or block")
-    a.map(method_key, "plan.recompute_method", method)
-    a.map(layers_key, "plan.recompute_num_layers", number(a, layers_key, 1))
+def read_recompute(a: Account, key, granularity, granularity_key: str) -> None:
+    """recompute_granularity full with its method and layer count (plan.recompute_method,
+    recompute_num_layers), or selective over recompute_modules (default core_attn, the only
+    module llmsim recomputes selectively: transformer_config.py recompute_modules); a full
+    granularity without a method is uniform of 1 (transformer_block.py refuses no method)."""
+    if granularity in (None, False):
+        a.map(granularity_key, "plan.recompute", "none")
+        return
+    if granularity not in ("full", "selective"):
+        a.refuse(granularity_key, "expected full or selective")
+    if granularity == "full":
+        method = str(a.get(key("recompute_method"), "uniform"))
+        if method not in ("uniform", "block"):
+            a.refuse(key("recompute_method"), "expected uniform or block")
+        a.map(key("recompute_method"), "plan.recompute_method", method)
+        a.map(key("recompute_num_layers"), "plan.recompute_num_layers", _number(a, key("recompute_num_layers"), 1))
+    else:
+        modules = a.get(key("recompute_modules")) or ["core_attn"]
+        modules = [modules] if isinstance(modules, str) else list(modules)
+        if set(modules) != {"core_attn"}:
+            a.refuse(key("recompute_modules"), "selective recomputation of core_attn alone is modelled (Megatron's "
+                                               "default), not of mlp, moe, moe_act, layernorm, mla_up_proj or "
+                                               "shared_experts")
+        a.used(key("recompute_modules"))
+    a.map(granularity_key, "plan.recompute", granularity)
 
 
 # ------------------------------------------------------------------ NeMo YAML
@@ -461,11 +466,10 @@ def read_nemo(data: dict) -> Imported:
     if a.get(m("fp8")) and a.get(m("fp8_params")):
         a.map(m("fp8_params"), "plan.fp8_params", True)
     granularity = a.get(m("activations_checkpoint_granularity"))
-    if granularity not in (None, "full", "selective"):
-        a.refuse(m("activations_checkpoint_granularity"), "expected full, selective or null")
-    if granularity == "full":
-        _full_recompute(a, m("activations_checkpoint_method"), m("activations_checkpoint_num_layers"), _number)
-    a.map(m("activations_checkpoint_granularity"), "plan.recompute", granularity or "none")
+    nemo1 = {"recompute_method": m("activations_checkpoint_method"),
+             "recompute_num_layers": m("activations_checkpoint_num_layers")}
+    read_recompute(a, lambda field: nemo1.get(field, nemo_key(field)), granularity,
+                   m("activations_checkpoint_granularity"))
     a.used(m("activations_checkpoint_method"), m("activations_checkpoint_num_layers"))
     optimizer = str(a.get(m("optim.name"), "fused_adam"))
     if optimizer not in ("fused_adam", "distributed_fused_adam", "adam", "adamw", "mcore_distributed_optim"):
@@ -491,7 +495,7 @@ def read_nemo(data: dict) -> Imported:
 
 
 def read(path: str | Path | None, argv: list[str] | None = None) -> Imported:
-    """A NeMo YAML (by its suffix), an arguments file or launch script, or `argv`."""
+    """A NeMo or Megatron-Bridge YAML (by its suffix), an arguments file or launch script, or `argv`."""
     if argv:
         if path is not None:
             argv = [str(path), *argv]
@@ -500,6 +504,10 @@ def read(path: str | Path | None, argv: list[str] | None = None) -> Imported:
     if str(path).endswith((".yaml", ".yml")):
         data = parse_yaml(text, f"megatron {path}")
         if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
-            raise InputError(f"megatron {path}", type(data).__name__, "expected a NeMo config with a model section")
+            raise InputError(f"megatron {path}", type(data).__name__, "expected a NeMo or Megatron-Bridge config "
+                                                                      "with a model section")
+        if "ConfigContainer" in str(data.get("_target_", "")) or {"train", "ddp"} <= set(data):
+            from .megatron_bridge import read_bridge
+            return read_bridge(data)
         return read_nemo(data)
     return read_args(parse_args(script_words(text)))

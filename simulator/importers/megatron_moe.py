@@ -69,7 +69,8 @@ def read_moe(a: Account, key: Callable[[str], str], number: Callable, layers: in
     if a.has(key("mtp_num_layers")):
         a.map(key("mtp_num_layers"), "model.mtp_layers", number(a, key("mtp_num_layers"), 0))
     experts = number(a, key("num_moe_experts"), 0)
-    if not experts:
+    if not experts:  # a dense model: its MoE and expert-parallel settings do nothing
+        a.ignore(*(k for k in a.flat if k.startswith((key("moe_"), key("expert_")))))
         return
     a.map(key("num_moe_experts"), "model.experts", experts)
     a.map(key("moe_router_topk"), "model.top_k", number(a, key("moe_router_topk"), 2))
