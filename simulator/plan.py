@@ -34,6 +34,7 @@ TP_OVERLAPS = ("userbuffers", "async-tp")
 TP_IMPLS = ("megatron", "dtensor")
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
 GRAD_PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZER_PRECISIONS = ("fp32", "bf16", "bf16-moments")
 DIMENSIONS = ("tp", "cp", "dp", "pp")
 
 
@@ -155,8 +156,9 @@ class Plan:
     # of that many consecutive CP ranks, the ring over cp/cp_ulysses of them
     # (--hierarchical-context-parallel-sizes)
     cp_ulysses: int = 1
-    # Precision of the Adam states (the master copy and both moments): fp32, or bf16 as NeMo's
-    # distributed_fused_adam with optim.dtype bf16 keeps them (states.bytes_per_param).
+    # Precision of the Adam states (the master copy and both moments): fp32, bf16 as NeMo's
+    # distributed_fused_adam with optim.dtype bf16 keeps them, or bf16-moments: an fp32 master
+    # copy with bf16 moments, Megatron-Core's precision-aware optimizer (states.bytes_per_param).
     optimizer_precision: str = "fp32"
     # The parameters kept in fp32 and cast to 16 bits for the GEMMs, the optimizer's master copy
     # themselves (FSDP2 with a 16-bit param_dtype, torchtitan; torch.autocast): states.py.
@@ -247,7 +249,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         projections=F.choice(data, "projections", "plan", PROJECTIONS, "fused"),
         cp_attention=F.choice(data, "cp_attention", "plan", CP_ATTENTION, "ring"),
         cp_ulysses=F.integer(data, "cp_ulysses", "plan", 1, maximum=10**6),
-        optimizer_precision=F.choice(data, "optimizer_precision", "plan", ("fp32", "bf16"), "fp32"),
+        optimizer_precision=F.choice(data, "optimizer_precision", "plan", OPTIMIZER_PRECISIONS, "fp32"),
         fp32_params=F.boolean(data, "fp32_params", "plan", False),
     )
 
@@ -355,8 +357,8 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
         raise InputError("plan.fp32_params", True, "false with optimizer or parameter offload (FSDP2's CPU "
                          "offload of fp32 parameters is not modelled)")
     if plan.fp32_params and plan.optimizer_precision != "fp32":
-        raise InputError("plan.fp32_params", True, "false with optimizer_precision bf16 (fp32 parameters are "
-                         "the master copy)")
+        raise InputError("plan.fp32_params", True, f"false with optimizer_precision {plan.optimizer_precision} "
+                         "(fp32 parameters are the master copy)")
     acc = cluster.accelerator
     acc.peak(plan.precision)
     if plan.precision in ("fp8", "mxfp8") and acc.matmul_fp8 is None:

@@ -60,13 +60,17 @@ def bytes_per_param(precision: str, grad_precision: str, optimizer_precision: st
     """`optimizer_precision: bf16` is Apex DistributedFusedAdam with dtype=bf16 (NeMo's
     optim.dtype): its parameter copy, exp_avg and exp_avg_sq shards are all bf16, 3 x 2 B
     (NVIDIA/apex@d571f3ee apex/contrib/optimizers/distributed_fused_adam.py StateBucket).
+    `bf16-moments` is Megatron-Core's precision-aware optimizer with exp_avg and exp_avg_sq in
+    bf16 and fp32 main parameters, 4 + 2 + 2 B (NVIDIA/Megatron-LM@d98e8a64dd
+    megatron/core/optimizer/optimizer_config.py use_precision_aware_optimizer, exp_avg_dtype,
+    exp_avg_sq_dtype, main_params_dtype; TransformerEngine's FusedAdam keeps the states).
     `fp32_params`: the fp32 parameters are the master copy (the module's docstring)."""
     full = precision in FULL_PRECISION
     weight = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 2.0, "mxfp8": 2.0}[precision]
     grad = 4.0 if full or grad_precision == "fp32" else 2.0
     if fp32_params and not full:
         return BytesPerParam(weight=weight, grad=grad, optimizer=8.0, stored_weight=4.0)
-    optimizer = 8.0 if full else 6.0 if optimizer_precision == "bf16" else 12.0
+    optimizer = 8.0 if full else {"fp32": 12.0, "bf16": 6.0, "bf16-moments": 8.0}[optimizer_precision]
     return BytesPerParam(weight=weight, grad=grad, optimizer=optimizer)
 
 

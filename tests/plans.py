@@ -84,7 +84,7 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
         recompute = draw(st.sampled_from(["none", "selective", "full", "op-selective"]))
         precision = draw(st.sampled_from(["bf16", "bf16", "fp32"] + (["fp8"] if node == "dgx-h100" else [])))
         extra = {"compile": draw(st.booleans()), "tp_overlap": draw(st.sampled_from(["userbuffers", "async-tp"])),
-                 "optimizer_precision": draw(st.sampled_from(["fp32", "bf16"])),
+                 "optimizer_precision": draw(st.sampled_from(["fp32", "bf16", "bf16-moments"])),
                  "grad_accumulation_fusion": draw(st.booleans())}
         # DTensor's parallel linears (torchtitan) overlap their TP collectives only by async TP
         extra["tp_impl"] = draw(st.sampled_from(["megatron", "dtensor"])) if extra["tp_overlap"] == "async-tp" \

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from simulator import InputError, evaluate, scenario_from_dict
+from simulator.model import model_from_dict
 from simulator.evaluate import compile_scenario
 from simulator.importers import import_config
 from simulator.importers.common import flatten
@@ -402,6 +403,18 @@ def test_megatron_arguments_and_their_refusals():
             "--num-experts", "8", "--moe-token-dispatcher-type", "flex"])
 
 
+def test_megatron_precision_aware_optimizer_with_bf16_moments():
+    argv = [*MEGATRON_ARGV, "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"]
+    plan = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=argv).scenario["plan"]
+    assert (plan["optimizer_precision"], plan["grad_precision"]) == ("bf16-moments", "fp32")
+    plan = import_config("megatron", None, {"cluster.node": "dgx-h100"},
+                         argv=argv + ["--main-grads-dtype", "bf16"]).scenario["plan"]
+    assert plan["grad_precision"] == "bf16"
+    with pytest.raises(InputError, match="use-precision-aware-optimizer"):  # fp8 moments: not modelled
+        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[
+            *MEGATRON_ARGV, "--use-precision-aware-optimizer", "--exp-avg-dtype", "fp8"])
+
+
 def test_a_flag_given_twice_with_different_values_is_refused_only_where_it_is_read():
     """Megatron-LM's llama3 example gives --tokenizer-type in both branches of an `if`; with
     --vocab-size given the tokenizer does not matter."""
@@ -713,8 +726,6 @@ def test_megatron_bridge_gpt_oss_model_is_the_model_of_its_config_json(tmp_path)
     ({"model": {"moe_token_dispatcher_type": "alltoall"}}, "fp8_recipe"),  # then its block-wise FP8
     ({"model": {"moe_token_dispatcher_type": "alltoall"}, "mixed_precision": {"fp8_recipe": "tensorwise"}},
      "recompute_modules"),  # then mla_up_proj and mlp recomputation
-    ({"model": {"moe_token_dispatcher_type": "alltoall", "recompute_modules": None, "recompute_granularity": None},
-      "mixed_precision": {"fp8_recipe": "tensorwise"}}, "use_precision_aware_optimizer"),  # bf16 Adam moments
     ({"peft": {"dim": 16}}, "peft")])
 def test_megatron_bridge_settings_llmsim_cannot_express_are_refused_by_name(tmp_path, change, key):
     data = yaml.safe_load((DATA / "bridge-deepseek_v3_pretrain_h100_fp8_sc_v1.yaml").read_text())
@@ -723,3 +734,23 @@ def test_megatron_bridge_settings_llmsim_cannot_express_are_refused_by_name(tmp_
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(InputError, match=key):
         import_config("megatron", tmp_path / "c.yaml", {"cluster.node": "dgx-h100"})
+
+
+def test_megatron_bridge_deepseek_v3_with_what_llmsim_models_is_deepseek_v3(tmp_path):
+    """The H100 recipe with the all-to-all dispatcher, tensor-wise FP8 and no module recompute:
+    DeepSeek-V3's config.json model (MTP included), its layout Et|(tt|)*30mL over 8 x 4
+    virtual stages (the MTP module with the loss), Adam with bf16 moments beside fp32 main
+    parameters and bf16 main gradients (the precision-aware optimizer: 4 + 2 + 2 B). A layout
+    and FP8 with latent attention are dense-model options so far: the plan is refused by name."""
+    data = yaml.safe_load((DATA / "bridge-deepseek_v3_pretrain_h100_fp8_sc_v1.yaml").read_text())
+    data["model"].update(moe_token_dispatcher_type="alltoall", recompute_granularity=None, recompute_modules=None)
+    data["mixed_precision"]["fp8_recipe"] = "tensorwise"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    imported = import_config("megatron", tmp_path / "c.yaml", {"cluster.node": "dgx-h100", "cluster.nodes": 128})
+    hf = model_from_dict({"hf_config": str(HF / "deepseek-v3.json"), "seq_len": 4096})
+    assert dataclasses.replace(model_from_dict(imported.scenario["model"]), name=hf.name) == hf
+    assert _plan(imported, "pipeline_layout", "vpp", "optimizer_precision", "grad_precision", "fp8_recipe", "ep") == {
+        "pipeline_layout": [1] + [2] * 30 + [0], "vpp": 4, "optimizer_precision": "bf16-moments",
+        "grad_precision": "bf16", "fp8_recipe": "current", "ep": 64}
+    with pytest.raises(InputError, match="not yet modelled for MoE models"):
+        scenario_from_dict(imported.scenario)

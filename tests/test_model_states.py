@@ -27,6 +27,13 @@ def test_megatron_fp32_main_grads_make_18_bytes_per_parameter():
     assert states(grad_precision="fp32") == 18 * PSI
 
 
+def test_precision_aware_adam_keeps_fp32_main_parameters_and_bf16_moments():
+    """Megatron-Core's precision-aware optimizer with bf16 exp_avg and exp_avg_sq: 4 + 2 + 2 B of
+    states, beside 2 B weights and bf16 main gradients."""
+    per = bytes_per_param("bf16", "bf16", "bf16-moments")
+    assert (per.weight, per.grad, per.optimizer) == (2.0, 2.0, 4.0 + 2.0 + 2.0)
+
+
 def test_zero1_shards_the_12_optimizer_bytes():
     assert states(grad_precision="bf16", zero_stage=1) == pytest.approx(4 * PSI + 12 * PSI / ND)
 

@@ -196,6 +196,7 @@ def read_args(args: dict) -> Imported:
             a.refuse("fp8-param-gather", "FP8 parameters need --fp8-format")
         a.map("fp8-param-gather", "plan.fp8_params", True)
     _grad_precision(a, precision)
+    adam_states(a, "use-precision-aware-optimizer", megatron_key)
     a.used("accumulate-allreduce-grads-in-fp32")
     _data_parallel_sharding(a)
     instances = _number(a, "num-distributed-optimizer-instances", 1)
@@ -259,6 +260,30 @@ def megatron_fsdp(a: Account, on_key: str, strategy_key: str, outer_key: str) ->
     a.used(on_key, outer_key)
     if FSDP_STRATEGIES[strategy] == 3:
         a.map(on_key, "plan.zero3_impl", "fsdp2")
+
+
+DTYPES = {"fp32": "fp32", "torch.float32": "fp32", "bf16": "bf16", "torch.bfloat16": "bf16", "fp16": "fp16",
+          "torch.float16": "fp16", "fp8": "fp8", "torch.uint8": "fp8"}
+
+
+def adam_states(a: Account, on_key: str, dtype_key) -> None:
+    """Megatron-Core's precision-aware optimizer (its main_params, exp_avg, exp_avg_sq and
+    main_grads dtypes, spelled by `dtype_key`): fp32 states, or bf16 moments beside fp32 main
+    parameters (plan.optimizer_precision bf16-moments), bf16 main gradients (grad_precision)."""
+    fields = ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype", "main_grads_dtype")
+    if not a.get(on_key):
+        a.used(on_key)
+        return
+    dtypes = {f: DTYPES.get(str(a.get(dtype_key(f), "fp32")), "?") for f in fields}
+    moments = {dtypes["exp_avg_dtype"], dtypes["exp_avg_sq_dtype"]}
+    if dtypes["main_params_dtype"] != "fp32" or moments not in ({"fp32"}, {"bf16"}) or \
+            dtypes["main_grads_dtype"] not in ("fp32", "bf16"):
+        a.refuse(on_key, "Adam states " + ", ".join(f"{k} {v}" for k, v in dtypes.items()) + ": llmsim keeps fp32 "
+                 "main parameters with fp32 or bf16 moments (or NeMo's all-bf16 states), fp32 or bf16 gradients")
+    a.map(on_key, "plan.optimizer_precision", "bf16-moments" if moments == {"bf16"} else "fp32")
+    if dtypes["main_grads_dtype"] == "bf16":
+        a.map(dtype_key("main_grads_dtype"), "plan.grad_precision", "bf16")
+    a.used(*(dtype_key(f) for f in fields))
 
 
 def _grad_precision(a: Account, precision: str) -> None:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from . import megatron_moe as moe
 from .common import Account, Imported, padded_vocab
-from .megatron import _cp_comm_type, _head_dim, _number, _window, megatron_fsdp, nemo_key, read_recompute
+from .megatron import (_cp_comm_type, _head_dim, _number, _window, adam_states, megatron_fsdp, nemo_key,
+                       read_recompute)
 from .megatron_pipeline import read_stage_split
 
 SECTIONS_IGNORED = ("checkpoint.*", "dataset.*", "dist.*", "logger.*", "profiling.*", "rerun_state_machine.*",
@@ -248,8 +249,7 @@ def _sharding(a: Account, precision: str) -> None:
 
 
 def _optimizer(a: Account) -> None:
-    """Adam (the only optimizer whose states llmsim counts), with fp32 states: the precision-aware
-    optimizer's 16-bit moments (TransformerEngine's FusedAdam) keep 8 B where llmsim has 12 or 6."""
+    """Adam (the only optimizer whose states llmsim counts) and the dtypes of its states."""
     name = str(a.get("optimizer.optimizer", "adam"))
     if name != "adam":
         a.refuse("optimizer.optimizer", "llmsim models Adam's optimizer states only")
@@ -257,11 +257,4 @@ def _optimizer(a: Account) -> None:
     if a.get("optimizer.optimizer_cpu_offload"):
         a.refuse("optimizer.optimizer_cpu_offload", "Megatron-Core's optimizer CPU offload is not modelled "
                                                     "(use plan.offload in a scenario)")
-    if a.get("optimizer.use_precision_aware_optimizer"):
-        states = {k: str(a.get(f"optimizer.{k}._target_", "torch.float32"))
-                  for k in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype", "main_grads_dtype")}
-        if set(states.values()) != {"torch.float32"}:
-            a.refuse("optimizer.use_precision_aware_optimizer",
-                     "optimizer states in " + ", ".join(f"{k} {v}" for k, v in states.items())
-                     + ": llmsim keeps Adam's master weights and moments all in fp32 (12 B) or all in bf16 (6 B)")
-    a.used("optimizer.use_precision_aware_optimizer")
+    adam_states(a, "optimizer.use_precision_aware_optimizer", lambda field: f"optimizer.{field}._target_")
