@@ -623,6 +623,7 @@ LLAMA_405B_ARGV = ["--num-layers", "126", "--hidden-size", "16384", "--num-atten
      [15, 16, 16, 16, 16, 16, 16, 15], None),  # 126 + 2 over 8 stages, the end stages a layer less
     (["--pipeline-model-parallel-layout", "Et*15|(t*16|)*6,t*15L"], [15, 16, 16, 16, 16, 16, 16, 15], None),
     (["--pipeline-model-parallel-layout", "Et*7|(t*8|)*14t*7L"], [7] + [8] * 14 + [7], 2),
+    (["--pipeline-model-parallel-layout=Et*15|(t*16|)*6,t*15L"], [15, 16, 16, 16, 16, 16, 16, 15], None),
     (["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
       "--virtual-pipeline-model-parallel-size", "2"], [7] + [8] * 14 + [7], 2)])
 def test_megatron_uneven_pipeline_splits_are_the_stage_layers_megatron_builds(split, layout, vpp):

@@ -111,9 +111,11 @@ def parse_args(words: list[str]) -> dict:
     while i < len(words):
         word = words[i]
         i += 1
-        if not word.startswith("--") or len(word) < 3 or word.endswith(")") or "|" in word:
-            continue  # not a flag: a `case` pattern of the script's own options (`--data)`)
+        if not word.startswith("--") or len(word) < 3:
+            continue
         name, _, inline = word[2:].partition("=")
+        if name.endswith(")") or "|" in name:
+            continue  # not a flag: a `case` pattern of the script's own options (`--data)`)
         values = [inline] if inline else []
         if name not in STORE_TRUE and not inline:
             while i < len(words) and not words[i].startswith("--") and _is_value(words[i]):
