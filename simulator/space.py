@@ -116,6 +116,9 @@ def _axis_values(name: str, spec: Any) -> tuple:
     for v in values:
         if isinstance(v, (dict, list)) or (isinstance(v, float) and not math.isfinite(v)):
             raise InputError(where, v, "expected numbers, text or true/false")
+        # an int too large for a float64 cannot even be tabled; the fields' own ceilings are lower
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not abs(v) <= F.ABSURD:
+            raise InputError(where, v, f"expected a finite number of magnitude at most {F.ABSURD:g}")
     if len({repr(v) for v in values}) != len(values):
         raise InputError(where, values, "values must be distinct")
     return tuple(values)

@@ -86,6 +86,13 @@ def test_a_range_end_beyond_any_plan_is_one_input_error(bad):
         _space({"plan.tp": {"range": [0, bad]}})
 
 
+@pytest.mark.parametrize("bad", [10**400, -1e31])
+def test_a_listed_value_beyond_any_plan_is_one_input_error(bad):
+    """Found by the long CLI fuzz: a 400-digit tp reached the table writer's float conversion."""
+    with pytest.raises(InputError, match="magnitude"):
+        _space({"plan.tp": [bad, 2]})
+
+
 BOUNDED = {"2 ** 2 ** 2 ** 40": "exponents", "((2**64)**64)**64": "beyond", "10.0 ** 400": "beyond",
            "1e20 * 1e20": "beyond", "'a' * 10**9": "repetition", "[1] * 10**6": "repetition", "-'x'": "negate",
            "'%*d' % (10**9, 1)": "formatting", "plan.tp in 5": "`in`", "1 / 0": "division by zero",
