@@ -176,13 +176,14 @@ def fp8_layer_ops(ops: list[Op], shard: Shard, plan) -> list[Op]:
         sp_input = op.linear.sp_input
         out.append(replace(as_gemm_kind(op, kind, shard.act_bytes),
                            saved_bytes=op.saved_bytes + saved_input_change(op.name, rec, tokens, d_in, casts, shard,
-                                                                           sp_input)))
+                                                                           sp_input, op.linear.input_kept_elsewhere)))
         out.append(_cast_op(op.name, shard, rec, plan.compile, tokens, d_in, d_out, readers, casts, matrices, sp_input,
                             plan.fp8_fsdp_all_gather))
     return out
 
 
-def saved_input_change(name: str, rec: str, tokens, d_in, casts, shard: Shard, sp_input: bool = False):
+def saved_input_change(name: str, rec: str, tokens, d_in, casts, shard: Shard, sp_input: bool = False,
+                       kept_elsewhere: bool = False):
     """Bytes an FP8 linear saves for its weight gradient beyond the BF16 input it would keep.
 
     The BF16 input kept is the linear's whole input, or under Megatron-LM's sequence
@@ -192,7 +193,8 @@ def saved_input_change(name: str, rec: str, tokens, d_in, casts, shard: Shard, s
     transformer_engine/pytorch/module/layernorm_linear.py, backward:
     gather_along_first_dim(ln_out)); torchao's tensorwise TP casts the shard, all-gathers it
     in FP8 and keeps the gathered FP8 input the linear received (input_casts); otherwise one
-    FP8 input per cast."""
+    FP8 input per cast. `kept_elsewhere`: the BF16 input is another operator's to keep
+    (workload.LinearShape), so there is none of this linear's own to replace."""
     a = shard.act_bytes
     x = tokens * d_in
     if rec in TE_RECIPES or rec == "tensorwise":
@@ -202,7 +204,7 @@ def saved_input_change(name: str, rec: str, tokens, d_in, casts, shard: Shard, s
         if name == "attn_out":  # the attention kernel keeps its BF16 output anyway
             return casts * fp8 * x
         kept = local if rec in TE_RECIPES else x
-        return casts * fp8 * kept - a * local
+        return casts * fp8 * kept - (0.0 if kept_elsewhere else a) * local
     return 0.0 * x
 
 

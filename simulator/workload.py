@@ -51,7 +51,9 @@ class LinearShape:
     V; a gated MLP's gate and up), d_out in all; (d_out,) for a single projection. Widths per
     TP rank. `sp_input`: the input is the layer's norm output, all-gathered from its sequence
     shards under sequence parallelism; the linear then keeps only its shard for the weight
-    gradient and gathers it again (Korthikanti et al. 2022, Sec. 4.2.2)."""
+    gradient and gathers it again (Korthikanti et al. 2022, Sec. 4.2.2). `input_kept_elsewhere`:
+    the input it keeps is the very tensor another operator of the layer keeps (autograd saves
+    a tensor once, however many ops save it), so it is counted there, not here."""
 
     tokens: object
     d_in: object
@@ -60,6 +62,7 @@ class LinearShape:
     widths: tuple = ()
     grouped: bool = False
     sp_input: bool = False
+    input_kept_elsewhere: bool = False
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,28 @@ def test_dispatched_rows_follow_capacity_padding_and_imbalance():
 
 # ------------------------------------------------------------------ FLOPs
 
+def test_the_pre_mlp_norm_output_the_router_and_the_shared_experts_read_is_kept_once():
+    """Qwen1.5-MoE-A2.7B (a shared expert beside 60 routed ones, hidden 2048), one 4096-token
+    sequence on one device: Megatron-Core's router and shared experts both take the pre-MLP
+    norm output; autograd keeps that tensor once, 2 B x 4096 x 2048; under TransformerEngine's
+    FP8 the shared expert's first linear adds its FP8 copy, 1 B x 4096 x 2048, and nothing of
+    the BF16 input it does not own."""
+    from pathlib import Path
+
+    from simulator.layermix import layer_operators
+    from simulator.model import model_from_dict
+    from simulator.plan import Plan
+
+    model = model_from_dict({"hf_config": str(Path(__file__).parent / "data" / "hf" / "qwen1.5-moe-a2.7b.json"),
+                             "seq_len": 4096})
+    shard = Shard(micro_batch=1, seq_len=4096)
+    experts = ExpertShard(options=MoEOptions())
+    ops = {op.name: op for op in layer_ops(model, shard, experts)}
+    assert (ops["router"].saved_bytes, ops["shared_mlp_gate_up"].saved_bytes) == (2 * 4096 * 2048, 0.0)
+    fp8 = {op.name: op for op in layer_operators(model, shard, Plan(precision="fp8"), experts)}
+    assert fp8["shared_mlp_gate_up"].saved_bytes == 1 * 4096 * 2048
+
+
 def test_mixtral_executes_megatron_cores_flops_per_token_plus_the_router():
     s, L, h, n, g, d, f, k, V, E = 4096, 32, 4096, 32, 8, 128, 14336, 2, 32000, 8
     # Megatron-LM core_r0.9.0 training.py num_floating_point_operations (moe-runs.md: 82.93 GFLOP/token)
