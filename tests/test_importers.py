@@ -667,6 +667,10 @@ def test_megatron_sliding_windows_every_other_layer_from_the_first():
     assert every["sliding_window_freq"] == 1
     with pytest.raises(InputError, match="window-attn-skip-freq"):
         import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=argv + ["--window-attn-skip-freq", "3"])
+    with pytest.raises(InputError, match="window-attn-skip-freq"):
+        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=argv + ["--window-attn-skip-freq", "0"])
+    full = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=argv + ["--window-attn-skip-freq", "1"])
+    assert full.scenario["model"]["sliding_window"] == 0  # every layer full attention
 
 
 def test_megatron_script_arithmetic_and_case_patterns():

@@ -52,7 +52,7 @@ ARG_REASONS = {"rampup-batch-size": "the batch-size ramp-up of the first steps i
 
 # ------------------------------------------------------------------ arguments
 
-def _number(a: Account, key: str, default=None, integer=True):
+def number_of(a: Account, key: str, default=None, integer=True):
     value = a.get(key, default)
     if isinstance(value, str) and value.startswith("$"):
         a.refuse(key, f"the value is the shell expression {value}; give the arguments with their values")
@@ -79,7 +79,7 @@ def nemo_key(field: str) -> str:
 CP_COMM_TYPES = {"p2p": "ring", "all_gather": "kv-allgather", "a2a": "ulysses"}
 
 
-def _cp_comm_type(a: Account, key: str, sizes_key: str) -> None:
+def read_cp_comm_type(a: Account, key: str, sizes_key: str) -> None:
     """--cp-comm-type (one value, or one per layer that all agree) -> plan.cp_attention; a2a+p2p
     with --hierarchical-context-parallel-sizes A2A P2P -> ulysses-ring over groups of A2A."""
     if not a.has(key):
@@ -101,9 +101,9 @@ def _cp_comm_type(a: Account, key: str, sizes_key: str) -> None:
 
 def read_args(args: dict) -> Imported:
     a = Account(args, "megatron")
-    layers = _number(a, "num-layers")
-    hidden = _number(a, "hidden-size")
-    heads = _number(a, "num-attention-heads")
+    layers = number_of(a, "num-layers")
+    hidden = number_of(a, "hidden-size")
+    heads = number_of(a, "num-attention-heads")
     if None in (layers, hidden, heads):
         raise InputError("megatron", "model", "needs --num-layers, --hidden-size and --num-attention-heads")
     swiglu = bool(a.get("swiglu", False))
@@ -112,20 +112,20 @@ def read_args(args: dict) -> Imported:
     for key, field in (("num-layers", "layers"), ("hidden-size", "hidden"), ("num-attention-heads", "heads")):
         a.map(key, f"model.{field}", model[field])
     a.scenario["model"]["name"] = model["name"]
-    kv = _number(a, "num-query-groups", heads) if a.get("group-query-attention") else heads
+    kv = number_of(a, "num-query-groups", heads) if a.get("group-query-attention") else heads
     a.map("num-query-groups" if a.has("num-query-groups") else "num-attention-heads", "model.kv_heads", kv)
     a.used("group-query-attention")
-    ffn = _number(a, "ffn-hidden-size", int(8 * hidden / 3 / 64) * 64 if swiglu else 4 * hidden)
+    ffn = number_of(a, "ffn-hidden-size", int(8 * hidden / 3 / 64) * 64 if swiglu else 4 * hidden)
     a.map("ffn-hidden-size" if a.has("ffn-hidden-size") else "hidden-size", "model.ffn_hidden", ffn)
-    _head_dim(a, "kv-channels", bool(a.get("multi-latent-attention")), _number)
-    moe.read_moe(a, megatron_key, _number, layers, ffn)
+    read_head_dim(a, "kv-channels", bool(a.get("multi-latent-attention")), number_of)
+    moe.read_moe(a, megatron_key, number_of, layers, ffn)
     if a.get("squared-relu"):
         a.refuse("squared-relu", "modelled activations: gelu, swiglu, quick-geglu")
     activation = "swiglu" if swiglu else "geglu" if a.get("quick-geglu") else "gelu"
     a.map("quick-geglu" if activation == "geglu" else "swiglu", "model.activation", activation)
     a.used("swiglu", "quick-geglu")
-    _window(a, "window-size", "window-attn-skip-freq", layers)
-    a.map("seq-length", "model.seq_len", _number(a, "seq-length", 2048))
+    read_window(a, "window-size", "window-attn-skip-freq", layers)
+    a.map("seq-length", "model.seq_len", number_of(a, "seq-length", 2048))
     norm = str(a.get("normalization", "LayerNorm"))
     if norm not in ("LayerNorm", "RMSNorm"):
         a.refuse("normalization", "expected LayerNorm or RMSNorm")
@@ -138,31 +138,31 @@ def read_args(args: dict) -> Imported:
     a.map("untie-embeddings-and-output-weights", "model.tied_embeddings",
           not a.get("untie-embeddings-and-output-weights", False))
 
-    tp = _number(a, "tensor-model-parallel-size", 1)
-    pp = _number(a, "pipeline-model-parallel-size", 1)
+    tp = number_of(a, "tensor-model-parallel-size", 1)
+    pp = number_of(a, "pipeline-model-parallel-size", 1)
     a.map("tensor-model-parallel-size", "plan.tp", tp)
     a.map("pipeline-model-parallel-size", "plan.pp", pp)
-    a.map("context-parallel-size", "plan.cp", _number(a, "context-parallel-size", 1))
-    _cp_comm_type(a, "cp-comm-type", "hierarchical-context-parallel-sizes")
+    a.map("context-parallel-size", "plan.cp", number_of(a, "context-parallel-size", 1))
+    read_cp_comm_type(a, "cp-comm-type", "hierarchical-context-parallel-sizes")
     # a Hugging Face tokenizer is named by --tokenizer-model (a hub name or a path)
     hf = not a.has("vocab-size") and a.get("tokenizer-type") == "HuggingFaceTokenizer"
     vocab_key = "vocab-size" if a.has("vocab-size") else "tokenizer-model" if hf else "tokenizer-type"
-    vocab = _number(a, "vocab-size") if a.has("vocab-size") else TOKENIZER_VOCAB.get(
+    vocab = number_of(a, "vocab-size") if a.has("vocab-size") else TOKENIZER_VOCAB.get(
         str(a.get(vocab_key, "GPT2BPETokenizer")))
     if vocab is None:
         a.refuse(vocab_key, "the tokenizer's vocabulary size is unknown; give --vocab-size")
-    a.map(vocab_key, "model.vocab", padded_vocab(vocab, _number(a, "make-vocab-size-divisible-by", 128), tp))
+    a.map(vocab_key, "model.vocab", padded_vocab(vocab, number_of(a, "make-vocab-size-divisible-by", 128), tp))
     if hf:
         a.used("tokenizer-type")
     vpp = None
     if a.has("num-layers-per-virtual-pipeline-stage"):
-        per = _number(a, "num-layers-per-virtual-pipeline-stage")
+        per = number_of(a, "num-layers-per-virtual-pipeline-stage")
         vpp = layers // (pp * per)
         a.map("num-layers-per-virtual-pipeline-stage", "plan.vpp", vpp)
     elif a.has("virtual-pipeline-model-parallel-size"):
-        vpp = _number(a, "virtual-pipeline-model-parallel-size")
+        vpp = number_of(a, "virtual-pipeline-model-parallel-size")
         a.map("virtual-pipeline-model-parallel-size", "plan.vpp", vpp)
-    split_vpp = read_stage_split(a, megatron_key, layers, pp, vpp or 1, _number)
+    split_vpp = read_stage_split(a, megatron_key, layers, pp, vpp or 1, number_of)
     if split_vpp != (vpp or 1):
         if vpp is not None:
             a.refuse("pipeline-model-parallel-layout", f"{split_vpp} virtual stages per rank where the arguments "
@@ -170,10 +170,10 @@ def read_args(args: dict) -> Imported:
         vpp = split_vpp
         a.map("pipeline-model-parallel-layout", "plan.vpp", vpp)
     a.scenario["plan"]["schedule"] = "interleaved" if vpp and vpp > 1 else "1f1b"
-    a.map("micro-batch-size", "plan.micro_batch", _number(a, "micro-batch-size", 1))
+    a.map("micro-batch-size", "plan.micro_batch", number_of(a, "micro-batch-size", 1))
     if not a.has("global-batch-size"):
         a.refuse("global-batch-size", "required: llmsim needs the global batch")
-    global_batch = _number(a, "global-batch-size")
+    global_batch = number_of(a, "global-batch-size")
     a.map("global-batch-size", "plan.global_batch", global_batch)
     a.map("sequence-parallel", "plan.sequence_parallel", bool(a.get("sequence-parallel", False)))
     if a.get("no-scatter-gather-tensors-in-pipeline"):  # legacy Megatron-LM: whole activations per TP rank
@@ -199,7 +199,7 @@ def read_args(args: dict) -> Imported:
     adam_states(a, "use-precision-aware-optimizer", megatron_key)
     a.used("accumulate-allreduce-grads-in-fp32")
     _data_parallel_sharding(a)
-    instances = _number(a, "num-distributed-optimizer-instances", 1)
+    instances = number_of(a, "num-distributed-optimizer-instances", 1)
     if instances > 1:  # partial distributed optimizer: hybrid sharding
         a.map("num-distributed-optimizer-instances", "plan.dp_replicate", instances)
     else:
@@ -215,14 +215,14 @@ def read_args(args: dict) -> Imported:
     _recompute_args(a)
 
     if a.has("nproc_per_node"):
-        a.map("nproc_per_node", "cluster.devices_per_node", _number(a, "nproc_per_node"))
+        a.map("nproc_per_node", "cluster.devices_per_node", number_of(a, "nproc_per_node"))
     if a.has("nnodes"):
-        a.map("nnodes", "cluster.nodes", _number(a, "nnodes"))
-    seq = _number(a, "seq-length", 2048)
+        a.map("nnodes", "cluster.nodes", number_of(a, "nnodes"))
+    seq = number_of(a, "seq-length", 2048)
     if a.has("train-iters"):
-        a.map("train-iters", "training.tokens", float(_number(a, "train-iters") * global_batch * seq))
+        a.map("train-iters", "training.tokens", float(number_of(a, "train-iters") * global_batch * seq))
     elif a.has("train-samples"):
-        a.map("train-samples", "training.tokens", float(_number(a, "train-samples") * seq))
+        a.map("train-samples", "training.tokens", float(number_of(a, "train-samples") * seq))
     return a.finish(IGNORED_ARGS + moe.ignored(megatron_key), {**ARG_REASONS, **moe.reasons(megatron_key)})
 
 
@@ -307,7 +307,7 @@ def _grad_precision(a: Account, precision: str) -> None:
     a.used("megatron-fsdp-grad-comm-dtype", "grad-reduce-in-bf16")
 
 
-def _window(a: Account, size_key: str, skip_key: str, layers: int) -> None:
+def read_window(a: Account, size_key: str, skip_key: str, layers: int) -> None:
     """Megatron-Core's sliding windows: window_size (left, right) lets a token see `left`
     earlier tokens and itself, on every layer unless window_attn_skip_freq N makes every N-th
     layer (1-indexed) full attention, or a 0/1 pattern names the windowed layers
@@ -325,12 +325,16 @@ def _window(a: Account, size_key: str, skip_key: str, layers: int) -> None:
     text = None if skip is None else str(skip).strip()
     if text is None:
         windowed = [1] * layers
-    elif text.isdigit():
+    elif text.isdigit() and int(text) >= 1:
         windowed = [int((i + 1) % int(text) != 0) for i in range(layers)]
     else:
         windowed = moe.pattern_list(text)
         if windowed is None or len(windowed) != layers:
-            a.refuse(skip_key, f"expected an integer or a list expression of {layers} zeros and ones")
+            a.refuse(skip_key, f"expected a positive integer or a list expression of {layers} zeros and ones")
+    if 1 not in windowed:  # every layer full attention (a skip frequency of 1)
+        a.map(size_key, "model.sliding_window", 0)
+        a.used(skip_key)
+        return
     freq = next((f for f in range(1, layers + 1) if windowed == [int(i % f == 0) for i in range(layers)]), None)
     if freq is None:
         a.refuse(skip_key, "llmsim windows every n-th layer from the first (n = 1, 2, ...), not this pattern")
@@ -338,7 +342,7 @@ def _window(a: Account, size_key: str, skip_key: str, layers: int) -> None:
     a.map(skip_key, "model.sliding_window_freq", freq)
 
 
-def _head_dim(a: Account, key: str, mla: bool, number) -> None:
+def read_head_dim(a: Account, key: str, mla: bool, number) -> None:
     """--kv-channels (NeMo kv_channels): the width of a head where it is not hidden / heads;
     multi-latent attention takes its head widths from its own keys."""
     if not a.has(key):
@@ -374,7 +378,7 @@ def read_recompute(a: Account, key, granularity, granularity_key: str) -> None:
         if method not in ("uniform", "block"):
             a.refuse(key("recompute_method"), "expected uniform or block")
         a.map(key("recompute_method"), "plan.recompute_method", method)
-        a.map(key("recompute_num_layers"), "plan.recompute_num_layers", _number(a, key("recompute_num_layers"), 1))
+        a.map(key("recompute_num_layers"), "plan.recompute_num_layers", number_of(a, key("recompute_num_layers"), 1))
     else:
         modules = a.get(key("recompute_modules")) or ["core_attn"]
         modules = [modules] if isinstance(modules, str) else list(modules)
@@ -438,8 +442,8 @@ def read_nemo(data: dict) -> Imported:
     a.map(m("activation"), "model.activation", activation)
     ffn = a.number(m("ffn_hidden_size"), 4 * hidden)
     a.map(m("ffn_hidden_size"), "model.ffn_hidden", ffn)
-    _head_dim(a, m("kv_channels"), bool(a.get(m("multi_latent_attention"))), _number)
-    moe.read_moe(a, nemo_key, _number, layers, ffn)
+    read_head_dim(a, m("kv_channels"), bool(a.get(m("multi_latent_attention"))), number_of)
+    moe.read_moe(a, nemo_key, number_of, layers, ffn)
     seq = a.number(m("encoder_seq_length"), 2048)
     a.map(m("encoder_seq_length"), "model.seq_len", seq)
     norm = str(a.get(m("normalization"), "layernorm")).lower()
@@ -463,11 +467,11 @@ def read_nemo(data: dict) -> Imported:
     a.map(m("tensor_model_parallel_size"), "plan.tp", tp)
     a.map(m("pipeline_model_parallel_size"), "plan.pp", a.number(m("pipeline_model_parallel_size"), 1))
     a.map(m("context_parallel_size"), "plan.cp", a.number(m("context_parallel_size"), 1))
-    _cp_comm_type(a, m("cp_comm_type"), m("hierarchical_context_parallel_sizes"))
+    read_cp_comm_type(a, m("cp_comm_type"), m("hierarchical_context_parallel_sizes"))
     vpp = a.number(m("virtual_pipeline_model_parallel_size"), 1)
     a.map(m("virtual_pipeline_model_parallel_size"), "plan.vpp", vpp)
     split_vpp = read_stage_split(a, nemo_key, layers, a.number(m("pipeline_model_parallel_size"), 1), vpp,
-                                 _number)
+                                 number_of)
     if split_vpp != vpp:
         if a.has(m("virtual_pipeline_model_parallel_size")):
             a.refuse(m("pipeline_model_parallel_layout"), f"{split_vpp} virtual stages per rank where "

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from . import megatron_moe as moe
 from .common import Account, Imported, padded_vocab
-from .megatron import (_cp_comm_type, _head_dim, _number, _window, adam_states, megatron_fsdp, nemo_key,
-                       read_recompute)
+from .megatron import (adam_states, megatron_fsdp, nemo_key, number_of, read_cp_comm_type, read_head_dim,
+                       read_recompute, read_window)
 from .megatron_pipeline import read_stage_split
 
 SECTIONS_IGNORED = ("checkpoint.*", "dataset.*", "dist.*", "logger.*", "profiling.*", "rerun_state_machine.*",
@@ -87,7 +87,7 @@ def read_bridge(data: dict) -> Imported:
     peft = [k for k in a.flat if k.startswith("peft.") or k == "peft" and a.flat[k]]
     if peft:
         a.refuse(peft[0], "parameter-efficient fine-tuning (LoRA) is not modelled: llmsim trains every weight")
-    layers, hidden, heads = (_number(a, m(k)) for k in ("num_layers", "hidden_size", "num_attention_heads"))
+    layers, hidden, heads = (number_of(a, m(k)) for k in ("num_layers", "hidden_size", "num_attention_heads"))
     if None in (layers, hidden, heads):
         a.refuse(m("num_layers"), "the model needs num_layers, hidden_size and num_attention_heads")
     a.scenario["name"] = "megatron-bridge-" + str(a.get(m("hf_model_id"), f"{layers}l-{hidden}h")).split("/")[-1]
@@ -95,14 +95,14 @@ def read_bridge(data: dict) -> Imported:
                               ("num_attention_heads", "heads", heads)):
         a.map(m(key), f"model.{field}", value)
     a.scenario["model"]["name"] = a.scenario["name"]
-    a.map(m("num_query_groups"), "model.kv_heads", _number(a, m("num_query_groups"), heads))
-    ffn = _number(a, m("ffn_hidden_size"), 4 * hidden)
+    a.map(m("num_query_groups"), "model.kv_heads", number_of(a, m("num_query_groups"), heads))
+    ffn = number_of(a, m("ffn_hidden_size"), 4 * hidden)
     a.map(m("ffn_hidden_size"), "model.ffn_hidden", ffn)
     _activation(a)
-    _head_dim(a, m("kv_channels"), bool(a.get(m("multi_latent_attention"))), _number)
-    moe.read_moe(a, nemo_key, _number, layers, ffn)
-    _window(a, m("window_size"), m("window_attn_skip_freq"), layers)
-    a.map(m("seq_length"), "model.seq_len", _number(a, m("seq_length"), 2048))
+    read_head_dim(a, m("kv_channels"), bool(a.get(m("multi_latent_attention"))), number_of)
+    moe.read_moe(a, nemo_key, number_of, layers, ffn)
+    read_window(a, m("window_size"), m("window_attn_skip_freq"), layers)
+    a.map(m("seq_length"), "model.seq_len", number_of(a, m("seq_length"), 2048))
     norm = str(a.get(m("normalization"), "LayerNorm"))
     if norm not in ("LayerNorm", "RMSNorm"):
         a.refuse(m("normalization"), "expected LayerNorm or RMSNorm")
@@ -119,26 +119,26 @@ def read_bridge(data: dict) -> Imported:
     a.used(m("add_qkv_bias"))
     a.map(m("share_embeddings_and_output_weights"), "model.tied_embeddings",
           bool(a.get(m("share_embeddings_and_output_weights"), True)))
-    tp = _number(a, m("tensor_model_parallel_size"), 1)
-    pp = _number(a, m("pipeline_model_parallel_size"), 1)
-    vocab = _number(a, m("vocab_size"))
+    tp = number_of(a, m("tensor_model_parallel_size"), 1)
+    pp = number_of(a, m("pipeline_model_parallel_size"), 1)
+    vocab = number_of(a, m("vocab_size"))
     if vocab is None:
         a.refuse(m("vocab_size"), "the model provider names no vocabulary size")
     if a.get(m("should_pad_vocab")):  # Megatron-Core pads to a multiple of make_vocab_size_divisible_by x TP
-        vocab = padded_vocab(vocab, _number(a, m("make_vocab_size_divisible_by"), 128), tp)
+        vocab = padded_vocab(vocab, number_of(a, m("make_vocab_size_divisible_by"), 128), tp)
     a.map(m("vocab_size"), "model.vocab", vocab)
 
     a.map(m("tensor_model_parallel_size"), "plan.tp", tp)
     a.map(m("pipeline_model_parallel_size"), "plan.pp", pp)
-    a.map(m("context_parallel_size"), "plan.cp", _number(a, m("context_parallel_size"), 1))
-    _cp_comm_type(a, m("cp_comm_type"), m("hierarchical_context_parallel_sizes"))
-    vpp = _number(a, m("virtual_pipeline_model_parallel_size"), 1)
-    vpp = read_stage_split(a, nemo_key, layers, pp, vpp, _number)
+    a.map(m("context_parallel_size"), "plan.cp", number_of(a, m("context_parallel_size"), 1))
+    read_cp_comm_type(a, m("cp_comm_type"), m("hierarchical_context_parallel_sizes"))
+    vpp = number_of(a, m("virtual_pipeline_model_parallel_size"), 1)
+    vpp = read_stage_split(a, nemo_key, layers, pp, vpp, number_of)
     a.map(m("virtual_pipeline_model_parallel_size"), "plan.vpp", vpp)
     a.scenario["plan"]["schedule"] = "interleaved" if vpp > 1 else "1f1b"
     a.map(m("sequence_parallel"), "plan.sequence_parallel", bool(a.get(m("sequence_parallel"), False)))
-    a.map("train.micro_batch_size", "plan.micro_batch", _number(a, "train.micro_batch_size", 1))
-    global_batch = _number(a, "train.global_batch_size")
+    a.map("train.micro_batch_size", "plan.micro_batch", number_of(a, "train.micro_batch_size", 1))
+    global_batch = number_of(a, "train.global_batch_size")
     if global_batch is None:
         a.refuse("train.global_batch_size", "required: llmsim needs the global batch")
     a.map("train.global_batch_size", "plan.global_batch", global_batch)
@@ -155,11 +155,11 @@ def read_bridge(data: dict) -> Imported:
     a.map(m("cross_entropy_loss_fusion"), "plan.loss", "vocab-parallel")
     read_recompute(a, nemo_key, a.get(m("recompute_granularity")), m("recompute_granularity"))
     _optimizer(a)
-    seq = _number(a, m("seq_length"), 2048)
+    seq = number_of(a, m("seq_length"), 2048)
     if a.get("train.train_iters"):
-        a.map("train.train_iters", "training.tokens", float(_number(a, "train.train_iters") * global_batch * seq))
+        a.map("train.train_iters", "training.tokens", float(number_of(a, "train.train_iters") * global_batch * seq))
     elif a.get("train.train_samples"):
-        a.map("train.train_samples", "training.tokens", float(_number(a, "train.train_samples") * seq))
+        a.map("train.train_samples", "training.tokens", float(number_of(a, "train.train_samples") * seq))
     if a.get(m("softmax_type")) == "vanilla":
         a.used(m("softmax_type"))
     # a field left off (null, false, 0, empty) asks for nothing llmsim would model
@@ -228,7 +228,7 @@ def _sharding(a: Account, precision: str) -> None:
     else:  # Megatron-FSDP's strategies do nothing without it
         a.map("ddp.use_distributed_optimizer", "plan.zero_stage", 1 if a.get("ddp.use_distributed_optimizer") else 0)
         a.ignore("ddp.data_parallel_sharding_strategy", "ddp.outer_dp_sharding_strategy")
-    instances = _number(a, "ddp.num_distributed_optimizer_instances", 1)
+    instances = number_of(a, "ddp.num_distributed_optimizer_instances", 1)
     if instances > 1:
         a.map("ddp.num_distributed_optimizer_instances", "plan.dp_replicate", instances)
     else:

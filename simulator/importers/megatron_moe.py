@@ -127,12 +127,12 @@ def _layer_freq(a: Account, k: str, layers: int) -> None:
     """moe_layer_freq as leading dense layers and a frequency (DeepSeek's rule, model.py)."""
     value = a.get(k, 1)
     text = str(value).strip()
-    if text.isdigit():
+    if text.isdigit() and int(text) >= 1:
         a.map(k, "model.moe_layer_freq", int(text))
         return
     pattern = pattern_list(text)
     if pattern is None or len(pattern) != layers or set(pattern) - {0, 1} or 1 not in pattern:
-        a.refuse(k, f"expected an integer or a list expression of {layers} zeros and ones with at least one "
+        a.refuse(k, f"expected a positive integer or a list expression of {layers} zeros and ones with at least one "
                     "one, such as ([0]*3+[1]*58)")
     first = pattern.index(1)  # the dense layers before it: any count in (first - freq, first] says the same
     for freq in range(1, layers + 1):
