@@ -129,3 +129,35 @@ def test_sweep_of_any_space_is_a_table_or_one_line(tmp_path_factory, axes, const
     rc, out, err, seconds = _run(["sweep", str(folder / "space.yaml"), "-o", str(folder / "o.csv"), "--workers", "1",
                                   "--no-progress"])
     _check(rc, out, err, seconds)
+
+
+IMPORTS = Path(__file__).parent / "data" / "imports"
+MEGATRON_FIELDS = ["num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
+                   "ffn_hidden_size", "num_moe_experts", "moe_router_topk", "moe_layer_freq", "expert_model_parallel_size",
+                   "expert_tensor_parallel_size", "moe_token_dispatcher_type", "moe_shared_expert_intermediate_size",
+                   "multi_latent_attention", "q_lora_rank", "mtp_num_layers", "window_size", "window_attn_skip_freq",
+                   "pipeline_model_parallel_layout", "num_layers_in_first_pipeline_stage",
+                   "account_for_embedding_in_pipeline_split", "recompute_granularity", "recompute_method",
+                   "recompute_num_layers", "recompute_modules", "tensor_model_parallel_size",
+                   "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size", "context_parallel_size",
+                   "seq_length", "vocab_size", "cp_comm_type", "global_batch_size"]
+MEGATRON_VALUES = st.one_of(VALUES, st.sampled_from(
+    ["Et*15|(t*16|)*6,t*15L", "([0]*3+[1]*58)", "[1,0]*16", "selective", "full", "block", ["moe_act"], "alltoall",
+     "flex", [127, 0], "(127,0)", "p2p", "$((8*1))"]))
+
+
+@given(changes=st.lists(st.tuples(st.sampled_from(MEGATRON_FIELDS), MEGATRON_VALUES), max_size=4),
+       source=st.sampled_from(["bridge-llama3_8b_sft_gb200_fp8_mx_v1.yaml", "nemo-grok1_314b.yaml"]))
+def test_any_megatron_config_value_is_a_result_or_one_line(tmp_path_factory, changes, source):
+    """NeMo and Megatron-Bridge YAML (a field of TransformerConfig under model, or Bridge's
+    train.global_batch_size), imported and evaluated."""
+    data = yaml.safe_load((IMPORTS / source).read_text())
+    for field, value in changes:
+        _set(data, f"{'train' if field == 'global_batch_size' and source.startswith('bridge') else 'model'}.{field}",
+             value)
+    folder = tmp_path_factory.mktemp("fuzz")
+    try:
+        (folder / "c.yaml").write_text(yaml.safe_dump(data))
+    except (ValueError, OverflowError):
+        return
+    _check(*_run(["evaluate", "--from", "megatron", str(folder / "c.yaml"), "--node", "dgx-h100", "--nodes", "8"]))

@@ -759,3 +759,22 @@ def test_megatron_bridge_deepseek_v3_with_what_llmsim_models_is_deepseek_v3(tmp_
         "grad_precision": "bf16", "fp8_recipe": "current", "ep": 64}
     with pytest.raises(InputError, match="not yet modelled for MoE models"):
         scenario_from_dict(imported.scenario)
+
+
+@pytest.mark.parametrize("source,field,value,key", [
+    ("bridge-llama3_8b_sft_gb200_fp8_mx_v1.yaml", ("train", "global_batch_size"), 10**400, "magnitude"),
+    ("bridge-llama3_8b_sft_gb200_fp8_mx_v1.yaml", ("model", "cp_comm_type"), [], "cp_comm_type"),
+    ("nemo-grok1_314b.yaml", ("model", "global_batch_size"), None, "global_batch_size")])
+def test_megatron_yaml_values_found_by_the_fuzz_are_one_input_error(tmp_path, source, field, value, key):
+    """Each once reached Python's arithmetic as an internal error (tests/test_fuzz_cli.py)."""
+    data = yaml.safe_load((DATA / source).read_text())
+    data[field[0]][field[1]] = value
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(InputError, match=key):
+        import_config("megatron", tmp_path / "c.yaml", {"cluster.node": "dgx-h100"})
+
+
+def test_zero_layers_per_virtual_stage_is_one_input_error():
+    with pytest.raises(InputError, match="num-layers-per-virtual-pipeline-stage"):
+        import_config("megatron", None, {"cluster.node": "dgx-h100"},
+                      argv=[*MEGATRON_ARGV, "--num-layers-per-virtual-pipeline-stage", "0"])

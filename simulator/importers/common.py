@@ -103,8 +103,11 @@ class Account:
                 value = float(value) if not integer else int(value)
             except ValueError:
                 self.refuse(key, f"expected a number, got {value!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.refuse(key, f"expected a number, got {value!r}")
+        # abs() first: an int too large for a float has no isfinite; no config means more
+        if not abs(value) <= F.ABSURD:
+            self.refuse(key, f"expected a finite number of magnitude at most {F.ABSURD:g}")
         if integer:
             if float(value) != int(value):
                 self.refuse(key, f"expected an integer, got {value!r}")
@@ -173,6 +176,8 @@ def padded_vocab(vocab: int, multiple: int, tp: int) -> int:
     """Megatron-LM pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP
     (megatron/training/tokenizer/tokenizer.py, _vocab_size_with_padding)."""
     step = multiple * tp
+    if step < 1:  # a TP size or multiple below 1: the plan's own check names it
+        return vocab
     return -(-vocab // step) * step
 
 

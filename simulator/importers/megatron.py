@@ -86,7 +86,7 @@ def read_cp_comm_type(a: Account, key: str, sizes_key: str) -> None:
         return
     value = a.get(key)
     values = {str(v) for v in value} if isinstance(value, (list, tuple)) else {str(value)}
-    comm = next(iter(values))
+    comm = next(iter(values), None)
     if len(values) != 1 or comm not in (*CP_COMM_TYPES, "a2a+p2p"):
         a.refuse(key, "modelled: one of " + ", ".join((*CP_COMM_TYPES, "a2a+p2p")) + ", the same for every layer")
     if comm != "a2a+p2p":
@@ -157,6 +157,9 @@ def read_args(args: dict) -> Imported:
     vpp = None
     if a.has("num-layers-per-virtual-pipeline-stage"):
         per = number_of(a, "num-layers-per-virtual-pipeline-stage")
+        if per < 1 or pp < 1:
+            a.refuse("num-layers-per-virtual-pipeline-stage", "expected a positive integer (with a positive "
+                                                              "--pipeline-model-parallel-size)")
         vpp = layers // (pp * per)
         a.map("num-layers-per-virtual-pipeline-stage", "plan.vpp", vpp)
     elif a.has("virtual-pipeline-model-parallel-size"):
@@ -481,6 +484,8 @@ def read_nemo(data: dict) -> Imported:
     a.scenario["plan"]["schedule"] = "interleaved" if vpp > 1 else "1f1b"
     a.map(m("micro_batch_size"), "plan.micro_batch", a.number(m("micro_batch_size"), 1))
     global_batch = a.number(m("global_batch_size"))
+    if global_batch is None:
+        a.refuse(m("global_batch_size"), "required: llmsim needs the global batch")
     a.map(m("global_batch_size"), "plan.global_batch", global_batch)
     a.map(m("sequence_parallel"), "plan.sequence_parallel", bool(a.get(m("sequence_parallel"), False)))
     # NeMo runs Megatron-Core, whose pipeline sends are split over the TP ranks only with
