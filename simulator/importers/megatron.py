@@ -181,19 +181,11 @@ def read_args(args: dict) -> Imported:
     a.map("sequence-parallel", "plan.sequence_parallel", bool(a.get("sequence-parallel", False)))
     if a.get("no-scatter-gather-tensors-in-pipeline"):  # legacy Megatron-LM: whole activations per TP rank
         a.map("no-scatter-gather-tensors-in-pipeline", "plan.pp_scatter_gather", False)
-    precision = "fp8" if a.has("fp8-format") else "bf16" if a.get("bf16") else "fp16" if a.get("fp16") else "fp32"
-    recipe = str(a.get("fp8-recipe", "delayed"))
-    if precision == "fp8":
-        if recipe not in ("delayed", "tensorwise", "mxfp8"):
-            a.refuse("fp8-recipe", "TransformerEngine's delayed, per-tensor current (tensorwise) and MXFP8 scaling are "
-                                   "modelled, not its block-wise scaling")
-        precision = "mxfp8" if recipe == "mxfp8" else precision
+    precision = "bf16" if a.get("bf16") else "fp16" if a.get("fp16") else "fp32"
+    if a.has("fp8-format"):
+        precision = read_fp8_recipe(a, "fp8-recipe")
     a.map("fp8-format" if a.has("fp8-format") else "bf16" if a.get("bf16") else "fp16", "plan.precision", precision)
-    a.used("fp16", "bf16")
-    if precision == "fp8":  # TE's Float8CurrentScaling is Megatron-LM's tensorwise
-        a.map("fp8-recipe", "plan.fp8_recipe", "current" if recipe == "tensorwise" else "delayed")
-    else:
-        a.used("fp8-recipe")
+    a.used("fp16", "bf16", "fp8-recipe")
     if a.get("fp8-param-gather"):
         if not a.has("fp8-format"):
             a.refuse("fp8-param-gather", "FP8 parameters need --fp8-format")
@@ -289,25 +281,49 @@ def adam_states(a: Account, on_key: str, dtype_key) -> None:
     a.used(*(dtype_key(f) for f in fields))
 
 
+# TransformerEngine's FP8 recipes llmsim models, as Megatron names them -> plan.fp8_recipe
+# (TE's Float8CurrentScaling is Megatron-LM's tensorwise; MXFP8 is plan.precision mxfp8)
+FP8_RECIPES = {"delayed": "delayed", "tensorwise": "current", "mxfp8": None}
+
+
+def read_fp8_recipe(a: Account, key: str) -> str:
+    """The FP8 run's recipe (`key`, Megatron's fp8_recipe, delayed by default) into
+    plan.fp8_recipe; returns plan.precision: fp8, or mxfp8 for the block-scaled recipe."""
+    recipe = str(a.get(key, "delayed"))
+    if recipe not in FP8_RECIPES:
+        a.refuse(key, "TransformerEngine's delayed, per-tensor current (tensorwise) and MXFP8 scaling are "
+                      "modelled, not its block-wise scaling")
+    if FP8_RECIPES[recipe]:
+        a.map(key, "plan.fp8_recipe", FP8_RECIPES[recipe])
+    return "mxfp8" if recipe == "mxfp8" else "fp8"
+
+
 def _grad_precision(a: Account, precision: str) -> None:
     """The precision gradients are kept and reduced in: fp32 unless --grad-reduce-in-bf16; under
-    Megatron-FSDP its main-gradient dtype, by default the parameters' (bf16 or fp16 with
-    --bf16/--fp16), and its communication dtype, by default the main gradients'
-    (megatron/core/distributed/distributed_data_parallel_config.py megatron_fsdp_main_grads_dtype,
-    megatron_fsdp_grad_comm_dtype)."""
+    Megatron-FSDP, fsdp_grad_precision."""
     if not a.get("use-megatron-fsdp"):
         a.map("grad-reduce-in-bf16", "plan.grad_precision", "bf16" if a.get("grad-reduce-in-bf16") else "fp32")
         return
-    params = {"fp8": "bf16", "mxfp8": "bf16"}.get(precision, precision)  # FP8 runs keep bf16 parameters
-    kept = str(a.get("megatron-fsdp-main-grads-dtype", "auto"))
-    kept = params if kept == "auto" else kept
-    sent = str(a.get("megatron-fsdp-grad-comm-dtype", "auto"))
-    sent = kept if sent == "auto" else sent
+    fsdp_grad_precision(a, precision, "megatron-fsdp-main-grads-dtype", "megatron-fsdp-grad-comm-dtype")
+    a.used("grad-reduce-in-bf16")
+
+
+def fsdp_grad_precision(a: Account, precision: str, kept_key: str, sent_key: str) -> None:
+    """Megatron-FSDP's main-gradient dtype (`kept_key`), by default the parameters' (bf16 or fp16
+    with bf16/fp16 training), and its communication dtype (`sent_key`), by default the main
+    gradients' (megatron/core/distributed/distributed_data_parallel_config.py
+    megatron_fsdp_main_grads_dtype, megatron_fsdp_grad_comm_dtype): one plan.grad_precision."""
+    def dtype(key, default):
+        value = a.get(key)
+        return default if value in (None, "auto") else DTYPES.get(str(value), str(value))
+
+    kept = dtype(kept_key, {"fp8": "bf16", "mxfp8": "bf16"}.get(precision, precision))  # FP8 keeps bf16 params
+    sent = dtype(sent_key, kept)
     if kept != sent:
-        a.refuse("megatron-fsdp-grad-comm-dtype", f"llmsim keeps and reduces gradients in one precision "
-                                                  f"(plan.grad_precision); here they are kept in {kept}")
-    a.map("megatron-fsdp-main-grads-dtype", "plan.grad_precision", kept)
-    a.used("megatron-fsdp-grad-comm-dtype", "grad-reduce-in-bf16")
+        a.refuse(sent_key, f"llmsim keeps and reduces gradients in one precision (plan.grad_precision); here "
+                           f"they are kept in {kept}")
+    a.map(kept_key, "plan.grad_precision", kept)
+    a.used(sent_key)
 
 
 def read_window(a: Account, size_key: str, skip_key: str, layers: int) -> None:
@@ -338,11 +354,11 @@ def read_window(a: Account, size_key: str, skip_key: str, layers: int) -> None:
         a.map(size_key, "model.sliding_window", 0)
         a.used(skip_key)
         return
-    freq = next((f for f in range(1, layers + 1) if windowed == [int(i % f == 0) for i in range(layers)]), None)
-    if freq is None:
+    period = moe.layer_period(windowed)
+    if period is None or period[0] != 0:
         a.refuse(skip_key, "llmsim windows every n-th layer from the first (n = 1, 2, ...), not this pattern")
     a.map(size_key, "model.sliding_window", int(size[0]) + 1)
-    a.map(skip_key, "model.sliding_window_freq", freq)
+    a.map(skip_key, "model.sliding_window_freq", period[1])
 
 
 def read_head_dim(a: Account, key: str, mla: bool, number) -> None:

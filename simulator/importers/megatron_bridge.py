@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from . import megatron_moe as moe
 from .common import Account, Imported, padded_vocab
-from .megatron import (adam_states, megatron_fsdp, nemo_key, number_of, read_cp_comm_type, read_head_dim,
-                       read_recompute, read_window)
+from .megatron import (adam_states, fsdp_grad_precision, megatron_fsdp, nemo_key, number_of, read_cp_comm_type,
+                       read_fp8_recipe, read_head_dim, read_recompute, read_window)
 from .megatron_pipeline import read_stage_split
 
 SECTIONS_IGNORED = ("checkpoint.*", "dataset.*", "dist.*", "logger.*", "profiling.*", "rerun_state_machine.*",
@@ -73,7 +73,6 @@ REFUSED_ON = {"is_hybrid_model": "hybrid (Mamba) models are not modelled",
               "cpu_offloading": "Megatron-Core's CPU offloading is not modelled (use plan.offload in a scenario)",
               "fine_grained_activation_offloading": "fine-grained activation offloading is not modelled",
               "use_kitchen": "quantisation kitchen recipes are not modelled"}
-PRECISION_RECIPES = {"delayed": "delayed", "tensorwise": "current", "mxfp8": None}
 ACTIVATIONS = {"torch.nn.functional.silu": "swiglu", "torch.nn.functional.gelu": "gelu",
                "megatron.core.fusions.fused_bias_geglu.quick_gelu": "geglu"}
 
@@ -195,16 +194,9 @@ def _precision(a: Account) -> str:
         a.map(f"{mp}.bf16" if base == "bf16" else f"{mp}.fp16", "plan.precision", base)
         a.used(f"{mp}.fp8_recipe", f"{mp}.fp8_param", f"{mp}.fp8_param_gather")
         return base
-    recipe = str(a.get(f"{mp}.fp8_recipe", "delayed"))
-    if recipe not in PRECISION_RECIPES:
-        a.refuse(f"{mp}.fp8_recipe", "TransformerEngine's delayed, per-tensor current (tensorwise) and MXFP8 scaling "
-                                     "are modelled, not its block-wise scaling")
-    precision = "mxfp8" if recipe == "mxfp8" else "fp8"
+    precision = read_fp8_recipe(a, f"{mp}.fp8_recipe")
     a.map(f"{mp}.fp8", "plan.precision", precision)
-    if PRECISION_RECIPES[recipe]:
-        a.map(f"{mp}.fp8_recipe", "plan.fp8_recipe", PRECISION_RECIPES[recipe])
-    else:
-        a.used(f"{mp}.fp8_recipe")
+    a.used(f"{mp}.fp8_recipe")
     if a.get(f"{mp}.fp8_param_gather") or a.get(f"{mp}.fp8_param"):
         a.map(f"{mp}.fp8_param_gather", "plan.fp8_params", True)
         a.used(f"{mp}.fp8_param")
@@ -233,15 +225,9 @@ def _sharding(a: Account, precision: str) -> None:
         a.map("ddp.num_distributed_optimizer_instances", "plan.dp_replicate", instances)
     else:
         a.used("ddp.num_distributed_optimizer_instances")
-    if a.get("ddp.use_megatron_fsdp"):  # main gradients and their reduction: by default the parameters' dtype
-        params = {"fp8": "bf16", "mxfp8": "bf16"}.get(precision, precision)
-        dtypes = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
-        kept = dtypes.get(str(a.get("ddp.megatron_fsdp_main_grads_dtype._target_")), params)
-        sent = dtypes.get(str(a.get("ddp.megatron_fsdp_grad_comm_dtype._target_")), kept)
-        if kept != sent:
-            a.refuse("ddp.megatron_fsdp_grad_comm_dtype", f"llmsim keeps and reduces gradients in one precision "
-                                                          f"(plan.grad_precision); here they are kept in {kept}")
-        a.map("ddp.megatron_fsdp_main_grads_dtype", "plan.grad_precision", kept)
+    if a.get("ddp.use_megatron_fsdp"):
+        fsdp_grad_precision(a, precision, "ddp.megatron_fsdp_main_grads_dtype._target_",
+                            "ddp.megatron_fsdp_grad_comm_dtype._target_")
     else:
         a.map("ddp.grad_reduce_in_fp32", "plan.grad_precision", "fp32" if a.get("ddp.grad_reduce_in_fp32") else
               "bf16" if precision != "fp16" else "fp16")

@@ -134,13 +134,20 @@ def _layer_freq(a: Account, k: str, layers: int) -> None:
     if pattern is None or len(pattern) != layers or set(pattern) - {0, 1} or 1 not in pattern:
         a.refuse(k, f"expected a positive integer or a list expression of {layers} zeros and ones with at least one "
                     "one, such as ([0]*3+[1]*58)")
-    first = pattern.index(1)  # the dense layers before it: any count in (first - freq, first] says the same
-    for freq in range(1, layers + 1):
-        if first % freq == 0 and pattern == [int(i >= first and i % freq == 0) for i in range(layers)]:
-            a.map(k, "model.dense_layers", first)
-            a.map(k, "model.moe_layer_freq", freq)
-            return
-    a.refuse(k, "llmsim expresses leading dense layers followed by every n-th layer MoE, not this pattern")
+    period = layer_period(pattern)
+    if period is None:
+        a.refuse(k, "llmsim expresses leading dense layers followed by every n-th layer MoE, not this pattern")
+    a.map(k, "model.dense_layers", period[0])
+    a.map(k, "model.moe_layer_freq", period[1])
+
+
+def layer_period(pattern: list):
+    """(first, n) with pattern[i] = 1 exactly for i >= first and i % n == 0 (model.py's rule for
+    MoE and sliding-window layers), the smallest such n; None when no n fits. Any number of
+    leading zeros in (first - n, first] says the same: first is where the ones begin."""
+    first = pattern.index(1)
+    return next(((first, n) for n in range(1, len(pattern) + 1) if first % n == 0 and
+                 pattern == [int(i >= first and i % n == 0) for i in range(len(pattern))]), None)
 
 
 def pattern_list(text: str):
