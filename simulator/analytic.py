@@ -78,12 +78,12 @@ def ends_before_last_s(layout: Layout, times: StageTimes) -> list:
         return (times.b[i] if split else times.b[i] + times.w[i]) / v + hop
 
     if layout.rep_of_stage is not None:  # middle ranks of different layers: each stage's own pass
-        below = np.cumsum([0.0] + [hop_down(k) for k in layout.rep_of_stage])
+        below = np.cumsum(np.broadcast_arrays(0.0, *[hop_down(k) for k in layout.rep_of_stage]), axis=0)
     ends = []
     for i, r in enumerate(layout.stages):
         s = np.asarray(r.stage)
         if layout.rep_of_stage is not None:
-            chain = below[int(s)]
+            chain = below[int(np.ravel(s)[0])]  # a batch of such plans shares its pipeline (vector.py)
         else:
             chain = np.where(s >= 1, hop_down(0), 0.0) + np.maximum(s - 1, 0) * hop_down(1)
         ends.append(per_chunk(i, layout.schedule.drain_tail(layout.p, layout.m, v, r.stage)) - chain)

@@ -3,7 +3,7 @@ with multi-head latent attention (mla.py) where the model has it.
 
 The compile step (layout.py) calls this for a model with experts or MLA; a dense MHA/GQA
 model keeps layout.py's own single-kind path. A device of a stage runs its dense-MLP and its
-MoE layers one after the other (stage_layer_mix gives how many of each), so its pass times,
+MoE layers one after the other (stagesplit.representatives gives how many of each), so its pass times,
 saved activations and parameters are the sums of the two kinds'. The parameters split in
 two groups with their own data-parallel collectives and ZeRO sharding: the routed experts
 over the expert data-parallel group, the rest over dp x cp (dims.py). Broadcast-safe.
@@ -20,7 +20,7 @@ from .dataparallel import DPCosts, buckets, dp_costs
 from .dims import expert_grad_group_size, grad_group_size
 from .memory import ActivationSizes, activation_sizes, buffer_bytes
 from .moe import (SHARED_EXPERTS, ExpertShard, dispatch_comm_s, exposed_dispatch_s, layer_params_split,
-                  moe_buffer_bytes, stage_layer_mix)
+                  moe_buffer_bytes)
 from . import cpattention, fp8, fsdp, mtp, projections
 from .compute import LOW_PRECISION_GEMMS, op_times, with_attention_kernel
 from .fp8 import compute_precision
@@ -180,10 +180,11 @@ def _kind_passes(t: OpsTime, rerun: tuple, n, emb_t, head_t, has_emb, has_head, 
 
 
 def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, zero_group, expert_zero_group,
-                p, v, has_emb, has_head, head_copy, emb_t, head_t, head) -> MixedStage:
+                layers, n_moe, v, has_emb, has_head, head_copy, emb_t, head_t, head) -> MixedStage:
     """A representative stage of a model with experts, MLA or multi-token prediction (whose
-    depths run on the head stage, each a layer of the last layer's kind: mtp.py)."""
-    n_dense, n_moe = stage_layer_mix(model, p, v, has_emb)
+    depths run on the head stage, each a layer of the last layer's kind: mtp.py): `layers`
+    decoder layers on a device, `n_moe` of them MoE (stagesplit.representatives)."""
+    n_dense = layers - n_moe
     depths = np.asarray(has_head) * model.mtp_layers
     if mtp.layer_is_moe(model):
         n_moe = n_moe + depths

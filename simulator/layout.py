@@ -179,11 +179,13 @@ def compile_layout(model, cluster, plan) -> Layout:
         emb_t = hostbound.host_bound(emb_t, embedding_ops(model, shard), host_s)
     hop = pp_hop_s(model, shard, g, cluster, plan.pp_scatter_gather)
     head_stage = schedule.head_stage(np.asarray(p))
-    indices, counts, stage_layers, rep_of_stage = stagesplit.representatives(model, plan, schedule, p)
+    reps_of = stagesplit.representatives(model, plan, schedule, p)
+    rep_of_stage = reps_of.rep_of_stage
     co_run = framework_ops.co_run_factor(cluster)
     total_rerun_layers = 0.0
     reps = []
-    for stage, count, layers in zip(indices, counts, stage_layers):
+    moe_layers = reps_of.moe_layers or [0] * len(reps_of.indices)
+    for stage, count, layers, n_moe in zip(reps_of.indices, reps_of.counts, reps_of.layers, moe_layers):
         has_emb = stage == schedule.embedding_stage(p)
         has_head = stage == head_stage
         head_copy = has_head & (np.asarray(not model.tied_embeddings) | (head_stage != schedule.embedding_stage(p)))
@@ -207,8 +209,8 @@ def compile_layout(model, cluster, plan) -> Layout:
                                                                     layer_gather, per.grad)
             n_buckets, shard_group = buckets(params / v, grad_group_size(plan)), zero_group
         else:  # dense-MLP and MoE layers, MLA (layermix.py)
-            x = mixed_stage(mix, model, cluster, plan, shard, g, per, zero_group, expert_zero_group_size(plan), p, v,
-                            has_emb, has_head, head_copy, emb_t, head_t, head)
+            x = mixed_stage(mix, model, cluster, plan, shard, g, per, zero_group, expert_zero_group_size(plan), layers,
+                            n_moe, v, has_emb, has_head, head_copy, emb_t, head_t, head)
             params, states, acts, passes, dp = x.params, x.states, x.activations, x.passes, x.dp
             n_buckets, shard_group, stage_buffers, linears = x.buckets, x.shard_group, buffers, x.linears
         if plan.zero_stage >= 3:  # FSDP moves weights and gradients per unit, not in Megatron's buckets

@@ -161,8 +161,8 @@ def check_layer_mix_options(plan, model) -> None:
     """Refuse, for a model with experts, MLA or MTP (layermix.py), the framework options only the
     dense path models: FP8 with MLA (fp8.py knows MHA/GQA projections) and torchao's FP8
     recipes for experts (TransformerEngine's grouped GEMMs are what is modelled), eager kernels,
-    op-level selective and block recomputation, FSDP2 without resharding, uneven stages,
-    unfused gradient accumulation (framework_ops.py counts a dense layer's parameters)."""
+    op-level selective and block recomputation, FSDP2 without resharding, unfused gradient
+    accumulation (framework_ops.py counts a dense layer's parameters)."""
     if not (model.experts or model.attention == "mla" or model.mtp_layers):
         return
     kind = "MoE" if model.experts else "MLA" if model.attention == "mla" else "multi-token-prediction"
@@ -177,29 +177,10 @@ def check_layer_mix_options(plan, model) -> None:
                    ("plan.recompute_num_layers", plan.recompute_num_layers, plan.recompute_num_layers != 1),
                    ("plan.fsdp_reshard_after_forward", plan.fsdp_reshard_after_forward,
                     not plan.fsdp_reshard_after_forward),
-                   ("plan.grad_accumulation_fusion", plan.grad_accumulation_fusion, not plan.grad_accumulation_fusion),
-                   ("plan.first_stage_layers", plan.first_stage_layers, plan.first_stage_layers is not None),
-                   ("plan.last_stage_layers", plan.last_stage_layers, plan.last_stage_layers is not None),
-                   ("plan.pipeline_layout", plan.pipeline_layout, plan.pipeline_layout is not None))
+                   ("plan.grad_accumulation_fusion", plan.grad_accumulation_fusion, not plan.grad_accumulation_fusion))
     for field, value, refused in unsupported:
         if refused:
             raise InputError(field, value, f"not yet modelled for {kind} models (the dense layers' option)")
-
-
-def check_moe_stages(plan, model, virtual_stages: int) -> None:
-    """The layer mix llmsim represents: the leading dense layers inside the first virtual
-    pipeline stage, and every virtual stage holding whole periods of moe_layer_freq, so that
-    all stages but the first hold the same layers (layout.py's representative stages)."""
-    if not model.experts:
-        return
-    per_stage = model.layers // virtual_stages
-    if model.dense_layers > per_stage:
-        raise InputError("plan.pp", plan.pp, f"the {model.dense_layers} leading dense layers must fit in the first "
-                         f"virtual pipeline stage of {per_stage} layers (pp x chunks = {virtual_stages}); "
-                         "uneven layer mixes over stages are not modelled")
-    if per_stage % model.moe_layer_freq:
-        raise InputError("plan.pp", plan.pp, f"each virtual pipeline stage ({per_stage} layers) must hold whole "
-                         f"periods of moe_layer_freq={model.moe_layer_freq}")
 
 
 # ---------------------------------------------------------------- layers per stage
@@ -208,7 +189,8 @@ def stage_layer_mix(model, p, v, holds_first_layers):
     """(dense-MLP layers, MoE layers) on a device of a stage, `holds_first_layers` where the
     first virtual stage sits. Layer i is MoE when i >= dense_layers and i % freq == 0
     (model.is_moe_layer): a virtual stage of n layers (a multiple of freq) holds n/freq MoE
-    layers, the first one ceil(dense_layers/freq) fewer (check_moe_stages). Broadcast-safe."""
+    layers, the first one ceil(dense_layers/freq) fewer, where the leading dense layers fit in
+    it (stagesplit.uniform_layer_kinds; other splits count layer by layer). Broadcast-safe."""
     per_device = model.layers / np.asarray(p)
     if not model.experts:
         return per_device, 0.0 * per_device

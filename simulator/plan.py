@@ -18,7 +18,7 @@ from .hardware import Cluster
 from .loss import LOSSES
 from .model import ModelSpec
 from .mtp import check_mtp_plan
-from .moe import DISPATCHERS, MoEOptions, check_layer_mix_options, check_moe_plan, check_moe_stages
+from .moe import DISPATCHERS, MoEOptions, check_layer_mix_options, check_moe_plan
 from .dims import expert_grad_group_size
 from .workload import local_heads
 from .pipebuffers import PP_IMPLS, PP_OUTPUTS
@@ -339,7 +339,6 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     check_layer_mix_options(plan, model)
     check_mtp_plan(plan, model)
     _check_sliding_windows(plan, model, plan.pp * schedule.chunks(plan.vpp))
-    check_moe_stages(plan, model, plan.pp * schedule.chunks(plan.vpp))
     if plan.cp > 1 and model.seq_len % (2 * plan.cp):
         raise InputError("plan.cp", plan.cp, f"2*cp must divide seq_len={model.seq_len} (load-balanced causal chunks)")
     check_cp_attention(plan, model)

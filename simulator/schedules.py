@@ -184,8 +184,7 @@ class Schedule:
         (random unequal-middle plans put the 1F1B form up to 11 % above the executed order)."""
         if t.stage_rep is None or self.placement == "v":
             return self.step_s(t, p, m, v)
-        p, m, v = int(p), int(m), int(v)
-        return _periodic_makespan(self, _stage_lists(t, (), p, v), p, m, v)
+        return _per_plan(lambda i, p, m, v: _periodic_makespan(self, _stage_lists(t, i, p, v), p, m, v), p, m, v)
 
 
 def _generic_in_flight(schedule: Schedule, p, m, v, stage):

@@ -20,9 +20,12 @@ The embedding sits with the first virtual stage and the lm_head and loss with th
 tok_embeddings on the first stage and norm/output on the last), whatever the split: the
 Layout adds them to the stage the schedule places them on.
 
-The Layout times representative stages: the first, one per distinct layer count among the
-ranks between (the earliest rank holding it: the one with the most in flight), and the last
-(`representatives`). A rank's chunks are timed as equal shares of its layers: under a
+The Layout times representative stages: the first, one per distinct holding among the ranks
+between (the earliest rank holding it: the one with the most in flight), and the last
+(`representatives`). A rank's holding is its layer count, and for a model with experts how
+many of its layers are MoE: the layers are numbered through the virtual stages in order, so
+DeepSeek-V3's three leading dense layers under Megatron-Bridge's layout Et|(tt|)*30mL fall on
+ranks 0 and 1 (rank_layer_kinds), where an even split keeps them in the first stage. A rank's chunks are timed as equal shares of its layers: under a
 layout whose virtual stages on one rank differ (7 + 8 layers on the 405B's first rank) the
 steady state is the rank's total either way, and only the pipeline's fill and drain, which
 pass through one chunk of each stage, would differ by that layer.
@@ -30,9 +33,13 @@ pass through one chunk of each stage, would differ by that layer.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .errors import InputError
+from .moe import stage_layer_mix
+from .schedules import plan_schedule
 
 
 def rank_layers_of_layout(layout: tuple, p: int, schedule) -> list[int]:
@@ -93,33 +100,113 @@ def check_split(plan, model, schedule) -> None:
             raise InputError(field, n, f"a rank's layers must split evenly over its {chunks} model chunks")
 
 
-def representatives(model, plan, schedule, p):
-    """(stage indices, how many stages each stands for, layers on its device) of the
-    representative stages, and each scalar stage's representative (None where the ranks
-    between the first and the last hold equal layers: then first, middle, last, and `p` may
-    be an array of pipeline sizes for a batch of plans; the first/last counts and a layout
-    are shared). With p = 1 or 2 the repeated representatives count zero times."""
-    p = np.asarray(p)
-    indices = [np.zeros_like(p), np.minimum(1, p - 1), p - 1]
-    counts = [np.ones_like(p), np.maximum(p - 2, 0), (p > 1).astype(p.dtype)]
-    if plan.pipeline_layout is not None:
-        ranks = rank_layers_of_layout(plan.pipeline_layout, int(np.max(p)), schedule)
-        middles = list(dict.fromkeys(ranks[1:-1]))
-        if len(middles) > 1:
-            n = len(ranks)
-            first_at = [ranks.index(x, 1) for x in middles]
-            rep_of_stage = (0, *(1 + middles.index(x) for x in ranks[1:-1]), len(middles) + 1)
-            return ([0, *first_at, n - 1], [1, *(ranks[1:-1].count(x) for x in middles), 1],
-                    [ranks[0], *middles, ranks[-1]], rep_of_stage)
-        return indices, counts, [ranks[0], ranks[min(1, len(ranks) - 1)], ranks[-1]], None
+def _rank_layers(model, plan, p):
+    """(first, middle, last) pipeline rank's layers (broadcast-safe in p; even, or
+    first/last counts; the middle count stands in for the first at p = 2)."""
     first, last = plan.first_stage_layers, plan.last_stage_layers
     if first is None and last is None:
         even = model.layers / p
-        return indices, counts, [even, even, even], None
+        return even, even, even
     if first is None:
         first = (model.layers - last) / (p - 1)
     if last is None:
         last = (model.layers - first) / (p - 1)
     middle = (model.layers - first - last) / np.maximum(p - 2, 1)
-    # with p = 2 there is no middle stage: its representative counts zero times
-    return indices, counts, [first, np.where(p > 2, middle, first), last], None
+    return first, np.where(p > 2, middle, first), last
+
+
+def virtual_stage_layers(model, plan, schedule, p: int) -> tuple:
+    """Decoder layers of each virtual stage, first to last, of a plan of `p` stages that
+    check_split accepts: its layout, or each rank's layers split evenly over its chunks."""
+    if plan.pipeline_layout is not None:
+        return tuple(plan.pipeline_layout)
+    chunks = schedule.chunks(plan.vpp)
+    first, middle, last = _rank_layers(model, plan, p)
+    ranks = [first, *[middle] * (p - 2), last] if p > 1 else [model.layers]
+    return tuple(int(ranks[schedule.stage_chunk(k, p)[0]]) // chunks for k in range(p * chunks))
+
+
+def rank_layer_kinds(model, stage_layers: tuple, p: int, schedule) -> list:
+    """(decoder layers, MoE layers) of each pipeline rank: virtual stage k holds the next
+    stage_layers[k] layers of the model in order (Megatron-Core's
+    transformer_block.py get_transformer_layer_offset; torchtitan's split points) and sits on
+    the rank the schedule places it on, so a rank's kinds follow from the layer indices."""
+    out = [[0, 0] for _ in range(p)]
+    start = 0
+    for k, n in enumerate(stage_layers):
+        rank = out[schedule.stage_chunk(k, p)[0]]
+        rank[0] += n
+        rank[1] += sum(model.is_moe_layer(i) for i in range(start, start + n))
+        start += n
+    return [tuple(r) for r in out]
+
+
+class Representatives(NamedTuple):
+    """The pipeline stages a Layout times (see the module docstring)."""
+
+    indices: list  # each representative's stage index
+    counts: list  # how many stages each stands for
+    layers: list  # decoder layers on a device of each
+    rep_of_stage: tuple | None  # each scalar stage's representative where the middle ranks differ
+    moe_layers: list | None  # MoE layers among them (None for a model without experts)
+
+
+def representatives(model, plan, schedule, p) -> Representatives:
+    """The representative stages: the first, the middle ranks (one, standing for every middle
+    rank where they hold equal layers of equal kinds, else one per distinct holding: the
+    earliest rank holding it, the one with the most in flight) and the last. Where the middle
+    ranks are equal `p` may be an array of pipeline sizes for a batch of plans (the first/last
+    counts and a layout are shared); a model with experts whose ranks hold different mixes
+    needs one pipeline size per batch (batch_key). With p = 1 or 2 the repeated
+    representatives count zero times."""
+    p = np.asarray(p)
+    indices = [np.zeros_like(p), np.minimum(1, p - 1), p - 1]
+    counts = [np.ones_like(p), np.maximum(p - 2, 0), (p > 1).astype(p.dtype)]
+    if model.experts and not uniform_layer_kinds(model, plan, schedule, p):
+        p0 = int(np.ravel(p)[0])
+        if np.any(p != p0):
+            raise ValueError("a batch of MoE plans with uneven layer kinds needs one pipeline size (batch_key)")
+        kinds = rank_layer_kinds(model, virtual_stage_layers(model, plan, schedule, p0), p0, schedule)
+    elif plan.pipeline_layout is not None:
+        ranks = rank_layers_of_layout(plan.pipeline_layout, int(np.max(p)), schedule)
+        kinds = [(n, None) for n in ranks]
+    else:
+        layers = list(_rank_layers(model, plan, p))
+        moe = None
+        if model.experts:
+            moe = [stage_layer_mix(model, p, schedule.chunks(plan.vpp), i == schedule.embedding_stage(p))[1]
+                   for i in indices]
+        return Representatives(indices, counts, layers, None, moe)
+    middles = list(dict.fromkeys(kinds[1:-1]))
+    moe = (lambda ks: [k[1] for k in ks]) if model.experts else (lambda ks: None)
+    if len(middles) > 1:
+        n = len(kinds)
+        first_at = [kinds.index(x, 1) for x in middles]
+        rep_of_stage = (0, *(1 + middles.index(x) for x in kinds[1:-1]), len(middles) + 1)
+        reps = [kinds[0], *middles, kinds[-1]]
+        shaped = lambda xs: [x + 0 * p for x in xs]  # noqa: E731 (shaped as a batch's p)
+        return Representatives(shaped([0, *first_at, n - 1]), shaped([1, *(kinds[1:-1].count(x) for x in middles), 1]),
+                               [k[0] for k in reps], rep_of_stage, moe(reps))
+    reps = [kinds[0], kinds[min(1, len(kinds) - 1)], kinds[-1]]
+    return Representatives(indices, counts, [k[0] for k in reps], None, moe(reps))
+
+
+def uniform_layer_kinds(model, plan, schedule, p) -> bool:
+    """Whether moe.stage_layer_mix's closed form holds for every plan of `p` (broadcast):
+    even stages, the leading dense layers inside the first virtual stage, and every virtual
+    stage holding whole periods of moe_layer_freq, so that all ranks but the first hold the
+    same layers."""
+    if plan.first_stage_layers is not None or plan.last_stage_layers is not None or plan.pipeline_layout is not None:
+        return False
+    per_stage = model.layers // (np.asarray(p) * schedule.chunks(plan.vpp))
+    return bool(np.all((model.dense_layers <= per_stage) & (per_stage % model.moe_layer_freq == 0)))
+
+
+def batch_key(model, plan) -> tuple:
+    """What plans must share to be laid out as one batch beyond their categorical fields:
+    the pipeline's size where its ranks are counted one by one (a layout, or a model whose
+    ranks hold different mixes of layer kinds: representatives)."""
+    if plan.pipeline_layout is not None or (model.experts and not uniform_layer_kinds(model, plan, plan_schedule(plan),
+                                                                                      plan.pp)):
+        return (plan.pp, plan.vpp)
+    return ()

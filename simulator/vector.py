@@ -32,6 +32,7 @@ from .model import ModelSpec
 from .plan import Plan
 from .result import GIB, Result
 from .scenario import Scenario, Training
+from .stagesplit import batch_key
 from .wholerun import run_economics, with_data_stall
 
 SIZES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "global_batch")
@@ -142,7 +143,7 @@ def _scenario_key(s: Scenario) -> tuple:
     """Scenarios with equal keys share a batch. The cluster (unhashable) is keyed by identity:
     scenarios parsed with a shared cache (scenario_from_dict(..., cache)) share it."""
     cats = tuple(getattr(s.plan, name) for name in CATEGORICAL)
-    return (s.model, id(s.cluster), cats, s.training, s.name)
+    return (s.model, id(s.cluster), cats, s.training, s.name, batch_key(s.model, s.plan))
 
 
 def evaluate_many(scenarios: list[Scenario]) -> list[dict]:

@@ -116,18 +116,18 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
             extra["cp_ulysses"] = cp
         if extra["optimizer_precision"] == "fp32" and offload["optimizer"] == offload["params"] == "none":
             extra["fp32_params"] = draw(st.booleans())
-        even = layers // (pp * chunks) * chunks  # layers per rank
-        per_virtual = layers // (pp * chunks)
-        split = draw(st.sampled_from(["even", "first-last", "middles"]))
-        if split == "first-last" and pp > 1 and even > chunks:  # uneven ranks: one chunk's layers moved
-            extra.update(first_stage_layers=even - chunks, last_stage_layers=even + chunks)
-        elif split == "middles" and pp >= 4 and per_virtual > 1:  # ranks 1 and 2 differ by two layers
-            order = SCHEDULE_CLASSES[schedule]
-            rank_of = [order.stage_chunk(k, pp)[0] for k in range(pp * chunks)]
-            layout = [per_virtual] * (pp * chunks)
-            layout[rank_of.index(1)] += 1
-            layout[rank_of.index(2)] -= 1
-            extra["pipeline_layout"] = layout
+    even = layers // (pp * chunks) * chunks  # layers per rank
+    per_virtual = layers // (pp * chunks)
+    split = draw(st.sampled_from(["even", "first-last", "middles"]))
+    if split == "first-last" and pp > 1 and even > chunks:  # uneven ranks: one chunk's layers moved
+        extra.update(first_stage_layers=even - chunks, last_stage_layers=even + chunks)
+    elif split == "middles" and pp >= 4 and per_virtual > 1:  # ranks 1 and 2 differ by two layers
+        order = SCHEDULE_CLASSES[schedule]
+        rank_of = [order.stage_chunk(k, pp)[0] for k in range(pp * chunks)]
+        layout = [per_virtual] * (pp * chunks)
+        layout[rank_of.index(1)] += 1
+        layout[rank_of.index(2)] -= 1
+        extra["pipeline_layout"] = layout
     loss = draw(st.sampled_from(losses))
     data = {
         "model": {"preset": preset, "seq_len": seq, **overrides},

@@ -203,7 +203,6 @@ def test_dense_results_report_parameters_and_no_all_to_all():
     (MIXTRAL, {"ep": 8, "etp": 2}, "plan.ep"),  # ep x etp = 16 > the 8 devices of the stage
     (MIXTRAL, {"tp": 2, "ep": 4}, "plan.sequence_parallel"),
     ({"preset": "llama-3.1-8b"}, {"ep": 2}, "plan.ep"),
-    ({"preset": "deepseek-v3", "mtp_layers": 0, "layers": 16}, {"pp": 8}, "plan.pp"),  # 3 dense layers > 2
     (MIXTRAL, {"moe": {"pad_to_capacity": True}}, "plan.moe.pad_to_capacity"),
     (MIXTRAL, {"moe": {"ep_comm_overlap": True}}, "plan.moe.ep_comm_overlap"),
     (MIXTRAL, {"tp": 2, "sequence_parallel": True, "etp": 1, "moe": {"folding": False}}, "plan.moe.folding"),

@@ -6,7 +6,7 @@ import pytest
 from simulator import InputError, evaluate, scenario_from_dict
 from simulator.evaluate import compile_scenario
 from simulator.schedules import SCHEDULES
-from simulator.stagesplit import rank_layers_of_layout
+from simulator.stagesplit import rank_layer_kinds, rank_layers_of_layout
 
 MODEL_126 = {"layers": 126, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096, "vocab": 32000,
              "seq_len": 1024, "activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope",
@@ -111,3 +111,57 @@ def test_a_split_the_pipeline_cannot_hold_is_refused_naming_the_field(plan, fiel
     with pytest.raises(InputError) as err:
         scenario(**plan)
     assert err.value.field == field
+
+
+# ------------------------------------------------------------------ models with experts
+
+DEEPSEEK_LAYOUT = [1] + [2] * 30 + [0]  # Megatron-Bridge's DeepSeek-V3 layout Et|(tt|)*30mL
+
+
+def moe_scenario(model=None, **plan):
+    base = {"tp": 1, "pp": 8, "dp": 1, "ep": 1, "micro_batch": 1, "global_batch": 16}
+    model = model or {"preset": "deepseek-v3", "layers": 16, "mtp_layers": 0, "seq_len": 1024}
+    return scenario_from_dict({"model": model, "cluster": {"node": "dgx-h100", "nodes": 1}, "plan": {**base, **plan}})
+
+
+def test_a_rank_holds_the_layer_kinds_of_the_layer_indices_placed_on_it():
+    # virtual stage k (1..30) holds layers 2k-1 and 2k; layers 0-2 are dense; rank r holds
+    # virtual stages r, r+8, r+16, r+24: rank 0 layers 0, 15-16, 31-32, 47-48; rank 1 layers
+    # 1-2, 17-18, 33-34, 49-50; rank 7 layers 13-14, 29-30, 45-46 and the empty stage 31
+    s = moe_scenario({"preset": "deepseek-v3", "seq_len": 1024}, schedule="interleaved", vpp=4,
+                     pipeline_layout=DEEPSEEK_LAYOUT, global_batch=64)
+    kinds = rank_layer_kinds(s.model, tuple(DEEPSEEK_LAYOUT), 8, SCHEDULES["interleaved"])
+    assert kinds == [(7, 6), (8, 6)] + [(8, 8)] * 5 + [(6, 6)]
+    layout = compile_scenario(s)
+    assert [(int(r.stage), int(r.count), int(r.layers)) for r in layout.stages] == [(0, 1, 7), (1, 1, 8), (2, 5, 8),
+                                                                                     (7, 1, 6)]
+
+
+def test_dense_layers_past_the_first_stage_are_held_by_the_ranks_they_fall_on():
+    # 16 layers over 8 ranks: rank 0 holds dense layers 0-1, rank 1 dense layer 2 and MoE
+    # layer 3, ranks 2-7 two MoE layers each
+    s = moe_scenario()
+    m = s.model
+    layout = compile_scenario(s)
+    head = m.vocab * m.hidden + m.hidden  # untied lm_head and the final norm
+    want = [2 * m.dense_layer_params() + m.vocab * m.hidden, m.dense_layer_params() + m.moe_layer_params(),
+            2 * m.moe_layer_params(), 2 * m.moe_layer_params() + head]
+    assert [float(r.params) for r in layout.stages] == pytest.approx(want, rel=1e-12)
+    assert sum(float(r.params) * int(r.count) for r in layout.stages) == pytest.approx(m.params(), rel=1e-12)
+
+
+def test_first_and_last_counts_and_the_same_layout_predict_the_same():
+    counts = evaluate(moe_scenario(first_stage_layers=1, last_stage_layers=3), "analytic")
+    layout = evaluate(moe_scenario(pipeline_layout=[1, 2, 2, 2, 2, 2, 2, 3]), "analytic")
+    assert (counts.step_time_s, counts.memory_by_stage) == (layout.step_time_s, layout.memory_by_stage)
+
+
+def test_both_engines_agree_on_an_uneven_moe_pipeline():
+    s = scenario_from_dict({"model": {"preset": "deepseek-v3", "seq_len": 1024},
+                            "cluster": {"node": "dgx-h100", "nodes": 8},
+                            "plan": {"tp": 2, "pp": 8, "ep": 4, "sequence_parallel": True, "schedule": "interleaved",
+                                     "vpp": 4, "pipeline_layout": DEEPSEEK_LAYOUT, "micro_batch": 1,
+                                     "global_batch": 64}})
+    a, g = evaluate(s, "analytic"), evaluate(s, "graph")
+    assert g.step_time_s == pytest.approx(a.step_time_s, rel=0.05)
+    assert g.peak_memory_bytes == pytest.approx(a.peak_memory_bytes, rel=0.05)

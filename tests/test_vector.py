@@ -78,3 +78,35 @@ def test_vectorised_results_equal_scalar_evaluate_on_the_published_runs():
     for s, got in zip(scenarios, evaluate_many(scenarios)):
         want = evaluate(s, engine="analytic").to_dict()
         assert all(_close(v, got[k]) for k, v in want.items()), s.name
+
+
+def test_vectorised_moe_plans_of_uneven_layer_kinds_equal_scalar_evaluate():
+    """16 DeepSeek-V3 layers, 3 of them dense: at pp 2 and 4 the first stage holds the dense
+    layers (the closed form, batched over pp); at pp 8 and under first/last counts the ranks
+    hold different mixes (counted per rank, batched per pipeline size)."""
+    base = {"model": {"preset": "deepseek-v3", "layers": 16, "mtp_layers": 0, "seq_len": 1024},
+            "cluster": {"node": "dgx-h100", "nodes": 4}}
+    plans = [{"pp": pp, "tp": tp, "ep": 2, "sequence_parallel": True, "micro_batch": 1, "global_batch": 64,
+              "dp": "auto", **split}
+             for pp in (2, 4, 8) for tp in (1, 2) for split in ({}, {"first_stage_layers": 1, "last_stage_layers": 3})
+             if not (split and pp != 8)]
+    scenarios = [scenario_from_dict({**base, "plan": p}) for p in plans]
+    for s, got in zip(scenarios, evaluate_many(scenarios)):
+        want = evaluate(s, engine="analytic").to_dict()
+        assert all(_close(a, b) for a, b in zip(want["memory_gib_by_stage"], got["memory_gib_by_stage"]))
+        assert _close(want["step_time_s"], got["step_time_s"]), s.plan
+
+
+def test_vectorised_plans_whose_middle_ranks_differ_equal_scalar_evaluate():
+    """A layout whose middle ranks hold 17, 15 and 16 layers: the executed pipeline order is
+    timed plan by plan within the batch (it once failed to broadcast, crashing sweeps)."""
+    model = {"layers": 126, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096, "vocab": 32000,
+             "seq_len": 1024, "activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope", "bias": False}
+    scenarios = [scenario_from_dict({"model": model, "cluster": {"node": "dgx-h100", "nodes": 1},
+                                     "plan": {"tp": 1, "pp": 8, "dp": 1, "micro_batch": mb, "global_batch": gb,
+                                              "pipeline_layout": [15, 17, 15, 16, 16, 16, 16, 15]}})
+                 for gb in (16, 32, 40) for mb in (1, 2)]
+    for s, got in zip(scenarios, evaluate_many(scenarios)):
+        want = evaluate(s, engine="analytic").to_dict()
+        assert all(_close(a, b) for a, b in zip(want["memory_gib_by_stage"], got["memory_gib_by_stage"]))
+        assert _close(want["step_time_s"], got["step_time_s"]), s.plan
