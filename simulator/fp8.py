@@ -5,7 +5,11 @@ kernels each scaling recipe adds, and what FP8 changes in memory.
 `plan.fp8_recipe`:
 
 - Which GEMMs: the linear layers of the transformer layers (QKV, attention projection, MLP
-  up/gate and down), in forward, input-gradient and weight-gradient GEMMs. The attention core
+  up/gate and down; MLA's down-, up- and output projections, which Megatron-Core builds as
+  TransformerEngine linears: NVIDIA/Megatron-LM@d98e8a64dd
+  megatron/core/models/gpt/gpt_layer_specs.py MLASelfAttentionSubmodules, TELinear for the
+  duplicated down-projections, each casting the normed hidden state itself), in forward,
+  input-gradient and weight-gradient GEMMs. The attention core
   and the lm_head stay in BF16: TransformerEngine's modules are the layer's linears
   (TELayerNormColumnParallelLinear, TERowParallelLinear), core attention is FP8 only with
   fp8_dot_product_attention and the output layer is Megatron's own ColumnParallelLinear
@@ -242,7 +246,11 @@ def gather_bytes_per_param(per, linear_params, params, plan) -> object:
 
 
 def attention_linear_params(model, tp) -> object:
-    """Weight parameters of one layer's QKV and output projections per TP rank (no biases)."""
+    """Weight parameters of one layer's QKV and output projections per TP rank (no biases);
+    MLA's down-, up- and output projections (mla.py)."""
+    if model.attention == "mla":
+        from .mla import linear_params_local
+        return linear_params_local(model, tp)
     _, kv_heads = local_heads(model, tp)
     q_w, kv_w = model.q_width / tp, kv_heads * model.head_dim
     return model.hidden * (q_w + 2 * kv_w) + q_w * model.hidden

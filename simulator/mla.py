@@ -25,6 +25,8 @@ step), as for the norms.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .comm import collective_time
@@ -46,17 +48,21 @@ def mla_attention_ops(model, shard) -> list:
     qk, v, rope = model.head_dim, model.v_head_dim, model.qk_rope_head_dim
     norm_bytes = 3 * a  # RMSNorm: read, write, and the input kept
     ops = []
+    # the column-parallel projections read latents (or the hidden state) all-gathered under
+    # sequence parallelism and keep their shard (sp_input)
     if model.q_lora_rank:
         ops += [_linear("mla_q_down", rep, h, model.q_lora_rank, a, a * rep * h),
                 _elementwise("mla_q_norm", rep * model.q_lora_rank, norm_bytes, a * rep * model.q_lora_rank),
-                _linear("mla_q_up", tokens, model.q_lora_rank, heads * qk, a, a * rep * model.q_lora_rank)]
+                _linear("mla_q_up", tokens, model.q_lora_rank, heads * qk, a, a * rep * model.q_lora_rank,
+                        sp_input=True)]
     else:
-        ops.append(_linear("mla_q", tokens, h, heads * qk, a, a * rep * h))
+        ops.append(_linear("mla_q", tokens, h, heads * qk, a, a * rep * h, sp_input=True))
     # its input, the normed hidden state, is kept once, by the query projection above
-    ops += [_linear("mla_kv_down", rep, h, model.kv_lora_rank + rope, a, 0.0),
+    kv_down = _linear("mla_kv_down", rep, h, model.kv_lora_rank + rope, a, 0.0)
+    ops += [replace(kv_down, linear=replace(kv_down.linear, input_kept_elsewhere=True)),
             _elementwise("mla_kv_norm", rep * model.kv_lora_rank, norm_bytes, a * rep * model.kv_lora_rank)]
     kv_up = _linear("mla_kv_up", tokens, model.kv_lora_rank, heads * (model.qk_nope_head_dim + v), a,
-                    a * rep * model.kv_lora_rank)
+                    a * rep * model.kv_lora_rank, sp_input=True)
     # Q, K and V are the attention core's inputs: kept for its backward pass
     ops.append(Op(**{**kv_up.__dict__, "saved_bytes": kv_up.saved_bytes + a * tokens * heads * (2 * qk + v)}))
     ops.append(_elementwise("rope", tokens * (heads + 1) * rope, 2 * a, 0.0))
@@ -65,17 +71,22 @@ def mla_attention_ops(model, shard) -> list:
     return ops
 
 
-def params_local(model, tp):
-    """MLA parameters on a TP rank: the duplicated down-projections and latent norms whole,
-    the up- and output projections split over tp (MLA has no biases: model.check_shapes)."""
+def linear_params_local(model, tp):
+    """Weights of MLA's linears on a TP rank: the duplicated down-projections whole, the up-
+    and output projections split over tp (MLA has no biases: model.check_shapes)."""
     h, heads = model.hidden, model.heads / np.asarray(tp)
     if model.q_lora_rank:
-        q = h * model.q_lora_rank + model.q_lora_rank + model.q_lora_rank * heads * model.head_dim
+        q = h * model.q_lora_rank + model.q_lora_rank * heads * model.head_dim
     else:
         q = h * heads * model.head_dim
-    kv = (h * (model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank
-          + model.kv_lora_rank * heads * (model.qk_nope_head_dim + model.v_head_dim))
+    kv = h * (model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank * heads * (model.qk_nope_head_dim
+                                                                                            + model.v_head_dim)
     return q + kv + heads * model.v_head_dim * h
+
+
+def params_local(model, tp):
+    """MLA parameters on a TP rank: its linears' and the latent norms' (whole on every rank)."""
+    return linear_params_local(model, tp) + model.q_lora_rank + model.kv_lora_rank
 
 
 def tp_attention_comm_s(model, shard, groups, cluster):

@@ -159,17 +159,16 @@ def check_moe_plan(plan, model) -> None:
 
 def check_layer_mix_options(plan, model) -> None:
     """Refuse, for a model with experts, MLA or MTP (layermix.py), the framework options only the
-    dense path models: FP8 with MLA (fp8.py knows MHA/GQA projections) and torchao's FP8
-    recipes for experts (TransformerEngine's grouped GEMMs are what is modelled), eager kernels,
+    dense path models: torchao's FP8 recipes for experts and MLA (TransformerEngine's grouped
+    GEMMs and Megatron-Core's MLA linears are what is modelled), eager kernels,
     op-level selective and block recomputation, FSDP2 without resharding, unfused gradient
     accumulation (framework_ops.py counts a dense layer's parameters)."""
     if not (model.experts or model.attention == "mla" or model.mtp_layers):
         return
     kind = "MoE" if model.experts else "MLA" if model.attention == "mla" else "multi-token-prediction"
     fp8 = plan.precision in ("fp8", "mxfp8")
-    unsupported = (("plan.precision", plan.precision, fp8 and model.attention == "mla"),
-                   ("plan.fp8_recipe", plan.fp8_recipe, fp8 and model.experts and plan.fp8_recipe in ("tensorwise",
-                                                                                                     "rowwise")),
+    torchao = fp8 and plan.fp8_recipe in ("tensorwise", "rowwise")
+    unsupported = (("plan.fp8_recipe", plan.fp8_recipe, torchao and (model.experts or model.attention == "mla")),
                    ("plan.fp8_fsdp_all_gather", plan.fp8_fsdp_all_gather, plan.fp8_fsdp_all_gather),
                    ("plan.compile", plan.compile, not plan.compile),
                    ("plan.recompute", plan.recompute, plan.recompute == "op-selective"),

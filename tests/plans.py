@@ -75,9 +75,8 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
     sp = draw(st.booleans()) or (experts > 0 and tp > 1)  # MoE layers with TP need sequence parallelism
     extra = {}
     recompute = draw(st.sampled_from(["none", "selective", "full"]))
-    # TransformerEngine's FP8 for MoE layers; MLA's projections are not FP8 linears here
-    fp8_moe = node == "dgx-h100" and preset != "deepseek-v3"
-    precision = draw(st.sampled_from(["bf16", "bf16", "fp32"] + (["fp8"] if fp8_moe else [])))
+    # TransformerEngine's FP8 for MoE layers and MLA
+    precision = draw(st.sampled_from(["bf16", "bf16", "fp32"] + (["fp8"] if node == "dgx-h100" else [])))
     if precision == "fp8":
         extra = {"fp8_recipe": "delayed", "fp8_params": draw(st.booleans())}
     if not moe:  # framework options of the dense path (MoE and MLA models refuse them: moe.check_layer_mix_options)

@@ -270,11 +270,52 @@ def test_fp8_primary_weights_of_moe_layers_keep_no_bf16_copy():
     assert float(primary.stages[0].states.weights_bytes) == pytest.approx(float(bf16.stages[0].states.weights_bytes))
 
 
+DEEPSEEK_4 = {"preset": "deepseek-v3", "mtp_layers": 0, "layers": 4, "dense_layers": 1, "seq_len": TOKENS}
+
+
+def deepseek(**plan):
+    base = {"tp": 1, "pp": 1, "dp": 8, "ep": 8, "micro_batch": 1, "global_batch": 64, "precision": "fp8"}
+    return compile_scenario(scenario_from_dict({"model": DEEPSEEK_4, "cluster": {"node": "dgx-h100", "nodes": 1},
+                                                "plan": {**base, **plan}}))
+
+
+def test_mla_fp8_weight_copies_cover_its_five_projections_and_the_mlp_linears():
+    # DeepSeek-V3 MLA per layer: q_down 7168x1536, q_up 1536x(128x192), kv_down 7168x(512+64),
+    # kv_up 512x(128x(128+128)), output 128x128x7168 = 187,105,280 weights; the dense layer's
+    # MLP 3x7168x18432; an MoE layer's shared expert 3x7168x2048 and 256/8 local experts of
+    # 3x7168x2048 (the router stays in BF16)
+    attention = 11_010_048 + 37_748_736 + 4_128_768 + 16_777_216 + 117_440_512
+    assert attention == 187_105_280
+    expert = 3 * 7168 * 2048
+    linears = 4 * attention + 3 * 7168 * 18432 + 3 * (expert + 32 * expert)
+    extra = deepseek().stages[0].states.weights_bytes - deepseek(precision="bf16").stages[0].states.weights_bytes
+    assert float(extra) == pytest.approx(2 * linears)  # an FP8 copy and its transpose
+
+
+def test_mla_fp8_linears_keep_their_inputs_in_fp8():
+    """TransformerEngine keeps each linear's input in FP8 (1 B) for its weight gradient: the
+    down-projections each their own copy of the normed hidden state (the BF16 one is kept by
+    neither), the up-projections the sequence shard of their gathered latent."""
+    from simulator.layermix import layer_operators
+    saved = {}
+    for precision in ("bf16", "fp8"):
+        layout = deepseek(precision=precision, tp=2, dp=4, sequence_parallel=True, ep=4)
+        saved[precision] = {op.name: op.saved_bytes for op in layer_operators(layout.model, layout.shard, layout.plan)}
+    shard_tokens, h = TOKENS // 2, 7168
+    change = {name: saved["fp8"][name] - saved["bf16"][name] for name in saved["bf16"]}
+    assert change["mla_q_down"] == pytest.approx(-1 * shard_tokens * h)  # 2 B -> 1 B
+    assert change["mla_kv_down"] == pytest.approx(1 * shard_tokens * h)  # its own FP8 copy
+    assert change["mla_q_up"] == pytest.approx(-1 * shard_tokens * 1536)
+    assert change["mla_kv_up"] == pytest.approx(-1 * shard_tokens * 512)
+    assert change["attn_out"] == pytest.approx(1 * TOKENS * 128 // 2 * 128)  # FP8 copy beside the kernel's output
+
+
 @pytest.mark.parametrize("model,plan,field", [
     ({"preset": "mixtral-8x7b", "seq_len": 4096}, {"fp8_recipe": "rowwise"}, "plan.fp8_recipe"),
-    ({"preset": "deepseek-v3", "mtp_layers": 0, "layers": 4, "dense_layers": 1}, {}, "plan.precision"),
+    ({"preset": "deepseek-v3", "mtp_layers": 0, "layers": 4, "dense_layers": 1}, {"fp8_recipe": "tensorwise"},
+     "plan.fp8_recipe"),
 ])
-def test_fp8_moe_with_torchao_recipes_or_mla_is_refused(model, plan, field):
+def test_fp8_moe_and_mla_with_torchao_recipes_are_refused(model, plan, field):
     with pytest.raises(InputError, match=field.replace(".", r"\.") + ".*not yet modelled"):
         scenario_from_dict({"model": model, "cluster": {"node": "dgx-h100", "nodes": 1},
                             "plan": {"tp": 1, "dp": 8, "ep": 8, "global_batch": 8, "precision": "fp8", **plan}})

@@ -745,8 +745,8 @@ def test_megatron_bridge_deepseek_v3_with_what_llmsim_models_is_deepseek_v3(tmp_
     """The H100 recipe with the all-to-all dispatcher, tensor-wise FP8 and no module recompute:
     DeepSeek-V3's config.json model (MTP included), its layout Et|(tt|)*30mL over 8 x 4
     virtual stages (the MTP module with the loss), Adam with bf16 moments beside fp32 main
-    parameters and bf16 main gradients (the precision-aware optimizer: 4 + 2 + 2 B). FP8 with
-    latent attention is a dense-model option so far: the plan is refused by name."""
+    parameters and bf16 main gradients (the precision-aware optimizer: 4 + 2 + 2 B); the plan
+    evaluates, its dense layers on the ranks the layout puts them on."""
     data = yaml.safe_load((DATA / "bridge-deepseek_v3_pretrain_h100_fp8_sc_v1.yaml").read_text())
     data["model"].update(moe_token_dispatcher_type="alltoall", recompute_granularity=None, recompute_modules=None)
     data["mixed_precision"]["fp8_recipe"] = "tensorwise"
@@ -757,8 +757,10 @@ def test_megatron_bridge_deepseek_v3_with_what_llmsim_models_is_deepseek_v3(tmp_
     assert _plan(imported, "pipeline_layout", "vpp", "optimizer_precision", "grad_precision", "fp8_recipe", "ep") == {
         "pipeline_layout": [1] + [2] * 30 + [0], "vpp": 4, "optimizer_precision": "bf16-moments",
         "grad_precision": "bf16", "fp8_recipe": "current", "ep": 64}
-    with pytest.raises(InputError, match="plan.precision.*not yet modelled for MoE models"):
-        scenario_from_dict(imported.scenario)
+    layout = compile_scenario(scenario_from_dict(imported.scenario))
+    # 8 ranks x 4 virtual stages: rank 0 holds layers 0, 15-16, 31-32, 47-48 (layer 0 dense),
+    # rank 1 layers 1-2 (dense), 17-18, 33-34, 49-50; ranks 2-6 eight MoE layers; rank 7 six
+    assert [(int(r.count), int(r.layers)) for r in layout.stages] == [(1, 7), (1, 8), (5, 8), (1, 6)]
 
 
 @pytest.mark.parametrize("source,field,value,key", [
