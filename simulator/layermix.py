@@ -26,7 +26,7 @@ from .compute import LOW_PRECISION_GEMMS, op_times, with_attention_kernel
 from .fp8 import compute_precision
 from .fusion import eager_ops
 from .passes import OpsTime, ops_time, pass_times, tp_layer_comm_s
-from .recompute import chunk_checkpoint, layer_checkpoint
+from .recompute import chunk_checkpoint, layer_checkpoint, tp_rerun_fraction
 from .states import ModelStates, model_states, stage_params
 from .workload import ATTENTION_CORE, MATMUL, layer_ops
 
@@ -53,7 +53,7 @@ class LayerMix:
     moe_rest_params: object  # an MoE layer's attention, norms, router and shared experts
     routed_params: object  # an MoE layer's local experts
     buffer_bytes: object
-    dense_rerun: tuple  # (recompute.LayerCheckpoint, seconds its re-run takes) of each kind
+    dense_rerun: tuple  # (recompute.LayerCheckpoint, seconds its re-run takes, TP fraction re-run) of each kind
     moe_rerun: tuple | None
     dense_linear_params: object  # weights of a dense-MLP layer's linears (FP8 copies, fp8.py)
     moe_rest_linear_params: object  # an MoE layer's attention and shared-expert linears
@@ -61,20 +61,25 @@ class LayerMix:
 
 
 def _tp_comm_s(model, shard, groups, cluster, gather_factor):
-    """(dense-MLP layer, MoE layer) TP collectives, forward and backward. A layer's TP
-    collectives are its attention block's and its MLP's, half of tp_layer_comm_s each
-    (one gather and one reduce-scatter, or one all-reduce, per block and direction); MLA's
-    attention gathers its latents instead (mla.py); an MoE layer's routed experts have
-    none (their tokens move in the dispatch), its shared experts those of a dense MLP."""
+    """(dense-MLP layer, MoE layer) TP collectives, forward and backward, and the forward
+    seconds of the blocks a selective recomputation may re-run (recompute.tp_rerun_fraction)
+    of each. A layer's TP collectives are its attention block's and its MLP's, half of
+    tp_layer_comm_s each (one gather and one reduce-scatter, or one all-reduce, per block and
+    direction); MLA's attention gathers its latents instead (mla.py); an MoE layer's routed
+    experts have none (their tokens move in the dispatch), its shared experts those of a
+    dense MLP."""
     f, b = tp_layer_comm_s(model, shard, groups, cluster, gather_factor)
     half = (f / 2, b / 2)
+    up = 0.0
     if model.attention == "mla":
-        from .mla import tp_attention_comm_s
+        from .mla import tp_attention_comm_s, tp_up_proj_gather_s
         attn = tp_attention_comm_s(model, shard, groups, cluster)
+        up = tp_up_proj_gather_s(model, shard, groups, cluster)
     else:
         attn = half
     shared = half if model.shared_experts else (0.0, 0.0)
-    return (attn[0] + half[0], attn[1] + half[1]), (attn[0] + shared[0], attn[1] + shared[1])
+    return ((attn[0] + half[0], attn[1] + half[1]), (attn[0] + shared[0], attn[1] + shared[1]),
+            {"mlp": half[0], "mla_up": up}, {"shared": shared[0], "mla_up": up})
 
 
 def _overlapped(tp_s: tuple, t: OpsTime, ops, cluster, precision) -> tuple:
@@ -105,14 +110,16 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
     """Everything per layer kind, once per compile."""
     dense_ops = layer_operators(model, shard, plan) if model.moe_layers < model.layers else []  # every layer MoE: none
     dense_t = ops_time(dense_ops, cluster, precision)
-    dense_tp, moe_tp = _tp_comm_s(model, shard, groups, cluster, fp8.tp_gather_bytes_factor(plan))
+    dense_tp, moe_tp, dense_blocks, moe_blocks = _tp_comm_s(model, shard, groups, cluster,
+                                                            fp8.tp_gather_bytes_factor(plan))
+    dense_rerun = _rerun(model, shard, plan, cluster, dense_ops, dense_blocks, dense_tp[0])
     if plan.tp_comm_overlap:
         dense_tp = _overlapped(dense_tp, dense_t, dense_ops, cluster, precision)
     cp = partial(cpattention.exposed_s, model, shard, groups, cluster, plan.cp_attention)
     dense_cp = cp(dense_t.attention_fwd_s, dense_t.attention_bwd_s)
     moe_cp = dense_cp
     dense_p, rest_p, routed_p = layer_params_split(model, plan.tp, plan.ep, plan.etp)
-    moe_ops = moe_t = None
+    moe_ops = moe_t = moe_rerun = None
     ep = (0.0, 0.0)
     buffers_layer = dense_p
     extra = 0.0
@@ -120,6 +127,7 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
         experts = ExpertShard(plan.ep, plan.etp, plan.moe)
         moe_ops = layer_operators(model, shard, plan, experts)
         moe_t = ops_time(moe_ops, cluster, precision)
+        moe_rerun = _rerun(model, shard, plan, cluster, moe_ops, moe_blocks, moe_tp[0])
         if plan.tp_comm_overlap:
             moe_tp = _overlapped(moe_tp, moe_t, moe_ops, cluster, precision)
         shared_t = ops_time([op for op in moe_ops if op.group == SHARED_EXPERTS], cluster, precision) \
@@ -132,9 +140,7 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
                            per.grad) + extra
     shared_linears = model.shared_experts * fp8.mlp_linear_params(model, model.shared_expert_ffn_hidden, plan.tp)
     return LayerMix(dense_ops, moe_ops, dense_t, moe_t, dense_tp, moe_tp, dense_cp, moe_cp, ep, dense_p, rest_p,
-                    routed_p, buffers,
-                    _rerun(model, shard, plan, cluster, dense_ops),
-                    _rerun(model, shard, plan, cluster, moe_ops) if moe_ops is not None else None,
+                    routed_p, buffers, dense_rerun, moe_rerun,
                     fp8.layer_linear_params(model, plan.tp), fp8.attention_linear_params(model, plan.tp) + shared_linears,
                     mtp.eh_proj_tp_comm_s(model, shard, groups, cluster) if model.mtp_layers else (0.0, 0.0))
 
@@ -165,18 +171,20 @@ class MixedStage:
     linears: object  # linear weights of the stage's device (FP8 weight casts, fp8.py)
 
 
-def _rerun(model, shard, plan, cluster, ops) -> tuple:
-    """(checkpoint, forward seconds of what recomputation re-runs) of one layer kind (recompute.py)."""
-    checkpoint = layer_checkpoint(model, shard, plan.recompute, ops)
-    return checkpoint, ops_time(list(checkpoint.rerun), cluster, compute_precision(plan)).fwd_s
+def _rerun(model, shard, plan, cluster, ops, tp_blocks: dict, tp_fwd_s) -> tuple:
+    """(checkpoint, forward seconds of what recomputation re-runs, fraction of the forward TP
+    seconds `tp_fwd_s` it runs again) of one layer kind (recompute.py)."""
+    checkpoint = layer_checkpoint(model, shard, plan.recompute, ops, plan.recompute_modules)
+    return (checkpoint, ops_time(list(checkpoint.rerun), cluster, compute_precision(plan)).fwd_s,
+            tp_rerun_fraction(checkpoint, tp_blocks, tp_fwd_s))
 
 
 def _kind_passes(t: OpsTime, rerun: tuple, n, emb_t, head_t, has_emb, has_head, tp_s, cp_s, ep_s, plan, v):
     """Pass times of the stage's `n` layers of one kind, with what recomputation re-runs of them."""
-    checkpoint, rerun_s = rerun
+    checkpoint, rerun_s, tp_rerun = rerun
     rerun_layers = v * chunk_checkpoint(plan, checkpoint, 0.0, n / v).rerun_layers
     return pass_times(t, n, emb_t, head_t, has_emb, has_head, tp_s, cp_s, rerun_s, rerun_layers,
-                      checkpoint.tp_rerun, checkpoint.cp_rerun, ep_s)
+                      tp_rerun, checkpoint.cp_rerun, ep_s, checkpoint.ep_rerun)
 
 
 def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, zero_group, expert_zero_group,

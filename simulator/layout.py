@@ -34,7 +34,7 @@ from .dims import Groups, expert_zero_group_size, grad_group_size, groups, zero_
 from .layermix import compile_mix, layer_operators, mixed_stage, needs_layer_mix
 from .memory import ActivationSizes, StageMemory, activation_sizes, buffer_bytes, peak_activation_bytes
 from .offload import OffloadCosts, offload_costs, resident_chunks_with_offload
-from .recompute import chunk_checkpoint, layer_checkpoint, rerun_flops
+from .recompute import chunk_checkpoint, layer_checkpoint, rerun_flops, tp_rerun_fraction
 from .passes import PassTimes, ops_time, pass_times, pp_hop_s, tp_layer_comm_s
 from .states import BytesPerParam, ModelStates, activation_bytes, bytes_per_param, layer_params_local, model_states, \
     optimizer_step_s, stage_params
@@ -164,7 +164,8 @@ def compile_layout(model, cluster, plan) -> Layout:
             layer_t = hostbound.host_bound(layer_t, layer, host_s, tp_s, launches)
         cp_s = cpattention.exposed_s(model, shard, g, cluster, plan.cp_attention, layer_t.attention_fwd_s,
                                      layer_t.attention_bwd_s)
-        checkpoint = layer_checkpoint(model, shard, plan.recompute, layer)
+        checkpoint = layer_checkpoint(model, shard, plan.recompute, layer, plan.recompute_modules)
+        tp_rerun = tp_rerun_fraction(checkpoint, {"mlp": 0.5}, 1.0)  # the MLP's: half the layer's (tp_layer_comm_s)
         rerun_t = hostbound.rerun_bound(ops_time(list(checkpoint.rerun), cluster, precision).fwd_s,
                                         checkpoint.rerun, host_s)
         layer_params = layer_params_local(model, plan.tp)
@@ -199,7 +200,7 @@ def compile_layout(model, cluster, plan) -> Layout:
             rerun_layers = v * chunk_checkpoint(plan, checkpoint, 0.0, layers / v).rerun_layers
             total_rerun_layers = total_rerun_layers + count * rerun_layers
             passes = pass_times(layer_t, layers, emb_t, head_t, has_emb, has_head, tp_s, cp_s, rerun_t, rerun_layers,
-                                checkpoint.tp_rerun, checkpoint.cp_rerun)
+                                tp_rerun, checkpoint.cp_rerun)
             units = fsdp.units(layers, 1)  # the stage's FSDP units over all its chunks
             dp = dp_costs(plan.zero_stage, params, gather_per_param, per.grad, g.grad, cluster, g.replicate, units)
             stage_buffers = buffers
@@ -236,12 +237,13 @@ def compile_layout(model, cluster, plan) -> Layout:
     model_flops = model_flops_per_sequence(model, plan.moe) * plan.global_batch
     if mix is None:
         one = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=plan.flash_attention)
-        rerun_per_layer = rerun_flops(layer_checkpoint(model, one, plan.recompute, layer_ops(model, one)))
+        rerun_per_layer = rerun_flops(layer_checkpoint(model, one, plan.recompute, layer_ops(model, one),
+                                                       plan.recompute_modules))
         hw_flops = (executed_flops_per_sequence(model, plan.flash_attention, "none", plan.moe, plan.loss)
                     + total_rerun_layers * rerun_per_layer) * plan.global_batch
     else:
         hw_flops = executed_flops_per_sequence(model, plan.flash_attention, plan.recompute, plan.moe,
-                                               plan.loss) * plan.global_batch
+                                               plan.loss, plan.recompute_modules) * plan.global_batch
     return Layout(model=model, cluster=cluster, plan=plan, schedule=schedule, p=p, m=m, v=v, shard=shard, groups=g,
                   zero_group=zero_group, per_param=per, pp_hop_s=hop, stages=tuple(reps),
                   model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops, rep_of_stage=rep_of_stage,

@@ -107,3 +107,14 @@ def tp_attention_comm_s(model, shard, groups, cluster):
         return fwd, bwd
     return collective_time("all_reduce", out, groups.tp, cluster), collective_time("all_reduce", latent, groups.tp,
                                                                                    cluster)
+
+
+def tp_up_proj_gather_s(model, shard, groups, cluster):
+    """Forward seconds of the all-gathers in front of the up-projections (the query latent, or
+    the hidden state without q_lora_rank, and the KV latent) under sequence parallelism: what
+    Megatron-Core's mla_up_proj recomputation runs again (the rope key's gather is outside
+    it, multi_latent_attention.py); none without sequence parallelism."""
+    if not shard.sp:
+        return 0.0
+    latents = shard.act_bytes * shard.tokens * (_q_in(model) + model.kv_lora_rank)
+    return collective_time("all_gather", latents, groups.tp, cluster)

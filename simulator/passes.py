@@ -119,15 +119,15 @@ def pp_hop_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster, s
 
 def pass_times(layer: OpsTime, layers, embedding: OpsTime, head: OpsTime, has_embedding, has_head,
                tp_layer_s: tuple, cp_layer_s: tuple, rerun_s, rerun_layers, tp_rerun, cp_rerun: bool,
-               ep_layer_s: tuple = (0.0, 0.0)) -> PassTimes:
+               ep_layer_s: tuple = (0.0, 0.0), ep_rerun=0.0) -> PassTimes:
     """Seconds per micro-batch of a device holding `layers` layers (and the embedding and
     head where flagged), of which `rerun_layers` run `rerun_s` of their forward again with
     the fraction `tp_rerun` of their TP collectives (and the CP exchange when `cp_rerun`) before
     their backward (recompute.py). `tp_layer_s`: the exposed TP seconds of a layer's forward
     and backward (all of them, or what tpoverlap.py leaves exposed); `cp_layer_s` its exposed
     CP exchange (cpattention.py). `ep_layer_s`: a layer's
-    exposed MoE dispatch (moe.py), forward and backward, re-run with the same fraction as the
-    TP collectives (the whole layer under full recomputation, none under selective).
+    exposed MoE dispatch (moe.py), forward and backward, of which the fraction `ep_rerun`
+    runs again (all under full recomputation and Megatron's moe module, none otherwise).
     Broadcast-safe: the flags are 0/1 multipliers, not branches."""
     emb, hd = np.asarray(has_embedding), np.asarray(has_head)
     fwd = layers * layer.fwd_s + emb * embedding.fwd_s + hd * head.fwd_s
@@ -137,6 +137,6 @@ def pass_times(layer: OpsTime, layers, embedding: OpsTime, head: OpsTime, has_em
     cp_f, cp_b = cp_layer_s
     ep_f, ep_b = ep_layer_s
     rec, tp_r, cp_r = rerun_layers * rerun_s, rerun_layers * tp_rerun * tp_f, rerun_layers * float(cp_rerun) * cp_f
-    ep_r = rerun_layers * tp_rerun * ep_f
+    ep_r = rerun_layers * ep_rerun * ep_f
     return PassTimes(fwd, bwd_in, bwd_w, rec + 0.0 * fwd, layers * tp_f, layers * tp_b, tp_r + 0.0 * fwd,
                      layers * cp_f, layers * cp_b, cp_r + 0.0 * fwd, layers * ep_f, layers * ep_b, ep_r + 0.0 * fwd)

@@ -25,6 +25,7 @@ from .pipebuffers import PP_IMPLS, PP_OUTPUTS
 from .projections import PROJECTIONS
 from .schedules import SCHEDULES, plan_schedule
 from .stagesplit import check_split
+from .recompute import MODULES
 
 RECOMPUTE = ("none", "selective", "full", "op-selective")
 RECOMPUTE_METHODS = ("uniform", "block")
@@ -108,6 +109,9 @@ class Plan:
     # layers (uniform) or only the first `recompute_num_layers` layers of each chunk (block).
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
+    # Megatron-Core's selective recompute modules (--recompute-modules; recompute.py MODULES),
+    # with recompute: selective; core attention alone by default, as Megatron-Core's.
+    recompute_modules: tuple = ("core_attn",)
     # FP8 linears (fp8.py): the scaling recipe of `precision: fp8` (TransformerEngine delayed or
     # current, torchao tensorwise or rowwise) and FP8 primary weights (TE fp8_params).
     fp8_recipe: str = "delayed"
@@ -235,6 +239,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         pipeline_layout=_pipeline_layout(data.get("pipeline_layout")),
         recompute_method=F.choice(data, "recompute_method", "plan", RECOMPUTE_METHODS, "uniform"),
         recompute_num_layers=F.integer(data, "recompute_num_layers", "plan", 1, maximum=100_000),
+        recompute_modules=_recompute_modules(data.get("recompute_modules")),
         fp8_recipe=F.choice(data, "fp8_recipe", "plan", FP8_RECIPES, "delayed"),
         fp8_params=F.boolean(data, "fp8_params", "plan", False),
         fp8_fsdp_all_gather=F.boolean(data, "fp8_fsdp_all_gather", "plan", False),
@@ -281,6 +286,16 @@ def _loss(data) -> dict:
     return {"loss": loss, "loss_chunk_tokens": chunk}
 
 
+def _recompute_modules(value) -> tuple:
+    """The modules in MODULES order (Megatron-Core reads them as a set)."""
+    if value is None:
+        return ("core_attn",)
+    value = [value] if isinstance(value, str) else value
+    if not isinstance(value, (list, tuple)) or not all(isinstance(m, str) and m in MODULES for m in value):
+        raise InputError("plan.recompute_modules", value, f"a list of {', '.join(MODULES)}")
+    return tuple(m for m in MODULES if m in value)
+
+
 def _pipeline_layout(value):
     if value is None:
         return None
@@ -319,6 +334,30 @@ def _check_sliding_windows(plan: Plan, model: ModelSpec, virtual_stages: int) ->
                          f"sliding_window_freq={freq} layers (even stages; pp x chunks = {virtual_stages})")
 
 
+def _check_recompute_modules(plan: Plan, model: ModelSpec) -> None:
+    """The modules the model has, in the combinations Megatron-Core runs and llmsim models
+    (transformer_config.py __post_init__ refuses the ones marked so)."""
+    if plan.recompute != "selective":
+        return
+    modules = set(plan.recompute_modules)
+    value = list(plan.recompute_modules)
+    needs = {"mla_up_proj": (model.attention == "mla", "a model with multi-head latent attention (Megatron-Core)"),
+             "moe": (model.experts, "a model with experts"), "moe_act": (model.experts, "a model with experts"),
+             "shared_experts": (model.shared_experts, "a model with shared experts")}
+    for module, (has, what) in needs.items():
+        if module in modules and not has:
+            raise InputError("plan.recompute_modules", value, f"{module} needs {what}")
+    if "moe" in modules and modules & {"moe_act", "shared_experts"}:
+        raise InputError("plan.recompute_modules", value, "moe checkpoints the whole MoE layer: moe_act and "
+                         "shared_experts inside it (nested checkpoints) are not modelled")
+    if "shared_experts" in modules and plan.moe.shared_expert_overlap:
+        raise InputError("plan.recompute_modules", value, "shared_experts cannot be recomputed with "
+                         "plan.moe.shared_expert_overlap (Megatron-Core refuses it)")
+    if plan.precision == "fp8" and plan.fp8_recipe == "delayed" and modules & {"moe_act", "layernorm"}:
+        raise InputError("plan.recompute_modules", value, "moe_act and layernorm need an FP8 recipe other than "
+                         "delayed (Megatron-Core refuses delayed scaling with them)")
+
+
 def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     """Raise InputError for a plan that cannot be laid out on this model and cluster."""
     if plan.devices != cluster.devices:
@@ -337,6 +376,7 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     schedule = plan_schedule(plan)  # the schedule's own rules; an explicit order parsed and checked
     check_split(plan, model, schedule)  # layers per pipeline stage: even, first/last counts or a layout
     check_layer_mix_options(plan, model)
+    _check_recompute_modules(plan, model)
     check_mtp_plan(plan, model)
     _check_sliding_windows(plan, model, plan.pp * schedule.chunks(plan.vpp))
     if plan.cp > 1 and model.seq_len % (2 * plan.cp):
@@ -415,6 +455,8 @@ def check_options(plan: Plan) -> None:
         raise InputError("plan.recompute_method", plan.recompute_method, "only with recompute: full")
     if plan.recompute_num_layers != 1 and plan.recompute != "full":
         raise InputError("plan.recompute_num_layers", plan.recompute_num_layers, "only with recompute: full")
+    if plan.recompute_modules != ("core_attn",) and plan.recompute != "selective":
+        raise InputError("plan.recompute_modules", list(plan.recompute_modules), "only with recompute: selective")
     if plan.attention_kernel != "fused" and not plan.flash_attention:
         raise InputError("plan.attention_kernel", plan.attention_kernel, "only with flash_attention: true")
     if not plan.fsdp_reshard_after_forward and plan.zero_stage < 3:

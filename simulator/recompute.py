@@ -11,6 +11,24 @@ Modes (`plan.recompute`), per transformer layer of one micro-batch on one device
   the kernel is re-run although it saves no s x s matrix (NVIDIA/Megatron-LM@dddecd198f
   megatron/core/transformer/attention.py: checkpoint_core_attention =
   recompute_granularity == 'selective', _checkpointed_attention_forward).
+  `plan.recompute_modules` names what Megatron-Core checkpoints selectively
+  (transformer_config.py recompute_modules, NVIDIA/Megatron-LM@d98e8a64dd; default
+  core_attn). Normal checkpoints keep the module's input and drop what its operators saved,
+  re-running their forward before the backward: `core_attn` as above; `mlp`, a dense layer's
+  MLP with the norm TransformerEngine fuses into its first linear and its TP collectives
+  (transformer_layer.py recompute_mlp; not MoE layers); `moe`, an MoE layer's router,
+  dispatch, experts, combine and shared experts, its all-to-alls too (moe_layer.py
+  moe_layer_recompute); `shared_experts`, their MLP and TP collectives. Output-discarding
+  checkpoints (tensor_parallel.CheckpointWithoutOutput) run a module without keeping its
+  output and re-run it before its readers' backward, so what the readers saved of that output
+  goes: `moe_act`, the experts' activation (experts.py; the second expert GEMM's input);
+  `layernorm`, the norms that are modules of their own (transformer_layer.py: an MoE layer's
+  pre-MLP norm, read by the router and the shared experts; MLA's input norm, read by both
+  down-projections; TransformerEngine fuses the other norms into the linears after them,
+  IdentityOp in gpt_layer_specs.py, so they are unaffected); `mla_up_proj`, MLA's latent
+  norms, up-projections and RoPE with the latent all-gathers before them
+  (multi_latent_attention.py qkv_up_checkpoint: Q, K and V are dropped after the attention
+  core's forward).
 - `full`: Megatron-LM's full recomputation (megatron/core/recompute.py and
   transformer_block.py _checkpointed_forward, NVIDIA/Megatron-LM@d98e8a64dd), with
   `plan.recompute_method` and `plan.recompute_num_layers` (N):
@@ -43,9 +61,12 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from .projections import SEPARATE
+from .moe import SHARED_EXPERTS
 from .workload import ATTENTION_CORE, Op, Shard
 
 MODES = ("none", "selective", "full", "op-selective")
+# Megatron-Core's selective recompute modules llmsim models (transformer_config.py)
+MODULES = ("core_attn", "mlp", "moe", "moe_act", "shared_experts", "layernorm", "mla_up_proj")
 
 
 def scaled(op: Op, k, name: str | None = None) -> Op:
@@ -112,6 +133,63 @@ def _op_selective_parts(model, shard: Shard, ops):
     return saved, rerun
 
 
+def _between(ops, first: str, last: str) -> list:
+    """The operators after the one named `first` and before the one named `last` (a block of
+    the layer: its casts, separate projections and ring merges included)."""
+    names = [op.name for op in ops]
+    if first not in names:  # no such block (a model whose layers are all MoE has no dense-MLP layer)
+        return []
+    return ops[names.index(first) + 1:names.index(last)]
+
+
+@dataclass(frozen=True)
+class _Module:
+    rerun: list  # operators whose forward runs again
+    dropped: list  # operators whose saved tensors are not kept
+    tp_blocks: tuple = ()  # whose forward TP collectives run again (tp_rerun_fraction)
+    ep: bool = False  # the MoE dispatch and combine run again
+    cp: bool = False  # the context-parallel exchange runs again
+
+
+def _module(model, ops, module: str) -> _Module:
+    """What selective recomputation of `module` re-runs and drops in this layer (nothing
+    where the layer has no such module); see the module docstring."""
+    if not ops:  # the dense-MLP layer of a model whose layers are all MoE
+        return _Module([], [])
+    byname = _by_name(ops)
+    moe_layer = "router" in byname
+    mlp = _between(ops, "mlp_norm", "mlp_residual")
+    if module == "core_attn":
+        core = [op for op in ops if op.group == ATTENTION_CORE]
+        return _Module(core, core, cp=True)
+    if module == "mlp" and not moe_layer:
+        return _Module([byname["mlp_norm"], *mlp], mlp, ("mlp",))
+    if module == "moe" and moe_layer:
+        return _Module(mlp, [op for op in mlp if op.name != "router"], ("shared",) if model.shared_experts else (),
+                       ep=True)
+    if module == "moe_act" and moe_layer:
+        return _Module(_with_casts(ops, ("expert_" + model.activation,)), [byname["expert_fc2"]])
+    if module == "shared_experts" and moe_layer and model.shared_experts:
+        shared = [op for op in ops if op.group == SHARED_EXPERTS]
+        return _Module(shared, shared, ("shared",))
+    if module == "layernorm":
+        readers = []
+        if moe_layer:  # the router and the shared experts' first linear read the pre-MLP norm
+            readers += [byname["router"]] + [op for op in mlp if op.group == SHARED_EXPERTS][:1]
+        rerun = [byname["mlp_norm"]] if moe_layer else []
+        if model.attention == "mla":  # MLA's input norm: read by both down-projections
+            readers += [byname[n] for n in ("mla_q_down", "mla_q", "mla_kv_down") if n in byname]
+            rerun.append(byname["attn_norm"])
+        return _Module(rerun, readers)
+    if module == "mla_up_proj" and model.attention == "mla":
+        up = ("mla_q_norm", "mla_q_up", "mla_q", "mla_kv_norm", "mla_kv_up", "rope")
+        # the latents are the checkpoint's inputs (kept); without q_lora_rank the query
+        # projection reads the kept hidden state and drops only its output
+        return _Module(_with_casts(ops, up), [byname[n] for n in ("mla_q_up", "mla_kv_up") if n in byname],
+                       ("mla_up",))
+    return _Module([], [])
+
+
 @dataclass(frozen=True)
 class LayerCheckpoint:
     """One recomputed layer of one micro-batch on one device under a mode."""
@@ -121,24 +199,41 @@ class LayerCheckpoint:
     tp_rerun: float  # fraction of the layer's forward TP collectives run again
     cp_rerun: bool  # the context-parallel exchange runs again
     rebuilt_bytes: object  # held while the re-run layer's backward runs
+    tp_rerun_blocks: tuple = ()  # and the forward TP collectives of these blocks (tp_rerun_fraction)
+    ep_rerun: float = 0.0  # fraction of the MoE dispatch and combine run again
 
 
-def layer_checkpoint(model, shard: Shard, mode: str, ops) -> LayerCheckpoint:
-    """What a checkpointed layer keeps and re-runs (for `full`: one layer of a group)."""
+def layer_checkpoint(model, shard: Shard, mode: str, ops, modules: tuple = ("core_attn",)) -> LayerCheckpoint:
+    """What a checkpointed layer keeps and re-runs (for `full`: one layer of a group;
+    `modules`: what `selective` checkpoints)."""
     everything = sum(op.saved_bytes for op in ops)
     if mode == "none":
         return LayerCheckpoint(everything, (), 0.0, False, 0.0)
     if mode == "full":
         return LayerCheckpoint(shard.act_bytes * shard.replicated_tokens * model.hidden, tuple(ops), 1.0, True,
-                               everything)
+                               everything, ep_rerun=1.0)
     if mode == "selective":
-        core = [op for op in ops if op.group == ATTENTION_CORE]
-        kept = sum(op.saved_bytes for op in core)
-        return LayerCheckpoint(everything - kept, tuple(core), 0.0, True, kept)
+        parts = [_module(model, ops, m) for m in modules]
+        rerun = [op for op in ops if any(op is r for p in parts for r in p.rerun)]
+        dropped = [sum(op.saved_bytes for op in p.dropped) for p in parts]
+        blocks = tuple(b for p in parts for b in p.tp_blocks)
+        # modules are rebuilt one at a time, each just before its backward
+        return LayerCheckpoint(everything - sum(dropped), tuple(rerun), 0.0, any(p.cp for p in parts),
+                               np.maximum.reduce(np.broadcast_arrays(0.0, *dropped)), blocks,
+                               float(any(p.ep for p in parts)))
     if mode == "op-selective":
         saved, rerun = _op_selective_parts(model, shard, ops)
         return LayerCheckpoint(saved, tuple(rerun), 0.5 if shard.sp else 1.0, False, everything)
     raise ValueError(mode)
+
+
+def tp_rerun_fraction(checkpoint: LayerCheckpoint, block_s: dict, layer_s):
+    """The fraction of a layer's forward TP seconds `layer_s` its recomputation runs again:
+    the checkpoint's own and that of the blocks it re-runs (`block_s`: forward seconds of the
+    layer's "mlp", "shared" and "mla_up" collectives)."""
+    blocks = sum(block_s.get(b, 0.0) for b in checkpoint.tp_rerun_blocks)
+    layer_s = np.asarray(layer_s, dtype=float)
+    return checkpoint.tp_rerun + np.where(layer_s > 0, blocks / np.where(layer_s > 0, layer_s, 1.0), 0.0)
 
 
 @dataclass(frozen=True)

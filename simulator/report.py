@@ -178,7 +178,10 @@ def render_result(d: dict, scenario, data: dict | None = None) -> str:
         f"cluster    {c.nodes} x {c.node.name} = {c.devices} x {c.accelerator.name}",
         f"plan       tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} vpp={p.vpp} micro_batch={p.micro_batch} "
         f"global_batch={p.global_batch} ({p.microbatches} micro-batches) schedule={p.schedule} "
-        f"sp={p.sp} recompute={p.recompute} zero={p.zero_stage}"
+        f"sp={p.sp} recompute={p.recompute}"
+        + (f" ({'+'.join(p.recompute_modules) or 'no module'})" if p.recompute == "selective"
+           and p.recompute_modules != ("core_attn",) else "")
+        + f" zero={p.zero_stage}"
         + (f" (hybrid: {p.dp_replicate} replicas x {p.dp // p.dp_replicate})" if p.dp_replicate > 1 else "")
         + f" {p.precision}"
         + (f" offload optimizer/params/activations={p.offload.optimizer}/{p.offload.params}/"

@@ -378,21 +378,20 @@ def _mtp_flops(model: ModelSpec, shard: Shard, dense_layer_flops, moe_layer_flop
 
 @lru_cache(maxsize=256)
 def executed_flops_per_sequence(model: ModelSpec, flash_attention: bool, recompute: str, moe_options=None,
-                                loss: str = "unfused") -> float:
+                                loss: str = "unfused", recompute_modules: tuple = ("core_attn",)) -> float:
     """FLOPs the kernels execute for one sequence's forward and backward passes, with the
-    forward passes that activation recomputation repeats: what HFU counts. Selective
-    recomputation re-runs the attention core, a flash kernel too (Megatron-LM checkpoints the
-    core attention whatever its kernel: recompute.py); the fused loss recomputes the logits
+    forward passes that full or selective recomputation repeats (recompute.py): what HFU
+    counts; selective recomputation of core attention re-runs a flash kernel too (Megatron-LM
+    checkpoints the core attention whatever its kernel); the fused loss recomputes the logits
     (loss.py). MoE layers execute the mean routed rows (balanced
     routing; padded to capacity if so)."""
+    from .recompute import layer_checkpoint, rerun_flops
     shard = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=flash_attention, loss=loss)
 
     def executed(ops):
         layer = sum(op.flops for op in ops)
-        if recompute == "full":
-            layer += sum(op.fwd_flops for op in ops)
-        elif recompute == "selective":
-            layer += sum(op.fwd_flops for op in ops if op.group == ATTENTION_CORE)
+        if recompute in ("full", "selective"):
+            layer += rerun_flops(layer_checkpoint(model, shard, recompute, ops, recompute_modules))
         return layer
 
     dense = executed(layer_ops(model, shard))

@@ -1,5 +1,5 @@
 """Random valid plans for the property tests (hypothesis strategies): every schedule,
-recompute mode (Megatron selective/full uniform/block, torchtitan op-level), precision (FP8
+recompute mode (Megatron selective over its modules/full uniform/block, torchtitan op-level), precision (FP8
 recipes on H100), TP implementation (Megatron-LM or DTensor) and overlap, eager or compiled
 kernels, FSDP resharding, uneven pipeline ranks, Megatron-LM's or PyTorch's pipeline runtime.
 
@@ -127,6 +127,11 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
         layout[rank_of.index(1)] += 1
         layout[rank_of.index(2)] -= 1
         extra["pipeline_layout"] = layout
+    if recompute == "selective":  # Megatron-Core's recompute modules (validation refuses the ones a model lacks)
+        candidates = ["core_attn", "mlp", "layernorm"] + (["moe", "moe_act", "shared_experts", "mla_up_proj"]
+                                                          if moe else [])
+        extra["recompute_modules"] = draw(st.lists(st.sampled_from(candidates), min_size=1, max_size=3, unique=True)) \
+            if draw(st.booleans()) else ["core_attn"]
     loss = draw(st.sampled_from(losses))
     data = {
         "model": {"preset": preset, "seq_len": seq, **overrides},

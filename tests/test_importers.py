@@ -395,9 +395,17 @@ def test_megatron_arguments_and_their_refusals():
         "--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "2"])
     assert _plan(block, "recompute", "recompute_method", "recompute_num_layers") == {
         "recompute": "full", "recompute_method": "block", "recompute_num_layers": 2}
-    with pytest.raises(InputError, match="recompute-modules"):
+    modules = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + [
+        "--recompute-granularity", "selective", "--recompute-modules", "mlp", "core_attn"])
+    assert _plan(modules, "recompute", "recompute_modules") == {"recompute": "selective",
+                                                                 "recompute_modules": ["core_attn", "mlp"]}
+    with pytest.raises(InputError, match="recompute-modules.*mhc not modelled"):
         import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + [
-            "--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp"])
+            "--recompute-granularity", "selective", "--recompute-modules", "mhc"])
+    moe = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + [
+        "--num-experts", "8", "--moe-layer-recompute"])  # deprecated: selective with the moe module
+    assert _plan(moe, "recompute", "recompute_modules") == {"recompute": "selective",
+                                                             "recompute_modules": ["core_attn", "moe"]}
     with pytest.raises(InputError, match="moe-token-dispatcher-type.*flex"):
         import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + [
             "--num-experts", "8", "--moe-token-dispatcher-type", "flex"])
@@ -448,15 +456,11 @@ def test_megatron_deepseek_v3_arguments_give_the_model_of_its_config_json():
     """Megatron-LM's DeepSeek-V3 script (MLA, 256 experts top-8 with a shared expert, 3 dense
     layers by a layer pattern, one MTP module) against DeepSeek-V3's released config.json. The
     script as published uses the flex (DeepEP) dispatcher and recomputes modules llmsim does not
-    model: both are refused by name."""
+    model: the first is refused by name; its recompute modules are kept."""
     path = DATA / "megatron-sbatch_mfsdp_deepseek_v3.sh"
     with pytest.raises(InputError, match="moe-token-dispatcher-type"):
         import_config("megatron", path, {"cluster.node": "dgx-h100"})
     words = ["alltoall" if w == "flex" else w for w in script_words(path.read_text())]
-    with pytest.raises(InputError, match="recompute-modules"):
-        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=words)
-    at = words.index("--recompute-modules")
-    words = words[:at] + words[at + 5:]
     imported = import_config("megatron", None, {"cluster.node": "dgx-h100", "cluster.nodes": 32}, argv=words)
     s = scenario_from_dict(imported.scenario)
     hf = scenario_from_dict({"model": {"hf_config": str(HF / "deepseek-v3.json"), "seq_len": 4096},
@@ -464,6 +468,7 @@ def test_megatron_deepseek_v3_arguments_give_the_model_of_its_config_json():
     assert dataclasses.replace(s.model, name=hf.name) == hf
     assert (s.plan.ep, s.plan.etp, s.plan.zero_stage, s.plan.zero3_impl, s.plan.grad_precision) == (
         8, 1, 3, "fsdp2", "bf16")  # Megatron-FSDP optim_grads_params, main grads and their reduction in bf16
+    assert (s.plan.recompute, s.plan.recompute_modules) == ("selective", ("mlp", "moe", "layernorm", "mla_up_proj"))
 
 
 def test_megatron_fsdp_shards_by_its_strategy_and_torch_fsdp2_is_zero_3():
@@ -708,16 +713,13 @@ def test_megatron_bridge_run_config_is_the_run_it_describes():
 
 
 def test_megatron_bridge_gpt_oss_model_is_the_model_of_its_config_json(tmp_path):
-    """The recipe recomputes layernorm and moe_act (refused: not modelled); without them the
-    model is GPT-OSS 120B's config.json field by field but for its gate's name: Megatron's
-    quick-GELU gated GLU where the config says silu, the same three GEMMs either way."""
+    """The model is GPT-OSS 120B's config.json field by field but for its gate's name:
+    Megatron's quick-GELU gated GLU where the config says silu, the same three GEMMs either
+    way; the recipe recomputes the layernorm and moe_act modules."""
     path = DATA / "bridge-gpt_oss_120b_pretrain_h100_fp8_mx_v1.yaml"
-    with pytest.raises(InputError, match="recompute_modules"):
-        import_config("megatron", path, {"cluster.node": "dgx-h100"})
-    data = yaml.safe_load(path.read_text())
-    data["model"].update(recompute_granularity=None, recompute_modules=None)
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
-    imported = import_config("megatron", tmp_path / "c.yaml", {"cluster.node": "dgx-h100", "cluster.nodes": 8})
+    imported = import_config("megatron", path, {"cluster.node": "dgx-h100", "cluster.nodes": 8})
+    assert _plan(imported, "recompute", "recompute_modules") == {"recompute": "selective",
+                                                                 "recompute_modules": ["moe_act", "layernorm"]}
     model = scenario_from_dict({**imported.scenario, "plan": {**imported.scenario["plan"], "pp": 2}}).model
     hf = scenario_from_dict({"model": {"hf_config": str(HF / "gpt-oss-120b.json"), "seq_len": 4096},
                              "cluster": {"node": "dgx-h100"}, "plan": {"global_batch": 8}}).model
@@ -729,8 +731,8 @@ def test_megatron_bridge_gpt_oss_model_is_the_model_of_its_config_json(tmp_path)
 @pytest.mark.parametrize("change,key", [
     ({}, "moe_token_dispatcher_type"),  # the DeepSeek-V3 H100 recipe as published: DeepEP's flex dispatcher
     ({"model": {"moe_token_dispatcher_type": "alltoall"}}, "fp8_recipe"),  # then its block-wise FP8
-    ({"model": {"moe_token_dispatcher_type": "alltoall"}, "mixed_precision": {"fp8_recipe": "tensorwise"}},
-     "recompute_modules"),  # then mla_up_proj and mlp recomputation
+    ({"model": {"moe_token_dispatcher_type": "alltoall", "recompute_modules": ["mhc"]},
+      "mixed_precision": {"fp8_recipe": "tensorwise"}}, "recompute_modules"),  # hyper-connections' recompute
     ({"peft": {"dim": 16}}, "peft")])
 def test_megatron_bridge_settings_llmsim_cannot_express_are_refused_by_name(tmp_path, change, key):
     data = yaml.safe_load((DATA / "bridge-deepseek_v3_pretrain_h100_fp8_sc_v1.yaml").read_text())
@@ -742,13 +744,14 @@ def test_megatron_bridge_settings_llmsim_cannot_express_are_refused_by_name(tmp_
 
 
 def test_megatron_bridge_deepseek_v3_with_what_llmsim_models_is_deepseek_v3(tmp_path):
-    """The H100 recipe with the all-to-all dispatcher, tensor-wise FP8 and no module recompute:
-    DeepSeek-V3's config.json model (MTP included), its layout Et|(tt|)*30mL over 8 x 4
-    virtual stages (the MTP module with the loss), Adam with bf16 moments beside fp32 main
-    parameters and bf16 main gradients (the precision-aware optimizer: 4 + 2 + 2 B); the plan
-    evaluates, its dense layers on the ranks the layout puts them on."""
+    """The H100 recipe with the all-to-all dispatcher and tensor-wise FP8: DeepSeek-V3's
+    config.json model (MTP included), its layout Et|(tt|)*30mL over 8 x 4 virtual stages (the
+    MTP module with the loss), Adam with bf16 moments beside fp32 main parameters and bf16
+    main gradients (the precision-aware optimizer: 4 + 2 + 2 B), its mla_up_proj and mlp
+    recomputation; the plan evaluates, its dense layers on the ranks the layout puts them on,
+    and fits the H100s NVIDIA publishes it for (no false out-of-memory)."""
     data = yaml.safe_load((DATA / "bridge-deepseek_v3_pretrain_h100_fp8_sc_v1.yaml").read_text())
-    data["model"].update(moe_token_dispatcher_type="alltoall", recompute_granularity=None, recompute_modules=None)
+    data["model"].update(moe_token_dispatcher_type="alltoall")
     data["mixed_precision"]["fp8_recipe"] = "tensorwise"
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
     imported = import_config("megatron", tmp_path / "c.yaml", {"cluster.node": "dgx-h100", "cluster.nodes": 128})
@@ -757,7 +760,11 @@ def test_megatron_bridge_deepseek_v3_with_what_llmsim_models_is_deepseek_v3(tmp_
     assert _plan(imported, "pipeline_layout", "vpp", "optimizer_precision", "grad_precision", "fp8_recipe", "ep") == {
         "pipeline_layout": [1] + [2] * 30 + [0], "vpp": 4, "optimizer_precision": "bf16-moments",
         "grad_precision": "bf16", "fp8_recipe": "current", "ep": 64}
-    layout = compile_scenario(scenario_from_dict(imported.scenario))
+    assert _plan(imported, "recompute", "recompute_modules") == {"recompute": "selective",
+                                                                 "recompute_modules": ["mlp", "mla_up_proj"]}
+    s = scenario_from_dict(imported.scenario)
+    assert evaluate(s, "analytic").feasible
+    layout = compile_scenario(s)
     # 8 ranks x 4 virtual stages: rank 0 holds layers 0, 15-16, 31-32, 47-48 (layer 0 dense),
     # rank 1 layers 1-2 (dense), 17-18, 33-34, 49-50; ranks 2-6 eight MoE layers; rank 7 six
     assert [(int(r.count), int(r.layers)) for r in layout.stages] == [(1, 7), (1, 8), (5, 8), (1, 6)]

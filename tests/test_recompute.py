@@ -104,3 +104,126 @@ def test_hardware_flops_count_each_rerun_layer_once():
     per_layer = sum(op.fwd_flops for op in layer_ops(model, one))
     # 4 stages of 8 layers, 3 re-run in each
     assert m.hardware_flops_per_step - base.hardware_flops_per_step == pytest.approx(16 * 4 * 3 * per_layer)
+
+
+# ------------------------------------------------------------------ Megatron-Core's recompute modules
+
+def modules(*names, model=None, experts=None, s=None):
+    """(the layer's checkpoint under selective recomputation of `names`, its operators)."""
+    from simulator.layermix import layer_operators
+    model = model or llama()
+    s = s or shard()
+    plan = Plan(tp=s.tp, sequence_parallel=s.sp, recompute="selective", recompute_modules=names)
+    ops = layer_operators(model, s, plan, experts)
+    return layer_checkpoint(model, s, "selective", ops, names), ops
+
+
+def test_the_mlp_module_keeps_its_input_and_reruns_the_mlp_forward():
+    # dropped: the gate/up input (T x H), SwiGLU's input (2 x T x F), the down input (T x F);
+    # re-run: the norm TransformerEngine fuses into fc1, and 2·T·H·(2F) + 2·T·F·H FLOPs
+    plain = sum(op.saved_bytes for op in modules()[1])
+    mlp, _ = modules("mlp")
+    assert mlp.saved_bytes == pytest.approx(plain - 2 * T * (H + 2 * F + F))
+    assert rerun_flops(mlp) == pytest.approx(2 * T * H * 2 * F + 2 * T * F * H)
+    assert [op.name for op in mlp.rerun] == ["mlp_norm", "mlp_gate_up", "swiglu", "mlp_down"]
+    assert (mlp.tp_rerun_blocks, mlp.ep_rerun, mlp.cp_rerun) == (("mlp",), 0.0, False)
+
+
+def test_core_attention_is_recomputed_only_when_named():
+    mlp, _ = modules("mlp")
+    assert not any(op.group == "attention_core" for op in mlp.rerun)
+    both, _ = modules("core_attn", "mlp")
+    core = checkpoint("selective")
+    assert rerun_flops(both) == pytest.approx(rerun_flops(core) + rerun_flops(mlp))
+
+
+def test_the_layernorm_module_leaves_a_layer_whose_norms_transformer_engine_fuses_unchanged():
+    ln, ops = modules("layernorm")
+    assert (ln.saved_bytes, ln.rerun) == (sum(op.saved_bytes for op in ops), ())
+
+
+DEEPSEEK = {"preset": "deepseek-v3", "mtp_layers": 0, "seq_len": 4096}
+
+
+def deepseek_modules(*names):
+    """An MoE layer of DeepSeek-V3 on TP 2 with sequence parallelism, 8 expert ranks."""
+    from simulator.model import model_from_dict
+    from simulator.moe import ExpertShard, MoEOptions
+    return modules(*names, model=model_from_dict(DEEPSEEK), experts=ExpertShard(8, 1, MoEOptions()),
+                   s=Shard(micro_batch=1, seq_len=4096, tp=2, sp=True))
+
+
+def test_mla_up_proj_drops_q_k_v_and_the_normed_latents():
+    # 4096 tokens, TP 2 with SP (2048 a rank): Q, K (192 wide) and V (128) of 64 heads
+    # 2 x 4096 x 64 x 512 = 256 MiB; the normed latents the up-projections keep:
+    # 2 x 2048 x 1536 (query) and 2 x 2048 x 512 (KV)
+    plain = sum(op.saved_bytes for op in deepseek_modules()[1])
+    up, _ = deepseek_modules("mla_up_proj")
+    dropped = 2 * 4096 * 64 * 512 + 2 * 2048 * 1536 + 2 * 2048 * 512
+    assert up.saved_bytes == pytest.approx(plain - dropped)
+    assert up.rebuilt_bytes == pytest.approx(dropped)
+    assert [op.name for op in up.rerun] == ["mla_q_norm", "mla_q_up", "mla_kv_norm", "mla_kv_up", "rope"]
+    assert up.tp_rerun_blocks == ("mla_up",)
+
+
+def test_layernorm_on_an_mla_moe_layer_drops_what_the_norm_outputs_feed():
+    # MLA's input norm feeds both down-projections (the query one keeps it: 2 x 2048 x 7168);
+    # the pre-MLP norm the router (2 x 2048 x 7168) and the shared experts (kept once, by the router)
+    plain = sum(op.saved_bytes for op in deepseek_modules()[1])
+    ln, _ = deepseek_modules("layernorm")
+    assert plain - ln.saved_bytes == pytest.approx(2 * (2 * 2048 * 7168))
+    assert [op.name for op in ln.rerun] == ["attn_norm", "mlp_norm"]
+
+
+def test_moe_act_drops_the_second_expert_gemms_input():
+    ops = deepseek_modules()[1]
+    fc2 = next(op for op in ops if op.name == "expert_fc2")
+    act, _ = deepseek_modules("moe_act")
+    assert sum(op.saved_bytes for op in ops) - act.saved_bytes == pytest.approx(fc2.saved_bytes)
+    assert fc2.saved_bytes == pytest.approx(2 * fc2.linear.tokens * 2048)  # the activation's output, bf16
+    assert [op.name for op in act.rerun] == ["expert_swiglu"]
+
+
+def test_the_moe_module_keeps_the_router_input_and_reruns_the_dispatch():
+    ops = deepseek_modules()[1]
+    moe, _ = deepseek_modules("moe")
+    body = ops[[o.name for o in ops].index("mlp_norm") + 1:[o.name for o in ops].index("mlp_residual")]
+    router = next(op for op in ops if op.name == "router")
+    assert sum(op.saved_bytes for op in ops) - moe.saved_bytes == pytest.approx(
+        sum(op.saved_bytes for op in body) - router.saved_bytes)
+    assert (moe.ep_rerun, moe.tp_rerun_blocks) == (1.0, ("shared",))
+
+
+def test_an_moe_stage_recomputing_the_moe_module_reruns_every_layers_dispatch():
+    # Mixtral: every layer MoE, so the stage's re-run dispatch is all of its forward dispatch
+    s = scenario_from_dict({"model": {"preset": "mixtral-8x7b", "seq_len": 4096},
+                            "cluster": {"node": "dgx-h100", "nodes": 1},
+                            "plan": {"tp": 1, "ep": 8, "dp": 8, "micro_batch": 1, "global_batch": 8,
+                                     "recompute": "selective", "recompute_modules": ["moe"]}})
+    passes = compile_scenario(s).stages[0].passes
+    assert float(passes.ep_recompute_s) == pytest.approx(float(passes.ep_fwd_s)) and float(passes.ep_fwd_s) > 0
+
+
+def test_hardware_flops_count_the_rerun_mlp_forward():
+    from simulator.workload import executed_flops_per_sequence
+    m = llama()
+    extra = executed_flops_per_sequence(m, True, "selective", recompute_modules=("mlp",)) \
+        - executed_flops_per_sequence(m, True, "none")
+    assert extra == pytest.approx(32 * (2 * 8192 * H * 2 * F + 2 * 8192 * F * H))
+
+
+@pytest.mark.parametrize("model,plan,message", [
+    ({"preset": "llama-3.1-8b"}, {"recompute_modules": ["mla_up_proj"]}, "mla_up_proj needs"),
+    ({"preset": "llama-3.1-8b"}, {"recompute_modules": ["moe_act"]}, "moe_act needs"),
+    ({"preset": "mixtral-8x7b"}, {"recompute_modules": ["moe", "moe_act"]}, "nested"),
+    ({"preset": "mixtral-8x7b"}, {"recompute_modules": ["shared_experts"]}, "shared_experts needs"),
+    ({"preset": "mixtral-8x7b"}, {"recompute_modules": ["moe_act"], "precision": "fp8"}, "delayed"),
+    ({"preset": "llama-3.1-8b"}, {"recompute_modules": ["mlp"], "recompute": "full"}, "only with recompute: selective"),
+    ({"preset": "llama-3.1-8b"}, {"recompute_modules": ["ffn"]}, "a list of core_attn"),
+])
+def test_recompute_modules_the_model_or_plan_cannot_run_are_refused(model, plan, message):
+    from simulator import InputError
+    with pytest.raises(InputError, match=r"plan\.recompute_modules.*" + message):
+        scenario_from_dict({"model": {**model, "seq_len": 4096}, "cluster": {"node": "dgx-h100", "nodes": 1},
+                            "plan": {"tp": 1, "ep": 8 if "mixtral" in model["preset"] else 1, "dp": 8,
+                                     "micro_batch": 1, "global_batch": 8, "recompute": "selective", **plan}})

@@ -13,7 +13,7 @@ tensorwise (TransformerEngine's per-tensor current scaling: fp8_recipe current) 
 --fp8-param-gather, like NeMo's fp8_params, keeps FP8 primary weights (plan.fp8_params).
 --use-megatron-fsdp shards by --data-parallel-sharding-strategy (ZeRO-0 to 3) and
 --use-torch-fsdp2 is ZeRO-3, both in FSDP units. Full recomputation keeps its method and layer
-count; selective recomputation is of core attention (other --recompute-modules are refused).
+count; selective recomputation keeps its --recompute-modules (recompute.py MODULES).
 Mixture-of-Experts, latent attention and MTP keys: megatron_moe.py. --kv-channels is the head
 width. torchrun's --nproc_per_node and --nnodes give the cluster's shape.
 
@@ -32,6 +32,7 @@ import re
 from pathlib import Path
 
 from ..errors import InputError
+from ..recompute import MODULES
 from ..yamlio import parse_yaml, read_text
 from . import megatron_moe as moe
 from .common import TOKENIZER_VOCAB, Account, Imported, padded_vocab
@@ -384,9 +385,17 @@ def _recompute_args(a: Account) -> None:
 
 def read_recompute(a: Account, key, granularity, granularity_key: str) -> None:
     """recompute_granularity full with its method and layer count (plan.recompute_method,
-    recompute_num_layers), or selective over recompute_modules (default core_attn, the only
-    module llmsim recomputes selectively: transformer_config.py recompute_modules); a full
-    granularity without a method is uniform of 1 (transformer_block.py refuses no method)."""
+    recompute_num_layers), or selective over recompute_modules (plan.recompute_modules;
+    default core_attn: transformer_config.py recompute_modules); the deprecated
+    moe_layer_recompute is selective with the moe module (transformer_config.py
+    __post_init__). A full granularity without a method is uniform of 1 (transformer_block.py
+    refuses no method)."""
+    moe_layer = bool(a.get(key("moe_layer_recompute")))
+    a.used(key("moe_layer_recompute"))
+    if moe_layer and granularity == "full":
+        a.refuse(key("moe_layer_recompute"), "not with full recomputation (Megatron-Core refuses it)")
+    if moe_layer:
+        granularity = "selective"
     if granularity in (None, False):
         a.map(granularity_key, "plan.recompute", "none")
         return
@@ -399,12 +408,17 @@ def read_recompute(a: Account, key, granularity, granularity_key: str) -> None:
         a.map(key("recompute_method"), "plan.recompute_method", method)
         a.map(key("recompute_num_layers"), "plan.recompute_num_layers", number_of(a, key("recompute_num_layers"), 1))
     else:
-        modules = a.get(key("recompute_modules")) or ["core_attn"]
-        modules = [modules] if isinstance(modules, str) else list(modules)
-        if set(modules) != {"core_attn"}:
-            a.refuse(key("recompute_modules"), "selective recomputation of core_attn alone is modelled (Megatron's "
-                                               "default), not of mlp, moe, moe_act, layernorm, mla_up_proj or "
-                                               "shared_experts")
+        modules = a.get(key("recompute_modules"))
+        modules = ["core_attn"] if modules is None else [modules] if isinstance(modules, str) else list(modules)
+        unknown = [m for m in modules if m not in MODULES]
+        if unknown:
+            a.refuse(key("recompute_modules"), f"{', '.join(map(str, unknown))} not modelled (llmsim recomputes "
+                                               f"{', '.join(MODULES)})")
+        if moe_layer and "moe" not in modules:
+            modules.append("moe")
+        if tuple(modules) != ("core_attn",):
+            a.map(key("recompute_modules") if a.has(key("recompute_modules")) else key("moe_layer_recompute"),
+                  "plan.recompute_modules", [m for m in MODULES if m in modules])
         a.used(key("recompute_modules"))
     a.map(granularity_key, "plan.recompute", granularity)
 
