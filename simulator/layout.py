@@ -38,7 +38,8 @@ from .recompute import chunk_checkpoint, layer_checkpoint, rerun_flops, tp_rerun
 from .passes import PassTimes, ops_time, pass_times, pp_hop_s, tp_layer_comm_s
 from .states import BytesPerParam, ModelStates, activation_bytes, bytes_per_param, layer_params_local, model_states, \
     optimizer_step_s, stage_params
-from .workload import Shard, embedding_ops, executed_flops_per_sequence, head_ops, layer_ops, model_flops_per_sequence
+from .workload import Shard, embedding_ops, executed_flops_per_sequence, head_ops, layer_ops, model_flops_per_sequence, \
+    window_pair_fraction
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,44 @@ class Layout:
         return host
 
 
+@dataclass(frozen=True)
+class DenseLayer:
+    """One layer of a dense model as a device runs it: its operators, kernel times, exposed TP
+    and CP seconds per micro-batch, and what recomputation re-runs of it."""
+
+    ops: list
+    t: object  # passes.OpsTime
+    tp_s: tuple
+    cp_s: tuple
+    checkpoint: object  # recompute.LayerCheckpoint
+    tp_rerun: object  # fraction of its forward TP seconds re-run
+    rerun_s: object  # forward seconds of what it re-runs
+
+
+def _dense_layer(model, cluster, plan, shard, g, precision) -> DenseLayer:
+    """The layer of a dense model on `shard` (whose window band it attends: Shard.window_fraction)."""
+    host_s = cluster.node.launch_overhead_s
+    layer = layer_operators(model, shard, plan)
+    layer_t = ops_time(layer, cluster, precision)
+    tp_s = tp_layer_comm_s(model, shard, g, cluster, fp8.tp_gather_bytes_factor(plan))
+    if plan.tp_comm_overlap:
+        *tp_s, extra_f, extra_b = overlapped_tp_s(model, shard, g, cluster, plan, layer, tp_s,
+                                                  fp8.tp_gather_bytes_factor(plan))
+        layer_t = replace(layer_t, fwd_s=layer_t.fwd_s + extra_f, bwd_input_s=layer_t.bwd_input_s + extra_b)
+    if host_s > 0:  # eager frameworks' launches (hostbound.py)
+        collectives = np.where(np.asarray(plan.tp) > 1, 4 if plan.sequence_parallel else 2, 0)
+        launches = (collectives, collectives + 2 * plan.sequence_parallel * (not shard.tp_keeps_gathered))
+        layer_t = hostbound.host_bound(layer_t, layer, host_s, tp_s, launches)
+    cp_s = cpattention.exposed_s(model, shard, g, cluster, plan.cp_attention, layer_t.attention_fwd_s,
+                                 layer_t.attention_bwd_s)
+    checkpoint = layer_checkpoint(model, shard, plan.recompute, layer, plan.recompute_modules)
+    rerun_s = hostbound.rerun_bound(ops_time(list(checkpoint.rerun), cluster, precision).fwd_s, checkpoint.rerun,
+                                    host_s)
+    # the MLP's TP collectives are half the layer's (tp_layer_comm_s)
+    return DenseLayer(layer, layer_t, tuple(tp_s), cp_s, checkpoint, tp_rerun_fraction(checkpoint, {"mlp": 0.5}, 1.0),
+                      rerun_s)
+
+
 def compile_layout(model, cluster, plan) -> Layout:
     """Resolve a validated plan on a model and a cluster (plan sizes may be numpy arrays)."""
     schedule = S.plan_schedule(plan)
@@ -151,23 +190,8 @@ def compile_layout(model, cluster, plan) -> Layout:
     host_s = cluster.node.launch_overhead_s
     linear_params = fp8.layer_linear_params(model, plan.tp)
     if mix is None:
-        layer = layer_operators(model, shard, plan)
-        layer_t = ops_time(layer, cluster, precision)
-        tp_s = tp_layer_comm_s(model, shard, g, cluster, fp8.tp_gather_bytes_factor(plan))
-        if plan.tp_comm_overlap:
-            *tp_s, extra_f, extra_b = overlapped_tp_s(model, shard, g, cluster, plan, layer, tp_s,
-                                                      fp8.tp_gather_bytes_factor(plan))
-            layer_t = replace(layer_t, fwd_s=layer_t.fwd_s + extra_f, bwd_input_s=layer_t.bwd_input_s + extra_b)
-        if host_s > 0:  # eager frameworks' launches (hostbound.py)
-            collectives = np.where(np.asarray(plan.tp) > 1, 4 if plan.sequence_parallel else 2, 0)
-            launches = (collectives, collectives + 2 * plan.sequence_parallel * (not shard.tp_keeps_gathered))
-            layer_t = hostbound.host_bound(layer_t, layer, host_s, tp_s, launches)
-        cp_s = cpattention.exposed_s(model, shard, g, cluster, plan.cp_attention, layer_t.attention_fwd_s,
-                                     layer_t.attention_bwd_s)
-        checkpoint = layer_checkpoint(model, shard, plan.recompute, layer, plan.recompute_modules)
-        tp_rerun = tp_rerun_fraction(checkpoint, {"mlp": 0.5}, 1.0)  # the MLP's: half the layer's (tp_layer_comm_s)
-        rerun_t = hostbound.rerun_bound(ops_time(list(checkpoint.rerun), cluster, precision).fwd_s,
-                                        checkpoint.rerun, host_s)
+        dense = _dense_layer(model, cluster, plan, shard, g, precision)
+        layer, checkpoint = dense.ops, dense.checkpoint
         layer_params = layer_params_local(model, plan.tp)
         # ZeRO-3 gathers a layer's linear weights in FP8 where they move in FP8
         layer_gather = fp8.gather_bytes_per_param(per, linear_params, layer_params, plan)
@@ -186,7 +210,17 @@ def compile_layout(model, cluster, plan) -> Layout:
     total_rerun_layers = 0.0
     reps = []
     moe_layers = reps_of.moe_layers or [0] * len(reps_of.indices)
-    for stage, count, layers, n_moe in zip(reps_of.indices, reps_of.counts, reps_of.layers, moe_layers):
+    sliding_layers = reps_of.sliding_layers or [None] * len(reps_of.indices)
+    # a rank whose layers' mean attention band is not the model's runs layers of its own band
+    banded = {window_pair_fraction(model): dense if mix is None else mix}
+    for stage, count, layers, n_moe, sliding in zip(reps_of.indices, reps_of.counts, reps_of.layers, moe_layers,
+                                                    sliding_layers):
+        band = window_pair_fraction(model) if sliding is None else window_pair_fraction(model, layers, sliding)
+        if band not in banded:
+            own = replace(shard, window_fraction=band)
+            banded[band] = _dense_layer(model, cluster, plan, own, g, precision) if mix is None else \
+                compile_mix(model, cluster, plan, own, g, per, precision)
+        kind = banded[band]
         has_emb = stage == schedule.embedding_stage(p)
         has_head = stage == head_stage
         head_copy = has_head & (np.asarray(not model.tied_embeddings) | (head_stage != schedule.embedding_stage(p)))
@@ -199,8 +233,8 @@ def compile_layout(model, cluster, plan) -> Layout:
             acts = activation_sizes(model, shard, plan, layers / v, has_emb, has_head, layer, head)
             rerun_layers = v * chunk_checkpoint(plan, checkpoint, 0.0, layers / v).rerun_layers
             total_rerun_layers = total_rerun_layers + count * rerun_layers
-            passes = pass_times(layer_t, layers, emb_t, head_t, has_emb, has_head, tp_s, cp_s, rerun_t, rerun_layers,
-                                tp_rerun, checkpoint.cp_rerun)
+            passes = pass_times(kind.t, layers, emb_t, head_t, has_emb, has_head, kind.tp_s, kind.cp_s, kind.rerun_s,
+                                rerun_layers, kind.tp_rerun, checkpoint.cp_rerun)
             units = fsdp.units(layers, 1)  # the stage's FSDP units over all its chunks
             dp = dp_costs(plan.zero_stage, params, gather_per_param, per.grad, g.grad, cluster, g.replicate, units)
             stage_buffers = buffers
@@ -210,7 +244,7 @@ def compile_layout(model, cluster, plan) -> Layout:
                                                                     layer_gather, per.grad)
             n_buckets, shard_group = buckets(params / v, grad_group_size(plan)), zero_group
         else:  # dense-MLP and MoE layers, MLA (layermix.py)
-            x = mixed_stage(mix, model, cluster, plan, shard, g, per, zero_group, expert_zero_group_size(plan), layers,
+            x = mixed_stage(kind, model, cluster, plan, shard, g, per, zero_group, expert_zero_group_size(plan), layers,
                             n_moe, v, has_emb, has_head, head_copy, emb_t, head_t, head)
             params, states, acts, passes, dp = x.params, x.states, x.activations, x.passes, x.dp
             n_buckets, shard_group, stage_buffers, linears = x.buckets, x.shard_group, buffers, x.linears

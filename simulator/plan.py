@@ -314,11 +314,10 @@ def _schedule_ops(value):
     return tuple(tuple(str(op) for op in stage) for stage in value)
 
 
-def _check_sliding_windows(plan: Plan, model: ModelSpec, virtual_stages: int) -> None:
-    """What the sliding-window model (workload.window_pair_fraction) represents: every virtual
-    pipeline stage holding whole periods of sliding_window_freq, so that each stage's layers
-    attend as the model's mean layer does; no context parallelism (the ring exchange of a
-    windowed layer is not the full one) and no MTP depth (its layer's window is not stated)."""
+def _check_sliding_windows(plan: Plan, model: ModelSpec) -> None:
+    """What the sliding-window model (workload.window_pair_fraction) leaves out: context
+    parallelism (the ring exchange of a windowed layer is not the full one) and MTP depths
+    (their layer's window is not stated)."""
     if not model.sliding_window or model.sliding_window >= model.seq_len:
         return
     if plan.cp > 1:
@@ -326,12 +325,6 @@ def _check_sliding_windows(plan: Plan, model: ModelSpec, virtual_stages: int) ->
                          "layers is not modelled)")
     if model.mtp_layers:
         raise InputError("model.mtp_layers", model.mtp_layers, "0 with sliding-window attention (not modelled)")
-    freq = model.sliding_window_freq
-    uneven = plan.first_stage_layers is not None or plan.last_stage_layers is not None \
-        or plan.pipeline_layout is not None
-    if freq > 1 and virtual_stages > 1 and (uneven or (model.layers // virtual_stages) % freq):
-        raise InputError("plan.pp", plan.pp, f"every virtual pipeline stage must hold whole periods of "
-                         f"sliding_window_freq={freq} layers (even stages; pp x chunks = {virtual_stages})")
 
 
 def _check_recompute_modules(plan: Plan, model: ModelSpec) -> None:
@@ -378,7 +371,7 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     check_layer_mix_options(plan, model)
     _check_recompute_modules(plan, model)
     check_mtp_plan(plan, model)
-    _check_sliding_windows(plan, model, plan.pp * schedule.chunks(plan.vpp))
+    _check_sliding_windows(plan, model)
     if plan.cp > 1 and model.seq_len % (2 * plan.cp):
         raise InputError("plan.cp", plan.cp, f"2*cp must divide seq_len={model.seq_len} (load-balanced causal chunks)")
     check_cp_attention(plan, model)

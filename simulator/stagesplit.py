@@ -23,9 +23,12 @@ Layout adds them to the stage the schedule places them on.
 The Layout times representative stages: the first, one per distinct holding among the ranks
 between (the earliest rank holding it: the one with the most in flight), and the last
 (`representatives`). A rank's holding is its layer count, and for a model with experts how
-many of its layers are MoE: the layers are numbered through the virtual stages in order, so
-DeepSeek-V3's three leading dense layers under Megatron-Bridge's layout Et|(tt|)*30mL fall on
-ranks 0 and 1 (rank_layer_kinds), where an even split keeps them in the first stage. A rank's chunks are timed as equal shares of its layers: under a
+many of its layers are MoE, for one with windows on some layers how many of them slide: the
+layers are numbered through the virtual stages in order, so DeepSeek-V3's three leading
+dense layers under Megatron-Bridge's layout Et|(tt|)*30mL fall on ranks 0 and 1
+(rank_layer_kinds), where an even split keeps them in the first stage, and of GPT-OSS's 36
+alternating layers in 4 stages of 9 the first and third ranks hold 5 windows, the others 4
+(the Layout then times each rank's layers at its own mean band, workload.window_pair_fraction). A rank's chunks are timed as equal shares of its layers: under a
 layout whose virtual stages on one rank differ (7 + 8 layers on the 405B's first rank) the
 steady state is the rank's total either way, and only the pipeline's fill and drain, which
 pass through one chunk of each stage, would differ by that layer.
@@ -127,16 +130,18 @@ def virtual_stage_layers(model, plan, schedule, p: int) -> tuple:
 
 
 def rank_layer_kinds(model, stage_layers: tuple, p: int, schedule) -> list:
-    """(decoder layers, MoE layers) of each pipeline rank: virtual stage k holds the next
-    stage_layers[k] layers of the model in order (Megatron-Core's
+    """(decoder layers, MoE layers, sliding-window layers) of each pipeline rank: virtual stage
+    k holds the next stage_layers[k] layers of the model in order (Megatron-Core's
     transformer_block.py get_transformer_layer_offset; torchtitan's split points) and sits on
     the rank the schedule places it on, so a rank's kinds follow from the layer indices."""
-    out = [[0, 0] for _ in range(p)]
+    out = [[0, 0, 0] for _ in range(p)]
     start = 0
     for k, n in enumerate(stage_layers):
         rank = out[schedule.stage_chunk(k, p)[0]]
+        layers = range(start, start + n)
         rank[0] += n
-        rank[1] += sum(model.is_moe_layer(i) for i in range(start, start + n))
+        rank[1] += sum(model.is_moe_layer(i) for i in layers)
+        rank[2] += sum(model.is_sliding_window_layer(i) for i in layers) if varying_windows(model) else 0
         start += n
     return [tuple(r) for r in out]
 
@@ -149,6 +154,7 @@ class Representatives(NamedTuple):
     layers: list  # decoder layers on a device of each
     rep_of_stage: tuple | None  # each scalar stage's representative where the middle ranks differ
     moe_layers: list | None  # MoE layers among them (None for a model without experts)
+    sliding_layers: list | None = None  # sliding-window layers among them (None: the model's share)
 
 
 def representatives(model, plan, schedule, p) -> Representatives:
@@ -156,20 +162,22 @@ def representatives(model, plan, schedule, p) -> Representatives:
     rank where they hold equal layers of equal kinds, else one per distinct holding: the
     earliest rank holding it, the one with the most in flight) and the last. Where the middle
     ranks are equal `p` may be an array of pipeline sizes for a batch of plans (the first/last
-    counts and a layout are shared); a model with experts whose ranks hold different mixes
+    counts and a layout are shared); a model whose ranks hold different mixes of layer kinds
     needs one pipeline size per batch (batch_key). With p = 1 or 2 the repeated
     representatives count zero times."""
     p = np.asarray(p)
     indices = [np.zeros_like(p), np.minimum(1, p - 1), p - 1]
     counts = [np.ones_like(p), np.maximum(p - 2, 0), (p > 1).astype(p.dtype)]
-    if model.experts and not uniform_layer_kinds(model, plan, schedule, p):
+    if not uniform_layer_kinds(model, plan, schedule, p):
         p0 = int(np.ravel(p)[0])
         if np.any(p != p0):
-            raise ValueError("a batch of MoE plans with uneven layer kinds needs one pipeline size (batch_key)")
+            raise ValueError("a batch of plans with uneven layer kinds needs one pipeline size (batch_key)")
         kinds = rank_layer_kinds(model, virtual_stage_layers(model, plan, schedule, p0), p0, schedule)
+        sliding = lambda ks: [k[2] for k in ks] if varying_windows(model) else None  # noqa: E731
     elif plan.pipeline_layout is not None:
         ranks = rank_layers_of_layout(plan.pipeline_layout, int(np.max(p)), schedule)
         kinds = [(n, None) for n in ranks]
+        sliding = lambda ks: None  # noqa: E731
     else:
         layers = list(_rank_layers(model, plan, p))
         moe = None
@@ -186,27 +194,38 @@ def representatives(model, plan, schedule, p) -> Representatives:
         reps = [kinds[0], *middles, kinds[-1]]
         shaped = lambda xs: [x + 0 * p for x in xs]  # noqa: E731 (shaped as a batch's p)
         return Representatives(shaped([0, *first_at, n - 1]), shaped([1, *(kinds[1:-1].count(x) for x in middles), 1]),
-                               [k[0] for k in reps], rep_of_stage, moe(reps))
+                               [k[0] for k in reps], rep_of_stage, moe(reps), sliding(reps))
     reps = [kinds[0], kinds[min(1, len(kinds) - 1)], kinds[-1]]
-    return Representatives(indices, counts, [k[0] for k in reps], None, moe(reps))
+    return Representatives(indices, counts, [k[0] for k in reps], None, moe(reps), sliding(reps))
+
+
+def varying_windows(model) -> bool:
+    """Whether the model's layers differ in their attention band (a window on every
+    sliding_window_freq-th layer only)."""
+    return 0 < model.sliding_window < model.seq_len and model.sliding_window_freq > 1
 
 
 def uniform_layer_kinds(model, plan, schedule, p) -> bool:
-    """Whether moe.stage_layer_mix's closed form holds for every plan of `p` (broadcast):
-    even stages, the leading dense layers inside the first virtual stage, and every virtual
-    stage holding whole periods of moe_layer_freq, so that all ranks but the first hold the
-    same layers."""
+    """Whether every rank but the first holds layers of the same kinds for every plan of `p`
+    (broadcast), so that the closed forms hold (moe.stage_layer_mix; the model's mean
+    attention band, workload.window_pair_fraction): a model of one kind, or even stages
+    with the leading dense layers inside the first virtual stage and every virtual stage
+    holding whole periods of moe_layer_freq and of sliding_window_freq."""
+    if not (model.experts or varying_windows(model)):
+        return True
     if plan.first_stage_layers is not None or plan.last_stage_layers is not None or plan.pipeline_layout is not None:
         return False
     per_stage = model.layers // (np.asarray(p) * schedule.chunks(plan.vpp))
-    return bool(np.all((model.dense_layers <= per_stage) & (per_stage % model.moe_layer_freq == 0)))
+    uniform = (model.dense_layers <= per_stage) & (per_stage % model.moe_layer_freq == 0)
+    if varying_windows(model):
+        uniform = uniform & ((per_stage % model.sliding_window_freq == 0) | (per_stage == model.layers))
+    return bool(np.all(uniform))
 
 
 def batch_key(model, plan) -> tuple:
     """What plans must share to be laid out as one batch beyond their categorical fields:
     the pipeline's size where its ranks are counted one by one (a layout, or a model whose
     ranks hold different mixes of layer kinds: representatives)."""
-    if plan.pipeline_layout is not None or (model.experts and not uniform_layer_kinds(model, plan, plan_schedule(plan),
-                                                                                      plan.pp)):
+    if plan.pipeline_layout is not None or not uniform_layer_kinds(model, plan, plan_schedule(plan), plan.pp):
         return (plan.pp, plan.vpp)
     return ()

@@ -114,6 +114,9 @@ class Shard:
     # parallel/style.py ColwiseParallel, torchtitan's PrepareModuleInput to Replicate) instead
     # of its sequence shard, and needs no all-gather of it in the backward pass
     tp_keeps_gathered: bool = False
+    # the mean attention band of the layers of the stage being laid out where it is not the
+    # model's (window_pair_fraction of a rank holding more or fewer sliding layers)
+    window_fraction: object = None
 
     @property
     def tokens(self):
@@ -223,21 +226,23 @@ def _attention_ops(model: ModelSpec, shard: Shard) -> list[Op]:
     return ops
 
 
-def window_pair_fraction(model: ModelSpec) -> float:
+def window_pair_fraction(model: ModelSpec, layers=None, sliding=None) -> float:
     """The (query, key) pairs a layer attends to, as a fraction of the causal half s²/2, mean
-    over the model's layers: 1 for full causal attention; for a layer with a sliding window
-    W < s (Mistral 7B, arXiv 2310.06825 Sec. 2: query i attends to keys i-W+1..i), the band's
-    s·W - W²/2, over the sliding layers i % sliding_window_freq == 0 (model.is_sliding_window_layer).
+    over `layers` layers of which `sliding` have a window (default: the model's layers): 1 for
+    full causal attention; for a layer with a sliding window W < s (Mistral 7B, arXiv
+    2310.06825 Sec. 2: query i attends to keys i-W+1..i), the band's s·W - W²/2; the sliding
+    layers are i % sliding_window_freq == 0 (model.is_sliding_window_layer).
 
-    A stage's layers sum to its count times this mean where every stage holds whole periods
-    of sliding_window_freq (plan.validate refuses the other splits), and every layer's
-    attention costs the same otherwise."""
+    A stage's layers are timed as its count of this mean layer: the model's mean where every
+    stage holds whole periods of sliding_window_freq, else its own (stagesplit.py counts each
+    rank's sliding layers)."""
     s, w = model.seq_len, model.sliding_window
     if not w or w >= s:
         return 1.0
     band = (s * w - 0.5 * w * w) / (0.5 * s * s)
-    sliding = -(-model.layers // model.sliding_window_freq)  # layers 0, f, 2f, ...
-    return (sliding * band + (model.layers - sliding)) / model.layers
+    if layers is None:
+        layers, sliding = model.layers, -(-model.layers // model.sliding_window_freq)  # layers 0, f, 2f, ...
+    return (sliding * band + (layers - sliding)) / layers
 
 
 def attention_core_ops(model: ModelSpec, shard: Shard, q_heads, kv_heads, qk_dim, v_dim) -> list[Op]:
@@ -257,7 +262,7 @@ def attention_core_ops(model: ModelSpec, shard: Shard, q_heads, kv_heads, qk_dim
     av = 2 * tokens * s_kv * o_w  # AV
     # useful work: QK^T and AV forward, their gradients (two products each), over the causal half
     # (or the sliding windows' bands)
-    band = window_pair_fraction(model)
+    band = window_pair_fraction(model) if shard.window_fraction is None else shard.window_fraction
     useful = band * 0.5 * 3 * (qk + av)
     if shard.flash_attention:
         io = a * tokens * (q_w + k_w + v_w + o_w)

@@ -55,8 +55,9 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
     dp = devices // (tp * pp * cp)
     if preset == "deepseek-v3" and cp == 1:  # Megatron-Core runs MTP without CP only
         overrides = {**overrides, "mtp_layers": draw(st.sampled_from([0, 1]))}
-    if not moe and cp == 1:  # sliding windows on every layer (Mistral's), without CP
-        overrides = {**overrides, "sliding_window": draw(st.sampled_from([0, 0, 512]))}
+    if not moe and cp == 1:  # sliding windows on every layer (Mistral's) or every other (GPT-OSS's), without CP
+        overrides = {**overrides, "sliding_window": draw(st.sampled_from([0, 0, 512])),
+                     "sliding_window_freq": draw(st.sampled_from([1, 2]))}
     micro_batch = draw(st.sampled_from([1, 2, 4]))
     m = draw(st.integers(1, 24))
     if schedule == "interleaved":

@@ -715,12 +715,15 @@ def test_megatron_bridge_run_config_is_the_run_it_describes():
 def test_megatron_bridge_gpt_oss_model_is_the_model_of_its_config_json(tmp_path):
     """The model is GPT-OSS 120B's config.json field by field but for its gate's name:
     Megatron's quick-GELU gated GLU where the config says silu, the same three GEMMs either
-    way; the recipe recomputes the layernorm and moe_act modules."""
+    way; the recipe recomputes the layernorm and moe_act modules and splits the 36 layers,
+    windows on every other one, into 4 stages of 9: it evaluates and fits its H100s."""
     path = DATA / "bridge-gpt_oss_120b_pretrain_h100_fp8_mx_v1.yaml"
     imported = import_config("megatron", path, {"cluster.node": "dgx-h100", "cluster.nodes": 8})
     assert _plan(imported, "recompute", "recompute_modules") == {"recompute": "selective",
                                                                  "recompute_modules": ["moe_act", "layernorm"]}
-    model = scenario_from_dict({**imported.scenario, "plan": {**imported.scenario["plan"], "pp": 2}}).model
+    s = scenario_from_dict(imported.scenario)
+    assert evaluate(s, "analytic").feasible
+    model = s.model
     hf = scenario_from_dict({"model": {"hf_config": str(HF / "gpt-oss-120b.json"), "seq_len": 4096},
                              "cluster": {"node": "dgx-h100"}, "plan": {"global_batch": 8}}).model
     assert (model.activation, hf.activation) == ("geglu", "swiglu")

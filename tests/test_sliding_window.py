@@ -49,9 +49,44 @@ def test_gpt_oss_120b_evaluates_on_even_periods_of_its_alternating_windows():
     assert evaluate(s, "analytic").step_time_s > 0
 
 
+ALTERNATE_6 = {**DENSE, "layers": 6, "sliding_window": 1024, "sliding_window_freq": 2}
+
+
+def test_ranks_holding_parts_of_a_window_period_attend_their_own_share():
+    # layers 0-2 on rank 0 (windows on 0 and 2), 3-5 on rank 1 (a window on 4): bands
+    # (2 x 0.4375 + 1) / 3 = 0.625 and (0.4375 + 2) / 3 = 0.8125; together the model's 6 x 0.71875
+    from simulator.schedules import SCHEDULES
+    from simulator.stagesplit import representatives
+    s = _scenario(ALTERNATE_6, pp=2, dp=4)
+    reps = representatives(s.model, s.plan, SCHEDULES["1f1b"], s.plan.pp)
+    bands = [window_pair_fraction(s.model, n, w) for n, w in zip(reps.layers, reps.sliding_layers)]
+    assert bands[0] == pytest.approx(0.625) and bands[2] == pytest.approx(0.8125)
+    assert 3 * bands[0] + 3 * bands[2] == pytest.approx(6 * window_pair_fraction(s.model))
+
+
+def test_of_two_middle_ranks_with_three_layers_the_one_with_more_windows_is_faster():
+    # layout 1, 3, 3, 1 of 8 layers: rank 1 holds layers 1-3 (one window, on 2), rank 2 layers
+    # 4-6 (two, on 4 and 6)
+    from simulator.evaluate import compile_scenario
+    model = {**DENSE, "layers": 8, "seq_len": 32768, "sliding_window": 1024, "sliding_window_freq": 2}
+    s = _scenario(model, pp=4, dp=2, pipeline_layout=[1, 3, 3, 1])
+    layout = compile_scenario(s)
+    one, two = layout.representative(1), layout.representative(2)
+    assert one.layers == two.layers == 3
+    assert two.passes.fwd_s < one.passes.fwd_s
+    a, g = evaluate(s, "analytic"), evaluate(s, "graph")
+    assert g.step_time_s == pytest.approx(a.step_time_s, rel=0.05)
+
+
+def test_gpt_oss_120b_evaluates_on_four_stages_of_nine_layers():
+    """Megatron-Bridge's GPT-OSS 120B H100 recipe splits its 36 alternating layers over 4 stages."""
+    s = scenario_from_dict({"model": {"preset": "gpt-oss-120b"}, "cluster": {"node": "dgx-h100", "nodes": 4},
+                            "plan": {"tp": 1, "pp": 4, "dp": 8, "ep": 8, "micro_batch": 1, "global_batch": 64}})
+    assert evaluate(s, "analytic").step_time_s > 0
+
+
 @pytest.mark.parametrize("model,plan,field", [
     ({**DENSE, "sliding_window": 1024}, {"cp": 2, "dp": 4}, "plan.cp"),
-    ({**DENSE, "layers": 6, "sliding_window": 1024, "sliding_window_freq": 2}, {"pp": 2, "dp": 4}, "plan.pp"),
     ({**DENSE, "sliding_window": 1024, "mtp_layers": 1}, {}, "model.mtp_layers"),
 ])
 def test_what_the_window_model_cannot_represent_is_refused(model, plan, field):

@@ -131,7 +131,7 @@ def test_a_rank_holds_the_layer_kinds_of_the_layer_indices_placed_on_it():
     s = moe_scenario({"preset": "deepseek-v3", "seq_len": 1024}, schedule="interleaved", vpp=4,
                      pipeline_layout=DEEPSEEK_LAYOUT, global_batch=64)
     kinds = rank_layer_kinds(s.model, tuple(DEEPSEEK_LAYOUT), 8, SCHEDULES["interleaved"])
-    assert kinds == [(7, 6), (8, 6)] + [(8, 8)] * 5 + [(6, 6)]
+    assert kinds == [(7, 6, 0), (8, 6, 0)] + [(8, 8, 0)] * 5 + [(6, 6, 0)]  # (layers, MoE, sliding)
     layout = compile_scenario(s)
     assert [(int(r.stage), int(r.count), int(r.layers)) for r in layout.stages] == [(0, 1, 7), (1, 1, 8), (2, 5, 8),
                                                                                      (7, 1, 6)]

@@ -99,13 +99,19 @@ def test_vectorised_moe_plans_of_uneven_layer_kinds_equal_scalar_evaluate():
 
 def test_vectorised_plans_whose_middle_ranks_differ_equal_scalar_evaluate():
     """A layout whose middle ranks hold 17, 15 and 16 layers: the executed pipeline order is
-    timed plan by plan within the batch (it once failed to broadcast, crashing sweeps)."""
+    timed plan by plan within the batch (it once failed to broadcast, crashing sweeps); ranks
+    whose sliding windows differ."""
     model = {"layers": 126, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096, "vocab": 32000,
              "seq_len": 1024, "activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope", "bias": False}
     scenarios = [scenario_from_dict({"model": model, "cluster": {"node": "dgx-h100", "nodes": 1},
                                      "plan": {"tp": 1, "pp": 8, "dp": 1, "micro_batch": mb, "global_batch": gb,
                                               "pipeline_layout": [15, 17, 15, 16, 16, 16, 16, 15]}})
                  for gb in (16, 32, 40) for mb in (1, 2)]
+    # windows on every other of 6 layers over 2 stages of 3: the ranks' bands differ
+    scenarios += [scenario_from_dict({"model": {**model, "layers": 6, "sliding_window": 256, "sliding_window_freq": 2},
+                                      "cluster": {"node": "dgx-h100", "nodes": 1},
+                                      "plan": {"tp": 1, "pp": 2, "dp": 4, "micro_batch": 1, "global_batch": gb}})
+                  for gb in (16, 32)]
     for s, got in zip(scenarios, evaluate_many(scenarios)):
         want = evaluate(s, engine="analytic").to_dict()
         assert all(_close(a, b) for a, b in zip(want["memory_gib_by_stage"], got["memory_gib_by_stage"]))
