@@ -47,7 +47,7 @@ Memory: each operator keeps what its backward pass reads (the router's input and
 scores, the gathered rows entering fc1, the activation's input, fc2's input, the routed copies
 the un-permutation weights), and one layer's send, receive and ETP-gathered buffers are alive
 at once (moe_buffer_bytes). Full recomputation re-runs the layer, dispatch included; Megatron's
-finer recompute modules (moe_act, shared_experts, mla_up_proj) are not modelled.
+selective recompute modules (moe, moe_act, shared_experts, layernorm) are recompute.py's.
 
 Parameters: the routed experts are split over ep (whole experts) and etp (each expert's
 columns), replicated over the expert data-parallel group (devices / (pp·ep·etp)), which

@@ -10,6 +10,8 @@ MoE options, MLA) per test.
 - Every number is finite.
 - The engines agree within 10 % on ZeRO-0/1 plans without offload, for every schedule and
   every number of micro-batches.
+- Selective recomputation (any of Megatron-Core's modules) never shortens the step nor
+  keeps more activations than the same plan without recomputation.
 - Doubling TP (halving DP, same micro-batches per replica) never raises a device's memory,
   except where physics says it may: TP-replicated weights (KV heads past kv_heads, MLA's
   down-projections) whose ZeRO-sharded states grow as DP shrinks, and an activation-offload
@@ -113,6 +115,34 @@ def check_memory_with_tp(data):
         return  # tp no longer divides the heads, or the sequence for sequence parallelism
     before, after = evaluate(s, "analytic"), evaluate(t2, "analytic")
     assert after.peak_memory_bytes <= before.peak_memory_bytes * (1 + 1e-9)
+
+
+@given(plan_dicts(zero_stages=(0, 1), offloads=False, moe=True))
+@MOE_RUNS
+def test_recomputing_modules_of_moe_plans_costs_time_and_saves_activations(data):
+    check_recompute_modules(data)
+
+
+@given(plan_dicts(zero_stages=(0, 1), offloads=False))
+@RUNS
+def test_recomputing_modules_costs_time_and_saves_activations(data):
+    check_recompute_modules(data)
+
+
+def check_recompute_modules(data):
+    """Against the same plan without recomputation, a selective one re-runs work (never a
+    shorter step) and keeps less (never more activation bytes at the peak: what a module drops
+    is rebuilt one layer's module at a time)."""
+    if data["plan"]["recompute"] != "selective":
+        return
+    s = scenario_of(data)
+    plain = scenario_from_dict({**data, "plan": {k: v for k, v in data["plan"].items() if k != "recompute_modules"}
+                                | {"recompute": "none"}})
+    for engine in ("analytic", "graph"):
+        a, b = evaluate(s, engine), evaluate(plain, engine)
+        assert a.step_time_s >= b.step_time_s * (1 - 1e-9), (a.step_time_s, b.step_time_s)
+        for kept, everything in zip(a.memory_by_stage, b.memory_by_stage):
+            assert kept["activations"] <= everything["activations"] * (1 + 1e-9), (kept, everything)
 
 
 def test_a_non_physical_bandwidth_is_refused():
