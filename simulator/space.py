@@ -114,8 +114,11 @@ def _axis_values(name: str, spec: Any) -> tuple:
         raise InputError(where, spec, "expected at least one value")
     values = [v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v for v in values]
     for v in values:
-        if isinstance(v, (dict, list)) or (isinstance(v, float) and not math.isfinite(v)):
-            raise InputError(where, v, "expected numbers, text or true/false")
+        # a list of scalars is one value of a list field (plan.recompute_modules, plan.pipeline_layout)
+        items = v if isinstance(v, list) else [v]
+        if isinstance(v, dict) or any(isinstance(x, (dict, list)) or (isinstance(x, float) and not math.isfinite(x))
+                                      for x in items):
+            raise InputError(where, v, "expected numbers, text, true/false or a list of them")
         # an int too large for a float64 cannot even be tabled; the fields' own ceilings are lower
         if isinstance(v, (int, float)) and not isinstance(v, bool) and not abs(v) <= F.ABSURD:
             raise InputError(where, v, f"expected a finite number of magnitude at most {F.ABSURD:g}")

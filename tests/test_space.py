@@ -27,6 +27,13 @@ def test_list_values_range_and_pow2_expand():
                             "plan.zero_stage": (0, 1)}
 
 
+def test_a_list_of_lists_sweeps_a_list_field_and_nesting_deeper_is_refused():
+    s = _space({"plan.recompute_modules": [["core_attn"], ["core_attn", "mlp"]]})
+    assert dict(s.axes) == {"plan.recompute_modules": (["core_attn"], ["core_attn", "mlp"])}
+    with pytest.raises(InputError, match="a list of them"):
+        _space({"plan.pipeline_layout": [[[12, 12]]]})
+
+
 def test_points_are_the_product_with_the_last_axis_fastest():
     points = _space({"plan.tp": [1, 2], "plan.pp": [1, 4]}).points()
     assert points == [{"plan.tp": 1, "plan.pp": 1}, {"plan.tp": 1, "plan.pp": 4},

@@ -59,6 +59,18 @@ def test_sweep_rows_equal_single_evaluations(vectorize):
             assert all(math.isclose(got_stage[k], v, rel_tol=1e-12) for k, v in want_stage.items())
 
 
+def test_a_list_field_is_an_axis_whose_cells_are_its_json_and_rows_equal_evaluations():
+    space = space_from_dict({"base": {**BASE, "plan": {**BASE["plan"], "tp": 2, "sequence_parallel": True,
+                                                        "recompute": "selective"}},
+                             "sweep": {"plan.recompute_modules": [["core_attn"], ["core_attn", "mlp"], ["mlp"]]}})
+    df = sweep(space, workers=1, progress=False)
+    assert list(df["plan.recompute_modules"]) == ['["core_attn"]', '["core_attn", "mlp"]', '["mlp"]']
+    for row, point in zip(df.itertuples(index=False), space.points()):
+        want = evaluate(scenario_from_dict(apply_overrides(space.base, point)), "analytic")
+        assert math.isclose(row.step_time_s, want.step_time_s, rel_tol=1e-12)
+        assert math.isclose(row.peak_memory_gib, want.peak_memory_bytes / 2**30, rel_tol=1e-12)
+
+
 def test_a_graph_engine_sweep_gives_each_point_the_graph_engines_evaluation():
     space = space_from_dict({"base": BASE, "sweep": {"plan.tp": [1, 2], "plan.pp": [1, 2]}})
     df = sweep(space, workers=1, progress=False, engine="graph")
