@@ -189,9 +189,39 @@ class PeakMemory:
     reserved_bytes: object  # the most any stage's caching allocator holds (StageMemory.reserved_bytes)
 
 
-def peak_memory(layout: Layout) -> PeakMemory:
-    """The worst stage over the representatives (the middle stages a representative stands for
-    hold no more than its own, the earliest of them)."""
+def stage_memory_grid(layout: Layout, n: int) -> tuple[dict, object]:
+    """Every pipeline stage's bytes per device by part (MEMORY_KEYS and cached_free_bytes), as
+    arrays of (stages, plans) for a batch of `n` plans, and which entries are stages of their
+    plan (stage < p). Each stage is its representative's weights with its own in-flight
+    activations: a middle stage may hold more than the representative it stands for (the
+    torch pipeline's buffers under a V schedule)."""
+    p = np.asarray(layout.p)
+    stages = np.arange(int(np.max(p)))[:, None]  # (stages, 1) against (plans,)
+    reps = [layout.stage_memory(r, stages) for r in layout.stages]
+    if layout.rep_of_stage is not None:
+        index = np.asarray(layout.rep_of_stage)[:, None]  # one pipeline size per batch (stagesplit.batch_key)
+    else:
+        index = np.where(stages == 0, 0, np.where(stages == p - 1, 2, 1))
+    shape = (len(stages), n)
+    parts = {k: np.choose(index, [np.broadcast_to(np.asarray(getattr(m, k), dtype=float), shape) for m in reps])
+             for k in (*MEMORY_KEYS, "cached_free_bytes")}
+    return parts, np.broadcast_to(stages < p, shape)
+
+
+def peak_memory(layout: Layout, n: int) -> PeakMemory:
+    """The stage with the most bytes per device of each of `n` plans (the first, as evaluate()
+    picks). A middle stage holds its representative's weights and no more in-flight
+    activations than the earliest stage it stands for, so the representatives give the peak;
+    PyTorch's pipeline buffers (plan.pp_impl: torch) break that under V schedules, and then
+    every stage is looked at (stage_memory_grid)."""
+    if layout.pipe is not None:
+        parts, valid = stage_memory_grid(layout, n)
+        totals = sum(parts[k] for k in MEMORY_KEYS)
+        index = np.argmax(np.where(valid, totals, -np.inf), axis=0)
+        pick = lambda values: np.take_along_axis(values, index[None, :], axis=0)[0]  # noqa: E731
+        peak = {k: pick(parts[k]) for k in MEMORY_KEYS}
+        return PeakMemory(index, peak, sum(peak.values()),
+                          np.max(np.where(valid, totals + parts["cached_free_bytes"], -np.inf), axis=0))
     mems = [layout.stage_memory(r) for r in layout.stages]
 
     def stacked(key):
@@ -201,14 +231,14 @@ def peak_memory(layout: Layout) -> PeakMemory:
     counted = np.stack(np.broadcast_arrays(*[np.asarray(r.count) for r in layout.stages])) > 0
     index = np.argmax(np.where(counted, totals, -np.inf), axis=0)
 
-    def pick(values):
+    def pick_rep(values):
         out = values[-1]
         for i in range(len(values) - 2, -1, -1):
             out = np.where(index == i, values[i], out)
         return out
 
-    parts = {k: pick([np.asarray(getattr(mm, k), dtype=float) for mm in mems]) for k in MEMORY_KEYS}
-    return PeakMemory(pick([r.stage for r in layout.stages]), parts, sum(parts.values()),
+    parts = {k: pick_rep([np.asarray(getattr(mm, k), dtype=float) for mm in mems]) for k in MEMORY_KEYS}
+    return PeakMemory(pick_rep([r.stage for r in layout.stages]), parts, sum(parts.values()),
                       np.max(np.where(counted, stacked("reserved_bytes"), -np.inf), axis=0))
 
 

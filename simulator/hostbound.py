@@ -36,9 +36,16 @@ def launches(ops) -> tuple[int, int]:
     """(forward, backward) launches of an operator list: a GEMM launches twice in the backward
     pass, separate projections one GEMM each, a backward-only operator (a gradient sum) none
     in the forward pass."""
-    kernels = [len(op.pieces) or 1 for op in ops]
-    fwd = sum(n for n, op in zip(kernels, ops) if np.any(op.fwd_flops) or np.any(op.fwd_bytes))
-    bwd = sum(n * (2 if op.kind == MATMUL or op.kind in LOW_PRECISION_GEMMS else 1) for n, op in zip(kernels, ops))
+    fwd = bwd = 0
+    for op in ops:
+        n = len(op.pieces) or 1
+        runs_fwd = (op.fwd_flops > 0) | (op.fwd_bytes > 0)
+        # an operator with no work in any pass (a batch's plan without context parallelism
+        # running the ring's merges) launches nothing; elementwise over a batch of plans
+        runs = runs_fwd | (op.bwd_input_flops > 0) | (op.bwd_input_bytes > 0) | (op.bwd_weight_flops > 0) \
+            | (op.bwd_weight_bytes > 0)
+        fwd = fwd + n * runs_fwd
+        bwd = bwd + n * (2 if op.kind == MATMUL or op.kind in LOW_PRECISION_GEMMS else 1) * runs
     return fwd, bwd
 
 
@@ -55,4 +62,4 @@ def host_bound(times, ops, host_s, tp_exposed=(0.0, 0.0), collectives=(0, 0)):
 
 def rerun_bound(rerun_s, rerun_ops, host_s):
     """Seconds of a layer's recomputation, host-bound like a forward pass."""
-    return np.maximum(rerun_s, len(rerun_ops) * host_s)
+    return np.maximum(rerun_s, launches(rerun_ops)[0] * host_s)

@@ -123,7 +123,7 @@ def virtual_stage_layers(model, plan, schedule, p: int) -> tuple:
     check_split accepts: its layout, or each rank's layers split evenly over its chunks."""
     if plan.pipeline_layout is not None:
         return tuple(plan.pipeline_layout)
-    chunks = schedule.chunks(plan.vpp)
+    chunks = int(np.max(schedule.chunks(plan.vpp)))  # a batch shares its vpp here (batch_key)
     first, middle, last = _rank_layers(model, plan, p)
     ranks = [first, *[middle] * (p - 2), last] if p > 1 else [model.layers]
     return tuple(int(ranks[schedule.stage_chunk(k, p)[0]]) // chunks for k in range(p * chunks))

@@ -7,11 +7,10 @@ arrays in a `PlanBatch`, which is compiled into one Layout of arrays and run thr
 analytic engine: the same code as a single evaluation (layout.py, analytic.py), with no
 second copy of a formula here.
 
-Memory: a stage's memory is largest at one of the Layout's representatives (a middle
-stage holds the weights of its representative and no more in-flight activations than it,
-the earliest of the stages it stands for), so they give the peak stage and bytes. The
-per-stage list (`memory_gib_by_stage`) is computed on request (`by_stage=True`, as sweeps
-do), with the stage index as a second array axis.
+Memory: the peak stage and bytes, as evaluate() takes them (analytic.peak_memory: from the
+representatives, or every stage where PyTorch's pipeline buffers make a middle stage hold
+more than its representative). The per-stage list (`memory_gib_by_stage`) is computed on
+request (`by_stage=True`, as sweeps do), with the stage index as a second array axis.
 """
 
 from __future__ import annotations
@@ -43,13 +42,15 @@ CATEGORICAL = tuple(f.name for f in fields(Plan) if f.name not in SIZES)
 class PlanBatch(Plan):
     """A Plan whose sizes are int64 arrays (one entry per plan).
 
-    `sp` is the requested sequence_parallel flag: Plan.sp also requires tp > 1, but
-    every sequence-parallel formula reduces to the plain one at tp = 1, so the two agree.
+    `sp` is Plan.sp (sequence_parallel with tp > 1) of every plan of the batch: plans whose
+    sp differs are batched apart (_scenario_key), as some formulas do not reduce to the plain
+    ones at tp = 1 (torchao's FP8 casts before the all-gather, op-level recompute's kept
+    reduce-scatter outputs).
     """
 
     @property
     def sp(self) -> bool:
-        return self.sequence_parallel
+        return self.sequence_parallel and bool(np.all(np.asarray(self.tp) > 1))
 
     def __len__(self) -> int:
         return int(np.size(self.tp))
@@ -67,16 +68,8 @@ def memory_by_stage_batch(layout: Layout, n: int, unit: float = 1.0) -> list[lis
     """Per plan, the memory (bytes / unit, by part) of each of its pipeline stages, computed
     for all stages of all plans at once (stage index along a second array axis)."""
     pp = np.asarray(layout.p).tolist()
-    stages = np.arange(max(pp))[:, None]  # (stages, 1) against (plans,)
-    reps = [layout.stage_memory(r, stages) for r in layout.stages]
-    if layout.rep_of_stage is not None:
-        index = np.asarray(layout.rep_of_stage)[:, None]  # scalar pipelines only: one entry per stage
-    else:
-        index = np.where(stages == 0, 0, np.where(stages == np.asarray(layout.p) - 1, 2, 1))
-    per_plan = []
-    for k in MEMORY_KEYS:
-        values = [np.broadcast_to(np.asarray(getattr(m, k), dtype=float), (len(stages), n)) for m in reps]
-        per_plan.append((np.choose(index, values) / unit).T.tolist())
+    parts, _ = analytic.stage_memory_grid(layout, n)
+    per_plan = [(parts[k] / unit).T.tolist() for k in MEMORY_KEYS]
     return [[dict(zip(MEMORY_KEYS, values)) for values in zip(*(part[j][:pp[j]] for part in per_plan))]
             for j in range(n)]
 
@@ -92,7 +85,7 @@ def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training
     """
     n = len(plan)
     layout = compile_layout(model, capped_cluster(cluster, training.power), plan)
-    peak = analytic.peak_memory(layout)
+    peak = analytic.peak_memory(layout, n)
     capacity = cluster.accelerator.hbm_bytes
     fits = np.broadcast_to(peak.total <= capacity, (n,))
     host = np.broadcast_to(np.asarray(analytic.host_bytes_per_device(layout), dtype=float), (n,))
@@ -143,7 +136,7 @@ def _scenario_key(s: Scenario) -> tuple:
     """Scenarios with equal keys share a batch. The cluster (unhashable) is keyed by identity:
     scenarios parsed with a shared cache (scenario_from_dict(..., cache)) share it."""
     cats = tuple(getattr(s.plan, name) for name in CATEGORICAL)
-    return (s.model, id(s.cluster), cats, s.training, s.name, batch_key(s.model, s.plan))
+    return (s.model, id(s.cluster), cats, s.training, s.name, s.plan.sp, batch_key(s.model, s.plan))
 
 
 def evaluate_many(scenarios: list[Scenario]) -> list[dict]:

@@ -116,3 +116,22 @@ def test_vectorised_plans_whose_middle_ranks_differ_equal_scalar_evaluate():
         want = evaluate(s, engine="analytic").to_dict()
         assert all(_close(a, b) for a, b in zip(want["memory_gib_by_stage"], got["memory_gib_by_stage"]))
         assert _close(want["step_time_s"], got["step_time_s"]), s.plan
+
+
+def test_vectorised_interleaved_plans_of_uneven_layer_kinds_equal_scalar_evaluate():
+    """Interleaved pipelines whose ranks hold different mixes: windows on every other of 12
+    layers and, with experts, 2 leading dense layers (the virtual stages are counted per batch
+    of one vpp; this once crashed sweeps)."""
+    model = {"layers": 12, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096, "vocab": 32000,
+             "seq_len": 2048, "activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope", "bias": False,
+             "sliding_window": 256, "sliding_window_freq": 2}
+    moe = {**{k: v for k, v in model.items() if "window" not in k}, "experts": 8, "top_k": 2, "dense_layers": 2}
+    scenarios = [scenario_from_dict({"model": m, "cluster": {"node": "dgx-h100", "nodes": 1},
+                                     "plan": {"tp": 1, "pp": pp, "dp": 8 // pp, "ep": 2 if m is moe else 1,
+                                              "schedule": "interleaved", "vpp": vpp, "micro_batch": 1,
+                                              "global_batch": gb * (8 // pp)}})
+                 for m in (model, moe) for pp, vpp in ((2, 2), (2, 3), (4, 3)) for gb in (4, 8)]
+    for s, got in zip(scenarios, evaluate_many(scenarios)):
+        want = evaluate(s, engine="analytic").to_dict()
+        assert all(_close(a, b) for a, b in zip(want["memory_gib_by_stage"], got["memory_gib_by_stage"]))
+        assert _close(want["step_time_s"], got["step_time_s"]), s.plan
