@@ -37,6 +37,7 @@ from .hardware import Cluster, cluster_from_dict
 from .model import ModelSpec, model_from_dict
 from .plan import Offload, Plan, validate
 from .scenario import Scenario, Training
+from .stagesplit import batch_key
 from .table import plan_columns
 from .vector import evaluate_batch, PlanBatch, SIZES
 
@@ -199,10 +200,11 @@ def _evaluate_groups(model: ModelSpec, cluster: Cluster, global_batch: int, opts
     shapes, tried_shapes = _shapes(model, cluster, global_batch, opts)
     by_group: dict = {}
     for s in shapes:
-        by_group.setdefault((s.schedule, s.sequence_parallel, s.dp_replicate, s.cp_attention, s.cp_ulysses),
-                            []).append(s)
+        # plans whose ranks are counted one by one share one pipeline size (stagesplit.batch_key)
+        by_group.setdefault((s.schedule, s.sequence_parallel, s.dp_replicate, s.cp_attention, s.cp_ulysses,
+                             batch_key(model, s)), []).append(s)
     out = []
-    for (schedule, sp, r, attention, ulysses), members in by_group.items():
+    for (schedule, sp, r, attention, ulysses, _), members in by_group.items():
         sizes = {k: np.array([getattr(p, k) for p in members], dtype=np.int64) for k in SIZES}
         for setting in _settings(model, cluster, members[0], opts):
             batch = PlanBatch(**sizes, schedule=schedule, sequence_parallel=sp, precision=opts.precision,

@@ -87,6 +87,24 @@ def test_ranked_plans_carry_the_numbers_of_single_evaluations(opts):
             assert math.isclose(getattr(row, key), want[key], rel_tol=1e-12), key
 
 
+def test_a_model_whose_ranks_hold_different_layer_mixes_is_searched_with_single_evaluations():
+    """Windows on every other of 12 layers: 2 stages of 6 hold 3 each, 4 stages of 3 hold 2, 1,
+    2, 1 (the batch is split per pipeline size; it once crashed the search)."""
+    model = model_from_dict({"layers": 12, "hidden": 1024, "heads": 8, "ffn_hidden": 4096, "vocab": 32000,
+                             "seq_len": 2048, "activation": "swiglu", "norm": "rmsnorm",
+                             "position_embedding": "rope", "bias": False, "sliding_window": 256,
+                             "sliding_window_freq": 2})
+    cluster = cluster_from_dict(CLUSTER)
+    opts = replace(OPTS, schedules=("1f1b",), max_cp=1, offloads=("none",))
+    table, _ = evaluate_all(model, cluster, 16, opts)
+    assert {2, 4} <= set(table.pp)
+    for pp in (2, 4):
+        for row in table[table.pp == pp].head(6).itertuples(index=False):
+            want = evaluate(_scenario_of(row, model, cluster, Training()), engine="analytic").to_dict()
+            for key in ("step_time_s", "peak_memory_gib"):
+                assert math.isclose(getattr(row, key), want[key], rel_tol=1e-12), key
+
+
 @pytest.mark.parametrize("objective,column,ascending", [("throughput", "tokens_per_s", False),
                                                         ("cost", "usd_per_million_tokens", True),
                                                         ("time-to-train", "step_time_s", True)])
