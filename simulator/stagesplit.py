@@ -28,10 +28,12 @@ layers are numbered through the virtual stages in order, so DeepSeek-V3's three 
 dense layers under Megatron-Bridge's layout Et|(tt|)*30mL fall on ranks 0 and 1
 (rank_layer_kinds), where an even split keeps them in the first stage, and of GPT-OSS's 36
 alternating layers in 4 stages of 9 the first and third ranks hold 5 windows, the others 4
-(the Layout then times each rank's layers at its own mean band, workload.window_pair_fraction). A rank's chunks are timed as equal shares of its layers: under a
-layout whose virtual stages on one rank differ (7 + 8 layers on the 405B's first rank) the
-steady state is the rank's total either way, and only the pipeline's fill and drain, which
-pass through one chunk of each stage, would differ by that layer.
+(the Layout then times each rank's layers at its own mean band, workload.window_pair_fraction).
+A rank's chunks are timed as equal shares of its layers and kinds: under a layout whose
+virtual stages on one rank differ (7 + 8 layers on the 405B's first rank; DeepSeek-V3's
+first rank: one dense layer, then three chunks of two MoE layers) the steady state is the
+rank's total either way, and only the pipeline's fill and drain, which pass through one
+chunk of each stage, would differ.
 """
 
 from __future__ import annotations
