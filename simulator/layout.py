@@ -181,7 +181,16 @@ def compile_layout(model, cluster, plan) -> Layout:
     g = groups(plan, cluster)
     zero_group = zero_group_size(plan)
     per = bytes_per_param(plan.precision, plan.grad_precision, plan.optimizer_precision, plan.fp32_params)
-    mix = compile_mix(model, cluster, plan, shard, g, per, precision) if needs_layer_mix(model) else None
+    mixed = needs_layer_mix(model)
+
+    def layer_kinds(layer_shard):
+        """The layer a device runs (its kinds for a model with experts or MLA, layermix.py) on
+        `layer_shard`, whose attention band is a rank's own where its windows differ."""
+        if mixed:
+            return compile_mix(model, cluster, plan, layer_shard, g, per, precision)
+        return _dense_layer(model, cluster, plan, layer_shard, g, precision)
+
+    base = layer_kinds(shard)
     head = eager_ops(head_ops(model, shard), model, plan)
     if model.mtp_layers:  # each depth's embedding, projection, head and loss run on the head stage
         head = head + mtp.depth_ops(model, shard) * model.mtp_layers
@@ -189,16 +198,15 @@ def compile_layout(model, cluster, plan) -> Layout:
     head_t = ops_time(head, cluster, precision)
     host_s = cluster.node.launch_overhead_s
     linear_params = fp8.layer_linear_params(model, plan.tp)
-    if mix is None:
-        dense = _dense_layer(model, cluster, plan, shard, g, precision)
-        layer, checkpoint = dense.ops, dense.checkpoint
+    if not mixed:
+        layer, checkpoint = base.ops, base.checkpoint
         layer_params = layer_params_local(model, plan.tp)
         # ZeRO-3 gathers a layer's linear weights in FP8 where they move in FP8
         layer_gather = fp8.gather_bytes_per_param(per, linear_params, layer_params, plan)
         buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, layer_params, plan, layer_gather,
                                per.grad)
     else:  # experts or MLA: two layer kinds (layermix.py)
-        buffers = mix.buffer_bytes
+        buffers = base.buffer_bytes
     if host_s > 0:
         head_t = hostbound.host_bound(head_t, head, host_s)
         emb_t = hostbound.host_bound(emb_t, embedding_ops(model, shard), host_s)
@@ -212,19 +220,18 @@ def compile_layout(model, cluster, plan) -> Layout:
     moe_layers = reps_of.moe_layers or [0] * len(reps_of.indices)
     sliding_layers = reps_of.sliding_layers or [None] * len(reps_of.indices)
     # a rank whose layers' mean attention band is not the model's runs layers of its own band
-    banded = {window_pair_fraction(model): dense if mix is None else mix}
+    mean_band = window_pair_fraction(model)
+    banded = {mean_band: base}
     for stage, count, layers, n_moe, sliding in zip(reps_of.indices, reps_of.counts, reps_of.layers, moe_layers,
                                                     sliding_layers):
-        band = window_pair_fraction(model) if sliding is None else window_pair_fraction(model, layers, sliding)
+        band = mean_band if sliding is None else window_pair_fraction(model, layers, sliding)
         if band not in banded:
-            own = replace(shard, window_fraction=band)
-            banded[band] = _dense_layer(model, cluster, plan, own, g, precision) if mix is None else \
-                compile_mix(model, cluster, plan, own, g, per, precision)
+            banded[band] = layer_kinds(replace(shard, window_fraction=band))
         kind = banded[band]
         has_emb = stage == schedule.embedding_stage(p)
         has_head = stage == head_stage
         head_copy = has_head & (np.asarray(not model.tied_embeddings) | (head_stage != schedule.embedding_stage(p)))
-        if mix is None:
+        if not mixed:
             params = stage_params(model, plan.tp, layers, has_emb, has_head, head_copy)
             states = model_states(params, plan, per, zero_group)
             linears = layers * linear_params
@@ -269,7 +276,7 @@ def compile_layout(model, cluster, plan) -> Layout:
             framework_step_s=framework_ops.step_seconds(model, plan, cluster, per, params, shard_group, layers, has_emb,
                                                         has_head, head_copy)))
     model_flops = model_flops_per_sequence(model, plan.moe) * plan.global_batch
-    if mix is None:
+    if not mixed:
         one = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=plan.flash_attention)
         rerun_per_layer = rerun_flops(layer_checkpoint(model, one, plan.recompute, layer_ops(model, one),
                                                        plan.recompute_modules))

@@ -214,7 +214,8 @@ def layer_checkpoint(model, shard: Shard, mode: str, ops, modules: tuple = ("cor
                                everything, ep_rerun=1.0)
     if mode == "selective":
         parts = [_module(model, ops, m) for m in modules]
-        rerun = [op for op in ops if any(op is r for p in parts for r in p.rerun)]
+        chosen = {id(op) for part in parts for op in part.rerun}
+        rerun = [op for op in ops if id(op) in chosen]  # in the layer's order, each once
         dropped = [sum(op.saved_bytes for op in p.dropped) for p in parts]
         blocks = tuple(b for p in parts for b in p.tp_blocks)
         # modules are rebuilt one at a time, each just before its backward

@@ -47,14 +47,6 @@ from .moe import stage_layer_mix
 from .schedules import plan_schedule
 
 
-def rank_layers_of_layout(layout: tuple, p: int, schedule) -> list[int]:
-    """Layers of each pipeline rank under a per-virtual-stage layout (schedule placement)."""
-    out = [0] * p
-    for k, n in enumerate(layout):
-        out[schedule.stage_chunk(k, p)[0]] += n
-    return out
-
-
 def check_split(plan, model, schedule) -> None:
     """Raise InputError for a split of the layers that the pipeline cannot hold."""
     p, chunks = plan.pp, schedule.chunks(plan.vpp)
@@ -68,8 +60,7 @@ def check_split(plan, model, schedule) -> None:
                              f"chunks per device = {stages}")
         if sum(layout) != model.layers:
             raise InputError("plan.pipeline_layout", list(layout), f"must add up to layers={model.layers}")
-        ranks = rank_layers_of_layout(layout, p, schedule)
-        if min(ranks) < 1:
+        if min(k[0] for k in rank_layer_kinds(model, layout, p, schedule)) < 1:
             raise InputError("plan.pipeline_layout", list(layout), "every pipeline rank needs a layer")
         return
     if first is None and last is None:
@@ -142,7 +133,7 @@ def rank_layer_kinds(model, stage_layers: tuple, p: int, schedule) -> list:
         rank = out[schedule.stage_chunk(k, p)[0]]
         layers = range(start, start + n)
         rank[0] += n
-        rank[1] += sum(model.is_moe_layer(i) for i in layers)
+        rank[1] += sum(model.is_moe_layer(i) for i in layers) if model.experts else 0
         rank[2] += sum(model.is_sliding_window_layer(i) for i in layers) if varying_windows(model) else 0
         start += n
     return [tuple(r) for r in out]
@@ -162,43 +153,38 @@ class Representatives(NamedTuple):
 def representatives(model, plan, schedule, p) -> Representatives:
     """The representative stages: the first, the middle ranks (one, standing for every middle
     rank where they hold equal layers of equal kinds, else one per distinct holding: the
-    earliest rank holding it, the one with the most in flight) and the last. Where the middle
-    ranks are equal `p` may be an array of pipeline sizes for a batch of plans (the first/last
-    counts and a layout are shared); a model whose ranks hold different mixes of layer kinds
-    needs one pipeline size per batch (batch_key). With p = 1 or 2 the repeated
-    representatives count zero times."""
+    earliest rank holding it, the one with the most in flight) and the last. Without a
+    layout, where the closed forms hold (uniform_layer_kinds), `p` may be an array of pipeline
+    sizes for a batch of plans (first/last counts are shared); otherwise the ranks are counted
+    one by one (rank_layer_kinds) for one pipeline size per batch (batch_key). With p = 1 or 2
+    the repeated representatives count zero times."""
     p = np.asarray(p)
     indices = [np.zeros_like(p), np.minimum(1, p - 1), p - 1]
     counts = [np.ones_like(p), np.maximum(p - 2, 0), (p > 1).astype(p.dtype)]
-    if not uniform_layer_kinds(model, plan, schedule, p):
-        p0 = int(np.ravel(p)[0])
-        if np.any(p != p0):
-            raise ValueError("a batch of plans with uneven layer kinds needs one pipeline size (batch_key)")
-        kinds = rank_layer_kinds(model, virtual_stage_layers(model, plan, schedule, p0), p0, schedule)
-        sliding = lambda ks: [k[2] for k in ks] if varying_windows(model) else None  # noqa: E731
-    elif plan.pipeline_layout is not None:
-        ranks = rank_layers_of_layout(plan.pipeline_layout, int(np.max(p)), schedule)
-        kinds = [(n, None) for n in ranks]
-        sliding = lambda ks: None  # noqa: E731
-    else:
+    if not counted_by_rank(model, plan, schedule, p):
         layers = list(_rank_layers(model, plan, p))
         moe = None
         if model.experts:
             moe = [stage_layer_mix(model, p, schedule.chunks(plan.vpp), i == schedule.embedding_stage(p))[1]
                    for i in indices]
         return Representatives(indices, counts, layers, None, moe)
+    p0 = int(np.ravel(p)[0])
+    if np.any(p != p0):
+        raise ValueError("a batch of plans whose ranks are counted one by one needs one pipeline size (batch_key)")
+    kinds = rank_layer_kinds(model, virtual_stage_layers(model, plan, schedule, p0), p0, schedule)
     middles = list(dict.fromkeys(kinds[1:-1]))
-    moe = (lambda ks: [k[1] for k in ks]) if model.experts else (lambda ks: None)
     if len(middles) > 1:
         n = len(kinds)
         first_at = [kinds.index(x, 1) for x in middles]
         rep_of_stage = (0, *(1 + middles.index(x) for x in kinds[1:-1]), len(middles) + 1)
         reps = [kinds[0], *middles, kinds[-1]]
-        shaped = lambda xs: [x + 0 * p for x in xs]  # noqa: E731 (shaped as a batch's p)
-        return Representatives(shaped([0, *first_at, n - 1]), shaped([1, *(kinds[1:-1].count(x) for x in middles), 1]),
-                               [k[0] for k in reps], rep_of_stage, moe(reps), sliding(reps))
-    reps = [kinds[0], kinds[min(1, len(kinds) - 1)], kinds[-1]]
-    return Representatives(indices, counts, [k[0] for k in reps], None, moe(reps), sliding(reps))
+        indices = [x + 0 * p for x in (0, *first_at, n - 1)]  # shaped as a batch's p
+        counts = [x + 0 * p for x in (1, *(kinds[1:-1].count(x) for x in middles), 1)]
+    else:
+        rep_of_stage, reps = None, [kinds[0], kinds[min(1, len(kinds) - 1)], kinds[-1]]
+    return Representatives(indices, counts, [k[0] for k in reps], rep_of_stage,
+                           [k[1] for k in reps] if model.experts else None,
+                           [k[2] for k in reps] if varying_windows(model) else None)
 
 
 def varying_windows(model) -> bool:
@@ -224,10 +210,13 @@ def uniform_layer_kinds(model, plan, schedule, p) -> bool:
     return bool(np.all(uniform))
 
 
+def counted_by_rank(model, plan, schedule, p) -> bool:
+    """Whether representatives counts the ranks' layers one by one: under a layout, or where
+    the ranks hold different mixes of layer kinds."""
+    return plan.pipeline_layout is not None or not uniform_layer_kinds(model, plan, schedule, p)
+
+
 def batch_key(model, plan) -> tuple:
     """What plans must share to be laid out as one batch beyond their categorical fields:
-    the pipeline's size where its ranks are counted one by one (a layout, or a model whose
-    ranks hold different mixes of layer kinds: representatives)."""
-    if plan.pipeline_layout is not None or not uniform_layer_kinds(model, plan, plan_schedule(plan), plan.pp):
-        return (plan.pp, plan.vpp)
-    return ()
+    the pipeline's size where its ranks are counted one by one (counted_by_rank)."""
+    return (plan.pp, plan.vpp) if counted_by_rank(model, plan, plan_schedule(plan), plan.pp) else ()

@@ -6,7 +6,7 @@ import pytest
 from simulator import InputError, evaluate, scenario_from_dict
 from simulator.evaluate import compile_scenario
 from simulator.schedules import SCHEDULES
-from simulator.stagesplit import rank_layer_kinds, rank_layers_of_layout
+from simulator.stagesplit import rank_layer_kinds
 
 MODEL_126 = {"layers": 126, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096, "vocab": 32000,
              "seq_len": 1024, "activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope",
@@ -43,8 +43,8 @@ def test_the_first_stage_holds_its_layers_and_the_embedding():
 
 def test_a_layout_gives_each_rank_the_virtual_stages_the_schedule_places_on_it():
     layout = [7] + [8] * 14 + [7]  # torchtitan's split of 126 layers into 16 stages
-    assert rank_layers_of_layout(layout, 8, SCHEDULES["interleaved"]) == [15] + [16] * 6 + [15]
     s = scenario(schedule="interleaved", vpp=2, pipeline_layout=layout)
+    assert [k[0] for k in rank_layer_kinds(s.model, layout, 8, SCHEDULES["interleaved"])] == [15] + [16] * 6 + [15]
     assert [float(r.layers) for r in compile_scenario(s).stages] == [15, 16, 15]
 
 
