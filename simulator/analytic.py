@@ -25,7 +25,7 @@ from .dataparallel import bucketed_overlap_s
 from .layout import Layout, StageLayout
 from .memory import MEMORY_KEYS, StageMemory
 from .offload import exposed_offload_s
-from .schedules import StageTimes, stage_times
+from .schedules import StageTimes, alike_middles, stage_rep_grid, stage_times
 
 
 def pipeline_times(layout: Layout) -> StageTimes:
@@ -60,6 +60,15 @@ def _reduce_tail_s(layout: Layout, reduce_s, grad_pass_s, buckets, times: StageT
     return np.maximum(0.0, queue) * (np.asarray(reduce_s) > 0)
 
 
+def _stage_sums(per_rep, rep):
+    """(stages + 1, plans): row s sums per_rep (representatives, plans or 1) over the stages
+    below s, each stage counted as its representative (rep: stages, plans or 1)."""
+    n = max(per_rep.shape[1], rep.shape[1])
+    per_stage = np.take_along_axis(np.broadcast_to(per_rep, (len(per_rep), n)),
+                                   np.broadcast_to(rep, (len(rep), n)), axis=0)
+    return np.concatenate([np.zeros((1, n)), np.cumsum(per_stage, axis=0)])
+
+
 def ends_before_last_s(layout: Layout, times: StageTimes) -> list:
     """Per representative, how long before the last stage to finish its passes it finishes
     its own. The step's last backward passes (B, or I when split) run from stage p-1 down to
@@ -78,14 +87,18 @@ def ends_before_last_s(layout: Layout, times: StageTimes) -> list:
         return (times.b[i] if split else times.b[i] + times.w[i]) / v + hop
 
     if layout.rep_of_stage is not None:  # middle ranks of different layers: each stage's own pass
-        below = np.cumsum(np.broadcast_arrays(0.0, *[hop_down(k) for k in layout.rep_of_stage]), axis=0)
+        rep = stage_rep_grid(layout.rep_of_stage)
+        hops = np.stack(np.broadcast_arrays(*[hop_down(i) for i in range(len(layout.stages))]))
+        below = _stage_sums(hops.reshape(len(layout.stages), -1), rep)
+        # in a batch of several pipelines, a plan whose middle ranks are alike takes the closed form, as alone
+        alike = alike_middles(rep, layout.p) if rep.shape[1] > 1 else None
     ends = []
     for i, r in enumerate(layout.stages):
         s = np.asarray(r.stage)
+        chain = np.where(s >= 1, hop_down(0), 0.0) + np.maximum(s - 1, 0) * hop_down(1)
         if layout.rep_of_stage is not None:
-            chain = below[int(np.ravel(s)[0])]  # a batch of such plans shares its pipeline (vector.py)
-        else:
-            chain = np.where(s >= 1, hop_down(0), 0.0) + np.maximum(s - 1, 0) * hop_down(1)
+            counted = below[s, np.arange(below.shape[1]) if below.shape[1] > 1 else 0]
+            chain = counted if alike is None else np.where(alike, chain, counted)
         ends.append(per_chunk(i, layout.schedule.drain_tail(layout.p, layout.m, v, r.stage)) - chain)
     latest = np.maximum.reduce(np.broadcast_arrays(*ends))
     return [latest - e for e in ends]
@@ -199,11 +212,13 @@ def stage_memory_grid(layout: Layout, n: int) -> tuple[dict, object]:
     stages = np.arange(int(np.max(p)))[:, None]  # (stages, 1) against (plans,)
     reps = [layout.stage_memory(r, stages) for r in layout.stages]
     if layout.rep_of_stage is not None:
-        index = np.asarray(layout.rep_of_stage)[:, None]  # one pipeline size per batch (stagesplit.batch_key)
+        index = stage_rep_grid(layout.rep_of_stage)
     else:
         index = np.where(stages == 0, 0, np.where(stages == p - 1, 2, 1))
     shape = (len(stages), n)
-    parts = {k: np.choose(index, [np.broadcast_to(np.asarray(getattr(m, k), dtype=float), shape) for m in reps])
+    index = np.broadcast_to(index, shape)[None]
+    parts = {k: np.take_along_axis(np.stack([np.broadcast_to(np.asarray(getattr(m, k), dtype=float), shape)
+                                             for m in reps]), index, axis=0)[0]
              for k in (*MEMORY_KEYS, "cached_free_bytes")}
     return parts, np.broadcast_to(stages < p, shape)
 

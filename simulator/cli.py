@@ -199,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="CP implementations to try where cp > 1 (repeat or comma-separate; default ring): "
                          "ring, kv-allgather, ulysses, ulysses-ring (at every all-to-all group size), "
                          "torch-allgather, torch-alltoall")
+    se.add_argument("--pipeline-split", action="append", default=None, metavar="S",
+                    help="how the layers split over pipeline stages (repeat or comma-separate; default both): even, "
+                         "balanced (the embedding and the output weigh a layer each, as torchtitan splits)")
     se.add_argument("--max-tp", default=None, metavar="N", help="largest tensor-parallel size")
     se.add_argument("--max-pp", default=None, metavar="N", help="largest pipeline-parallel size")
     se.add_argument("--memory-headroom", default=None, metavar="FRACTION",
@@ -560,6 +563,7 @@ def _search_options(args):
     from .cpattention import CP_ATTENTION
     from .plan import PRECISIONS, RECOMPUTE, SCHEDULES
     from .search import SearchOptions
+    from .stagesplit import PIPELINE_SPLITS
 
     opts = SearchOptions(precision=_choices([args.precision], "--precision", PRECISIONS)[0])
     changes = {}
@@ -573,6 +577,8 @@ def _search_options(args):
             changes[name] = chosen
     if args.cp_attention is not None:
         changes["cp_attentions"] = _choices(args.cp_attention, "--cp-attention", CP_ATTENTION)
+    if args.pipeline_split is not None:
+        changes["pipeline_splits"] = _choices(args.pipeline_split, "--pipeline-split", PIPELINE_SPLITS)
     if args.dp_replicate is not None:
         replicas = [_int_flag(v.strip(), "--dp-replicate", maximum=10**6) for item in args.dp_replicate
                     for v in str(item).split(",")]
@@ -617,7 +623,7 @@ def cmd_search(args) -> int:
     for note in result.notes:
         print("note: " + note)
     rows = [(r.rank, r.tp, r.pp, r.dp, _cp_cell(r),
-             f"{r.ep}/{r.etp}", r.vpp, r.micro_batch, r.schedule,
+             f"{r.ep}/{r.etp}", r.vpp, _split_cell(r), r.micro_batch, r.schedule,
              "y" if r.sequence_parallel else "n",
              r.recompute, r.zero_stage if r.dp_replicate == 1 else f"{r.zero_stage}, {r.dp_replicate} replicas",
              "/".join(x for x in (r.offload_optimizer, r.offload_params,
@@ -627,9 +633,16 @@ def cmd_search(args) -> int:
             for r in df.itertuples(index=False)]
     if len(df) and (df["equivalent_plans"] > 1).any():
         print("note: 'same as' counts the enumerated plans with these identical numbers (the first one is shown)")
-    print(_fmt_table(rows, ("#", "tp", "pp", "dp", "cp", "ep/etp", "vpp", "mb", "schedule", "sp", "recompute",
+    print(_fmt_table(rows, ("#", "tp", "pp", "dp", "cp", "ep/etp", "vpp", "layers", "mb", "schedule", "sp", "recompute",
                             "zero", "offload opt/par/act", "step", "tokens/s", "MFU", "GiB", "$/M tok", "same as")))
     return 0
+
+
+def _split_cell(row) -> str:
+    """The search table's layers per virtual stage: 'even', or the split run-length coded."""
+    from .report import layers_cell
+
+    return "even" if row.pipeline_split == "even" else layers_cell(json.loads(row.stage_layers))
 
 
 def _cp_cell(row) -> str | int:

@@ -24,7 +24,7 @@ from .workload import local_heads
 from .pipebuffers import PP_IMPLS, PP_OUTPUTS
 from .projections import PROJECTIONS
 from .schedules import SCHEDULES, plan_schedule
-from .stagesplit import check_split
+from .stagesplit import PIPELINE_SPLITS, check_split
 from .recompute import MODULES
 
 RECOMPUTE = ("none", "selective", "full", "op-selective")
@@ -105,6 +105,9 @@ class Plan:
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
     pipeline_layout: tuple | None = None
+    # "balanced": the embedding and the output weigh a layer each where the layers are dealt
+    # to the stages (torchtitan's default split, stagesplit.balanced_layout), at any pp.
+    pipeline_split: str = "even"
     # Megatron-LM full recomputation (recompute.py): checkpoint every `recompute_num_layers`
     # layers (uniform) or only the first `recompute_num_layers` layers of each chunk (block).
     recompute_method: str = "uniform"
@@ -237,6 +240,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         first_stage_layers=F.integer(data, "first_stage_layers", "plan", None, maximum=100_000),
         last_stage_layers=F.integer(data, "last_stage_layers", "plan", None, maximum=100_000),
         pipeline_layout=_pipeline_layout(data.get("pipeline_layout")),
+        pipeline_split=F.choice(data, "pipeline_split", "plan", PIPELINE_SPLITS, "even"),
         recompute_method=F.choice(data, "recompute_method", "plan", RECOMPUTE_METHODS, "uniform"),
         recompute_num_layers=F.integer(data, "recompute_num_layers", "plan", 1, maximum=100_000),
         recompute_modules=_recompute_modules(data.get("recompute_modules")),

@@ -16,6 +16,7 @@ from dataclasses import replace
 from .domain import describe
 from .errors import InputError
 from .result import MEMORY_KEYS
+from .stagesplit import plan_stage_layers, uneven
 
 GIB = 2**30
 
@@ -168,6 +169,13 @@ def _whole_run_lines(d: dict) -> list[str]:
     ]
 
 
+def layers_cell(stage_layers) -> str:
+    """Layers per virtual stage, run-length coded: '7,8x14,7' is 7 layers, then 14 stages of
+    8, then 7."""
+    runs = [(n, len(list(group))) for n, group in itertools.groupby(stage_layers)]
+    return ",".join(f"{n}x{k}" if k > 1 else str(n) for n, k in runs)
+
+
 def render_result(d: dict, scenario, data: dict | None = None) -> str:
     """The readable report of `llmsim evaluate`. `data`, the scenario mapping, lets an
     infeasible plan list what would fit."""
@@ -178,7 +186,8 @@ def render_result(d: dict, scenario, data: dict | None = None) -> str:
         f"cluster    {c.nodes} x {c.node.name} = {c.devices} x {c.accelerator.name}",
         f"plan       tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} vpp={p.vpp} micro_batch={p.micro_batch} "
         f"global_batch={p.global_batch} ({p.microbatches} micro-batches) schedule={p.schedule} "
-        f"sp={p.sp} recompute={p.recompute}"
+        f"sp={p.sp}" + (f" layers={layers_cell(plan_stage_layers(m, p))}" if uneven(p) else "")
+        + f" recompute={p.recompute}"
         + (f" ({'+'.join(p.recompute_modules) or 'no module'})" if p.recompute == "selective"
            and p.recompute_modules != ("core_attn",) else "")
         + f" zero={p.zero_stage}"

@@ -184,7 +184,17 @@ class Schedule:
         (random unequal-middle plans put the 1F1B form up to 11 % above the executed order)."""
         if t.stage_rep is None or self.placement == "v":
             return self.step_s(t, p, m, v)
-        return _per_plan(lambda i, p, m, v: _periodic_makespan(self, _stage_lists(t, i, p, v), p, m, v), p, m, v)
+        rep = stage_rep_grid(t.stage_rep)
+        alike = alike_middles(rep, p)
+        closed = np.broadcast_to(self.step_s(t, p, m, v), np.broadcast(np.asarray(p), np.asarray(m),
+                                                                       np.asarray(v)).shape) if alike.any() else None
+
+        def one(i, p, m, v):
+            if alike[i[0] if alike.shape[0] > 1 else 0]:
+                return closed[i]
+            return _periodic_makespan(self, _stage_lists(t, i, p, v), p, m, v)
+
+        return _per_plan(one, p, m, v)
 
 
 def _generic_in_flight(schedule: Schedule, p, m, v, stage):
@@ -748,10 +758,26 @@ def parse_explicit(ops_per_stage, p: int, m: int, v: int) -> list[list[tuple]]:
     return out
 
 
+def stage_rep_grid(stage_rep) -> np.ndarray:
+    """Layout.rep_of_stage as an array of (stages, plans): a tuple, shared by every plan, is
+    one column."""
+    rep = np.asarray(stage_rep)
+    return rep[:, None] if rep.ndim == 1 else rep
+
+
+def alike_middles(rep: np.ndarray, p) -> np.ndarray:
+    """Per column of a stage_rep_grid, whether its plan's middle ranks share one
+    representative (a plan batched with pipelines whose middles differ): such a plan is
+    timed by the closed forms, as it is alone."""
+    p = np.broadcast_to(np.asarray(p), (rep.shape[1],)) if rep.shape[1] > 1 else np.ravel(p)[:1]
+    return np.array([len(set(rep[1:int(n) - 1, j].tolist())) <= 1 for j, n in enumerate(p)])
+
+
 def _stage_lists(t: StageTimes, index: tuple, p: int, v: int) -> tuple:
     """Per-stage, per-chunk pass times (f, b, w) of one plan from the representatives."""
     if t.stage_rep is not None:
-        kinds = list(t.stage_rep)
+        rep = stage_rep_grid(t.stage_rep)
+        kinds = rep[:p, index[0] if index and rep.shape[1] > 1 else 0].tolist()
     else:
         kinds = [0] + [1] * (p - 2) + [len(t.f) - 1] if p > 1 else [0]
     return tuple([float(np.asarray(x[k])[index]) / v for k in kinds] for x in (t.f, t.b, t.w))

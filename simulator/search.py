@@ -12,7 +12,10 @@ nothing). Sizes range over divisors; micro_batch, vpp and cp have caps (SearchOp
 Hybrid sharding (plan.dp_replicate) is tried at the replica counts SearchOptions names, each
 shape with replicas only under ZeRO stages >= 1 (its settings are checked per shape group),
 and shapes with CP at each CP implementation it names (plan.cp_attention; ulysses-ring at
-each all-to-all group size, plan.cp_ulysses).
+each all-to-all group size, plan.cp_ulysses). Each pipeline is split evenly where its virtual
+stages divide the layers and, where it differs from that, balanced (plan.pipeline_split:
+torchtitan's split, which also reaches pipeline sizes that do not divide the layers; see
+_splits for where it is left out).
 
 Ranking. Every valid plan is evaluated with the vectorised analytic engine
 (simulator.vector), out-of-memory plans are dropped, the rest are ranked by the
@@ -25,19 +28,21 @@ to train give the same order; they differ once the search spans prices (`price_u
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
+from . import schedules
 from .errors import InputError
 from .evaluate import evaluate
 from .hardware import Cluster, cluster_from_dict
 from .model import ModelSpec, model_from_dict
 from .plan import Offload, Plan, validate
 from .scenario import Scenario, Training
-from .stagesplit import batch_key
+from .stagesplit import balanced_layout, batch_key, plan_stage_layers, rank_layer_kinds
 from .table import plan_columns
 from .vector import evaluate_batch, PlanBatch, SIZES
 
@@ -85,6 +90,10 @@ class SearchOptions:
     max_pp: int | None = None
     # Fraction of device memory a plan must leave free (allocator fragmentation, a safety margin).
     memory_headroom: float = 0.0
+    # How the layers split over the pipeline's virtual stages: "even" (where they divide) and
+    # "balanced", the embedding and the output each weighed as a layer (torchtitan's default,
+    # stagesplit.balanced_layout), which also reaches pipeline sizes that do not divide the layers
+    pipeline_splits: tuple = ("even", "balanced")
 
 
 @dataclass
@@ -107,7 +116,7 @@ def _divisors(n: int, limit: int | None = None) -> list[int]:
 def _shapes(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchOptions) -> tuple[list[Plan], int]:
     """Valid shapes (as Plans with default settings) and how many were tried."""
     n = cluster.devices
-    tried, valid = 0, []
+    tried, valid, splits = 0, [], {}
     for tp in _divisors(n, min(n, opts.max_tp or n)):
         for pp in _divisors(n // tp, min(n // tp, opts.max_pp or n)):
             for cp in _divisors(n // (tp * pp), opts.max_cp):
@@ -116,7 +125,9 @@ def _shapes(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchO
                     for schedule in opts.schedules:
                         vpps = range(2, opts.max_vpp + 1) if schedule == "interleaved" else (1,)
                         for vpp in vpps:
-                            for sp in opts.sequence_parallel:
+                            if (pp, schedule, vpp) not in splits:
+                                splits[pp, schedule, vpp] = _splits(model, pp, schedule, vpp, opts)
+                            for sp, split in itertools.product(opts.sequence_parallel, splits[pp, schedule, vpp]):
                                 if sp and tp == 1:
                                     continue  # sequence parallelism needs tp > 1: the same plan as sp off
                                 for (ep, etp), r, (attention, ulysses) in itertools.product(
@@ -128,13 +139,31 @@ def _shapes(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchO
                                                 global_batch=global_batch, schedule=schedule, sequence_parallel=sp,
                                                 precision=opts.precision, flash_attention=opts.flash_attention,
                                                 dp_replicate=r, zero_stage=int(r > 1), cp_attention=attention,
-                                                cp_ulysses=ulysses)
+                                                cp_ulysses=ulysses, pipeline_split=split)
                                     try:
                                         validate(plan, model, cluster)
                                     except InputError:
                                         continue
                                     valid.append(plan)
     return valid, tried
+
+
+def _splits(model: ModelSpec, pp: int, schedule: str, vpp: int, opts: SearchOptions) -> list[str]:
+    """The plan.pipeline_split values to try: even where the virtual stages divide the
+    layers; balanced where its split differs from that and its middle ranks hold alike
+    layers. Where they would not, the pipeline is timed by executing its order plan by plan
+    (schedules.Schedule.pipeline_s), too slow for a search; such a plan is evaluated when given."""
+    sched = schedules.get(schedule)
+    stages = pp * sched.chunks(vpp)
+    out = []
+    if "even" in opts.pipeline_splits and model.layers % stages == 0:
+        out.append("even")
+    if "balanced" in opts.pipeline_splits and stages > 1:
+        layout = balanced_layout(model.layers, stages)
+        if layout is not None and layout != (model.layers // stages,) * stages and \
+                len(set(rank_layer_kinds(model, layout, pp, sched)[1:-1])) <= 1:
+            out.append("balanced")
+    return out
 
 
 def _cp_methods(cp: int, opts: SearchOptions) -> list[tuple[str, int]]:
@@ -200,17 +229,16 @@ def _evaluate_groups(model: ModelSpec, cluster: Cluster, global_batch: int, opts
     shapes, tried_shapes = _shapes(model, cluster, global_batch, opts)
     by_group: dict = {}
     for s in shapes:
-        # plans whose ranks are counted one by one share one pipeline size (stagesplit.batch_key)
+        # plans whose ranks hold different window counts share one pipeline size (stagesplit.batch_key)
         by_group.setdefault((s.schedule, s.sequence_parallel, s.dp_replicate, s.cp_attention, s.cp_ulysses,
-                             batch_key(model, s)), []).append(s)
+                             s.pipeline_split, batch_key(model, s)), []).append(s)
     out = []
-    for (schedule, sp, r, attention, ulysses, _), members in by_group.items():
+    for (schedule, sp, r, attention, ulysses, split, _), members in by_group.items():
         sizes = {k: np.array([getattr(p, k) for p in members], dtype=np.int64) for k in SIZES}
         for setting in _settings(model, cluster, members[0], opts):
             batch = PlanBatch(**sizes, schedule=schedule, sequence_parallel=sp, precision=opts.precision,
                               flash_attention=opts.flash_attention, dp_replicate=r, cp_attention=attention,
-                              cp_ulysses=ulysses,
-                              **setting)
+                              cp_ulysses=ulysses, pipeline_split=split, **setting)
             out.append((batch, evaluate_batch(model, cluster, batch, training, reasons=reasons)))
     tried = tried_shapes * len(_recompute_modes(opts)) * len(opts.zero_stages) * len(opts.offloads)
     return out, tried
@@ -283,7 +311,7 @@ def _scenario_of(row, model: ModelSpec, cluster: Cluster, training: Training) ->
                 sequence_parallel=bool(row.sequence_parallel), zero_stage=int(row.zero_stage),
                 dp_replicate=int(row.dp_replicate), cp_attention=row.cp_attention, cp_ulysses=int(row.cp_ulysses),
                 offload=Offload(row.offload_optimizer, row.offload_params, row.offload_activations),
-                flash_attention=bool(row.flash_attention))
+                flash_attention=bool(row.flash_attention), pipeline_split=row.pipeline_split)
     return Scenario(model=model, cluster=cluster, plan=plan, training=training)
 
 
@@ -349,5 +377,8 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
                                   kind="stable").drop(columns="_offloads").reset_index(drop=True)
         ranked_by = f"analytic pre-filter, graph for the top {len(results)}"
     ranked.insert(0, "rank", np.arange(1, len(ranked) + 1))
+    if len(ranked):
+        ranked["stage_layers"] = [json.dumps(plan_stage_layers(model, _scenario_of(r, model, cluster, training).plan))
+                                  for r in ranked.itertuples(index=False)]
     return SearchResult(ranked.head(top).reset_index(drop=True), tried, valid, feasible, ranked_by,
                         time.perf_counter() - start, notes)

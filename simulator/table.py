@@ -24,7 +24,8 @@ PLAN_COLUMNS = {
     "global_batch": "int", "microbatches": "int", "schedule": "str", "sequence_parallel": "bool",
     "recompute": "str", "zero_stage": "int", "dp_replicate": "int", "precision": "str", "offload_optimizer": "str",
     "offload_params": "str", "offload_activations": "str", "flash_attention": "bool", "cp_attention": "str",
-    "cp_ulysses": "int",
+    "cp_ulysses": "int", "pipeline_split": "str", "first_stage_layers": "int", "last_stage_layers": "int",
+    "pipeline_layout": "str",
 }
 RESULT_SCALARS = {
     "feasible": "bool", "reason": "str", "engine": "str", "step_time_s": "float", "tokens_per_s": "float",
@@ -63,6 +64,8 @@ def plan_columns(model, cluster, plan) -> dict:
             continue
         if column.startswith("offload_"):
             out[column] = getattr(plan.offload, column[len("offload_"):])
+        elif column == "pipeline_layout":
+            out[column] = None if plan.pipeline_layout is None else json.dumps(list(plan.pipeline_layout))
         else:
             out[column] = getattr(plan, column)
     return out
@@ -82,6 +85,8 @@ def raw_plan_row(data: Mapping) -> dict:
     raw = {"model": model.get("preset"), "accelerator": cluster.get("accelerator"), "node": cluster.get("node"),
            "nodes": cluster.get("nodes"), **{k: plan.get(k) for k in PLAN_COLUMNS if k in plan},
            **{f"offload_{k}": off.get(k) for k in ("optimizer", "params", "activations")}}
+    if isinstance(raw.get("pipeline_layout"), list):
+        raw["pipeline_layout"] = json.dumps(raw["pipeline_layout"])
     out = {}
     for key, kind in PLAN_COLUMNS.items():
         v = raw.get(key)

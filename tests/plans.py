@@ -48,7 +48,8 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
     chunks = {"zb-v": 2, "dualpipe-v": 2}.get(schedule, 1)
     vpp = draw(st.sampled_from([2, 3, 4])) if schedule == "interleaved" else 1
     chunks = vpp if schedule == "interleaved" else chunks
-    pps = [p for p in _divisors(devices // tp) if layers % (p * chunks) == 0 and p <= 8]
+    balanced = draw(st.integers(0, 3)) == 0  # the balanced split, which also takes sizes that do not divide
+    pps = [p for p in _divisors(devices // tp) if (balanced or layers % (p * chunks) == 0) and p <= 8]
     assume(pps)
     pp = draw(st.sampled_from(pps))
     cp = draw(st.sampled_from([c for c in (1, 2) if (devices // (tp * pp)) % c == 0]))
@@ -118,8 +119,10 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
             extra["fp32_params"] = draw(st.booleans())
     even = layers // (pp * chunks) * chunks  # layers per rank
     per_virtual = layers // (pp * chunks)
-    split = draw(st.sampled_from(["even", "first-last", "middles"]))
-    if split == "first-last" and pp > 1 and even > chunks:  # uneven ranks: one chunk's layers moved
+    split = "balanced" if balanced else draw(st.sampled_from(["even", "first-last", "middles"]))
+    if split == "balanced":
+        extra["pipeline_split"] = "balanced"
+    elif split == "first-last" and pp > 1 and even > chunks:  # uneven ranks: one chunk's layers moved
         extra.update(first_stage_layers=even - chunks, last_stage_layers=even + chunks)
     elif split == "middles" and pp >= 4 and per_virtual > 1:  # ranks 1 and 2 differ by two layers
         order = SCHEDULE_CLASSES[schedule]

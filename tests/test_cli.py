@@ -115,6 +115,8 @@ BAD_FLAGS = [
      "--schedule"),
     (("search", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--global-batch", "64", "--memory-headroom", "2"),
      "--memory-headroom"),
+    (("search", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--global-batch", "64", "--pipeline-split",
+      "even,uneven"), "--pipeline-split"),
     (("evaluate", "quickstart", "--tp", "1e3"), "plan.tp"),
     (("evaluate", "quickstart", "--tokens", "-1"), "training.tokens"),
     (("evaluate", "quickstart", "--sequence-parallel", "maybe"), "plan.sequence_parallel"),

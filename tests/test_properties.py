@@ -176,10 +176,10 @@ def test_vectorised_evaluation_equals_evaluate_plan_by_plan(dense, moe):
     """The batched analytic path (sweeps) gives each random plan evaluate()'s numbers, whatever
     the batch mixes: uneven stages, layer-kind mixes, windows, schedules."""
     from simulator.vector import evaluate_many
-    scenarios = []
+    scenarios, cache = [], {}  # shared model and cluster objects: plans of the same model batch together
     for data in dense + moe:
         try:
-            scenarios.append(scenario_from_dict(data))
+            scenarios.append(scenario_from_dict(data, cache))
         except InputError:
             continue
     for s, got in zip(scenarios, evaluate_many(scenarios)):

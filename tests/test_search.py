@@ -13,6 +13,7 @@ from simulator.hardware import cluster_from_dict
 from simulator.model import model_from_dict
 from simulator.plan import Plan, validate
 from simulator.scenario import Training
+from simulator.stagesplit import balanced_layout
 from simulator.search import OFFLOADS, SearchOptions, _scenario_of, evaluate_all, search
 
 MODEL = {"preset": "megatron-gpt-1.7b"}
@@ -24,6 +25,15 @@ HIERARCHICAL_CP = replace(OPTS, max_cp=8, max_micro_batch=2, schedules=("1f1b",)
                           cp_attentions=("ring", "ulysses-ring"))
 
 
+def _balanced_tried(model, pp, chunks):
+    """Whether the search tries the balanced split (the schedules here place virtual stage k
+    on rank k mod pp): where it differs from the even split and its middle ranks hold alike
+    layer counts."""
+    layout = balanced_layout(model.layers, pp * chunks)
+    ranks = [sum(layout[r::pp]) for r in range(pp)]
+    return layout != (model.layers // (pp * chunks),) * (pp * chunks) and len(set(ranks[1:-1])) <= 1
+
+
 def _brute_force(model, cluster, global_batch, opts):
     """Every combination of every field in range, kept when validate accepts it."""
     n = cluster.devices
@@ -32,25 +42,27 @@ def _brute_force(model, cluster, global_batch, opts):
                                                  range(1, opts.max_micro_batch + 1), range(1, opts.max_vpp + 1)):
         if n % (tp * pp * cp):
             continue
-        for schedule, sp, recompute, zero, off, r, attention, ulysses in itertools.product(
+        for schedule, sp, recompute, zero, off, r, attention, ulysses, split in itertools.product(
                 opts.schedules, (False, True), ("none", "full"), opts.zero_stages, opts.offloads, opts.dp_replicates,
-                opts.cp_attentions, range(1, cp + 1)):
+                opts.cp_attentions, range(1, cp + 1), opts.pipeline_splits):
             if (sp and tp == 1) or (schedule == "interleaved" and vpp == 1):
                 continue  # the same plan as sp off; interleaving one chunk is 1F1B (search skips both)
             if cp == 1 and attention != opts.cp_attentions[0]:
                 continue  # without CP the implementations are one plan
             if ulysses == cp > 1:
                 continue  # ulysses-ring with one group of all CP ranks is ulysses
+            if split == "balanced" and not _balanced_tried(model, pp, vpp if schedule == "interleaved" else 1):
+                continue
             plan = Plan(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, vpp=vpp, micro_batch=mb,
                         global_batch=global_batch, schedule=schedule, sequence_parallel=sp, recompute=recompute,
                         zero_stage=zero, offload=OFFLOADS[off], dp_replicate=r, cp_attention=attention,
-                        cp_ulysses=ulysses)
+                        cp_ulysses=ulysses, pipeline_split=split)
             try:
                 validate(plan, model, cluster)
             except InputError:
                 continue
             out.add((tp, pp, plan.dp, cp, vpp, mb, schedule, sp, recompute, zero, plan.offload.optimizer, r,
-                     attention, ulysses))
+                     attention, ulysses, split))
     return out
 
 
@@ -60,12 +72,12 @@ def test_search_enumerates_exactly_the_plans_validate_accepts(opts):
     model, cluster = model_from_dict(MODEL), cluster_from_dict(CLUSTER)
     table, _ = evaluate_all(model, cluster, 16, opts)
     got = {(r.tp, r.pp, r.dp, r.cp, r.vpp, r.micro_batch, r.schedule, bool(r.sequence_parallel), r.recompute,
-            r.zero_stage, r.offload_optimizer, r.dp_replicate, r.cp_attention, r.cp_ulysses)
+            r.zero_stage, r.offload_optimizer, r.dp_replicate, r.cp_attention, r.cp_ulysses, r.pipeline_split)
            for r in table.itertuples(index=False)}
     assert len(got) == len(table)
     assert got == _brute_force(model, cluster, 16, opts)
-    assert {r[-3] for r in got} == set(opts.dp_replicates)
-    assert {r[-2] for r in got} == set(opts.cp_attentions)
+    assert {r[-4] for r in got} == set(opts.dp_replicates)
+    assert {r[-3] for r in got} == set(opts.cp_attentions)
 
 
 def test_search_tries_ulysses_ring_at_every_group_size_short_of_all_cp_ranks():
@@ -157,3 +169,35 @@ def test_cli_search_with_a_bad_objective_exits_2():
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1
+
+
+def test_the_balanced_split_reaches_pipeline_sizes_that_do_not_divide_the_layers():
+    """14 layers: no even split over 4 ranks; weighing the embedding and the output as a layer
+    each, 16 over 4 stages give 3, 4, 4, 3 (by hand), and the ranked plans carry evaluate()'s
+    numbers for that split."""
+    model = model_from_dict({**MODEL, "layers": 14})
+    cluster = cluster_from_dict(CLUSTER)
+    opts = replace(OPTS, schedules=("1f1b",), max_cp=1, offloads=("none",))
+    table, _ = evaluate_all(model, cluster, 16, opts)
+    assert set(table[table.pp == 4].pipeline_split) == {"balanced"}
+    even_only, _ = evaluate_all(model, cluster, 16, replace(opts, pipeline_splits=("even",)))
+    assert 4 not in set(even_only.pp)
+    ranked = search(model, cluster, 16, top=10**4, engine="analytic", options=opts).table
+    row = next(r for r in ranked.itertuples(index=False) if r.pp == 4)
+    assert row.stage_layers == "[3, 4, 4, 3]"
+    want = evaluate(_scenario_of(row, model, cluster, Training()), engine="analytic").to_dict()
+    for key in ("step_time_s", "peak_memory_gib"):
+        assert math.isclose(getattr(row, key), want[key], rel_tol=1e-12), key
+
+
+def test_cli_search_shows_the_layers_of_a_balanced_split():
+    """Llama 3.1 405B's 126 layers over 16 ranks of 128 H100s: 7, 8 x 14, 7."""
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "search", "--model", "llama-3.1-405b",
+                           "--cluster", "dgx-h100", "--nodes", "16", "--global-batch", "512", "--engine", "analytic",
+                           "--schedule", "1f1b", "--max-pp", "16", "--no-offload", "--pipeline-split", "balanced",
+                           "--top", "1"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    header, row = proc.stdout.splitlines()[-3], proc.stdout.splitlines()[-1]
+    cells = dict(zip(header.split(), row.split()))
+    # 128 weighed layers over 4, 8 or 16 ranks: 32, 16 or 8 each, the first and last a layer less
+    assert cells["layers"] == {"4": "31,32x2,31", "8": "15,16x6,15", "16": "7,8x14,7"}[cells["pp"]]

@@ -6,7 +6,7 @@ import pytest
 from simulator import InputError, evaluate, scenario_from_dict
 from simulator.evaluate import compile_scenario
 from simulator.schedules import SCHEDULES
-from simulator.stagesplit import rank_layer_kinds
+from simulator.stagesplit import balanced_layout, rank_layer_kinds
 
 MODEL_126 = {"layers": 126, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096, "vocab": 32000,
              "seq_len": 1024, "activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope",
@@ -111,6 +111,55 @@ def test_a_split_the_pipeline_cannot_hold_is_refused_naming_the_field(plan, fiel
     with pytest.raises(InputError) as err:
         scenario(**plan)
     assert err.value.field == field
+
+
+# ------------------------------------------------------------------ the balanced split
+
+@pytest.mark.parametrize("layers, stages, want", [
+    (126, 16, (7,) + (8,) * 14 + (7,)),  # 128 weighed layers, 8 a stage; the ends give one up
+    (32, 4, (8, 9, 8, 7)),  # 34 weighed: 8 a stage and 2 over, to stages 0 and 1
+    (24, 6, (4, 5, 4, 4, 4, 3)),  # 26 weighed: 4 a stage and 2 over
+    (10, 1, (10,)),
+])
+def test_the_balanced_split_weighs_the_embedding_and_the_output_as_a_layer_each(layers, stages, want):
+    assert balanced_layout(layers, stages) == want
+
+
+@pytest.mark.parametrize("layers, stages", [(1, 4), (3, 6)])
+def test_the_balanced_split_leaves_no_stage_lighter_than_the_embedding(layers, stages):
+    # 3 weighed layers over 4 stages leave one empty; 5 over 6 too (torchtitan refuses both)
+    assert balanced_layout(layers, stages) is None
+
+
+def test_a_balanced_plan_predicts_what_its_split_as_a_layout_predicts():
+    for plan in ({}, {"schedule": "interleaved", "vpp": 2}, {"schedule": "zb-v"}):
+        stages = 8 * (2 if plan else 1)
+        balanced = evaluate(scenario(pipeline_split="balanced", **plan), "analytic")
+        layout = evaluate(scenario(pipeline_layout=list(balanced_layout(126, stages)), **plan), "analytic")
+        assert (balanced.step_time_s, balanced.memory_by_stage) == (layout.step_time_s, layout.memory_by_stage)
+
+
+def test_a_balanced_split_of_126_layers_over_8_ranks_lightens_the_first_and_last():
+    # 128 weighed layers: 16 a rank, the first and last ranks 15 decoder layers beside the
+    # embedding and the lm_head; even stages cannot hold 126 layers over 8 ranks at all
+    layout = compile_scenario(scenario(pipeline_split="balanced"))
+    assert [(int(r.stage), int(r.count), int(r.layers)) for r in layout.stages] == [(0, 1, 15), (1, 6, 16),
+                                                                                     (7, 1, 15)]
+
+
+@pytest.mark.parametrize("plan", [
+    {"pipeline_split": "balanced", "first_stage_layers": 15},
+    {"pipeline_split": "balanced", "pipeline_layout": [15] + [16] * 6 + [15]},
+    {"pipeline_split": "balanced", "pp": 8, "model_layers": 6},  # 8 weighed layers: a stage of one is the embedding
+    {"pipeline_split": "uneven"},
+])
+def test_a_balanced_split_the_pipeline_cannot_hold_is_refused(plan):
+    layers = plan.pop("model_layers", None)
+    model = {**MODEL_126, "layers": layers} if layers else MODEL_126
+    with pytest.raises(InputError) as err:
+        scenario_from_dict({"model": model, "cluster": {"node": "dgx-h100", "nodes": 1},
+                            "plan": {"tp": 1, "pp": 8, "dp": 1, "micro_batch": 1, "global_batch": 16, **plan}})
+    assert err.value.field == "plan.pipeline_split"
 
 
 # ------------------------------------------------------------------ models with experts

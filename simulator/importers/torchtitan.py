@@ -41,6 +41,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import InputError
+from ..stagesplit import balanced_layout
 from ..yamlio import read_text
 from .common import Account, Imported
 
@@ -254,7 +255,7 @@ def split_layers(layers: int, pp: int, single_stage: bool, layers_per_stage: int
     `input_weight` and `output_weight` layers (pipeline_parallel_first/last_stage_less_layers,
     1 by default); the stages, ceil(effective layers / layers_per_stage) or one (single-stage
     schedules) or two per rank, share the effective layers evenly, the first stages taking
-    one more where they do not divide. Whether the schedule takes that many stages per rank
+    one more where they do not divide (stagesplit.balanced_layout). Whether the schedule takes that many stages per rank
     is _pipeline_split's check, for every source of a split."""
     key = "torchtitan parallelism.pipeline_parallel_layers_per_stage"
     effective = layers + input_weight + output_weight
@@ -265,15 +266,12 @@ def split_layers(layers: int, pp: int, single_stage: bool, layers_per_stage: int
                              f"and output weights do not divide over {pp} ranks (torchtitan refuses it too)")
     else:
         stages = pp * (1 if single_stage else 2)
-    per, extra = divmod(effective, stages)
-    if per < max(1, input_weight, output_weight):
+    sizes = balanced_layout(layers, stages, input_weight, output_weight)
+    if sizes is None:
         raise InputError("torchtitan parallelism.pipeline_parallel_degree", pp,
                          f"{stages} stages for {effective} effective layers leave a stage without a layer "
                          "or lighter than the embedding or output weight")
-    sizes = [per + (1 if i < extra else 0) for i in range(stages)]
-    sizes[0] -= input_weight
-    sizes[-1] -= output_weight
-    return sizes
+    return list(sizes)
 
 
 def _stage_layers_of_parts(parts) -> list[int]:
