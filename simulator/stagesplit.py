@@ -87,8 +87,8 @@ def check_split(plan, model, schedule) -> None:
     if first is None and last is None:
         if model.layers % stages:
             raise InputError("plan.pp", plan.pp, f"pp x model chunks per device = {stages} must divide "
-                             f"layers={model.layers} (or give plan.first_stage_layers / last_stage_layers or "
-                             "plan.pipeline_layout)")
+                             f"layers={model.layers} (or give plan.pipeline_split: balanced, "
+                             "plan.first_stage_layers / last_stage_layers or plan.pipeline_layout)")
         return
     if p < 2:
         raise InputError("plan.first_stage_layers" if first is not None else "plan.last_stage_layers",

@@ -132,18 +132,22 @@ def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training
     return d
 
 
-def _scenario_key(s: Scenario) -> tuple:
-    """Scenarios with equal keys share a batch. The cluster (unhashable) is keyed by identity:
-    scenarios parsed with a shared cache (scenario_from_dict(..., cache)) share it."""
+def _scenario_key(s: Scenario, cluster_key) -> tuple:
+    """Scenarios with equal keys share a batch."""
     cats = tuple(getattr(s.plan, name) for name in CATEGORICAL)
-    return (s.model, id(s.cluster), cats, s.training, s.name, s.plan.sp, batch_key(s.model, s.plan))
+    return (s.model, cluster_key, cats, s.training, s.name, s.plan.sp, batch_key(s.model, s.plan))
 
 
 def evaluate_many(scenarios: list[Scenario]) -> list[dict]:
-    """Result.to_dict() of each scenario (analytic engine), computed group by group with numpy."""
+    """Result.to_dict() of each scenario (analytic engine), computed group by group with numpy.
+    Clusters (unhashable) are compared by content, once per distinct object: scenarios parsed
+    one by one batch together as those parsed with a shared cache do."""
     groups = defaultdict(list)
+    clusters: dict = {}
     for i, s in enumerate(scenarios):
-        groups[_scenario_key(s)].append(i)
+        if id(s.cluster) not in clusters:
+            clusters[id(s.cluster)] = repr(s.cluster)
+        groups[_scenario_key(s, clusters[id(s.cluster)])].append(i)
     out: list[dict | None] = [None] * len(scenarios)
     for members in groups.values():
         s0 = scenarios[members[0]]

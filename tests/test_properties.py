@@ -169,20 +169,44 @@ def _node_with(**fields) -> str:
     return str(path)
 
 
-@given(st.lists(plan_dicts(zero_stages=(0, 1, 2, 3)), min_size=1, max_size=4),
-       st.lists(plan_dicts(moe=True), min_size=0, max_size=3))
+SIZES = ("tp", "pp", "cp", "micro_batch", "ep", "etp")
+
+
+def _resized(base, other):
+    """`base` with the sizes of `other` (a plan drawn for the same kind of model), its data
+    parallelism filling the base's devices and its micro-batches per replica kept: a plan
+    that shares every categorical field of `base`, so the two are one batch."""
+    plan = {**base["plan"], **{k: other["plan"][k] for k in SIZES if k in other["plan"]}}
+    if other["plan"]["schedule"] == plan["schedule"]:
+        plan["vpp"] = other["plan"]["vpp"]
+    devices = 8 * base["cluster"]["nodes"]
+    shape = plan["tp"] * plan["pp"] * plan["cp"]
+    if devices % shape:
+        return None
+    o = other["plan"]
+    plan["dp"] = devices // shape
+    plan["global_batch"] = plan["micro_batch"] * plan["dp"] * (o["global_batch"] // (o["micro_batch"] * o["dp"]))
+    if plan.get("cp_attention") == "ulysses-ring":
+        plan["cp_ulysses"] = plan["cp"]
+    return {**base, "plan": plan}
+
+
+@given(st.booleans().flatmap(lambda moe: st.tuples(plan_dicts(moe=moe), st.lists(plan_dicts(moe=moe), min_size=1,
+                                                                                 max_size=6))))
 @settings(RUNS, max_examples=300)
-def test_vectorised_evaluation_equals_evaluate_plan_by_plan(dense, moe):
-    """The batched analytic path (sweeps) gives each random plan evaluate()'s numbers, whatever
-    the batch mixes: uneven stages, layer-kind mixes, windows, schedules."""
+def test_vectorised_evaluation_equals_evaluate_plan_by_plan(drawn):
+    """The batched analytic path (sweeps, search) gives each plan of a batch evaluate()'s
+    numbers: a random plan and copies of it at other random sizes (tp, pp, cp, vpp, micro
+    batch, ep, etp, data parallelism, micro-batches), evaluated as one batch of arrays."""
     from simulator.vector import evaluate_many
-    scenarios, cache = [], {}  # shared model and cluster objects: plans of the same model batch together
-    for data in dense + moe:
+    base, others = drawn
+    scenarios = []
+    for data in [base] + [_resized(base, o) for o in others]:
         try:
-            scenarios.append(scenario_from_dict(data, cache))
+            scenarios.append(scenario_from_dict(data)) if data else None
         except InputError:
             continue
     for s, got in zip(scenarios, evaluate_many(scenarios)):
         want = evaluate(s, "analytic").to_dict()
         for key in ("step_time_s", "peak_memory_gib", "mfu"):
-            assert math.isclose(want[key], got[key], rel_tol=1e-9), (key, want[key], got[key])
+            assert math.isclose(want[key], got[key], rel_tol=1e-9), (key, want[key], got[key], s.plan)

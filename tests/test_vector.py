@@ -5,21 +5,11 @@ import random
 
 import pytest
 
-from simulator import InputError, evaluate
-from simulator import scenario_from_dict as _parse
-from simulator.vector import evaluate_many
+from simulator import InputError, evaluate, scenario_from_dict
+from simulator.vector import evaluate_many, plan_batch
 
 BASE = {"model": {"preset": "gpt3-175b"}, "cluster": {"node": "dgx-a100", "nodes": 16},
         "plan": {"global_batch": 256}, "training": {"tokens": 3.0e+11}}
-
-
-def parse(data):
-    """A scenario whose model and cluster objects are shared with every other of the same
-    content, as a sweep parses them: evaluate_many batches only plans that share them."""
-    return _parse(data, CACHE)
-
-
-CACHE: dict = {}
 
 
 def _sample_scenarios(count=160, seed=5):
@@ -37,7 +27,7 @@ def _sample_scenarios(count=160, seed=5):
         plan.update(global_batch=256, dp="auto")
         data = {**BASE, "plan": plan}
         try:
-            out.append(parse(data))
+            out.append(scenario_from_dict(data))
         except InputError:
             continue
     return out
@@ -81,7 +71,7 @@ def test_vectorised_results_equal_scalar_evaluate_on_the_published_runs():
     scenarios = []
     for row in rows:
         try:
-            scenarios.append(parse(row_scenario(row, supplement)))
+            scenarios.append(scenario_from_dict(row_scenario(row, supplement)))
         except InputError:
             continue
     assert len(scenarios) >= 10
@@ -100,7 +90,7 @@ def test_vectorised_moe_plans_of_uneven_layer_kinds_equal_scalar_evaluate():
               "dp": "auto", **split}
              for pp in (2, 4, 8) for tp in (1, 2) for split in ({}, {"first_stage_layers": 1, "last_stage_layers": 3})
              if not (split and pp != 8)]
-    scenarios = [parse({**base, "plan": p}) for p in plans]
+    scenarios = [scenario_from_dict({**base, "plan": p}) for p in plans]
     for s, got in zip(scenarios, evaluate_many(scenarios)):
         want = evaluate(s, engine="analytic").to_dict()
         assert all(_close(a, b) for a, b in zip(want["memory_gib_by_stage"], got["memory_gib_by_stage"]))
@@ -113,12 +103,12 @@ def test_vectorised_plans_whose_middle_ranks_differ_equal_scalar_evaluate():
     whose sliding windows differ."""
     model = {"layers": 126, "hidden": 1024, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096, "vocab": 32000,
              "seq_len": 1024, "activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope", "bias": False}
-    scenarios = [parse({"model": model, "cluster": {"node": "dgx-h100", "nodes": 1},
+    scenarios = [scenario_from_dict({"model": model, "cluster": {"node": "dgx-h100", "nodes": 1},
                                      "plan": {"tp": 1, "pp": 8, "dp": 1, "micro_batch": mb, "global_batch": gb,
                                               "pipeline_layout": [15, 17, 15, 16, 16, 16, 16, 15]}})
                  for gb in (16, 32, 40) for mb in (1, 2)]
     # windows on every other of 6 layers over 2 stages of 3: the ranks' bands differ
-    scenarios += [parse({"model": {**model, "layers": 6, "sliding_window": 256, "sliding_window_freq": 2},
+    scenarios += [scenario_from_dict({"model": {**model, "layers": 6, "sliding_window": 256, "sliding_window_freq": 2},
                                       "cluster": {"node": "dgx-h100", "nodes": 1},
                                       "plan": {"tp": 1, "pp": 2, "dp": 4, "micro_batch": 1, "global_batch": gb}})
                   for gb in (16, 32)]
@@ -136,7 +126,7 @@ def test_vectorised_interleaved_plans_of_uneven_layer_kinds_equal_scalar_evaluat
              "seq_len": 2048, "activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope", "bias": False,
              "sliding_window": 256, "sliding_window_freq": 2}
     moe = {**{k: v for k, v in model.items() if "window" not in k}, "experts": 8, "top_k": 2, "dense_layers": 2}
-    scenarios = [parse({"model": m, "cluster": {"node": "dgx-h100", "nodes": 1},
+    scenarios = [scenario_from_dict({"model": m, "cluster": {"node": "dgx-h100", "nodes": 1},
                                      "plan": {"tp": 1, "pp": pp, "dp": 8 // pp, "ep": 2 if m is moe else 1,
                                               "schedule": "interleaved", "vpp": vpp, "micro_batch": 1,
                                               "global_batch": gb * (8 // pp)}})
@@ -153,7 +143,7 @@ def test_vectorised_balanced_plans_of_several_pipeline_sizes_equal_scalar_evalua
     Mixtral-like MoE model: one batch of plans counted rank by rank for every pipeline size."""
     dense = {"preset": "llama-3.1-8b", "seq_len": 1024}
     moe = {"preset": "mixtral-8x7b", "seq_len": 1024}
-    scenarios = [parse({"model": m, "cluster": {"node": "dgx-h100", "nodes": 6},
+    scenarios = [scenario_from_dict({"model": m, "cluster": {"node": "dgx-h100", "nodes": 6},
                                      "plan": {"tp": tp, "pp": pp, "dp": "auto", "ep": 2 if m is moe else 1, "etp": 1,
                                               "sequence_parallel": True, "micro_batch": 1, "global_batch": 96,
                                               "pipeline_split": "balanced", **sched}})
@@ -166,3 +156,15 @@ def test_vectorised_balanced_plans_of_several_pipeline_sizes_equal_scalar_evalua
         assert _close(want["peak_memory_gib"], got["peak_memory_gib"]), s.plan
         alone = evaluate_many([s])[0]
         assert (alone["step_time_s"], alone["peak_memory_gib"]) == (got["step_time_s"], got["peak_memory_gib"])
+
+
+def test_scenarios_parsed_one_by_one_are_evaluated_as_one_batch(monkeypatch):
+    """Equal clusters parsed apart (distinct objects, equal content) share a batch: 12 plans of
+    one model and cluster that differ only in their sizes are one array evaluation."""
+    import simulator.vector as vector
+    batches = []
+    monkeypatch.setattr(vector, "plan_batch", lambda plans: batches.append(len(plans)) or plan_batch(plans))
+    scenarios = [scenario_from_dict({**BASE, "plan": {"tp": tp, "pp": pp, "dp": "auto", "global_batch": 256}})
+                 for tp in (1, 2, 4) for pp in (1, 2, 4, 8)]
+    evaluate_many(scenarios)
+    assert batches == [12]
