@@ -633,8 +633,9 @@ def cmd_search(args) -> int:
             for r in df.itertuples(index=False)]
     if len(df) and (df["equivalent_plans"] > 1).any():
         print("note: 'same as' counts the enumerated plans with these identical numbers (the first one is shown)")
-    print(_fmt_table(rows, ("#", "tp", "pp", "dp", "cp", "ep/etp", "vpp", "layers", "mb", "schedule", "sp", "recompute",
-                            "zero", "offload opt/par/act", "step", "tokens/s", "MFU", "GiB", "$/M tok", "same as")))
+    print(_fmt_table(rows, ("#", "tp", "pp", "dp", "cp", "ep/etp", "vpp", "layers", "mb", "schedule", "sp",
+                            "recompute", "zero", "offload opt/par/act", "step", "tokens/s", "MFU", "GiB", "$/M tok",
+                            "same as")))
     return 0
 
 

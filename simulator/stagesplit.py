@@ -301,8 +301,7 @@ def uniform_layer_kinds(model, plan, schedule, p) -> bool:
     holding whole periods of moe_layer_freq and of sliding_window_freq."""
     if not (model.experts or varying_windows(model)):
         return True
-    if plan.first_stage_layers is not None or plan.last_stage_layers is not None or plan.pipeline_layout is not None \
-            or plan.pipeline_split == "balanced":
+    if uneven(plan):
         return False
     per_stage = model.layers // (np.asarray(p) * schedule.chunks(plan.vpp))
     uniform = (model.dense_layers <= per_stage) & (per_stage % model.moe_layer_freq == 0)

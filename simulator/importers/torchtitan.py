@@ -255,8 +255,8 @@ def split_layers(layers: int, pp: int, single_stage: bool, layers_per_stage: int
     `input_weight` and `output_weight` layers (pipeline_parallel_first/last_stage_less_layers,
     1 by default); the stages, ceil(effective layers / layers_per_stage) or one (single-stage
     schedules) or two per rank, share the effective layers evenly, the first stages taking
-    one more where they do not divide (stagesplit.balanced_layout). Whether the schedule takes that many stages per rank
-    is _pipeline_split's check, for every source of a split."""
+    one more where they do not divide (stagesplit.balanced_layout). Whether the schedule
+    takes that many stages per rank is _pipeline_split's check, for every source of a split."""
     key = "torchtitan parallelism.pipeline_parallel_layers_per_stage"
     effective = layers + input_weight + output_weight
     if layers_per_stage is not None:
