@@ -274,7 +274,8 @@ def _what_would_fit(data, scenario) -> list[str]:
 
 COMPARE_ROWS = (  # label, key of the row dict
     ("model", "model"), ("cluster", "cluster"), ("devices", "devices"), ("tp", "tp"), ("pp", "pp"), ("dp", "dp"),
-    ("cp", "cp"), ("vpp", "vpp"), ("micro_batch", "micro_batch"), ("global_batch", "global_batch"),
+    ("cp", "cp"), ("vpp", "vpp"), ("layers per stage", "layers"), ("micro_batch", "micro_batch"),
+    ("global_batch", "global_batch"),
     ("schedule", "schedule"), ("sequence_parallel", "sequence_parallel"), ("recompute", "recompute"),
     ("zero_stage", "zero_stage"), ("precision", "precision"), ("offload opt/par/act", "offload"),
     ("feasible", "feasible"), ("peak memory GiB", "peak_memory_gib"), ("peak reserved GiB", "peak_reserved_gib"),
@@ -290,23 +291,26 @@ def compare_row(d: dict, scenario) -> dict:
     p, c = scenario.plan, scenario.cluster
     ok = d["feasible"]
 
-    def valid(text):
-        return text if ok else "-"
+    def valid(fmt, key):
+        """d[key] shown by fmt where the plan fits and the number exists (an infeasible plan
+        has no cost), else '-'."""
+        return fmt(d[key]) if ok and d.get(key) is not None else "-"
     return {
         "model": scenario.model.name, "cluster": f"{c.nodes} x {c.node.name} ({c.accelerator.name})",
         "devices": str(c.devices), "tp": str(p.tp), "pp": str(p.pp), "dp": str(p.dp), "cp": str(p.cp),
-        "vpp": str(p.vpp), "micro_batch": str(p.micro_batch), "global_batch": str(p.global_batch),
+        "vpp": str(p.vpp), "layers": layers_cell(plan_stage_layers(scenario.model, p)) if uneven(p) else "even",
+        "micro_batch": str(p.micro_batch), "global_batch": str(p.global_batch),
         "schedule": p.schedule, "sequence_parallel": str(p.sequence_parallel).lower(), "recompute": p.recompute,
         "zero_stage": str(p.zero_stage), "precision": p.precision,
         "offload": f"{p.offload.optimizer}/{p.offload.params}/{p.offload.activations}",
         "feasible": "yes" if ok else "NO", "peak_memory_gib": f"{d['peak_memory_gib']:.1f}",
         "peak_reserved_gib": f"{d['peak_reserved_gib']:.1f}",
-        "step_time": valid(human_time(d["step_time_s"])), "tokens_per_s": valid(f"{d['tokens_per_s']:,.0f}"),
-        "tokens_per_s_per_device": valid(f"{d['tokens_per_s_per_device']:,.1f}"),
-        "mfu": valid(f"{100 * d['mfu']:.1f}%"), "usd_per_million_tokens": valid(f"{d['usd_per_million_tokens']:.4g}"),
-        "time_to_train_days": valid(f"{d['time_to_train_days']:.1f}") if d.get("time_to_train_days") else "-",
-        "step_time_interval": valid(" - ".join(human_time(t) for t in d["step_time_s_interval"]))
-        if d.get("step_time_s_interval") else "-",
+        "step_time": valid(human_time, "step_time_s"), "tokens_per_s": valid("{:,.0f}".format, "tokens_per_s"),
+        "tokens_per_s_per_device": valid("{:,.1f}".format, "tokens_per_s_per_device"),
+        "mfu": valid(lambda x: f"{100 * x:.1f}%", "mfu"),
+        "usd_per_million_tokens": valid("{:.4g}".format, "usd_per_million_tokens"),
+        "time_to_train_days": valid("{:.1f}".format, "time_to_train_days") if d.get("time_to_train_days") else "-",
+        "step_time_interval": valid(lambda x: " - ".join(human_time(t) for t in x), "step_time_s_interval"),
         "outside_validation": ", ".join(f["field"] for f in d.get("outside_validation") or ()) or "-",
     }
 

@@ -42,7 +42,7 @@ from .hardware import Cluster, cluster_from_dict
 from .model import ModelSpec, model_from_dict
 from .plan import Offload, Plan, validate
 from .scenario import Scenario, Training
-from .stagesplit import balanced_layout, batch_key, plan_stage_layers, rank_layer_kinds
+from .stagesplit import PIPELINE_SPLITS, balanced_layout, batch_key, plan_stage_layers, rank_layer_kinds
 from .table import plan_columns
 from .vector import evaluate_batch, PlanBatch, SIZES
 
@@ -339,6 +339,9 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
         raise InputError("--top", top, "expected an integer >= 1")
     if not isinstance(options, SearchOptions):
         raise InputError("options", options, "expected a SearchOptions")
+    for split in options.pipeline_splits:
+        if split not in PIPELINE_SPLITS:
+            raise InputError("search.pipeline_splits", split, "expected one of " + ", ".join(PIPELINE_SPLITS))
     if not 0.0 <= options.memory_headroom < 1.0:
         raise InputError("--memory-headroom", options.memory_headroom, "expected a fraction from 0 to 0.99")
     if not isinstance(training, Training):

@@ -3,6 +3,7 @@ scenario names, traces, sweeps that refuse, and no traceback on any path."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,18 @@ def test_compare_shows_scenarios_side_by_side_and_marks_differences():
     proc = cli("compare", "quickstart", "quickstart", "--tp", "4", "--engine", "analytic", "--json")
     d = json.loads(proc.stdout)
     assert d["differing_keys"] == [] and len(d["results"]) == 2
+
+
+def test_compare_shows_a_plan_that_does_not_fit_without_its_numbers():
+    """The README's plan that does not fit (quickstart at tp 1, micro-batch 8): no cost, no
+    speed, its memory; it once crashed compare (an infeasible plan has no cost per token)."""
+    proc = cli("compare", "quickstart", "quickstart", "--tp", "1", "--micro-batch", "8", "--recompute", "none",
+               "--engine", "analytic", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    cells = {label: values[-1] for label, *values in (re.split(r"\s{2,}", line.lstrip("* ").strip())
+                                                      for line in proc.stdout.splitlines()[2:]
+                                                      if line.strip() and not line.startswith("* differs"))}
+    assert cells["feasible"] == "NO" and cells["$ per M tokens"] == "-" and cells["tokens/s"] == "-"
 
 
 def test_scenario_name_follows_the_overrides():

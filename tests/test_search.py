@@ -201,3 +201,9 @@ def test_cli_search_shows_the_layers_of_a_balanced_split():
     cells = dict(zip(header.split(), row.split()))
     # 128 weighed layers over 4, 8 or 16 ranks: 32, 16 or 8 each, the first and last a layer less
     assert cells["layers"] == {"4": "31,32x2,31", "8": "15,16x6,15", "16": "7,8x14,7"}[cells["pp"]]
+
+
+def test_an_unknown_pipeline_split_is_refused_naming_the_option():
+    with pytest.raises(InputError) as err:
+        search(MODEL, CLUSTER, 16, options=replace(OPTS, pipeline_splits=("even", "uneven")))
+    assert err.value.field == "search.pipeline_splits"
