@@ -371,7 +371,7 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
         raise InputError("plan.global_batch", plan.global_batch,
                          f"must be a multiple of micro_batch*dp = {plan.micro_batch * plan.dp}")
     schedule = plan_schedule(plan)  # the schedule's own rules; an explicit order parsed and checked
-    check_split(plan, model, schedule)  # layers per pipeline stage: even, first/last counts or a layout
+    check_split(plan, model, schedule)  # layers per pipeline stage: even, first/last counts, balanced or a layout
     check_layer_mix_options(plan, model)
     _check_recompute_modules(plan, model)
     check_mtp_plan(plan, model)

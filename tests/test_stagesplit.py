@@ -154,6 +154,7 @@ def test_a_balanced_split_of_126_layers_over_8_ranks_lightens_the_first_and_last
     {"pipeline_split": "uneven"},
 ])
 def test_a_balanced_split_the_pipeline_cannot_hold_is_refused(plan):
+    plan = dict(plan)
     layers = plan.pop("model_layers", None)
     model = {**MODEL_126, "layers": layers} if layers else MODEL_126
     with pytest.raises(InputError) as err:
