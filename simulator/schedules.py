@@ -770,7 +770,9 @@ def alike_middles(rep: np.ndarray, p) -> np.ndarray:
     representative (a plan batched with pipelines whose middles differ): such a plan is
     timed by the closed forms, as it is alone."""
     p = np.broadcast_to(np.asarray(p), (rep.shape[1],)) if rep.shape[1] > 1 else np.ravel(p)[:1]
-    return np.array([len(set(rep[1:int(n) - 1, j].tolist())) <= 1 for j, n in enumerate(p)])
+    rows = np.arange(len(rep))[:, None]
+    middle = (rows >= 1) & (rows < p - 1)
+    return np.all(~middle | (rep == rep[min(1, len(rep) - 1)]), axis=0)
 
 
 def _stage_lists(t: StageTimes, index: tuple, p: int, v: int) -> tuple:
