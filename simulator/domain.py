@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
+from .workload import attention_mask
+
 # Properties compared as a range [min, max] over the runs: scale, model size and shape, and
 # the parallel degrees whose communication grows with them.
 RANGES: dict[str, Callable] = {
@@ -41,6 +43,8 @@ VALUES: dict[str, Callable] = {
     "plan.zero_stage": lambda s: s.plan.zero_stage,
     # how CP runs the attention, where it runs at all
     "plan.cp_attention": lambda s: s.plan.cp_attention if s.plan.cp > 1 else "none",
+    # the pairs attention leaves out: causal, sliding windows, packed documents
+    "model.attention_mask": lambda s: attention_mask(s.model),
 }
 
 

@@ -76,6 +76,10 @@ class ModelSpec:
     # i % sliding_window_freq == 0 (Mistral: every layer; GPT-OSS: every other); 0 = none.
     sliding_window: int = 0
     sliding_window_freq: int = 1
+    # Packed documents: each sequence holds documents of `document_tokens` tokens (the last cut
+    # at seq_len) and attention stays inside each one (workload.window_pair_fraction); 0 = one
+    # causal sequence.
+    document_tokens: int = 0
 
     def __post_init__(self):
         fill = lambda key, value: object.__setattr__(self, key, value)  # noqa: E731 (frozen dataclass)
@@ -280,8 +284,8 @@ class ModelSpec:
 
 MODEL_KEYS = ("preset", "hf_config", "name", "description", "layers", "hidden", "heads", "kv_heads", "head_dim",
               "attention", *MLA_FIELDS, "ffn_hidden", "dense_ffn_hidden", "experts", *MOE_FIELDS, "mtp_layers",
-              "sliding_window", "sliding_window_freq", "vocab", "seq_len", "activation", "norm",
-              "position_embedding", "bias", "tied_embeddings", "dropout", "source")
+              "sliding_window", "sliding_window_freq", "document_tokens", "vocab", "seq_len", "activation",
+              "norm", "position_embedding", "bias", "tied_embeddings", "dropout", "source")
 
 
 def _dense_width(data: Mapping, field: str) -> int | None:
@@ -373,6 +377,7 @@ def _spec_from_fields(data: Mapping, field: str, base: ModelSpec | None = None) 
         sliding_window=count("sliding_window", 0, maximum=10**8),
         sliding_window_freq=F.integer(data, "sliding_window_freq", field, default("sliding_window_freq", 1),
                                       maximum=100_000),
+        document_tokens=count("document_tokens", 0, maximum=10**8),
     )
     return check_shapes(spec, field)
 

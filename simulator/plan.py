@@ -318,10 +318,14 @@ def _schedule_ops(value):
     return tuple(tuple(str(op) for op in stage) for stage in value)
 
 
-def _check_sliding_windows(plan: Plan, model: ModelSpec) -> None:
-    """What the sliding-window model (workload.window_pair_fraction) leaves out: context
-    parallelism (the ring exchange of a windowed layer is not the full one) and MTP depths
-    (their layer's window is not stated)."""
+def _check_attention_bands(plan: Plan, model: ModelSpec) -> None:
+    """What the attention-band model (workload.window_pair_fraction) leaves out: context
+    parallelism of windowed layers or packed documents (the ring's exchange and its balance over
+    the ranks are not the full causal one's) and MTP depths beside windows (their layer's window
+    is not stated)."""
+    if 0 < model.document_tokens < model.seq_len and plan.cp > 1:
+        raise InputError("plan.cp", plan.cp, "1 with packed documents (model.document_tokens): context "
+                         "parallelism over documents is not modelled")
     if not model.sliding_window or model.sliding_window >= model.seq_len:
         return
     if plan.cp > 1:
@@ -375,7 +379,7 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     check_layer_mix_options(plan, model)
     _check_recompute_modules(plan, model)
     check_mtp_plan(plan, model)
-    _check_sliding_windows(plan, model)
+    _check_attention_bands(plan, model)
     if plan.cp > 1 and model.seq_len % (2 * plan.cp):
         raise InputError("plan.cp", plan.cp, f"2*cp must divide seq_len={model.seq_len} (load-balanced causal chunks)")
     check_cp_attention(plan, model)

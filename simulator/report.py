@@ -182,7 +182,8 @@ def render_result(d: dict, scenario, data: dict | None = None) -> str:
     m, c, p = scenario.model, scenario.cluster, scenario.plan
     lines = [
         f"scenario   {d['scenario'] or '-'}",
-        f"model      {m.name}: {m.params() / 1e9:.2f} B params, {m.layers} layers, hidden {m.hidden}, seq {m.seq_len}",
+        f"model      {m.name}: {m.params() / 1e9:.2f} B params, {m.layers} layers, hidden {m.hidden}, seq {m.seq_len}"
+        + (f" (documents of {m.document_tokens})" if 0 < m.document_tokens < m.seq_len else ""),
         f"cluster    {c.nodes} x {c.node.name} = {c.devices} x {c.accelerator.name}",
         f"plan       tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} vpp={p.vpp} micro_batch={p.micro_batch} "
         f"global_batch={p.global_batch} ({p.microbatches} micro-batches) schedule={p.schedule} "

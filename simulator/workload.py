@@ -226,6 +226,14 @@ def _attention_ops(model: ModelSpec, shard: Shard) -> list[Op]:
     return ops
 
 
+def _causal_pairs(n, window: int) -> float:
+    """(query, key) pairs of causal attention over `n` tokens, counted as the half n²/2; with a
+    window W < n (0: none), the band's n·W - W²/2."""
+    if not window or window >= n:
+        return 0.5 * n * n
+    return n * window - 0.5 * window * window
+
+
 def window_pair_fraction(model: ModelSpec, layers=None, sliding=None) -> float:
     """The (query, key) pairs a layer attends to, as a fraction of the causal half s²/2, mean
     over `layers` layers of which `sliding` have a window (default: the model's layers): 1 for
@@ -233,16 +241,39 @@ def window_pair_fraction(model: ModelSpec, layers=None, sliding=None) -> float:
     2310.06825 Sec. 2: query i attends to keys i-W+1..i), the band's s·W - W²/2; the sliding
     layers are i % sliding_window_freq == 0 (model.is_sliding_window_layer).
 
+    Packed documents (model.document_tokens = d < s): attention stays inside each document, the
+    sequence's s // d documents and the remainder each causal (with the window inside each) as
+    Megatron-Core's packed `thd` format runs it (megatron/core/packed_seq_params.py
+    @d98e8a64dd: cu_seqlens to TransformerEngine's attention), torchtitan's block_causal mask,
+    and Llama 3's pre-training ("an attention mask that prevents self-attention between
+    different documents within the same sequence", arXiv 2407.21783 Sec. 3.2). Documents of
+    mixed lengths attend the pairs of equal ones of E[d²]/E[d] tokens (sum d²/2 = s·E[d²]/E[d]/2).
+
     A stage's layers are timed as its count of this mean layer: the model's mean where every
     stage holds whole periods of sliding_window_freq, else its own (stagesplit.py counts each
     rank's sliding layers)."""
-    s, w = model.seq_len, model.sliding_window
+    s, w, d = model.seq_len, model.sliding_window, model.document_tokens
+
+    def pairs(window):
+        if not d or d >= s:
+            return _causal_pairs(s, window)
+        return (s // d) * _causal_pairs(d, window) + _causal_pairs(s % d, window)
+
+    full = pairs(0) / (0.5 * s * s)
     if not w or w >= s:
-        return 1.0
-    band = (s * w - 0.5 * w * w) / (0.5 * s * s)
+        return full
+    band = pairs(w) / (0.5 * s * s)
     if layers is None:
         layers, sliding = model.layers, -(-model.layers // model.sliding_window_freq)  # layers 0, f, 2f, ...
-    return (sliding * band + (layers - sliding)) / layers
+    return (sliding * band + (layers - sliding) * full) / layers
+
+
+def attention_mask(model: ModelSpec) -> str:
+    """Which pairs the model's attention leaves out, in a word: causal, sliding-window,
+    documents (packed, attention inside each) or both."""
+    kinds = [name for name, limit in (("sliding-window", model.sliding_window), ("documents", model.document_tokens))
+             if 0 < limit < model.seq_len]
+    return "+".join(kinds) or "causal"
 
 
 def attention_core_ops(model: ModelSpec, shard: Shard, q_heads, kv_heads, qk_dim, v_dim) -> list[Op]:
