@@ -52,6 +52,15 @@ differ in what moves, what hides behind what, and the kernels around the attenti
     block's graph; per step one fused kernel reads the fp32 accumulator and the step's
     16-bit result and writes the accumulator (a partial step's concatenation rewrites the
     whole of it, counted as a full step).
+
+Packed documents (model.document_tokens, TE's `thd` layout): TE's three methods run over every
+document's own 2·cp load-balanced chunks (same file: the P2P ring reads each document's halves,
+thd_read_half_tensor; the all-gather with FusedAttention or FlashAttention 3; the all-to-alls),
+so K and V move as for the whole sequence while the attention under them is the documents'
+(workload.window_pair_fraction). Each document must split into 2·cp chunks without padding
+(plan.py); the thd layout's per-step half-tensor copies and its out/LSE corrections are not
+counted. PyTorch's ring over packed documents is refused: its load balancer splits the
+sequence, not the documents.
 """
 
 from __future__ import annotations

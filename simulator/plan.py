@@ -320,12 +320,17 @@ def _schedule_ops(value):
 
 def _check_attention_bands(plan: Plan, model: ModelSpec) -> None:
     """What the attention-band model (workload.window_pair_fraction) leaves out: context
-    parallelism of windowed layers or packed documents (the ring's exchange and its balance over
-    the ranks are not the full causal one's) and MTP depths beside windows (their layer's window
-    is not stated)."""
+    parallelism of windowed layers and, over packed documents, PyTorch's ring and documents
+    TransformerEngine would pad (cpattention.py), and MTP depths beside windows (their layer's
+    window is not stated)."""
     if 0 < model.document_tokens < model.seq_len and plan.cp > 1:
-        raise InputError("plan.cp", plan.cp, "1 with packed documents (model.document_tokens): context "
-                         "parallelism over documents is not modelled")
+        if plan.cp_attention.startswith("torch-"):
+            raise InputError("plan.cp_attention", plan.cp_attention, "ring, kv-allgather, ulysses or ulysses-ring "
+                             "with packed documents (PyTorch's ring balances the sequence, not each document: "
+                             "not modelled)")
+        if model.document_tokens % (2 * plan.cp):
+            raise InputError("model.document_tokens", model.document_tokens, f"a multiple of 2*cp = {2 * plan.cp} "
+                             "(TransformerEngine splits each document into 2*cp chunks; padding is not modelled)")
     if not model.sliding_window or model.sliding_window >= model.seq_len:
         return
     if plan.cp > 1:

@@ -4,7 +4,7 @@ import pytest
 
 from simulator import InputError, evaluate, scenario_from_dict
 from simulator.domain import outside
-from simulator.workload import model_flops_per_sequence, window_pair_fraction
+from simulator.workload import ATTENTION_CORE, Shard, layer_ops, model_flops_per_sequence, window_pair_fraction
 
 # GPT-2-sized MHA model, RoPE, no dropout: attention core width q = o = h
 DENSE = {"layers": 4, "hidden": 1024, "heads": 16, "ffn_hidden": 4096, "vocab": 32000, "seq_len": 4096,
@@ -63,9 +63,35 @@ def test_documents_shorten_the_step_with_flash_attention_and_save_no_activations
         assert b.peak_memory_bytes == a.peak_memory_bytes
 
 
-def test_context_parallelism_over_documents_is_refused():
-    with pytest.raises(InputError, match=r"plan\.cp"):
-        _scenario({**DENSE, "document_tokens": 1024}, cp=2, dp=4)
+def _attention_fwd_flops(model, cp):
+    shard = Shard(micro_batch=1, seq_len=model.seq_len, cp=cp)
+    return sum(op.fwd_flops for op in layer_ops(model, shard) if op.group == ATTENTION_CORE)
+
+
+def test_each_of_two_cp_ranks_computes_half_of_the_documents_attention():
+    # four documents of 1024 tokens, h = 1024: 4 x 1024²/2 causal pairs, 4·h FLOPs each forward
+    # (QK^T and AV, 2 FLOPs per multiply-add) = 2^33 on one rank, half of it on each of two
+    model = _scenario({**DENSE, "document_tokens": 1024}).model
+    assert _attention_fwd_flops(model, 1) == 4 * 1024**2 / 2 * 4 * 1024 == 2**33
+    assert _attention_fwd_flops(model, 2) == 2**32
+
+
+@pytest.mark.parametrize("method", ["ring", "kv-allgather", "ulysses"])
+def test_transformer_engine_context_parallelism_runs_over_packed_documents(method):
+    long = {**DENSE, "seq_len": 32768}
+    packed = _scenario({**long, "document_tokens": 4096}, cp=2, dp=4, cp_attention=method)
+    one = _scenario(long, cp=2, dp=4, cp_attention=method)
+    for engine in ("analytic", "graph"):
+        assert evaluate(packed, engine).step_time_s < evaluate(one, engine).step_time_s
+
+
+@pytest.mark.parametrize("model,plan,field", [
+    ({**DENSE, "document_tokens": 1024}, {"cp": 2, "dp": 4, "cp_attention": "torch-allgather"}, "plan.cp_attention"),
+    ({**DENSE, "document_tokens": 1022}, {"cp": 2, "dp": 4}, "model.document_tokens"),
+])
+def test_what_context_parallelism_over_documents_cannot_represent_is_refused(model, plan, field):
+    with pytest.raises(InputError, match=field.replace(".", r"\.")):
+        _scenario(model, **plan)
 
 
 def test_a_negative_document_length_is_refused():
