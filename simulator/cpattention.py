@@ -61,6 +61,12 @@ so K and V move as for the whole sequence while the attention under them is the 
 (plan.py); the thd layout's per-step half-tensor copies and its out/LSE corrections are not
 counted. PyTorch's ring over packed documents is refused: its load balancer splits the
 sequence, not the documents.
+
+Sliding windows: TE runs them under CP by all_gather and a2a only (same file,
+attn_forward_func_with_cp asserts it). Ulysses gives each rank whole sequences of heads/cp
+heads, so its windowed work is the model's band over cp; the all-gather's load-balanced chunks
+hold unequal windowed work (the first chunk's queries see fewer keys), which is not modelled:
+plan.py refuses it with the other methods.
 """
 
 from __future__ import annotations

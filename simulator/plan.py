@@ -320,9 +320,10 @@ def _schedule_ops(value):
 
 def _check_attention_bands(plan: Plan, model: ModelSpec) -> None:
     """What the attention-band model (workload.window_pair_fraction) leaves out: context
-    parallelism of windowed layers and, over packed documents, PyTorch's ring and documents
-    TransformerEngine would pad (cpattention.py), and MTP depths beside windows (their layer's
-    window is not stated)."""
+    parallelism of windowed layers but by Ulysses' all-to-alls (each rank attends whole
+    sequences of its heads: the band is the model's), over packed documents PyTorch's ring and
+    documents TransformerEngine would pad (cpattention.py), and MTP depths beside windows (their
+    layer's window is not stated)."""
     if 0 < model.document_tokens < model.seq_len and plan.cp > 1:
         if plan.cp_attention.startswith("torch-"):
             raise InputError("plan.cp_attention", plan.cp_attention, "ring, kv-allgather, ulysses or ulysses-ring "
@@ -333,9 +334,10 @@ def _check_attention_bands(plan: Plan, model: ModelSpec) -> None:
                              "(TransformerEngine splits each document into 2*cp chunks; padding is not modelled)")
     if not model.sliding_window or model.sliding_window >= model.seq_len:
         return
-    if plan.cp > 1:
-        raise InputError("plan.cp", plan.cp, "1 with sliding-window attention (context parallelism of windowed "
-                         "layers is not modelled)")
+    if plan.cp > 1 and plan.cp_attention != "ulysses":
+        raise InputError("plan.cp_attention", plan.cp_attention, "ulysses with sliding-window attention and cp > 1 "
+                         "(TransformerEngine runs windows under CP by a2a and all_gather only; the all-gather's "
+                         "ranks hold unequal windowed work, not modelled)")
     if model.mtp_layers:
         raise InputError("model.mtp_layers", model.mtp_layers, "0 with sliding-window attention (not modelled)")
 

@@ -86,9 +86,26 @@ def test_gpt_oss_120b_evaluates_on_four_stages_of_nine_layers():
 
 
 @pytest.mark.parametrize("model,plan,field", [
-    ({**DENSE, "sliding_window": 1024}, {"cp": 2, "dp": 4}, "plan.cp"),
+    ({**DENSE, "sliding_window": 1024}, {"cp": 2, "dp": 4}, "plan.cp_attention"),
+    ({**DENSE, "sliding_window": 1024}, {"cp": 2, "dp": 4, "cp_attention": "kv-allgather"}, "plan.cp_attention"),
     ({**DENSE, "sliding_window": 1024, "mtp_layers": 1}, {}, "model.mtp_layers"),
 ])
 def test_what_the_window_model_cannot_represent_is_refused(model, plan, field):
     with pytest.raises(InputError, match=field.replace(".", r"\.")):
         _scenario(model, **plan)
+
+
+def test_ulysses_context_parallelism_splits_the_windowed_work_over_the_heads():
+    # Ulysses: each of 2 ranks attends the whole sequence with 8 of 16 heads, half of one
+    # rank's forward attention: per layer the band's 0.4375 of 4096²/2 pairs, 4·h FLOPs each
+    from simulator.workload import ATTENTION_CORE, Shard, layer_ops
+    model = _scenario({**DENSE, "sliding_window": 1024}, cp=2, dp=4, cp_attention="ulysses").model
+
+    def attention(cp):
+        ops = layer_ops(model, Shard(micro_batch=1, seq_len=model.seq_len, cp=cp))
+        return sum(op.fwd_flops for op in ops if op.group == ATTENTION_CORE)
+
+    assert attention(1) == pytest.approx(0.4375 * 4096**2 / 2 * 4 * 1024, rel=1e-15)
+    assert attention(2) == pytest.approx(attention(1) / 2, rel=1e-15)
+    s = _scenario({**DENSE, "seq_len": 32768, "sliding_window": 4096}, cp=2, dp=4, cp_attention="ulysses")
+    assert evaluate(s, "graph").step_time_s > 0
