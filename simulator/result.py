@@ -21,7 +21,8 @@ NOT_FOR_INFEASIBLE = ("cost_usd_per_step", "usd_per_million_tokens", "time_to_tr
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "pipeline_bubble",
                   "optimizer", "offload", "data", "other")
 FLOP_CONVENTION = ("model FLOPs: useful forward and backward FLOPs, causal attention counted over its unmasked "
-                   "half, no recomputation (MFU); hardware FLOPs: executed FLOPs with recomputation and the "
+                   "half (less what sliding windows and packed documents mask), no recomputation (MFU); "
+                   "hardware FLOPs: executed FLOPs with recomputation and the "
                    "kernels' extra work, e.g. flash attention's backward recomputing QK^T and a materialised "
                    "attention's masked half (HFU). MFU <= HFU <= 1. Mixture-of-Experts layers: model FLOPs count "
                    "the router, the shared experts and the top-k routed experts of every token (less the tokens a "
