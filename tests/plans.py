@@ -1,6 +1,6 @@
 """Random valid plans for the property tests (hypothesis strategies): every schedule,
 recompute mode (Megatron selective over its modules/full uniform/block, torchtitan op-level), precision (FP8
-recipes on H100), TP implementation (Megatron-LM or DTensor) and overlap, eager or compiled
+recipes on H100), sliding windows and packed documents, TP implementation (Megatron-LM or DTensor) and overlap, eager or compiled
 kernels, FSDP resharding, uneven pipeline ranks, Megatron-LM's or PyTorch's pipeline runtime.
 
 Plans are built valid by construction where the rules are simple (divisors, batch
@@ -59,6 +59,8 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
     if not moe and cp == 1:  # sliding windows on every layer (Mistral's) or every other (GPT-OSS's), without CP
         overrides = {**overrides, "sliding_window": draw(st.sampled_from([0, 0, 512])),
                      "sliding_window_freq": draw(st.sampled_from([1, 2]))}
+    # packed documents (attention inside each; with CP, TransformerEngine's methods only)
+    overrides = {**overrides, "document_tokens": draw(st.sampled_from([0, 0, 0, 256, 384]))}
     micro_batch = draw(st.sampled_from([1, 2, 4]))
     m = draw(st.integers(1, 24))
     if schedule == "interleaved":
