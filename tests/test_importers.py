@@ -709,7 +709,11 @@ def test_megatron_bridge_run_config_is_the_run_it_describes():
             p.grad_precision, p.dp_overlap, p.recompute) == (1, 1, 1, 1, 1, 8, "mxfp8", True, 1, "bf16", False, "none")
     keys = set(flatten(yaml.safe_load((DATA / "bridge-llama3_8b_sft_gb200_fp8_mx_v1.yaml").read_text())))
     assert keys <= set(_accounted(imported))
-    assert {u["key"] for u in imported.unmapped} == {"mixed_precision.reuse_grad_buf_for_mxfp8_param_ag"}
+    unmapped = {u["key"]: u["why"] for u in imported.unmapped}
+    assert set(unmapped) == {"mixed_precision.reuse_grad_buf_for_mxfp8_param_ag",
+                             "dataset.packed_sequence_specs.packed_sequence_size"}
+    # SQuAD samples packed 4096 tokens a sequence attend inside themselves: the user gives their length
+    assert "model.document_tokens" in unmapped["dataset.packed_sequence_specs.packed_sequence_size"]
 
 
 def test_megatron_bridge_gpt_oss_model_is_the_model_of_its_config_json(tmp_path):

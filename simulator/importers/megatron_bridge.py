@@ -9,7 +9,9 @@ global_batch_size, train_iters), `mixed_precision` (bf16/fp16 and fp8 with its r
 over the model's own precision fields), `ddp` (distributed optimizer, Megatron-FSDP, gradient
 reduction precision, overlap), `comm_overlap` (TP overlap, when set) and `optimizer` (Adam,
 its state dtypes). Paths, logging, data, checkpointing, the scheduler and the tokenizer change
-neither step time nor memory; neither does a model field left off (null, false, 0).
+neither step time nor memory; neither does a model field left off (null, false, 0). Packed
+SFT samples do (they attend inside themselves, model.document_tokens), but the config does not
+hold their length: the import says so.
 """
 
 from __future__ import annotations
@@ -161,10 +163,27 @@ def read_bridge(data: dict) -> Imported:
         a.map("train.train_samples", "training.tokens", float(number_of(a, "train.train_samples") * seq))
     if a.get(m("softmax_type")) == "vanilla":
         a.used(m("softmax_type"))
+    _packing(a)
     # a field left off (null, false, 0, empty) asks for nothing llmsim would model
     a.ignore(*(k for k, v in a.flat.items() if v is None or v is False or v == 0 or v in ("", "none", [], {})))
     return a.finish(SECTIONS_IGNORED + MODEL_IGNORED + moe.ignored(nemo_key),
                     {**REASONS, **moe.reasons(nemo_key)})
+
+
+# Packed SFT samples: `packed_sequence_specs` at a9497c6b, `offline_packing_specs` at 067f987df
+# (src/megatron/bridge/data/builders/gpt_sft.py)
+PACKING_KEYS = ("dataset.packed_sequence_specs.packed_sequence_size",
+                "dataset.offline_packing_specs.packed_sequence_size")
+
+
+def _packing(a: Account) -> None:
+    """Packed samples attend inside each one (Megatron-Core's thd layout): model.document_tokens,
+    whose length (the samples') the config does not hold, so the user is told to give it."""
+    for key in PACKING_KEYS:
+        if a.number(key, -1) > 0:
+            a.unmapped(key, "samples packed into each sequence attend only inside themselves, and the config "
+                            "does not hold their length: give model.document_tokens (--set, the samples' "
+                            "E[d²]/E[d] tokens), else the attention is counted over the whole sequence")
 
 
 def _activation(a: Account) -> None:
