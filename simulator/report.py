@@ -176,14 +176,20 @@ def layers_cell(stage_layers) -> str:
     return ",".join(f"{n}x{k}" if k > 1 else str(n) for n, k in runs)
 
 
+def sequence_cell(model) -> str:
+    """The sequence length, with the packed documents' length where attention stays inside them."""
+    docs = model.document_tokens
+    return f"{model.seq_len}" + (f" (documents of {docs})" if 0 < docs < model.seq_len else "")
+
+
 def render_result(d: dict, scenario, data: dict | None = None) -> str:
     """The readable report of `llmsim evaluate`. `data`, the scenario mapping, lets an
     infeasible plan list what would fit."""
     m, c, p = scenario.model, scenario.cluster, scenario.plan
     lines = [
         f"scenario   {d['scenario'] or '-'}",
-        f"model      {m.name}: {m.params() / 1e9:.2f} B params, {m.layers} layers, hidden {m.hidden}, seq {m.seq_len}"
-        + (f" (documents of {m.document_tokens})" if 0 < m.document_tokens < m.seq_len else ""),
+        f"model      {m.name}: {m.params() / 1e9:.2f} B params, {m.layers} layers, hidden {m.hidden}, "
+        f"seq {sequence_cell(m)}",
         f"cluster    {c.nodes} x {c.node.name} = {c.devices} x {c.accelerator.name}",
         f"plan       tp={p.tp} pp={p.pp} dp={p.dp} cp={p.cp} vpp={p.vpp} micro_batch={p.micro_batch} "
         f"global_batch={p.global_batch} ({p.microbatches} micro-batches) schedule={p.schedule} "
@@ -274,7 +280,8 @@ def _what_would_fit(data, scenario) -> list[str]:
 # ------------------------------------------------------------------ compare
 
 COMPARE_ROWS = (  # label, key of the row dict
-    ("model", "model"), ("cluster", "cluster"), ("devices", "devices"), ("tp", "tp"), ("pp", "pp"), ("dp", "dp"),
+    ("model", "model"), ("sequence", "sequence"), ("cluster", "cluster"), ("devices", "devices"), ("tp", "tp"),
+    ("pp", "pp"), ("dp", "dp"),
     ("cp", "cp"), ("vpp", "vpp"), ("layers per stage", "layers"), ("micro_batch", "micro_batch"),
     ("global_batch", "global_batch"),
     ("schedule", "schedule"), ("sequence_parallel", "sequence_parallel"), ("recompute", "recompute"),
@@ -289,7 +296,7 @@ COMPARE_ROWS = (  # label, key of the row dict
 
 def compare_row(d: dict, scenario) -> dict:
     """The displayed values of one compared scenario (text, as shown)."""
-    p, c = scenario.plan, scenario.cluster
+    m, p, c = scenario.model, scenario.plan, scenario.cluster
     ok = d["feasible"]
 
     def valid(fmt, key):
@@ -297,9 +304,10 @@ def compare_row(d: dict, scenario) -> dict:
         has no cost), else '-'."""
         return fmt(d[key]) if ok and d.get(key) is not None else "-"
     return {
-        "model": scenario.model.name, "cluster": f"{c.nodes} x {c.node.name} ({c.accelerator.name})",
+        "model": m.name, "cluster": f"{c.nodes} x {c.node.name} ({c.accelerator.name})",
+        "sequence": sequence_cell(m),
         "devices": str(c.devices), "tp": str(p.tp), "pp": str(p.pp), "dp": str(p.dp), "cp": str(p.cp),
-        "vpp": str(p.vpp), "layers": layers_cell(plan_stage_layers(scenario.model, p)) if uneven(p) else "even",
+        "vpp": str(p.vpp), "layers": layers_cell(plan_stage_layers(m, p)) if uneven(p) else "even",
         "micro_batch": str(p.micro_batch), "global_batch": str(p.global_batch),
         "schedule": p.schedule, "sequence_parallel": str(p.sequence_parallel).lower(), "recompute": p.recompute,
         "zero_stage": str(p.zero_stage), "precision": p.precision,

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -239,3 +240,17 @@ def test_models_list_with_a_name_lists_only_the_presets_containing_it():
     rows = [line.split()[0] for line in out.splitlines()[2:] if line.strip()]
     assert rows and all("mixtral" in r for r in rows)
     one_line_error(cli("models", "list", "gpt-9"), "models list", "gpt-9")
+
+
+def test_compare_marks_the_sequence_where_packed_documents_differ(tmp_path):
+    base = {"model": {"preset": "llama-3.1-8b", "seq_len": 32768}, "cluster": {"node": "dgx-h100", "nodes": 1},
+            "plan": {"tp": 8, "pp": 1, "dp": 1, "micro_batch": 1, "global_batch": 8, "recompute": "full"}}
+    packed = {**base, "model": {**base["model"], "document_tokens": 4096}}
+    paths = []
+    for name, data in (("causal", base), ("packed", packed)):
+        paths.append(tmp_path / f"{name}.yaml")
+        paths[-1].write_text(yaml.safe_dump(data))
+    proc = cli("compare", *map(str, paths), "--engine", "analytic")
+    assert proc.returncode == 0, proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if " sequence " in line)
+    assert line.startswith("*") and line.split()[-4:] == ["32768", "(documents", "of", "4096)"]
