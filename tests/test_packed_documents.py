@@ -2,18 +2,10 @@
 
 import pytest
 
-from simulator import InputError, evaluate, scenario_from_dict
+from attention_bands import DENSE, attention_fwd_flops, scenario as _scenario
+from simulator import InputError, evaluate
 from simulator.domain import outside
-from simulator.workload import ATTENTION_CORE, Shard, layer_ops, model_flops_per_sequence, window_pair_fraction
-
-# GPT-2-sized MHA model, RoPE, no dropout: attention core width q = o = h
-DENSE = {"layers": 4, "hidden": 1024, "heads": 16, "ffn_hidden": 4096, "vocab": 32000, "seq_len": 4096,
-         "activation": "swiglu", "bias": False, "position_embedding": "rope", "norm": "rmsnorm", "dropout": False}
-
-
-def _scenario(model, **plan):
-    return scenario_from_dict({"model": model, "cluster": {"node": "dgx-h100", "nodes": 1},
-                               "plan": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 1, "global_batch": 8, **plan}})
+from simulator.workload import model_flops_per_sequence, window_pair_fraction
 
 
 def test_four_documents_per_sequence_attend_a_quarter_of_the_causal_half():
@@ -54,26 +46,12 @@ def test_documents_no_shorter_than_the_sequence_change_nothing(tokens):
         assert (b.step_time_s, b.peak_memory_bytes) == (a.step_time_s, a.peak_memory_bytes)
 
 
-def test_documents_shorten_the_step_with_flash_attention_and_save_no_activations():
-    long = {**DENSE, "seq_len": 32768}  # attention outweighs the host's kernel launches
-    one, packed = _scenario(long), _scenario({**long, "document_tokens": 4096})
-    for engine in ("analytic", "graph"):
-        a, b = evaluate(one, engine), evaluate(packed, engine)
-        assert b.step_time_s < a.step_time_s
-        assert b.peak_memory_bytes == a.peak_memory_bytes
-
-
-def _attention_fwd_flops(model, cp):
-    shard = Shard(micro_batch=1, seq_len=model.seq_len, cp=cp)
-    return sum(op.fwd_flops for op in layer_ops(model, shard) if op.group == ATTENTION_CORE)
-
-
 def test_each_of_two_cp_ranks_computes_half_of_the_documents_attention():
     # four documents of 1024 tokens, h = 1024: 4 x 1024²/2 causal pairs, 4·h FLOPs each forward
     # (QK^T and AV, 2 FLOPs per multiply-add) = 2^33 on one rank, half of it on each of two
     model = _scenario({**DENSE, "document_tokens": 1024}).model
-    assert _attention_fwd_flops(model, 1) == 4 * 1024**2 / 2 * 4 * 1024 == 2**33
-    assert _attention_fwd_flops(model, 2) == 2**32
+    assert attention_fwd_flops(model, 1) == 4 * 1024**2 / 2 * 4 * 1024 == 2**33
+    assert attention_fwd_flops(model, 2) == 2**32
 
 
 @pytest.mark.parametrize("method", ["ring", "kv-allgather", "ulysses"])

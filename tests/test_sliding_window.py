@@ -2,17 +2,9 @@
 
 import pytest
 
+from attention_bands import DENSE, attention_fwd_flops, scenario as _scenario
 from simulator import InputError, evaluate, scenario_from_dict
 from simulator.workload import model_flops_per_sequence, window_pair_fraction
-
-# GPT-2-sized MHA model, RoPE, no dropout: attention core width q = o = h
-DENSE = {"layers": 4, "hidden": 1024, "heads": 16, "ffn_hidden": 4096, "vocab": 32000, "seq_len": 4096,
-         "activation": "swiglu", "bias": False, "position_embedding": "rope", "norm": "rmsnorm", "dropout": False}
-
-
-def _scenario(model, **plan):
-    return scenario_from_dict({"model": model, "cluster": {"node": "dgx-h100", "nodes": 1},
-                               "plan": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 1, "global_batch": 8, **plan}})
 
 
 def test_a_window_of_a_quarter_of_the_sequence_attends_seven_sixteenths_of_the_causal_half():
@@ -34,11 +26,12 @@ def test_windowed_layers_drop_the_pairs_outside_the_band_from_the_model_flops():
     assert model_flops_per_sequence(full) - model_flops_per_sequence(windowed) == pytest.approx(dropped, rel=1e-12)
 
 
-def test_a_window_shortens_the_step_with_flash_attention_and_saves_no_activations():
+@pytest.mark.parametrize("band", [{"sliding_window": 512}, {"document_tokens": 4096}], ids=["window", "documents"])
+def test_a_narrower_band_shortens_the_step_with_flash_attention_and_saves_no_activations(band):
     long = {**DENSE, "seq_len": 32768}  # attention outweighs the host's kernel launches
-    full, windowed = _scenario(long), _scenario({**long, "sliding_window": 512})
+    full, narrow = _scenario(long), _scenario({**long, **band})
     for engine in ("analytic", "graph"):
-        a, b = evaluate(full, engine), evaluate(windowed, engine)
+        a, b = evaluate(full, engine), evaluate(narrow, engine)
         assert b.step_time_s < a.step_time_s
         assert b.peak_memory_bytes == a.peak_memory_bytes
 
@@ -98,14 +91,8 @@ def test_what_the_window_model_cannot_represent_is_refused(model, plan, field):
 def test_ulysses_context_parallelism_splits_the_windowed_work_over_the_heads():
     # Ulysses: each of 2 ranks attends the whole sequence with 8 of 16 heads, half of one
     # rank's forward attention: per layer the band's 0.4375 of 4096²/2 pairs, 4·h FLOPs each
-    from simulator.workload import ATTENTION_CORE, Shard, layer_ops
     model = _scenario({**DENSE, "sliding_window": 1024}, cp=2, dp=4, cp_attention="ulysses").model
-
-    def attention(cp):
-        ops = layer_ops(model, Shard(micro_batch=1, seq_len=model.seq_len, cp=cp))
-        return sum(op.fwd_flops for op in ops if op.group == ATTENTION_CORE)
-
-    assert attention(1) == pytest.approx(0.4375 * 4096**2 / 2 * 4 * 1024, rel=1e-15)
-    assert attention(2) == pytest.approx(attention(1) / 2, rel=1e-15)
+    assert attention_fwd_flops(model, 1) == pytest.approx(0.4375 * 4096**2 / 2 * 4 * 1024, rel=1e-15)
+    assert attention_fwd_flops(model, 2) == pytest.approx(attention_fwd_flops(model, 1) / 2, rel=1e-15)
     s = _scenario({**DENSE, "seq_len": 32768, "sliding_window": 4096}, cp=2, dp=4, cp_attention="ulysses")
     assert evaluate(s, "graph").step_time_s > 0
