@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run real torch training steps on this machine and compare (needs the calibrate extra)")
     va.add_argument("--profile", default=None, metavar="P",
                     help="--torch: calibrated accelerator profile (path or name in hardware_profiles/calibrated; "
-                         "default: the newest there)")
+                         "default: the newest there calibrated on this machine's CPU model or GPU)")
     va.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="--torch: where to train")
     va.add_argument("--quick", action="store_true", help="--torch: a tiny grid (CI)")
     va.add_argument("--json", action="store_true")
@@ -388,9 +388,11 @@ def _calibration_output(ref: str) -> Path:
     return Path(ref)
 
 
-def _calibrated_profile(ref):
+def _calibrated_profile(ref, device: str):
     """--profile of validate --torch: a path, a name among the user's or the shipped calibrated
-    profiles, or (None) the newest of them."""
+    profiles, or (None) the newest of them calibrated on this machine's kind of `device` (a
+    CUDA profile predicts nothing of a CPU run)."""
+    from .calibrate.validate_torch import default_profile
     from .hardware import CALIBRATED, profiles_dir
     from .resources import user_calibrated_dir
 
@@ -400,8 +402,7 @@ def _calibrated_profile(ref):
             return ref
         found = [f / f"{ref}.yaml" for f in folders if (f / f"{ref}.yaml").is_file()]
         return str(found[0]) if found else ref
-    accs = [p for f in folders if f.is_dir() for p in f.glob("*.yaml") if (f / f"{p.stem}-node.yaml").is_file()]
-    return str(max(accs, key=lambda p: p.stat().st_mtime)) if accs else None
+    return str(default_profile(device, folders))
 
 
 def cmd_calibrate(args) -> int:
@@ -444,7 +445,8 @@ def cmd_validate_torch(args) -> int:
     from .calibrate.validate_torch import run_validation
 
     log = None if args.json else print
-    out = run_validation(_calibrated_profile(args.profile), quick=args.quick, device=args.device, log=log)
+    out = run_validation(_calibrated_profile(args.profile, args.device), quick=args.quick, device=args.device,
+                         log=log)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0

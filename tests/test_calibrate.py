@@ -298,3 +298,22 @@ def test_sdpa_held_to_its_flash_backend_is_timed_beside_the_default_kernel():
     shapes = bench.attention_shapes()
     assert len(flash) == 2 * len(shapes) and {s["pass"] for s in flash} == {"fwd", "bwd"}
     assert all(s["op"] == "sdpa_flash_causal" and s["dtype"] == "bf16" and s["seconds"] > 0 for s in flash)
+
+
+def test_the_validation_models_packed_documents_attend_only_inside_themselves():
+    """Tokens of the second of two 64-token documents see nothing of the first: changing the
+    first document's input leaves the second's layer output unchanged, and changes it where the
+    sequence is one causal document."""
+    from simulator.calibrate.torch_model import GPTConfig, build_model
+
+    def second_document(document_tokens, x):
+        model = build_model(GPTConfig(layers=1, hidden=64, heads=2, vocab=64, seq_len=128,
+                                      document_tokens=document_tokens))
+        with torch.no_grad():
+            return model.blocks[0](x)[:, 64:]
+
+    x = torch.randn(1, 128, 64)
+    y = x.clone()
+    y[:, :64] = torch.randn(1, 64, 64)  # not a shift of every feature, which LayerNorm removes
+    assert torch.equal(second_document(64, x), second_document(64, y))
+    assert not torch.allclose(second_document(0, x), second_document(0, y))

@@ -254,3 +254,26 @@ def test_compare_marks_the_sequence_where_packed_documents_differ(tmp_path):
     assert proc.returncode == 0, proc.stderr
     line = next(line for line in proc.stdout.splitlines() if " sequence " in line)
     assert line.startswith("*") and line.split()[-4:] == ["32768", "(documents", "of", "4096)"]
+
+
+def test_validate_torch_without_a_profile_takes_one_calibrated_on_this_kind_of_machine(tmp_path):
+    """The newest calibrated profile may be another machine's (a CUDA one beside CPU ones): a
+    CPU run is predicted with a profile calibrated on this CPU model, or refused by name."""
+    import time
+
+    from simulator import InputError
+    from simulator.calibrate.profile_writer import cpu_model
+    from simulator.calibrate.validate_torch import default_profile
+
+    def write(name, device_name):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({"calibration": {"device_name": device_name}}))
+        (tmp_path / f"{name}-node.yaml").write_text("{}\n")
+
+    write("mine", f"{cpu_model()}, 1 thread(s) per device")
+    write("gpu", "NVIDIA H200")
+    newer = time.time() + 60
+    os.utime(tmp_path / "gpu.yaml", (newer, newer))
+    assert default_profile("cpu", [tmp_path]) == tmp_path / "mine.yaml"
+    (tmp_path / "mine.yaml").unlink()
+    with pytest.raises(InputError, match="--profile"):
+        default_profile("cpu", [tmp_path])

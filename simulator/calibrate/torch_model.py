@@ -1,7 +1,7 @@
 """A small GPT written in torch with the structure workload.py models, op for op.
 
 Per layer: LayerNorm -> fused QKV linear -> causal scaled_dot_product_attention (the
-flash kernel on CPU and CUDA) -> output linear -> residual add -> LayerNorm -> linear
+flash kernel on CPU and CUDA; over each packed document with document_tokens) -> output linear -> residual add -> LayerNorm -> linear
 (4h) -> GELU -> linear -> residual add. Around the layers: token + learned position
 embedding, final LayerNorm, lm_head tied to the token embedding, fp32 cross-entropy.
 No dropout. Initialised as GPT-2 and Megatron-LM initialise (N(0, 0.02)). Full recomputation wraps each layer in
@@ -22,6 +22,7 @@ class GPTConfig:
     heads: int = 4
     vocab: int = 2048
     seq_len: int = 128
+    document_tokens: int = 0  # packed documents of this many tokens, attention inside each (0: causal)
 
     def model_fields(self) -> dict:
         """The scenario `model` section describing this network to the simulator."""
@@ -50,8 +51,12 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
         def forward(self, x):
             b, s, h = x.shape
             nh = cfg.heads
+            # packed documents of d tokens attend inside themselves: b·s/d causal sequences of d,
+            # the same views and kernels as the whole sequence (varlen attention of equal lengths)
+            d = cfg.document_tokens if 0 < cfg.document_tokens < s else s
             # split (backward: one cat) rather than unbind of a permuted view (backward: a strided stack)
-            q, k, v = (t.view(b, s, nh, h // nh).transpose(1, 2) for t in self.qkv(self.ln1(x)).split(h, dim=-1))
+            q, k, v = (t.view(b * s // d, d, nh, h // nh).transpose(1, 2)
+                       for t in self.qkv(self.ln1(x)).split(h, dim=-1))
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
             return x + self.down(F.gelu(self.up(self.ln2(x))))

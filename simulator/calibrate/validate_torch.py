@@ -47,11 +47,12 @@ class RunConfig:
     dp: int = 1
     vocab: int = 2048
     precision: str = "fp32"
+    document_tokens: int = 0
 
     @property
     def gpt(self) -> GPTConfig:
         return GPTConfig(layers=self.layers, hidden=self.hidden, heads=self.heads, vocab=self.vocab,
-                         seq_len=self.seq_len)
+                         seq_len=self.seq_len, document_tokens=self.document_tokens)
 
 
 def _grid() -> list[RunConfig]:
@@ -73,6 +74,9 @@ def _grid() -> list[RunConfig]:
         C("l2-h512-s256-b2-dp2", 2, 512, 8, 256, 2, dp=2),
         C("l4-h256-s256-b2-ga2-dp2-full", 4, 256, 8, 256, 2, grad_accum=2, recompute="full", dp=2),
         C("l4-h256-s256-b2-v8k", 4, 256, 8, 256, 2, vocab=8192),
+        # a long sequence, whole and as 8 packed documents (attention a third of the FLOPs, then 6 %)
+        C("l2-h256-s2048-b1", 2, 256, 4, 2048, 1),
+        C("l2-h256-s2048-b1-docs256", 2, 256, 4, 2048, 1, document_tokens=256),
         C("bf16-l2-h256-s256-b4", 2, 256, 4, 256, 4, precision="bf16"),
         C("bf16-l4-h512-s256-b2", 4, 512, 8, 256, 2, precision="bf16"),
         C("bf16-l4-h512-s512-b2-ga2-full", 4, 512, 8, 512, 2, grad_accum=2, recompute="full", precision="bf16"),
@@ -258,21 +262,22 @@ def node_for_profile(profile: str | Path) -> str:
     return str(node)
 
 
-def default_profile(device: str = "cpu") -> Path:
-    """The newest profile in hardware_profiles/calibrated/ (accelerator files, not -node/-net)
-    calibrated on this kind of machine (its CPU model or GPU name)."""
+def default_profile(device: str = "cpu", folders=None) -> Path:
+    """The newest profile in `folders` (default: the shipped hardware_profiles/calibrated/;
+    accelerator files, not -node/-net) calibrated on this kind of machine (its CPU model or GPU
+    name)."""
     import yaml
 
     from ..hardware import CALIBRATED, profiles_dir
 
-    folder = profiles_dir() / CALIBRATED
-    accs = [p for p in folder.glob("*.yaml") if (folder / f"{p.stem}-node.yaml").is_file()]
+    folders = [profiles_dir() / CALIBRATED] if folders is None else [Path(f) for f in folders]
+    accs = [p for f in folders if f.is_dir() for p in sorted(f.glob("*.yaml")) if (f / f"{p.stem}-node.yaml").is_file()]
     here = _this_device(device)
     mine = [p for p in accs if here in str(((yaml.safe_load(p.read_text()) or {}).get("calibration") or {})
                                            .get("device_name", ""))]
     if not mine:
-        raise InputError("--profile", None, f"no profile in {folder} was calibrated on this {device} ({here}); "
-                         "run `llmsim calibrate` or give --profile")
+        raise InputError("--profile", None, f"no profile in {', '.join(map(str, folders))} was calibrated on this "
+                         f"{device} ({here}); run `llmsim calibrate` or give --profile")
     return max(mine, key=lambda p: p.stat().st_mtime)
 
 
