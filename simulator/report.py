@@ -280,9 +280,9 @@ def _what_would_fit(data, scenario) -> list[str]:
 # ------------------------------------------------------------------ compare
 
 COMPARE_ROWS = (  # label, key of the row dict
-    ("model", "model"), ("sequence", "sequence"), ("cluster", "cluster"), ("devices", "devices"), ("tp", "tp"),
-    ("pp", "pp"), ("dp", "dp"),
-    ("cp", "cp"), ("vpp", "vpp"), ("layers per stage", "layers"), ("micro_batch", "micro_batch"),
+    ("model", "model"), ("sequence", "sequence"), ("cluster", "cluster"), ("devices", "devices"),
+    ("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"), ("vpp", "vpp"), ("layers per stage", "layers"),
+    ("micro_batch", "micro_batch"),
     ("global_batch", "global_batch"),
     ("schedule", "schedule"), ("sequence_parallel", "sequence_parallel"), ("recompute", "recompute"),
     ("zero_stage", "zero_stage"), ("precision", "precision"), ("offload opt/par/act", "offload"),

@@ -1,11 +1,12 @@
 """A small GPT written in torch with the structure workload.py models, op for op.
 
 Per layer: LayerNorm -> fused QKV linear -> causal scaled_dot_product_attention (the
-flash kernel on CPU and CUDA; over each packed document with document_tokens) -> output linear -> residual add -> LayerNorm -> linear
-(4h) -> GELU -> linear -> residual add. Around the layers: token + learned position
-embedding, final LayerNorm, lm_head tied to the token embedding, fp32 cross-entropy.
-No dropout. Initialised as GPT-2 and Megatron-LM initialise (N(0, 0.02)). Full recomputation wraps each layer in
-torch.utils.checkpoint (non-reentrant): only each layer's input is kept.
+flash kernel on CPU and CUDA; over each packed document with document_tokens) -> output
+linear -> residual add -> LayerNorm -> linear (4h) -> GELU -> linear -> residual add.
+Around the layers: token + learned position embedding, final LayerNorm, lm_head tied to the
+token embedding, fp32 cross-entropy. No dropout. Initialised as GPT-2 and Megatron-LM
+initialise (N(0, 0.02)). Full recomputation wraps each layer in torch.utils.checkpoint
+(non-reentrant): only each layer's input is kept.
 
 `model_fields()` gives the simulator's model section for the same network.
 """

@@ -271,7 +271,8 @@ def default_profile(device: str = "cpu", folders=None) -> Path:
     from ..hardware import CALIBRATED, profiles_dir
 
     folders = [profiles_dir() / CALIBRATED] if folders is None else [Path(f) for f in folders]
-    accs = [p for f in folders if f.is_dir() for p in sorted(f.glob("*.yaml")) if (f / f"{p.stem}-node.yaml").is_file()]
+    accs = [p for f in folders if f.is_dir() for p in sorted(f.glob("*.yaml"))
+            if (f / f"{p.stem}-node.yaml").is_file()]
     here = _this_device(device)
     mine = [p for p in accs if here in str(((yaml.safe_load(p.read_text()) or {}).get("calibration") or {})
                                            .get("device_name", ""))]
