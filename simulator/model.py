@@ -138,6 +138,12 @@ class ModelSpec:
             return 0
         return max(0, (self.layers - 1) // self.moe_layer_freq - (self.dense_layers - 1) // self.moe_layer_freq)
 
+    @property
+    def packs_documents(self) -> bool:
+        """Whether each sequence packs documents shorter than it that attend inside themselves
+        (a document_tokens of 0 or at least seq_len is one causal sequence)."""
+        return 0 < self.document_tokens < self.seq_len
+
     def is_sliding_window_layer(self, index: int) -> bool:
         """Whether layer `index` attends only to the last `sliding_window` tokens (Mistral 7B,
         arXiv 2310.06825 Sec. 2; GPT-OSS layer_types alternate sliding/full from layer 0)."""

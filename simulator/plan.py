@@ -324,7 +324,7 @@ def _check_attention_bands(plan: Plan, model: ModelSpec) -> None:
     sequences of its heads: the band is the model's), over packed documents PyTorch's ring and
     documents TransformerEngine would pad (cpattention.py), and MTP depths beside windows (their
     layer's window is not stated)."""
-    if 0 < model.document_tokens < model.seq_len and plan.cp > 1:
+    if model.packs_documents and plan.cp > 1:
         if plan.cp_attention.startswith("torch-"):
             raise InputError("plan.cp_attention", plan.cp_attention, "ring, kv-allgather, ulysses or ulysses-ring "
                              "with packed documents (PyTorch's ring balances the sequence, not each document: "

@@ -178,8 +178,7 @@ def layers_cell(stage_layers) -> str:
 
 def sequence_cell(model) -> str:
     """The sequence length, with the packed documents' length where attention stays inside them."""
-    docs = model.document_tokens
-    return f"{model.seq_len}" + (f" (documents of {docs})" if 0 < docs < model.seq_len else "")
+    return f"{model.seq_len}" + (f" (documents of {model.document_tokens})" if model.packs_documents else "")
 
 
 def render_result(d: dict, scenario, data: dict | None = None) -> str:

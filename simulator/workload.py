@@ -255,7 +255,7 @@ def window_pair_fraction(model: ModelSpec, layers=None, sliding=None) -> float:
     s, w, d = model.seq_len, model.sliding_window, model.document_tokens
 
     def pairs(window):
-        if not d or d >= s:
+        if not model.packs_documents:
             return _causal_pairs(s, window)
         return (s // d) * _causal_pairs(d, window) + _causal_pairs(s % d, window)
 
@@ -271,8 +271,8 @@ def window_pair_fraction(model: ModelSpec, layers=None, sliding=None) -> float:
 def attention_mask(model: ModelSpec) -> str:
     """Which pairs the model's attention leaves out, in a word: causal, sliding-window,
     documents (packed, attention inside each) or both."""
-    kinds = [name for name, limit in (("sliding-window", model.sliding_window), ("documents", model.document_tokens))
-             if 0 < limit < model.seq_len]
+    kinds = [name for name, on in (("sliding-window", 0 < model.sliding_window < model.seq_len),
+                                   ("documents", model.packs_documents)) if on]
     return "+".join(kinds) or "causal"
 
 
