@@ -380,8 +380,8 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
                                   kind="stable").drop(columns="_offloads").reset_index(drop=True)
         ranked_by = f"analytic pre-filter, graph for the top {len(results)}"
     ranked.insert(0, "rank", np.arange(1, len(ranked) + 1))
-    if len(ranked):
-        ranked["stage_layers"] = [json.dumps(plan_stage_layers(model, _scenario_of(r, model, cluster, training).plan))
-                                  for r in ranked.itertuples(index=False)]
-    return SearchResult(ranked.head(top).reset_index(drop=True), tried, valid, feasible, ranked_by,
-                        time.perf_counter() - start, notes)
+    table = ranked.head(top).reset_index(drop=True)
+    if len(table):  # for the plans shown only (the pre-filter keeps 3 x top)
+        table["stage_layers"] = [json.dumps(plan_stage_layers(model, _scenario_of(r, model, cluster, training).plan))
+                                 for r in table.itertuples(index=False)]
+    return SearchResult(table, tried, valid, feasible, ranked_by, time.perf_counter() - start, notes)
