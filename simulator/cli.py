@@ -423,6 +423,10 @@ def cmd_calibrate(args) -> int:
     for k, fit in summary["fits"].items():
         print(f"  {k:28s} max {fit['max']:.3f}  half {fit['half']:.3g}  (fit rel. RMS {100 * fit['rel_rms']:.0f}%, "
               f"{fit['samples']} samples)")
+    keys = summary.get("attention_keys")
+    if keys and keys["keys_half"] > 0:
+        print(f"  attention_keys_half {keys['keys_half']:.3g} keys per query (attention fit rel. RMS "
+              f"{100 * keys['rel_rms']:.0f}%, {100 * keys['rel_rms_without']:.0f}% without)")
     ar = summary["allreduce"]
     print(f"  all-reduce {ar['ranks']} ranks: {ar['latency_us']:.0f} us per step, {ar['bus_bandwidth_gb_per_s']:.2f} GB/s bus")
     host = summary.get("host_overhead_us") or {}

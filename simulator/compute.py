@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .attentiontiles import executed_fraction
 from .hardware import Accelerator, Efficiency
 from .workload import ATTENTION, MATMUL, Op, gemm_traffic
 
@@ -98,18 +99,23 @@ def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
         mem = acc.memory
     elif op.kind == FLASH2_ATTENTION and acc.attention_flash2 is not None:
         peak, eff = acc.peak(precision), acc.attention_flash2
-        flops_s = [_work_time(x, peak, eff, op.kernels) for x in (op.fwd_flops, op.bwd_input_flops,
-                                                                  op.bwd_weight_flops)]
+        executed, slowdown = _attention_calls(op, acc)
+        flops_s = [slowdown * _work_time(x * executed, peak, eff, op.kernels)
+                   for x in (op.fwd_flops, op.bwd_input_flops, op.bwd_weight_flops)]
         mem = acc.memory_efficiency(None, precision)
-    elif op.kind in (MATMUL, ATTENTION, FLASH2_ATTENTION):
-        # the curve of this kind, pass and precision where the profile has one (calibrated CPUs)
+    elif op.kind == MATMUL:
+        # the curve of this pass and precision where the profile has one (calibrated CPUs)
         peak = acc.peak(precision)
-        kind = "matmul" if op.kind == MATMUL else "attention"
-        passes = ("fwd", "bwd", "bwd") if kind == "attention" else ("fwd", "bwd_input", "bwd_weight")
-        flops_s = [_work_time(x, peak, acc.compute_efficiency(kind, pass_, precision), op.kernels)
-                   for x, pass_ in zip((op.fwd_flops, op.bwd_input_flops, op.bwd_weight_flops), passes)]
-        if op.kind == MATMUL:
-            flops_s = _reduced(op, flops_s, acc.matmul_k_half)
+        flops_s = _reduced(op, [_work_time(x, peak, acc.compute_efficiency("matmul", pass_, precision), op.kernels)
+                                for x, pass_ in zip((op.fwd_flops, op.bwd_input_flops, op.bwd_weight_flops),
+                                                    ("fwd", "bwd_input", "bwd_weight"))], acc.matmul_k_half)
+        mem = acc.memory_efficiency(None, precision)
+    elif op.kind in (ATTENTION, FLASH2_ATTENTION):
+        peak = acc.peak(precision)
+        executed, slowdown = _attention_calls(op, acc)
+        flops_s = [slowdown * _work_time(x * executed, peak, acc.compute_efficiency("attention", pass_, precision),
+                                         op.kernels)
+                   for x, pass_ in zip((op.fwd_flops, op.bwd_input_flops, op.bwd_weight_flops), ("fwd", "bwd", "bwd"))]
         mem = acc.memory_efficiency(None, precision)
     else:
         flops_s = [0.0, 0.0, 0.0]
@@ -134,6 +140,32 @@ def _reduced(op: Op, flops_s: list, k_half: float) -> list:
         return flops_s
     dims = (s.d_in, s.d_out, s.tokens / s.matrices if s.grouped else s.tokens)
     return [t * (np.asarray(k, dtype=float) + k_half) / np.asarray(k, dtype=float) for t, k in zip(flops_s, dims)]
+
+
+def _attention_calls(op: Op, acc: Accelerator):
+    """A flash-attention kernel's executed FLOPs over its counted ones, and its time over that
+    of its executed FLOPs on the profile's curve, as its calls run on this profile's kernel.
+
+    Executed: its causal blocks (attentiontiles.py: PyTorch's CPU flash kernel computes whole
+    key blocks up to each query block's last row) where the calls attend whole causal
+    documents and the profile states the kernel's tiles; the causal half otherwise.
+
+    Time: the keys each query of a call runs over (a CP ring's step holds one chunk of them)
+    at K / (K + attention_keys_half) of the rate over long sequences: each query row costs a
+    fixed amount besides its work over the keys (writing its output and log-sum-exp, the
+    backward's row sum of dO·O), which `llmsim calibrate` measures (calibration.fit_keys_half)."""
+    tiles, k_half = acc.attention_tiles, acc.attention_keys_half
+    executed = 1.0
+    if op.keys_per_query is None or (tiles is None and k_half <= 0):
+        return executed, 1.0
+    if tiles is not None and op.causal_lengths:
+        executed = executed_fraction(op.causal_lengths, tiles)
+        if not (np.ndim(op.ring_steps) == 0 and op.ring_steps == 1):
+            executed = np.where(np.asarray(op.ring_steps) == 1, executed, 1.0)
+    if k_half <= 0:
+        return executed, 1.0
+    k = executed * np.asarray(op.keys_per_query, dtype=float) / op.ring_steps
+    return executed, (k + k_half) / k
 
 
 def memory_bound_time(nbytes, acc: Accelerator, kernel: str | None = None, precision: str | None = None):

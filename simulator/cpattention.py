@@ -71,6 +71,8 @@ plan.py refuses it with the other methods.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .comm import all_to_all_time, collective_time, send_recv_time
@@ -163,6 +165,22 @@ def _ring_exposed_s(kv, group, cluster, attention_fwd_s, attention_bwd_s):
     steps = np.asarray(group.size) - 1
     hop = send_recv_time(kv, group.domains > 1, cluster)
     return np.maximum(0.0, steps * hop - attention_fwd_s), np.maximum(0.0, 2 * steps * hop - attention_bwd_s)
+
+
+def ring_steps(ops: list[Op], cp, method: str, cp_ulysses: int = 1) -> list[Op]:
+    """The operators with the calls of the attention kernel a query's keys spread over
+    (compute._attention_calls): a ring (TE's, PyTorch's, ulysses-ring's over cp/cp_ulysses
+    groups) calls it once a step over one chunk of K and V; Ulysses runs whole sequences of
+    heads/cp heads in one call. TE's all-gather runs each local chunk's queries over all the
+    keys before them in one call, as many per query as the sequence's, but no call is a whole
+    causal document (its causal_lengths are dropped, whatever cp)."""
+    if method == "kv-allgather":
+        return [op if op.keys_per_query is None else replace(op, causal_lengths=()) for op in ops]
+    if method == "ulysses" or (np.ndim(cp) == 0 and cp == 1):
+        return ops
+    c = np.asarray(cp)
+    steps = c / cp_ulysses if method == "ulysses-ring" else c
+    return [op if op.keys_per_query is None else replace(op, ring_steps=steps) for op in ops]
 
 
 def merge_ops(model, shard, method: str, compiled: bool = True) -> list[Op]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Mapping
 
 from . import fields as F
+from .attentiontiles import Tiles
 from .errors import InputError
 from .resources import data_dir, user_calibrated_dir
 from .yamlio import load_yaml
@@ -111,6 +112,13 @@ class Accelerator:
     # matmul_fp8_k_half); 0: not measured.
     matmul_k_half: float = 0.0
     matmul_fp8_k_half: float = 0.0
+    # A flash-attention kernel's rate falls with the keys each query of a call runs over as
+    # K / (K + attention_keys_half): a fixed cost per query row (its output and log-sum-exp)
+    # worth that many keys (compute._attention_calls); 0: not measured.
+    attention_keys_half: float = 0.0
+    # The attention kernel's block sizes where its causal blocks compute more than the causal
+    # half (attentiontiles.py: PyTorch's CPU flash kernel); None: the causal half exactly.
+    attention_tiles: Tiles | None = None
     # Best-shape GEMM rate over the dense peak, per precision (efficiency.mamf: a Maximum
     # Achievable Matmul FLOPS measurement): what a transfer scales by (validation/transfer.py);
     # empty where none is measured.
@@ -335,6 +343,22 @@ def _mamf(eff: Mapping, where: str) -> dict:
     return {str(k): F.number(d, k, where, minimum=1e-3, maximum=1.0) for k in d}
 
 
+def _tiles(eff: Mapping, where: str) -> Tiles | None:
+    """efficiency.attention_tiles: {kv: keys per block, q: [[from_tokens, rows], ...]}, the
+    first from 0 and rising."""
+    if eff.get("attention_tiles") is None:
+        return None
+    d = F.require_mapping(eff["attention_tiles"], where)
+    F.reject_unknown(d, ("kv", "q"), where)
+    q = d.get("q")
+    ok = isinstance(q, list) and q and all(isinstance(x, list) and len(x) == 2 and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in x) and x[1] > 0 for x in q)
+    if not ok or q[0][0] != 0 or any(a[0] >= b[0] for a, b in zip(q, q[1:])):
+        raise InputError(f"{where}.q", q, "a list of [from_tokens, rows] pairs, the first [0, rows], "
+                         "from_tokens rising, rows > 0")
+    return Tiles(kv=F.integer(d, "kv", where, maximum=10**7), q=tuple(tuple(x) for x in q))
+
+
 def _host_overhead(data: Mapping, where: str) -> dict:
     host = F.require_mapping(data.get("host_overhead_us") or {}, f"{where}.host_overhead_us")
     F.reject_unknown(host, HOST_OVERHEADS, f"{where}.host_overhead_us")
@@ -353,7 +377,7 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
     eff = F.require_mapping(data.get("efficiency"), f"{where}.efficiency")
     F.reject_unknown(eff, ("matmul", "matmul_fp8", "attention", "attention_flash2", "memory", "memory_kernels",
                            "overlap_slowdown", "precisions", "co_run_slowdown", "matmul_k_half",
-                           "matmul_fp8_k_half", "mamf") + PASS_CURVES,
+                           "matmul_fp8_k_half", "attention_keys_half", "attention_tiles", "mamf") + PASS_CURVES,
                      f"{where}.efficiency")
     flash2 = eff.get("attention_flash2")
     if isinstance(flash2, str) and flash2 != FUSED:
@@ -394,6 +418,9 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
                                maximum=1e6),
         matmul_fp8_k_half=F.number(eff, "matmul_fp8_k_half", f"{where}.efficiency", 0.0, minimum=0.0,
                                    strict_min=False, maximum=1e6),
+        attention_keys_half=F.number(eff, "attention_keys_half", f"{where}.efficiency", 0.0, minimum=0.0,
+                                     strict_min=False, maximum=1e7),
+        attention_tiles=_tiles(eff, f"{where}.efficiency.attention_tiles"),
         mamf=_mamf(eff, f"{where}.efficiency.mamf"),
         pass_efficiency={k: _efficiency(eff, k, f"{where}.efficiency", "half_flops") for k in PASS_CURVES if k in eff},
         precision_efficiency=_precision_efficiency(eff, f"{where}.efficiency"),

@@ -85,6 +85,13 @@ class Op:
     # FLOPs and bytes are their sums. Empty: the operator is one kernel per pass.
     pieces: tuple = ()
     linear: LinearShape | None = None  # the GEMM's shape, for the linears only
+    # A flash-attention kernel's calls (compute._attention_calls; None for every other
+    # operator): the mean keys each query runs over (its pairs per query), the causal documents
+    # ((tokens, count), ...) of a sequence whose calls attend them whole (empty under sliding
+    # windows), and the calls a query's keys are spread over (a context-parallel ring's steps).
+    keys_per_query: object = None
+    causal_lengths: tuple = ()
+    ring_steps: object = 1
 
     @property
     def flops(self):
@@ -252,12 +259,10 @@ def window_pair_fraction(model: ModelSpec, layers=None, sliding=None) -> float:
     A stage's layers are timed as its count of this mean layer: the model's mean where every
     stage holds whole periods of sliding_window_freq, else its own (stagesplit.py counts each
     rank's sliding layers)."""
-    s, w, d = model.seq_len, model.sliding_window, model.document_tokens
+    s, w = model.seq_len, model.sliding_window
 
     def pairs(window):
-        if not model.packs_documents:
-            return _causal_pairs(s, window)
-        return (s // d) * _causal_pairs(d, window) + _causal_pairs(s % d, window)
+        return sum(count * _causal_pairs(tokens, window) for tokens, count in documents(model))
 
     full = pairs(0) / (0.5 * s * s)
     if not w or w >= s:
@@ -266,6 +271,15 @@ def window_pair_fraction(model: ModelSpec, layers=None, sliding=None) -> float:
     if layers is None:
         layers, sliding = model.layers, -(-model.layers // model.sliding_window_freq)  # layers 0, f, 2f, ...
     return (sliding * band + (layers - sliding) * full) / layers
+
+
+def documents(model: ModelSpec) -> tuple:
+    """((tokens, count), ...) of the causal documents of one sequence: the whole sequence, or
+    its s // d packed documents and the remainder (window_pair_fraction)."""
+    s, d = model.seq_len, model.document_tokens
+    if not model.packs_documents:
+        return ((s, 1),)
+    return ((d, s // d),) + (((s % d, 1),) if s % d else ())
 
 
 def attention_mask(model: ModelSpec) -> str:
@@ -301,7 +315,9 @@ def attention_core_ops(model: ModelSpec, shard: Shard, q_heads, kv_heads, qk_dim
         half = 0.5 * band
         return [Op("flash_attention", ATTENTION, fwd_flops=half * (qk + av), bwd_input_flops=half * (3 * qk + 2 * av),
                    fwd_bytes=io, bwd_input_bytes=2 * io, saved_bytes=4 * b * q_heads * s,  # fp32 log-sum-exp
-                   group=ATTENTION_CORE, model_flops=useful)]
+                   group=ATTENTION_CORE, model_flops=useful, keys_per_query=band * 0.5 * s_kv,
+                   causal_lengths=() if shard.window_fraction is not None or 0 < model.sliding_window < s_kv
+                   else documents(model))]
     # cuBLAS batched GEMMs around a fused scale-mask-softmax and dropout (Megatron-LM): the
     # full score matrix is computed and masked.
     qk_io = a * (tokens * (q_w + k_w) + scores)

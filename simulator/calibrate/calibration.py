@@ -10,6 +10,7 @@ import os
 import statistics
 from pathlib import Path
 
+from ..attentiontiles import PYTORCH_CPU_FLASH, Tiles, executed_fraction
 from ..errors import InputError
 from . import require_torch
 from .fit import best_rate, fit_allreduce, fit_efficiency, fit_spill
@@ -71,27 +72,70 @@ def _machine_info(torch, device: str, threads: int, quick: bool) -> dict:
     return info
 
 
-def _fit(rows: list[dict], peak: float, spill: bool = False) -> dict | None:
-    if len(rows) < 2:
-        return None
-    fit = fit_spill if spill else fit_efficiency
-    return fit([s["work"] for s in rows], [s["seconds"] for s in rows], peak)
-
-
 # GEMM and attention passes with a curve of their own (hardware.PASS_CURVES): the forward
 # one is `matmul` / `attention`
 PASSES = {"matmul": ("fwd", "bwd_input", "bwd_weight"), "attention": ("fwd", "bwd")}
 
 
-def _curves(samples: list[dict], peak: float, mem_bw: float) -> dict:
+def _fit(rows: list[dict], peak: float, spill: bool = False, tiles: Tiles | None = None,
+         keys_half: float = 0.0) -> dict | None:
+    """The curve of `rows` against `peak`; attention samples as compute._attention_calls
+    times them: their work the pairs the kernel's `tiles` compute, their time what the
+    calls would take over long sequences at `keys_half`."""
+    if len(rows) < 2:
+        return None
+    fit = fit_spill if spill else fit_efficiency
+    scaled = [_attention_work(s, tiles, keys_half) for s in rows]
+    return fit([s["work"] * e for s, (e, _) in zip(rows, scaled)],
+               [s["seconds"] / slow for s, (_, slow) in zip(rows, scaled)], peak)
+
+
+def _attention_work(sample: dict, tiles: Tiles | None, keys_half: float) -> tuple:
+    """(executed over counted work, time over that at long sequences) of a causal attention
+    sample over s tokens (its shape (b, heads, s, d)); (1, 1) for any other."""
+    if not sample["kind"].startswith("attention") or len(sample["shape"]) != 4:
+        return 1.0, 1.0
+    s = sample["shape"][2]
+    executed = executed_fraction(((s, 1),), tiles) if tiles else 1.0
+    k = executed * s / 2
+    return executed, (k + keys_half) / k
+
+
+# Candidates for attention_keys_half: none, and 1 to 10^4 keys in steps of 10^0.1
+KEYS_HALF_GRID = (0.0,) + tuple(10.0 ** (e / 10) for e in range(41))
+
+
+def fit_keys_half(samples: list[dict], peak: float, tiles: Tiles | None = None) -> dict | None:
+    """attention_keys_half (hardware.Accelerator) from attention samples: the grid value whose
+    per-pass curves, fitted to the samples as it rescales them, leave the least relative RMS
+    error over all of them, with the error it leaves and the error without it. None where the
+    samples span fewer than three sequence lengths (they cannot tell keys from FLOPs per call)."""
+    rows = [s for s in samples if s["kind"] == "attention"]
+    if len({tuple(s["shape"][2:3]) for s in rows}) < 3:
+        return None
+
+    def error(keys_half):
+        fits = [_fit([s for s in rows if s["pass"] == p], peak, tiles=tiles, keys_half=keys_half)
+                for p in PASSES["attention"]]
+        fits = [f for f in fits if f]
+        return (sum(f["rel_rms"] ** 2 * f["samples"] for f in fits) / sum(f["samples"] for f in fits)) ** 0.5
+
+    errors = {k: error(k) for k in KEYS_HALF_GRID}
+    best = min(errors, key=errors.get)
+    return {"keys_half": best, "rel_rms": errors[best], "rel_rms_without": errors[0.0], "samples": len(rows)}
+
+
+def _curves(samples: list[dict], peak: float, mem_bw: float, tiles: Tiles | None = None,
+            keys_half: float = 0.0) -> dict:
     """Efficiency curves of one precision's samples: each GEMM and attention pass against
-    `peak` (the kernels of a pass differ: a backward GEMM reads a transposed operand), memory
-    kernels against `mem_bw` with a spill point where their data outgrows the cache (the plain
-    copy/add curve is `memory`)."""
+    `peak` (the kernels of a pass differ: a backward GEMM reads a transposed operand; attention
+    at the kernel's `tiles` and `keys_half`), memory kernels against `mem_bw` with a spill point
+    where their data outgrows the cache (the plain copy/add curve is `memory`)."""
     out = {}
     for kind, passes in PASSES.items():
         for pass_ in passes:
-            fit = _fit([s for s in samples if s["kind"] == kind and s["pass"] == pass_], peak)
+            fit = _fit([s for s in samples if s["kind"] == kind and s["pass"] == pass_], peak, tiles=tiles,
+                       keys_half=keys_half)
             if fit:
                 out[kind if pass_ == "fwd" else f"{kind}_{pass_}"] = fit
     mem = [s for s in samples if s["kind"] == "memory"]
@@ -107,26 +151,33 @@ def _curves(samples: list[dict], peak: float, mem_bw: float) -> dict:
     return out
 
 
-def fit_all(samples: list[dict], collectives: list[dict], host: dict | None = None) -> dict:
+def fit_all(samples: list[dict], collectives: list[dict], host: dict | None = None,
+            tiles: Tiles | None = None) -> dict:
     """Peaks and efficiency curves from the samples: fp32 is the reference precision (its
-    curves are the profile's `efficiency`), others get `efficiency.precisions.<p>`."""
+    curves are the profile's `efficiency`), others get `efficiency.precisions.<p>`; `tiles`:
+    the block sizes of the attention kernel the samples ran, where its causal blocks compute
+    more than the causal half (attentiontiles.py)."""
     dtypes = sorted({s["dtype"] for s in samples if s["kind"] == "matmul"})
     peaks = {dt: best_rate([s for s in samples if s["kind"] == "matmul" and s["dtype"] == dt]) for dt in dtypes}
     if "fp32" not in peaks:
         raise InputError("calibrate", "samples", "no fp32 GEMM samples to fit")
     plain = [s for s in samples if s["kind"] == "memory" and s["dtype"] == "fp32" and s["kernel"] in ("copy", "residual")]
     mem_bw = best_rate(plain)
-    reference = _curves([s for s in samples if s["dtype"] == "fp32"], peaks["fp32"], mem_bw)
+    keys = fit_keys_half([s for s in samples if s["dtype"] == "fp32"], peaks["fp32"], tiles)
+    keys_half = keys["keys_half"] if keys else 0.0
+    reference = _curves([s for s in samples if s["dtype"] == "fp32"], peaks["fp32"], mem_bw, tiles, keys_half)
     precisions = {}
     for dt in sorted({s["dtype"] for s in samples if s["kind"] != "probe"} - {"fp32", "u8"}):
-        curves = _curves([s for s in samples if s["dtype"] == dt], peaks.get(dt, peaks["fp32"]), mem_bw)
+        curves = _curves([s for s in samples if s["dtype"] == dt], peaks.get(dt, peaks["fp32"]), mem_bw, tiles,
+                         keys_half)
         if curves.get("matmul") or curves.get("memory_kernels"):
             precisions[dt] = curves
     # SDPA's flash backend (microbench.Bench.attention, bf16 on CUDA): one curve over both
     # passes against its precision's peak, as a shipped profile's efficiency.attention_flash2
     flash = [s for s in samples if s["kind"] == "attention_flash2"]
     if flash:
-        reference["attention_flash2"] = _fit(flash, peaks.get(flash[0]["dtype"], peaks["fp32"]))
+        reference["attention_flash2"] = _fit(flash, peaks.get(flash[0]["dtype"], peaks["fp32"]), tiles=tiles,
+                                             keys_half=keys_half)
     adam = [s for s in samples if s["op"] == "adamw_fused" and s["dtype"] == "fp32"]
     link = [s for s in samples if s["kind"] == "host_link"]
     ranks = collectives[0]["ranks"]
@@ -135,6 +186,8 @@ def fit_all(samples: list[dict], collectives: list[dict], host: dict | None = No
         "peak_flops": peaks,
         **reference,
         "precisions": precisions,
+        "attention_keys": keys,
+        "attention_tiles": tiles,
         "memory_bandwidth": mem_bw,
         "host_link": best_rate(link) if link else mem_bw,
         "adam_params_per_s": best_rate(adam) / 24.0 if adam else mem_bw / 24.0,
@@ -209,7 +262,9 @@ def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, t
         k = info["probe_s"]["fp32"] / host["group_probe_s"]
         host = {**{n: v * k for n, v in host.items() if n in ("op_s", "microbatch_s", "step_s", "param_tensor_s")},
                 "train_steps_s": {n: v * k for n, v in host["train_steps_s"].items()}}
-    fits = fit_all(bench.samples, colls, host)
+    # SDPA's CPU flash kernel, whose causal blocks the fits count (attentiontiles.py)
+    tiles = PYTORCH_CPU_FLASH if device == "cpu" and bench.attention_is_flash2 else None
+    fits = fit_all(bench.samples, colls, host, tiles)
     fits["attention_is_flash2"] = bench.attention_is_flash2
     fits["co_run"] = co_run
     info["noise"] = noise([x for x in bench.samples if x["kind"] != "probe"])
@@ -224,4 +279,4 @@ def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, t
             "op_overhead_us": acc.get("op_overhead_us", 0.0), "host_overhead_us": acc.get("host_overhead_us", {}),
             "fits": acc["calibration"]["fits"], "allreduce": acc["calibration"]["allreduce"],
             "noise": info["noise"], "clock": clock, "settings": settings,
-            "co_run_slowdown": acc["efficiency"].get("co_run_slowdown")}
+            "co_run_slowdown": acc["efficiency"].get("co_run_slowdown"), "attention_keys": fits["attention_keys"]}

@@ -194,8 +194,13 @@ class Bench:
         if self.device.type == "cuda":
             return [(b, h, s, d) for b in (1, 4) for h, d in ((16, 64), (32, 128)) for s in (512, 1024, 2048, 4096)]
         # sequences of 128-512: a CPU's flash-attention backward has a fixed cost per (batch, head)
-        # that a FLOP curve cannot carry, and at 64 tokens it dominates (bf16: 0.35 ms a head)
-        return [(b, h, s, d) for b in (1, 4) for h, d in ((2, 32), (4, 32), (4, 64), (8, 64)) for s in (128, 256, 512)]
+        # that a FLOP curve cannot carry, and at 64 tokens it dominates (bf16: 0.35 ms a head);
+        # and one batch of 1,024 and 2,048, where PyTorch's kernel runs query blocks of 256 rows
+        # that skip the key blocks after them (attentiontiles.py) and the cost per query row
+        # thins out (calibration.fit_keys_half)
+        heads = ((2, 32), (4, 32), (4, 64), (8, 64))
+        return ([(b, h, s, d) for b in (1, 4) for h, d in heads for s in (128, 256, 512)]
+                + [(1, h, s, d) for h, d in heads for s in (1024, 2048)])
 
     def attention(self, dt: str = "fp32"):
         torch, dev, dtype = self.torch, self.device, self._dtype(dt)

@@ -151,6 +151,23 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
             f"[measured] a layer-like probe (GEMMs, GELU, LayerNorm, an 8 MiB copy) on one device while the other "
             f"{devices - 1} run it too vs alone: {fits['co_run']['together_s'] * 1e3:.2f} ms / "
             f"{fits['co_run']['alone_s'] * 1e3:.2f} ms - 1 (calibrate/dist.py co_run_slowdown)")
+    tiles = fits.get("attention_tiles")
+    if tiles is not None:
+        acc["efficiency"]["attention_tiles"] = {"kv": tiles.kv, "q": [list(x) for x in tiles.q]}
+        acc["sources"]["efficiency.attention_tiles"] = (
+            "the attention samples ran PyTorch's CPU flash kernel, whose causal query blocks compute "
+            "whole key blocks (pytorch/pytorch@430c4e3b39 aten/src/ATen/native/cpu/FlashAttentionKernel.cpp: "
+            "512 keys a block; 32, 64 or 256 query rows from 0, 192 or 768 queries; attentiontiles.py); "
+            "the attention curves are fitted on the pairs it computes")
+    keys = fits.get("attention_keys")
+    if keys and keys["keys_half"] > 0:
+        acc["efficiency"]["attention_keys_half"] = _r(keys["keys_half"], 3)
+        acc["sources"]["efficiency.attention_keys_half"] = (
+            f"[measured] the fp32 attention samples ({keys['samples']} of causal SDPA over several sequence "
+            f"lengths, batches and heads): the keys per query at which a call runs at half the rate of a long one, "
+            f"chosen on a grid with each pass's curve refitted to the times it rescales; relative RMS error "
+            f"{100 * keys['rel_rms']:.0f}% with it, {100 * keys['rel_rms_without']:.0f}% without "
+            f"(calibration.fit_keys_half); the attention curves are fitted with it")
     if fits.get("attention_flash2"):
         acc["sources"]["efficiency.attention_flash2"] = (
             "[measured] PyTorch SDPA restricted to its flash backend (FlashAttention-2), causal, bf16, forward and "
