@@ -63,10 +63,10 @@ counted. PyTorch's ring over packed documents is refused: its load balancer spli
 sequence, not the documents.
 
 Sliding windows: TE runs them under CP by all_gather and a2a only (same file,
-attn_forward_func_with_cp asserts it). Ulysses gives each rank whole sequences of heads/cp
-heads, so its windowed work is the model's band over cp; the all-gather's load-balanced chunks
-hold unequal windowed work (the first chunk's queries see fewer keys), which is not modelled:
-plan.py refuses it with the other methods.
+attn_forward_func_with_cp asserts it); plan.py refuses the rings. Ulysses gives each rank whole
+sequences of heads/cp heads, so its windowed work is the model's band over cp. The all-gather's
+load-balanced chunks hold unequal windowed work (the first chunk's queries see fewer keys): the
+busiest rank's, which sets the layer's time, is allgather_window_imbalance times the mean.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ import numpy as np
 
 from .comm import all_to_all_time, collective_time, send_recv_time
 from .states import FP32_BYTES
-from .workload import ATTENTION_CORE, MEMORY, Op, local_heads
+from .workload import ATTENTION_CORE, MEMORY, Op, documents, local_heads, window_pair_fraction
 
 CP_ATTENTION = ("ring", "kv-allgather", "ulysses", "ulysses-ring", "torch-allgather", "torch-alltoall")
 TE_EXPOSED = ("kv-allgather", "ulysses")  # TransformerEngine's collectives the attention waits for
@@ -167,20 +167,69 @@ def _ring_exposed_s(kv, group, cluster, attention_fwd_s, attention_bwd_s):
     return np.maximum(0.0, steps * hop - attention_fwd_s), np.maximum(0.0, 2 * steps * hop - attention_bwd_s)
 
 
-def ring_steps(ops: list[Op], cp, method: str, cp_ulysses: int = 1) -> list[Op]:
-    """The operators with the calls of the attention kernel a query's keys spread over
-    (compute._attention_calls): a ring (TE's, PyTorch's, ulysses-ring's over cp/cp_ulysses
-    groups) calls it once a step over one chunk of K and V; Ulysses runs whole sequences of
-    heads/cp heads in one call. TE's all-gather runs each local chunk's queries over all the
-    keys before them in one call, as many per query as the sequence's, but no call is a whole
-    causal document (its causal_lengths are dropped, whatever cp)."""
+def rank_calls(ops: list[Op], model, shard, method: str, cp_ulysses: int = 1) -> list[Op]:
+    """The operators with the attention kernel as it runs on the busiest CP rank.
+
+    A ring (TE's, PyTorch's, ulysses-ring's over cp/cp_ulysses groups) calls the kernel once a
+    step over one chunk of K and V, so a query's keys spread over its steps (ring_steps);
+    Ulysses runs whole sequences of heads/cp heads in one call. TE's all-gather runs each of
+    the rank's two chunks' queries over all the keys before them in one call, no call a whole
+    causal document (causal_lengths dropped, whatever cp); under sliding windows its ranks hold
+    unequal work (allgather_window_imbalance), and the busiest sets the layer's time: the
+    windowed layers' executed FLOPs are that rank's, the useful ones stay the mean
+    (compute._attention_calls)."""
     if method == "kv-allgather":
-        return [op if op.keys_per_query is None else replace(op, causal_lengths=()) for op in ops]
-    if method == "ulysses" or (np.ndim(cp) == 0 and cp == 1):
+        factor = _allgather_band_factor(model, shard)
+        return [op if op.keys_per_query is None else
+                replace(op, causal_lengths=(), fwd_flops=op.fwd_flops * factor,
+                        bwd_input_flops=op.bwd_input_flops * factor) for op in ops]
+    if method == "ulysses" or (np.ndim(shard.cp) == 0 and shard.cp == 1):
         return ops
-    c = np.asarray(cp)
+    c = np.asarray(shard.cp)
     steps = c / cp_ulysses if method == "ulysses-ring" else c
     return [op if op.keys_per_query is None else replace(op, ring_steps=steps) for op in ops]
+
+
+def _window_pairs_below(x, window):
+    """Causal pairs of the queries before position x under a window: the integral of
+    min(t, window) from 0 to x, as workload._causal_pairs counts them."""
+    return np.where(x <= window, 0.5 * x * x, window * x - 0.5 * window * window)
+
+
+def allgather_window_imbalance(model, cp: int) -> float:
+    """The busiest CP rank's windowed (query, key) pairs over the ranks' mean, in one sliding-
+    window layer under TE's all-gather: rank r holds chunks r and 2cp-1-r of each document's
+    2cp (TE@d0067d0da context_parallel.py AttnFuncWithCPAndKVAllGather: local_seq_chunk_ids =
+    [rank, 2 * cp_size - rank - 1]; get_kv_seq_info_after_all_gather trims each chunk's keys to
+    its window). A query in the first window of a document sees fewer keys, so rank 0's early
+    chunk holds less; causal attention without a window balances exactly. Worked example:
+    8,192 tokens, a window of 4,096, cp 4: the ranks hold 4.5, 5.5, 6.5 and 7.5 units, 1.25
+    times the mean."""
+    if cp == 1:
+        return 1.0
+    w, r = model.sliding_window, np.arange(cp)
+    per_rank = np.zeros(cp)
+    for tokens, count in documents(model):
+        edges = np.arange(2 * cp + 1) * tokens / (2 * cp)
+        chunk = _window_pairs_below(edges[1:], w) - _window_pairs_below(edges[:-1], w)
+        per_rank += count * (chunk[r] + chunk[2 * cp - 1 - r])
+    return float(per_rank.max() / per_rank.mean())
+
+
+def _allgather_band_factor(model, shard):
+    """The busiest rank's executed attention over the mean's for a layer of the stage's band
+    (Shard.window_fraction: its share of windowed layers): windowed layers at
+    allgather_window_imbalance, full ones balanced."""
+    if not 0 < model.sliding_window < model.seq_len or (np.ndim(shard.cp) == 0 and shard.cp == 1):
+        return 1.0
+    full, windowed = window_pair_fraction(model, 1, 0), window_pair_fraction(model, 1, 1)
+    band = window_pair_fraction(model) if shard.window_fraction is None else shard.window_fraction
+    share = (full - band) / (full - windowed)  # of the stage's layers, windowed
+    if np.ndim(shard.cp) == 0:
+        imbalance = allgather_window_imbalance(model, int(shard.cp))
+    else:
+        imbalance = np.vectorize(lambda c: allgather_window_imbalance(model, int(c)), otypes=[float])(shard.cp)
+    return (share * windowed * imbalance + (1 - share) * full) / band
 
 
 def merge_ops(model, shard, method: str, compiled: bool = True) -> list[Op]:

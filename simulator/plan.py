@@ -320,8 +320,8 @@ def _schedule_ops(value):
 
 def _check_attention_bands(plan: Plan, model: ModelSpec) -> None:
     """What the attention-band model (workload.window_pair_fraction) leaves out: context
-    parallelism of windowed layers but by Ulysses' all-to-alls (each rank attends whole
-    sequences of its heads: the band is the model's), over packed documents PyTorch's ring and
+    parallelism of windowed layers but by Ulysses' all-to-alls or TE's all-gather
+    (cpattention.py), over packed documents PyTorch's ring and
     documents TransformerEngine would pad (cpattention.py), and MTP depths beside windows (their
     layer's window is not stated)."""
     if model.packs_documents and plan.cp > 1:
@@ -334,10 +334,9 @@ def _check_attention_bands(plan: Plan, model: ModelSpec) -> None:
                              "(TransformerEngine splits each document into 2*cp chunks; padding is not modelled)")
     if not model.sliding_window or model.sliding_window >= model.seq_len:
         return
-    if plan.cp > 1 and plan.cp_attention != "ulysses":
-        raise InputError("plan.cp_attention", plan.cp_attention, "ulysses with sliding-window attention and cp > 1 "
-                         "(TransformerEngine runs windows under CP by a2a and all_gather only; the all-gather's "
-                         "ranks hold unequal windowed work, not modelled)")
+    if plan.cp > 1 and plan.cp_attention not in ("ulysses", "kv-allgather"):
+        raise InputError("plan.cp_attention", plan.cp_attention, "ulysses or kv-allgather with sliding-window "
+                         "attention and cp > 1 (TransformerEngine runs windows under CP by a2a and all_gather only)")
     if model.mtp_layers:
         raise InputError("model.mtp_layers", model.mtp_layers, "0 with sliding-window attention (not modelled)")
 

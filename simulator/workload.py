@@ -316,8 +316,7 @@ def attention_core_ops(model: ModelSpec, shard: Shard, q_heads, kv_heads, qk_dim
         return [Op("flash_attention", ATTENTION, fwd_flops=half * (qk + av), bwd_input_flops=half * (3 * qk + 2 * av),
                    fwd_bytes=io, bwd_input_bytes=2 * io, saved_bytes=4 * b * q_heads * s,  # fp32 log-sum-exp
                    group=ATTENTION_CORE, model_flops=useful, keys_per_query=band * 0.5 * s_kv,
-                   causal_lengths=() if shard.window_fraction is not None or 0 < model.sliding_window < s_kv
-                   else documents(model))]
+                   causal_lengths=() if 0 < model.sliding_window < s_kv else documents(model))]
     # cuBLAS batched GEMMs around a fused scale-mask-softmax and dropout (Megatron-LM): the
     # full score matrix is computed and masked.
     qk_io = a * (tokens * (q_w + k_w) + scores)

@@ -80,7 +80,7 @@ def test_gpt_oss_120b_evaluates_on_four_stages_of_nine_layers():
 
 @pytest.mark.parametrize("model,plan,field", [
     ({**DENSE, "sliding_window": 1024}, {"cp": 2, "dp": 4}, "plan.cp_attention"),
-    ({**DENSE, "sliding_window": 1024}, {"cp": 2, "dp": 4, "cp_attention": "kv-allgather"}, "plan.cp_attention"),
+    ({**DENSE, "sliding_window": 1024}, {"cp": 2, "dp": 4, "cp_attention": "torch-allgather"}, "plan.cp_attention"),
     ({**DENSE, "sliding_window": 1024, "mtp_layers": 1}, {}, "model.mtp_layers"),
 ])
 def test_what_the_window_model_cannot_represent_is_refused(model, plan, field):
@@ -96,3 +96,37 @@ def test_ulysses_context_parallelism_splits_the_windowed_work_over_the_heads():
     assert attention_fwd_flops(model, 2) == pytest.approx(attention_fwd_flops(model, 1) / 2, rel=1e-15)
     s = _scenario({**DENSE, "seq_len": 32768, "sliding_window": 4096}, cp=2, dp=4, cp_attention="ulysses")
     assert evaluate(s, "graph").step_time_s > 0
+
+
+def _busiest_rank_fwd_flops(model: dict, cp: int) -> tuple[float, float]:
+    """Executed and useful forward attention FLOPs of one layer on the busiest of `cp` ranks
+    under TE's all-gather."""
+    from simulator.layermix import layer_operators
+    from simulator.workload import ATTENTION_CORE, Shard
+
+    sc = _scenario(model, cp=cp, dp=8 // cp, cp_attention="kv-allgather")
+    ops = layer_operators(sc.model, Shard(micro_batch=1, seq_len=sc.model.seq_len, cp=cp), sc.plan)
+    core = next(op for op in ops if op.group == ATTENTION_CORE)
+    return core.fwd_flops, core.model_flops
+
+
+def test_the_all_gathers_busiest_rank_holds_the_most_windowed_work():
+    # 8,192 tokens in 8 chunks of 1,024 = c, window 4,096: chunks 0-3 hold 0.5, 1.5, 2.5, 3.5 c²
+    # pairs, chunks 4-7 4 c² each; rank r holds chunks r and 7 - r: 4.5, 5.5, 6.5, 7.5 c², the
+    # mean 6 c². The busiest (rank 3) runs 7.5 c² pairs, 4·h FLOPs each forward.
+    from simulator.cpattention import allgather_window_imbalance
+
+    model = {**DENSE, "seq_len": 8192, "sliding_window": 4096}
+    assert allgather_window_imbalance(_scenario(model).model, 4) == 1.25
+    executed, _ = _busiest_rank_fwd_flops(model, 4)
+    assert executed == pytest.approx(7.5 * 1024**2 * 4 * 1024, rel=1e-12)
+
+
+def test_the_all_gather_balances_full_causal_layers_and_only_the_windowed_ones_weigh_more():
+    # every other layer windowed: per layer pair 7.5 c² (busiest, windowed) + 8 c² (full causal:
+    # 2 x 8² c²/2 over 4 ranks), half each; the useful work stays the mean, (6 + 8) / 2 c²
+    model = {**DENSE, "seq_len": 8192, "sliding_window": 4096, "sliding_window_freq": 2}
+    executed, useful = _busiest_rank_fwd_flops(model, 4)
+    c2 = 1024**2
+    assert executed == pytest.approx((7.5 + 8) / 2 * c2 * 4 * 1024, rel=1e-12)
+    assert useful == pytest.approx((6 + 8) / 2 * c2 * 3 * 4 * 1024, rel=1e-12)  # forward and both gradients

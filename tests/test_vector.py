@@ -168,3 +168,22 @@ def test_scenarios_parsed_one_by_one_are_evaluated_as_one_batch(monkeypatch):
                  for tp in (1, 2, 4) for pp in (1, 2, 4, 8)]
     evaluate_many(scenarios)
     assert batches == [12]
+
+
+@pytest.mark.parametrize("node,model,method", [
+    # windowed layers under TE's all-gather: the busiest rank's work, by cp
+    ("dgx-h100", {"sliding_window": 2048, "sliding_window_freq": 2}, "kv-allgather"),
+    # a CPU kernel's causal blocks and keys per call: whole calls at cp 1, a ring's chunks beyond
+    ("cpu-xeon-2c-node", {}, "ring"),
+    ("cpu-xeon-2c-node", {}, "ulysses"),
+    ("dgx-h100", {}, "ulysses"),
+])
+def test_vectorised_context_parallel_attention_calls_equal_scalar_evaluate(node, model, method):
+    base = {"model": {"layers": 4, "hidden": 512, "heads": 8, "ffn_hidden": 2048, "vocab": 8192, "seq_len": 8192,
+                      **model},
+            "cluster": {"node": node, "nodes": 4}}
+    scenarios = [scenario_from_dict({**base, "plan": {"cp": cp, "cp_attention": method, "micro_batch": 1,
+                                                      "global_batch": 64, "dp": "auto"}})
+                 for cp in (1, 2, 4)]
+    for s, got in zip(scenarios, evaluate_many(scenarios)):
+        assert _close(evaluate(s, engine="analytic").to_dict()["step_time_s"], got["step_time_s"]), s.plan
