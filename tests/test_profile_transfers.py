@@ -70,6 +70,11 @@ def power_cap() -> float:
     return _max("h100-sxm-96gb-500w", "matmul") / _max("h100-sxm-80gb", "matmul")
 
 
+def gb300_best_shape(precision: str) -> float:
+    """The GB300's best-shape fraction of peak, inferred: the B300's x the GB200's over the B200's."""
+    return MAMF[f"b300_{precision}"] * MAMF[f"gb200_{precision}"] / MAMF[f"b200_{precision}"]
+
+
 def _by_mamf(profile: str, bf16: str, fp8: str | None, ratio, attention=("h100-sxm-80gb", "h100_bf16")) -> dict:
     """The rules a profile built from its own best-shape rates states: each GEMM rate its MAMF
     row x a fitted real-shape ratio, its attention another part's FlashAttention rate x the
@@ -103,6 +108,12 @@ TRANSFERS = {
     **_by_mamf("gb200", "gb200_bf16", "gb200_fp8", h100_ratio_without_reduction_factor,
                attention=("b200", "b200_bf16")),
     ("gb200", "attention_flash2"): lambda: _max("b200", "attention_flash2"),
+    # no GB300 MAMF row: the B300's, as much above it as the GB200's is above the B200's
+    ("gb300", "matmul"): lambda: gb300_best_shape("bf16") * h100_ratio_without_reduction_factor(),
+    ("gb300", "matmul_fp8"): lambda: gb300_best_shape("fp8") * h100_ratio_without_reduction_factor(),
+    ("gb300", "attention"): lambda: _max("b200", "attention") * gb300_best_shape("bf16") / MAMF["b200_bf16"],
+    ("gb300", "attention_flash2"): lambda: _max("b200", "attention_flash2"),
+    ("gb300", "memory"): lambda: _max("b200", "memory"),
     **_by_mamf("mi300x", "mi300x", "mi300x_fp8", a100_ratio),
     **_by_mamf("mi325x", "mi325x", "mi325x_fp8", a100_ratio),
     ("mi325x", "memory"): lambda: _max("mi300x", "memory"),
@@ -122,7 +133,7 @@ def test_a_transferred_efficiency_follows_the_fit_it_comes_from(profile, curve):
     assert _max(profile, curve) == pytest.approx(TRANSFERS[profile, curve](), abs=0.0006)
 
 
-@pytest.mark.parametrize("node", ["dgx-h100", "dgx-h200", "dgx-b200", "dgx-b300", "gb200-nvl72", "dgx-v100",
+@pytest.mark.parametrize("node", ["dgx-h100", "dgx-h200", "dgx-b200", "dgx-b300", "gb200-nvl72", "gb300-nvl72", "dgx-v100",
                                   "mi250x-node", "mi300x-node", "mi325x-node", "mi355x-node"])
 def test_a_node_without_a_launch_bound_run_takes_the_dgx_a100_launch_overhead(node):
     assert load_node(node).launch_overhead_s == load_node("dgx-a100").launch_overhead_s

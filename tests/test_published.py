@@ -260,7 +260,7 @@ def test_the_torchtitan_part_names_its_fit_and_what_it_transfers():
 
 
 def test_a_profile_without_a_fit_of_its_own_says_it_is_not_validated():
-    for name in ("h200-sxm-141gb", "b200", "gb200", "mi300x", "mi355x", "mi250x", "gaudi3", "tpu-v5p",
+    for name in ("h200-sxm-141gb", "b200", "gb200", "gb300", "mi300x", "mi355x", "mi250x", "gaudi3", "tpu-v5p",
                  "v100-sxm-32gb", "a100-sxm-40gb"):
         v = load_accelerator(name).validation
         assert v is not None and v.validated is False and "transferred" in v.reason
