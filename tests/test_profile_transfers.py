@@ -133,8 +133,8 @@ def test_a_transferred_efficiency_follows_the_fit_it_comes_from(profile, curve):
     assert _max(profile, curve) == pytest.approx(TRANSFERS[profile, curve](), abs=0.0006)
 
 
-@pytest.mark.parametrize("node", ["dgx-h100", "dgx-h200", "dgx-b200", "dgx-b300", "gb200-nvl72", "gb300-nvl72", "dgx-v100",
-                                  "mi250x-node", "mi300x-node", "mi325x-node", "mi355x-node"])
+@pytest.mark.parametrize("node", ["dgx-h100", "dgx-h200", "dgx-b200", "dgx-b300", "gb200-nvl72", "gb300-nvl72",
+                                  "dgx-v100", "mi250x-node", "mi300x-node", "mi325x-node", "mi355x-node"])
 def test_a_node_without_a_launch_bound_run_takes_the_dgx_a100_launch_overhead(node):
     assert load_node(node).launch_overhead_s == load_node("dgx-a100").launch_overhead_s
 
