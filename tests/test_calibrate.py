@@ -93,6 +93,9 @@ def test_profile_has_per_pass_curves_host_overhead_and_the_cpus_low_precisions(q
         assert acc.peak("bf16") > acc.peak("fp32") and "matmul" in acc.precision_efficiency["bf16"]
     else:
         assert "bf16" not in acc.peak_flops
+    # SDPA's CPU flash kernel, counted by its blocks; three sequence lengths fit its keys half
+    from simulator.attentiontiles import PYTORCH_CPU_FLASH
+    assert acc.attention_tiles == PYTORCH_CPU_FLASH and acc.attention_keys_half >= 0
     cal = __import__("yaml").safe_load(quick_profile.read_text())["calibration"]
     assert cal["flush_denormal"] is True and cal["clock"] == "cpu" and 0 <= cal["noise"]["median_spread"] < 1
 

@@ -190,7 +190,7 @@ class Bench:
     # ------------------------------------------------------------------ attention
     def attention_shapes(self):
         if self.quick:
-            return [(2, 4, 128, 32), (2, 4, 128, 64), (2, 4, 256, 64)]
+            return [(2, 4, 128, 32), (2, 4, 128, 64), (2, 4, 256, 64), (1, 4, 512, 64)]
         if self.device.type == "cuda":
             return [(b, h, s, d) for b in (1, 4) for h, d in ((16, 64), (32, 128)) for s in (512, 1024, 2048, 4096)]
         # sequences of 128-512: a CPU's flash-attention backward has a fixed cost per (batch, head)
