@@ -87,6 +87,21 @@ def test_torchtitan_without_a_compile_key_runs_eager(tmp_path):
     assert import_config("torchtitan", f, {"cluster.node": "dgx-h100"}).scenario["plan"]["compile"] is False
 
 
+def test_torchtitan_block_causal_flex_attention_asks_for_the_documents_length(tmp_path):
+    text = (DATA / "torchtitan-llama3_8b.toml").read_text().replace(
+        "[model]\n", '[model]\nuse_flex_attn = true\nattn_mask_type = "block_causal"\n')
+    f = tmp_path / "flex.toml"
+    f.write_text(text)
+    imported = import_config("torchtitan", f, {"cluster.node": "dgx-h100"})
+    why = {u["key"]: u["why"] for u in imported.unmapped}
+    assert "model.document_tokens" in why["model.attn_mask_type"] and "FlexAttention" in why["model.use_flex_attn"]
+    causal = tmp_path / "causal.toml"
+    causal.write_text((DATA / "torchtitan-llama3_8b.toml").read_text().replace(
+        "[model]\n", '[model]\nattn_mask_type = "causal"\n'))
+    imported = import_config("torchtitan", causal, {"cluster.node": "dgx-h100"})
+    assert "model.attn_mask_type" in _accounted(imported) and not imported.unmapped
+
+
 @pytest.mark.parametrize("policy, pp, reshard", [(None, 1, True), (None, 2, False), ("always", 2, True),
                                                  ("never", 1, False)])
 def test_torchtitan_fsdp_reshard_policy_keeps_parameters_gathered_under_pp_by_default(tmp_path, policy, pp, reshard):

@@ -31,6 +31,9 @@ under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
   get_fsdp_reshard_after_forward_policy @b5bcd76).
 - [compile] enable (training.compile, older) -> plan.compile: memory-bound kernels fused by
   torch.compile or launched op by op (torchtitan's default is eager).
+- [model] attn_mask_type causal is what llmsim computes; block_causal (attention inside each
+  packed document) and use_flex_attn (FlexAttention's kernel) are reported unmapped with what
+  to give (model.document_tokens) and what the attention is priced at.
 - [activation_checkpoint] mode none|selective|full; selective with selective_ac_option "op"
   is torchtitan's op-level policy (plan.recompute op-selective); an integer (every N-th
   layer) is refused.
@@ -96,6 +99,7 @@ def read(path: str | Path) -> Imported:
     if precision != "fp32":  # the model is built in fp32 and cast for compute: no separate master copy
         a.map("training.mixed_precision_param", "plan.fp32_params", True)
     _float8(a, converters)
+    _attention(a)
     reduce = PRECISIONS.get(a.get("training.mixed_precision_reduce", "float32"))
     a.map("training.mixed_precision_reduce", "plan.grad_precision", reduce if reduce in ("fp32", "bf16") else "fp32")
 
@@ -212,6 +216,27 @@ def read(path: str | Path) -> Imported:
 # torchao's Float8 linears: converter name -> its config section (torchtitan renamed both in
 # pytorch/torchtitan@8a2686c4a, 2025-09-30: quantize.linear.float8)
 FLOAT8_CONVERTERS = {"float8": "float8", "quantize.linear.float8": "quantize.linear.float8"}
+
+
+def _attention(a: Account) -> None:
+    """[model] use_flex_attn and attn_mask_type (torchtitan@7090a7b60 models/attention.py:
+    FlexAttention, whose block_causal mask keeps attention inside each document of the packed
+    batch, the documents cut at the data's EOS tokens). A causal mask is what llmsim computes.
+    The documents' lengths are the data's, so the user is told to give them; FlexAttention's
+    kernel has no measured rate in a profile, which the report says."""
+    mask = a.get("model.attn_mask_type", "causal")
+    if mask == "causal":
+        a.used("model.attn_mask_type")
+    elif mask == "block_causal":
+        a.unmapped("model.attn_mask_type", "attention stays inside each document of the packed batch, and the "
+                   "config does not hold their lengths (the data's EOS tokens do): give model.document_tokens "
+                   "(--set, the documents' E[d²]/E[d] tokens), else the attention is counted over the whole "
+                   "sequence")
+    if a.get("model.use_flex_attn", False):
+        a.unmapped("model.use_flex_attn", "FlexAttention's Triton kernel has no measured rate in a profile: the "
+                   "attention is priced at the profile's fused (FlashAttention / cuDNN) kernel")
+    else:
+        a.used("model.use_flex_attn")
 
 
 def _float8(a: Account, converters: list) -> None:
