@@ -18,6 +18,9 @@ or fewer every query block computes all keys: causal attention costs what full a
 does. Measured with torch 2.13.0 on one Xeon core (docs/calibration.md, Results 2026-12-05):
 causal over full time 1.05 at 512 tokens, 0.77 at 1,024, 0.64 at 2,048 (these blocks: 1.0,
 0.75, 0.625).
+
+The blocks change the kernel's time, not the FLOPs a result counts: its hardware FLOPs (HFU)
+stay the causal half, as the model FLOPs (MFU) do.
 """
 
 from __future__ import annotations
