@@ -196,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also try hybrid sharding with these replica counts (repeat or comma-separate; "
                          "1 is always tried)")
     se.add_argument("--cp-attention", action="append", default=None, metavar="M",
-                    help="CP implementations to try where cp > 1 (repeat or comma-separate; default ring): "
+                    help="CP implementations to try where cp > 1 (repeat or comma-separate; default ring, or "
+                         "kv-allgather and ulysses for a model with sliding windows): "
                          "ring, kv-allgather, ulysses, ulysses-ring (at every all-to-all group size), "
                          "torch-allgather, torch-alltoall")
     se.add_argument("--pipeline-split", action="append", default=None, metavar="S",

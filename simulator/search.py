@@ -12,7 +12,8 @@ nothing). Sizes range over divisors; micro_batch, vpp and cp have caps (SearchOp
 Hybrid sharding (plan.dp_replicate) is tried at the replica counts SearchOptions names, each
 shape with replicas only under ZeRO stages >= 1 (its settings are checked per shape group),
 and shapes with CP at each CP implementation it names (plan.cp_attention; ulysses-ring at
-each all-to-all group size, plan.cp_ulysses). Each pipeline is split evenly where its virtual
+each all-to-all group size, plan.cp_ulysses; unless named, TE's ring, or for a model with
+sliding windows TE's all-gather and Ulysses, the methods TE runs windows with). Each pipeline is split evenly where its virtual
 stages divide the layers and, where it differs from that, balanced (plan.pipeline_split:
 torchtitan's split, which also reaches pipeline sizes that do not divide the layers; see
 _splits for where it is left out).
@@ -83,8 +84,10 @@ class SearchOptions:
     # with ZeRO stages >= 1; (1,): ZeRO over every data-parallel rank only.
     dp_replicates: tuple = (1,)
     # CP implementations to try where cp > 1 (plan.cp_attention; cpattention.py);
-    # ulysses-ring at every all-to-all group size (plan.cp_ulysses) from 2 to cp/2 that divides cp
-    cp_attentions: tuple = ("ring",)
+    # ulysses-ring at every all-to-all group size (plan.cp_ulysses) from 2 to cp/2 that divides cp.
+    # None: TE's ring, or for a model with sliding windows the methods TE runs them with
+    # (_default_cp_methods)
+    cp_attentions: tuple | None = None
     flash_attention: bool = True
     max_tp: int | None = None  # None: up to the device count
     max_pp: int | None = None
@@ -132,7 +135,7 @@ def _shapes(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchO
                                     continue  # sequence parallelism needs tp > 1: the same plan as sp off
                                 for (ep, etp), r, (attention, ulysses) in itertools.product(
                                         _expert_shapes(model, tp, tp * cp * dp, opts), opts.dp_replicates,
-                                        _cp_methods(cp, opts)):
+                                        _cp_methods(cp, opts, model)):
                                     tried += 1
                                     # a shape with replicas is checked at ZeRO-1, the least stage it needs
                                     plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch=mb,
@@ -166,12 +169,20 @@ def _splits(model: ModelSpec, pp: int, schedule: str, vpp: int, opts: SearchOpti
     return out
 
 
-def _cp_methods(cp: int, opts: SearchOptions) -> list[tuple[str, int]]:
+def _default_cp_methods(model: ModelSpec) -> tuple:
+    """The CP implementations a search tries unless told: TE's ring (Megatron-Core's and NeMo's
+    default), or, where the model has sliding windows, which TE runs under CP by its all-gather
+    and all-to-alls only (cpattention.py; plan.py refuses the rings), those two."""
+    return ("kv-allgather", "ulysses") if 0 < model.sliding_window < model.seq_len else ("ring",)
+
+
+def _cp_methods(cp: int, opts: SearchOptions, model: ModelSpec) -> list[tuple[str, int]]:
     """(cp_attention, cp_ulysses) pairs to try at this CP degree: without CP the implementations
     are one plan; ulysses-ring once per all-to-all group size that leaves a ring of 2 or more."""
     if cp == 1:
-        return [(opts.cp_attentions[0], 1)]
-    return [(attention, u) for attention in opts.cp_attentions
+        return [((opts.cp_attentions or ("ring",))[0], 1)]
+    methods = opts.cp_attentions or _default_cp_methods(model)
+    return [(attention, u) for attention in methods
             for u in ([d for d in _divisors(cp, cp // 2) if d > 1] if attention == "ulysses-ring" else [1])]
 
 

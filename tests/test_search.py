@@ -37,6 +37,7 @@ def _balanced_tried(model, pp, chunks):
 def _brute_force(model, cluster, global_batch, opts):
     """Every combination of every field in range, kept when validate accepts it."""
     n = cluster.devices
+    methods = opts.cp_attentions or ("ring",)  # the default for a model without sliding windows
     out = set()
     for tp, pp, cp, mb, vpp in itertools.product(range(1, n + 1), range(1, n + 1), range(1, opts.max_cp + 1),
                                                  range(1, opts.max_micro_batch + 1), range(1, opts.max_vpp + 1)):
@@ -44,10 +45,10 @@ def _brute_force(model, cluster, global_batch, opts):
             continue
         for schedule, sp, recompute, zero, off, r, attention, ulysses, split in itertools.product(
                 opts.schedules, (False, True), ("none", "full"), opts.zero_stages, opts.offloads, opts.dp_replicates,
-                opts.cp_attentions, range(1, cp + 1), opts.pipeline_splits):
+                methods, range(1, cp + 1), opts.pipeline_splits):
             if (sp and tp == 1) or (schedule == "interleaved" and vpp == 1):
                 continue  # the same plan as sp off; interleaving one chunk is 1F1B (search skips both)
-            if cp == 1 and attention != opts.cp_attentions[0]:
+            if cp == 1 and attention != methods[0]:
                 continue  # without CP the implementations are one plan
             if ulysses == cp > 1:
                 continue  # ulysses-ring with one group of all CP ranks is ulysses
@@ -77,7 +78,15 @@ def test_search_enumerates_exactly_the_plans_validate_accepts(opts):
     assert len(got) == len(table)
     assert got == _brute_force(model, cluster, 16, opts)
     assert {r[-4] for r in got} == set(opts.dp_replicates)
-    assert {r[-3] for r in got} == set(opts.cp_attentions)
+    assert {r[-3] for r in got} == set(opts.cp_attentions or ("ring",))
+
+
+def test_a_search_over_a_model_with_sliding_windows_tries_the_cp_methods_te_runs_them_with():
+    # TE runs windows under CP by its all-gather and all-to-alls only; the default ring is refused
+    model = model_from_dict({**MODEL, "sliding_window": 512})
+    table, _ = evaluate_all(model, cluster_from_dict(CLUSTER), 16, OPTS)
+    assert set(table[table.cp > 1].cp_attention) == {"kv-allgather", "ulysses"}
+    assert set(table[table.cp == 1].cp_attention) == {"ring"}
 
 
 def test_search_tries_ulysses_ring_at_every_group_size_short_of_all_cp_ranks():
