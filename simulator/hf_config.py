@@ -72,11 +72,13 @@ def _present(cfg: Mapping, keys) -> list[str]:
     return [k for k in keys if cfg.get(k) not in (None, 0, False, [], "")]
 
 
-def _sliding_window(cfg: Mapping, model_type, layers: int, where: str) -> tuple[int, int]:
-    """(sliding_window, sliding_window_freq): which layers attend to a window of recent tokens.
+def _sliding_window(cfg: Mapping, model_type, layers: int, where: str) -> dict:
+    """sliding_window and sliding_window_freq or sliding_window_skip_freq: which layers attend
+    to a window of recent tokens.
 
     `layer_types` (transformers >= 4.54: GPT-OSS, Gemma) must be sliding on the layers
-    i % f == 0 and full elsewhere; Qwen's `use_sliding_window` (window on the layers past
+    i % f == 0 and full elsewhere, or full on each n-th layer and sliding elsewhere (Gemma 3:
+    n = 6); Qwen's `use_sliding_window` (window on the layers past
     max_window_layers) is refused; otherwise a `sliding_window` applies to every layer (Mistral
     v0.1, transformers MistralAttention), unless `use_sliding_window` is false."""
     window = cfg.get("sliding_window")
@@ -87,19 +89,21 @@ def _sliding_window(cfg: Mapping, model_type, layers: int, where: str) -> tuple[
             raise InputError(f"{where}.layer_types", types, f"expected {layers} of full_attention / sliding_attention")
         sliding = [t == "sliding_attention" for t in types]
         if not any(sliding):
-            return 0, 1
-        for freq in range(1, layers + 1):
-            if all(s == (i % freq == 0) for i, s in enumerate(sliding)):
-                return F.integer(cfg, "sliding_window", where), freq
-        raise InputError(f"{where}.layer_types", types, "llmsim models sliding-window layers i % f == 0 only")
+            return {}
+        from .model import window_pattern  # model.py reads hf_config: imported on use
+        pattern = window_pattern(sliding)
+        if pattern is None:
+            raise InputError(f"{where}.layer_types", types, "llmsim models sliding-window layers i % f == 0, or all "
+                             "but every n-th, only")
+        return {"sliding_window": F.integer(cfg, "sliding_window", where), **pattern}
     if str(model_type).startswith("qwen"):
         if cfg.get("use_sliding_window"):
             raise InputError(f"{where}.use_sliding_window", True, "Qwen's sliding window above max_window_layers is "
                              "not modelled")
-        return 0, 1
+        return {}
     if window is None or cfg.get("use_sliding_window") is False:
-        return 0, 1
-    return F.integer(cfg, "sliding_window", where), 1
+        return {}
+    return {"sliding_window": F.integer(cfg, "sliding_window", where)}
 
 
 def _moe_fields(cfg: Mapping, model_type: str, where: str) -> dict:
@@ -176,7 +180,6 @@ def hf_fields(path: str, seq_len) -> dict:
         raise InputError(f"{where}.hidden_act", act, "expected one of " + ", ".join(acts))
     layers = F.integer(cfg, "num_hidden_layers", where)
     heads = F.integer(cfg, "num_attention_heads", where)
-    window, window_freq = _sliding_window(cfg, model_type, layers, where)
     data = dict(name=name, layers=layers, hidden=F.integer(cfg, "hidden_size", where), heads=heads,
                 kv_heads=F.integer(cfg, "num_key_value_heads", where, heads),
                 ffn_hidden=F.integer(cfg, "intermediate_size", where), vocab=F.integer(cfg, "vocab_size", where),
@@ -185,8 +188,7 @@ def hf_fields(path: str, seq_len) -> dict:
                 # ignored: `bias` means biases on every linear layer, as in GPT and GPT-OSS.
                 bias=model_type == "gpt_oss" and bool(cfg.get("attention_bias", True)),
                 tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                dropout=bool(cfg.get("attention_dropout", 0.0)),
-                sliding_window=window, sliding_window_freq=window_freq)
+                dropout=bool(cfg.get("attention_dropout", 0.0)), **_sliding_window(cfg, model_type, layers, where))
     if model_type in ("deepseek_v2", "deepseek_v3"):
         # Multi-head latent attention; transformers writes head_dim = qk_rope_head_dim for
         # rotary purposes, so the query/key head is derived from the MLA dims instead.

@@ -73,9 +73,12 @@ class ModelSpec:
     moe_layer_freq: int = 1  # past dense_layers, layer i is MoE when i % moe_layer_freq == 0
     mtp_layers: int = 0  # multi-token-prediction modules (DeepSeek-V3 num_nextn_predict_layers)
     # Sliding-window attention: layer i attends to the last `sliding_window` tokens when
-    # i % sliding_window_freq == 0 (Mistral: every layer; GPT-OSS: every other); 0 = none.
+    # i % sliding_window_freq == 0 (Mistral: every layer; GPT-OSS: every other); 0 = none. Or,
+    # with sliding_window_skip_freq N >= 2, on every layer but each N-th (1-indexed), which
+    # attends fully (Megatron-Core's window_attn_skip_freq; Gemma 3 and 4: 5 windowed, 1 full).
     sliding_window: int = 0
     sliding_window_freq: int = 1
+    sliding_window_skip_freq: int = 0
     # Packed documents: each sequence holds documents of `document_tokens` tokens (the last cut
     # at seq_len) and attention stays inside each one (workload.window_pair_fraction); 0 = one
     # causal sequence.
@@ -146,8 +149,26 @@ class ModelSpec:
 
     def is_sliding_window_layer(self, index: int) -> bool:
         """Whether layer `index` attends only to the last `sliding_window` tokens (Mistral 7B,
-        arXiv 2310.06825 Sec. 2; GPT-OSS layer_types alternate sliding/full from layer 0)."""
+        arXiv 2310.06825 Sec. 2; GPT-OSS layer_types alternate sliding/full from layer 0;
+        Megatron-Core's window_attn_skip_freq N leaves each N-th layer full,
+        megatron/core/transformer/utils.py is_layer_window_attention @d98e8a64dd)."""
+        if self.sliding_window_skip_freq:
+            return self.sliding_window > 0 and (index + 1) % self.sliding_window_skip_freq != 0
         return self.sliding_window > 0 and index % self.sliding_window_freq == 0
+
+    @property
+    def sliding_window_period(self) -> int:
+        """Layers after which the pattern of windowed and full layers repeats."""
+        return self.sliding_window_skip_freq or self.sliding_window_freq
+
+    @property
+    def sliding_layers(self) -> int:
+        """How many of the model's layers have a window (is_sliding_window_layer)."""
+        if not self.sliding_window:
+            return 0
+        if self.sliding_window_skip_freq:
+            return self.layers - self.layers // self.sliding_window_skip_freq
+        return -(-self.layers // self.sliding_window_freq)  # layers 0, f, 2f, ...
 
     # ------------------------------------------------------------ parameter counts per part
 
@@ -288,10 +309,23 @@ class ModelSpec:
         return out
 
 
+def window_pattern(windowed: list) -> dict | None:
+    """The model fields that window exactly the layers i with windowed[i] (0/1, at least one
+    1): {"sliding_window_freq": f} for the layers i % f == 0, else {"sliding_window_skip_freq":
+    n} for all but each n-th, the smallest such f or n; None where neither fits."""
+    n = len(windowed)
+    pattern = [int(bool(w)) for w in windowed]
+    freq = next((f for f in range(1, n + 1) if pattern == [int(i % f == 0) for i in range(n)]), None)
+    if freq is not None:
+        return {"sliding_window_freq": freq}
+    skip = next((k for k in range(2, n + 1) if pattern == [int((i + 1) % k != 0) for i in range(n)]), None)
+    return None if skip is None else {"sliding_window_skip_freq": skip}
+
+
 MODEL_KEYS = ("preset", "hf_config", "name", "description", "layers", "hidden", "heads", "kv_heads", "head_dim",
               "attention", *MLA_FIELDS, "ffn_hidden", "dense_ffn_hidden", "experts", *MOE_FIELDS, "mtp_layers",
-              "sliding_window", "sliding_window_freq", "document_tokens", "vocab", "seq_len", "activation",
-              "norm", "position_embedding", "bias", "tied_embeddings", "dropout", "source")
+              "sliding_window", "sliding_window_freq", "sliding_window_skip_freq", "document_tokens", "vocab",
+              "seq_len", "activation", "norm", "position_embedding", "bias", "tied_embeddings", "dropout", "source")
 
 
 def _dense_width(data: Mapping, field: str) -> int | None:
@@ -383,6 +417,7 @@ def _spec_from_fields(data: Mapping, field: str, base: ModelSpec | None = None) 
         sliding_window=count("sliding_window", 0, maximum=10**8),
         sliding_window_freq=F.integer(data, "sliding_window_freq", field, default("sliding_window_freq", 1),
                                       maximum=100_000),
+        sliding_window_skip_freq=count("sliding_window_skip_freq", 0, maximum=100_000),
         document_tokens=count("document_tokens", 0, maximum=10**8),
     )
     return check_shapes(spec, field)
@@ -426,6 +461,10 @@ def check_shapes(spec: ModelSpec, field: str = "model") -> ModelSpec:
             bad("moe_layer_freq", f"leaves no MoE layer among layers {spec.dense_layers}..{spec.layers - 1}")
     if spec.sliding_window_freq != 1 and not spec.sliding_window:
         bad("sliding_window_freq", "only with sliding_window >= 1")
+    if spec.sliding_window_skip_freq and (not spec.sliding_window or spec.sliding_window_freq != 1
+                                          or spec.sliding_window_skip_freq < 2):
+        bad("sliding_window_skip_freq", "an integer >= 2, only with sliding_window >= 1 and without "
+            "sliding_window_freq (each N-th layer attends fully, the others in the window)")
     return spec
 
 

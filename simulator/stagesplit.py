@@ -288,9 +288,9 @@ def representatives(model, plan, schedule, p) -> Representatives:
 
 
 def varying_windows(model) -> bool:
-    """Whether the model's layers differ in their attention band (a window on every
-    sliding_window_freq-th layer only)."""
-    return 0 < model.sliding_window < model.seq_len and model.sliding_window_freq > 1
+    """Whether the model's layers differ in their attention band (a window on some layers
+    only: every sliding_window_freq-th, or all but every sliding_window_skip_freq-th)."""
+    return 0 < model.sliding_window < model.seq_len and model.sliding_window_period > 1
 
 
 def uniform_layer_kinds(model, plan, schedule, p) -> bool:
@@ -298,7 +298,7 @@ def uniform_layer_kinds(model, plan, schedule, p) -> bool:
     (broadcast), so that the closed forms hold (moe.stage_layer_mix; the model's mean
     attention band, workload.window_pair_fraction): a model of one kind, or even stages
     with the leading dense layers inside the first virtual stage and every virtual stage
-    holding whole periods of moe_layer_freq and of sliding_window_freq."""
+    holding whole periods of moe_layer_freq and of the sliding-window pattern."""
     if not (model.experts or varying_windows(model)):
         return True
     if uneven(plan):
@@ -306,7 +306,7 @@ def uniform_layer_kinds(model, plan, schedule, p) -> bool:
     per_stage = model.layers // (np.asarray(p) * schedule.chunks(plan.vpp))
     uniform = (model.dense_layers <= per_stage) & (per_stage % model.moe_layer_freq == 0)
     if varying_windows(model):
-        uniform = uniform & ((per_stage % model.sliding_window_freq == 0) | (per_stage == model.layers))
+        uniform = uniform & ((per_stage % model.sliding_window_period == 0) | (per_stage == model.layers))
     return bool(np.all(uniform))
 
 

@@ -246,7 +246,7 @@ def window_pair_fraction(model: ModelSpec, layers=None, sliding=None) -> float:
     over `layers` layers of which `sliding` have a window (default: the model's layers): 1 for
     full causal attention; for a layer with a sliding window W < s (Mistral 7B, arXiv
     2310.06825 Sec. 2: query i attends to keys i-W+1..i), the band's s·W - W²/2; the sliding
-    layers are i % sliding_window_freq == 0 (model.is_sliding_window_layer).
+    layers are model.is_sliding_window_layer's.
 
     Packed documents (model.document_tokens = d < s): attention stays inside each document, the
     sequence's s // d documents and the remainder each causal (with the window inside each) as
@@ -257,7 +257,7 @@ def window_pair_fraction(model: ModelSpec, layers=None, sliding=None) -> float:
     mixed lengths attend the pairs of equal ones of E[d²]/E[d] tokens (sum d²/2 = s·E[d²]/E[d]/2).
 
     A stage's layers are timed as its count of this mean layer: the model's mean where every
-    stage holds whole periods of sliding_window_freq, else its own (stagesplit.py counts each
+    stage holds whole periods of the sliding pattern, else its own (stagesplit.py counts each
     rank's sliding layers)."""
     s, w = model.seq_len, model.sliding_window
 
@@ -269,7 +269,7 @@ def window_pair_fraction(model: ModelSpec, layers=None, sliding=None) -> float:
         return full
     band = pairs(w) / (0.5 * s * s)
     if layers is None:
-        layers, sliding = model.layers, -(-model.layers // model.sliding_window_freq)  # layers 0, f, 2f, ...
+        layers, sliding = model.layers, model.sliding_layers
     return (sliding * band + (layers - sliding) * full) / layers
 
 

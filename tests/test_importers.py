@@ -685,10 +685,14 @@ def test_megatron_sliding_windows_every_other_layer_from_the_first():
     assert (hf.sliding_window, hf.sliding_window_freq) == (128, 2)
     every = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=argv).scenario["model"]
     assert every["sliding_window_freq"] == 1
-    with pytest.raises(InputError, match="window-attn-skip-freq"):
-        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=argv + ["--window-attn-skip-freq", "3"])
-    with pytest.raises(InputError, match="window-attn-skip-freq"):
-        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=argv + ["--window-attn-skip-freq", "0"])
+    # each 3rd layer full, the others windowed (Gemma 3 and 4 in Megatron-Bridge: 6)
+    third = import_config("megatron", None, {"cluster.node": "dgx-h100"},
+                          argv=argv + ["--window-attn-skip-freq", "3"]).scenario["model"]
+    assert (third["sliding_window"], third["sliding_window_skip_freq"]) == (128, 3)
+    for refused in ("0", "[1,1,0,0]*3"):  # no layer pattern llmsim has
+        with pytest.raises(InputError, match="window-attn-skip-freq"):
+            import_config("megatron", None, {"cluster.node": "dgx-h100"},
+                          argv=argv + ["--window-attn-skip-freq", refused])
     full = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=argv + ["--window-attn-skip-freq", "1"])
     assert full.scenario["model"]["sliding_window"] == 0  # every layer full attention
 

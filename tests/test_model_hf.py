@@ -114,6 +114,14 @@ def test_a_value_of_the_wrong_type_is_one_line_naming_the_key(tmp_path, change, 
         load_hf_config(_write(tmp_path, cfg), seq_len=4096)
 
 
+def test_each_nth_layer_full_imports_as_a_window_skip_frequency(tmp_path):
+    # Gemma 3's layer_types: five sliding layers, then one full, repeated
+    cfg = _config("gpt-oss-120b")
+    cfg["layer_types"] = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(36)]
+    model = load_hf_config(_write(tmp_path, cfg), seq_len=4096)
+    assert (model.sliding_window, model.sliding_window_freq, model.sliding_window_skip_freq) == (128, 1, 6)
+
+
 def test_an_irregular_layer_pattern_is_refused(tmp_path):
     cfg = _config("gpt-oss-120b")
     cfg["layer_types"] = ["full_attention"] * 2 + cfg["layer_types"][2:]

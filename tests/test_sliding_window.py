@@ -130,3 +130,32 @@ def test_the_all_gather_balances_full_causal_layers_and_only_the_windowed_ones_w
     c2 = 1024**2
     assert executed == pytest.approx((7.5 + 8) / 2 * c2 * 4 * 1024, rel=1e-12)
     assert useful == pytest.approx((6 + 8) / 2 * c2 * 3 * 4 * 1024, rel=1e-12)  # forward and both gradients
+
+
+def test_a_window_skip_frequency_leaves_each_nth_layer_full():
+    # 12 layers, each 6th full (Gemma 3): layers 5 and 11 attend fully, the other 10 in a window
+    # of 1024 over 4096 tokens (the band's 0.4375 of the causal half)
+    model = _scenario({**DENSE, "layers": 12, "sliding_window": 1024, "sliding_window_skip_freq": 6}).model
+    assert [i for i in range(12) if not model.is_sliding_window_layer(i)] == [5, 11]
+    assert window_pair_fraction(model) == pytest.approx((10 * 0.4375 + 2 * 1.0) / 12, rel=1e-15)
+
+
+def test_pipeline_ranks_count_their_own_windowed_layers_under_a_skip_frequency():
+    # 12 layers, each 6th full, 4 stages of 3: ranks hold layers 0-2 (3 windowed), 3-5 (2),
+    # 6-8 (3), 9-11 (2)
+    from simulator.schedules import get
+    from simulator.stagesplit import rank_layer_kinds
+
+    model = _scenario({**DENSE, "layers": 12, "sliding_window": 1024, "sliding_window_skip_freq": 6}).model
+    kinds = rank_layer_kinds(model, (3, 3, 3, 3), 4, get("1f1b"))
+    assert [k[2] for k in kinds] == [3, 2, 3, 2]
+
+
+@pytest.mark.parametrize("fields", [
+    {"sliding_window": 1024, "sliding_window_skip_freq": 1},  # every layer full: no window
+    {"sliding_window_skip_freq": 6},  # no window to skip
+    {"sliding_window": 1024, "sliding_window_freq": 2, "sliding_window_skip_freq": 6},  # two patterns
+])
+def test_a_skip_frequency_that_states_no_pattern_is_refused(fields):
+    with pytest.raises(InputError, match=r"model\.sliding_window_skip_freq"):
+        _scenario({**DENSE, **fields})

@@ -173,6 +173,7 @@ def test_scenarios_parsed_one_by_one_are_evaluated_as_one_batch(monkeypatch):
 @pytest.mark.parametrize("node,model,method", [
     # windowed layers under TE's all-gather: the busiest rank's work, by cp
     ("dgx-h100", {"sliding_window": 2048, "sliding_window_freq": 2}, "kv-allgather"),
+    ("dgx-h100", {"sliding_window": 2048, "sliding_window_skip_freq": 3}, "kv-allgather"),
     # a CPU kernel's causal blocks and keys per call: whole calls at cp 1, a ring's chunks beyond
     ("cpu-xeon-2c-node", {}, "ring"),
     ("cpu-xeon-2c-node", {}, "ulysses"),

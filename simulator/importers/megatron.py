@@ -32,6 +32,7 @@ import re
 from pathlib import Path
 
 from ..errors import InputError
+from ..model import window_pattern
 from ..recompute import MODULES
 from ..yamlio import parse_yaml, read_text
 from . import megatron_moe as moe
@@ -332,7 +333,8 @@ def read_window(a: Account, size_key: str, skip_key: str, layers: int) -> None:
     earlier tokens and itself, on every layer unless window_attn_skip_freq N makes every N-th
     layer (1-indexed) full attention, or a 0/1 pattern names the windowed layers
     (megatron/core/transformer/utils.py is_layer_window_attention @d98e8a64dd); llmsim windows
-    layers i (0-indexed) with i % sliding_window_freq == 0 (model.py)."""
+    layers i (0-indexed) with i % sliding_window_freq == 0, or all but each
+    sliding_window_skip_freq-th (model.py)."""
     if not a.has(size_key):
         a.used(skip_key)
         return
@@ -355,11 +357,12 @@ def read_window(a: Account, size_key: str, skip_key: str, layers: int) -> None:
         a.map(size_key, "model.sliding_window", 0)
         a.used(skip_key)
         return
-    period = moe.layer_period(windowed)
-    if period is None or period[0] != 0:
-        a.refuse(skip_key, "llmsim windows every n-th layer from the first (n = 1, 2, ...), not this pattern")
+    pattern = window_pattern(windowed)
+    if pattern is None:
+        a.refuse(skip_key, "llmsim windows every n-th layer from the first, or all but every n-th, not this pattern")
     a.map(size_key, "model.sliding_window", int(size[0]) + 1)
-    a.map(skip_key, "model.sliding_window_freq", period[1])
+    for field, value in pattern.items():
+        a.map(skip_key, f"model.{field}", value)
 
 
 def read_head_dim(a: Account, key: str, mla: bool, number) -> None:

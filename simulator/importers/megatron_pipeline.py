@@ -27,6 +27,9 @@ MAX_LAYOUT = 100_000  # characters of an unrolled layout: far beyond any real mo
 def read_stage_split(a: Account, key: Callable[[str], str], layers: int, pp: int, vpp: int, number) -> int:
     """Map the stage split of `a` into a.scenario; returns the virtual stages per rank (a
     layout sets them)."""
+    for size, name in ((pp, "pipeline_model_parallel_size"), (vpp, "virtual_pipeline_model_parallel_size")):
+        if not isinstance(size, int) or size < 1:  # the split divides by them
+            a.refuse(key(name), "expected an integer >= 1")
     first, last = key("num_layers_in_first_pipeline_stage"), key("num_layers_in_last_pipeline_stage")
     layout_key = key("pipeline_model_parallel_layout")
     embedding = bool(a.get(key("account_for_embedding_in_pipeline_split")))
