@@ -177,8 +177,12 @@ def layers_cell(stage_layers) -> str:
 
 
 def sequence_cell(model) -> str:
-    """The sequence length, with the packed documents' length where attention stays inside them."""
-    return f"{model.seq_len}" + (f" (documents of {model.document_tokens})" if model.packs_documents else "")
+    """The sequence length, with the packed documents' length where attention stays inside them
+    and the sliding window where layers have one."""
+    notes = [f"documents of {model.document_tokens}"] if model.packs_documents else []
+    if 0 < model.sliding_window < model.seq_len:
+        notes.append(f"window {model.sliding_window} on {model.sliding_layers} of {model.layers} layers")
+    return f"{model.seq_len}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def render_result(d: dict, scenario, data: dict | None = None) -> str:

@@ -159,3 +159,11 @@ def test_pipeline_ranks_count_their_own_windowed_layers_under_a_skip_frequency()
 def test_a_skip_frequency_that_states_no_pattern_is_refused(fields):
     with pytest.raises(InputError, match=r"model\.sliding_window_skip_freq"):
         _scenario({**DENSE, **fields})
+
+
+def test_the_report_names_the_window_and_how_many_layers_have_it():
+    from simulator.report import sequence_cell
+
+    model = _scenario({**DENSE, "layers": 12, "sliding_window": 1024, "sliding_window_skip_freq": 6,
+                       "document_tokens": 2048}).model
+    assert sequence_cell(model) == "4096 (documents of 2048; window 1024 on 10 of 12 layers)"
