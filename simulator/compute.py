@@ -163,10 +163,10 @@ def _attention_calls(op: Op, acc: Accelerator):
     executed = 1.0
     if op.keys_per_query is None or (tiles is None and k_half <= 0):
         return executed, 1.0
-    if tiles is not None and op.causal_lengths:
+    if tiles is not None and op.causal_lengths and np.any(op.whole_calls):
         executed = executed_fraction(op.causal_lengths, tiles)
-        if not (np.ndim(op.ring_steps) == 0 and op.ring_steps == 1):
-            executed = np.where(np.asarray(op.ring_steps) == 1, executed, 1.0)
+        if np.ndim(op.whole_calls):
+            executed = np.where(op.whole_calls, executed, 1.0)
     if k_half <= 0:
         return executed, 1.0
     k = executed * np.asarray(op.keys_per_query, dtype=float) / op.ring_steps

@@ -173,21 +173,22 @@ def rank_calls(ops: list[Op], model, shard, method: str, cp_ulysses: int = 1) ->
     A ring (TE's, PyTorch's, ulysses-ring's over cp/cp_ulysses groups) calls the kernel once a
     step over one chunk of K and V, so a query's keys spread over its steps (ring_steps);
     Ulysses runs whole sequences of heads/cp heads in one call. TE's all-gather runs each of
-    the rank's two chunks' queries over all the keys before them in one call, no call a whole
-    causal document (causal_lengths dropped, whatever cp); under sliding windows its ranks hold
-    unequal work (allgather_window_imbalance), and the busiest sets the layer's time: the
-    windowed layers' executed FLOPs are that rank's, the useful ones stay the mean
-    (compute._attention_calls)."""
-    if method == "kv-allgather":
-        factor = _allgather_band_factor(model, shard)
-        return [op if op.keys_per_query is None else
-                replace(op, causal_lengths=(), fwd_flops=op.fwd_flops * factor,
-                        bwd_input_flops=op.bwd_input_flops * factor) for op in ops]
+    the rank's two chunks' queries over all the keys before them in one call; under sliding
+    windows its ranks hold unequal work (allgather_window_imbalance), and the busiest sets the
+    layer's time: the windowed layers' executed FLOPs are that rank's, the useful ones stay the
+    mean. Under a ring or the all-gather no call attends a whole causal document
+    (whole_calls: where cp > 1; compute._attention_calls)."""
     if method == "ulysses" or (np.ndim(shard.cp) == 0 and shard.cp == 1):
         return ops
     c = np.asarray(shard.cp)
+    whole = c == 1 if np.ndim(c) else False
+    if method == "kv-allgather":
+        factor = _allgather_band_factor(model, shard)
+        return [op if op.keys_per_query is None else
+                replace(op, whole_calls=whole, fwd_flops=op.fwd_flops * factor,
+                        bwd_input_flops=op.bwd_input_flops * factor) for op in ops]
     steps = c / cp_ulysses if method == "ulysses-ring" else c
-    return [op if op.keys_per_query is None else replace(op, ring_steps=steps) for op in ops]
+    return [op if op.keys_per_query is None else replace(op, whole_calls=whole, ring_steps=steps) for op in ops]
 
 
 def _window_pairs_below(x, window):

@@ -87,10 +87,12 @@ class Op:
     linear: LinearShape | None = None  # the GEMM's shape, for the linears only
     # A flash-attention kernel's calls (compute._attention_calls; None for every other
     # operator): the mean keys each query runs over (its pairs per query), the causal documents
-    # ((tokens, count), ...) of a sequence whose calls attend them whole (empty under sliding
-    # windows), and the calls a query's keys are spread over (a context-parallel ring's steps).
+    # ((tokens, count), ...) of a sequence (empty under sliding windows), whether each call
+    # attends them whole (not a context-parallel rank's chunks; per plan of a batch), and the
+    # calls a query's keys are spread over (a context-parallel ring's steps).
     keys_per_query: object = None
     causal_lengths: tuple = ()
+    whole_calls: object = True
     ring_steps: object = 1
 
     @property

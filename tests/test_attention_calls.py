@@ -96,6 +96,14 @@ def test_calls_that_are_not_whole_causal_documents_are_counted_at_the_causal_hal
     assert _slowdown(model, replace(H100, attention_tiles=PYTORCH_CPU_FLASH), **plan) == [1.0, 1.0]
 
 
+def test_without_context_parallelism_the_cp_method_named_changes_nothing():
+    tiled = replace(H100, attention_tiles=PYTORCH_CPU_FLASH, attention_keys_half=KEYS_HALF)
+    want = op_times(_core(DENSE), tiled, "bf16")
+    for method in ("kv-allgather", "ring", "torch-allgather"):
+        got = op_times(_core(DENSE, cp_attention=method), tiled, "bf16")
+        assert (got.fwd_s, got.bwd_input_s) == (want.fwd_s, want.bwd_input_s), method
+
+
 def test_ulysses_calls_attend_whole_sequences_and_are_tiled():
     # 4,096 tokens in blocks of 256 rows over 512-key blocks: 1.0625 of the causal half
     tiled = replace(H100, attention_tiles=PYTORCH_CPU_FLASH)

@@ -177,6 +177,7 @@ def test_scenarios_parsed_one_by_one_are_evaluated_as_one_batch(monkeypatch):
     # a CPU kernel's causal blocks and keys per call: whole calls at cp 1, a ring's chunks beyond
     ("cpu-xeon-2c-node", {}, "ring"),
     ("cpu-xeon-2c-node", {}, "ulysses"),
+    ("cpu-xeon-2c-node", {}, "kv-allgather"),
     ("dgx-h100", {}, "ulysses"),
 ])
 def test_vectorised_context_parallel_attention_calls_equal_scalar_evaluate(node, model, method):
