@@ -221,7 +221,7 @@ def _allgather_band_factor(model, shard):
     """The busiest rank's executed attention over the mean's for a layer of the stage's band
     (Shard.window_fraction: its share of windowed layers): windowed layers at
     allgather_window_imbalance, full ones balanced."""
-    if not 0 < model.sliding_window < model.seq_len or (np.ndim(shard.cp) == 0 and shard.cp == 1):
+    if not model.has_sliding_window or (np.ndim(shard.cp) == 0 and shard.cp == 1):
         return 1.0
     full, windowed = window_pair_fraction(model, 1, 0), window_pair_fraction(model, 1, 1)
     band = window_pair_fraction(model) if shard.window_fraction is None else shard.window_fraction

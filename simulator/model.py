@@ -147,6 +147,12 @@ class ModelSpec:
         (a document_tokens of 0 or at least seq_len is one causal sequence)."""
         return 0 < self.document_tokens < self.seq_len
 
+    @property
+    def has_sliding_window(self) -> bool:
+        """Whether some layers attend to a window narrower than the sequence (a window of 0 or
+        at least seq_len is full causal attention)."""
+        return 0 < self.sliding_window < self.seq_len
+
     def is_sliding_window_layer(self, index: int) -> bool:
         """Whether layer `index` attends only to the last `sliding_window` tokens (Mistral 7B,
         arXiv 2310.06825 Sec. 2; GPT-OSS layer_types alternate sliding/full from layer 0;

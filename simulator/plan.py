@@ -332,7 +332,7 @@ def _check_attention_bands(plan: Plan, model: ModelSpec) -> None:
         if model.document_tokens % (2 * plan.cp):
             raise InputError("model.document_tokens", model.document_tokens, f"a multiple of 2*cp = {2 * plan.cp} "
                              "(TransformerEngine splits each document into 2*cp chunks; padding is not modelled)")
-    if not model.sliding_window or model.sliding_window >= model.seq_len:
+    if not model.has_sliding_window:
         return
     if plan.cp > 1 and plan.cp_attention not in ("ulysses", "kv-allgather"):
         raise InputError("plan.cp_attention", plan.cp_attention, "ulysses or kv-allgather with sliding-window "

@@ -180,7 +180,7 @@ def sequence_cell(model) -> str:
     """The sequence length, with the packed documents' length where attention stays inside them
     and the sliding window where layers have one."""
     notes = [f"documents of {model.document_tokens}"] if model.packs_documents else []
-    if 0 < model.sliding_window < model.seq_len:
+    if model.has_sliding_window:
         notes.append(f"window {model.sliding_window} on {model.sliding_layers} of {model.layers} layers")
     return f"{model.seq_len}" + (f" ({'; '.join(notes)})" if notes else "")
 

@@ -173,7 +173,7 @@ def _default_cp_methods(model: ModelSpec) -> tuple:
     """The CP implementations a search tries unless told: TE's ring (Megatron-Core's and NeMo's
     default), or, where the model has sliding windows, which TE runs under CP by its all-gather
     and all-to-alls only (cpattention.py; plan.py refuses the rings), those two."""
-    return ("kv-allgather", "ulysses") if 0 < model.sliding_window < model.seq_len else ("ring",)
+    return ("kv-allgather", "ulysses") if model.has_sliding_window else ("ring",)
 
 
 def _cp_methods(cp: int, opts: SearchOptions, model: ModelSpec) -> list[tuple[str, int]]:

@@ -290,7 +290,7 @@ def representatives(model, plan, schedule, p) -> Representatives:
 def varying_windows(model) -> bool:
     """Whether the model's layers differ in their attention band (a window on some layers
     only: every sliding_window_freq-th, or all but every sliding_window_skip_freq-th)."""
-    return 0 < model.sliding_window < model.seq_len and model.sliding_window_period > 1
+    return model.has_sliding_window and model.sliding_window_period > 1
 
 
 def uniform_layer_kinds(model, plan, schedule, p) -> bool:

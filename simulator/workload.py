@@ -267,7 +267,7 @@ def window_pair_fraction(model: ModelSpec, layers=None, sliding=None) -> float:
         return sum(count * _causal_pairs(tokens, window) for tokens, count in documents(model))
 
     full = pairs(0) / (0.5 * s * s)
-    if not w or w >= s:
+    if not model.has_sliding_window:
         return full
     band = pairs(w) / (0.5 * s * s)
     if layers is None:
@@ -287,7 +287,7 @@ def documents(model: ModelSpec) -> tuple:
 def attention_mask(model: ModelSpec) -> str:
     """Which pairs the model's attention leaves out, in a word: causal, sliding-window,
     documents (packed, attention inside each) or both."""
-    kinds = [name for name, on in (("sliding-window", 0 < model.sliding_window < model.seq_len),
+    kinds = [name for name, on in (("sliding-window", model.has_sliding_window),
                                    ("documents", model.packs_documents)) if on]
     return "+".join(kinds) or "causal"
 
@@ -318,7 +318,7 @@ def attention_core_ops(model: ModelSpec, shard: Shard, q_heads, kv_heads, qk_dim
         return [Op("flash_attention", ATTENTION, fwd_flops=half * (qk + av), bwd_input_flops=half * (3 * qk + 2 * av),
                    fwd_bytes=io, bwd_input_bytes=2 * io, saved_bytes=4 * b * q_heads * s,  # fp32 log-sum-exp
                    group=ATTENTION_CORE, model_flops=useful, keys_per_query=band * 0.5 * s_kv,
-                   causal_lengths=() if 0 < model.sliding_window < s_kv else documents(model))]
+                   causal_lengths=() if model.has_sliding_window else documents(model))]
     # cuBLAS batched GEMMs around a fused scale-mask-softmax and dropout (Megatron-LM): the
     # full score matrix is computed and masked.
     qk_io = a * (tokens * (q_w + k_w) + scores)
