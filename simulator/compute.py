@@ -97,12 +97,6 @@ def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
         flops_s = _reduced(op, [_work_time(x, peak, eff) for x in (op.fwd_flops, op.bwd_input_flops,
                                                                    op.bwd_weight_flops)], acc.matmul_fp8_k_half)
         mem = acc.memory
-    elif op.kind == FLASH2_ATTENTION and acc.attention_flash2 is not None:
-        peak, eff = acc.peak(precision), acc.attention_flash2
-        executed, slowdown = _attention_calls(op, acc)
-        flops_s = [slowdown * _work_time(x * executed, peak, eff, op.kernels)
-                   for x in (op.fwd_flops, op.bwd_input_flops, op.bwd_weight_flops)]
-        mem = acc.memory_efficiency(None, precision)
     elif op.kind == MATMUL:
         # the curve of this pass and precision where the profile has one (calibrated CPUs)
         peak = acc.peak(precision)
@@ -111,10 +105,13 @@ def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
                                                     ("fwd", "bwd_input", "bwd_weight"))], acc.matmul_k_half)
         mem = acc.memory_efficiency(None, precision)
     elif op.kind in (ATTENTION, FLASH2_ATTENTION):
+        # FlashAttention-2's own curve where the profile's `attention` is a faster kernel's,
+        # else the attention curve of this pass and precision
+        flash2 = acc.attention_flash2 if op.kind == FLASH2_ATTENTION else None
         peak = acc.peak(precision)
         executed, slowdown = _attention_calls(op, acc)
-        flops_s = [slowdown * _work_time(x * executed, peak, acc.compute_efficiency("attention", pass_, precision),
-                                         op.kernels)
+        flops_s = [slowdown * _work_time(x * executed, peak,
+                                         flash2 or acc.compute_efficiency("attention", pass_, precision), op.kernels)
                    for x, pass_ in zip((op.fwd_flops, op.bwd_input_flops, op.bwd_weight_flops), ("fwd", "bwd", "bwd"))]
         mem = acc.memory_efficiency(None, precision)
     else:
