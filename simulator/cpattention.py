@@ -82,6 +82,8 @@ from .workload import ATTENTION_CORE, MEMORY, Op, documents, local_heads, window
 CP_ATTENTION = ("ring", "kv-allgather", "ulysses", "ulysses-ring", "torch-allgather", "torch-alltoall")
 TE_EXPOSED = ("kv-allgather", "ulysses")  # TransformerEngine's collectives the attention waits for
 ULYSSES = ("ulysses", "ulysses-ring")  # all-to-alls of Q, K, V and O
+# the methods TE runs sliding windows with (attn_forward_func_with_cp asserts all_gather or a2a)
+WINDOW_METHODS = ("kv-allgather", "ulysses")
 
 
 def _torch(method: str) -> bool:

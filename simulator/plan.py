@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from . import fields as F
 from .errors import InputError
 from .compute import ATTENTION_KERNELS
-from .cpattention import CP_ATTENTION
+from .cpattention import CP_ATTENTION, WINDOW_METHODS
 from .fp8 import TE_PER_TENSOR
 from .hardware import Cluster
 from .loss import LOSSES
@@ -334,7 +334,7 @@ def _check_attention_bands(plan: Plan, model: ModelSpec) -> None:
                              "(TransformerEngine splits each document into 2*cp chunks; padding is not modelled)")
     if not model.has_sliding_window:
         return
-    if plan.cp > 1 and plan.cp_attention not in ("ulysses", "kv-allgather"):
+    if plan.cp > 1 and plan.cp_attention not in WINDOW_METHODS:
         raise InputError("plan.cp_attention", plan.cp_attention, "ulysses or kv-allgather with sliding-window "
                          "attention and cp > 1 (TransformerEngine runs windows under CP by a2a and all_gather only)")
     if model.mtp_layers:

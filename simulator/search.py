@@ -13,10 +13,10 @@ Hybrid sharding (plan.dp_replicate) is tried at the replica counts SearchOptions
 shape with replicas only under ZeRO stages >= 1 (its settings are checked per shape group),
 and shapes with CP at each CP implementation it names (plan.cp_attention; ulysses-ring at
 each all-to-all group size, plan.cp_ulysses; unless named, TE's ring, or for a model with
-sliding windows TE's all-gather and Ulysses, the methods TE runs windows with). Each pipeline is split evenly where its virtual
-stages divide the layers and, where it differs from that, balanced (plan.pipeline_split:
-torchtitan's split, which also reaches pipeline sizes that do not divide the layers; see
-_splits for where it is left out).
+sliding windows TE's all-gather and Ulysses, the methods TE runs windows with). Each pipeline
+is split evenly where its virtual stages divide the layers and, where it differs from that,
+balanced (plan.pipeline_split: torchtitan's split, which also reaches pipeline sizes that do
+not divide the layers; see _splits for where it is left out).
 
 Ranking. Every valid plan is evaluated with the vectorised analytic engine
 (simulator.vector), out-of-memory plans are dropped, the rest are ranked by the
@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from . import schedules
+from .cpattention import WINDOW_METHODS
 from .errors import InputError
 from .evaluate import evaluate
 from .hardware import Cluster, cluster_from_dict
@@ -173,7 +174,7 @@ def _default_cp_methods(model: ModelSpec) -> tuple:
     """The CP implementations a search tries unless told: TE's ring (Megatron-Core's and NeMo's
     default), or, where the model has sliding windows, which TE runs under CP by its all-gather
     and all-to-alls only (cpattention.py; plan.py refuses the rings), those two."""
-    return ("kv-allgather", "ulysses") if model.has_sliding_window else ("ring",)
+    return WINDOW_METHODS if model.has_sliding_window else ("ring",)
 
 
 def _cp_methods(cp: int, opts: SearchOptions, model: ModelSpec) -> list[tuple[str, int]]:
