@@ -11,9 +11,10 @@ from simulator import InputError
 from simulator.attentiontiles import PYTORCH_CPU_FLASH, executed_fraction, tiled_pairs
 from simulator.calibrate.calibration import KEYS_HALF_GRID, fit_keys_half
 from simulator.compute import op_times
-from simulator.hardware import accelerator_from_dict, load_accelerator
+from simulator.hardware import accelerator_from_dict, load_accelerator, profiles_dir
 from simulator.layermix import layer_operators
 from simulator.workload import ATTENTION_CORE, Shard
+from simulator.yamlio import load_yaml
 
 H100 = load_accelerator("h100-sxm-80gb")
 KEYS_HALF = 512.0
@@ -145,15 +146,6 @@ def test_samples_of_fewer_than_three_sequence_lengths_leave_the_keys_half_unfitt
     assert fit_keys_half(samples, 100e9) is None
 
 
-def _profile() -> dict:
-    data = {"name": "x", "peak_tflops": {"bf16": 100}, "memory_gib": 80, "memory_bandwidth_gb_per_s": 2000,
-            "host_link_gb_per_s": 64, "tdp_w": 700, "price_usd_per_hour": 1, "framework_overhead_gib": 1,
-            "sources": {"peak_tflops": "test"}, "efficiency": {"matmul": {"max": 0.7, "half_flops": 1e9},
-                                          "attention": {"max": 0.5, "half_flops": 1e9},
-                                          "memory": {"max": 0.9, "half_bytes": 1e6}}}
-    return data
-
-
 @pytest.mark.parametrize("field,value", [
     ("attention_keys_half", -1),
     ("attention_tiles", {"kv": 512, "q": [[192, 64]]}),  # no block size below 192 queries
@@ -161,10 +153,10 @@ def _profile() -> dict:
     ("attention_tiles", {"kv": 0, "q": [[0, 32]]}),
 ])
 def test_a_bad_attention_kernel_description_is_refused(field, value):
-    data = _profile()
-    data["efficiency"][field] = value
+    data = dict(load_yaml(profiles_dir() / "accelerators" / "a100-sxm-80gb.yaml", "profile"))
+    data["efficiency"] = {**data["efficiency"], field: value}
     with pytest.raises(InputError, match=rf"efficiency\.{field}"):
-        accelerator_from_dict(data, "x")
+        accelerator_from_dict(data, "a100")
 
 
 def test_a_cpu_calibration_states_its_kernels_tiles_and_fits_the_pairs_it_computes():
