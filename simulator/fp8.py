@@ -74,6 +74,16 @@ kernels each scaling recipe adds, and what FP8 changes in memory.
   all-gather), three copies where each linear cast its own (eager); the Jun 2025
   version and rowwise save the BF16 input (no change). torchao keeps no FP8 weight copy
   between steps.
+- BF16 layers at the ends (`plan.bf16_layers_at_start`, `plan.bf16_layers_at_end`):
+  Megatron-Core runs and builds the layers of global index below num_layers_at_start_in_bf16
+  or among the last num_layers_at_end_in_bf16 outside fp8_autocast and fp8_model_init when
+  first_last_layers_bf16 is set (NVIDIA/Megatron-LM@d98e8a64dd megatron/core/fp8_utils.py
+  is_first_last_bf16_layer, get_fp8_context; refused under delayed scaling), so their linears
+  are BF16 GEMMs without casts, keep their BF16 inputs and hold BF16 weights, gathered as such
+  (`bf16_layer_plan`). Megatron-Bridge's FP8 current-scaling recipe sets one at each end
+  (bf16_with_fp8_current_scaling_mixed), its NVFP4 recipes the last four. The layers sit on
+  the ranks of the first and the last virtual stage (`bf16_layers_on`), whose mean layer the
+  layout times (layout._mean_layer).
 - FSDP float8 all-gather (`plan.fp8_fsdp_all_gather`, tensorwise; torchtitan's
   float8.enable_fsdp_float8_all_gather with precompute_float8_dynamic_scale_for_fsdp;
   torchao@eab345c22 torchao/float8/fsdp_utils.py): after the optimizer step one foreach
@@ -95,6 +105,7 @@ import numpy as np
 from . import fsdp, projections
 from .compute import FP8_MATMUL, MX_SCALE, MXFP8_MATMUL, as_gemm_kind
 from .dims import zero_group_size
+from .errors import InputError
 from .workload import MEMORY, Op, Shard, local_heads
 
 FP8_PRECISIONS = ("fp8", "mxfp8")
@@ -286,6 +297,51 @@ def weight_cast_bytes_per_step(plan, linear_params) -> object:
         gathers = 1 if fsdp.keeps_gathered(plan) else 2 * plan.microbatches
         return linear_params / zero_group_size(plan) * (gathers * (stored + 1.0) + stored)
     return 0.0 * np.asarray(linear_params)
+
+
+def check_bf16_layers(plan, model, schedule) -> None:
+    """Refuse BF16 layers that Megatron-Core would refuse or llmsim cannot place: only beside
+    FP8 linears, not under delayed scaling (its amax reduction assumes every layer in FP8:
+    NVIDIA/Megatron-LM@d98e8a64dd megatron/core/fp8_utils.py get_fp8_context asserts it), and
+    no more than the first or the last virtual pipeline stage holds (llmsim counts them on the
+    ranks of those stages; Megatron-Core's own bound is the layers per pipeline rank)."""
+    start, end = plan.bf16_layers_at_start, plan.bf16_layers_at_end
+    if not start and not end:
+        return
+    field, value = ("plan.bf16_layers_at_start", start) if start else ("plan.bf16_layers_at_end", end)
+    if recipe(plan) is None:
+        raise InputError(field, value, "BF16 layers are the exception to FP8 linears: needs precision fp8 or mxfp8")
+    if recipe(plan) == "delayed":
+        raise InputError(field, value, "not with fp8_recipe delayed (Megatron-Core refuses BF16 layers under delayed "
+                         "scaling): current, tensorwise, rowwise or mxfp8")
+    from .stagesplit import virtual_stage_layers
+    stage_layers = virtual_stage_layers(model, plan, schedule, plan.pp, schedule.chunks(plan.vpp))
+    if start > stage_layers[0]:
+        raise InputError("plan.bf16_layers_at_start", start, f"at most the first virtual pipeline stage's "
+                         f"{stage_layers[0]} layers")
+    if end > stage_layers[-1]:
+        raise InputError("plan.bf16_layers_at_end", end, f"at most the last virtual pipeline stage's "
+                         f"{stage_layers[-1]} layers")
+    if start + end > model.layers:
+        raise InputError("plan.bf16_layers_at_end", end, f"start + end at most layers={model.layers}")
+
+
+def bf16_layer_plan(plan):
+    """The plan a BF16 layer of an FP8 plan runs under (its linears in BF16, its weights
+    BF16 and gathered as such: Megatron-Core builds and runs them outside fp8_model_init and
+    fp8_autocast, fp8_utils.get_fp8_context), or None where every layer runs FP8 linears."""
+    if recipe(plan) is None or not (plan.bf16_layers_at_start or plan.bf16_layers_at_end):
+        return None
+    return replace(plan, precision="bf16", fp8_params=False, fp8_fsdp_all_gather=False, bf16_layers_at_start=0,
+                   bf16_layers_at_end=0)
+
+
+def bf16_layers_on(plan, holds_first, holds_last):
+    """BF16 layers on a device of a pipeline rank that holds the first and/or the last virtual
+    stage (0/1 flags, broadcast-safe): layers [0, start) and [layers - end, layers) by global
+    index (Megatron-Core fp8_utils.is_first_last_bf16_layer), which check_bf16_layers keeps
+    within those stages."""
+    return plan.bf16_layers_at_start * np.asarray(holds_first) + plan.bf16_layers_at_end * np.asarray(holds_last)
 
 
 def tp_gather_bytes_factor(plan) -> float:

@@ -35,7 +35,7 @@ from .layermix import compile_mix, layer_operators, mixed_stage, needs_layer_mix
 from .memory import ActivationSizes, StageMemory, activation_sizes, buffer_bytes, peak_activation_bytes
 from .offload import OffloadCosts, offload_costs, resident_chunks_with_offload
 from .recompute import chunk_checkpoint, layer_checkpoint, rerun_flops, tp_rerun_fraction
-from .passes import PassTimes, ops_time, pass_times, pp_hop_s, tp_layer_comm_s
+from .passes import OpsTime, PassTimes, ops_time, pass_times, pp_hop_s, tp_layer_comm_s
 from .states import BytesPerParam, ModelStates, activation_bytes, bytes_per_param, layer_params_local, model_states, \
     optimizer_step_s, stage_params
 from .workload import Shard, embedding_ops, executed_flops_per_sequence, head_ops, layer_ops, model_flops_per_sequence, \
@@ -168,6 +168,29 @@ def _dense_layer(model, cluster, plan, shard, g, precision) -> DenseLayer:
                       rerun_s)
 
 
+def _mean_layer(fp8_layer: DenseLayer, bf16_layer: DenseLayer, share) -> DenseLayer:
+    """The mean layer of a device whose fraction `share` of layers runs its linears in BF16
+    and the rest in FP8 (fp8.bf16_layer_plan): per-layer seconds averaged, so that what a
+    stage sums over its layers (passes.pass_times) is exact. What recomputation keeps and
+    re-runs does not depend on the linears' precision."""
+    def mean(a, b):
+        return a + share * (b - a)
+    t = OpsTime(*(mean(getattr(fp8_layer.t, f), getattr(bf16_layer.t, f)) for f in OpsTime.__dataclass_fields__))
+    return replace(fp8_layer, t=t, tp_s=tuple(map(mean, fp8_layer.tp_s, bf16_layer.tp_s)),
+                   cp_s=tuple(map(mean, fp8_layer.cp_s, bf16_layer.cp_s)),
+                   rerun_s=mean(fp8_layer.rerun_s, bf16_layer.rerun_s))
+
+
+def _mean_activations(fp8_acts: ActivationSizes, bf16_acts: ActivationSizes, share) -> ActivationSizes:
+    """Saved bytes of a chunk whose fraction `share` of layers runs BF16 linears (which keep
+    their inputs in BF16, not FP8); at the peak, the larger of the two layers' transients."""
+    extra = np.maximum(fp8_acts.extra_bytes, bf16_acts.extra_bytes)
+    reserved = np.maximum(fp8_acts.extra_bytes + fp8_acts.cached_free_bytes,
+                          bf16_acts.extra_bytes + bf16_acts.cached_free_bytes)
+    chunk = fp8_acts.chunk_bytes + share * (bf16_acts.chunk_bytes - fp8_acts.chunk_bytes)
+    return ActivationSizes(chunk, fp8_acts.embedding_bytes, extra, reserved - extra)
+
+
 def compile_layout(model, cluster, plan) -> Layout:
     """Resolve a validated plan on a model and a cluster (plan sizes may be numpy arrays)."""
     schedule = S.plan_schedule(plan)
@@ -191,6 +214,8 @@ def compile_layout(model, cluster, plan) -> Layout:
         return _dense_layer(model, cluster, plan, layer_shard, g, precision)
 
     base = layer_kinds(shard)
+    bf16_plan = fp8.bf16_layer_plan(plan)  # FP8 plans with BF16 layers at the ends (a dense model's)
+    bf16_banded = {}
     head = eager_ops(head_ops(model, shard), model, plan)
     if model.mtp_layers:  # each depth's embedding, projection, head and loss run on the head stage
         head = head + mtp.depth_ops(model, shard) * model.mtp_layers
@@ -231,24 +256,39 @@ def compile_layout(model, cluster, plan) -> Layout:
         has_emb = stage == schedule.embedding_stage(p)
         has_head = stage == head_stage
         head_copy = has_head & (np.asarray(not model.tied_embeddings) | (head_stage != schedule.embedding_stage(p)))
+        n16 = 0.0
+        if bf16_plan is not None:  # the first and last layers sit with the embedding and the head
+            if band not in bf16_banded:
+                bf16_banded[band] = _dense_layer(model, cluster, bf16_plan, shard if band == mean_band else
+                                                 replace(shard, window_fraction=band), g, precision)
+            n16 = fp8.bf16_layers_on(plan, has_emb, has_head)
+            share = n16 / np.maximum(layers, 1)
+            kind = _mean_layer(kind, bf16_banded[band], share)
         if not mixed:
             params = stage_params(model, plan.tp, layers, has_emb, has_head, head_copy)
             states = model_states(params, plan, per, zero_group)
-            linears = layers * linear_params
+            linears = (layers - n16) * linear_params  # FP8 linears' weights
             states = fp8.with_weight_copies(states, linears, plan, per)
             gather_per_param = fp8.gather_bytes_per_param(per, linears, params, plan)
             acts = activation_sizes(model, shard, plan, layers / v, has_emb, has_head, layer, head)
+            stage_layer_gather, stage_buffers = layer_gather, buffers
+            if bf16_plan is not None:
+                acts = _mean_activations(acts, activation_sizes(model, shard, bf16_plan, layers / v, has_emb, has_head,
+                                                                bf16_banded[mean_band].ops, head), share)
+                # a BF16 layer's weights are gathered in BF16: ZeRO-3's buffers hold the larger layer
+                stage_layer_gather = np.where(n16 > 0, per.weight, layer_gather)
+                stage_buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, layer_params, plan,
+                                             stage_layer_gather, per.grad)
             rerun_layers = v * chunk_checkpoint(plan, checkpoint, 0.0, layers / v).rerun_layers
             total_rerun_layers = total_rerun_layers + count * rerun_layers
             passes = pass_times(kind.t, layers, emb_t, head_t, has_emb, has_head, kind.tp_s, kind.cp_s, kind.rerun_s,
                                 rerun_layers, kind.tp_rerun, checkpoint.cp_rerun)
             units = fsdp.units(layers, 1)  # the stage's FSDP units over all its chunks
             dp = dp_costs(plan.zero_stage, params, gather_per_param, per.grad, g.grad, cluster, g.replicate, units)
-            stage_buffers = buffers
             if fsdp.keeps_gathered(plan):
                 dp = fsdp.step_costs(params, gather_per_param, per.grad, g.grad, cluster, g.replicate, units)
-                stage_buffers = buffers + fsdp.gathered_extra_bytes(params, layer_params, gather_per_param,
-                                                                    layer_gather, per.grad)
+                stage_buffers = stage_buffers + fsdp.gathered_extra_bytes(params, layer_params, gather_per_param,
+                                                                          stage_layer_gather, per.grad)
             n_buckets, shard_group = buckets(params / v, grad_group_size(plan)), zero_group
         else:  # dense-MLP and MoE layers, MLA (layermix.py)
             x = mixed_stage(kind, model, cluster, plan, shard, g, per, zero_group, expert_zero_group_size(plan), layers,

@@ -176,7 +176,9 @@ def check_layer_mix_options(plan, model) -> None:
                    ("plan.recompute_num_layers", plan.recompute_num_layers, plan.recompute_num_layers != 1),
                    ("plan.fsdp_reshard_after_forward", plan.fsdp_reshard_after_forward,
                     not plan.fsdp_reshard_after_forward),
-                   ("plan.grad_accumulation_fusion", plan.grad_accumulation_fusion, not plan.grad_accumulation_fusion))
+                   ("plan.grad_accumulation_fusion", plan.grad_accumulation_fusion, not plan.grad_accumulation_fusion),
+                   ("plan.bf16_layers_at_start", plan.bf16_layers_at_start, plan.bf16_layers_at_start > 0),
+                   ("plan.bf16_layers_at_end", plan.bf16_layers_at_end, plan.bf16_layers_at_end > 0))
     for field, value, refused in unsupported:
         if refused:
             raise InputError(field, value, f"not yet modelled for {kind} models (the dense layers' option)")

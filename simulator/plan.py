@@ -13,7 +13,7 @@ from . import fields as F
 from .errors import InputError
 from .compute import ATTENTION_KERNELS
 from .cpattention import CP_ATTENTION, WINDOW_METHODS
-from .fp8 import TE_PER_TENSOR
+from .fp8 import TE_PER_TENSOR, check_bf16_layers
 from .hardware import Cluster
 from .loss import LOSSES
 from .model import ModelSpec
@@ -119,6 +119,11 @@ class Plan:
     # current, torchao tensorwise or rowwise) and FP8 primary weights (TE fp8_params).
     fp8_recipe: str = "delayed"
     fp8_params: bool = False
+    # FP8 plans: the first and the last decoder layers that run their linears in BF16
+    # (Megatron-Core's first_last_layers_bf16 with num_layers_at_start_in_bf16 and
+    # num_layers_at_end_in_bf16): fp8.py.
+    bf16_layers_at_start: int = 0
+    bf16_layers_at_end: int = 0
     # torchao's float8 all-gather of FSDP2's weight shards (torchtitan's
     # float8.enable_fsdp_float8_all_gather, with its precomputed scales): fp8.py.
     fp8_fsdp_all_gather: bool = False
@@ -246,6 +251,8 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         recompute_modules=_recompute_modules(data.get("recompute_modules")),
         fp8_recipe=F.choice(data, "fp8_recipe", "plan", FP8_RECIPES, "delayed"),
         fp8_params=F.boolean(data, "fp8_params", "plan", False),
+        bf16_layers_at_start=F.integer(data, "bf16_layers_at_start", "plan", 0, minimum=0, maximum=100_000),
+        bf16_layers_at_end=F.integer(data, "bf16_layers_at_end", "plan", 0, minimum=0, maximum=100_000),
         fp8_fsdp_all_gather=F.boolean(data, "fp8_fsdp_all_gather", "plan", False),
         compile=F.boolean(data, "compile", "plan", True),
         fsdp_reshard_after_forward=F.boolean(data, "fsdp_reshard_after_forward", "plan", True),
@@ -383,6 +390,7 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
     schedule = plan_schedule(plan)  # the schedule's own rules; an explicit order parsed and checked
     check_split(plan, model, schedule)  # layers per pipeline stage: even, first/last counts, balanced or a layout
     check_layer_mix_options(plan, model)
+    check_bf16_layers(plan, model, schedule)
     _check_recompute_modules(plan, model)
     check_mtp_plan(plan, model)
     _check_attention_bands(plan, model)

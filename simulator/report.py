@@ -203,6 +203,8 @@ def render_result(d: dict, scenario, data: dict | None = None) -> str:
         + f" zero={p.zero_stage}"
         + (f" (hybrid: {p.dp_replicate} replicas x {p.dp // p.dp_replicate})" if p.dp_replicate > 1 else "")
         + f" {p.precision}"
+        + (f" (bf16 layers: first {p.bf16_layers_at_start}, last {p.bf16_layers_at_end})"
+           if p.bf16_layers_at_start or p.bf16_layers_at_end else "")
         + (f" offload optimizer/params/activations={p.offload.optimizer}/{p.offload.params}/"
            f"{p.offload.activations}" if _offloads(p) else ""),
         *([f"experts    {m.shape_summary()}, ep={p.ep} etp={p.etp}; {d['active_parameters'] / 1e9:.2f} B of "

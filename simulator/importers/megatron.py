@@ -10,7 +10,9 @@ int(8h/3 / 64) * 64; the vocabulary is padded to a multiple of make-vocab-size-d
 --fp8-format runs the linears in FP8 under --fp8-recipe delayed (the default),
 tensorwise (TransformerEngine's per-tensor current scaling: fp8_recipe current) or mxfp8
 (its block-wise recipe is refused);
---fp8-param-gather, like NeMo's fp8_params, keeps FP8 primary weights (plan.fp8_params).
+--fp8-param-gather, like NeMo's fp8_params, keeps FP8 primary weights (plan.fp8_params);
+--first-last-layers-bf16 keeps --num-layers-at-start/end-in-bf16 layers in BF16
+(plan.bf16_layers_at_start/end).
 --use-megatron-fsdp shards by --data-parallel-sharding-strategy (ZeRO-0 to 3) and
 --use-torch-fsdp2 is ZeRO-3, both in FSDP units. Full recomputation keeps its method and layer
 count; selective recomputation keeps its --recompute-modules (recompute.py MODULES).
@@ -192,6 +194,7 @@ def read_args(args: dict) -> Imported:
         if not a.has("fp8-format"):
             a.refuse("fp8-param-gather", "FP8 parameters need --fp8-format")
         a.map("fp8-param-gather", "plan.fp8_params", True)
+    read_bf16_layers(a, "first-last-layers-bf16", "num-layers-at-start-in-bf16", "num-layers-at-end-in-bf16", precision)
     _grad_precision(a, precision)
     adam_states(a, "use-precision-aware-optimizer", megatron_key)
     a.used("accumulate-allreduce-grads-in-fp32")
@@ -298,6 +301,20 @@ def read_fp8_recipe(a: Account, key: str) -> str:
     if FP8_RECIPES[recipe]:
         a.map(key, "plan.fp8_recipe", FP8_RECIPES[recipe])
     return "mxfp8" if recipe == "mxfp8" else "fp8"
+
+
+def read_bf16_layers(a: Account, flag: str, start: str, end: str, precision: str, default: int = 1) -> None:
+    """Megatron-Core's first_last_layers_bf16 with num_layers_at_start_in_bf16 and
+    num_layers_at_end_in_bf16 -> plan.bf16_layers_at_start and _end; an absent count is
+    `default` (Megatron-Core's TransformerConfig: 1, NVIDIA/Megatron-LM@d98e8a64dd
+    megatron/core/transformer/transformer_config.py). Without FP8 linears every layer is BF16
+    already, and without the flag the counts are unused (fp8_utils.is_first_last_bf16_layer)."""
+    if not a.get(flag) or precision not in ("fp8", "mxfp8"):
+        a.used(flag, start, end)
+        return
+    a.map(start if a.has(start) else flag, "plan.bf16_layers_at_start", a.number(start, default))
+    a.map(end if a.has(end) else flag, "plan.bf16_layers_at_end", a.number(end, default))
+    a.used(flag)
 
 
 def _grad_precision(a: Account, precision: str) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from . import megatron_moe as moe
 from .common import Account, Imported, padded_vocab
 from .megatron import (adam_states, fsdp_grad_precision, megatron_fsdp, nemo_key, number_of, read_cp_comm_type,
-                       read_fp8_recipe, read_head_dim, read_recompute, read_window)
+                       read_bf16_layers, read_fp8_recipe, read_head_dim, read_recompute, read_window)
 from .megatron_pipeline import read_stage_split
 
 SECTIONS_IGNORED = ("checkpoint.*", "dataset.*", "dist.*", "logger.*", "profiling.*", "rerun_state_machine.*",
@@ -40,7 +40,8 @@ MODEL_IGNORED = tuple(f"model.{k}" for k in (
     "fp8*", "fp4*", "params_dtype", "pipeline_dtype", "deallocate_pipeline_outputs",
     "disable_parameter_transpose_cache", "cpu_offloading_activations", "make_vocab_size_divisible_by",
     "cross_entropy_fusion_impl", "should_pad_vocab", "max_position_embeddings", "original_max_position_embeddings",
-    "num_layers_at_end_in_bf16", "num_layers_at_start_in_bf16", "apply_query_key_layer_scaling",
+    "num_layers_at_end_in_bf16", "num_layers_at_start_in_bf16", "first_last_layers_bf16",
+    "apply_query_key_layer_scaling",
     "attention_dropout", "hidden_dropout", "gradient_accumulation_fusion", "config_logger_dir",
     "use_te_rng_tracker", "use_mamba_mem_eff_path")) + tuple(
     f"mixed_precision.{k}" for k in ("fp8_amax_*", "fp8_margin", "fp8_wgrad", "fp8_interval", "hysteresis",
@@ -216,6 +217,11 @@ def _precision(a: Account) -> str:
     precision = read_fp8_recipe(a, f"{mp}.fp8_recipe")
     a.map(f"{mp}.fp8", "plan.precision", precision)
     a.used(f"{mp}.fp8_recipe")
+    # Megatron-Bridge's MixedPrecisionConfig overrides the model's counts with its own, 0 unless
+    # set (NVIDIA-NeMo/Megatron-Bridge@067f987df src/megatron/bridge/training/mixed_precision.py
+    # update_config_with_precision_overrides; bf16_with_fp8_current_scaling_mixed sets 1 and 1)
+    read_bf16_layers(a, f"{mp}.first_last_layers_bf16", f"{mp}.num_layers_at_start_in_bf16",
+                     f"{mp}.num_layers_at_end_in_bf16", precision, 0 if mp == "mixed_precision" else 1)
     if a.get(f"{mp}.fp8_param_gather") or a.get(f"{mp}.fp8_param"):
         a.map(f"{mp}.fp8_param_gather", "plan.fp8_params", True)
         a.used(f"{mp}.fp8_param")
