@@ -30,7 +30,7 @@ def bench_vector(repeat: int = 3) -> tuple[float, int]:
     best = float("inf")
     for _ in range(repeat):
         t = time.perf_counter()
-        groups, _ = _evaluate_groups(model, cluster, 1536, SearchOptions(), Training(), reasons=False)
+        groups, _, _ = _evaluate_groups(model, cluster, 1536, SearchOptions(), Training(), reasons=False)
         best = min(best, time.perf_counter() - t)
     plans = sum(len(b) for b, _ in groups)
     return plans / best, plans

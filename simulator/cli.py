@@ -207,6 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--max-pp", default=None, metavar="N", help="largest pipeline-parallel size")
     se.add_argument("--memory-headroom", default=None, metavar="FRACTION",
                     help="keep this fraction of device memory free, e.g. 0.1 (default 0)")
+    se.add_argument("--set", action="append", default=[], metavar="plan.FIELD=VALUE",
+                    help="hold a plan field the search does not vary at one value on every plan, as a scenario "
+                         "gives it (repeat): the framework's options, e.g. --set plan.fp8_recipe=current "
+                         "--set plan.tp_comm_overlap=true --set plan.projections=separate")
     se.add_argument("--json", action="store_true", help="print the ranked plans as JSON")
     se.add_argument("-o", "--out", default=None, help="also write the ranked plans to a .csv or .parquet file")
 
@@ -597,6 +601,20 @@ def _search_options(args):
     if args.memory_headroom is not None:
         changes["memory_headroom"] = _number_flag(args.memory_headroom, "--memory-headroom", strict_min=False,
                                                   maximum=0.99)
+    fixed: dict = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().startswith("plan.") or key.strip() == "plan.":
+            raise InputError("--set", item, "expected plan.FIELD=VALUE, e.g. plan.fp8_recipe=current")
+        *parents, name = key.strip()[len("plan."):].split(".")
+        node = fixed
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise InputError("--set", item, f"plan.{part} is not a section")
+        node[name] = parse_value(value)
+    if fixed:
+        changes["plan_options"] = tuple(fixed.items())
     return replace(opts, **changes)
 
 

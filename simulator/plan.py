@@ -372,8 +372,10 @@ def _check_recompute_modules(plan: Plan, model: ModelSpec) -> None:
                          "delayed (Megatron-Core refuses delayed scaling with them)")
 
 
-def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
-    """Raise InputError for a plan that cannot be laid out on this model and cluster."""
+def validate(plan: Plan, model: ModelSpec, cluster: Cluster, options: bool = True) -> None:
+    """Raise InputError for a plan that cannot be laid out on this model and cluster.
+    `options=False` leaves out check_options (the recompute, sharding and precision options
+    that only make sense together), which a search checks per setting."""
     if plan.devices != cluster.devices:
         raise InputError("plan.dp", plan.dp, f"tp*pp*dp*cp = {plan.tp}*{plan.pp}*{plan.dp}*{plan.cp} = "
                          f"{plan.devices} must equal the cluster's {cluster.devices} devices")
@@ -422,7 +424,11 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster) -> None:
         raise InputError("plan.attention_kernel", "flash2", f"fused only: the {acc.name} profile has no "
                          "efficiency.attention_flash2 (FlashAttention-2's rate, PyTorch SDPA's flash backend, "
                          "measured on the part: `llmsim calibrate` measures it)")
-    check_options(plan)
+    if plan.loss == "loss-parallel" and plan.tp < 2:
+        raise InputError("plan.loss", plan.loss, "DTensor's loss parallelism shards the logits over the TP "
+                         "group: needs tp > 1 (without TP the plain cross-entropy runs: unfused)")
+    if options:
+        check_options(plan)
     if plan.precision == "fp16" and plan.grad_precision == "bf16":
         raise InputError("plan.grad_precision", "bf16", "fp16 training keeps fp16 or fp32 gradients")
 
@@ -493,9 +499,6 @@ def check_options(plan: Plan) -> None:
                          "with precision: fp8, fp8_recipe: tensorwise, zero_stage: 3 and zero3_impl: fsdp2")
     if plan.fp8_params and plan.precision not in ("fp8", "mxfp8"):
         raise InputError("plan.fp8_params", True, "FP8 primary weights need precision: fp8 or mxfp8")
-    if plan.loss == "loss-parallel" and plan.tp < 2:
-        raise InputError("plan.loss", plan.loss, "DTensor's loss parallelism shards the logits over the TP "
-                         "group: needs tp > 1 (without TP the plain cross-entropy runs: unfused)")
     if plan.fp8_params and plan.fp8_recipe not in TE_PER_TENSOR and plan.precision == "fp8":
         raise InputError("plan.fp8_params", True, "FP8 primary weights are TransformerEngine's (fp8_recipe: "
                          "delayed or current)")

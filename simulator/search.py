@@ -16,7 +16,11 @@ each all-to-all group size, plan.cp_ulysses; unless named, TE's ring, or for a m
 sliding windows TE's all-gather and Ulysses, the methods TE runs windows with). Each pipeline
 is split evenly where its virtual stages divide the layers and, where it differs from that,
 balanced (plan.pipeline_split: torchtitan's split, which also reaches pipeline sizes that do
-not divide the layers; see _splits for where it is left out).
+not divide the layers; see _splits for where it is left out). The plan fields the search does
+not vary (a framework's options: the FP8 recipe, TP overlap, projections, the pipeline runtime)
+hold one value on every plan (SearchOptions.plan_options, `llmsim search --set
+plan.FIELD=VALUE`); those that need a setting (recompute_num_layers with full recomputation,
+FSDP2's options with ZeRO-3) are checked with each setting, the rest with each shape.
 
 Ranking. Every valid plan is evaluated with the vectorised analytic engine
 (simulator.vector), out-of-memory plans are dropped, the rest are ranked by the
@@ -42,7 +46,7 @@ from .errors import InputError
 from .evaluate import evaluate
 from .hardware import Cluster, cluster_from_dict
 from .model import ModelSpec, model_from_dict
-from .plan import Offload, Plan, validate
+from .plan import Offload, Plan, plan_from_dict, validate
 from .scenario import Scenario, Training
 from .stagesplit import PIPELINE_SPLITS, balanced_layout, batch_key, plan_stage_layers, rank_layer_kinds
 from .table import plan_columns
@@ -98,6 +102,28 @@ class SearchOptions:
     # "balanced", the embedding and the output each weighed as a layer (torchtitan's default,
     # stagesplit.balanced_layout), which also reaches pipeline sizes that do not divide the layers
     pipeline_splits: tuple = ("even", "balanced")
+    # Plan fields held at one value on every plan, as a scenario's plan section gives them
+    # ((field, value) pairs, e.g. ("fp8_recipe", "current"), ("tp_comm_overlap", True)): the
+    # framework and kernel options the search does not vary (any field but SEARCHED's)
+    plan_options: tuple = ()
+
+
+# Plan fields the search enumerates or takes from its own options
+SEARCHED = (*SIZES, "schedule", "sequence_parallel", "recompute", "zero_stage", "dp_replicate", "offload",
+            "precision", "flash_attention", "cp_attention", "cp_ulysses", "pipeline_split")
+
+
+def fixed_plan_fields(opts: SearchOptions) -> dict:
+    """SearchOptions.plan_options as typed plan fields, read and checked as a scenario's plan
+    section is (plan.plan_from_dict); a field the search varies is refused."""
+    raw = dict(opts.plan_options)
+    for key, value in raw.items():
+        if key in SEARCHED:
+            raise InputError(f"search plan.{key}", value, "the search varies it: use its own option (--precision, "
+                             "--schedule, --recompute, --zero-stage, --dp-replicate, --cp-attention, "
+                             "--pipeline-split, --max-tp, --max-pp, --no-offload)")
+    plan = plan_from_dict({"dp": 1, "global_batch": 1, **raw})
+    return {key: getattr(plan, key) for key in raw}
 
 
 @dataclass
@@ -117,10 +143,20 @@ def _divisors(n: int, limit: int | None = None) -> list[int]:
     return [d for d in range(1, (limit or n) + 1) if n % d == 0 and d <= n]
 
 
-def _shapes(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchOptions) -> tuple[list[Plan], int]:
-    """Valid shapes (as Plans with default settings) and how many were tried."""
+def _flat(options: dict, prefix: str = "") -> list[str]:
+    """`field=value` of each fixed plan field, a section's fields dotted (moe.dispatcher=alltoall)."""
+    out = []
+    for key, value in sorted(options.items()):
+        out += _flat(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}={value}"]
+    return out
+
+
+def _shapes(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchOptions) -> tuple[list[Plan], int, str]:
+    """Valid shapes (as Plans with default settings and the fixed plan fields), how many were
+    tried, and the last refusal that named a fixed field."""
     n = cluster.devices
-    tried, valid, splits = 0, [], {}
+    fixed = fixed_plan_fields(opts)
+    tried, valid, splits, refusal = 0, [], {}, ""
     for tp in _divisors(n, min(n, opts.max_tp or n)):
         for pp in _divisors(n // tp, min(n // tp, opts.max_pp or n)):
             for cp in _divisors(n // (tp * pp), opts.max_cp):
@@ -143,13 +179,14 @@ def _shapes(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchO
                                                 global_batch=global_batch, schedule=schedule, sequence_parallel=sp,
                                                 precision=opts.precision, flash_attention=opts.flash_attention,
                                                 dp_replicate=r, zero_stage=int(r > 1), cp_attention=attention,
-                                                cp_ulysses=ulysses, pipeline_split=split)
-                                    try:
-                                        validate(plan, model, cluster)
-                                    except InputError:
+                                                cp_ulysses=ulysses, pipeline_split=split, **fixed)
+                                    try:  # the options that need a setting are checked with it (_settings)
+                                        validate(plan, model, cluster, options=False)
+                                    except InputError as e:
+                                        refusal = _fixed_refusal(e, fixed) or refusal
                                         continue
                                     valid.append(plan)
-    return valid, tried
+    return valid, tried, refusal
 
 
 def _splits(model: ModelSpec, pp: int, schedule: str, vpp: int, opts: SearchOptions) -> list[str]:
@@ -201,19 +238,27 @@ def _recompute_modes(opts: SearchOptions) -> list[str]:
     return [r for r in opts.recompute if not (r == "selective" and opts.flash_attention)] or list(opts.recompute)
 
 
-def _settings(model: ModelSpec, cluster: Cluster, shape: Plan, opts: SearchOptions) -> list[dict]:
-    """Valid (recompute, zero_stage, offload) settings, checked on one valid shape."""
-    out = []
+def _settings(model: ModelSpec, cluster: Cluster, shape: Plan, opts: SearchOptions,
+              fixed: dict) -> tuple[list[dict], str]:
+    """Valid (recompute, zero_stage, offload) settings, checked on one valid shape, and the
+    last refusal that named a fixed plan field."""
+    out, refusal = [], ""
     for recompute, zero, off in itertools.product(_recompute_modes(opts), opts.zero_stages, opts.offloads):
         if off not in OFFLOADS:
             raise InputError("search.offloads", off, "expected one of " + ", ".join(OFFLOADS))
         setting = dict(recompute=recompute, zero_stage=zero, offload=OFFLOADS[off])
         try:
             validate(replace(shape, **setting), model, cluster)
-        except InputError:
+        except InputError as e:
+            refusal = _fixed_refusal(e, fixed) or refusal
             continue
         out.append(setting)
-    return out
+    return out, refusal
+
+
+def _fixed_refusal(error: InputError, fixed: dict) -> str:
+    """The refusal's line where it names a fixed plan field, else empty."""
+    return str(error) if str(error.field).split(".", 1)[-1] in fixed else ""
 
 
 def _plan_columns(batch: PlanBatch, model: ModelSpec, cluster: Cluster) -> dict:
@@ -235,10 +280,11 @@ def _result_columns(d: dict) -> dict:
 
 
 def _evaluate_groups(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchOptions,
-                     training: Training, reasons: bool) -> tuple[list, int]:
+                     training: Training, reasons: bool) -> tuple[list, int, str]:
     """[(PlanBatch, evaluate_batch dict)] for every valid plan, grouped by categorical fields,
-    and how many plans were enumerated."""
-    shapes, tried_shapes = _shapes(model, cluster, global_batch, opts)
+    how many plans were enumerated, and the last refusal of a shape for a fixed plan field."""
+    shapes, tried_shapes, refusal = _shapes(model, cluster, global_batch, opts)
+    fixed = fixed_plan_fields(opts)
     by_group: dict = {}
     for s in shapes:
         # plans whose ranks hold different window counts share one pipeline size (stagesplit.batch_key)
@@ -247,13 +293,15 @@ def _evaluate_groups(model: ModelSpec, cluster: Cluster, global_batch: int, opts
     out = []
     for (schedule, sp, r, attention, ulysses, split, _), members in by_group.items():
         sizes = {k: np.array([getattr(p, k) for p in members], dtype=np.int64) for k in SIZES}
-        for setting in _settings(model, cluster, members[0], opts):
+        settings, refused = _settings(model, cluster, members[0], opts, fixed)
+        refusal = refused or refusal
+        for setting in settings:
             batch = PlanBatch(**sizes, schedule=schedule, sequence_parallel=sp, precision=opts.precision,
                               flash_attention=opts.flash_attention, dp_replicate=r, cp_attention=attention,
-                              cp_ulysses=ulysses, pipeline_split=split, **setting)
+                              cp_ulysses=ulysses, pipeline_split=split, **fixed, **setting)
             out.append((batch, evaluate_batch(model, cluster, batch, training, reasons=reasons)))
     tried = tried_shapes * len(_recompute_modes(opts)) * len(opts.zero_stages) * len(opts.offloads)
-    return out, tried
+    return out, tried, refusal
 
 
 def _frame(model: ModelSpec, cluster: Cluster, batch: PlanBatch, d: dict, rows=None) -> pd.DataFrame:
@@ -268,7 +316,7 @@ def _frame(model: ModelSpec, cluster: Cluster, batch: PlanBatch, d: dict, rows=N
 def evaluate_all(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchOptions = SearchOptions(),
                  training: Training = Training()) -> tuple[pd.DataFrame, int]:
     """Every valid plan with its analytic result (one DataFrame row each), and how many plans were enumerated."""
-    groups, tried = _evaluate_groups(model, cluster, global_batch, opts, training, reasons=True)
+    groups, tried, _ = _evaluate_groups(model, cluster, global_batch, opts, training, reasons=True)
     if not groups:
         return pd.DataFrame(), tried
     return pd.concat([_frame(model, cluster, b, d) for b, d in groups], ignore_index=True), tried
@@ -316,9 +364,9 @@ def _ranked_rows(model, cluster, groups: list, column: str, ascending: bool, cou
     return table.reset_index(drop=True), int(feasible.sum())
 
 
-def _scenario_of(row, model: ModelSpec, cluster: Cluster, training: Training) -> Scenario:
-    """The scenario of a ranked table row (its plan columns)."""
-    plan = Plan(**{k: int(getattr(row, k)) for k in SIZES},
+def _scenario_of(row, model: ModelSpec, cluster: Cluster, training: Training, fixed: dict | None = None) -> Scenario:
+    """The scenario of a ranked table row (its plan columns and the fixed plan fields)."""
+    plan = Plan(**(fixed or {}), **{k: int(getattr(row, k)) for k in SIZES},
                 **{k: getattr(row, k) for k in ("schedule", "recompute", "precision")},
                 sequence_parallel=bool(row.sequence_parallel), zero_stage=int(row.zero_stage),
                 dp_replicate=int(row.dp_replicate), cp_attention=row.cp_attention, cp_ulysses=int(row.cp_ulysses),
@@ -364,12 +412,14 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
         if not isinstance(model, ModelSpec) else model
     cluster = cluster_from_dict(cluster) if not isinstance(cluster, Cluster) else cluster
 
-    groups, tried = _evaluate_groups(model, cluster, global_batch, options, training, reasons=False)
-    notes = []
+    fixed = fixed_plan_fields(options)
+    groups, tried, refusal = _evaluate_groups(model, cluster, global_batch, options, training, reasons=False)
+    notes = [f"every plan: {', '.join(_flat(dict(options.plan_options)))}"] if fixed else []
     valid = sum(len(b) for b, _ in groups)
     if valid == 0:
+        why = f"refused: {refusal}" if refusal else "check that the global batch is a multiple of some micro_batch*dp"
         return SearchResult(pd.DataFrame(), tried, 0, 0, "analytic", time.perf_counter() - start,
-                            ["no valid plan: check that the global batch is a multiple of some micro_batch*dp"])
+                            [*notes, f"no valid plan: {why}"])
     column, ascending = OBJECTIVES[objective]
     ranked, feasible = _ranked_rows(model, cluster, groups, column, ascending, 3 * top, options.memory_headroom)
     if feasible == 0:
@@ -377,7 +427,7 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
     ranked_by = "analytic"
     if engine in ("auto", "graph") and len(ranked):
         head = ranked.copy()
-        results = [evaluate(_scenario_of(r, model, cluster, training), engine="graph").to_dict()
+        results = [evaluate(_scenario_of(r, model, cluster, training, fixed), engine="graph").to_dict()
                    for r in head.itertuples(index=False)]
         redone = pd.DataFrame([_result_columns(r) for r in results])
         for key in redone.columns:
@@ -394,6 +444,7 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
     ranked.insert(0, "rank", np.arange(1, len(ranked) + 1))
     table = ranked.head(top).reset_index(drop=True)
     if len(table):  # for the plans shown only (the pre-filter keeps 3 x top)
-        table["stage_layers"] = [json.dumps(plan_stage_layers(model, _scenario_of(r, model, cluster, training).plan))
+        table["stage_layers"] = [json.dumps(plan_stage_layers(model, _scenario_of(r, model, cluster, training,
+                                                                                  fixed).plan))
                                  for r in table.itertuples(index=False)]
     return SearchResult(table, tried, valid, feasible, ranked_by, time.perf_counter() - start, notes)

@@ -12,7 +12,7 @@ from simulator import InputError, evaluate
 from simulator.hardware import cluster_from_dict
 from simulator.model import model_from_dict
 from simulator.plan import Plan, validate
-from simulator.scenario import Training
+from simulator.scenario import Scenario, Training
 from simulator.stagesplit import balanced_layout
 from simulator.search import OFFLOADS, SearchOptions, _scenario_of, evaluate_all, search
 
@@ -23,6 +23,9 @@ HYBRID = replace(OPTS, dp_replicates=(1, 2, 4))
 CP_METHODS = replace(OPTS, cp_attentions=("ring", "ulysses", "kv-allgather"))
 HIERARCHICAL_CP = replace(OPTS, max_cp=8, max_micro_batch=2, schedules=("1f1b",), offloads=("none",),
                           cp_attentions=("ring", "ulysses-ring"))
+# a framework's options held on every plan: one needs full recomputation (a setting), one tp > 1 (a shape)
+FIXED = replace(OPTS, plan_options=(("recompute_method", "block"), ("recompute_num_layers", 2),
+                                    ("projections", "separate"), ("loss", "loss-parallel")))
 
 
 def _balanced_tried(model, pp, chunks):
@@ -35,7 +38,9 @@ def _balanced_tried(model, pp, chunks):
 
 
 def _brute_force(model, cluster, global_batch, opts):
-    """Every combination of every field in range, kept when validate accepts it."""
+    """Every combination of every field in range (with the fixed plan fields), kept when
+    validate accepts it."""
+    fixed = dict(opts.plan_options)
     n = cluster.devices
     methods = opts.cp_attentions or ("ring",)  # the default for a model without sliding windows
     out = set()
@@ -57,7 +62,7 @@ def _brute_force(model, cluster, global_batch, opts):
             plan = Plan(tp=tp, pp=pp, dp=n // (tp * pp * cp), cp=cp, vpp=vpp, micro_batch=mb,
                         global_batch=global_batch, schedule=schedule, sequence_parallel=sp, recompute=recompute,
                         zero_stage=zero, offload=OFFLOADS[off], dp_replicate=r, cp_attention=attention,
-                        cp_ulysses=ulysses, pipeline_split=split)
+                        cp_ulysses=ulysses, pipeline_split=split, **fixed)
             try:
                 validate(plan, model, cluster)
             except InputError:
@@ -67,8 +72,8 @@ def _brute_force(model, cluster, global_batch, opts):
     return out
 
 
-@pytest.mark.parametrize("opts", [OPTS, HYBRID, CP_METHODS, HIERARCHICAL_CP],
-                         ids=["default", "hybrid-sharding", "cp-methods", "hierarchical-cp"])
+@pytest.mark.parametrize("opts", [OPTS, HYBRID, CP_METHODS, HIERARCHICAL_CP, FIXED],
+                         ids=["default", "hybrid-sharding", "cp-methods", "hierarchical-cp", "fixed-plan-fields"])
 def test_search_enumerates_exactly_the_plans_validate_accepts(opts):
     model, cluster = model_from_dict(MODEL), cluster_from_dict(CLUSTER)
     table, _ = evaluate_all(model, cluster, 16, opts)
@@ -134,6 +139,60 @@ def test_plans_are_ranked_best_first_by_the_objective(objective, column, ascendi
     values = list(result.table[column])
     assert values == sorted(values, reverse=not ascending)
     assert list(result.table["rank"]) == list(range(1, 9))
+
+
+def test_ranked_plans_with_fixed_plan_fields_carry_the_numbers_of_those_plans():
+    model, cluster = model_from_dict(MODEL), cluster_from_dict(CLUSTER)
+    result = search(model, cluster, 16, top=5, engine="analytic", options=FIXED)
+    assert len(result.table) and set(result.table.recompute) == {"full"} and (result.table.tp > 1).all()
+    assert result.notes[0] == "every plan: loss=loss-parallel, projections=separate, recompute_method=block, " \
+        "recompute_num_layers=2"
+    for row in result.table.itertuples(index=False):
+        plan = replace(_scenario_of(row, model, cluster, Training()).plan, **dict(FIXED.plan_options))
+        want = evaluate(Scenario(model, cluster, plan, Training()), engine="analytic").to_dict()
+        assert math.isclose(row.step_time_s, want["step_time_s"], rel_tol=1e-12)
+        assert math.isclose(row.peak_memory_gib, want["peak_memory_gib"], rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("options, field", [
+    ((("tp", 2),), "search plan.tp"),  # the search varies it
+    ((("offload", {"optimizer": "cpu"}),), "search plan.offload"),
+    ((("projections", "split"),), "plan.projections"),
+    ((("bogus", 1),), "plan.bogus"),
+])
+def test_fixed_plan_fields_the_search_cannot_hold_are_refused_by_name(options, field):
+    with pytest.raises(InputError) as e:
+        search(MODEL, CLUSTER, 16, engine="analytic", options=replace(OPTS, plan_options=options))
+    assert e.value.field == field
+
+
+def test_a_search_whose_fixed_fields_refuse_every_plan_says_which():
+    # BF16 layers are the exception to FP8 linears: refused in a BF16 search
+    result = search(MODEL, CLUSTER, 16, engine="analytic",
+                    options=replace(OPTS, precision="bf16", plan_options=(("bf16_layers_at_end", 1),)))
+    assert result.valid == 0
+    assert "plan.bf16_layers_at_end" in result.notes[-1]
+
+
+def test_a_search_whose_fixed_fields_no_setting_allows_says_which():
+    # Megatron's block recomputation needs full recomputation, which this search leaves out
+    result = search(MODEL, CLUSTER, 16, engine="analytic",
+                    options=replace(OPTS, recompute=("none",), plan_options=(("recompute_method", "block"),)))
+    assert result.valid == 0
+    assert "plan.recompute_method" in result.notes[-1]
+
+
+def test_cli_search_holds_the_fields_set_on_every_plan():
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "search", "--model", "megatron-gpt-1.7b",
+                           "--cluster", "dgx-a100", "--global-batch", "16", "--top", "2", "--engine", "analytic",
+                           "--set", "plan.projections=separate", "--set", "plan.moe.load_imbalance=1.0"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "note: every plan: moe.load_imbalance=1.0, projections=separate" in proc.stdout
+    bad = subprocess.run([sys.executable, "-m", "simulator.cli", "search", "--model", "megatron-gpt-1.7b",
+                          "--cluster", "dgx-a100", "--global-batch", "16", "--set", "tp=2"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "plan.FIELD=VALUE" in bad.stderr
 
 
 def test_the_best_plan_is_the_best_feasible_plan_of_the_full_table():
