@@ -322,13 +322,13 @@ def cmd_evaluate(args) -> int:
 
 def cmd_compare(args) -> int:
     from .evaluate import evaluate
-    from .report import compare_row, render_compare
+    from .report import compare_row, differing_fields, render_compare
     from .scenario import apply_overrides, read_scenario, scenario_from_dict
 
     if len(args.scenarios) < 2:
         raise InputError("compare", args.scenarios, "expected two or more scenario files")
     overrides = _overrides(args)
-    names, rows, results = [], [], []
+    names, rows, results, scenarios = [], [], [], []
     for ref in args.scenarios:
         data = _renamed(apply_overrides(read_scenario(ref), overrides), overrides)
         scenario = scenario_from_dict(data)
@@ -336,11 +336,14 @@ def cmd_compare(args) -> int:
         names.append(scenario.name or Path(ref).stem)
         rows.append(compare_row(d, scenario))
         results.append(d)
+        scenarios.append(scenario)
     if args.json:
         keys = [k for k in results[0] if len({json.dumps(r.get(k), sort_keys=True) for r in results}) > 1]
-        print(json.dumps({"scenarios": names, "results": results, "differing_keys": keys}, indent=2))
+        print(json.dumps({"scenarios": names, "results": results, "differing_keys": keys,
+                          "differing_fields": dict(differing_fields(scenarios))}, indent=2))
         return 0
-    print(render_compare(names, rows, highlight=sys.stdout.isatty() and not os.environ.get("NO_COLOR")))
+    print(render_compare(names, rows, highlight=sys.stdout.isatty() and not os.environ.get("NO_COLOR"),
+                         extra=differing_fields(scenarios)))
     return 0
 
 

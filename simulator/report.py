@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import replace
+from dataclasses import fields, is_dataclass, replace
 
 from .domain import describe
 from .errors import InputError
@@ -329,11 +329,70 @@ def compare_row(d: dict, scenario) -> dict:
     }
 
 
-def render_compare(names: list[str], rows: list[dict], highlight: bool = False) -> str:
+# Scenario fields the rows above show already (dotted; a trailing dot: a whole section)
+COMPARED_FIELDS = ("name", "model.name", "model.description", "model.seq_len", "model.sliding_window", "model.sliding_window_freq",
+                   "model.sliding_window_skip_freq", "model.document_tokens", "cluster.nodes",
+                   "cluster.devices_per_node", "plan.tp", "plan.pp", "plan.dp", "plan.cp", "plan.vpp",
+                   "plan.micro_batch", "plan.global_batch", "plan.schedule", "plan.sequence_parallel",
+                   "plan.recompute", "plan.zero_stage", "plan.precision", "plan.offload.", "plan.first_stage_layers",
+                   "plan.last_stage_layers", "plan.pipeline_layout", "plan.pipeline_split")
+
+
+def _flat_fields(value, prefix: str) -> dict:
+    """A dataclass's fields by dotted name (nested dataclasses and mappings opened)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in fields(value)}
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            out.update(_flat_fields(item, f"{prefix}.{key}"))
+        return out
+    return {prefix: value}
+
+
+def differing_fields(scenarios: list) -> list[tuple[str, list[str]]]:
+    """(field, each scenario's value) of the fields the compare rows do not show in which the
+    scenarios differ: a framework option (plan.fp8_recipe), a model dimension, a training
+    setting, and a node's or network's own numbers where the scenarios name the same one."""
+    flat = []
+    for s in scenarios:
+        f = {**_flat_fields(s.model, "model"), **_flat_fields(s.plan, "plan"), **_flat_fields(s.training, "training")}
+        for part in ("node", "network"):  # a different one is in the cluster row already
+            if len({getattr(x.cluster, part).name for x in scenarios}) == 1:
+                f.update(_flat_fields(getattr(s.cluster, part), f"cluster.{part}"))
+        flat.append(f)
+    keys = list(dict.fromkeys(k for f in flat for k in f))
+    shown = tuple(COMPARED_FIELDS)
+    out = []
+    for key in keys:
+        if key in shown or key.startswith(tuple(k for k in shown if k.endswith("."))):
+            continue
+        values = [_shown(f.get(key, "-")) for f in flat]
+        if key == "plan.etp" and all(s.plan.etp == s.plan.tp for s in scenarios):
+            continue  # the expert TP size follows tp (the tp row) unless set
+        if len(set(values)) > 1:
+            out.append((key, values))
+    return out
+
+
+def _shown(value) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return str(value).lower() if isinstance(value, bool) or value is None else str(value)
+
+
+def render_compare(names: list[str], rows: list[dict], highlight: bool = False,
+                   extra: list[tuple[str, list[str]]] = ()) -> str:
     """Scenarios side by side, one column each; a row whose values differ is marked `*`
-    (and bold when `highlight`)."""
+    (and bold when `highlight`). `extra`: rows of differing_fields, shown after the plan's."""
     table, differing = [], []
     for label, key in COMPARE_ROWS:
+        if key == "feasible":
+            for field, values in extra:
+                differing.append(True)
+                table.append(("*", field, *values))
         values = [r[key] for r in rows]
         differs = len(set(values)) > 1
         differing.append(differs)

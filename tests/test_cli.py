@@ -19,6 +19,15 @@ def cli(*args, cwd=None, **env):
                           env={**os.environ, "NO_COLOR": "1", **env}, timeout=300)
 
 
+def scenario_files(folder, **scenarios) -> list:
+    """Each scenario mapping written to its own YAML file in `folder`, in order."""
+    paths = []
+    for name, data in scenarios.items():
+        paths.append(folder / f"{name}.yaml")
+        paths[-1].write_text(yaml.safe_dump(data))
+    return paths
+
+
 def one_line_error(proc, *needles):
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
@@ -46,6 +55,23 @@ def test_compare_shows_scenarios_side_by_side_and_marks_differences():
     proc = cli("compare", "quickstart", "quickstart", "--tp", "4", "--engine", "analytic", "--json")
     d = json.loads(proc.stdout)
     assert d["differing_keys"] == [] and len(d["results"]) == 2
+
+
+def test_compare_lists_the_fields_its_rows_do_not_show_where_the_scenarios_differ(tmp_path):
+    base = {"model": {"preset": "llama-3.1-8b", "seq_len": 4096}, "cluster": {"node": "dgx-h100", "nodes": 1},
+            "plan": {"tp": 1, "pp": 2, "dp": 4, "micro_batch": 1, "global_batch": 64, "precision": "fp8"}}
+    other = {**base, "cluster": {**base["cluster"], "nics": 4},
+             "plan": {**base["plan"], "fp8_recipe": "current", "bf16_layers_at_end": 1, "tp": 1}}
+    paths = scenario_files(tmp_path, fp8=base, fp8_cs=other)
+    proc = cli("compare", *map(str, paths), "--engine", "analytic")
+    assert proc.returncode == 0, proc.stderr
+    extra = {line.split()[1]: line.split()[2:] for line in proc.stdout.splitlines()
+             if line.startswith("*") and "." in line.split()[1]}
+    assert extra == {"plan.fp8_recipe": ["delayed", "current"], "plan.bf16_layers_at_end": ["0", "1"],
+                     "cluster.node.nics": ["8", "4"]}
+    d = json.loads(cli("compare", *map(str, paths), "--engine", "analytic", "--json").stdout)
+    assert d["differing_fields"]["plan.fp8_recipe"] == ["delayed", "current"]
+    assert json.loads(cli("compare", str(paths[0]), str(paths[0]), "--json").stdout)["differing_fields"] == {}
 
 
 def test_compare_shows_a_plan_that_does_not_fit_without_its_numbers():
@@ -246,10 +272,7 @@ def test_compare_marks_the_sequence_where_packed_documents_differ(tmp_path):
     base = {"model": {"preset": "llama-3.1-8b", "seq_len": 32768}, "cluster": {"node": "dgx-h100", "nodes": 1},
             "plan": {"tp": 8, "pp": 1, "dp": 1, "micro_batch": 1, "global_batch": 8, "recompute": "full"}}
     packed = {**base, "model": {**base["model"], "document_tokens": 4096}}
-    paths = []
-    for name, data in (("causal", base), ("packed", packed)):
-        paths.append(tmp_path / f"{name}.yaml")
-        paths[-1].write_text(yaml.safe_dump(data))
+    paths = scenario_files(tmp_path, causal=base, packed=packed)
     proc = cli("compare", *map(str, paths), "--engine", "analytic")
     assert proc.returncode == 0, proc.stderr
     line = next(line for line in proc.stdout.splitlines() if " sequence " in line)
