@@ -1,10 +1,14 @@
 """Hugging Face config.json import: the keys of a released checkpoint, as llmsim model fields.
 
-Families read: GPT-2 (n_embd ...), Llama / Mistral / Qwen2 / Qwen3 (dense), Mixtral,
+Families read: GPT-2 (n_embd ...), Llama / Mistral / Qwen2 / Qwen3 (dense; Qwen3's query and
+key head norms), Mixtral,
 Qwen2-MoE / Qwen3-MoE, DeepSeek-V2 / V3 (MLA, shared experts, leading dense layers, MTP)
 and GPT-OSS (biases, alternating sliding-window layers). A config with expert or latent
 attention keys of another family, or a layer pattern llmsim cannot express, is refused with
-the key named: never imported as a dense model. No network: the file is read from disk.
+the key named: never imported as a dense model. So is any other family (its model_type
+named): its layer may differ from these in ways the keys do not show (GPT-NeoX's and Falcon's
+parallel attention and MLP, Gemma 2/3's four norms a layer and logit soft-capping, LayerNorm
+and biases), so it is never read as a Llama. No network: the file is read from disk.
 """
 
 from __future__ import annotations
@@ -151,7 +155,7 @@ def hf_fields(path: str, seq_len) -> dict:
     cfg = read_config(path, field)
     where = f"{field}[{Path(path).name}]"
     name = _name(cfg, path)
-    if "n_embd" in cfg:  # GPT-2 naming
+    if "n_embd" in cfg and cfg.get("model_type", "gpt2") == "gpt2":  # GPT-2 naming
         hidden = F.integer(cfg, "n_embd", where)
         positions = F.integer(cfg, "n_positions", where, cfg.get("n_ctx"))
         if seq > positions:
@@ -164,26 +168,26 @@ def hf_fields(path: str, seq_len) -> dict:
                     ffn_hidden=cfg.get("n_inner") or 4 * hidden, vocab=cfg.get("vocab_size"), seq_len=seq,
                     activation=_HF_ACT[act], norm="layernorm", position_embedding="learned", bias=True,
                     tied_embeddings=cfg.get("tie_word_embeddings", True), dropout=bool(cfg.get("resid_pdrop", 0)))
-    if "hidden_size" not in cfg:
-        raise InputError(field, path, "expected Llama/Mistral/Qwen/Mixtral/DeepSeek/GPT-OSS (hidden_size, ...) or "
-                         "GPT-2 (n_embd, ...) keys")
     model_type = cfg.get("model_type")
     if model_type not in DENSE_TYPES + MOE_TYPES:
         found = _present(cfg, EXPERT_KEYS + MLA_KEYS + OTHER_VARIANT_KEYS)
         if found:
             raise InputError(f"{where}.{found[0]}", cfg[found[0]], f"model_type {model_type!r} is not a family llmsim "
                              "imports with experts or latent attention (" + ", ".join(MOE_TYPES) + ")")
-    known = model_type in DENSE_TYPES + MOE_TYPES
+        raise InputError(f"{where}.model_type", model_type, "not a family llmsim reads (" +
+                         ", ".join(("gpt2", *DENSE_TYPES, *MOE_TYPES)) + "): its layer may differ from theirs (norms, "
+                         "parallel attention and MLP, biases, activations); give the model's fields instead")
+    if "hidden_size" not in cfg:
+        raise InputError(f"{where}.hidden_size", None, f"required for model_type {model_type!r}")
     act = cfg.get("hidden_act", "silu")
-    acts = _GATED_ACT if known else _HF_ACT
-    if not isinstance(act, str) or act not in acts:
-        raise InputError(f"{where}.hidden_act", act, "expected one of " + ", ".join(acts))
+    if not isinstance(act, str) or act not in _GATED_ACT:
+        raise InputError(f"{where}.hidden_act", act, "expected one of " + ", ".join(_GATED_ACT))
     layers = F.integer(cfg, "num_hidden_layers", where)
     heads = F.integer(cfg, "num_attention_heads", where)
     data = dict(name=name, layers=layers, hidden=F.integer(cfg, "hidden_size", where), heads=heads,
                 kv_heads=F.integer(cfg, "num_key_value_heads", where, heads),
                 ffn_hidden=F.integer(cfg, "intermediate_size", where), vocab=F.integer(cfg, "vocab_size", where),
-                seq_len=seq, activation=acts[act], norm="rmsnorm", position_embedding="rope",
+                seq_len=seq, activation=_GATED_ACT[act], norm="rmsnorm", position_embedding="rope",
                 # Qwen2's q/k/v biases (h + 2*kv_hidden per layer, < 0.01% of the parameters) are
                 # ignored: `bias` means biases on every linear layer, as in GPT and GPT-OSS.
                 bias=model_type == "gpt_oss" and bool(cfg.get("attention_bias", True)),
@@ -197,6 +201,10 @@ def hf_fields(path: str, seq_len) -> dict:
                     mtp_layers=F.integer(cfg, "num_nextn_predict_layers", where, 0, minimum=0))
     elif cfg.get("head_dim") is not None:
         data["head_dim"] = F.integer(cfg, "head_dim", where)
+    if model_type in ("qwen3", "qwen3_moe"):
+        # transformers models/qwen3/modeling_qwen3.py Qwen3Attention: q_norm and k_norm, an
+        # RMSNorm over each head's head_dim, before RoPE (Qwen3-MoE's attention is the same)
+        data["qk_norm"] = True
     if model_type in MOE_TYPES:
         data.update(_moe_fields(cfg, model_type, where))
     return data

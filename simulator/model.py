@@ -56,6 +56,9 @@ class ModelSpec:
     dropout: bool = False
     description: str = ""
     head_dim: int | None = None  # width of one query/key head; default hidden // heads (mla: nope + rope)
+    # A norm over each query and key head after the QKV projection (Qwen3, OLMo 2, Gemma 3;
+    # Megatron-Core qk_layernorm): the model's norm type, head_dim weights each
+    qk_norm: bool = False
     attention: str | None = None  # mha | gqa | mla; mha and gqa follow from kv_heads (== heads: mha)
     # Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1); 0 unless mla.
     q_lora_rank: int = 0  # 0 with mla: full-rank query projection (DeepSeek-V2-Lite)
@@ -229,8 +232,10 @@ class ModelSpec:
                 + self.shared_experts * self.mlp_params(self.shared_expert_ffn_hidden))
 
     def layer_norm_params(self) -> int:
-        """The two pre-norms of a layer (attention, MLP)."""
-        return 2 * self._norm(self.hidden)
+        """The two pre-norms of a layer (attention, MLP), and the query and key norms (one
+        head_dim-wide norm each, shared by the heads: transformers Qwen3Attention q_norm,
+        k_norm; Megatron-Core's q_layernorm, k_layernorm over hidden_size_per_attention_head)."""
+        return 2 * self._norm(self.hidden) + (2 * self._norm(self.head_dim) if self.qk_norm else 0)
 
     def dense_layer_params(self) -> int:
         """A layer with a dense MLP of width ffn_hidden: attention + MLP + two norms."""
@@ -329,7 +334,7 @@ def window_pattern(windowed: list) -> dict | None:
 
 
 MODEL_KEYS = ("preset", "hf_config", "name", "description", "layers", "hidden", "heads", "kv_heads", "head_dim",
-              "attention", *MLA_FIELDS, "ffn_hidden", "dense_ffn_hidden", "experts", *MOE_FIELDS, "mtp_layers",
+              "qk_norm", "attention", *MLA_FIELDS, "ffn_hidden", "dense_ffn_hidden", "experts", *MOE_FIELDS, "mtp_layers",
               "sliding_window", "sliding_window_freq", "sliding_window_skip_freq", "document_tokens", "vocab",
               "seq_len", "activation", "norm", "position_embedding", "bias", "tied_embeddings", "dropout", "source")
 
@@ -409,6 +414,7 @@ def _spec_from_fields(data: Mapping, field: str, base: ModelSpec | None = None) 
         bias=F.boolean(data, "bias", field, default("bias", True)),
         tied_embeddings=F.boolean(data, "tied_embeddings", field, default("tied_embeddings", True)),
         dropout=F.boolean(data, "dropout", field, default("dropout", False)),
+        qk_norm=F.boolean(data, "qk_norm", field, default("qk_norm", False)),
         **mla_values,
         experts=experts,
         top_k=count("top_k", 0, keep=moe_kept, maximum=100_000),
@@ -444,6 +450,8 @@ def check_shapes(spec: ModelSpec, field: str = "model") -> ModelSpec:
                 bad(key, "attention: mla needs an integer >= 1")
         if spec.bias:
             bad("bias", "MLA models (DeepSeek-V2/V3) have no biases: set bias: false")
+        if spec.qk_norm:
+            bad("qk_norm", "MLA normalises its latents (mla.py), not query and key heads: only with mha or gqa")
     else:
         for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim"):
             if getattr(spec, key):

@@ -174,13 +174,14 @@ def _elementwise(name, elements, bytes_per_element, saved, group=None):
     return Op(name, MEMORY, fwd_bytes=traffic, bwd_input_bytes=2 * traffic, saved_bytes=saved, group=group)
 
 
-def norm_op(name, model: ModelSpec, shard: Shard) -> Op:
+def norm_op(name, model: ModelSpec, shard: Shard, elements=None) -> Op:
     """A LayerNorm or RMSNorm over the hidden states of the tokens a TP rank holds (all of
-    them, or 1/t with sequence parallelism): 4 (LayerNorm) or 3 (RMSNorm) activation-sized
-    bytes moved per element, its input kept for the backward pass."""
-    a, rep = shard.act_bytes, shard.replicated_tokens
+    them, or 1/t with sequence parallelism), or over `elements`: 4 (LayerNorm) or 3 (RMSNorm)
+    activation-sized bytes moved per element, its input kept for the backward pass."""
+    a = shard.act_bytes
+    elements = shard.replicated_tokens * model.hidden if elements is None else elements
     per_element = 4 * a if model.norm == "layernorm" else 3 * a
-    return _elementwise(name, rep * model.hidden, per_element, a * rep * model.hidden)
+    return _elementwise(name, elements, per_element, a * elements)
 
 
 def local_heads(model: ModelSpec, tp) -> tuple:
@@ -227,6 +228,8 @@ def _attention_ops(model: ModelSpec, shard: Shard) -> list[Op]:
                   sp_input=True)
     # Q, K and V are the attention core's inputs: saved under every recompute mode but full.
     ops.append(Op(**{**qkv.__dict__, "saved_bytes": qkv.saved_bytes + a * tokens * (q_w + 2 * kv_w)}))
+    if model.qk_norm:  # each query and key head normalised over head_dim; it keeps its input too
+        ops.append(norm_op("qk_norm", model, shard, tokens * (q_w + kv_w)))
     if model.position_embedding == "rope":
         ops.append(_elementwise("rope", tokens * (q_w + kv_w), 2 * a, 0.0))
     ops += attention_core_ops(model, shard, q_heads, kv_heads, d, d)

@@ -91,6 +91,23 @@ def test_an_unknown_model_type_with_latent_attention_keys_is_refused(tmp_path):
         load_hf_config(_write(tmp_path, cfg), seq_len=4096)
 
 
+@pytest.mark.parametrize("cfg", [
+    # GPT-NeoX: attention and MLP in parallel from one LayerNorm'd input, biases
+    {"model_type": "gpt_neox", "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 32,
+     "num_attention_heads": 32, "hidden_act": "gelu", "vocab_size": 50304, "use_parallel_residual": True},
+    # Gemma 3: four norms a layer, every sixth layer global (sliding_window_pattern, no layer_types)
+    {"model_type": "gemma3_text", "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
+     "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,
+     "sliding_window": 512, "sliding_window_pattern": 6},
+    # GPT-J: GPT-2's key names, parallel attention and MLP, rotary positions
+    {"model_type": "gptj", "n_embd": 4096, "n_layer": 28, "n_head": 16, "n_positions": 2048, "rotary_dim": 64,
+     "vocab_size": 50400},
+], ids=["gpt-neox", "gemma3", "gpt-j"])
+def test_a_family_llmsim_does_not_read_is_refused_naming_its_model_type(tmp_path, cfg):
+    with pytest.raises(InputError, match=rf"\.model_type: got '{cfg['model_type']}'; not a family llmsim reads"):
+        load_hf_config(_write(tmp_path, cfg), seq_len=2048)
+
+
 @pytest.mark.parametrize("change,key", [
     ({"decoder_sparse_step": 2}, "decoder_sparse_step"),
     ({"mlp_only_layers": [0, 5]}, "mlp_only_layers"),

@@ -91,11 +91,11 @@ def test_qwen3_235b_a22b_has_235b_parameters_22b_active():
     h, layers, vocab = 4096, 94, 151936
     attention = h * (64 * 128) + 2 * h * (4 * 128) + (64 * 128) * h  # queries 8192 wide (head_dim 128)
     expert = 3 * h * 1536
-    router, norms = h * 128, 2 * h
+    router, norms = h * 128, 2 * h + 2 * 128  # two pre-norms, and q_norm and k_norm over head_dim 128
     outside = 2 * vocab * h + h
     total = layers * (attention + 128 * expert + router + norms) + outside
     active = layers * (attention + 8 * expert + router + norms) + outside
-    assert (total, active) == (235_093_610_496, 22_190_739_456)
+    assert (total, active) == (235_093_634_560, 22_190_763_520)
     m = load_preset("qwen3-235b-a22b")
     assert (m.params(), m.active_params()) == (total, active)
     assert round(total / GB) == 235 and round(active / GB) == 22  # Qwen3: 235B / 22B activated
@@ -106,8 +106,9 @@ def test_qwen3_30b_a3b_has_30_5b_parameters_3_3b_active():
     attention = 2 * h * (32 * 128) + 2 * h * (4 * 128)
     expert = 3 * h * 768
     outside = 2 * 151936 * h + h
-    total = layers * (attention + 128 * expert + 128 * h + 2 * h) + outside
-    active = layers * (attention + 8 * expert + 128 * h + 2 * h) + outside
+    norms = 2 * h + 2 * 128  # two pre-norms, and q_norm and k_norm over head_dim 128
+    total = layers * (attention + 128 * expert + 128 * h + norms) + outside
+    active = layers * (attention + 8 * expert + 128 * h + norms) + outside
     m = load_preset("qwen3-30b-a3b")
     assert (m.params(), m.active_params()) == (total, active)
     assert round(total / GB, 1) == 30.5 and round(active / GB, 1) == 3.4  # Qwen3: 30.5B / 3.3B activated

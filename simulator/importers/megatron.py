@@ -134,6 +134,7 @@ def read_args(args: dict) -> Imported:
     if norm not in ("LayerNorm", "RMSNorm"):
         a.refuse("normalization", "expected LayerNorm or RMSNorm")
     a.map("normalization", "model.norm", norm.lower())
+    read_qk_norm(a, "qk-layernorm", bool(a.get("multi-latent-attention")))
     position = str(a.get("position-embedding-type", "learned_absolute"))
     if position not in ("learned_absolute", "rope"):
         a.refuse("position-embedding-type", "expected learned_absolute or rope")
@@ -301,6 +302,16 @@ def read_fp8_recipe(a: Account, key: str) -> str:
     if FP8_RECIPES[recipe]:
         a.map(key, "plan.fp8_recipe", FP8_RECIPES[recipe])
     return "mxfp8" if recipe == "mxfp8" else "fp8"
+
+
+def read_qk_norm(a: Account, key: str, mla: bool) -> None:
+    """Megatron-Core's qk_layernorm (--qk-layernorm): a norm over each query and key head
+    (TransformerConfig qk_layernorm; NVIDIA/Megatron-LM@d98e8a64dd megatron/core/transformer/
+    attention.py SelfAttention q_layernorm, k_layernorm) -> model.qk_norm. Under MLA it
+    normalises the latents, which mla.py counts always."""
+    if a.get(key) and not mla:
+        a.map(key, "model.qk_norm", True)
+    a.used(key)
 
 
 def read_bf16_layers(a: Account, flag: str, start: str, end: str, precision: str, default: int = 1) -> None:
@@ -503,6 +514,7 @@ def read_nemo(data: dict) -> Imported:
     if norm not in ("layernorm", "rmsnorm"):
         a.refuse(m("normalization"), "expected layernorm or rmsnorm")
     a.map(m("normalization"), "model.norm", norm)
+    read_qk_norm(a, m("qk_layernorm"), bool(a.get(m("multi_latent_attention"))))
     position = str(a.get(m("position_embedding_type"), "learned_absolute"))
     if position not in ("learned_absolute", "rope"):
         a.refuse(m("position_embedding_type"), "expected learned_absolute or rope")

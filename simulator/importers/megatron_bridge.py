@@ -19,7 +19,7 @@ from __future__ import annotations
 from . import megatron_moe as moe
 from .common import Account, Imported, padded_vocab
 from .megatron import (adam_states, fsdp_grad_precision, megatron_fsdp, nemo_key, number_of, read_cp_comm_type,
-                       read_bf16_layers, read_fp8_recipe, read_head_dim, read_recompute, read_window)
+                       read_bf16_layers, read_fp8_recipe, read_head_dim, read_qk_norm, read_recompute, read_window)
 from .megatron_pipeline import read_stage_split
 
 SECTIONS_IGNORED = ("checkpoint.*", "dataset.*", "dist.*", "logger.*", "profiling.*", "rerun_state_machine.*",
@@ -60,8 +60,7 @@ MODEL_IGNORED = tuple(f"model.{k}" for k in (
                          "fsdp_*", "nccl_ub", "disable_symmetric_registration", "megatron_fsdp_main_params_dtype",
                          "keep_fp8_transpose_cache", "param_name_patterns_for_fp32_local_accumulation",
                          "overlap_param_gather", "fp8_param_gather"))
-REASONS = {"model.qk_layernorm": "the query and key RMSNorms (head_dim weights each) are not counted",
-           "model.softmax_type": "a learnable softmax offset per head (attention sinks) is not counted",
+REASONS = {"model.softmax_type": "a learnable softmax offset per head (attention sinks) is not counted",
            "*.reuse_grad_buf_for_mxfp8_param_ag": "the gradient buffer reused for the MXFP8 parameter all-gather is "
                                                  "not modelled: llmsim counts both",
            "model.cuda_graph_impl": "CUDA graphs are not modelled: llmsim's launch overheads are those of eager "
@@ -109,6 +108,7 @@ def read_bridge(data: dict) -> Imported:
     if norm not in ("LayerNorm", "RMSNorm"):
         a.refuse(m("normalization"), "expected LayerNorm or RMSNorm")
     a.map(m("normalization"), "model.norm", norm.lower())
+    read_qk_norm(a, m("qk_layernorm"), bool(a.get(m("multi_latent_attention"))))
     position = str(a.get(m("position_embedding_type"), "learned_absolute"))
     if position not in ("learned_absolute", "rope", "yarn"):  # YaRN rescales RoPE's frequencies: RoPE's cost
         a.refuse(m("position_embedding_type"), "expected learned_absolute, rope or yarn")

@@ -1,0 +1,85 @@
+"""Query and key norms (Qwen3, Megatron-Core qk_layernorm): one norm over each query and key
+head after the QKV projection, its input kept for the backward pass, head_dim weights each."""
+
+from pathlib import Path
+
+import pytest
+
+from simulator import InputError, evaluate, scenario_from_dict
+from simulator.fusion import eager_ops
+from simulator.importers import import_config
+from simulator.memory import layer_saved_bytes
+from simulator.model import load_hf_config, model_from_dict
+from simulator.plan import Plan
+from simulator.workload import Shard, layer_ops
+
+HF = Path(__file__).parent / "data" / "hf"
+# Llama 3.1 8B's attention: 32 query heads and 8 KV heads of 128
+MODEL = {"preset": "llama-3.1-8b", "seq_len": 4096}
+TOKENS, TP = 4096, 2
+Q_W, KV_W = 32 * 128 // TP, 8 * 128 // TP  # a TP rank's query and key widths
+
+
+def _model(**fields):
+    return model_from_dict({**MODEL, **fields})
+
+
+def test_the_norms_add_head_dim_weights_for_the_query_and_the_key_of_every_layer():
+    assert _model(qk_norm=True).params() - _model().params() == 32 * 2 * 128
+
+
+def test_the_norm_moves_rmsnorm_bytes_over_every_query_and_key_element_and_keeps_its_input():
+    shard = Shard(micro_batch=1, seq_len=TOKENS, tp=TP)
+    ops = {op.name: op for op in layer_ops(_model(qk_norm=True), shard)}
+    elements = TOKENS * (Q_W + KV_W)
+    assert ops["qk_norm"].fwd_bytes == 3 * 2 * elements  # RMSNorm: read, write and the input again, bf16
+    assert ops["qk_norm"].saved_bytes == 2 * elements
+    assert "qk_norm" not in {op.name for op in layer_ops(_model(), shard)}
+
+
+def test_a_layer_without_recomputation_keeps_the_normed_heads_input_on_top():
+    shard = Shard(micro_batch=1, seq_len=TOKENS, tp=TP)
+    extra = layer_saved_bytes(_model(qk_norm=True), shard, "none") - layer_saved_bytes(_model(), shard, "none")
+    assert extra == 2 * TOKENS * (Q_W + KV_W)
+    # full recomputation keeps the layer's input only, whatever its norms
+    assert layer_saved_bytes(_model(qk_norm=True), shard, "full") == layer_saved_bytes(_model(), shard, "full")
+
+
+def test_eager_pytorch_runs_the_norm_as_its_rmsnorm_kernel_sequence():
+    shard = Shard(micro_batch=1, seq_len=TOKENS, tp=TP)
+    model = _model(qk_norm=True)
+    fused = {op.name: op for op in layer_ops(model, shard)}["qk_norm"]
+    eager = {op.name: op for op in eager_ops(layer_ops(model, shard), model, Plan(compile=False))}["qk_norm"]
+    assert eager.fwd_bytes == 6 * fused.fwd_bytes  # 36 B per element where the fused kernel moves 6 (fusion.py)
+
+
+def test_the_norms_make_the_step_slower_and_the_plan_hold_more():
+    def run(**model):
+        return evaluate(scenario_from_dict({"model": {**MODEL, **model}, "cluster": {"node": "dgx-h100", "nodes": 1},
+                                            "plan": {"tp": TP, "dp": 4, "micro_batch": 1, "global_batch": 32}}))
+    plain, normed = run(), run(qk_norm=True)
+    assert normed.step_time_s > plain.step_time_s
+    assert normed.peak_memory_bytes > plain.peak_memory_bytes
+
+
+def test_latent_attention_refuses_query_and_key_head_norms():
+    with pytest.raises(InputError) as e:
+        model_from_dict({"preset": "deepseek-v3", "qk_norm": True})
+    assert e.value.field == "model.qk_norm"
+
+
+def test_qwen3_configs_import_with_the_norms_and_qwen2_without():
+    assert load_hf_config(str(HF / "qwen3-30b-a3b.json"), seq_len=4096).qk_norm
+    assert not load_hf_config(str(HF / "qwen2-7b.json"), seq_len=4096).qk_norm
+
+
+@pytest.mark.parametrize("extra, want", [("--qk-layernorm", True), ("", False),
+                                         ("--qk-layernorm --multi-latent-attention --kv-lora-rank 512 "
+                                          "--qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128", False)])
+def test_megatron_qk_layernorm_is_the_norm_of_the_query_and_key_heads(tmp_path, extra, want):
+    path = tmp_path / "run.sh"
+    path.write_text("torchrun pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
+                    f"--seq-length 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 {extra}\n")
+    imported = import_config("megatron", path, {"cluster.node": "dgx-h100"})
+    assert bool(imported.scenario["model"].get("qk_norm")) == want
+    assert "qk-layernorm" not in {u["key"] for u in imported.unmapped}
