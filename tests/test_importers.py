@@ -759,7 +759,11 @@ def test_megatron_bridge_gpt_oss_model_is_the_model_of_its_config_json(tmp_path)
     ({"model": {"moe_token_dispatcher_type": "alltoall"}}, "fp8_recipe"),  # then its block-wise FP8
     ({"model": {"moe_token_dispatcher_type": "alltoall", "recompute_modules": ["mhc"]},
       "mixed_precision": {"fp8_recipe": "tensorwise"}}, "recompute_modules"),  # hyper-connections' recompute
-    ({"peft": {"dim": 16}}, "peft")])
+    ({"peft": {"dim": 16}}, "peft"),
+    # Gemma 3's own layer: norms after attention and MLP
+    ({"model": {"transformer_layer_spec": {"_target_": "megatron.bridge.models.gemma.gemma3_provider."
+                                                       "gemma3_layer_spec", "_call_": False}}},
+     "transformer_layer_spec")])
 def test_megatron_bridge_settings_llmsim_cannot_express_are_refused_by_name(tmp_path, change, key):
     data = yaml.safe_load((DATA / "bridge-deepseek_v3_pretrain_h100_fp8_sc_v1.yaml").read_text())
     for section, fields in change.items():

@@ -83,3 +83,14 @@ def test_megatron_qk_layernorm_is_the_norm_of_the_query_and_key_heads(tmp_path, 
     imported = import_config("megatron", path, {"cluster.node": "dgx-h100"})
     assert bool(imported.scenario["model"].get("qk_norm")) == want
     assert "qk-layernorm" not in {u["key"] for u in imported.unmapped}
+
+
+def test_megatron_bridge_qk_layernorm_is_the_norm_of_the_query_and_key_heads(tmp_path):
+    import yaml
+    data = yaml.safe_load((Path(__file__).parent / "data" / "imports" /
+                           "bridge-llama3_8b_sft_gb200_fp8_mx_v1.yaml").read_text())
+    data["model"]["qk_layernorm"] = True
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    imported = import_config("megatron", path, {"cluster.node": "dgx-b200"})
+    assert imported.scenario["model"]["qk_norm"] is True

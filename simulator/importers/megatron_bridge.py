@@ -75,6 +75,13 @@ REFUSED_ON = {"is_hybrid_model": "hybrid (Mamba) models are not modelled",
               "cpu_offloading": "Megatron-Core's CPU offloading is not modelled (use plan.offload in a scenario)",
               "fine_grained_activation_offloading": "fine-grained activation offloading is not modelled",
               "use_kitchen": "quantisation kitchen recipes are not modelled"}
+# Where the layer specs llmsim's workload models come from: Megatron-Core's GPT layer (and its
+# decoder block for MoE and MLA models) and Megatron-Bridge's generic GPT specs. A model's own
+# spec is refused: Gemma 2/3/4 add norms after attention and MLP (NVIDIA-NeMo/Megatron-Bridge
+# @067f987df src/megatron/bridge/models/gemma/gemma3_provider.py gemma3_layer_spec:
+# TERowParallelLinearLayerNorm), Llama 4 chunks its attention, a heterogeneous stack varies.
+GPT_LAYER_SPECS = ("megatron.core.models.gpt.gpt_layer_specs.", "megatron.bridge.models.gpt_provider.",
+                   "megatron.bridge.models.gpt.gpt_builder.")
 ACTIVATIONS = {"torch.nn.functional.silu": "swiglu", "torch.nn.functional.gelu": "gelu",
                "megatron.core.fusions.fused_bias_geglu.quick_gelu": "geglu"}
 
@@ -85,6 +92,10 @@ def read_bridge(data: dict) -> Imported:
     for field, why in REFUSED_ON.items():
         if a.get(m(field)):
             a.refuse(m(field), why)
+    spec = a.get(m("transformer_layer_spec._target_"))
+    if spec is not None and not str(spec).startswith(GPT_LAYER_SPECS):
+        a.refuse(m("transformer_layer_spec._target_"), "a model's own layer spec is not modelled: llmsim models "
+                                                       "Megatron-Core's GPT layer")
     peft = [k for k in a.flat if k.startswith("peft.") or k == "peft" and a.flat[k]]
     if peft:
         a.refuse(peft[0], "parameter-efficient fine-tuning (LoRA) is not modelled: llmsim trains every weight")
