@@ -43,7 +43,7 @@ from .states import FP32_BYTES, activation_bytes
 
 # Bytes per element of the eager kernel sequence over the fused kernel's, 16-bit activations.
 EAGER_BYTES = {"rmsnorm": (36.0, 6.0), "rope": (20.0, 4.0), "swiglu": (10.0, 6.0)}
-NORMS = ("attn_norm", "mlp_norm", "final_norm", "qk_norm")
+NORMS = ("attn_norm", "mlp_norm", "final_norm", "qk_norm", "attn_post_norm", "mlp_post_norm")
 
 
 def eager_saved_factor(kernel: str, act_bytes: float) -> float:

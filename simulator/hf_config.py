@@ -1,7 +1,9 @@
 """Hugging Face config.json import: the keys of a released checkpoint, as llmsim model fields.
 
 Families read: GPT-2 (n_embd ...), Llama / Mistral / Qwen2 / Qwen3 (dense; Qwen3's query and
-key head norms), Mixtral,
+key head norms), Gemma 3's text model (four norms a layer, query and key norms, GeGLU, tied
+embeddings, five windowed layers to one global; its embedding's scaling by sqrt(hidden), one
+multiply, is not counted; logit soft-capping is refused), Mixtral,
 Qwen2-MoE / Qwen3-MoE, DeepSeek-V2 / V3 (MLA, shared experts, leading dense layers, MTP)
 and GPT-OSS (biases, alternating sliding-window layers). A config with expert or latent
 attention keys of another family, or a layer pattern llmsim cannot express, is refused with
@@ -21,7 +23,7 @@ from . import fields as F
 from .errors import InputError
 
 MAX_BYTES = 1 << 20  # a config.json is a few kB; anything larger is not one
-DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
 # Keys that only MoE / latent-attention / multi-token-prediction configs carry.
 EXPERT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "num_experts_per_tok", "experts_per_token",
@@ -87,6 +89,11 @@ def _sliding_window(cfg: Mapping, model_type, layers: int, where: str) -> dict:
     v0.1, transformers MistralAttention), unless `use_sliding_window` is false."""
     window = cfg.get("sliding_window")
     types = cfg.get("layer_types")
+    if types is None and model_type == "gemma3_text":
+        # transformers models/gemma3/configuration_gemma3.py Gemma3TextConfig: without
+        # layer_types, layer i slides unless (i + 1) % sliding_window_pattern == 0 (6 by default)
+        pattern = F.integer(cfg, "sliding_window_pattern", where, 6)
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
     if types is not None:
         if not isinstance(types, list) or len(types) != layers or \
                 not all(t in ("full_attention", "sliding_attention") for t in types):
@@ -179,9 +186,15 @@ def hf_fields(path: str, seq_len) -> dict:
                          "parallel attention and MLP, biases, activations); give the model's fields instead")
     if "hidden_size" not in cfg:
         raise InputError(f"{where}.hidden_size", None, f"required for model_type {model_type!r}")
-    act = cfg.get("hidden_act", "silu")
+    gemma = model_type == "gemma3_text"
+    if gemma:
+        for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+            if cfg.get(key) is not None:
+                raise InputError(f"{where}.{key}", cfg[key], "logit soft-capping is not modelled: null only")
+    act_key = "hidden_activation" if gemma and "hidden_activation" in cfg else "hidden_act"
+    act = cfg.get(act_key, "gelu_pytorch_tanh" if gemma else "silu")
     if not isinstance(act, str) or act not in _GATED_ACT:
-        raise InputError(f"{where}.hidden_act", act, "expected one of " + ", ".join(_GATED_ACT))
+        raise InputError(f"{where}.{act_key}", act, "expected one of " + ", ".join(_GATED_ACT))
     layers = F.integer(cfg, "num_hidden_layers", where)
     heads = F.integer(cfg, "num_attention_heads", where)
     data = dict(name=name, layers=layers, hidden=F.integer(cfg, "hidden_size", where), heads=heads,
@@ -191,7 +204,7 @@ def hf_fields(path: str, seq_len) -> dict:
                 # Qwen2's q/k/v biases (h + 2*kv_hidden per layer, < 0.01% of the parameters) are
                 # ignored: `bias` means biases on every linear layer, as in GPT and GPT-OSS.
                 bias=model_type == "gpt_oss" and bool(cfg.get("attention_bias", True)),
-                tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                tied_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),  # Gemma3TextConfig ties by default
                 dropout=bool(cfg.get("attention_dropout", 0.0)), **_sliding_window(cfg, model_type, layers, where))
     if model_type in ("deepseek_v2", "deepseek_v3"):
         # Multi-head latent attention; transformers writes head_dim = qk_rope_head_dim for
@@ -201,10 +214,12 @@ def hf_fields(path: str, seq_len) -> dict:
                     mtp_layers=F.integer(cfg, "num_nextn_predict_layers", where, 0, minimum=0))
     elif cfg.get("head_dim") is not None:
         data["head_dim"] = F.integer(cfg, "head_dim", where)
-    if model_type in ("qwen3", "qwen3_moe"):
+    if model_type in ("qwen3", "qwen3_moe", "gemma3_text"):
         # transformers models/qwen3/modeling_qwen3.py Qwen3Attention: q_norm and k_norm, an
-        # RMSNorm over each head's head_dim, before RoPE (Qwen3-MoE's attention is the same)
+        # RMSNorm over each head's head_dim, before RoPE (Qwen3-MoE's and Gemma 3's the same)
         data["qk_norm"] = True
+    if gemma:  # models/gemma3/modeling_gemma3.py Gemma3DecoderLayer: post_attention_ and post_feedforward_layernorm
+        data["post_norms"] = True
     if model_type in MOE_TYPES:
         data.update(_moe_fields(cfg, model_type, where))
     return data

@@ -59,6 +59,9 @@ class ModelSpec:
     # A norm over each query and key head after the QKV projection (Qwen3, OLMo 2, Gemma 3;
     # Megatron-Core qk_layernorm): the model's norm type, head_dim weights each
     qk_norm: bool = False
+    # Norms on the outputs of attention and of the MLP too, before each residual add (Gemma 2
+    # and 3: post_attention_layernorm, post_feedforward_layernorm): four norms a layer
+    post_norms: bool = False
     attention: str | None = None  # mha | gqa | mla; mha and gqa follow from kv_heads (== heads: mha)
     # Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1); 0 unless mla.
     q_lora_rank: int = 0  # 0 with mla: full-rank query projection (DeepSeek-V2-Lite)
@@ -232,17 +235,19 @@ class ModelSpec:
                 + self.shared_experts * self.mlp_params(self.shared_expert_ffn_hidden))
 
     def layer_norm_params(self) -> int:
-        """The two pre-norms of a layer (attention, MLP), and the query and key norms (one
-        head_dim-wide norm each, shared by the heads: transformers Qwen3Attention q_norm,
-        k_norm; Megatron-Core's q_layernorm, k_layernorm over hidden_size_per_attention_head)."""
-        return 2 * self._norm(self.hidden) + (2 * self._norm(self.head_dim) if self.qk_norm else 0)
+        """The two pre-norms of a layer (attention, MLP), the two post-norms where the model
+        has them, and the query and key norms (one head_dim-wide norm each, shared by the
+        heads: transformers Qwen3Attention q_norm, k_norm; Megatron-Core's q_layernorm,
+        k_layernorm over hidden_size_per_attention_head)."""
+        norms = (4 if self.post_norms else 2) * self._norm(self.hidden)
+        return norms + (2 * self._norm(self.head_dim) if self.qk_norm else 0)
 
     def dense_layer_params(self) -> int:
-        """A layer with a dense MLP of width ffn_hidden: attention + MLP + two norms."""
+        """A layer with a dense MLP of width ffn_hidden: attention + MLP + its norms."""
         return self.attention_params() + self.mlp_params(self.ffn_hidden) + self.layer_norm_params()
 
     def moe_layer_params(self) -> int:
-        """A layer with routed experts: attention + router + experts + shared experts + two norms."""
+        """A layer with routed experts: attention + router + experts + shared experts + its norms."""
         return self.attention_params() + self.moe_params() + self.layer_norm_params()
 
     def layer_params(self, index: int = 0) -> int:
@@ -334,8 +339,8 @@ def window_pattern(windowed: list) -> dict | None:
 
 
 MODEL_KEYS = ("preset", "hf_config", "name", "description", "layers", "hidden", "heads", "kv_heads", "head_dim",
-              "qk_norm", "attention", *MLA_FIELDS, "ffn_hidden", "dense_ffn_hidden", "experts", *MOE_FIELDS, "mtp_layers",
-              "sliding_window", "sliding_window_freq", "sliding_window_skip_freq", "document_tokens", "vocab",
+              "qk_norm", "post_norms", "attention", *MLA_FIELDS, "ffn_hidden", "dense_ffn_hidden", "experts",
+              *MOE_FIELDS, "mtp_layers", "sliding_window", "sliding_window_freq", "sliding_window_skip_freq", "document_tokens", "vocab",
               "seq_len", "activation", "norm", "position_embedding", "bias", "tied_embeddings", "dropout", "source")
 
 
@@ -415,6 +420,7 @@ def _spec_from_fields(data: Mapping, field: str, base: ModelSpec | None = None) 
         tied_embeddings=F.boolean(data, "tied_embeddings", field, default("tied_embeddings", True)),
         dropout=F.boolean(data, "dropout", field, default("dropout", False)),
         qk_norm=F.boolean(data, "qk_norm", field, default("qk_norm", False)),
+        post_norms=F.boolean(data, "post_norms", field, default("post_norms", False)),
         **mla_values,
         experts=experts,
         top_k=count("top_k", 0, keep=moe_kept, maximum=100_000),

@@ -128,7 +128,8 @@ def _op_selective_parts(model, shard: Shard, ops):
     saved = saved + a * tokens * model.q_width / shard.tp  # SDPA's output O
     if shard.sp:  # reduce-scatter outputs of the wo and w2 paths
         saved = saved + 2 * a * shard.replicated_tokens * model.hidden
-    elementwise = ("attn_norm", "qk_norm", "rope", "attn_residual", "mlp_norm", "swiglu", "gelu")
+    elementwise = ("attn_norm", "qk_norm", "rope", "attn_post_norm", "attn_residual", "mlp_norm", "swiglu", "gelu",
+                   "mlp_post_norm")
     rerun += [byname[n] for n in elementwise if n in byname]
     return saved, rerun
 

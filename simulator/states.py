@@ -85,7 +85,7 @@ def layer_params_local(model: ModelSpec, tp) -> object:
     q_local = model.heads / tp * d
     attn = h * (q_local + 2 * kv_local) + q_local * h
     mlp = model.mlp_matrices * h * f / tp
-    norm = 2 * (2 * h if model.norm == "layernorm" and model.bias else h)
+    norm = model.layer_norm_params()
     bias = (q_local + 2 * kv_local + (model.mlp_matrices - 1) * f / tp + 2 * h) if model.bias else 0.0
     return attn + mlp + norm + bias
 

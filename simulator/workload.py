@@ -204,6 +204,8 @@ def layer_ops(model: ModelSpec, shard: Shard, experts=None) -> list[Op]:
         ops += mla_attention_ops(model, shard)
     else:
         ops += _attention_ops(model, shard)
+    if model.post_norms:  # Gemma: the attention's output normed before the residual add
+        ops.append(norm_op("attn_post_norm", model, shard))
     ops.append(_elementwise("attn_residual", rep * h, 3 * a + drop, drop * rep * h))
     ops.append(norm_op("mlp_norm", model, shard))
     if experts is None:
@@ -211,6 +213,8 @@ def layer_ops(model: ModelSpec, shard: Shard, experts=None) -> list[Op]:
     else:
         from .moe import moe_mlp_ops
         ops += moe_mlp_ops(model, shard, experts)
+    if model.post_norms:
+        ops.append(norm_op("mlp_post_norm", model, shard))
     ops.append(_elementwise("mlp_residual", rep * h, 3 * a + drop, drop * rep * h))
     return ops
 

@@ -95,17 +95,40 @@ def test_an_unknown_model_type_with_latent_attention_keys_is_refused(tmp_path):
     # GPT-NeoX: attention and MLP in parallel from one LayerNorm'd input, biases
     {"model_type": "gpt_neox", "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 32,
      "num_attention_heads": 32, "hidden_act": "gelu", "vocab_size": 50304, "use_parallel_residual": True},
-    # Gemma 3: four norms a layer, every sixth layer global (sliding_window_pattern, no layer_types)
-    {"model_type": "gemma3_text", "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
-     "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,
-     "sliding_window": 512, "sliding_window_pattern": 6},
+    # Gemma 2: four norms a layer, attention and final logits soft-capped
+    {"model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000,
+     "sliding_window": 4096, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
     # GPT-J: GPT-2's key names, parallel attention and MLP, rotary positions
     {"model_type": "gptj", "n_embd": 4096, "n_layer": 28, "n_head": 16, "n_positions": 2048, "rotary_dim": 64,
      "vocab_size": 50400},
-], ids=["gpt-neox", "gemma3", "gpt-j"])
+], ids=["gpt-neox", "gemma2", "gpt-j"])
 def test_a_family_llmsim_does_not_read_is_refused_naming_its_model_type(tmp_path, cfg):
     with pytest.raises(InputError, match=rf"\.model_type: got '{cfg['model_type']}'; not a family llmsim reads"):
         load_hf_config(_write(tmp_path, cfg), seq_len=2048)
+
+
+# Gemma 3 1B's text config (google/gemma-3-1b-pt config.json, transformers 4.50: no layer_types)
+GEMMA3_1B = {"model_type": "gemma3_text", "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
+             "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "vocab_size": 262144,
+             "hidden_activation": "gelu_pytorch_tanh", "sliding_window": 512, "sliding_window_pattern": 6,
+             "query_pre_attn_scalar": 256, "final_logit_softcapping": None, "attn_logit_softcapping": None}
+
+
+def test_gemma3_imports_four_norms_query_and_key_norms_geglu_tied_and_five_windows_to_one(tmp_path):
+    m = load_hf_config(_write(tmp_path, GEMMA3_1B), seq_len=4096)
+    assert (m.activation, m.qk_norm, m.post_norms, m.tied_embeddings, m.head_dim) == ("geglu", True, True, True, 256)
+    assert (m.sliding_window, m.sliding_window_skip_freq) == (512, 6)
+    assert [m.is_sliding_window_layer(i) for i in range(12)] == [True] * 5 + [False] + [True] * 5 + [False]
+    # by hand: attention 1152 x (1024 + 256 + 256) + 1024 x 1152; GeGLU 3 x 1152 x 6912; four norms of
+    # 1152 and the query and key norms of 256; the tied embedding and the final norm once
+    layer = 1152 * (1024 + 2 * 256) + 1024 * 1152 + 3 * 1152 * 6912 + 4 * 1152 + 2 * 256
+    assert m.params() == 26 * layer + 262144 * 1152 + 1152 == 999_885_952
+
+
+def test_gemma3_with_logit_soft_capping_is_refused(tmp_path):
+    with pytest.raises(InputError, match=r"\.final_logit_softcapping: got 30.0"):
+        load_hf_config(_write(tmp_path, {**GEMMA3_1B, "final_logit_softcapping": 30.0}), seq_len=4096)
 
 
 @pytest.mark.parametrize("change,key", [

@@ -1,5 +1,7 @@
-"""Query and key norms (Qwen3, Megatron-Core qk_layernorm): one norm over each query and key
-head after the QKV projection, its input kept for the backward pass, head_dim weights each."""
+"""A layer's norms beyond its two pre-norms. Query and key norms (Qwen3, Gemma 3, Megatron-Core
+qk_layernorm): one norm over each query and key head after the QKV projection, its input kept
+for the backward pass, head_dim weights each. Post-norms (Gemma 2 and 3): the attention's and
+the MLP's outputs normed before their residual adds."""
 
 from pathlib import Path
 
@@ -11,6 +13,8 @@ from simulator.importers import import_config
 from simulator.memory import layer_saved_bytes
 from simulator.model import load_hf_config, model_from_dict
 from simulator.plan import Plan
+from simulator.recompute import layer_checkpoint
+from simulator.states import layer_params_local
 from simulator.workload import Shard, layer_ops
 
 HF = Path(__file__).parent / "data" / "hf"
@@ -94,3 +98,27 @@ def test_megatron_bridge_qk_layernorm_is_the_norm_of_the_query_and_key_heads(tmp
     path.write_text(yaml.safe_dump(data))
     imported = import_config("megatron", path, {"cluster.node": "dgx-b200"})
     assert imported.scenario["model"]["qk_norm"] is True
+
+
+def test_post_norms_add_two_hidden_wide_norms_a_layer_held_by_every_tp_rank():
+    assert _model(post_norms=True).params() - _model().params() == 32 * 2 * 4096
+    assert layer_params_local(_model(post_norms=True), TP) - layer_params_local(_model(), TP) == 2 * 4096
+
+
+def test_post_norms_norm_the_attention_and_mlp_outputs_before_the_residual_adds():
+    # sequence parallel: the outputs were reduce-scattered, each rank norms its 1/tp of the tokens
+    shard = Shard(micro_batch=1, seq_len=TOKENS, tp=TP, sp=True)
+    names = [op.name for op in layer_ops(_model(post_norms=True), shard)]
+    assert names[names.index("attn_out") + 1] == "attn_post_norm"
+    assert names[names.index("mlp_down") + 1:names.index("mlp_down") + 3] == ["mlp_post_norm", "mlp_residual"]
+    ops = {op.name: op for op in layer_ops(_model(post_norms=True), shard)}
+    elements = TOKENS // TP * 4096
+    for name in ("attn_post_norm", "mlp_post_norm"):
+        assert (ops[name].fwd_bytes, ops[name].saved_bytes) == (3 * 2 * elements, 2 * elements)
+
+
+def test_op_level_recomputation_reruns_the_extra_norms():
+    shard = Shard(micro_batch=1, seq_len=TOKENS, tp=TP)
+    model = _model(post_norms=True, qk_norm=True)
+    rerun = {op.name for op in layer_checkpoint(model, shard, "op-selective", layer_ops(model, shard)).rerun}
+    assert {"qk_norm", "attn_post_norm", "mlp_post_norm"} <= rerun
