@@ -2,7 +2,10 @@
 
 Per layer: LayerNorm -> fused QKV linear -> causal scaled_dot_product_attention (the
 flash kernel on CPU and CUDA; over each packed document with document_tokens) -> output
-linear -> residual add -> LayerNorm -> linear (4h) -> GELU -> linear -> residual add.
+linear -> residual add -> LayerNorm -> linear (4h) -> GELU -> linear -> residual add. With
+qk_norm a LayerNorm over each query and key head before the attention (Qwen3's and Gemma 3's
+q_norm, k_norm); with post_norms a LayerNorm on the attention's and the MLP's outputs before
+each residual add (Gemma's post_attention_ and post_feedforward_layernorm).
 Around the layers: token + learned position embedding, final LayerNorm, lm_head tied to the
 token embedding, fp32 cross-entropy. No dropout. Initialised as GPT-2 and Megatron-LM
 initialise (N(0, 0.02)). Full recomputation wraps each layer in torch.utils.checkpoint
@@ -24,6 +27,8 @@ class GPTConfig:
     vocab: int = 2048
     seq_len: int = 128
     document_tokens: int = 0  # packed documents of this many tokens, attention inside each (0: causal)
+    qk_norm: bool = False
+    post_norms: bool = False
 
     def model_fields(self) -> dict:
         """The scenario `model` section describing this network to the simulator."""
@@ -48,6 +53,10 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
             self.ln2 = nn.LayerNorm(h)
             self.up = nn.Linear(h, 4 * h)
             self.down = nn.Linear(4 * h, h)
+            if cfg.qk_norm:
+                self.q_norm, self.k_norm = nn.LayerNorm(h // cfg.heads), nn.LayerNorm(h // cfg.heads)
+            if cfg.post_norms:
+                self.attn_post, self.mlp_post = nn.LayerNorm(h), nn.LayerNorm(h)
 
         def forward(self, x):
             b, s, h = x.shape
@@ -58,9 +67,13 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
             # split (backward: one cat) rather than unbind of a permuted view (backward: a strided stack)
             q, k, v = (t.view(b * s // d, d, nh, h // nh).transpose(1, 2)
                        for t in self.qkv(self.ln1(x)).split(h, dim=-1))
+            if cfg.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
-            return x + self.down(F.gelu(self.up(self.ln2(x))))
+            attn = self.proj(a.transpose(1, 2).reshape(b, s, h))
+            x = x + (self.attn_post(attn) if cfg.post_norms else attn)
+            mlp = self.down(F.gelu(self.up(self.ln2(x))))
+            return x + (self.mlp_post(mlp) if cfg.post_norms else mlp)
 
     class GPT(nn.Module):
         def __init__(self):
