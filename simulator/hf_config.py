@@ -9,8 +9,8 @@ and GPT-OSS (biases, alternating sliding-window layers). A config with expert or
 attention keys of another family, or a layer pattern llmsim cannot express, is refused with
 the key named: never imported as a dense model. So is any other family (its model_type
 named): its layer may differ from these in ways the keys do not show (GPT-NeoX's and Falcon's
-parallel attention and MLP, Gemma 2/3's four norms a layer and logit soft-capping, LayerNorm
-and biases), so it is never read as a Llama. No network: the file is read from disk.
+parallel attention and MLP, Gemma 2's logit soft-capping, LayerNorm and biases), so it is never
+read as a Llama. No network: the file is read from disk.
 """
 
 from __future__ import annotations

@@ -172,7 +172,8 @@ def _mean_layer(fp8_layer: DenseLayer, bf16_layer: DenseLayer, share) -> DenseLa
     """The mean layer of a device whose fraction `share` of layers runs its linears in BF16
     and the rest in FP8 (fp8.bf16_layer_plan): per-layer seconds averaged, so that what a
     stage sums over its layers (passes.pass_times) is exact. What recomputation keeps and
-    re-runs does not depend on the linears' precision."""
+    re-runs does not depend on the linears' precision. Interleaved, the BF16 layers sit in the
+    rank's first (last) chunk, and its chunks are timed alike, as uneven chunks are."""
     def mean(a, b):
         return a + share * (b - a)
     t = OpsTime(*(mean(getattr(fp8_layer.t, f), getattr(bf16_layer.t, f)) for f in OpsTime.__dataclass_fields__))

@@ -340,8 +340,9 @@ def window_pattern(windowed: list) -> dict | None:
 
 MODEL_KEYS = ("preset", "hf_config", "name", "description", "layers", "hidden", "heads", "kv_heads", "head_dim",
               "qk_norm", "post_norms", "attention", *MLA_FIELDS, "ffn_hidden", "dense_ffn_hidden", "experts",
-              *MOE_FIELDS, "mtp_layers", "sliding_window", "sliding_window_freq", "sliding_window_skip_freq", "document_tokens", "vocab",
-              "seq_len", "activation", "norm", "position_embedding", "bias", "tied_embeddings", "dropout", "source")
+              *MOE_FIELDS, "mtp_layers", "sliding_window", "sliding_window_freq", "sliding_window_skip_freq",
+              "document_tokens", "vocab", "seq_len", "activation", "norm", "position_embedding", "bias",
+              "tied_embeddings", "dropout", "source")
 
 
 def _dense_width(data: Mapping, field: str) -> int | None:

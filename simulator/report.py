@@ -330,9 +330,9 @@ def compare_row(d: dict, scenario) -> dict:
 
 
 # Scenario fields the rows above show already (dotted; a trailing dot: a whole section)
-COMPARED_FIELDS = ("name", "model.name", "model.description", "model.seq_len", "model.sliding_window", "model.sliding_window_freq",
-                   "model.sliding_window_skip_freq", "model.document_tokens", "cluster.nodes",
-                   "cluster.devices_per_node", "plan.tp", "plan.pp", "plan.dp", "plan.cp", "plan.vpp",
+COMPARED_FIELDS = ("name", "model.name", "model.description", "model.seq_len", "model.sliding_window",
+                   "model.sliding_window_freq", "model.sliding_window_skip_freq", "model.document_tokens",
+                   "cluster.nodes", "cluster.devices_per_node", "plan.tp", "plan.pp", "plan.dp", "plan.cp", "plan.vpp",
                    "plan.micro_batch", "plan.global_batch", "plan.schedule", "plan.sequence_parallel",
                    "plan.recompute", "plan.zero_stage", "plan.precision", "plan.offload.", "plan.first_stage_layers",
                    "plan.last_stage_layers", "plan.pipeline_layout", "plan.pipeline_split")
