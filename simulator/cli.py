@@ -576,6 +576,7 @@ def _search_options(args):
 
     from .cpattention import CP_ATTENTION
     from .plan import PRECISIONS, RECOMPUTE, SCHEDULES
+    from .scenario import apply_overrides
     from .search import SearchOptions
     from .stagesplit import PIPELINE_SPLITS
 
@@ -609,15 +610,9 @@ def _search_options(args):
         key, sep, value = item.partition("=")
         if not sep or not key.strip().startswith("plan.") or key.strip() == "plan.":
             raise InputError("--set", item, "expected plan.FIELD=VALUE, e.g. plan.fp8_recipe=current")
-        *parents, name = key.strip()[len("plan."):].split(".")
-        node = fixed
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise InputError("--set", item, f"plan.{part} is not a section")
-        node[name] = parse_value(value)
-    if fixed:
-        changes["plan_options"] = tuple(fixed.items())
+        fixed[key.strip()] = parse_value(value)
+    if fixed:  # nested as a scenario's plan section (plan.moe.dispatcher -> {moe: {dispatcher: ...}})
+        changes["plan_options"] = tuple(apply_overrides({}, fixed)["plan"].items())
     return replace(opts, **changes)
 
 

@@ -77,7 +77,7 @@ import numpy as np
 
 from .comm import all_to_all_time, collective_time, send_recv_time
 from .states import FP32_BYTES
-from .workload import ATTENTION_CORE, MEMORY, Op, documents, local_heads, window_pair_fraction
+from .workload import ATTENTION_CORE, MEMORY, Op, causal_pairs, documents, local_heads, window_pair_fraction
 
 CP_ATTENTION = ("ring", "kv-allgather", "ulysses", "ulysses-ring", "torch-allgather", "torch-alltoall")
 TE_EXPOSED = ("kv-allgather", "ulysses")  # TransformerEngine's collectives the attention waits for
@@ -193,12 +193,6 @@ def rank_calls(ops: list[Op], model, shard, method: str, cp_ulysses: int = 1) ->
     return [op if op.keys_per_query is None else replace(op, whole_calls=whole, ring_steps=steps) for op in ops]
 
 
-def _window_pairs_below(x, window):
-    """Causal pairs of the queries before position x under a window: the integral of
-    min(t, window) from 0 to x, as workload._causal_pairs counts them."""
-    return np.where(x <= window, 0.5 * x * x, window * x - 0.5 * window * window)
-
-
 def allgather_window_imbalance(model, cp: int) -> float:
     """The busiest CP rank's windowed (query, key) pairs over the ranks' mean, in one sliding-
     window layer under TE's all-gather: rank r holds chunks r and 2cp-1-r of each document's
@@ -214,7 +208,7 @@ def allgather_window_imbalance(model, cp: int) -> float:
     per_rank = np.zeros(cp)
     for tokens, count in documents(model):
         edges = np.arange(2 * cp + 1) * tokens / (2 * cp)
-        chunk = _window_pairs_below(edges[1:], w) - _window_pairs_below(edges[:-1], w)
+        chunk = np.diff([causal_pairs(x, w) for x in edges])  # the pairs of each chunk's queries
         per_rank += count * (chunk[r] + chunk[2 * cp - 1 - r])
     return float(per_rank.max() / per_rank.mean())
 

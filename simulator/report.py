@@ -362,10 +362,10 @@ def differing_fields(scenarios: list) -> list[tuple[str, list[str]]]:
                 f.update(_flat_fields(getattr(s.cluster, part), f"cluster.{part}"))
         flat.append(f)
     keys = list(dict.fromkeys(k for f in flat for k in f))
-    shown = tuple(COMPARED_FIELDS)
+    sections = tuple(k for k in COMPARED_FIELDS if k.endswith("."))
     out = []
     for key in keys:
-        if key in shown or key.startswith(tuple(k for k in shown if k.endswith("."))):
+        if key in COMPARED_FIELDS or key.startswith(sections):
             continue
         values = [_shown(f.get(key, "-")) for f in flat]
         if key == "plan.etp" and all(s.plan.etp == s.plan.tp for s in scenarios):

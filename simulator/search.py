@@ -151,11 +151,11 @@ def _flat(options: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def _shapes(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchOptions) -> tuple[list[Plan], int, str]:
+def _shapes(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchOptions,
+            fixed: dict) -> tuple[list[Plan], int, str]:
     """Valid shapes (as Plans with default settings and the fixed plan fields), how many were
     tried, and the last refusal that named a fixed field."""
     n = cluster.devices
-    fixed = fixed_plan_fields(opts)
     tried, valid, splits, refusal = 0, [], {}, ""
     for tp in _divisors(n, min(n, opts.max_tp or n)):
         for pp in _divisors(n // tp, min(n // tp, opts.max_pp or n)):
@@ -283,8 +283,8 @@ def _evaluate_groups(model: ModelSpec, cluster: Cluster, global_batch: int, opts
                      training: Training, reasons: bool) -> tuple[list, int, str]:
     """[(PlanBatch, evaluate_batch dict)] for every valid plan, grouped by categorical fields,
     how many plans were enumerated, and the last refusal of a shape for a fixed plan field."""
-    shapes, tried_shapes, refusal = _shapes(model, cluster, global_batch, opts)
     fixed = fixed_plan_fields(opts)
+    shapes, tried_shapes, refusal = _shapes(model, cluster, global_batch, opts, fixed)
     by_group: dict = {}
     for s in shapes:
         # plans whose ranks hold different window counts share one pipeline size (stagesplit.batch_key)

@@ -242,7 +242,7 @@ def _attention_ops(model: ModelSpec, shard: Shard) -> list[Op]:
     return ops
 
 
-def _causal_pairs(n, window: int) -> float:
+def causal_pairs(n, window: int) -> float:
     """(query, key) pairs of causal attention over `n` tokens, counted as the half n²/2; with a
     window W < n (0: none), the band's n·W - W²/2."""
     if not window or window >= n:
@@ -271,7 +271,7 @@ def window_pair_fraction(model: ModelSpec, layers=None, sliding=None) -> float:
     s, w = model.seq_len, model.sliding_window
 
     def pairs(window):
-        return sum(count * _causal_pairs(tokens, window) for tokens, count in documents(model))
+        return sum(count * causal_pairs(tokens, window) for tokens, count in documents(model))
 
     full = pairs(0) / (0.5 * s * s)
     if not model.has_sliding_window:
