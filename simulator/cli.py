@@ -530,6 +530,7 @@ def cmd_sweep(args) -> int:
 
 
 def _search_model(ref: str) -> dict:
+    from .model import resolve_hf_config
     from .yamlio import load_yaml
 
     if ref.endswith(".json"):
@@ -537,7 +538,8 @@ def _search_model(ref: str) -> dict:
     if ref.endswith((".yaml", ".yml")):
         data = load_yaml(ref, "--model")
         data = data.get("model", data) if isinstance(data, dict) else data
-        return dict(F.require_mapping(data, "--model"))
+        # a relative hf_config is the file's own, as in a scenario file
+        return resolve_hf_config({"model": dict(F.require_mapping(data, "--model"))}, Path(ref).parent)["model"]
     return {"preset": ref}
 
 

@@ -138,7 +138,7 @@ def param_tensors(model: ModelSpec, layers, has_embedding, has_head, head_copy) 
     shifts), the embedding tables and the head where flagged."""
     per_linear = 2 if model.bias else 1
     per_norm = 2 if model.norm == "layernorm" and model.bias else 1
-    layer = 4 * per_linear + 2 * per_norm  # fused QKV, output, MLP in (fused gate+up), MLP out
+    layer = 4 * per_linear + model.layer_norms * per_norm  # fused QKV, output, MLP in (fused gate+up), MLP out
     pos = 1 if model.position_embedding == "learned" else 0
     return (layers * layer + np.asarray(has_embedding) * (1 + pos)
             + np.asarray(has_head) * per_norm + np.asarray(head_copy) * 1)

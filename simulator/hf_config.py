@@ -3,7 +3,9 @@
 Families read: GPT-2 (n_embd ...), Llama / Mistral / Qwen2 / Qwen3 (dense; Qwen3's query and
 key head norms), Gemma 3's text model (four norms a layer, query and key norms, GeGLU, tied
 embeddings, five windowed layers to one global; its embedding's scaling by sqrt(hidden), one
-multiply, is not counted; logit soft-capping is refused), Mixtral,
+multiply, is not counted; logit soft-capping is refused), OLMo 2 and 3 (norms on each block's
+output only, query and key norms over the whole projections; OLMo 3's windows on three layers
+in four), Mixtral,
 Qwen2-MoE / Qwen3-MoE, DeepSeek-V2 / V3 (MLA, shared experts, leading dense layers, MTP)
 and GPT-OSS (biases, alternating sliding-window layers). A config with expert or latent
 attention keys of another family, or a layer pattern llmsim cannot express, is refused with
@@ -23,7 +25,7 @@ from . import fields as F
 from .errors import InputError
 
 MAX_BYTES = 1 << 20  # a config.json is a few kB; anything larger is not one
-DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "olmo2", "olmo3")
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
 # Keys that only MoE / latent-attention / multi-token-prediction configs carry.
 EXPERT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "num_experts_per_tok", "experts_per_token",
@@ -82,9 +84,9 @@ def _sliding_window(cfg: Mapping, model_type, layers: int, where: str) -> dict:
     """sliding_window and sliding_window_freq or sliding_window_skip_freq: which layers attend
     to a window of recent tokens.
 
-    `layer_types` (transformers >= 4.54: GPT-OSS, Gemma) must be sliding on the layers
+    `layer_types` (transformers >= 4.54: GPT-OSS, Gemma, OLMo 3) must be sliding on the layers
     i % f == 0 and full elsewhere, or full on each n-th layer and sliding elsewhere (Gemma 3:
-    n = 6); Qwen's `use_sliding_window` (window on the layers past
+    n = 6; OLMo 3: n = 4); Qwen's `use_sliding_window` (window on the layers past
     max_window_layers) is refused; otherwise a `sliding_window` applies to every layer (Mistral
     v0.1, transformers MistralAttention), unless `use_sliding_window` is false."""
     window = cfg.get("sliding_window")
@@ -94,6 +96,12 @@ def _sliding_window(cfg: Mapping, model_type, layers: int, where: str) -> dict:
         # layer_types, layer i slides unless (i + 1) % sliding_window_pattern == 0 (6 by default)
         pattern = F.integer(cfg, "sliding_window_pattern", where, 6)
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    if model_type == "olmo3":
+        # transformers models/olmo3/configuration_olmo3.py Olmo3Config: sliding_window 4096 by
+        # default and, without layer_types, every fourth layer full, the others sliding
+        cfg = {"sliding_window": 4096, **cfg}
+        if types is None:
+            types = ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(layers)]
     if types is not None:
         if not isinstance(types, list) or len(types) != layers or \
                 not all(t in ("full_attention", "sliding_attention") for t in types):
@@ -220,6 +228,12 @@ def hf_fields(path: str, seq_len) -> dict:
         data["qk_norm"] = True
     if gemma:  # models/gemma3/modeling_gemma3.py Gemma3DecoderLayer: post_attention_ and post_feedforward_layernorm
         data["post_norms"] = True
+    if model_type in ("olmo2", "olmo3"):
+        # transformers models/olmo2/modular_olmo2.py: Olmo2DecoderLayer deletes input_layernorm
+        # and norms the attention's and the MLP's outputs (post_attention_layernorm,
+        # post_feedforward_layernorm) before each residual add; Olmo2Attention's q_norm and
+        # k_norm are RMSNorms over the whole q_proj and k_proj outputs (OLMo 3's layer the same)
+        data.update(pre_norms=False, post_norms=True, qk_norm=True, qk_norm_scope="full")
     if model_type in MOE_TYPES:
         data.update(_moe_fields(cfg, model_type, where))
     return data

@@ -20,6 +20,7 @@ from .yamlio import load_yaml
 
 ACTIVATIONS = ("gelu", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
+QK_NORM_SCOPES = ("head", "full")
 POSITIONS = ("learned", "rope")
 ATTENTIONS = ("mha", "gqa", "mla")
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
@@ -56,11 +57,17 @@ class ModelSpec:
     dropout: bool = False
     description: str = ""
     head_dim: int | None = None  # width of one query/key head; default hidden // heads (mla: nope + rope)
-    # A norm over each query and key head after the QKV projection (Qwen3, OLMo 2, Gemma 3;
-    # Megatron-Core qk_layernorm): the model's norm type, head_dim weights each
+    # Norms on the queries and keys after their projections (Qwen3, Gemma 3, OLMo 2;
+    # Megatron-Core qk_layernorm), of the model's norm type: over each head (scope head:
+    # head_dim weights each) or over the whole projection (scope full, OLMo 2's q_norm over
+    # heads x head_dim and k_norm over kv_heads x head_dim)
     qk_norm: bool = False
-    # Norms on the outputs of attention and of the MLP too, before each residual add (Gemma 2
-    # and 3: post_attention_layernorm, post_feedforward_layernorm): four norms a layer
+    qk_norm_scope: str = "head"
+    # Norms on the inputs of attention and of the MLP (the pre-norm layer); false: OLMo 2,
+    # whose layer norms only the outputs (post_norms)
+    pre_norms: bool = True
+    # Norms on the outputs of attention and of the MLP, before each residual add (Gemma 2 and
+    # 3, OLMo 2: post_attention_layernorm, post_feedforward_layernorm)
     post_norms: bool = False
     attention: str | None = None  # mha | gqa | mla; mha and gqa follow from kv_heads (== heads: mha)
     # Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1); 0 unless mla.
@@ -234,13 +241,23 @@ class ModelSpec:
         return (self.router_params() + self.top_k * self.mlp_params(self.expert_ffn_hidden)
                 + self.shared_experts * self.mlp_params(self.shared_expert_ffn_hidden))
 
+    @property
+    def layer_norms(self) -> int:
+        """Norm modules in one layer: pre-norms, post-norms and the query and key norms."""
+        return 2 * (int(self.pre_norms) + int(self.post_norms) + int(self.qk_norm))
+
     def layer_norm_params(self) -> int:
-        """The two pre-norms of a layer (attention, MLP), the two post-norms where the model
-        has them, and the query and key norms (one head_dim-wide norm each, shared by the
-        heads: transformers Qwen3Attention q_norm, k_norm; Megatron-Core's q_layernorm,
-        k_layernorm over hidden_size_per_attention_head)."""
-        norms = (4 if self.post_norms else 2) * self._norm(self.hidden)
-        return norms + (2 * self._norm(self.head_dim) if self.qk_norm else 0)
+        """A layer's pre-norms (attention, MLP) and post-norms where the model has them, and
+        its query and key norms: one head_dim-wide norm each, shared by the heads
+        (transformers Qwen3Attention q_norm, k_norm; Megatron-Core's q_layernorm, k_layernorm
+        over hidden_size_per_attention_head), or over the whole projections (transformers
+        Olmo2Attention: RMSNorm(heads x head_dim), RMSNorm(kv_heads x head_dim))."""
+        norms = 2 * (int(self.pre_norms) + int(self.post_norms)) * self._norm(self.hidden)
+        if not self.qk_norm:
+            return norms
+        if self.qk_norm_scope == "full":
+            return norms + self._norm(self.q_width) + self._norm(self.kv_hidden)
+        return norms + 2 * self._norm(self.head_dim)
 
     def dense_layer_params(self) -> int:
         """A layer with a dense MLP of width ffn_hidden: attention + MLP + its norms."""
@@ -339,8 +356,8 @@ def window_pattern(windowed: list) -> dict | None:
 
 
 MODEL_KEYS = ("preset", "hf_config", "name", "description", "layers", "hidden", "heads", "kv_heads", "head_dim",
-              "qk_norm", "post_norms", "attention", *MLA_FIELDS, "ffn_hidden", "dense_ffn_hidden", "experts",
-              *MOE_FIELDS, "mtp_layers", "sliding_window", "sliding_window_freq", "sliding_window_skip_freq",
+              "qk_norm", "qk_norm_scope", "pre_norms", "post_norms", "attention", *MLA_FIELDS, "ffn_hidden",
+              "dense_ffn_hidden", "experts", *MOE_FIELDS, "mtp_layers", "sliding_window", "sliding_window_freq", "sliding_window_skip_freq",
               "document_tokens", "vocab", "seq_len", "activation", "norm", "position_embedding", "bias",
               "tied_embeddings", "dropout", "source")
 
@@ -421,6 +438,8 @@ def _spec_from_fields(data: Mapping, field: str, base: ModelSpec | None = None) 
         tied_embeddings=F.boolean(data, "tied_embeddings", field, default("tied_embeddings", True)),
         dropout=F.boolean(data, "dropout", field, default("dropout", False)),
         qk_norm=F.boolean(data, "qk_norm", field, default("qk_norm", False)),
+        qk_norm_scope=F.choice(data, "qk_norm_scope", field, QK_NORM_SCOPES, default("qk_norm_scope", "head")),
+        pre_norms=F.boolean(data, "pre_norms", field, default("pre_norms", True)),
         post_norms=F.boolean(data, "post_norms", field, default("post_norms", False)),
         **mla_values,
         experts=experts,
@@ -480,6 +499,11 @@ def check_shapes(spec: ModelSpec, field: str = "model") -> ModelSpec:
             bad("dense_layers", f"must be < layers={spec.layers} (an MoE model has at least one MoE layer)")
         if not spec.moe_layers:
             bad("moe_layer_freq", f"leaves no MoE layer among layers {spec.dense_layers}..{spec.layers - 1}")
+    if spec.qk_norm_scope != "head" and not spec.qk_norm:
+        bad("qk_norm_scope", "only with qk_norm: true")
+    if not spec.pre_norms and (spec.experts or spec.attention == "mla" or spec.mtp_layers):
+        bad("pre_norms", "true with experts, MLA or MTP (layers without input norms are modelled for dense "
+            "MHA/GQA models: OLMo 2)")
     if spec.sliding_window_freq != 1 and not spec.sliding_window:
         bad("sliding_window_freq", "only with sliding_window >= 1")
     if spec.sliding_window_skip_freq and (not spec.sliding_window or spec.sliding_window_freq != 1

@@ -159,12 +159,15 @@ def _module(model, ops, module: str) -> _Module:
         return _Module([], [])
     byname = _by_name(ops)
     moe_layer = "router" in byname
-    mlp = _between(ops, "mlp_norm", "mlp_residual")
+    # the MLP module: after its input norm (the attention's residual add where the layer has no
+    # pre-norms) up to its output norm or residual add
+    mlp = _between(ops, "mlp_norm" if "mlp_norm" in byname else "attn_residual",
+                   "mlp_post_norm" if "mlp_post_norm" in byname else "mlp_residual")
     if module == "core_attn":
         core = [op for op in ops if op.group == ATTENTION_CORE]
         return _Module(core, core, cp=True)
     if module == "mlp" and not moe_layer:
-        return _Module([byname["mlp_norm"], *mlp], mlp, ("mlp",))
+        return _Module([byname[n] for n in ("mlp_norm",) if n in byname] + mlp, mlp, ("mlp",))
     if module == "moe" and moe_layer:
         return _Module(mlp, [op for op in mlp if op.name != "router"], ("shared",) if model.shared_experts else (),
                        ep=True)

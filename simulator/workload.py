@@ -198,16 +198,17 @@ def layer_ops(model: ModelSpec, shard: Shard, experts=None) -> list[Op]:
     rep = shard.replicated_tokens
     drop = 1 if model.dropout else 0
 
-    ops = [norm_op("attn_norm", model, shard)]
+    ops = [norm_op("attn_norm", model, shard)] if model.pre_norms else []
     if model.attention == "mla":
         from .mla import mla_attention_ops
         ops += mla_attention_ops(model, shard)
     else:
         ops += _attention_ops(model, shard)
-    if model.post_norms:  # Gemma: the attention's output normed before the residual add
+    if model.post_norms:  # Gemma, OLMo 2: the attention's output normed before the residual add
         ops.append(norm_op("attn_post_norm", model, shard))
     ops.append(_elementwise("attn_residual", rep * h, 3 * a + drop, drop * rep * h))
-    ops.append(norm_op("mlp_norm", model, shard))
+    if model.pre_norms:
+        ops.append(norm_op("mlp_norm", model, shard))
     if experts is None:
         ops += mlp_ops(model, shard, model.ffn_hidden)
     else:
@@ -232,7 +233,7 @@ def _attention_ops(model: ModelSpec, shard: Shard) -> list[Op]:
                   sp_input=True)
     # Q, K and V are the attention core's inputs: saved under every recompute mode but full.
     ops.append(Op(**{**qkv.__dict__, "saved_bytes": qkv.saved_bytes + a * tokens * (q_w + 2 * kv_w)}))
-    if model.qk_norm:  # each query and key head normalised over head_dim; it keeps its input too
+    if model.qk_norm:  # over each head or the whole projection: the same elements; it keeps its input too
         ops.append(norm_op("qk_norm", model, shard, tokens * (q_w + kv_w)))
     if model.position_embedding == "rope":
         ops.append(_elementwise("rope", tokens * (q_w + kv_w), 2 * a, 0.0))

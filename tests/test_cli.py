@@ -179,6 +179,17 @@ def test_search_cluster_files_that_are_not_mappings(tmp_path, content):
     one_line_error(cli("search", "--model", "gpt3-175b", "--cluster", str(f), "--global-batch", "64"), "--cluster")
 
 
+def test_a_search_model_files_hf_config_is_relative_to_that_file(tmp_path):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "llama.json").write_text((ROOT / "tests" / "data" / "hf" / "llama-3.1-8b.json").read_text())
+    (folder / "m.yaml").write_text("model: {hf_config: llama.json, seq_len: 4096}\n")
+    proc = cli("search", "--model", str(folder / "m.yaml"), "--cluster", "dgx-h100", "--global-batch", "16",
+               "--top", "1", "--engine", "analytic", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["plans"]
+
+
 def test_a_sweep_whose_points_are_all_invalid_exits_2_with_the_first_reasons(tmp_path):
     space = tmp_path / "s.yaml"
     space.write_text("base_file: " + str(ROOT / "scenarios" / "quickstart.yaml") + "\nsweep:\n  plan.tp: [3, 5]\n")

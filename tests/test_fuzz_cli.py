@@ -27,7 +27,8 @@ BASE = {"model": {"preset": "megatron-gpt-1.7b"}, "cluster": {"node": "dgx-a100"
                  "recompute": "selective", "zero_stage": 1}, "training": {"tokens": 1.0e+10}}
 FIELDS = ["model.preset", "model.layers", "model.hidden", "model.heads", "model.kv_heads", "model.seq_len",
           "model.document_tokens", "model.sliding_window", "model.sliding_window_freq",
-          "model.sliding_window_skip_freq", "model.qk_norm", "model.post_norms",
+          "model.sliding_window_skip_freq", "model.qk_norm", "model.qk_norm_scope",
+          "model.pre_norms", "model.post_norms",
           "model.vocab", "model.activation", "cluster.node", "cluster.nodes", "cluster.accelerator",
           "cluster.devices_per_node", "plan.tp", "plan.pp", "plan.dp", "plan.cp", "plan.vpp", "plan.micro_batch",
           "plan.global_batch", "plan.schedule", "plan.sequence_parallel", "plan.recompute", "plan.zero_stage",
@@ -41,7 +42,7 @@ VALUES = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.none(),
     st.sampled_from(["1f1b", "interleaved", "gpipe", "zb-h1", "none", "full", "cpu", "nvme", "bf16", "fp8",
                      "auto", "gpt3-175b", "llama-3.1-8b", "dgx-h100", "mi300x", "tp-cp-dp-pp", "", "1e9", "ü",
-                     "ulysses", "ulysses-ring", "kv-allgather", "current", "mxfp8"]),
+                     "ulysses", "ulysses-ring", "kv-allgather", "current", "mxfp8", "head"]),
     st.lists(st.integers(0, 4), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
 

@@ -126,6 +126,29 @@ def test_gemma3_imports_four_norms_query_and_key_norms_geglu_tied_and_five_windo
     assert m.params() == 26 * layer + 262144 * 1152 + 1152 == 999_885_952
 
 
+# OLMo 2 1B's config (allenai/OLMo-2-0425-1B config.json)
+OLMO2_1B = {"model_type": "olmo2", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+            "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 100352, "hidden_act": "silu",
+            "attention_bias": False, "rms_norm_eps": 1e-06, "rope_theta": 500000, "tie_word_embeddings": False,
+            "max_position_embeddings": 4096}
+
+
+def test_olmo2_imports_output_norms_only_and_query_and_key_norms_over_the_projections(tmp_path):
+    m = load_hf_config(_write(tmp_path, OLMO2_1B), seq_len=4096)
+    assert (m.pre_norms, m.post_norms, m.qk_norm, m.qk_norm_scope) == (False, True, True, "full")
+    assert (m.activation, m.norm, m.tied_embeddings, m.sliding_window) == ("swiglu", "rmsnorm", False, 0)
+    # by hand: attention 4 x 2048^2, SwiGLU 3 x 2048 x 8192, two output norms of 2048 and the
+    # query and key norms of 16 x 128 each; two untied 100352 x 2048 tables and the final norm
+    layer = 4 * 2048 ** 2 + 3 * 2048 * 8192 + 2 * 2048 + 2 * 2048
+    assert m.params() == 16 * layer + 2 * 100352 * 2048 + 2048 == 1_484_916_736
+
+
+def test_olmo3_slides_on_three_layers_in_four_by_its_config_class_default(tmp_path):
+    m = load_hf_config(_write(tmp_path, {**OLMO2_1B, "model_type": "olmo3"}), seq_len=8192)
+    assert (m.sliding_window, m.sliding_window_skip_freq, m.pre_norms, m.qk_norm_scope) == (4096, 4, False, "full")
+    assert [m.is_sliding_window_layer(i) for i in range(8)] == [True] * 3 + [False] + [True] * 3 + [False]
+
+
 def test_gemma3_with_logit_soft_capping_is_refused(tmp_path):
     with pytest.raises(InputError, match=r"\.final_logit_softcapping: got 30.0"):
         load_hf_config(_write(tmp_path, {**GEMMA3_1B, "final_logit_softcapping": 30.0}), seq_len=4096)

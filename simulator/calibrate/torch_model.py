@@ -4,8 +4,10 @@ Per layer: LayerNorm -> fused QKV linear -> causal scaled_dot_product_attention 
 flash kernel on CPU and CUDA; over each packed document with document_tokens) -> output
 linear -> residual add -> LayerNorm -> linear (4h) -> GELU -> linear -> residual add. With
 qk_norm a LayerNorm over each query and key head before the attention (Qwen3's and Gemma 3's
-q_norm, k_norm); with post_norms a LayerNorm on the attention's and the MLP's outputs before
-each residual add (Gemma's post_attention_ and post_feedforward_layernorm).
+q_norm, k_norm), or with qk_norm_scope "full" over the whole query and key projections (OLMo
+2's); with post_norms a LayerNorm on the attention's and the MLP's outputs before each
+residual add (Gemma's and OLMo 2's post_attention_ and post_feedforward_layernorm); without
+pre_norms no LayerNorm before the attention and the MLP (OLMo 2).
 Around the layers: token + learned position embedding, final LayerNorm, lm_head tied to the
 token embedding, fp32 cross-entropy. No dropout. Initialised as GPT-2 and Megatron-LM
 initialise (N(0, 0.02)). Full recomputation wraps each layer in torch.utils.checkpoint
@@ -28,6 +30,8 @@ class GPTConfig:
     seq_len: int = 128
     document_tokens: int = 0  # packed documents of this many tokens, attention inside each (0: causal)
     qk_norm: bool = False
+    qk_norm_scope: str = "head"
+    pre_norms: bool = True
     post_norms: bool = False
 
     def model_fields(self) -> dict:
@@ -47,14 +51,14 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
         def __init__(self):
             super().__init__()
             h = cfg.hidden
-            self.ln1 = nn.LayerNorm(h)
+            self.ln1, self.ln2 = (nn.LayerNorm(h), nn.LayerNorm(h)) if cfg.pre_norms else (nn.Identity(),) * 2
             self.qkv = nn.Linear(h, 3 * h)
             self.proj = nn.Linear(h, h)
-            self.ln2 = nn.LayerNorm(h)
             self.up = nn.Linear(h, 4 * h)
             self.down = nn.Linear(4 * h, h)
             if cfg.qk_norm:
-                self.q_norm, self.k_norm = nn.LayerNorm(h // cfg.heads), nn.LayerNorm(h // cfg.heads)
+                width = h if cfg.qk_norm_scope == "full" else h // cfg.heads
+                self.q_norm, self.k_norm = nn.LayerNorm(width), nn.LayerNorm(width)
             if cfg.post_norms:
                 self.attn_post, self.mlp_post = nn.LayerNorm(h), nn.LayerNorm(h)
 
@@ -65,9 +69,11 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
             # the same views and kernels as the whole sequence (varlen attention of equal lengths)
             d = cfg.document_tokens if 0 < cfg.document_tokens < s else s
             # split (backward: one cat) rather than unbind of a permuted view (backward: a strided stack)
-            q, k, v = (t.view(b * s // d, d, nh, h // nh).transpose(1, 2)
-                       for t in self.qkv(self.ln1(x)).split(h, dim=-1))
-            if cfg.qk_norm:
+            q, k, v = self.qkv(self.ln1(x)).split(h, dim=-1)
+            if cfg.qk_norm and cfg.qk_norm_scope == "full":
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k, v = (t.reshape(b * s // d, d, nh, h // nh).transpose(1, 2) for t in (q, k, v))
+            if cfg.qk_norm and cfg.qk_norm_scope == "head":
                 q, k = self.q_norm(q), self.k_norm(k)
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             attn = self.proj(a.transpose(1, 2).reshape(b, s, h))
