@@ -6,7 +6,7 @@ embeddings, five windowed layers to one global; its embedding's scaling by sqrt(
 multiply, is not counted; logit soft-capping is refused), OLMo 2 and 3 (norms on each block's
 output only, query and key norms over the whole projections; OLMo 3's windows on three layers
 in four), Mixtral,
-Qwen2-MoE / Qwen3-MoE, DeepSeek-V2 / V3 (MLA, shared experts, leading dense layers, MTP)
+Qwen2-MoE / Qwen3-MoE, OLMoE (query and key norms over the projections), DeepSeek-V2 / V3 (MLA, shared experts, leading dense layers, MTP)
 and GPT-OSS (biases, alternating sliding-window layers). A config with expert or latent
 attention keys of another family, or a layer pattern llmsim cannot express, is refused with
 the key named: never imported as a dense model. So is any other family (its model_type
@@ -26,7 +26,7 @@ from .errors import InputError
 
 MAX_BYTES = 1 << 20  # a config.json is a few kB; anything larger is not one
 DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "olmo2", "olmo3")
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "gpt_oss")
 # Keys that only MoE / latent-attention / multi-token-prediction configs carry.
 EXPERT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "num_experts_per_tok", "experts_per_token",
                "moe_intermediate_size", "n_shared_experts", "shared_expert_intermediate_size",
@@ -228,6 +228,13 @@ def hf_fields(path: str, seq_len) -> dict:
         data["qk_norm"] = True
     if gemma:  # models/gemma3/modeling_gemma3.py Gemma3DecoderLayer: post_attention_ and post_feedforward_layernorm
         data["post_norms"] = True
+    if model_type == "olmoe":
+        # transformers models/olmoe/modeling_olmoe.py OlmoeAttention: q_norm over hidden, k_norm
+        # over kv_heads x head_dim, after the projections; its decoder layer keeps the pre-norms
+        data.update(qk_norm=True, qk_norm_scope="full")
+        if cfg.get("clip_qkv") is not None:
+            raise InputError(f"{where}.clip_qkv", cfg["clip_qkv"], "clamping queries, keys and values is not "
+                             "modelled: null only")
     if model_type in ("olmo2", "olmo3"):
         # transformers models/olmo2/modular_olmo2.py: Olmo2DecoderLayer deletes input_layernorm
         # and norms the attention's and the MLP's outputs (post_attention_layernorm,

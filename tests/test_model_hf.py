@@ -149,6 +149,30 @@ def test_olmo3_slides_on_three_layers_in_four_by_its_config_class_default(tmp_pa
     assert [m.is_sliding_window_layer(i) for i in range(8)] == [True] * 3 + [False] + [True] * 3 + [False]
 
 
+# allenai/OLMoE-1B-7B-0924's config.json (the keys the import reads)
+OLMOE_1B_7B = {"model_type": "olmoe", "hidden_size": 2048, "intermediate_size": 1024, "num_hidden_layers": 16,
+               "num_attention_heads": 16, "num_key_value_heads": 16, "num_experts": 64, "num_experts_per_tok": 8,
+               "vocab_size": 50304, "hidden_act": "silu", "clip_qkv": None, "tie_word_embeddings": False}
+
+
+def test_olmoe_imports_64_experts_top_8_with_pre_norms_and_projection_norms(tmp_path):
+    m = load_hf_config(_write(tmp_path, OLMOE_1B_7B), seq_len=4096)
+    assert (m.experts, m.top_k, m.expert_ffn_hidden, m.shared_experts) == (64, 8, 1024, 0)
+    assert (m.pre_norms, m.post_norms, m.qk_norm, m.qk_norm_scope) == (True, False, True, "full")
+    # by hand: attention 4 x 2048^2, router 2048 x 64, experts of 3 x 2048 x 1024, two pre-norms
+    # and the query and key norms of 2048 each; untied 50304 x 2048 tables and the final norm:
+    # the OLMoE paper's 6.9B total and 1.3B active
+    attention, expert, norms = 4 * 2048 ** 2, 3 * 2048 * 1024, 4 * 2048
+    tables = 2 * 50304 * 2048 + 2048
+    assert m.params() == 16 * (attention + 2048 * 64 + 64 * expert + norms) + tables == 6_919_161_856
+    assert m.active_params() == 16 * (attention + 2048 * 64 + 8 * expert + norms) + tables == 1_282_017_280
+
+
+def test_olmoe_with_clamped_queries_keys_and_values_is_refused(tmp_path):
+    with pytest.raises(InputError, match=r"\.clip_qkv: got 8.0"):
+        load_hf_config(_write(tmp_path, {**OLMOE_1B_7B, "clip_qkv": 8.0}), seq_len=4096)
+
+
 def test_gemma3_with_logit_soft_capping_is_refused(tmp_path):
     with pytest.raises(InputError, match=r"\.final_logit_softcapping: got 30.0"):
         load_hf_config(_write(tmp_path, {**GEMMA3_1B, "final_logit_softcapping": 30.0}), seq_len=4096)
