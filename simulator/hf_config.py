@@ -5,7 +5,7 @@ key head norms), Gemma 3's text model (four norms a layer, query and key norms, 
 embeddings, five windowed layers to one global; its embedding's scaling by sqrt(hidden), one
 multiply, is not counted; logit soft-capping is refused), OLMo 2 and 3 (norms on each block's
 output only, query and key norms over the whole projections; OLMo 3's windows on three layers
-in four), Mixtral,
+in four), Phi-3 / Phi-4 (fused projections, Llama's layer; partial RoPE refused), Mixtral,
 Qwen2-MoE / Qwen3-MoE, OLMoE (query and key norms over the projections), DeepSeek-V2 / V3 (MLA, shared experts, leading dense layers, MTP)
 and GPT-OSS (biases, alternating sliding-window layers). A config with expert or latent
 attention keys of another family, or a layer pattern llmsim cannot express, is refused with
@@ -25,7 +25,7 @@ from . import fields as F
 from .errors import InputError
 
 MAX_BYTES = 1 << 20  # a config.json is a few kB; anything larger is not one
-DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "olmo2", "olmo3")
+DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "olmo2", "olmo3", "phi3")
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "gpt_oss")
 # Keys that only MoE / latent-attention / multi-token-prediction configs carry.
 EXPERT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "num_experts_per_tok", "experts_per_token",
@@ -125,6 +125,24 @@ def _sliding_window(cfg: Mapping, model_type, layers: int, where: str) -> dict:
     return {"sliding_window": F.integer(cfg, "sliding_window", where)}
 
 
+def _dropout(cfg: Mapping, model_type, where: str) -> bool:
+    """model.dropout: llmsim's dropout is Megatron's set, on the attention probabilities, on both
+    residual branches and on the embedding output, all or none. Phi-3 has the three
+    (transformers Phi3Config attention_dropout, resid_pdrop, embd_pdrop); the other families
+    read here only attention_dropout, which alone is refused."""
+    keys = ("attention_dropout", "resid_pdrop", "embd_pdrop") if model_type == "phi3" else ("attention_dropout",)
+    rates = [F.number(cfg, key, where, 0.0, strict_min=False, maximum=1.0) for key in keys]
+    if len(keys) == 1 and rates[0]:
+        raise InputError(f"{where}.attention_dropout", cfg["attention_dropout"], "0 (dropout on the attention "
+                         "probabilities alone is not modelled: model.dropout adds residual and embedding dropout)")
+    for key, rate in zip(keys, rates):
+        if bool(rate) != bool(rates[0]):
+            raise InputError(f"{where}.{key}", cfg.get(key), f"{'non-zero' if rates[0] else '0'} as "
+                             f"{keys[0]} (llmsim's dropout is on the attention, the residuals and the "
+                             "embedding together)")
+    return bool(rates[0])
+
+
 def _moe_fields(cfg: Mapping, model_type: str, where: str) -> dict:
     """Expert fields of a known MoE family (the keys of each family's transformers config class)."""
     key = {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts", "deepseek_v2": "n_routed_experts",
@@ -213,7 +231,7 @@ def hf_fields(path: str, seq_len) -> dict:
                 # ignored: `bias` means biases on every linear layer, as in GPT and GPT-OSS.
                 bias=model_type == "gpt_oss" and bool(cfg.get("attention_bias", True)),
                 tied_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),  # Gemma3TextConfig ties by default
-                dropout=bool(cfg.get("attention_dropout", 0.0)), **_sliding_window(cfg, model_type, layers, where))
+                dropout=_dropout(cfg, model_type, where), **_sliding_window(cfg, model_type, layers, where))
     if model_type in ("deepseek_v2", "deepseek_v3"):
         # Multi-head latent attention; transformers writes head_dim = qk_rope_head_dim for
         # rotary purposes, so the query/key head is derived from the MLA dims instead.
@@ -228,6 +246,10 @@ def hf_fields(path: str, seq_len) -> dict:
         data["qk_norm"] = True
     if gemma:  # models/gemma3/modeling_gemma3.py Gemma3DecoderLayer: post_attention_ and post_feedforward_layernorm
         data["post_norms"] = True
+    if model_type == "phi3" and F.number(cfg, "partial_rotary_factor", where, 1.0, maximum=1.0) != 1.0:
+        # transformers models/phi3 apply_rotary_pos_emb: RoPE on the first rotary_dim of each head
+        raise InputError(f"{where}.partial_rotary_factor", cfg["partial_rotary_factor"], "1.0 only (RoPE on part "
+                         "of each head is not modelled)")
     if model_type == "olmoe":
         # transformers models/olmoe/modeling_olmoe.py OlmoeAttention: q_norm over hidden, k_norm
         # over kv_heads x head_dim, after the projections; its decoder layer keeps the pre-norms

@@ -173,6 +173,46 @@ def test_olmoe_with_clamped_queries_keys_and_values_is_refused(tmp_path):
         load_hf_config(_write(tmp_path, {**OLMOE_1B_7B, "clip_qkv": 8.0}), seq_len=4096)
 
 
+# microsoft/phi-4's config.json (transformers 4.47.0)
+PHI4 = {"model_type": "phi3", "hidden_size": 5120, "intermediate_size": 17920, "num_hidden_layers": 40,
+        "num_attention_heads": 40, "num_key_value_heads": 10, "vocab_size": 100352, "hidden_act": "silu",
+        "attention_bias": False, "attention_dropout": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0,
+        "max_position_embeddings": 16384, "rope_scaling": None, "rope_theta": 250000, "sliding_window": None,
+        "tie_word_embeddings": False}
+
+
+def test_phi4_imports_as_llamas_layer_with_fused_projections(tmp_path):
+    m = load_hf_config(_write(tmp_path, PHI4), seq_len=4096)
+    assert (m.activation, m.norm, m.kv_heads, m.sliding_window, m.dropout, m.qk_norm) == \
+        ("swiglu", "rmsnorm", 10, 0, False, False)
+    # by hand: attention 5120 x (5120 + 2 x 1280) + 5120 x 5120, SwiGLU 3 x 5120 x 17920, two norms;
+    # two untied 100352 x 5120 tables and the final norm: Phi-4's 14.7B
+    layer = 5120 * (5120 + 2 * 1280) + 5120 * 5120 + 3 * 5120 * 17920 + 2 * 5120
+    assert m.params() == 40 * layer + 2 * 100352 * 5120 + 5120 == 14_659_507_200
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"partial_rotary_factor": 0.75}, "partial_rotary_factor"),  # Phi-4-mini
+    ({"attention_dropout": 0.1}, "resid_pdrop"),  # the residual dropout would be 0
+    ({"attention_dropout": 0.1, "resid_pdrop": 0.1}, "embd_pdrop"),
+])
+def test_phi3_configs_llmsim_cannot_express_are_refused_naming_the_key(tmp_path, change, key):
+    with pytest.raises(InputError) as e:
+        load_hf_config(_write(tmp_path, {**PHI4, **change}), seq_len=4096)
+    assert e.value.field.endswith("." + key)
+
+
+def test_phi3_with_every_dropout_on_has_llmsims_dropout(tmp_path):
+    rates = {"attention_dropout": 0.1, "resid_pdrop": 0.1, "embd_pdrop": 0.1}
+    assert load_hf_config(_write(tmp_path, {**PHI4, **rates}), seq_len=4096).dropout
+
+
+def test_attention_dropout_alone_is_refused(tmp_path):
+    with pytest.raises(InputError) as e:
+        load_hf_config(_write(tmp_path, {**OLMO2_1B, "attention_dropout": 0.1}), seq_len=4096)
+    assert e.value.field.endswith(".attention_dropout")
+
+
 def test_gemma3_with_logit_soft_capping_is_refused(tmp_path):
     with pytest.raises(InputError, match=r"\.final_logit_softcapping: got 30.0"):
         load_hf_config(_write(tmp_path, {**GEMMA3_1B, "final_logit_softcapping": 30.0}), seq_len=4096)
