@@ -202,6 +202,11 @@ def hf_fields(path: str, seq_len) -> dict:
                     activation=_HF_ACT[act], norm="layernorm", position_embedding="learned", bias=True,
                     tied_embeddings=cfg.get("tie_word_embeddings", True), dropout=bool(cfg.get("resid_pdrop", 0)))
     model_type = cfg.get("model_type")
+    if model_type not in DENSE_TYPES + MOE_TYPES and isinstance(cfg.get("text_config"), Mapping):
+        # a multimodal checkpoint (Gemma 3 4B-27B, Llama 4, LLaVA): a vision encoder beside a decoder
+        raise InputError(f"{where}.text_config", f"model_type {model_type!r}", "a multimodal config: llmsim models "
+                         "the text decoder only; save its text_config as a config.json of its own (the vision "
+                         "encoder is not modelled)")
     if model_type not in DENSE_TYPES + MOE_TYPES:
         found = _present(cfg, EXPERT_KEYS + MLA_KEYS + OTHER_VARIANT_KEYS)
         if found:

@@ -103,6 +103,20 @@ def test_megatron_bridge_qk_layernorm_is_the_norm_of_the_query_and_key_heads(tmp
     assert imported.scenario["model"]["qk_norm"] is True
 
 
+@pytest.mark.parametrize("qk_layernorm, scope", [(True, "full"), (False, None)])
+def test_megatron_bridges_olmoe_spec_norms_the_whole_query_and_key_projections(tmp_path, qk_layernorm, scope):
+    import yaml
+    data = yaml.safe_load((Path(__file__).parent / "data" / "imports" /
+                           "bridge-llama3_8b_sft_gb200_fp8_mx_v1.yaml").read_text())
+    data["model"]["transformer_layer_spec"] = {"_target_": "megatron.bridge.models.olmoe.olmoe_provider."
+                                                           "olmoe_layer_spec", "_call_": False}
+    data["model"]["qk_layernorm"] = qk_layernorm
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    model = import_config("megatron", path, {"cluster.node": "dgx-b200"}).scenario["model"]
+    assert (bool(model.get("qk_norm")), model.get("qk_norm_scope")) == (qk_layernorm, scope)
+
+
 def test_post_norms_add_two_hidden_wide_norms_a_layer_held_by_every_tp_rank():
     assert _model(post_norms=True).params() - _model().params() == 32 * 2 * 4096
     assert layer_params_local(_model(post_norms=True), TP) - layer_params_local(_model(), TP) == 2 * 4096

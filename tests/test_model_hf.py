@@ -213,6 +213,14 @@ def test_attention_dropout_alone_is_refused(tmp_path):
     assert e.value.field.endswith(".attention_dropout")
 
 
+def test_a_multimodal_config_is_refused_pointing_at_its_text_decoder(tmp_path):
+    wrapper = {"model_type": "gemma3", "text_config": {**GEMMA3_1B}, "vision_config": {"model_type": "siglip"}}
+    with pytest.raises(InputError, match=r"\.text_config: .*save its text_config"):
+        load_hf_config(_write(tmp_path, wrapper), seq_len=4096)
+    # the decoder saved on its own imports
+    assert load_hf_config(_write(tmp_path, wrapper["text_config"]), seq_len=4096).params() == 999_885_952
+
+
 def test_gemma3_with_logit_soft_capping_is_refused(tmp_path):
     with pytest.raises(InputError, match=r"\.final_logit_softcapping: got 30.0"):
         load_hf_config(_write(tmp_path, {**GEMMA3_1B, "final_logit_softcapping": 30.0}), seq_len=4096)

@@ -82,6 +82,10 @@ REFUSED_ON = {"is_hybrid_model": "hybrid (Mamba) models are not modelled",
 # TERowParallelLinearLayerNorm), Llama 4 chunks its attention, a heterogeneous stack varies.
 GPT_LAYER_SPECS = ("megatron.core.models.gpt.gpt_layer_specs.", "megatron.bridge.models.gpt_provider.",
                    "megatron.bridge.models.gpt.gpt_builder.")
+# OLMoE's spec is the GPT layer whose query and key norms span the whole projections (Bridge
+# @067f987df src/megatron/bridge/models/olmoe/olmoe_provider.py OLMoESelfAttention: q_layernorm
+# and k_layernorm of hidden_size_per_attention_head x num_attention_heads)
+OLMOE_SPEC = "megatron.bridge.models.olmoe.olmoe_provider.olmoe_layer_spec"
 ACTIVATIONS = {"torch.nn.functional.silu": "swiglu", "torch.nn.functional.gelu": "gelu",
                "megatron.core.fusions.fused_bias_geglu.quick_gelu": "geglu"}
 
@@ -93,7 +97,7 @@ def read_bridge(data: dict) -> Imported:
         if a.get(m(field)):
             a.refuse(m(field), why)
     spec = a.get(m("transformer_layer_spec._target_"))
-    if spec is not None and not str(spec).startswith(GPT_LAYER_SPECS):
+    if spec is not None and spec != OLMOE_SPEC and not str(spec).startswith(GPT_LAYER_SPECS):
         a.refuse(m("transformer_layer_spec._target_"), "a model's own layer spec is not modelled: llmsim models "
                                                        "Megatron-Core's GPT layer")
     peft = [k for k in a.flat if k.startswith("peft.") or k == "peft" and a.flat[k]]
@@ -120,6 +124,8 @@ def read_bridge(data: dict) -> Imported:
         a.refuse(m("normalization"), "expected LayerNorm or RMSNorm")
     a.map(m("normalization"), "model.norm", norm.lower())
     read_qk_norm(a, m("qk_layernorm"), bool(a.get(m("multi_latent_attention"))))
+    if spec == OLMOE_SPEC and a.get(m("qk_layernorm")):
+        a.map(m("transformer_layer_spec._target_"), "model.qk_norm_scope", "full")
     position = str(a.get(m("position_embedding_type"), "learned_absolute"))
     if position not in ("learned_absolute", "rope", "yarn"):  # YaRN rescales RoPE's frequencies: RoPE's cost
         a.refuse(m("position_embedding_type"), "expected learned_absolute, rope or yarn")
