@@ -5,9 +5,10 @@ key head norms), Gemma 3's text model (four norms a layer, query and key norms, 
 embeddings, five windowed layers to one global; its embedding's scaling by sqrt(hidden), one
 multiply, is not counted; logit soft-capping is refused), OLMo 2 and 3 (norms on each block's
 output only, query and key norms over the whole projections; OLMo 3's windows on three layers
-in four), Phi-3 / Phi-4 (fused projections, Llama's layer; partial RoPE refused), Mixtral,
-Qwen2-MoE / Qwen3-MoE, OLMoE (query and key norms over the projections), DeepSeek-V2 / V3 (MLA, shared experts, leading dense layers, MTP)
-and GPT-OSS (biases, alternating sliding-window layers). A config with expert or latent
+in four), Phi-3 / Phi-4 (fused projections, Llama's layer, partial RoPE), Mixtral,
+Qwen2-MoE / Qwen3-MoE, OLMoE (query and key norms over the projections), DeepSeek-V2 / V3
+(MLA, shared experts, leading dense layers, MTP), GLM-4.5 (DeepSeek-V3's experts with GQA,
+partial RoPE and MTP) and GPT-OSS (biases, alternating sliding-window layers). A config with expert or latent
 attention keys of another family, or a layer pattern llmsim cannot express, is refused with
 the key named: never imported as a dense model. So is any other family (its model_type
 named): its layer may differ from these in ways the keys do not show (GPT-NeoX's and Falcon's
@@ -26,7 +27,7 @@ from .errors import InputError
 
 MAX_BYTES = 1 << 20  # a config.json is a few kB; anything larger is not one
 DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "olmo2", "olmo3", "phi3")
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "gpt_oss")
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "glm4_moe", "gpt_oss")
 # Keys that only MoE / latent-attention / multi-token-prediction configs carry.
 EXPERT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "num_experts_per_tok", "experts_per_token",
                "moe_intermediate_size", "n_shared_experts", "shared_expert_intermediate_size",
@@ -145,15 +146,18 @@ def _dropout(cfg: Mapping, model_type, where: str) -> bool:
 
 def _moe_fields(cfg: Mapping, model_type: str, where: str) -> dict:
     """Expert fields of a known MoE family (the keys of each family's transformers config class)."""
-    key = {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts", "deepseek_v2": "n_routed_experts",
-           "deepseek_v3": "n_routed_experts"}.get(model_type, "num_experts")
+    deepseek_like = model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe")
+    key = {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts"}.get(
+        model_type, "n_routed_experts" if deepseek_like else "num_experts")
     out = dict(experts=F.integer(cfg, key, where), top_k=F.integer(cfg, "num_experts_per_tok", where))
-    width = "moe_intermediate_size" if model_type in ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3") \
+    width = "moe_intermediate_size" if deepseek_like or model_type in ("qwen2_moe", "qwen3_moe") \
         else "intermediate_size"
     out["expert_ffn_hidden"] = F.integer(cfg, width, where)
-    if model_type.startswith("deepseek"):
+    if deepseek_like:
         # vllm deepseek_v2.py (commit 002d6073) DeepseekV2MoE: one shared MLP of
-        # moe_intermediate_size * n_shared_experts, i.e. n_shared_experts experts of that width.
+        # moe_intermediate_size * n_shared_experts, i.e. n_shared_experts experts of that width;
+        # GLM-4.5's the same (transformers models/glm4_moe Glm4MoeDecoderLayer: a dense MLP of
+        # intermediate_size below first_k_dense_replace, the DeepSeek-V3 router and experts above).
         shared = F.integer(cfg, "n_shared_experts", where, 0, minimum=0)
         out.update(shared_experts=shared, shared_expert_ffn_hidden=out["expert_ffn_hidden"] if shared else None,
                    dense_layers=F.integer(cfg, "first_k_dense_replace", where, 0, minimum=0),
@@ -245,16 +249,22 @@ def hf_fields(path: str, seq_len) -> dict:
                     mtp_layers=F.integer(cfg, "num_nextn_predict_layers", where, 0, minimum=0))
     elif cfg.get("head_dim") is not None:
         data["head_dim"] = F.integer(cfg, "head_dim", where)
+    if model_type == "glm4_moe":
+        # transformers models/glm4_moe Glm4MoeAttention: RoPE on partial_rotary_factor of each
+        # head, per-head q_norm and k_norm with use_qk_norm; the q/k/v biases of attention_bias
+        # are left out as Qwen2's; MTP modules as DeepSeek-V3's (num_nextn_predict_layers)
+        data.update(rotary_fraction=F.number(cfg, "partial_rotary_factor", where, 0.5, maximum=1.0),
+                    qk_norm=bool(cfg.get("use_qk_norm", False)),
+                    mtp_layers=F.integer(cfg, "num_nextn_predict_layers", where, 0, minimum=0))
     if model_type in ("qwen3", "qwen3_moe", "gemma3_text"):
         # transformers models/qwen3/modeling_qwen3.py Qwen3Attention: q_norm and k_norm, an
         # RMSNorm over each head's head_dim, before RoPE (Qwen3-MoE's and Gemma 3's the same)
         data["qk_norm"] = True
     if gemma:  # models/gemma3/modeling_gemma3.py Gemma3DecoderLayer: post_attention_ and post_feedforward_layernorm
         data["post_norms"] = True
-    if model_type == "phi3" and F.number(cfg, "partial_rotary_factor", where, 1.0, maximum=1.0) != 1.0:
+    if model_type == "phi3":
         # transformers models/phi3 apply_rotary_pos_emb: RoPE on the first rotary_dim of each head
-        raise InputError(f"{where}.partial_rotary_factor", cfg["partial_rotary_factor"], "1.0 only (RoPE on part "
-                         "of each head is not modelled)")
+        data["rotary_fraction"] = F.number(cfg, "partial_rotary_factor", where, 1.0, maximum=1.0)
     if model_type == "olmoe":
         # transformers models/olmoe/modeling_olmoe.py OlmoeAttention: q_norm over hidden, k_norm
         # over kv_heads x head_dim, after the projections; its decoder layer keeps the pre-norms

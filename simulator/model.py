@@ -69,6 +69,9 @@ class ModelSpec:
     # Norms on the outputs of attention and of the MLP, before each residual add (Gemma 2 and
     # 3, OLMo 2: post_attention_layernorm, post_feedforward_layernorm)
     post_norms: bool = False
+    # The share of each query and key head RoPE rotates (partial RoPE: GLM-4.5 0.5, Phi-4-mini
+    # 0.75; Megatron --rotary-percent); the rest passes through unrotated
+    rotary_fraction: float = 1.0
     attention: str | None = None  # mha | gqa | mla; mha and gqa follow from kv_heads (== heads: mha)
     # Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1); 0 unless mla.
     q_lora_rank: int = 0  # 0 with mla: full-rank query projection (DeepSeek-V2-Lite)
@@ -356,7 +359,7 @@ def window_pattern(windowed: list) -> dict | None:
 
 
 MODEL_KEYS = ("preset", "hf_config", "name", "description", "layers", "hidden", "heads", "kv_heads", "head_dim",
-              "qk_norm", "qk_norm_scope", "pre_norms", "post_norms", "attention", *MLA_FIELDS, "ffn_hidden",
+              "qk_norm", "qk_norm_scope", "pre_norms", "post_norms", "rotary_fraction", "attention", *MLA_FIELDS, "ffn_hidden",
               "dense_ffn_hidden", "experts", *MOE_FIELDS, "mtp_layers", "sliding_window", "sliding_window_freq", "sliding_window_skip_freq",
               "document_tokens", "vocab", "seq_len", "activation", "norm", "position_embedding", "bias",
               "tied_embeddings", "dropout", "source")
@@ -434,6 +437,7 @@ def _spec_from_fields(data: Mapping, field: str, base: ModelSpec | None = None) 
         norm=F.choice(data, "norm", field, NORMS, default("norm", "layernorm")),
         position_embedding=F.choice(data, "position_embedding", field, POSITIONS,
                                     default("position_embedding", "learned")),
+        rotary_fraction=F.number(data, "rotary_fraction", field, default("rotary_fraction", 1.0), maximum=1.0),
         bias=F.boolean(data, "bias", field, default("bias", True)),
         tied_embeddings=F.boolean(data, "tied_embeddings", field, default("tied_embeddings", True)),
         dropout=F.boolean(data, "dropout", field, default("dropout", False)),
@@ -499,6 +503,12 @@ def check_shapes(spec: ModelSpec, field: str = "model") -> ModelSpec:
             bad("dense_layers", f"must be < layers={spec.layers} (an MoE model has at least one MoE layer)")
         if not spec.moe_layers:
             bad("moe_layer_freq", f"leaves no MoE layer among layers {spec.dense_layers}..{spec.layers - 1}")
+    if spec.rotary_fraction != 1.0:
+        rotated = spec.head_dim * spec.rotary_fraction
+        if spec.position_embedding != "rope" or spec.attention == "mla":
+            bad("rotary_fraction", "1 unless position_embedding is rope (MLA's rotated part is qk_rope_head_dim)")
+        if rotated != int(rotated) or int(rotated) % 2:
+            bad("rotary_fraction", f"a share of head_dim={spec.head_dim} that is an even number of dimensions")
     if spec.qk_norm_scope != "head" and not spec.qk_norm:
         bad("qk_norm_scope", "only with qk_norm: true")
     if not spec.pre_norms and (spec.experts or spec.attention == "mla" or spec.mtp_layers):

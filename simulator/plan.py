@@ -383,6 +383,9 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster, options: bool = Tru
     if model.kv_heads % plan.tp and plan.tp % model.kv_heads:
         raise InputError("plan.tp", plan.tp, f"must divide kv_heads={model.kv_heads}, or be a multiple of it "
                          "(each KV head is then replicated tp/kv_heads times)")
+    if not plan.compile and model.rotary_fraction != 1.0:
+        raise InputError("plan.compile", False, "true with a partial RoPE (model.rotary_fraction): eager PyTorch "
+                         "slices the heads and concatenates them back, a kernel sequence not modelled")
     if plan.tp > 1 and model.qk_norm and model.qk_norm_scope == "full":
         raise InputError("plan.tp", plan.tp, "1 with model.qk_norm_scope full: a norm over the whole query and key "
                          "projections spans the TP ranks' heads (OLMo-core re-shards it by sequence, transformers "

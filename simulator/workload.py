@@ -236,6 +236,10 @@ def _attention_ops(model: ModelSpec, shard: Shard) -> list[Op]:
     if model.qk_norm:  # over each head or the whole projection: the same elements; it keeps its input too
         ops.append(norm_op("qk_norm", model, shard, tokens * (q_w + kv_w)))
     if model.position_embedding == "rope":
+        # a partial RoPE (model.rotary_fraction) moves the same bytes: the fused kernel copies the
+        # unrotated rest of each head with the rotated part (TransformerEngine@d0067d0da
+        # transformer_engine/common/fused_rope/fused_rope.cu, fused_rope_block_forward "copy the
+        # rest"); torch.compile fuses the slices and the concatenation alike
         ops.append(_elementwise("rope", tokens * (q_w + kv_w), 2 * a, 0.0))
     ops += attention_core_ops(model, shard, q_heads, kv_heads, d, d)
     # The projection's input is the attention output (flash attention's O).

@@ -28,7 +28,7 @@ BASE = {"model": {"preset": "megatron-gpt-1.7b"}, "cluster": {"node": "dgx-a100"
 FIELDS = ["model.preset", "model.layers", "model.hidden", "model.heads", "model.kv_heads", "model.seq_len",
           "model.document_tokens", "model.sliding_window", "model.sliding_window_freq",
           "model.sliding_window_skip_freq", "model.qk_norm", "model.qk_norm_scope",
-          "model.pre_norms", "model.post_norms",
+          "model.pre_norms", "model.post_norms", "model.rotary_fraction",
           "model.vocab", "model.activation", "cluster.node", "cluster.nodes", "cluster.accelerator",
           "cluster.devices_per_node", "plan.tp", "plan.pp", "plan.dp", "plan.cp", "plan.vpp", "plan.micro_batch",
           "plan.global_batch", "plan.schedule", "plan.sequence_parallel", "plan.recompute", "plan.zero_stage",

@@ -192,7 +192,6 @@ def test_phi4_imports_as_llamas_layer_with_fused_projections(tmp_path):
 
 
 @pytest.mark.parametrize("change, key", [
-    ({"partial_rotary_factor": 0.75}, "partial_rotary_factor"),  # Phi-4-mini
     ({"attention_dropout": 0.1}, "resid_pdrop"),  # the residual dropout would be 0
     ({"attention_dropout": 0.1, "resid_pdrop": 0.1}, "embd_pdrop"),
 ])
@@ -219,6 +218,31 @@ def test_a_multimodal_config_is_refused_pointing_at_its_text_decoder(tmp_path):
         load_hf_config(_write(tmp_path, wrapper), seq_len=4096)
     # the decoder saved on its own imports
     assert load_hf_config(_write(tmp_path, wrapper["text_config"]), seq_len=4096).params() == 999_885_952
+
+
+# zai-org/GLM-4.5-Air's config.json (transformers 4.54.1)
+GLM45_AIR = {"model_type": "glm4_moe", "attention_bias": True, "attention_dropout": 0.0, "first_k_dense_replace": 1,
+             "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 10944,
+             "moe_intermediate_size": 1408, "n_group": 1, "n_routed_experts": 128, "n_shared_experts": 1,
+             "norm_topk_prob": True, "num_attention_heads": 96, "num_experts_per_tok": 8, "num_hidden_layers": 46,
+             "num_key_value_heads": 8, "num_nextn_predict_layers": 1, "partial_rotary_factor": 0.5,
+             "routed_scaling_factor": 1.0, "tie_word_embeddings": False, "topk_group": 1, "use_qk_norm": False,
+             "vocab_size": 151552}
+
+
+def test_glm45_air_imports_deepseek_v3s_experts_with_gqa_partial_rope_and_mtp(tmp_path):
+    m = load_hf_config(_write(tmp_path, GLM45_AIR), seq_len=4096)
+    assert (m.experts, m.top_k, m.expert_ffn_hidden, m.shared_experts, m.dense_layers, m.ffn_hidden) == \
+        (128, 8, 1408, 1, 1, 10944)
+    assert (m.attention, m.head_dim, m.rotary_fraction, m.mtp_layers, m.qk_norm) == ("gqa", 128, 0.5, 1, False)
+    # by hand, without the MTP module: attention 4096 x (12288 + 2 x 1024) + 12288 x 4096; the
+    # dense layer's SwiGLU 3 x 4096 x 10944; an MoE layer's router 4096 x 128, 128 routed and one
+    # shared expert of 3 x 4096 x 1408; two norms a layer; untied 151552 x 4096 tables and the
+    # final norm: GLM-4.5-Air's 106B (the q/k/v biases, 14,336 a layer, left out)
+    attention, expert, norms = 4096 * (12288 + 2048) + 12288 * 4096, 3 * 4096 * 1408, 2 * 4096
+    dense = attention + 3 * 4096 * 10944 + norms
+    moe = attention + 4096 * 128 + 129 * expert + norms
+    assert m.params(mtp=False) == dense + 45 * moe + 2 * 151552 * 4096 + 4096 == 106_851_586_048
 
 
 def test_gemma3_with_logit_soft_capping_is_refused(tmp_path):

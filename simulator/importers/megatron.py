@@ -135,6 +135,7 @@ def read_args(args: dict) -> Imported:
         a.refuse("normalization", "expected LayerNorm or RMSNorm")
     a.map("normalization", "model.norm", norm.lower())
     read_qk_norm(a, "qk-layernorm", bool(a.get("multi-latent-attention")))
+    read_rotary_fraction(a, "rotary-percent", number_of)
     position = str(a.get("position-embedding-type", "learned_absolute"))
     if position not in ("learned_absolute", "rope"):
         a.refuse("position-embedding-type", "expected learned_absolute or rope")
@@ -314,6 +315,17 @@ def read_qk_norm(a: Account, key: str, mla: bool) -> None:
     a.used(key)
 
 
+def read_rotary_fraction(a: Account, key: str, number_of) -> None:
+    """Megatron-Core's rotary_percent (--rotary-percent; NeMo's rotary_percentage): the share of
+    each head RoPE rotates (NVIDIA/Megatron-LM@d98e8a64dd megatron/core/models/common/embeddings/
+    rotary_pos_embedding.py RotaryEmbedding: dim = kv_channels x rotary_percent) ->
+    model.rotary_fraction."""
+    fraction = number_of(a, key, 1.0, integer=False)
+    if fraction != 1.0:
+        a.map(key, "model.rotary_fraction", fraction)
+    a.used(key)
+
+
 def read_bf16_layers(a: Account, flag: str, start: str, end: str, precision: str, default: int = 1) -> None:
     """Megatron-Core's first_last_layers_bf16 with num_layers_at_start_in_bf16 and
     num_layers_at_end_in_bf16 -> plan.bf16_layers_at_start and _end; an absent count is
@@ -463,7 +475,7 @@ NEMO_IGNORED = ("run.*", "exp_manager.*", "hydra.*", "trainer.accelerator", "tra
                 "model.*dropout", "model.apply_query_key_layer_scaling", "model.layernorm_epsilon",
                 "model.do_layer_norm_weight_decay", "model.pre_process", "model.post_process", "model.headscale",
                 "model.transformer_block_type", "model.openai_gelu", "model.normalize_attention_scores",
-                "model.rotary_percentage", "model.rotary_base", "model.attention_type", "model.tokenizer.*",
+                "model.rotary_base", "model.attention_type", "model.tokenizer.*",
                 "model.native_amp_*", "model.hysteresis", "model.seed", "model.resume_from_checkpoint",
                 "model.use_cpu_initialization", "model.onnx_safe", "model.apex_transformer_log_level",
                 "model.gc_interval", "model.nsys_profile.*", "model.data.*", "model.optim.lr",
@@ -515,6 +527,7 @@ def read_nemo(data: dict) -> Imported:
         a.refuse(m("normalization"), "expected layernorm or rmsnorm")
     a.map(m("normalization"), "model.norm", norm)
     read_qk_norm(a, m("qk_layernorm"), bool(a.get(m("multi_latent_attention"))))
+    read_rotary_fraction(a, m("rotary_percentage"), number_of)
     position = str(a.get(m("position_embedding_type"), "learned_absolute"))
     if position not in ("learned_absolute", "rope"):
         a.refuse(m("position_embedding_type"), "expected learned_absolute or rope")

@@ -19,7 +19,8 @@ from __future__ import annotations
 from . import megatron_moe as moe
 from .common import Account, Imported, padded_vocab
 from .megatron import (adam_states, fsdp_grad_precision, megatron_fsdp, nemo_key, number_of, read_cp_comm_type,
-                       read_bf16_layers, read_fp8_recipe, read_head_dim, read_qk_norm, read_recompute, read_window)
+                       read_bf16_layers, read_fp8_recipe, read_head_dim, read_qk_norm, read_recompute,
+                       read_rotary_fraction, read_window)
 from .megatron_pipeline import read_stage_split
 
 SECTIONS_IGNORED = ("checkpoint.*", "dataset.*", "dist.*", "logger.*", "profiling.*", "rerun_state_machine.*",
@@ -124,6 +125,7 @@ def read_bridge(data: dict) -> Imported:
         a.refuse(m("normalization"), "expected LayerNorm or RMSNorm")
     a.map(m("normalization"), "model.norm", norm.lower())
     read_qk_norm(a, m("qk_layernorm"), bool(a.get(m("multi_latent_attention"))))
+    read_rotary_fraction(a, m("rotary_percent"), number_of)
     if spec == OLMOE_SPEC and a.get(m("qk_layernorm")):
         a.map(m("transformer_layer_spec._target_"), "model.qk_norm_scope", "full")
     position = str(a.get(m("position_embedding_type"), "learned_absolute"))
