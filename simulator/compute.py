@@ -65,7 +65,7 @@ def _work_time(work, rate: float, eff: Efficiency, kernels=1):
 MEMORY_KERNELS = {
     "attn_norm": "norm", "mlp_norm": "norm", "final_norm": "norm", "qk_norm": "norm",
     "attn_post_norm": "norm", "mlp_post_norm": "norm",
-    "attn_residual": "residual", "mlp_residual": "residual",
+    "attn_residual": "residual", "mlp_residual": "residual", "branch_sum": "residual",
     "gelu": "gelu", "swiglu": "swiglu", "rope": "rope", "softmax": "softmax", "attn_dropout": "dropout",
     "embedding": "embedding", "cross_entropy": "cross_entropy", "fp8_cast": "fp8_cast",
     "fp8_cast_rowwise": "fp8_cast_rowwise",

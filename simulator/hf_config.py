@@ -8,11 +8,12 @@ output only, query and key norms over the whole projections; OLMo 3's windows on
 in four), Phi-3 / Phi-4 (fused projections, Llama's layer, partial RoPE), Mixtral,
 Qwen2-MoE / Qwen3-MoE, OLMoE (query and key norms over the projections), DeepSeek-V2 / V3
 (MLA, shared experts, leading dense layers, MTP), GLM-4.5 (DeepSeek-V3's experts with GQA,
-partial RoPE and MTP) and GPT-OSS (biases, alternating sliding-window layers). A config with expert or latent
-attention keys of another family, or a layer pattern llmsim cannot express, is refused with
-the key named: never imported as a dense model. So is any other family (its model_type
-named): its layer may differ from these in ways the keys do not show (GPT-NeoX's and Falcon's
-parallel attention and MLP, Gemma 2's logit soft-capping, LayerNorm and biases), so it is never
+partial RoPE and MTP), GPT-OSS (biases, alternating sliding-window layers) and GPT-NeoX /
+Pythia (parallel attention and MLP, partial RoPE, LayerNorms and biases). A config with expert
+or latent attention keys of another family, or a layer pattern llmsim cannot express, is
+refused with the key named: never imported as a dense model. So is any other family (its model_type
+named): its layer may differ from these in ways the keys do not show (Falcon's parallel
+attention and MLP, Gemma 2's logit soft-capping, LayerNorm and biases), so it is never
 read as a Llama. No network: the file is read from disk.
 """
 
@@ -126,12 +127,17 @@ def _sliding_window(cfg: Mapping, model_type, layers: int, where: str) -> dict:
     return {"sliding_window": F.integer(cfg, "sliding_window", where)}
 
 
+# A family's dropout rates (transformers config keys): Phi-3's attention, residual and embedding
+# dropout; GPT-NeoX's hidden_dropout on the residual branches and the embedding
+DROPOUT_KEYS = {"phi3": ("attention_dropout", "resid_pdrop", "embd_pdrop"),
+                "gpt_neox": ("attention_dropout", "hidden_dropout")}
+
+
 def _dropout(cfg: Mapping, model_type, where: str) -> bool:
     """model.dropout: llmsim's dropout is Megatron's set, on the attention probabilities, on both
-    residual branches and on the embedding output, all or none. Phi-3 has the three
-    (transformers Phi3Config attention_dropout, resid_pdrop, embd_pdrop); the other families
-    read here only attention_dropout, which alone is refused."""
-    keys = ("attention_dropout", "resid_pdrop", "embd_pdrop") if model_type == "phi3" else ("attention_dropout",)
+    residual branches and on the embedding output, all or none (DROPOUT_KEYS); the other
+    families read here have only attention_dropout, which alone is refused."""
+    keys = DROPOUT_KEYS.get(model_type, ("attention_dropout",))
     rates = [F.number(cfg, key, where, 0.0, strict_min=False, maximum=1.0) for key in keys]
     if len(keys) == 1 and rates[0]:
         raise InputError(f"{where}.attention_dropout", cfg["attention_dropout"], "0 (dropout on the attention "
@@ -142,6 +148,30 @@ def _dropout(cfg: Mapping, model_type, where: str) -> bool:
                              f"{keys[0]} (llmsim's dropout is on the attention, the residuals and the "
                              "embedding together)")
     return bool(rates[0])
+
+
+def _gpt_neox_fields(cfg: Mapping, where: str, name: str, seq) -> dict:
+    """GPT-NeoX and Pythia (transformers models/gpt_neox GPTNeoXConfig and GPTNeoXLayer):
+    LayerNorms with biases, biases on every linear (attention_bias on query_key_value and
+    dense; the MLP's always), a plain GELU MLP, RoPE on rotary_pct of each head (0.25 by
+    default), and with use_parallel_residual (the default) attention and MLP side by side,
+    each through its own norm of the layer input."""
+    act = cfg.get("hidden_act", "gelu")
+    if not isinstance(act, str) or act not in _HF_ACT or _HF_ACT[act] != "gelu":
+        raise InputError(f"{where}.hidden_act", act, "a GELU (gelu, gelu_new, gelu_fast, gelu_pytorch_tanh)")
+    if not cfg.get("attention_bias", True):
+        raise InputError(f"{where}.attention_bias", False, "true (the MLP's linears have biases: llmsim's bias is "
+                         "on every linear or none)")
+    hidden = F.integer(cfg, "hidden_size", where)
+    fraction_key = "partial_rotary_factor" if "partial_rotary_factor" in cfg else "rotary_pct"
+    dropout = _dropout(cfg, "gpt_neox", where)
+    return dict(name=name, layers=F.integer(cfg, "num_hidden_layers", where), hidden=hidden,
+                heads=F.integer(cfg, "num_attention_heads", where),
+                ffn_hidden=F.integer(cfg, "intermediate_size", where, 4 * hidden),
+                vocab=F.integer(cfg, "vocab_size", where), seq_len=seq, activation="gelu", norm="layernorm",
+                position_embedding="rope", bias=True, tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                dropout=dropout, parallel_block=bool(cfg.get("use_parallel_residual", True)),
+                rotary_fraction=F.number(cfg, fraction_key, where, 0.25, maximum=1.0))
 
 
 def _moe_fields(cfg: Mapping, model_type: str, where: str) -> dict:
@@ -206,6 +236,8 @@ def hf_fields(path: str, seq_len) -> dict:
                     activation=_HF_ACT[act], norm="layernorm", position_embedding="learned", bias=True,
                     tied_embeddings=cfg.get("tie_word_embeddings", True), dropout=bool(cfg.get("resid_pdrop", 0)))
     model_type = cfg.get("model_type")
+    if model_type == "gpt_neox":
+        return _gpt_neox_fields(cfg, where, name, seq)
     if model_type not in DENSE_TYPES + MOE_TYPES and isinstance(cfg.get("text_config"), Mapping):
         # a multimodal checkpoint (Gemma 3 4B-27B, Llama 4, LLaVA): a vision encoder beside a decoder
         raise InputError(f"{where}.text_config", f"model_type {model_type!r}", "a multimodal config: llmsim models "

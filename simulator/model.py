@@ -69,6 +69,11 @@ class ModelSpec:
     # Norms on the outputs of attention and of the MLP, before each residual add (Gemma 2 and
     # 3, OLMo 2: post_attention_layernorm, post_feedforward_layernorm)
     post_norms: bool = False
+    # Attention and MLP side by side: both read the layer input and their outputs are added
+    # to it at once (GPT-J, GPT-NeoX, Falcon, PaLM: x + attn(ln1(x)) + mlp(ln2(x))); with
+    # shared_norm one input norm feeds both (GPT-J, Falcon 7B: x + attn(ln(x)) + mlp(ln(x)))
+    parallel_block: bool = False
+    shared_norm: bool = False
     # The share of each query and key head RoPE rotates (partial RoPE: GLM-4.5 0.5, Phi-4-mini
     # 0.75; Megatron --rotary-percent); the rest passes through unrotated
     rotary_fraction: float = 1.0
@@ -247,7 +252,13 @@ class ModelSpec:
     @property
     def layer_norms(self) -> int:
         """Norm modules in one layer: pre-norms, post-norms and the query and key norms."""
-        return 2 * (int(self.pre_norms) + int(self.post_norms) + int(self.qk_norm))
+        return self.input_norms + 2 * (int(self.post_norms) + int(self.qk_norm))
+
+    @property
+    def input_norms(self) -> int:
+        """Norms on a layer's input side: the attention's and the MLP's pre-norms, one where a
+        parallel block's branches share it, none without pre-norms."""
+        return 0 if not self.pre_norms else 1 if self.shared_norm else 2
 
     def layer_norm_params(self) -> int:
         """A layer's pre-norms (attention, MLP) and post-norms where the model has them, and
@@ -255,7 +266,7 @@ class ModelSpec:
         (transformers Qwen3Attention q_norm, k_norm; Megatron-Core's q_layernorm, k_layernorm
         over hidden_size_per_attention_head), or over the whole projections (transformers
         Olmo2Attention: RMSNorm(heads x head_dim), RMSNorm(kv_heads x head_dim))."""
-        norms = 2 * (int(self.pre_norms) + int(self.post_norms)) * self._norm(self.hidden)
+        norms = (self.input_norms + 2 * int(self.post_norms)) * self._norm(self.hidden)
         if not self.qk_norm:
             return norms
         if self.qk_norm_scope == "full":
@@ -359,10 +370,11 @@ def window_pattern(windowed: list) -> dict | None:
 
 
 MODEL_KEYS = ("preset", "hf_config", "name", "description", "layers", "hidden", "heads", "kv_heads", "head_dim",
-              "qk_norm", "qk_norm_scope", "pre_norms", "post_norms", "rotary_fraction", "attention", *MLA_FIELDS, "ffn_hidden",
-              "dense_ffn_hidden", "experts", *MOE_FIELDS, "mtp_layers", "sliding_window", "sliding_window_freq", "sliding_window_skip_freq",
-              "document_tokens", "vocab", "seq_len", "activation", "norm", "position_embedding", "bias",
-              "tied_embeddings", "dropout", "source")
+              "qk_norm", "qk_norm_scope", "pre_norms", "post_norms", "parallel_block", "shared_norm",
+              "rotary_fraction", "attention", *MLA_FIELDS, "ffn_hidden", "dense_ffn_hidden", "experts", *MOE_FIELDS,
+              "mtp_layers", "sliding_window", "sliding_window_freq", "sliding_window_skip_freq", "document_tokens",
+              "vocab", "seq_len", "activation", "norm", "position_embedding", "bias", "tied_embeddings", "dropout",
+              "source")
 
 
 def _dense_width(data: Mapping, field: str) -> int | None:
@@ -437,6 +449,8 @@ def _spec_from_fields(data: Mapping, field: str, base: ModelSpec | None = None) 
         norm=F.choice(data, "norm", field, NORMS, default("norm", "layernorm")),
         position_embedding=F.choice(data, "position_embedding", field, POSITIONS,
                                     default("position_embedding", "learned")),
+        parallel_block=F.boolean(data, "parallel_block", field, default("parallel_block", False)),
+        shared_norm=F.boolean(data, "shared_norm", field, default("shared_norm", False)),
         rotary_fraction=F.number(data, "rotary_fraction", field, default("rotary_fraction", 1.0), maximum=1.0),
         bias=F.boolean(data, "bias", field, default("bias", True)),
         tied_embeddings=F.boolean(data, "tied_embeddings", field, default("tied_embeddings", True)),
@@ -509,6 +523,12 @@ def check_shapes(spec: ModelSpec, field: str = "model") -> ModelSpec:
             bad("rotary_fraction", "1 unless position_embedding is rope (MLA's rotated part is qk_rope_head_dim)")
         if rotated != int(rotated) or int(rotated) % 2:
             bad("rotary_fraction", f"a share of head_dim={spec.head_dim} that is an even number of dimensions")
+    if spec.shared_norm and not spec.parallel_block:
+        bad("shared_norm", "only with parallel_block: true (one input norm feeding attention and MLP side by side)")
+    if spec.parallel_block and (spec.experts or spec.attention == "mla" or spec.mtp_layers or spec.post_norms
+                                or not spec.pre_norms):
+        bad("parallel_block", "false with experts, MLA, MTP, post_norms or without pre_norms (parallel blocks are "
+            "modelled for dense pre-norm MHA/GQA layers: GPT-J, GPT-NeoX, Falcon)")
     if spec.qk_norm_scope != "head" and not spec.qk_norm:
         bad("qk_norm_scope", "only with qk_norm: true")
     if not spec.pre_norms and (spec.experts or spec.attention == "mla" or spec.mtp_layers):

@@ -96,8 +96,16 @@ def tp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Clu
     LinearWithGradAccumulationAndAsyncCommunication.backward), where DTensor's linears kept
     the gathered input (Shard.tp_keeps_gathered). `gather_factor` scales the bytes of the
     forward all-gathers (0.5: FP8 all-gathers, fp8.py).
+
+    A parallel block (model.parallel_block) reduces the sum of its two branches once in the
+    forward pass (EleutherAI/gpt-neox@ea7aefd8 megatron/model/transformer.py: "we can do a
+    single allreduce after we add mlp / attn outputs", a reduce-scatter under sequence
+    parallelism); both branches' column-parallel inputs still gather (forward) and reduce
+    their gradients (backward), and the one reduce's backward is one gather or nothing.
     """
     nbytes = shard.act_bytes * shard.tokens * model.hidden
+    if model.parallel_block:
+        return _parallel_block_comm_s(nbytes, shard, groups, cluster, gather_factor)
     if shard.sp:
         gather = collective_time("all_gather", nbytes, groups.tp, cluster)
         scatter = collective_time("reduce_scatter", nbytes, groups.tp, cluster)
@@ -106,6 +114,18 @@ def tp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Clu
         return fwd, 2 * (gather + scatter) + regather
     fwd = 2 * collective_time("all_reduce", nbytes, groups.tp, cluster)
     return fwd, fwd
+
+
+def _parallel_block_comm_s(nbytes, shard: Shard, groups: Groups, cluster: Cluster, gather_factor):
+    """tp_layer_comm_s of a parallel block: one reduce of the branches' sum forward."""
+    if shard.sp:
+        gather = collective_time("all_gather", nbytes, groups.tp, cluster)
+        scatter = collective_time("reduce_scatter", nbytes, groups.tp, cluster)
+        fwd = 2 * collective_time("all_gather", gather_factor * nbytes, groups.tp, cluster) + scatter
+        regather = 0.0 if shard.tp_keeps_gathered else 2 * gather
+        return fwd, gather + 2 * scatter + regather
+    reduce = collective_time("all_reduce", nbytes, groups.tp, cluster)
+    return reduce, 2 * reduce
 
 
 def pp_hop_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster, scatter_gather: bool = True):

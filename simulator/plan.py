@@ -383,6 +383,8 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster, options: bool = Tru
     if model.kv_heads % plan.tp and plan.tp % model.kv_heads:
         raise InputError("plan.tp", plan.tp, f"must divide kv_heads={model.kv_heads}, or be a multiple of it "
                          "(each KV head is then replicated tp/kv_heads times)")
+    if model.parallel_block:
+        _check_parallel_block(plan)
     if not plan.compile and model.rotary_fraction != 1.0:
         raise InputError("plan.compile", False, "true with a partial RoPE (model.rotary_fraction): eager PyTorch "
                          "slices the heads and concatenates them back, a kernel sequence not modelled")
@@ -438,6 +440,20 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster, options: bool = Tru
         check_options(plan)
     if plan.precision == "fp16" and plan.grad_precision == "bf16":
         raise InputError("plan.grad_precision", "bf16", "fp16 training keeps fp16 or fp32 gradients")
+
+
+def _check_parallel_block(plan: Plan) -> None:
+    """What a parallel block (model.parallel_block) is modelled with: the frameworks that run
+    it (GPT-NeoX, Hugging Face) overlap no TP collective with GEMMs, checkpoint whole layers
+    or the attention core, and have no MLP module of Megatron's or block of torchtitan's."""
+    if plan.tp_comm_overlap:
+        raise InputError("plan.tp_comm_overlap", True, "false with model.parallel_block (TP overlap of parallel "
+                         "blocks is not modelled)")
+    if plan.recompute == "op-selective" or plan.recompute == "selective" and set(plan.recompute_modules) != {
+            "core_attn"}:
+        value = plan.recompute if plan.recompute == "op-selective" else list(plan.recompute_modules)
+        field = "plan.recompute" if plan.recompute == "op-selective" else "plan.recompute_modules"
+        raise InputError(field, value, "none, full or selective of core_attn with model.parallel_block")
 
 
 def check_hybrid_sharding(plan: Plan, model: ModelSpec) -> None:

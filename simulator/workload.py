@@ -32,7 +32,7 @@ Numeric arguments may be numpy arrays (one entry per plan) for vectorised sweeps
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -197,6 +197,8 @@ def layer_ops(model: ModelSpec, shard: Shard, experts=None) -> list[Op]:
     a, h = shard.act_bytes, model.hidden
     rep = shard.replicated_tokens
     drop = 1 if model.dropout else 0
+    if model.parallel_block:
+        return _parallel_layer_ops(model, shard)
 
     ops = [norm_op("attn_norm", model, shard)] if model.pre_norms else []
     if model.attention == "mla":
@@ -218,6 +220,31 @@ def layer_ops(model: ModelSpec, shard: Shard, experts=None) -> list[Op]:
         ops.append(norm_op("mlp_post_norm", model, shard))
     ops.append(_elementwise("mlp_residual", rep * h, 3 * a + drop, drop * rep * h))
     return ops
+
+
+def _parallel_layer_ops(model: ModelSpec, shard: Shard) -> list[Op]:
+    """A parallel block: the attention and the MLP read the layer input, each through its own
+    norm or one shared norm, and their outputs are summed, then added to the input
+    (EleutherAI/gpt-neox@ea7aefd8 megatron/model/transformer.py ParallelTransformerLayer,
+    gpt_j_residual: the MLP's bias-dropout-add takes the attention output as its residual,
+    then `residual + self.reduce(output)`; transformers GPTNeoXLayer: mlp_output +
+    attn_output + residual, two adds). The second norm reads the very input the first keeps,
+    and with a shared norm the MLP reads the very output the QKV projection keeps: autograd
+    keeps each tensor once (a DTensor linear keeping its gathered input keeps its own)."""
+    a, h = shard.act_bytes, model.hidden
+    rep = shard.replicated_tokens
+    drop = 1 if model.dropout else 0
+    ops = [norm_op("attn_norm", model, shard), *_attention_ops(model, shard)]
+    if not model.shared_norm:
+        second = norm_op("mlp_norm", model, shard)
+        ops.append(replace(second, saved_bytes=0.0 * second.saved_bytes))
+    mlp = mlp_ops(model, shard, model.ffn_hidden)
+    if model.shared_norm and not (shard.tp_keeps_gathered and shard.sp):
+        mlp[0] = replace(mlp[0], saved_bytes=0.0 * mlp[0].saved_bytes,
+                         linear=replace(mlp[0].linear, input_kept_elsewhere=True))
+    # dropout on both branch outputs, then the sum the TP reduce takes, then the residual add
+    return ops + mlp + [_elementwise("branch_sum", rep * h, 3 * a + 2 * drop, 2 * drop * rep * h),
+                        _elementwise("mlp_residual", rep * h, 3 * a, 0.0)]
 
 
 def _attention_ops(model: ModelSpec, shard: Shard) -> list[Op]:

@@ -323,7 +323,8 @@ def test_the_validation_models_packed_documents_attend_only_inside_themselves():
 
 
 @pytest.mark.parametrize("norms", [{"qk_norm": True}, {"qk_norm": True, "post_norms": True},
-                                   {"qk_norm": True, "qk_norm_scope": "full", "pre_norms": False, "post_norms": True}])
+                                   {"qk_norm": True, "qk_norm_scope": "full", "pre_norms": False, "post_norms": True},
+                                   {"parallel_block": True, "shared_norm": True}])
 def test_the_validation_models_extra_norms_are_the_simulators_parameters(norms):
     """The torch model's query/key and post-norms (LayerNorms with a shift), and OLMo 2's layer
     without pre-norms, hold exactly the parameters the simulator counts for the same model

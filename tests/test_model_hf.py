@@ -92,9 +92,9 @@ def test_an_unknown_model_type_with_latent_attention_keys_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("cfg", [
-    # GPT-NeoX: attention and MLP in parallel from one LayerNorm'd input, biases
-    {"model_type": "gpt_neox", "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 32,
-     "num_attention_heads": 32, "hidden_act": "gelu", "vocab_size": 50304, "use_parallel_residual": True},
+    # Falcon: attention and MLP in parallel, its own key names (n_head, multi_query, alibi)
+    {"model_type": "falcon", "hidden_size": 4544, "num_hidden_layers": 32, "num_attention_heads": 71,
+     "multi_query": True, "parallel_attn": True, "bias": False, "alibi": False, "vocab_size": 65024},
     # Gemma 2: four norms a layer, attention and final logits soft-capped
     {"model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
      "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 256000,
@@ -102,7 +102,7 @@ def test_an_unknown_model_type_with_latent_attention_keys_is_refused(tmp_path):
     # GPT-J: GPT-2's key names, parallel attention and MLP, rotary positions
     {"model_type": "gptj", "n_embd": 4096, "n_layer": 28, "n_head": 16, "n_positions": 2048, "rotary_dim": 64,
      "vocab_size": 50400},
-], ids=["gpt-neox", "gemma2", "gpt-j"])
+], ids=["falcon", "gemma2", "gpt-j"])
 def test_a_family_llmsim_does_not_read_is_refused_naming_its_model_type(tmp_path, cfg):
     with pytest.raises(InputError, match=rf"\.model_type: got '{cfg['model_type']}'; not a family llmsim reads"):
         load_hf_config(_write(tmp_path, cfg), seq_len=2048)
@@ -243,6 +243,34 @@ def test_glm45_air_imports_deepseek_v3s_experts_with_gqa_partial_rope_and_mtp(tm
     dense = attention + 3 * 4096 * 10944 + norms
     moe = attention + 4096 * 128 + 129 * expert + norms
     assert m.params(mtp=False) == dense + 45 * moe + 2 * 151552 * 4096 + 4096 == 106_851_586_048
+
+
+# EleutherAI/pythia-1.4b's config.json
+PYTHIA_1B4 = {"model_type": "gpt_neox", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 24,
+              "num_attention_heads": 16, "hidden_act": "gelu", "rotary_pct": 0.25, "rotary_emb_base": 10000,
+              "use_parallel_residual": True, "tie_word_embeddings": False, "vocab_size": 50304,
+              "max_position_embeddings": 2048, "layer_norm_eps": 1e-05, "attention_dropout": 0.0,
+              "hidden_dropout": 0.0}
+
+
+def test_pythia_imports_parallel_attention_and_mlp_with_partial_rope_and_biases(tmp_path):
+    m = load_hf_config(_write(tmp_path, PYTHIA_1B4), seq_len=2048)
+    assert (m.parallel_block, m.shared_norm, m.rotary_fraction, m.activation, m.norm, m.bias, m.dropout) == \
+        (True, False, 0.25, "gelu", "layernorm", True, False)
+    # by hand: query_key_value 2048 x 6144 + 6144, dense 2048 x 2048 + 2048, the MLP 2048 x 8192 +
+    # 8192 and 8192 x 2048 + 2048, two LayerNorms of 2 x 2048; untied 50304 x 2048 tables and the
+    # final LayerNorm: the Pythia paper's 1,414,647,808
+    layer = 2048 * 6144 + 6144 + 2048 * 2048 + 2048 + 2 * 2048 * 8192 + 8192 + 2048 + 4 * 2048
+    assert m.params() == 24 * layer + 2 * 50304 * 2048 + 2 * 2048 == 1_414_647_808
+
+
+@pytest.mark.parametrize("change, key", [({"hidden_dropout": 0.1}, "hidden_dropout"),
+                                         ({"attention_bias": False}, "attention_bias"),
+                                         ({"hidden_act": "silu"}, "hidden_act")])
+def test_gpt_neox_configs_llmsim_cannot_express_are_refused_naming_the_key(tmp_path, change, key):
+    with pytest.raises(InputError) as e:
+        load_hf_config(_write(tmp_path, {**PYTHIA_1B4, **change}), seq_len=2048)
+    assert e.value.field.endswith("." + key)
 
 
 def test_gemma3_with_logit_soft_capping_is_refused(tmp_path):

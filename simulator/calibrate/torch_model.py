@@ -7,7 +7,9 @@ qk_norm a LayerNorm over each query and key head before the attention (Qwen3's a
 q_norm, k_norm), or with qk_norm_scope "full" over the whole query and key projections (OLMo
 2's); with post_norms a LayerNorm on the attention's and the MLP's outputs before each
 residual add (Gemma's and OLMo 2's post_attention_ and post_feedforward_layernorm); without
-pre_norms no LayerNorm before the attention and the MLP (OLMo 2).
+pre_norms no LayerNorm before the attention and the MLP (OLMo 2); with parallel_block the
+attention and the MLP both read the layer input, through their own LayerNorms or one shared
+(shared_norm), and x + attn + mlp is the layer's output (GPT-NeoX, GPT-J).
 Around the layers: token + learned position embedding, final LayerNorm, lm_head tied to the
 token embedding, fp32 cross-entropy. No dropout. Initialised as GPT-2 and Megatron-LM
 initialise (N(0, 0.02)). Full recomputation wraps each layer in torch.utils.checkpoint
@@ -33,6 +35,8 @@ class GPTConfig:
     qk_norm_scope: str = "head"
     pre_norms: bool = True
     post_norms: bool = False
+    parallel_block: bool = False
+    shared_norm: bool = False
 
     def model_fields(self) -> dict:
         """The scenario `model` section describing this network to the simulator."""
@@ -52,6 +56,8 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
             super().__init__()
             h = cfg.hidden
             self.ln1, self.ln2 = (nn.LayerNorm(h), nn.LayerNorm(h)) if cfg.pre_norms else (nn.Identity(),) * 2
+            if cfg.shared_norm:
+                self.ln2 = None
             self.qkv = nn.Linear(h, 3 * h)
             self.proj = nn.Linear(h, h)
             self.up = nn.Linear(h, 4 * h)
@@ -69,7 +75,8 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
             # the same views and kernels as the whole sequence (varlen attention of equal lengths)
             d = cfg.document_tokens if 0 < cfg.document_tokens < s else s
             # split (backward: one cat) rather than unbind of a permuted view (backward: a strided stack)
-            q, k, v = self.qkv(self.ln1(x)).split(h, dim=-1)
+            normed_input = self.ln1(x)
+            q, k, v = self.qkv(normed_input).split(h, dim=-1)
             if cfg.qk_norm and cfg.qk_norm_scope == "full":
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k, v = (t.reshape(b * s // d, d, nh, h // nh).transpose(1, 2) for t in (q, k, v))
@@ -77,6 +84,9 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
                 q, k = self.q_norm(q), self.k_norm(k)
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             attn = self.proj(a.transpose(1, 2).reshape(b, s, h))
+            if cfg.parallel_block:
+                normed = normed_input if cfg.shared_norm else self.ln2(x)
+                return x + attn + self.down(F.gelu(self.up(normed)))
             x = x + (self.attn_post(attn) if cfg.post_norms else attn)
             mlp = self.down(F.gelu(self.up(self.ln2(x))))
             return x + (self.mlp_post(mlp) if cfg.post_norms else mlp)

@@ -52,12 +52,14 @@ class RunConfig:
     qk_norm_scope: str = "head"
     pre_norms: bool = True
     post_norms: bool = False
+    parallel_block: bool = False
 
     @property
     def gpt(self) -> GPTConfig:
         return GPTConfig(layers=self.layers, hidden=self.hidden, heads=self.heads, vocab=self.vocab,
                          seq_len=self.seq_len, document_tokens=self.document_tokens, qk_norm=self.qk_norm,
-                         qk_norm_scope=self.qk_norm_scope, pre_norms=self.pre_norms, post_norms=self.post_norms)
+                         qk_norm_scope=self.qk_norm_scope, pre_norms=self.pre_norms, post_norms=self.post_norms,
+                         parallel_block=self.parallel_block)
 
 
 def _grid() -> list[RunConfig]:
@@ -88,6 +90,8 @@ def _grid() -> list[RunConfig]:
         # OLMo 2's layer: output norms only, query and key norms over the whole projections
         C("l4-h256-s256-b2-postonly-qkfull", 4, 256, 8, 256, 2, qk_norm=True, qk_norm_scope="full", pre_norms=False,
           post_norms=True),
+        # GPT-NeoX's layer: attention and MLP side by side from their own norms of the layer input
+        C("l4-h256-s256-b2-parallel", 4, 256, 8, 256, 2, parallel_block=True),
         C("bf16-l2-h256-s256-b4", 2, 256, 4, 256, 4, precision="bf16"),
         C("bf16-l4-h512-s256-b2", 4, 512, 8, 256, 2, precision="bf16"),
         C("bf16-l4-h512-s512-b2-ga2-full", 4, 512, 8, 512, 2, grad_accum=2, recompute="full", precision="bf16"),
