@@ -81,6 +81,8 @@ def layer_framework_ops(model: ModelSpec, plan, shard: Shard, per: BytesPerParam
     ops = []
     if model.bias:
         ops.append(_op("bias_grad", a * (tokens * (qkv_out + up_out) + 2 * rep * model.hidden)))
+    elif model.qkv_bias:
+        ops.append(_op("bias_grad", a * tokens * qkv_out))
     params = layer_params_local(model, shard.tp)
     unfused = params - layer_matrix_params(model, shard.tp) if plan.grad_accumulation_fusion else params
     ops.append(_op("grad_accumulate", (a_w + 2 * g) * unfused))
@@ -138,7 +140,8 @@ def param_tensors(model: ModelSpec, layers, has_embedding, has_head, head_copy) 
     shifts), the embedding tables and the head where flagged."""
     per_linear = 2 if model.bias else 1
     per_norm = 2 if model.norm == "layernorm" and model.bias else 1
-    layer = 4 * per_linear + model.layer_norms * per_norm  # fused QKV, output, MLP in (fused gate+up), MLP out
+    # fused QKV, output, MLP in (fused gate+up), MLP out, and a QKV bias of its own
+    layer = 4 * per_linear + model.layer_norms * per_norm + int(model.qkv_bias)
     pos = 1 if model.position_embedding == "learned" else 0
     return (layers * layer + np.asarray(has_embedding) * (1 + pos)
             + np.asarray(has_head) * per_norm + np.asarray(head_copy) * 1)

@@ -12,9 +12,9 @@ partial RoPE and MTP), GPT-OSS (biases, alternating sliding-window layers) and G
 Pythia (parallel attention and MLP, partial RoPE, LayerNorms and biases). A config with expert
 or latent attention keys of another family, or a layer pattern llmsim cannot express, is
 refused with the key named: never imported as a dense model. So is any other family (its model_type
-named): its layer may differ from these in ways the keys do not show (Falcon's parallel
-attention and MLP, Gemma 2's logit soft-capping, LayerNorm and biases), so it is never
-read as a Llama. No network: the file is read from disk.
+named): its layer may differ from these in ways the keys do not show (Falcon's multi-query
+flags and LayerNorm biases beside bias-free linears, Gemma 2's logit soft-capping), so it is
+never read as a Llama. No network: the file is read from disk.
 """
 
 from __future__ import annotations
@@ -150,6 +150,24 @@ def _dropout(cfg: Mapping, model_type, where: str) -> bool:
     return bool(rates[0])
 
 
+def _qkv_bias(cfg: Mapping, model_type, where: str) -> bool:
+    """Biases on the query, key and value projections alone: Qwen2's and Qwen2-MoE's always
+    (transformers Qwen2Attention q_proj, k_proj, v_proj bias=True; Qwen2-MoE's qkv_bias),
+    GLM-4.5's with attention_bias (Glm4MoeAttention; o_proj has none). Elsewhere attention_bias
+    also biases the output projection (LlamaAttention o_proj) and mlp_bias the MLP: refused."""
+    if model_type == "gpt_oss":
+        return False
+    if model_type in ("qwen2", "qwen2_moe"):
+        return bool(cfg.get("qkv_bias", True))
+    if model_type == "glm4_moe":
+        return bool(cfg.get("attention_bias", False))
+    for key in ("attention_bias", "mlp_bias"):
+        if cfg.get(key):
+            raise InputError(f"{where}.{key}", cfg[key], "false (biases on some linears but not all are modelled "
+                             "for the Q, K and V projections of Qwen2 and GLM-4.5 only)")
+    return False
+
+
 def _gpt_neox_fields(cfg: Mapping, where: str, name: str, seq) -> dict:
     """GPT-NeoX and Pythia (transformers models/gpt_neox GPTNeoXConfig and GPTNeoXLayer):
     LayerNorms with biases, biases on every linear (attention_bias on query_key_value and
@@ -268,9 +286,8 @@ def hf_fields(path: str, seq_len) -> dict:
                 kv_heads=F.integer(cfg, "num_key_value_heads", where, heads),
                 ffn_hidden=F.integer(cfg, "intermediate_size", where), vocab=F.integer(cfg, "vocab_size", where),
                 seq_len=seq, activation=_GATED_ACT[act], norm="rmsnorm", position_embedding="rope",
-                # Qwen2's q/k/v biases (h + 2*kv_hidden per layer, < 0.01% of the parameters) are
-                # ignored: `bias` means biases on every linear layer, as in GPT and GPT-OSS.
                 bias=model_type == "gpt_oss" and bool(cfg.get("attention_bias", True)),
+                qkv_bias=_qkv_bias(cfg, model_type, where),
                 tied_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),  # Gemma3TextConfig ties by default
                 dropout=_dropout(cfg, model_type, where), **_sliding_window(cfg, model_type, layers, where))
     if model_type in ("deepseek_v2", "deepseek_v3"):
@@ -283,8 +300,8 @@ def hf_fields(path: str, seq_len) -> dict:
         data["head_dim"] = F.integer(cfg, "head_dim", where)
     if model_type == "glm4_moe":
         # transformers models/glm4_moe Glm4MoeAttention: RoPE on partial_rotary_factor of each
-        # head, per-head q_norm and k_norm with use_qk_norm; the q/k/v biases of attention_bias
-        # are left out as Qwen2's; MTP modules as DeepSeek-V3's (num_nextn_predict_layers)
+        # head, per-head q_norm and k_norm with use_qk_norm (its q/k/v biases: _qkv_bias); MTP
+        # modules as DeepSeek-V3's (num_nextn_predict_layers)
         data.update(rotary_fraction=F.number(cfg, "partial_rotary_factor", where, 0.5, maximum=1.0),
                     qk_norm=bool(cfg.get("use_qk_norm", False)),
                     mtp_layers=F.integer(cfg, "num_nextn_predict_layers", where, 0, minimum=0))

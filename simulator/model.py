@@ -53,6 +53,9 @@ class ModelSpec:
     norm: str = "layernorm"
     position_embedding: str = "learned"
     bias: bool = True  # biases on every linear layer (MoE router and experts too) and on LayerNorms
+    # biases on the query, key and value projections only, the model having no others (Qwen2,
+    # GLM-4.5; Megatron --add-qkv-bias with --disable-bias-linear)
+    qkv_bias: bool = False
     tied_embeddings: bool = True
     dropout: bool = False
     description: str = ""
@@ -223,7 +226,7 @@ class ModelSpec:
             return q + kv + self.attn_out_width * h
         q, k, v = self.q_width, self.kv_hidden, self.v_width
         weights = h * (q + k + v) + self.attn_out_width * h
-        return weights + (q + k + v + h if self.bias else 0)
+        return weights + (q + k + v + h if self.bias else q + k + v if self.qkv_bias else 0)
 
     def mlp_params(self, width: int) -> int:
         """One MLP of intermediate size `width`: up (and gate) h x width, down width x h, and
@@ -373,8 +376,8 @@ MODEL_KEYS = ("preset", "hf_config", "name", "description", "layers", "hidden", 
               "qk_norm", "qk_norm_scope", "pre_norms", "post_norms", "parallel_block", "shared_norm",
               "rotary_fraction", "attention", *MLA_FIELDS, "ffn_hidden", "dense_ffn_hidden", "experts", *MOE_FIELDS,
               "mtp_layers", "sliding_window", "sliding_window_freq", "sliding_window_skip_freq", "document_tokens",
-              "vocab", "seq_len", "activation", "norm", "position_embedding", "bias", "tied_embeddings", "dropout",
-              "source")
+              "vocab", "seq_len", "activation", "norm", "position_embedding", "bias", "qkv_bias", "tied_embeddings",
+              "dropout", "source")
 
 
 def _dense_width(data: Mapping, field: str) -> int | None:
@@ -453,6 +456,7 @@ def _spec_from_fields(data: Mapping, field: str, base: ModelSpec | None = None) 
         shared_norm=F.boolean(data, "shared_norm", field, default("shared_norm", False)),
         rotary_fraction=F.number(data, "rotary_fraction", field, default("rotary_fraction", 1.0), maximum=1.0),
         bias=F.boolean(data, "bias", field, default("bias", True)),
+        qkv_bias=F.boolean(data, "qkv_bias", field, default("qkv_bias", False)),
         tied_embeddings=F.boolean(data, "tied_embeddings", field, default("tied_embeddings", True)),
         dropout=F.boolean(data, "dropout", field, default("dropout", False)),
         qk_norm=F.boolean(data, "qk_norm", field, default("qk_norm", False)),
@@ -523,6 +527,8 @@ def check_shapes(spec: ModelSpec, field: str = "model") -> ModelSpec:
             bad("rotary_fraction", "1 unless position_embedding is rope (MLA's rotated part is qk_rope_head_dim)")
         if rotated != int(rotated) or int(rotated) % 2:
             bad("rotary_fraction", f"a share of head_dim={spec.head_dim} that is an even number of dimensions")
+    if spec.qkv_bias and (spec.bias or spec.attention == "mla"):
+        bad("qkv_bias", "only with bias: false and MHA/GQA attention (with bias: true every linear has its bias)")
     if spec.shared_norm and not spec.parallel_block:
         bad("shared_norm", "only with parallel_block: true (one input norm feeding attention and MLP side by side)")
     if spec.parallel_block and (spec.experts or spec.attention == "mla" or spec.mtp_layers or spec.post_norms

@@ -332,7 +332,7 @@ def attention_params_local(model, tp):
     h, d = model.hidden, model.head_dim
     kv_local = np.maximum(model.kv_heads / tp, 1.0) * d
     q_local = model.heads / tp * d
-    bias = (q_local + 2 * kv_local + h) if model.bias else 0.0
+    bias = (q_local + 2 * kv_local + h) if model.bias else q_local + 2 * kv_local if model.qkv_bias else 0.0
     return h * (q_local + 2 * kv_local) + q_local * h + bias
 
 

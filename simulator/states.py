@@ -86,7 +86,8 @@ def layer_params_local(model: ModelSpec, tp) -> object:
     attn = h * (q_local + 2 * kv_local) + q_local * h
     mlp = model.mlp_matrices * h * f / tp
     norm = model.layer_norm_params()
-    bias = (q_local + 2 * kv_local + (model.mlp_matrices - 1) * f / tp + 2 * h) if model.bias else 0.0
+    bias = (q_local + 2 * kv_local + (model.mlp_matrices - 1) * f / tp + 2 * h) if model.bias else \
+        q_local + 2 * kv_local if model.qkv_bias else 0.0
     return attn + mlp + norm + bias
 
 

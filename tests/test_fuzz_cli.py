@@ -29,7 +29,7 @@ FIELDS = ["model.preset", "model.layers", "model.hidden", "model.heads", "model.
           "model.document_tokens", "model.sliding_window", "model.sliding_window_freq",
           "model.sliding_window_skip_freq", "model.qk_norm", "model.qk_norm_scope",
           "model.pre_norms", "model.post_norms", "model.rotary_fraction", "model.parallel_block",
-          "model.shared_norm",
+          "model.shared_norm", "model.qkv_bias",
           "model.vocab", "model.activation", "cluster.node", "cluster.nodes", "cluster.accelerator",
           "cluster.devices_per_node", "plan.tp", "plan.pp", "plan.dp", "plan.cp", "plan.vpp", "plan.micro_batch",
           "plan.global_batch", "plan.schedule", "plan.sequence_parallel", "plan.recompute", "plan.zero_stage",

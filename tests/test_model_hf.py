@@ -39,10 +39,11 @@ def test_deepseek_v3_config_imports_mla_shared_expert_dense_layers_and_mtp():
 
 def test_qwen2_moe_config_imports_its_shared_expert():
     # Qwen1.5-MoE-A2.7B: 24 layers of 60 experts (1408, top-4) + one shared expert of 5632,
-    # hidden 2048, 16 heads, vocab 151936 untied; Qwen's blog: "14.3B parameters in total".
+    # hidden 2048, 16 heads with biases on Q, K and V, vocab 151936 untied; Qwen's blog: "14.3B
+    # parameters in total".
     m = load_hf_config(str(HF / "qwen1.5-moe-a2.7b.json"), seq_len=4096)
     h = 2048
-    layer = 4 * h * h + 60 * 3 * h * 1408 + 3 * h * 5632 + 60 * h + 2 * h
+    layer = 4 * h * h + 3 * h + 60 * 3 * h * 1408 + 3 * h * 5632 + 60 * h + 2 * h
     assert (m.shared_experts, m.shared_expert_ffn_hidden) == (1, 5632)
     assert m.params() == 24 * layer + 2 * 151936 * h + h and round(m.params() / 1e9, 1) == 14.3
 
@@ -235,14 +236,15 @@ def test_glm45_air_imports_deepseek_v3s_experts_with_gqa_partial_rope_and_mtp(tm
     assert (m.experts, m.top_k, m.expert_ffn_hidden, m.shared_experts, m.dense_layers, m.ffn_hidden) == \
         (128, 8, 1408, 1, 1, 10944)
     assert (m.attention, m.head_dim, m.rotary_fraction, m.mtp_layers, m.qk_norm) == ("gqa", 128, 0.5, 1, False)
-    # by hand, without the MTP module: attention 4096 x (12288 + 2 x 1024) + 12288 x 4096; the
-    # dense layer's SwiGLU 3 x 4096 x 10944; an MoE layer's router 4096 x 128, 128 routed and one
-    # shared expert of 3 x 4096 x 1408; two norms a layer; untied 151552 x 4096 tables and the
-    # final norm: GLM-4.5-Air's 106B (the q/k/v biases, 14,336 a layer, left out)
-    attention, expert, norms = 4096 * (12288 + 2048) + 12288 * 4096, 3 * 4096 * 1408, 2 * 4096
+    # by hand, without the MTP module: attention 4096 x (12288 + 2 x 1024) + 12288 x 4096 and the
+    # q/k/v biases 12288 + 2 x 1024; the dense layer's SwiGLU 3 x 4096 x 10944; an MoE layer's
+    # router 4096 x 128, 128 routed and one shared expert of 3 x 4096 x 1408; two norms a layer;
+    # untied 151552 x 4096 tables and the final norm: GLM-4.5-Air's 106B
+    attention, expert, norms = 4096 * (12288 + 2048) + 12288 * 4096 + 14336, 3 * 4096 * 1408, 2 * 4096
     dense = attention + 3 * 4096 * 10944 + norms
     moe = attention + 4096 * 128 + 129 * expert + norms
-    assert m.params(mtp=False) == dense + 45 * moe + 2 * 151552 * 4096 + 4096 == 106_851_586_048
+    assert m.params(mtp=False) == dense + 45 * moe + 2 * 151552 * 4096 + 4096 == 106_852_245_504
+    assert m.qkv_bias and not m.bias
 
 
 # EleutherAI/pythia-1.4b's config.json

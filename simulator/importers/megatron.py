@@ -141,6 +141,7 @@ def read_args(args: dict) -> Imported:
         a.refuse("position-embedding-type", "expected learned_absolute or rope")
     a.map("position-embedding-type", "model.position_embedding", "rope" if position == "rope" else "learned")
     a.map("disable-bias-linear", "model.bias", not a.get("disable-bias-linear", False))
+    read_qkv_bias(a, "add-qkv-bias", bool(a.get("disable-bias-linear", False)))
     a.map("untie-embeddings-and-output-weights", "model.tied_embeddings",
           not a.get("untie-embeddings-and-output-weights", False))
 
@@ -312,6 +313,14 @@ def read_qk_norm(a: Account, key: str, mla: bool) -> None:
     normalises the latents, which mla.py counts always."""
     if a.get(key) and not mla:
         a.map(key, "model.qk_norm", True)
+    a.used(key)
+
+
+def read_qkv_bias(a: Account, key: str, no_linear_bias: bool) -> None:
+    """Megatron-Core's add_qkv_bias (--add-qkv-bias): biases on the QKV projection; without the
+    other linears' biases (add_bias_linear false) -> model.qkv_bias, with them already counted."""
+    if a.get(key) and no_linear_bias:
+        a.map(key, "model.qkv_bias", True)
     a.used(key)
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 from . import megatron_moe as moe
 from .common import Account, Imported, padded_vocab
 from .megatron import (adam_states, fsdp_grad_precision, megatron_fsdp, nemo_key, number_of, read_cp_comm_type,
-                       read_bf16_layers, read_fp8_recipe, read_head_dim, read_qk_norm, read_recompute,
-                       read_rotary_fraction, read_window)
+                       read_bf16_layers, read_fp8_recipe, read_head_dim, read_qk_norm, read_qkv_bias,
+                       read_recompute, read_rotary_fraction, read_window)
 from .megatron_pipeline import read_stage_split
 
 SECTIONS_IGNORED = ("checkpoint.*", "dataset.*", "dist.*", "logger.*", "profiling.*", "rerun_state_machine.*",
@@ -134,10 +134,8 @@ def read_bridge(data: dict) -> Imported:
     a.map(m("position_embedding_type"), "model.position_embedding", "learned" if position == "learned_absolute" else
           "rope")
     bias = bool(a.get(m("add_bias_linear"), True))
-    if a.get(m("add_qkv_bias")) and not bias:
-        a.refuse(m("add_qkv_bias"), "a QKV bias without the other linears' biases is not modelled")
     a.map(m("add_bias_linear"), "model.bias", bias)
-    a.used(m("add_qkv_bias"))
+    read_qkv_bias(a, m("add_qkv_bias"), not bias)
     a.map(m("share_embeddings_and_output_weights"), "model.tied_embeddings",
           bool(a.get(m("share_embeddings_and_output_weights"), True)))
     tp = number_of(a, m("tensor_model_parallel_size"), 1)
