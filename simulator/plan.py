@@ -445,7 +445,11 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster, options: bool = Tru
 def _check_parallel_block(plan: Plan) -> None:
     """What a parallel block (model.parallel_block) is modelled with: the frameworks that run
     it (GPT-NeoX, Hugging Face) overlap no TP collective with GEMMs, checkpoint whole layers
-    or the attention core, and have no MLP module of Megatron's or block of torchtitan's."""
+    or the attention core, and have no MLP module of Megatron's or block of torchtitan's; FP8
+    linears reading one shared norm's output (casts shared or not) are not modelled."""
+    if plan.precision in ("fp8", "mxfp8"):
+        raise InputError("plan.precision", plan.precision, "bf16, fp16, tf32 or fp32 with model.parallel_block "
+                         "(FP8 linears of parallel blocks are not modelled)")
     if plan.tp_comm_overlap:
         raise InputError("plan.tp_comm_overlap", True, "false with model.parallel_block (TP overlap of parallel "
                          "blocks is not modelled)")

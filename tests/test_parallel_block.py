@@ -73,6 +73,7 @@ def test_fewer_collectives_make_a_tp_step_faster():
     ({"post_norms": True}, {}, "model.parallel_block"),
     ({"parallel_block": False, "shared_norm": True}, {}, "model.shared_norm"),
     ({}, {"tp_comm_overlap": True, "sequence_parallel": True}, "plan.tp_comm_overlap"),
+    ({}, {"precision": "fp8"}, "plan.precision"),
     ({}, {"recompute": "op-selective"}, "plan.recompute"),
     ({}, {"recompute": "selective", "recompute_modules": ["mlp"]}, "plan.recompute_modules"),
 ])
