@@ -218,7 +218,7 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
     pre-MLP norm and the residual): router, permutation, the local experts' GEMMs and
     activation, un-permutation, shared experts. Executed FLOPs are the busiest rank's rows;
     useful FLOPs the balanced top-k rows (MoEOptions.useful_rows)."""
-    from .workload import MEMORY, Op, _elementwise, _linear, mlp_ops
+    from .workload import MEMORY, Op, _elementwise, _linear, input_kept_elsewhere, mlp_ops
 
     a, h = shard.act_bytes, model.hidden
     o = experts.options
@@ -255,12 +255,8 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
     if model.shared_experts:
         shared = mlp_ops(model, shard, model.shared_experts * model.shared_expert_ffn_hidden, "shared_")
         # the shared experts read the router's input, the pre-MLP norm output (Megatron-Core
-        # moe_layer.py: both take hidden_states), kept once; only a linear keeping the gathered
-        # sequence (DTensor's) keeps a tensor of its own
-        if not (shard.tp_keeps_gathered and shard.sp):
-            first = shared[0]
-            shared[0] = replace(first, saved_bytes=0.0 * first.saved_bytes,
-                                linear=replace(first.linear, input_kept_elsewhere=True))
+        # moe_layer.py: both take hidden_states), kept once
+        shared[0] = input_kept_elsewhere(shared[0], shard)
         ops += [Op(**{**op.__dict__, "group": SHARED_EXPERTS}) for op in shared]
     return ops
 

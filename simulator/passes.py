@@ -104,28 +104,15 @@ def tp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Clu
     their gradients (backward), and the one reduce's backward is one gather or nothing.
     """
     nbytes = shard.act_bytes * shard.tokens * model.hidden
-    if model.parallel_block:
-        return _parallel_block_comm_s(nbytes, shard, groups, cluster, gather_factor)
+    reduces = 1 if model.parallel_block else 2  # forward reduces of the branches' outputs
     if shard.sp:
         gather = collective_time("all_gather", nbytes, groups.tp, cluster)
         scatter = collective_time("reduce_scatter", nbytes, groups.tp, cluster)
-        fwd = 2 * (collective_time("all_gather", gather_factor * nbytes, groups.tp, cluster) + scatter)
+        fwd = 2 * collective_time("all_gather", gather_factor * nbytes, groups.tp, cluster) + reduces * scatter
         regather = 0.0 if shard.tp_keeps_gathered else 2 * gather
-        return fwd, 2 * (gather + scatter) + regather
-    fwd = 2 * collective_time("all_reduce", nbytes, groups.tp, cluster)
-    return fwd, fwd
-
-
-def _parallel_block_comm_s(nbytes, shard: Shard, groups: Groups, cluster: Cluster, gather_factor):
-    """tp_layer_comm_s of a parallel block: one reduce of the branches' sum forward."""
-    if shard.sp:
-        gather = collective_time("all_gather", nbytes, groups.tp, cluster)
-        scatter = collective_time("reduce_scatter", nbytes, groups.tp, cluster)
-        fwd = 2 * collective_time("all_gather", gather_factor * nbytes, groups.tp, cluster) + scatter
-        regather = 0.0 if shard.tp_keeps_gathered else 2 * gather
-        return fwd, gather + 2 * scatter + regather
+        return fwd, reduces * gather + 2 * scatter + regather
     reduce = collective_time("all_reduce", nbytes, groups.tp, cluster)
-    return reduce, 2 * reduce
+    return reduces * reduce, 2 * reduce
 
 
 def pp_hop_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster, scatter_gather: bool = True):

@@ -194,11 +194,11 @@ def layer_ops(model: ModelSpec, shard: Shard, experts=None) -> list[Op]:
     attention block (multi-head latent attention in mla.py), and a dense MLP of width
     ffn_hidden, or with `experts` (a moe.ExpertShard) the routed experts of an MoE layer
     (moe.py)."""
+    if model.parallel_block:
+        return _parallel_layer_ops(model, shard)
     a, h = shard.act_bytes, model.hidden
     rep = shard.replicated_tokens
     drop = 1 if model.dropout else 0
-    if model.parallel_block:
-        return _parallel_layer_ops(model, shard)
 
     ops = [norm_op("attn_norm", model, shard)] if model.pre_norms else []
     if model.attention == "mla":
@@ -222,6 +222,15 @@ def layer_ops(model: ModelSpec, shard: Shard, experts=None) -> list[Op]:
     return ops
 
 
+def input_kept_elsewhere(op: Op, shard: Shard) -> Op:
+    """A linear whose input is the very tensor another operator of the layer keeps: autograd
+    keeps it once, so it keeps nothing of its own (LinearShape.input_kept_elsewhere), but where
+    a DTensor linear keeps its own gathered copy of a sequence-parallel input."""
+    if shard.tp_keeps_gathered and shard.sp:
+        return op
+    return replace(op, saved_bytes=0.0 * op.saved_bytes, linear=replace(op.linear, input_kept_elsewhere=True))
+
+
 def _parallel_layer_ops(model: ModelSpec, shard: Shard) -> list[Op]:
     """A parallel block: the attention and the MLP read the layer input, each through its own
     norm or one shared norm, and their outputs are summed, then added to the input
@@ -239,9 +248,8 @@ def _parallel_layer_ops(model: ModelSpec, shard: Shard) -> list[Op]:
         second = norm_op("mlp_norm", model, shard)
         ops.append(replace(second, saved_bytes=0.0 * second.saved_bytes))
     mlp = mlp_ops(model, shard, model.ffn_hidden)
-    if model.shared_norm and not (shard.tp_keeps_gathered and shard.sp):
-        mlp[0] = replace(mlp[0], saved_bytes=0.0 * mlp[0].saved_bytes,
-                         linear=replace(mlp[0].linear, input_kept_elsewhere=True))
+    if model.shared_norm:
+        mlp[0] = input_kept_elsewhere(mlp[0], shard)
     # dropout on both branch outputs, then the sum the TP reduce takes, then the residual add
     return ops + mlp + [_elementwise("branch_sum", rep * h, 3 * a + 2 * drop, 2 * drop * rep * h),
                         _elementwise("mlp_residual", rep * h, 3 * a, 0.0)]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from ..errors import InputError
@@ -56,10 +56,8 @@ class RunConfig:
 
     @property
     def gpt(self) -> GPTConfig:
-        return GPTConfig(layers=self.layers, hidden=self.hidden, heads=self.heads, vocab=self.vocab,
-                         seq_len=self.seq_len, document_tokens=self.document_tokens, qk_norm=self.qk_norm,
-                         qk_norm_scope=self.qk_norm_scope, pre_norms=self.pre_norms, post_norms=self.post_norms,
-                         parallel_block=self.parallel_block)
+        """The torch model: every GPTConfig field this run states."""
+        return GPTConfig(**{f.name: getattr(self, f.name) for f in fields(GPTConfig) if hasattr(self, f.name)})
 
 
 def _grid() -> list[RunConfig]:
