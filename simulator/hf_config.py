@@ -7,7 +7,7 @@ multiply, is not counted; logit soft-capping is refused), OLMo 2 and 3 (norms on
 output only, query and key norms over the whole projections; OLMo 3's windows on three layers
 in four), Phi-3 / Phi-4 (fused projections, Llama's layer, partial RoPE), Mixtral,
 Qwen2-MoE / Qwen3-MoE, OLMoE (query and key norms over the projections), DeepSeek-V2 / V3
-(MLA, shared experts, leading dense layers, MTP), GLM-4.5 (DeepSeek-V3's experts with GQA,
+(MLA, shared experts, leading dense layers, MTP; Kimi K2 the same), GLM-4.5 (DeepSeek-V3's experts with GQA,
 partial RoPE and MTP), GPT-OSS (biases, alternating sliding-window layers) and GPT-NeoX /
 Pythia (parallel attention and MLP, partial RoPE, LayerNorms and biases). A config with expert
 or latent attention keys of another family, or a layer pattern llmsim cannot express, is
@@ -28,7 +28,12 @@ from .errors import InputError
 
 MAX_BYTES = 1 << 20  # a config.json is a few kB; anything larger is not one
 DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "olmo2", "olmo3", "phi3")
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "glm4_moe", "gpt_oss")
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe",
+             "gpt_oss")
+# Moonshot's Kimi K2 is DeepSeek-V3's architecture under its own model_type (its config.json's
+# architectures: DeepseekV3ForCausalLM; the model card says to set model_type deepseek_v3 where a
+# framework does not know kimi_k2): read as DeepSeek-V3's.
+DEEPSEEK_V3_TYPES = ("deepseek_v3", "kimi_k2")
 # Keys that only MoE / latent-attention / multi-token-prediction configs carry.
 EXPERT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "num_experts_per_tok", "experts_per_token",
                "moe_intermediate_size", "n_shared_experts", "shared_expert_intermediate_size",
@@ -194,7 +199,7 @@ def _gpt_neox_fields(cfg: Mapping, where: str, name: str, seq) -> dict:
 
 def _moe_fields(cfg: Mapping, model_type: str, where: str) -> dict:
     """Expert fields of a known MoE family (the keys of each family's transformers config class)."""
-    deepseek_like = model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe")
+    deepseek_like = model_type in ("deepseek_v2", *DEEPSEEK_V3_TYPES, "glm4_moe")
     key = {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts"}.get(
         model_type, "n_routed_experts" if deepseek_like else "num_experts")
     out = dict(experts=F.integer(cfg, key, where), top_k=F.integer(cfg, "num_experts_per_tok", where))
@@ -222,7 +227,7 @@ def _moe_fields(cfg: Mapping, model_type: str, where: str) -> dict:
         if shared and model_type == "qwen3_moe":
             raise InputError(f"{where}.shared_expert_intermediate_size", shared, "Qwen3-MoE has no shared expert")
         # Qwen2-MoE's sigmoid shared_expert_gate (hidden x 1 per layer, < 0.01% of the
-        # parameters) is not modelled, as Qwen2's q/k/v biases.
+        # parameters, one GEMV and a multiply per token) is not modelled.
         out.update(shared_experts=1 if shared else 0, shared_expert_ffn_hidden=shared or None)
     return out
 
@@ -290,7 +295,7 @@ def hf_fields(path: str, seq_len) -> dict:
                 qkv_bias=_qkv_bias(cfg, model_type, where),
                 tied_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),  # Gemma3TextConfig ties by default
                 dropout=_dropout(cfg, model_type, where), **_sliding_window(cfg, model_type, layers, where))
-    if model_type in ("deepseek_v2", "deepseek_v3"):
+    if model_type in ("deepseek_v2", *DEEPSEEK_V3_TYPES):
         # Multi-head latent attention; transformers writes head_dim = qk_rope_head_dim for
         # rotary purposes, so the query/key head is derived from the MLA dims instead.
         data.update(attention="mla", kv_heads=heads, q_lora_rank=F.integer(cfg, "q_lora_rank", where, 0, minimum=0),

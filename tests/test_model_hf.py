@@ -37,6 +37,25 @@ def test_deepseek_v3_config_imports_mla_shared_expert_dense_layers_and_mtp():
             m.mtp_layers) == (256, 8, 1, 2048, 3, 18432, 1)
 
 
+def test_kimi_k2_config_imports_as_deepseek_v3s_architecture(tmp_path):
+    # moonshotai/Kimi-K2-Instruct's config.json differs from DeepSeek-V3's in the shape keys
+    # below (the model card's architecture table; its architectures: DeepseekV3ForCausalLM)
+    cfg = dict(_config("deepseek-v3"), model_type="kimi_k2", num_attention_heads=64, num_key_value_heads=64,
+               n_routed_experts=384, first_k_dense_replace=1, num_nextn_predict_layers=0, vocab_size=163840,
+               n_group=1, topk_group=1)
+    m = load_hf_config(_write(tmp_path, cfg), seq_len=4096)
+    assert (m.attention, m.heads, m.experts, m.top_k, m.shared_experts, m.dense_layers, m.mtp_layers) == \
+        ("mla", 64, 384, 8, 1, 1, 0)
+    # by hand: MLA's q_a 7168 x 1536 + its norm, q_b 1536 x 64 x 192, kv_a 7168 x 576 + the 512
+    # latent's norm, kv_b 512 x 64 x 256, o 64 x 128 x 7168; one dense SwiGLU of 18432, 60 MoE
+    # layers of a 7168 x 384 router and 385 experts of 3 x 7168 x 2048; two norms a layer,
+    # untied 163840 x 7168 tables and the final norm: the model card's "1T total"
+    attention = 7168 * 1536 + 1536 + 1536 * 64 * 192 + 7168 * 576 + 512 + 512 * 64 * 256 + 64 * 128 * 7168
+    layers = 61 * (attention + 2 * 7168) + 3 * 7168 * 18432 + 60 * (7168 * 384 + 385 * 3 * 7168 * 2048)
+    assert m.params() == layers + 2 * 163840 * 7168 + 7168 == 1_026_408_209_408
+    assert round(m.active_params() / 1e9) == 33  # the card's "32B activated", both tables counted
+
+
 def test_qwen2_moe_config_imports_its_shared_expert():
     # Qwen1.5-MoE-A2.7B: 24 layers of 60 experts (1408, top-4) + one shared expert of 5632,
     # hidden 2048, 16 heads with biases on Q, K and V, vocab 151936 untied; Qwen's blog: "14.3B
