@@ -28,6 +28,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from . import muon
 from .bcast import maximum, minimum, where
 from .training import Checkpointing, Failures, Restart, Storage
 
@@ -48,11 +49,15 @@ def failure_rate_per_s(failures: Failures, devices, nodes, nics):
 
 def checkpoint_bytes(layout):
     """Bytes of one checkpoint: every parameter once with its weight (compute precision) and
-    optimizer states (fp32 master copy and Adam moments under mixed precision; states.py);
-    gradients are not saved. However the plan shards them, a distributed checkpoint stores
-    each tensor once (replicated norms and shards deduplicated), so the size is the model's."""
+    optimizer states (fp32 master copy and Adam moments under mixed precision; states.py; one
+    momentum in place of the two moments on Muon's matrices, muon.py); gradients are not saved.
+    However the plan shards them, a distributed checkpoint stores each tensor once (replicated
+    norms and shards deduplicated), so the size is the model's."""
     per = layout.per_param
-    return _params(layout.model) * (per.kept_weight + per.optimizer) + 0.0 * layout.p
+    nbytes = _params(layout.model) * (per.kept_weight + per.optimizer)
+    if layout.plan.optimizer == "muon":
+        nbytes -= muon.model_matrix_params(layout.model) * muon.MOMENTUM_BYTES
+    return nbytes + 0.0 * layout.p
 
 
 @lru_cache(maxsize=64)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 import numpy as np
 
-from . import cpattention, fp8, framework_ops, fsdp, hostbound, mtp, pipebuffers, stagesplit
+from . import cpattention, fp8, framework_ops, fsdp, hostbound, mtp, muon, pipebuffers, stagesplit
 from . import schedules as S
 from .dataparallel import DPCosts, buckets, dp_costs
 from .compute import memory_bound_time
@@ -307,13 +307,18 @@ def compile_layout(model, cluster, plan) -> Layout:
                          bwd_weight_s=co_run * (passes.bwd_weight_s + framework_s),
                          recompute_s=co_run * passes.recompute_s)
         off = offload_costs(plan, cluster, params, states, per, acts.chunk_bytes, v, shard_group)
+        fewer_state_bytes, muon_s = 0.0, 0.0
+        if plan.optimizer == "muon":
+            states, fewer_state_bytes, muon_s = muon.with_muon(states, model, plan, g, cluster, layers - n_moe, n_moe,
+                                                               zero_group, expert_zero_group_size(plan))
+        optimizer_s = optimizer_step_s(states, per, plan, cluster.accelerator, fewer_state_bytes) + muon_s
         reps.append(StageLayout(
             stage=stage, count=count, layers=layers, has_embedding=has_emb, has_head=has_head, params=params,
             states=states, activations=acts, buffer_bytes=stage_buffers, passes=passes,
             sends=schedule.sends(p, v, stage),
             dp=dp, buckets=n_buckets, offload=off,
-            optimizer_s=optimizer_step_s(states, per, plan, cluster.accelerator)
-            + memory_bound_time(fp8.weight_cast_bytes_per_step(plan, linears), cluster.accelerator, "fp8_cast"),
+            optimizer_s=optimizer_s + memory_bound_time(fp8.weight_cast_bytes_per_step(plan, linears),
+                                                        cluster.accelerator, "fp8_cast"),
             framework_step_s=framework_ops.step_seconds(model, plan, cluster, per, params, shard_group, layers, has_emb,
                                                         has_head, head_copy)))
     model_flops = model_flops_per_sequence(model, plan.moe) * plan.global_batch

@@ -36,6 +36,7 @@ TP_IMPLS = ("megatron", "dtensor")
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
 GRAD_PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZER_PRECISIONS = ("fp32", "bf16", "bf16-moments")
+OPTIMIZERS = ("adam", "muon")
 DIMENSIONS = ("tp", "cp", "dp", "pp")
 
 
@@ -175,6 +176,10 @@ class Plan:
     # The parameters kept in fp32 and cast to 16 bits for the GEMMs, the optimizer's master copy
     # themselves (FSDP2 with a 16-bit param_dtype, torchtitan; torch.autocast): states.py.
     fp32_params: bool = False
+    # Adam for every parameter, or Megatron-Core's Muon for the layers' weight matrices (Adam
+    # for the rest) with `muon_ns_steps` Newton-Schulz steps per update (muon.py)
+    optimizer: str = "adam"
+    muon_ns_steps: int = 5
 
     @property
     def devices(self) -> int:
@@ -267,6 +272,8 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         cp_ulysses=F.integer(data, "cp_ulysses", "plan", 1, maximum=10**6),
         optimizer_precision=F.choice(data, "optimizer_precision", "plan", OPTIMIZER_PRECISIONS, "fp32"),
         fp32_params=F.boolean(data, "fp32_params", "plan", False),
+        optimizer=F.choice(data, "optimizer", "plan", OPTIMIZERS, "adam"),
+        muon_ns_steps=F.integer(data, "muon_ns_steps", "plan", 5, maximum=100),
     )
 
 
@@ -426,6 +433,13 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster, options: bool = Tru
                          "(fp32 parameters are the master copy)")
     acc = cluster.accelerator
     acc.peak(plan.precision)
+    if plan.optimizer == "muon":
+        if model.mtp_layers:
+            raise InputError("plan.optimizer", "muon", "adam with model.mtp_layers (Muon's share of the "
+                             "multi-token-prediction modules is not modelled)")
+        if "bf16" not in acc.peak_flops:
+            raise InputError("plan.optimizer", "muon", f"adam on {acc.name}: Muon's Newton-Schulz GEMMs run in "
+                             "bf16, which its profile has no rate for")
     if plan.precision in ("fp8", "mxfp8") and acc.matmul_fp8 is None:
         raise InputError("plan.precision", plan.precision, f"the {acc.name} profile has no "
                          "efficiency.matmul_fp8 (an FP8 GEMM rate measured by a microbenchmark)")
@@ -524,11 +538,33 @@ def check_options(plan: Plan) -> None:
                                          and plan.zero_stage == 3 and plan.zero3_impl == "fsdp2"):
         raise InputError("plan.fp8_fsdp_all_gather", True, "torchao all-gathers FSDP2's weight shards in FP8 only "
                          "with precision: fp8, fp8_recipe: tensorwise, zero_stage: 3 and zero3_impl: fsdp2")
+    if plan.optimizer == "muon":
+        _check_muon(plan)
+    elif plan.muon_ns_steps != 5:
+        raise InputError("plan.muon_ns_steps", plan.muon_ns_steps, "only with optimizer: muon")
     if plan.fp8_params and plan.precision not in ("fp8", "mxfp8"):
         raise InputError("plan.fp8_params", True, "FP8 primary weights need precision: fp8 or mxfp8")
     if plan.fp8_params and plan.fp8_recipe not in TE_PER_TENSOR and plan.precision == "fp8":
         raise InputError("plan.fp8_params", True, "FP8 primary weights are TransformerEngine's (fp8_recipe: "
                          "delayed or current)")
+
+
+def _check_muon(plan: Plan) -> None:
+    """What Muon is modelled with (muon.py): Megatron-Core's, on Megatron's TP, its states in
+    fp32 beside 16-bit or fp32 weights, on the device, updated by every rank (zero_stage 0) or
+    by each rank for its whole matrices (zero_stage 1, the layer-wise distributed optimizer)."""
+    if plan.zero_stage > 1:
+        raise InputError("plan.zero_stage", plan.zero_stage, "0 or 1 with optimizer: muon (Megatron-Core's "
+                         "layer-wise distributed optimizer; Muon under ZeRO-2/3 or FSDP is not modelled)")
+    if plan.offload.optimizer != "none":
+        raise InputError("plan.offload.optimizer", plan.offload.optimizer, "none with optimizer: muon")
+    if plan.optimizer_precision != "fp32":
+        raise InputError("plan.optimizer_precision", plan.optimizer_precision, "fp32 with optimizer: muon")
+    if plan.fp32_params:
+        raise InputError("plan.fp32_params", True, "false with optimizer: muon")
+    if plan.tp_impl != "megatron":
+        raise InputError("plan.tp_impl", plan.tp_impl, "megatron with optimizer: muon (Megatron-Core's "
+                         "TensorParallelMuon gathers each matrix over TP)")
 
 
 def _divides(field: str, value: int, target_field: str, target: int) -> None:

@@ -22,10 +22,10 @@ PLAN_COLUMNS = {
     "model": "str", "accelerator": "str", "node": "str", "nodes": "int", "devices": "int",
     "tp": "int", "pp": "int", "dp": "int", "cp": "int", "ep": "int", "etp": "int", "vpp": "int", "micro_batch": "int",
     "global_batch": "int", "microbatches": "int", "schedule": "str", "sequence_parallel": "bool",
-    "recompute": "str", "zero_stage": "int", "dp_replicate": "int", "precision": "str", "offload_optimizer": "str",
-    "offload_params": "str", "offload_activations": "str", "flash_attention": "bool", "cp_attention": "str",
-    "cp_ulysses": "int", "pipeline_split": "str", "first_stage_layers": "int", "last_stage_layers": "int",
-    "pipeline_layout": "str",
+    "recompute": "str", "zero_stage": "int", "dp_replicate": "int", "precision": "str", "optimizer": "str",
+    "offload_optimizer": "str", "offload_params": "str", "offload_activations": "str", "flash_attention": "bool",
+    "cp_attention": "str", "cp_ulysses": "int", "pipeline_split": "str", "first_stage_layers": "int",
+    "last_stage_layers": "int", "pipeline_layout": "str",
 }
 RESULT_SCALARS = {
     "feasible": "bool", "reason": "str", "engine": "str", "step_time_s": "float", "tokens_per_s": "float",

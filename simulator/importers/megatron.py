@@ -49,7 +49,8 @@ IGNORED_ARGS = ("lr*", "min-lr", "decoupled-*", "weight-decay", "adam-*", "clip-
                 "max-position-embeddings", "tiktoken-pattern", "no-create-attention-mask-in-dataloader",
                 "no-mmap-bin-files", "manual-gc*", "calculate-per-token-loss", "empty-unused-memory-level",
                 "lr-*", "train-samples", "rotary-*", "apply-layernorm-1p", "tokenizer-type", "attention-dropout",
-                "hidden-dropout", "fp8-amax-*", "make-vocab-size-divisible-by")
+                "hidden-dropout", "fp8-amax-*", "make-vocab-size-divisible-by", "muon-momentum",
+                "muon-nesterov", "muon-scale-mode", "muon-extra-scale-factor")
 ARG_REASONS = {"rampup-batch-size": "the batch-size ramp-up of the first steps is not modelled",
                "overlap-param-gather": "parameter all-gather overlap is not modelled separately"}
 
@@ -202,6 +203,7 @@ def read_args(args: dict) -> Imported:
     adam_states(a, "use-precision-aware-optimizer", megatron_key)
     a.used("accumulate-allreduce-grads-in-fp32")
     _data_parallel_sharding(a)
+    _optimizer(a)
     instances = number_of(a, "num-distributed-optimizer-instances", 1)
     if instances > 1:  # partial distributed optimizer: hybrid sharding
         a.map("num-distributed-optimizer-instances", "plan.dp_replicate", instances)
@@ -250,6 +252,45 @@ def _data_parallel_sharding(a: Account) -> None:
     else:
         a.map("use-distributed-optimizer", "plan.zero_stage", 1 if a.get("use-distributed-optimizer") else 0)
         a.unmapped("data-parallel-sharding-strategy", "Megatron-FSDP's; without --use-megatron-fsdp it does nothing")
+
+
+# Newton-Schulz coefficient sets of three GEMMs a step (a quintic with c != 0: Emerging-Optimizers
+# muon_utils.py newton_schulz_step; "simple", "cubic5", "aol" and others are refused)
+MUON_COEFFICIENTS = ("quintic", "polar_express")
+
+
+def _optimizer(a: Account) -> None:
+    """--optimizer adam, or muon (muon.py): Megatron-Core's TensorParallelMuon with its default
+    settings, which --use-distributed-optimizer turns into the layer-wise distributed optimizer
+    (zero_stage 1, read by _data_parallel_sharding); the deprecated dist_muon is the same
+    (megatron/training/arguments.py @d98e8a64dd: "Use --optimizer muon
+    --use-distributed-optimizer instead")."""
+    name = str(a.get("optimizer", "adam"))
+    if name not in ("adam", "muon", "dist_muon"):
+        a.refuse("optimizer", "modelled: adam, muon (dist_muon)")
+    if a.has("optimizer"):
+        a.map("optimizer", "plan.optimizer", "adam" if name == "adam" else "muon")
+    if name == "dist_muon":
+        a.map("optimizer", "plan.zero_stage", 1)
+    muon = name != "adam"
+    if muon and (a.get("use-torch-fsdp2") or a.get("use-megatron-fsdp")):
+        a.refuse("optimizer", "Megatron-LM runs Muon without FSDP (\"Emerging optimizer does not support ... FSDP\")")
+    settings = (("muon-tp-mode", "duplicated", "duplicated only (the whole matrix orthogonalised on every TP rank)"),
+                ("muon-fp32-matmul-prec", "medium", "medium only (the Newton-Schulz GEMMs in bf16)"),
+                ("muon-scalar-optimizer", "adam", "adam only"),
+                ("muon-coefficient-type", "quintic", "one of " + ", ".join(MUON_COEFFICIENTS)))
+    for key, default, allowed in settings:
+        value = str(a.get(key, default))
+        if muon and value != default and not (key == "muon-coefficient-type" and value in MUON_COEFFICIENTS):
+            a.refuse(key, allowed)
+        a.used(key)
+    for key, why in (("muon-use-syrk", "the symmetric Gram kernel is not modelled"),
+                     ("muon-no-split-qkv", "Muon on the fused QKV matrix is not modelled (split_qkv is)")):
+        if muon and a.get(key):
+            a.refuse(key, why)
+        a.used(key)
+    if a.has("muon-num-ns-steps"):
+        a.map("muon-num-ns-steps", "plan.muon_ns_steps", number_of(a, "muon-num-ns-steps"))
 
 
 def megatron_fsdp(a: Account, on_key: str, strategy_key: str, outer_key: str) -> None:

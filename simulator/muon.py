@@ -1,0 +1,196 @@
+"""Muon: orthogonalised momentum for the layers' weight matrices, Adam for the rest, as
+Megatron-Core runs it (`plan.optimizer: muon`; Jordan et al. 2024, "Muon: an optimizer for
+hidden layers in neural networks"; Liu et al. 2025, arXiv 2502.16982, Moonlight and Kimi K2's
+optimizer).
+
+Which parameters: every 2-D weight of a layer (attention projections, MLP matrices, the
+router, each routed expert's); embeddings, the output layer, norms and biases stay with Adam
+(NVIDIA/Megatron-LM@d98e8a64dd megatron/core/optimizer/emerging_optimizers.py
+_is_muon_excluded: not 2-D, or is_embedding_or_output_parameter, go to `adam`). Each keeps an
+fp32 momentum where Adam keeps two moments: 4 B a parameter less (the fp32 master copy stays:
+Float16OptimizerWithFloat16Params).
+
+The update (TensorParallelMuon, `--muon-tp-mode duplicated`, the default): the QKV weight is
+split into its query, key and value matrices (`--muon-split-qkv`, default on), each matrix's
+momentum is all-gathered in fp32 over the TP ranks that split it and orthogonalised whole on
+every one of them by `ns_steps` Newton-Schulz steps (NVIDIA-NeMo/Emerging-Optimizers@fd77292
+emerging_optimizers/orthogonalized_optimizers/muon_utils.py newton_schulz_tp, newton_schulz,
+newton_schulz_step): on X (m x n, m <= n, transposed so), A = X X^T, B = b A + c A A,
+X = a X + B X: 2m²n + 2m³ + 2m²n FLOPs in three GEMMs, in bf16 under
+`--muon-fp32-matmul-prec medium` (the default: the momentum cast to bf16 and back).
+
+Data parallelism: with `--use-distributed-optimizer` (zero_stage 1) Megatron's
+LayerWiseDistributedOptimizer gives each DP rank whole matrices to update, bin-packed by their
+Newton-Schulz cost, and all-gathers the updated parameters (layer_wise_optimizer.py: the same
+reduce-scatter and all-gather as the distributed optimizer's); without it (zero_stage 0) every
+rank updates, and orthogonalises, every matrix it holds. A rank's share is the mean of its
+group's matrices, or the largest one where that is more (a matrix is never split); the
+bucket-level imbalance of the bin-packing beyond that is not modelled. The Newton-Schulz
+workspace (one matrix's fp32 gather and bf16 copies, during the optimizer step when the
+activations are freed) is not counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+import numpy as np
+
+from .comm import collective_time
+from .compute import op_times
+from .workload import MATMUL, Op
+
+MOMENTUM_BYTES = 4.0  # one fp32 momentum where Adam keeps two fp32 moments: 4 B a parameter less
+NS_PRECISION = "bf16"  # --muon-fp32-matmul-prec medium: the Newton-Schulz GEMMs in bf16
+GATHER_BYTES = 4.0  # the fp32 momentum all-gathered over TP
+
+
+@dataclass(frozen=True)
+class Matrices:
+    """One kind of weight matrix Muon orthogonalises: its whole (TP-gathered) size, how many a
+    device of the stage holds (before the DP ranks split the updates), the ranks its momentum
+    is gathered over (1: held whole) and whether it is a routed expert's (expert-DP group)."""
+
+    rows: object
+    cols: object
+    count: object
+    gather: object = 1
+    expert: bool = False
+
+    @property
+    def local_params(self):
+        return self.count * self.rows * self.cols / self.gather
+
+
+def attention_matrices(model, tp) -> list[Matrices]:
+    """A layer's attention weights as Muon sees them: Q, K and V apart (split_qkv) and the
+    output projection, all TP-split; MLA's down-projections whole on every TP rank (mla.py),
+    its up- and output projections split."""
+    h = model.hidden
+    if model.attention == "mla":
+        heads = model.heads
+        q = [Matrices(model.q_lora_rank, h, 1), Matrices(heads * model.head_dim, model.q_lora_rank, 1, tp)] \
+            if model.q_lora_rank else [Matrices(heads * model.head_dim, h, 1, tp)]
+        return q + [Matrices(model.kv_lora_rank + model.qk_rope_head_dim, h, 1),
+                    Matrices(heads * (model.qk_nope_head_dim + model.v_head_dim), model.kv_lora_rank, 1, tp),
+                    Matrices(h, heads * model.v_head_dim, 1, tp)]
+    kv_local = np.maximum(model.kv_heads / np.asarray(tp), 1.0)  # KV heads replicated beyond kv_heads
+    k_rows, v_rows = kv_local * model.head_dim * tp, kv_local * model.v_width / model.kv_heads * tp
+    return [Matrices(model.q_width, h, 1, tp), Matrices(k_rows, h, 1, tp), Matrices(v_rows, h, 1, tp),
+            Matrices(h, model.attn_out_width, 1, tp)]
+
+
+def mlp_matrices(model, width, count, gather, expert=False) -> list[Matrices]:
+    """`count` MLPs of intermediate size `width`: the up projection (gate and up fused, 2 x width
+    rows, for a gated MLP) and the down projection."""
+    up = (model.mlp_matrices - 1) * width
+    return [Matrices(up, model.hidden, count, gather, expert), Matrices(model.hidden, width, count, gather, expert)]
+
+
+def layer_matrices(model, tp, ep=1, etp=1) -> tuple[list, list]:
+    """(a dense-MLP layer's, an MoE layer's) matrices on one device: attention and a dense MLP;
+    attention, the router (whole on every rank), the shared experts (one MLP of their summed
+    width, TP-split) and the local routed experts (over ETP)."""
+    attention = attention_matrices(model, tp)
+    dense = attention + mlp_matrices(model, model.ffn_hidden, 1, tp)
+    if not model.experts:
+        return dense, []
+    moe = attention + [Matrices(model.experts, model.hidden, 1)]
+    if model.shared_experts:
+        moe += mlp_matrices(model, model.shared_experts * model.shared_expert_ffn_hidden, 1, tp)
+    moe += mlp_matrices(model, model.expert_ffn_hidden, model.experts / np.asarray(ep), etp, expert=True)
+    return dense, moe
+
+
+def stage_matrices(model, tp, dense_layers, moe_layers, ep=1, etp=1) -> list[Matrices]:
+    """The matrices of a stage's device: its dense-MLP and MoE layers' (embeddings and the
+    output layer are Adam's)."""
+    dense, moe = layer_matrices(model, tp, ep, etp)
+    return [Matrices(m.rows, m.cols, m.count * dense_layers, m.gather, m.expert) for m in dense] + \
+        [Matrices(m.rows, m.cols, m.count * moe_layers, m.gather, m.expert) for m in moe]
+
+
+@lru_cache(maxsize=64)
+def model_matrix_params(model) -> float:
+    """Parameters of the whole model that Muon updates (a checkpoint's momentum)."""
+    moe = model.moe_layers
+    return float(sum(np.sum(m.local_params) for m in stage_matrices(model, 1, model.layers - moe, moe)))
+
+
+def ns_flops(rows, cols, steps):
+    """FLOPs of `steps` Newton-Schulz steps on a rows x cols matrix (m the smaller side, n the
+    larger): A = X X^T (2m²n), B = bA + cA·A (2m³), X = aX + B·X (2m²n)."""
+    m, n = np.minimum(rows, cols), np.maximum(rows, cols)
+    return steps * (4 * m * m * n + 2 * m ** 3)
+
+
+def _ns_seconds(rows, cols, steps, count, acc):
+    """Seconds of `count` matrices' Newton-Schulz steps, each step three GEMMs (and torch ops)
+    of bf16 operands. X X^T multiplies a row-major matrix by a transposed one, as a linear's
+    forward GEMM does (x W^T); A·A and B·X multiply two row-major ones, as its input-gradient
+    GEMM does (dY W): each is timed on that pass's curve where the profile has one per pass
+    (calibrated CPUs). Bytes: gram X read, A written; square A read twice and as addmm's
+    input, B written; update B and X read, X read as addmm's input and written."""
+    m, n = np.minimum(rows, cols), np.maximum(rows, cols)
+    b = 2.0  # bf16
+    gram = Op("muon.gram", MATMUL, fwd_flops=2 * m * m * n, fwd_bytes=b * (m * n + m * m))
+    square = Op("muon.square", MATMUL, bwd_input_flops=2 * m ** 3, bwd_input_bytes=b * 4 * m * m)
+    update = Op("muon.update", MATMUL, bwd_input_flops=2 * m * m * n, bwd_input_bytes=b * (m * m + 3 * m * n))
+    one_step = op_times(gram, acc, NS_PRECISION).fwd_s + sum(op_times(op, acc, NS_PRECISION).bwd_input_s
+                                                             for op in (square, update))
+    return steps * count * one_step
+
+
+@dataclass(frozen=True)
+class MuonCosts:
+    """One device's Muon work per step: its matrices' parameters (before ZeRO sharding, the
+    dense group's and the experts'), the Newton-Schulz seconds and the TP all-gathers of the
+    momentum of the matrices it updates."""
+
+    dense_params: object
+    expert_params: object
+    ns_s: object
+    gather_s: object
+
+
+def stage_costs(matrices: list[Matrices], plan, groups, cluster, zero_group, expert_zero_group) -> MuonCosts:
+    """Muon's costs on a stage's device (module docstring): each DP rank of a group updates its
+    share of the group's matrices under zero_stage 1, all of them under zero_stage 0."""
+    acc, steps = cluster.accelerator, plan.muon_ns_steps
+    shared = plan.zero_stage >= 1
+    total, largest, gather = 0.0, 0.0, 0.0
+    dense_params, expert_params = 0.0, 0.0
+    for m in matrices:
+        share = (expert_zero_group if m.expert else zero_group) if shared else 1
+        one = _ns_seconds(m.rows, m.cols, steps, 1, acc)
+        total = total + _ns_seconds(m.rows, m.cols, steps, m.count, acc) / share
+        largest = np.maximum(largest, np.where(m.count > 0, one, 0.0))
+        group = groups.etp if m.expert else groups.tp
+        moved = collective_time("all_gather", m.rows * m.cols * GATHER_BYTES, group, cluster)
+        gather = gather + np.where(np.asarray(m.gather) > 1, m.count / share * moved, 0.0)
+        if m.expert:
+            expert_params = expert_params + m.local_params
+        else:
+            dense_params = dense_params + m.local_params
+    return MuonCosts(dense_params, expert_params, np.maximum(total, largest), gather)
+
+
+def local_params(costs: MuonCosts, plan, zero_group, expert_zero_group):
+    """The Muon parameters whose optimizer states one device keeps (ZeRO-1: its share)."""
+    if plan.zero_stage < 1:
+        return costs.dense_params + costs.expert_params
+    return costs.dense_params / zero_group + costs.expert_params / expert_zero_group
+
+
+
+def with_muon(states, model, plan, groups, cluster, dense_layers, moe_layers, zero_group, expert_zero_group):
+    """A stage's model states with Muon in place of Adam on its layers' matrices, the optimizer
+    state bytes fewer per device (one fp32 momentum where Adam keeps two moments: 4 B a
+    parameter, also 8 B less read and written by the update's memory-bound pass,
+    states.optimizer_step_s), and the seconds Muon adds: the Newton-Schulz GEMMs and the
+    momentum's TP all-gathers (stage_costs)."""
+    costs = stage_costs(stage_matrices(model, plan.tp, dense_layers, moe_layers, plan.ep, plan.etp), plan, groups,
+                        cluster, zero_group, expert_zero_group)
+    less = local_params(costs, plan, zero_group, expert_zero_group) * MOMENTUM_BYTES
+    return replace(states, optimizer_bytes=states.optimizer_bytes - less), less, costs.ns_s + costs.gather_s

@@ -1,0 +1,172 @@
+"""Muon (plan.optimizer: muon), as Megatron-Core runs it: one fp32 momentum on each of the
+layers' weight matrices (Adam for embeddings, output layer, norms and biases), each matrix's
+momentum gathered over TP and orthogonalised whole by Newton-Schulz steps of three GEMMs, the
+matrices shared out over the DP ranks by the layer-wise distributed optimizer (zero_stage 1)."""
+
+import pytest
+
+from simulator import InputError, evaluate, scenario_from_dict
+from simulator.comm import collective_time
+from simulator.dims import groups
+from simulator.goodput import checkpoint_bytes
+from simulator.importers import import_config
+from simulator.layout import compile_layout
+from simulator.model import model_from_dict
+from simulator.muon import model_matrix_params, ns_flops, stage_costs, stage_matrices
+from simulator.vector import evaluate_many
+
+LLAMA_8B = {"preset": "llama-3.1-8b", "seq_len": 4096}
+H, KV, F, LAYERS = 4096, 1024, 14336, 32
+# Llama 3.1 8B's matrices of a layer: Q, O 4096 x 4096; K, V 1024 x 4096; gate and up 28672 x
+# 4096 (one fused matrix); down 4096 x 14336
+LAYER_MATRIX_PARAMS = H * H + 2 * KV * H + H * H + 2 * F * H + H * F
+
+
+def _scenario(tp=1, dp=8, nodes=1, **plan):
+    return scenario_from_dict({"model": LLAMA_8B, "cluster": {"node": "dgx-h100", "nodes": nodes},
+                               "plan": {"tp": tp, "dp": dp, "micro_batch": 1, "global_batch": 8 * dp,
+                                        "sequence_parallel": tp > 1, "zero_stage": 1, **plan}})
+
+
+def test_newton_schulz_runs_three_gemms_a_step_on_the_smaller_side():
+    # X 1024 x 4096: X X^T 2·1024²·4096, A·A 2·1024³, B·X 2·1024²·4096, five steps
+    assert ns_flops(1024, 4096, 5) == ns_flops(4096, 1024, 5) == 5 * (4 * 1024 ** 2 * 4096 + 2 * 1024 ** 3) \
+        == 96_636_764_160
+
+
+def test_newton_schulz_flops_are_torchs_count_of_the_iteration():
+    torch = pytest.importorskip("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+    g = torch.randn(96, 320)
+    with FlopCounterMode(display=False) as counter:
+        x = g / g.norm()
+        for _ in range(5):  # Jordan et al. 2024's quintic iteration
+            a = x @ x.T
+            b = -4.775 * a + 2.0315 * (a @ a)
+            x = 3.4445 * x + b @ x
+    assert ns_flops(96, 320, 5) == counter.get_total_flops()
+
+
+def test_muon_orthogonalises_q_k_v_apart_and_the_fused_gate_and_up():
+    s = _scenario()
+    matrices = stage_matrices(s.model, 1, LAYERS, 0)
+    per_layer = (2 * ns_flops(H, H, 1) + 2 * ns_flops(KV, H, 1) + ns_flops(2 * F, H, 1) + ns_flops(H, F, 1))
+    assert sum(m.count * ns_flops(m.rows, m.cols, 1) for m in matrices) == LAYERS * per_layer
+    assert model_matrix_params(s.model) == LAYERS * LAYER_MATRIX_PARAMS
+
+
+def test_the_matrices_of_a_latent_attention_moe_model_are_all_its_parameters_but_tables_and_norms():
+    m = model_from_dict({"preset": "deepseek-v3", "mtp_layers": 0})
+    norms = m.layers * (2 * m.hidden + m.q_lora_rank + m.kv_lora_rank) + m.hidden
+    assert model_matrix_params(m) == m.params() - 2 * m.vocab * m.hidden - norms
+
+
+def test_each_momentum_takes_4_bytes_where_adams_two_moments_take_8():
+    adam, muon = _scenario(tp=2, dp=4), _scenario(tp=2, dp=4, optimizer="muon")
+    a, b = (compile_layout(s.model, s.cluster, s.plan).stages[0].states for s in (adam, muon))
+    assert float(a.optimizer_bytes - b.optimizer_bytes) == pytest.approx(4 * LAYERS * LAYER_MATRIX_PARAMS / 2 / 4)
+    assert float(a.weights_bytes) == float(b.weights_bytes) and float(a.gradients_bytes) == float(b.gradients_bytes)
+
+
+def test_a_checkpoint_is_4_bytes_a_matrix_parameter_smaller():
+    adam, muon = _scenario(), _scenario(optimizer="muon")
+    a, b = (checkpoint_bytes(compile_layout(s.model, s.cluster, s.plan)) for s in (adam, muon))
+    assert a - b == 4 * LAYERS * LAYER_MATRIX_PARAMS
+
+
+def _costs(s):
+    g = groups(s.plan, s.cluster)
+    return stage_costs(stage_matrices(s.model, s.plan.tp, LAYERS, 0), s.plan, g, s.cluster, s.plan.dp, 1), g
+
+
+def test_the_layer_wise_distributed_optimizer_shares_the_newton_schulz_work_over_dp():
+    every = _costs(_scenario(dp=8, optimizer="muon", zero_stage=0))[0]
+    shared = _costs(_scenario(dp=8, optimizer="muon"))[0]
+    assert float(shared.ns_s) == pytest.approx(float(every.ns_s) / 8)
+
+
+def test_no_rank_orthogonalises_less_than_its_largest_whole_matrix():
+    # 32 x 7 matrices over 512 DP ranks: the busiest rank updates a 28672 x 4096 gate-and-up
+    # matrix, more than the mean share (a sixteenth of a layer's Newton-Schulz FLOPs, by hand)
+    s = _scenario(dp=512, nodes=64, optimizer="muon")
+    g = groups(s.plan, s.cluster)
+    fc1 = [m for m in stage_matrices(s.model, 1, 1, 0) if m.rows == 2 * F]
+    alone = stage_costs(fc1, s.plan, g, s.cluster, 1, 1)
+    assert float(_costs(s)[0].ns_s) == pytest.approx(float(alone.ns_s))
+
+
+def test_each_matrix_momentum_is_all_gathered_in_fp32_over_tp():
+    s = _scenario(tp=2, dp=4, optimizer="muon")
+    costs, g = _costs(s)
+    shapes = [(H, H), (KV, H), (KV, H), (H, H), (2 * F, H), (H, F)]
+    want = sum(LAYERS / 4 * collective_time("all_gather", r * c * 4, g.tp, s.cluster) for r, c in shapes)
+    assert float(costs.gather_s) == pytest.approx(float(want))
+    assert float(_costs(_scenario(tp=1, optimizer="muon"))[0].gather_s) == 0.0
+
+
+def test_muon_adds_its_newton_schulz_and_gathers_to_the_optimizer_step():
+    adam, muon = (evaluate(_scenario(tp=2, dp=4, **p), engine="analytic") for p in ({}, {"optimizer": "muon"}))
+    assert muon.to_dict()["step_time_s"] > adam.to_dict()["step_time_s"]
+
+
+def test_vectorised_muon_plans_equal_scalar_evaluate():
+    dense = [_scenario(tp=tp, dp=8 // tp, optimizer="muon", zero_stage=z) for tp in (1, 2, 4) for z in (0, 1)]
+    moe_base = {"model": {"preset": "deepseek-v3", "layers": 16, "mtp_layers": 0, "seq_len": 1024},
+                "cluster": {"node": "dgx-h100", "nodes": 4}}
+    moe = [scenario_from_dict({**moe_base, "plan": {"pp": pp, "tp": tp, "ep": 2, "sequence_parallel": True,
+                                                     "micro_batch": 1, "global_batch": 64, "dp": "auto",
+                                                     "zero_stage": 1, "optimizer": "muon"}})
+           for pp in (2, 4) for tp in (1, 2)]
+    for s, got in zip(dense + moe, evaluate_many(dense + moe)):
+        want = evaluate(s, engine="analytic").to_dict()
+        assert got["step_time_s"] == pytest.approx(want["step_time_s"], rel=1e-12)
+        assert got["peak_memory_gib"] == pytest.approx(want["peak_memory_gib"], rel=1e-12)
+
+
+@pytest.mark.parametrize("plan,field", [
+    ({"zero_stage": 2}, "plan.zero_stage"), ({"zero_stage": 3}, "plan.zero_stage"),
+    ({"offload": {"optimizer": "cpu"}}, "plan.offload.optimizer"),
+    ({"optimizer_precision": "bf16-moments"}, "plan.optimizer_precision"),
+    ({"fp32_params": True}, "plan.fp32_params"), ({"tp_impl": "dtensor", "tp": 2, "dp": 4}, "plan.tp_impl")])
+def test_what_muon_is_not_modelled_with_is_refused(plan, field):
+    with pytest.raises(InputError) as e:
+        _scenario(**{"optimizer": "muon", **plan})
+    assert e.value.field == field
+
+
+def test_newton_schulz_steps_need_muon_and_mtp_modules_need_adam():
+    with pytest.raises(InputError) as e:
+        _scenario(muon_ns_steps=6)
+    assert e.value.field == "plan.muon_ns_steps"
+    with pytest.raises(InputError) as e:
+        scenario_from_dict({"model": {"preset": "deepseek-v3", "layers": 8, "seq_len": 1024},
+                            "cluster": {"node": "dgx-h100", "nodes": 4},
+                            "plan": {"ep": 8, "dp": "auto", "micro_batch": 1, "global_batch": 64,
+                                     "optimizer": "muon"}})
+    assert e.value.field == "plan.optimizer"
+
+
+MEGATRON = ["--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "2048",
+            "--max-position-embeddings", "2048", "--micro-batch-size", "1", "--global-batch-size", "64",
+            "--tensor-model-parallel-size", "2", "--bf16"]
+
+
+def _imported(*args):
+    return import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[*MEGATRON, *args]).scenario["plan"]
+
+
+def test_megatron_muon_with_the_distributed_optimizer_is_the_layer_wise_one():
+    plan = _imported("--optimizer", "muon", "--use-distributed-optimizer", "--muon-num-ns-steps", "6")
+    assert (plan["optimizer"], plan["zero_stage"], plan["muon_ns_steps"]) == ("muon", 1, 6)
+    assert (_imported("--optimizer", "dist_muon")["zero_stage"], _imported("--optimizer", "muon")["zero_stage"]) == \
+        (1, 0)  # dist_muon: deprecated for --optimizer muon --use-distributed-optimizer
+
+
+@pytest.mark.parametrize("args,key", [
+    (["--optimizer", "sgd"], "optimizer"), (["--muon-tp-mode", "blockwise"], "muon-tp-mode"),
+    (["--muon-fp32-matmul-prec", "high"], "muon-fp32-matmul-prec"), (["--muon-use-syrk"], "muon-use-syrk"),
+    (["--muon-no-split-qkv"], "muon-no-split-qkv"), (["--muon-coefficient-type", "cubic5"], "muon-coefficient-type"),
+    (["--use-torch-fsdp2"], "optimizer")])
+def test_megatron_muon_settings_llmsim_does_not_model_are_refused(args, key):
+    with pytest.raises(InputError, match=f"megatron {key}:"):
+        _imported(*(["--optimizer", "muon"] if args[0] != "--optimizer" else []), *args)
