@@ -310,7 +310,7 @@ def compile_layout(model, cluster, plan) -> Layout:
         fewer_state_bytes, muon_s = 0.0, 0.0
         if plan.optimizer == "muon":
             states, fewer_state_bytes, muon_s = muon.with_muon(states, model, plan, g, cluster, layers - n_moe, n_moe,
-                                                               zero_group, expert_zero_group_size(plan))
+                                                               has_head, zero_group, expert_zero_group_size(plan))
         optimizer_s = optimizer_step_s(states, per, plan, cluster.accelerator, fewer_state_bytes) + muon_s
         reps.append(StageLayout(
             stage=stage, count=count, layers=layers, has_embedding=has_emb, has_head=has_head, params=params,

@@ -4,20 +4,26 @@ hidden layers in neural networks"; Liu et al. 2025, arXiv 2502.16982, Moonlight 
 optimizer).
 
 Which parameters: every 2-D weight of a layer (attention projections, MLP matrices, the
-router, each routed expert's); embeddings, the output layer, norms and biases stay with Adam
+router, each routed expert's; a multi-token-prediction depth's layer and projection);
+embeddings, the output layer, norms and biases stay with Adam
 (NVIDIA/Megatron-LM@d98e8a64dd megatron/core/optimizer/emerging_optimizers.py
 _is_muon_excluded: not 2-D, or is_embedding_or_output_parameter, go to `adam`). Each keeps an
 fp32 momentum where Adam keeps two moments: 4 B a parameter less (the fp32 master copy stays:
 Float16OptimizerWithFloat16Params).
 
-The update (TensorParallelMuon, `--muon-tp-mode duplicated`, the default): the QKV weight is
-split into its query, key and value matrices (`--muon-split-qkv`, default on), each matrix's
-momentum is all-gathered in fp32 over the TP ranks that split it and orthogonalised whole on
-every one of them by `ns_steps` Newton-Schulz steps (NVIDIA-NeMo/Emerging-Optimizers@fd77292
+The update (TensorParallelMuon): the QKV weight is split into its query, key and value
+matrices (`--muon-split-qkv`, default on), and each matrix is orthogonalised by `ns_steps`
+Newton-Schulz steps (NVIDIA-NeMo/Emerging-Optimizers@fd77292
 emerging_optimizers/orthogonalized_optimizers/muon_utils.py newton_schulz_tp, newton_schulz,
-newton_schulz_step): on X (m x n, m <= n, transposed so), A = X X^T, B = b A + c A A,
+newton_schulz_step): on X (m x n, transposed so that m <= n), A = X X^T, B = b A + c A A,
 X = a X + B X: 2m²n + 2m³ + 2m²n FLOPs in three GEMMs, in bf16 under
-`--muon-fp32-matmul-prec medium` (the default: the momentum cast to bf16 and back).
+`--muon-fp32-matmul-prec medium` (the default: the momentum cast to bf16 and back). A matrix
+the TP ranks split (`plan.muon_tp_mode`, Megatron's --muon-tp-mode): `duplicated` (the
+default) all-gathers its fp32 momentum and orthogonalises it whole on every rank;
+`blockwise` orthogonalises each rank's shard alone (emerging_optimizers.py
+scaled_orthogonalize_fn_with_gtp_remat, partition_dim None); `distributed` keeps the shards,
+each rank running the steps on its columns of X with the side it does not split as m (the
+split side is n, whichever is smaller) and all-reducing each step's m x m Gram matrix.
 
 Data parallelism: with `--use-distributed-optimizer` (zero_stage 1) Megatron's
 LayerWiseDistributedOptimizer gives each DP rank whole matrices to update, bin-packed by their
@@ -37,6 +43,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from . import mtp
 from .comm import collective_time
 from .compute import op_times
 from .workload import MATMUL, Op
@@ -49,14 +56,16 @@ GATHER_BYTES = 4.0  # the fp32 momentum all-gathered over TP
 @dataclass(frozen=True)
 class Matrices:
     """One kind of weight matrix Muon orthogonalises: its whole (TP-gathered) size, how many a
-    device of the stage holds (before the DP ranks split the updates), the ranks its momentum
-    is gathered over (1: held whole) and whether it is a routed expert's (expert-DP group)."""
+    device of the stage holds (before the DP ranks split the updates), the ranks that split it
+    (1: held whole), whether it is a routed expert's (expert-DP group) and whether those ranks
+    split its columns (a row-parallel linear's input features) rather than its rows."""
 
     rows: object
     cols: object
     count: object
     gather: object = 1
     expert: bool = False
+    split_cols: bool = False
 
     @property
     def local_params(self):
@@ -74,18 +83,19 @@ def attention_matrices(model, tp) -> list[Matrices]:
             if model.q_lora_rank else [Matrices(heads * model.head_dim, h, 1, tp)]
         return q + [Matrices(model.kv_lora_rank + model.qk_rope_head_dim, h, 1),
                     Matrices(heads * (model.qk_nope_head_dim + model.v_head_dim), model.kv_lora_rank, 1, tp),
-                    Matrices(h, heads * model.v_head_dim, 1, tp)]
+                    Matrices(h, heads * model.v_head_dim, 1, tp, split_cols=True)]
     kv_local = np.maximum(model.kv_heads / np.asarray(tp), 1.0)  # KV heads replicated beyond kv_heads
     k_rows, v_rows = kv_local * model.head_dim * tp, kv_local * model.v_width / model.kv_heads * tp
     return [Matrices(model.q_width, h, 1, tp), Matrices(k_rows, h, 1, tp), Matrices(v_rows, h, 1, tp),
-            Matrices(h, model.attn_out_width, 1, tp)]
+            Matrices(h, model.attn_out_width, 1, tp, split_cols=True)]
 
 
 def mlp_matrices(model, width, count, gather, expert=False) -> list[Matrices]:
     """`count` MLPs of intermediate size `width`: the up projection (gate and up fused, 2 x width
     rows, for a gated MLP) and the down projection."""
     up = (model.mlp_matrices - 1) * width
-    return [Matrices(up, model.hidden, count, gather, expert), Matrices(model.hidden, width, count, gather, expert)]
+    return [Matrices(up, model.hidden, count, gather, expert),
+            Matrices(model.hidden, width, count, gather, expert, split_cols=True)]
 
 
 def layer_matrices(model, tp, ep=1, etp=1) -> tuple[list, list]:
@@ -103,19 +113,26 @@ def layer_matrices(model, tp, ep=1, etp=1) -> tuple[list, list]:
     return dense, moe
 
 
-def stage_matrices(model, tp, dense_layers, moe_layers, ep=1, etp=1) -> list[Matrices]:
-    """The matrices of a stage's device: its dense-MLP and MoE layers' (embeddings and the
-    output layer are Adam's)."""
+def stage_matrices(model, tp, dense_layers, moe_layers, ep=1, etp=1, mtp_depths=0) -> list[Matrices]:
+    """The matrices of a stage's device: its dense-MLP and MoE layers' and, on the head stage,
+    each multi-token-prediction depth's layer (the last layer's kind) and eh_proj (h x 2h,
+    column-parallel: mtp.py); embeddings and the output layer are Adam's."""
     dense, moe = layer_matrices(model, tp, ep, etp)
-    return [Matrices(m.rows, m.cols, m.count * dense_layers, m.gather, m.expert) for m in dense] + \
-        [Matrices(m.rows, m.cols, m.count * moe_layers, m.gather, m.expert) for m in moe]
+    if mtp.layer_is_moe(model):
+        moe_layers = moe_layers + mtp_depths
+    else:
+        dense_layers = dense_layers + mtp_depths
+    return [replace(m, count=m.count * dense_layers) for m in dense] + \
+        [replace(m, count=m.count * moe_layers) for m in moe] + \
+        ([Matrices(model.hidden, 2 * model.hidden, mtp_depths, tp)] if model.mtp_layers else [])
 
 
 @lru_cache(maxsize=64)
 def model_matrix_params(model) -> float:
     """Parameters of the whole model that Muon updates (a checkpoint's momentum)."""
     moe = model.moe_layers
-    return float(sum(np.sum(m.local_params) for m in stage_matrices(model, 1, model.layers - moe, moe)))
+    matrices = stage_matrices(model, 1, model.layers - moe, moe, mtp_depths=model.mtp_layers)
+    return float(sum(np.sum(m.local_params) for m in matrices))
 
 
 def ns_flops(rows, cols, steps):
@@ -125,14 +142,14 @@ def ns_flops(rows, cols, steps):
     return steps * (4 * m * m * n + 2 * m ** 3)
 
 
-def _ns_seconds(rows, cols, steps, count, acc):
-    """Seconds of `count` matrices' Newton-Schulz steps, each step three GEMMs (and torch ops)
-    of bf16 operands. X X^T multiplies a row-major matrix by a transposed one, as a linear's
-    forward GEMM does (x W^T); A·A and B·X multiply two row-major ones, as its input-gradient
-    GEMM does (dY W): each is timed on that pass's curve where the profile has one per pass
-    (calibrated CPUs). Bytes: gram X read, A written; square A read twice and as addmm's
-    input, B written; update B and X read, X read as addmm's input and written."""
-    m, n = np.minimum(rows, cols), np.maximum(rows, cols)
+def _ns_seconds(m, n, steps, count, acc):
+    """Seconds of `count` matrices' Newton-Schulz steps on X (m x n, whitened along m: A is
+    m x m), each step three GEMMs (and torch ops) of bf16 operands. X X^T multiplies a
+    row-major matrix by a transposed one, as a linear's forward GEMM does (x W^T); A·A and B·X
+    multiply two row-major ones, as its input-gradient GEMM does (dY W): each is timed on that
+    pass's curve where the profile has one per pass (calibrated CPUs). Bytes: gram X read, A
+    written; square A read twice and as addmm's input, B written; update B and X read, X read
+    as addmm's input and written."""
     b = 2.0  # bf16
     gram = Op("muon.gram", MATMUL, fwd_flops=2 * m * m * n, fwd_bytes=b * (m * n + m * m))
     square = Op("muon.square", MATMUL, bwd_input_flops=2 * m ** 3, bwd_input_bytes=b * 4 * m * m)
@@ -142,38 +159,68 @@ def _ns_seconds(rows, cols, steps, count, acc):
     return steps * count * one_step
 
 
+def rank_sides(m: Matrices, tp_mode: str) -> tuple:
+    """(whitened side, other side) of the X one rank iterates on for matrix kind `m`: the whole
+    matrix's smaller and larger sides (`duplicated`, and every matrix no rank splits); its own
+    shard's (`blockwise`: each shard orthogonalised alone); or, `distributed`, the side the
+    ranks do not split and their share of the other, the Gram matrix summed over the ranks
+    each step (Emerging-Optimizers newton_schulz_tp: transposed so that the split side is n,
+    whichever is smaller)."""
+    r, c, g = np.asarray(m.rows, dtype=float), np.asarray(m.cols, dtype=float), np.asarray(m.gather)
+    if tp_mode == "blockwise":
+        r, c = (r, c / g) if m.split_cols else (r / g, c)
+    elif tp_mode == "distributed":
+        whole, split = (r, c) if m.split_cols else (c, r)
+        return np.where(g > 1, whole, np.minimum(r, c)), np.where(g > 1, split / g, np.maximum(r, c))
+    return np.minimum(r, c), np.maximum(r, c)
+
+
+def _tp_comm_s(m: Matrices, whitened, steps, tp_mode, group, cluster):
+    """One matrix's TP collectives: its fp32 momentum all-gathered (`duplicated`), or every
+    step's bf16 Gram matrix and the norm's sum all-reduced (`distributed`); none `blockwise`
+    or where no rank splits it."""
+    if tp_mode == "duplicated":
+        moved = collective_time("all_gather", m.rows * m.cols * GATHER_BYTES, group, cluster)
+    elif tp_mode == "distributed":
+        moved = steps * collective_time("all_reduce", 2.0 * whitened * whitened, group, cluster) + \
+            collective_time("all_reduce", GATHER_BYTES, group, cluster)
+    else:
+        return 0.0
+    return np.where(np.asarray(m.gather) > 1, moved, 0.0)
+
+
 @dataclass(frozen=True)
 class MuonCosts:
     """One device's Muon work per step: its matrices' parameters (before ZeRO sharding, the
-    dense group's and the experts'), the Newton-Schulz seconds and the TP all-gathers of the
-    momentum of the matrices it updates."""
+    dense group's and the experts'), the Newton-Schulz seconds and the TP collectives of the
+    matrices it updates (_tp_comm_s)."""
 
     dense_params: object
     expert_params: object
     ns_s: object
-    gather_s: object
+    tp_comm_s: object
 
 
 def stage_costs(matrices: list[Matrices], plan, groups, cluster, zero_group, expert_zero_group) -> MuonCosts:
     """Muon's costs on a stage's device (module docstring): each DP rank of a group updates its
     share of the group's matrices under zero_stage 1, all of them under zero_stage 0."""
-    acc, steps = cluster.accelerator, plan.muon_ns_steps
+    acc, steps, mode = cluster.accelerator, plan.muon_ns_steps, plan.muon_tp_mode
     shared = plan.zero_stage >= 1
-    total, largest, gather = 0.0, 0.0, 0.0
+    total, largest, comm = 0.0, 0.0, 0.0
     dense_params, expert_params = 0.0, 0.0
     for m in matrices:
         share = (expert_zero_group if m.expert else zero_group) if shared else 1
-        one = _ns_seconds(m.rows, m.cols, steps, 1, acc)
-        total = total + _ns_seconds(m.rows, m.cols, steps, m.count, acc) / share
+        whitened, other = rank_sides(m, mode)
+        one = _ns_seconds(whitened, other, steps, 1, acc)
+        total = total + m.count / share * one
         largest = np.maximum(largest, np.where(m.count > 0, one, 0.0))
-        group = groups.etp if m.expert else groups.tp
-        moved = collective_time("all_gather", m.rows * m.cols * GATHER_BYTES, group, cluster)
-        gather = gather + np.where(np.asarray(m.gather) > 1, m.count / share * moved, 0.0)
+        comm = comm + m.count / share * _tp_comm_s(m, whitened, steps, mode, groups.etp if m.expert else groups.tp,
+                                                   cluster)
         if m.expert:
             expert_params = expert_params + m.local_params
         else:
             dense_params = dense_params + m.local_params
-    return MuonCosts(dense_params, expert_params, np.maximum(total, largest), gather)
+    return MuonCosts(dense_params, expert_params, np.maximum(total, largest), comm)
 
 
 def local_params(costs: MuonCosts, plan, zero_group, expert_zero_group):
@@ -183,14 +230,15 @@ def local_params(costs: MuonCosts, plan, zero_group, expert_zero_group):
     return costs.dense_params / zero_group + costs.expert_params / expert_zero_group
 
 
-
-def with_muon(states, model, plan, groups, cluster, dense_layers, moe_layers, zero_group, expert_zero_group):
+def with_muon(states, model, plan, groups, cluster, dense_layers, moe_layers, has_head, zero_group,
+              expert_zero_group):
     """A stage's model states with Muon in place of Adam on its layers' matrices, the optimizer
     state bytes fewer per device (one fp32 momentum where Adam keeps two moments: 4 B a
     parameter, also 8 B less read and written by the update's memory-bound pass,
     states.optimizer_step_s), and the seconds Muon adds: the Newton-Schulz GEMMs and the
     momentum's TP all-gathers (stage_costs)."""
-    costs = stage_costs(stage_matrices(model, plan.tp, dense_layers, moe_layers, plan.ep, plan.etp), plan, groups,
-                        cluster, zero_group, expert_zero_group)
+    matrices = stage_matrices(model, plan.tp, dense_layers, moe_layers, plan.ep, plan.etp,
+                              np.asarray(has_head) * model.mtp_layers)
+    costs = stage_costs(matrices, plan, groups, cluster, zero_group, expert_zero_group)
     less = local_params(costs, plan, zero_group, expert_zero_group) * MOMENTUM_BYTES
-    return replace(states, optimizer_bytes=states.optimizer_bytes - less), less, costs.ns_s + costs.gather_s
+    return replace(states, optimizer_bytes=states.optimizer_bytes - less), less, costs.ns_s + costs.tp_comm_s

@@ -37,6 +37,7 @@ OFFLOAD_TARGETS = ("none", "cpu", "nvme")
 GRAD_PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZER_PRECISIONS = ("fp32", "bf16", "bf16-moments")
 OPTIMIZERS = ("adam", "muon")
+MUON_TP_MODES = ("duplicated", "blockwise", "distributed")
 DIMENSIONS = ("tp", "cp", "dp", "pp")
 
 
@@ -180,6 +181,9 @@ class Plan:
     # for the rest) with `muon_ns_steps` Newton-Schulz steps per update (muon.py)
     optimizer: str = "adam"
     muon_ns_steps: int = 5
+    # how Muon orthogonalises a TP-split matrix (Megatron --muon-tp-mode): gathered whole on
+    # every TP rank, each rank's shard alone, or Newton-Schulz distributed over the TP ranks
+    muon_tp_mode: str = "duplicated"
 
     @property
     def devices(self) -> int:
@@ -274,6 +278,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         fp32_params=F.boolean(data, "fp32_params", "plan", False),
         optimizer=F.choice(data, "optimizer", "plan", OPTIMIZERS, "adam"),
         muon_ns_steps=F.integer(data, "muon_ns_steps", "plan", 5, maximum=100),
+        muon_tp_mode=F.choice(data, "muon_tp_mode", "plan", MUON_TP_MODES, "duplicated"),
     )
 
 
@@ -433,13 +438,9 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster, options: bool = Tru
                          "(fp32 parameters are the master copy)")
     acc = cluster.accelerator
     acc.peak(plan.precision)
-    if plan.optimizer == "muon":
-        if model.mtp_layers:
-            raise InputError("plan.optimizer", "muon", "adam with model.mtp_layers (Muon's share of the "
-                             "multi-token-prediction modules is not modelled)")
-        if "bf16" not in acc.peak_flops:
-            raise InputError("plan.optimizer", "muon", f"adam on {acc.name}: Muon's Newton-Schulz GEMMs run in "
-                             "bf16, which its profile has no rate for")
+    if plan.optimizer == "muon" and "bf16" not in acc.peak_flops:
+        raise InputError("plan.optimizer", "muon", f"adam on {acc.name}: Muon's Newton-Schulz GEMMs run in bf16, "
+                         "which its profile has no rate for")
     if plan.precision in ("fp8", "mxfp8") and acc.matmul_fp8 is None:
         raise InputError("plan.precision", plan.precision, f"the {acc.name} profile has no "
                          "efficiency.matmul_fp8 (an FP8 GEMM rate measured by a microbenchmark)")
@@ -542,6 +543,8 @@ def check_options(plan: Plan) -> None:
         _check_muon(plan)
     elif plan.muon_ns_steps != 5:
         raise InputError("plan.muon_ns_steps", plan.muon_ns_steps, "only with optimizer: muon")
+    elif plan.muon_tp_mode != "duplicated":
+        raise InputError("plan.muon_tp_mode", plan.muon_tp_mode, "only with optimizer: muon")
     if plan.fp8_params and plan.precision not in ("fp8", "mxfp8"):
         raise InputError("plan.fp8_params", True, "FP8 primary weights need precision: fp8 or mxfp8")
     if plan.fp8_params and plan.fp8_recipe not in TE_PER_TENSOR and plan.precision == "fp8":
@@ -556,6 +559,9 @@ def _check_muon(plan: Plan) -> None:
     if plan.zero_stage > 1:
         raise InputError("plan.zero_stage", plan.zero_stage, "0 or 1 with optimizer: muon (Megatron-Core's "
                          "layer-wise distributed optimizer; Muon under ZeRO-2/3 or FSDP is not modelled)")
+    if plan.dp_replicate > 1:
+        raise InputError("plan.dp_replicate", plan.dp_replicate, "1 with optimizer: muon (Megatron-Core's layer-wise "
+                         "optimizer supports one distributed-optimizer instance)")
     if plan.offload.optimizer != "none":
         raise InputError("plan.offload.optimizer", plan.offload.optimizer, "none with optimizer: muon")
     if plan.optimizer_precision != "fp32":

@@ -207,7 +207,8 @@ def render_result(d: dict, scenario, data: dict | None = None) -> str:
            if p.bf16_layers_at_start or p.bf16_layers_at_end else "")
         + (f" offload optimizer/params/activations={p.offload.optimizer}/{p.offload.params}/"
            f"{p.offload.activations}" if _offloads(p) else "")
-        + (f" optimizer=muon ({p.muon_ns_steps} Newton-Schulz steps)" if p.optimizer == "muon" else ""),
+        + (f" optimizer=muon ({p.muon_ns_steps} Newton-Schulz steps, {p.muon_tp_mode} over TP)"
+           if p.optimizer == "muon" else ""),
         *([f"experts    {m.shape_summary()}, ep={p.ep} etp={p.etp}; {d['active_parameters'] / 1e9:.2f} B of "
            f"{d['parameters'] / 1e9:.2f} B params active per token"] if m.experts else []),
         "",
@@ -291,8 +292,7 @@ COMPARE_ROWS = (  # label, key of the row dict
     ("micro_batch", "micro_batch"),
     ("global_batch", "global_batch"),
     ("schedule", "schedule"), ("sequence_parallel", "sequence_parallel"), ("recompute", "recompute"),
-    ("zero_stage", "zero_stage"), ("precision", "precision"), ("optimizer", "optimizer"),
-    ("offload opt/par/act", "offload"),
+    ("zero_stage", "zero_stage"), ("precision", "precision"), ("offload opt/par/act", "offload"),
     ("feasible", "feasible"), ("peak memory GiB", "peak_memory_gib"), ("peak reserved GiB", "peak_reserved_gib"),
     ("step time", "step_time"), ("80% interval", "step_time_interval"),
     ("tokens/s", "tokens_per_s"), ("tokens/s per device", "tokens_per_s_per_device"), ("MFU", "mfu"),
@@ -318,7 +318,6 @@ def compare_row(d: dict, scenario) -> dict:
         "micro_batch": str(p.micro_batch), "global_batch": str(p.global_batch),
         "schedule": p.schedule, "sequence_parallel": str(p.sequence_parallel).lower(), "recompute": p.recompute,
         "zero_stage": str(p.zero_stage), "precision": p.precision,
-        "optimizer": p.optimizer if p.optimizer == "adam" else f"muon ({p.muon_ns_steps} Newton-Schulz steps)",
         "offload": f"{p.offload.optimizer}/{p.offload.params}/{p.offload.activations}",
         "feasible": "yes" if ok else "NO", "peak_memory_gib": f"{d['peak_memory_gib']:.1f}",
         "peak_reserved_gib": f"{d['peak_reserved_gib']:.1f}",

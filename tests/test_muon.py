@@ -12,7 +12,7 @@ from simulator.goodput import checkpoint_bytes
 from simulator.importers import import_config
 from simulator.layout import compile_layout
 from simulator.model import model_from_dict
-from simulator.muon import model_matrix_params, ns_flops, stage_costs, stage_matrices
+from simulator.muon import model_matrix_params, ns_flops, rank_sides, stage_costs, stage_matrices
 from simulator.vector import evaluate_many
 
 LLAMA_8B = {"preset": "llama-3.1-8b", "seq_len": 4096}
@@ -56,8 +56,11 @@ def test_muon_orthogonalises_q_k_v_apart_and_the_fused_gate_and_up():
 
 
 def test_the_matrices_of_a_latent_attention_moe_model_are_all_its_parameters_but_tables_and_norms():
-    m = model_from_dict({"preset": "deepseek-v3", "mtp_layers": 0})
-    norms = m.layers * (2 * m.hidden + m.q_lora_rank + m.kv_lora_rank) + m.hidden
+    # DeepSeek-V3 with its MTP depth: a layer's two norms and two latent norms (the depth's
+    # layer too), the depth's three (enorm, hnorm, its final norm) and the model's final norm
+    m = model_from_dict({"preset": "deepseek-v3"})
+    assert m.mtp_layers == 1
+    norms = (m.layers + 1) * (2 * m.hidden + m.q_lora_rank + m.kv_lora_rank) + 3 * m.hidden + m.hidden
     assert model_matrix_params(m) == m.params() - 2 * m.vocab * m.hidden - norms
 
 
@@ -100,8 +103,36 @@ def test_each_matrix_momentum_is_all_gathered_in_fp32_over_tp():
     costs, g = _costs(s)
     shapes = [(H, H), (KV, H), (KV, H), (H, H), (2 * F, H), (H, F)]
     want = sum(LAYERS / 4 * collective_time("all_gather", r * c * 4, g.tp, s.cluster) for r, c in shapes)
-    assert float(costs.gather_s) == pytest.approx(float(want))
-    assert float(_costs(_scenario(tp=1, optimizer="muon"))[0].gather_s) == 0.0
+    assert float(costs.tp_comm_s) == pytest.approx(float(want))
+    assert float(_costs(_scenario(tp=1, optimizer="muon"))[0].tp_comm_s) == 0.0
+
+
+def _rank_flops(s, mode):
+    """Newton-Schulz FLOPs of one step on every matrix of a layer as one TP rank runs them."""
+    def flops(m, n):
+        return 4 * m * m * n + 2 * m ** 3
+    return sum(flops(*map(float, rank_sides(m, mode))) for m in stage_matrices(s.model, s.plan.tp, 1, 0))
+
+
+def test_blockwise_orthogonalises_each_tp_shard_alone_without_a_collective():
+    # TP 2: Q 2048 x 4096, K and V 512 x 4096, O 4096 x 2048, gate-and-up 14336 x 4096, down 4096 x 7168
+    s = _scenario(tp=2, dp=4, optimizer="muon", muon_tp_mode="blockwise")
+    by_hand = 2 * (4 * 2048 ** 2 * 4096 + 2 * 2048 ** 3) + 2 * (4 * 512 ** 2 * 4096 + 2 * 512 ** 3) + \
+        (4 * 4096 ** 2 * 14336 + 2 * 4096 ** 3) + (4 * 4096 ** 2 * 7168 + 2 * 4096 ** 3)
+    assert _rank_flops(s, "blockwise") == by_hand
+    assert float(_costs(s)[0].tp_comm_s) == 0.0
+
+
+def test_distributed_whitens_the_unsplit_side_and_all_reduces_each_steps_gram_matrix():
+    # TP 2 splits Q, K, V and gate-and-up by rows, O and down by columns: every rank whitens a
+    # 4096-wide side (K and V too: their 1024 rows are the split side) over its half of the other
+    s = _scenario(tp=2, dp=4, optimizer="muon", muon_tp_mode="distributed")
+    halves = (2048, 512, 512, 2048, 14336, 7168)
+    assert _rank_flops(s, "distributed") == sum(4 * 4096 ** 2 * n + 2 * 4096 ** 3 for n in halves)
+    costs, g = _costs(s)
+    per_matrix = 5 * collective_time("all_reduce", 2 * 4096 ** 2, g.tp, s.cluster) + \
+        collective_time("all_reduce", 4, g.tp, s.cluster)
+    assert float(costs.tp_comm_s) == pytest.approx(float(LAYERS / 4 * 6 * per_matrix))
 
 
 def test_muon_adds_its_newton_schulz_and_gathers_to_the_optimizer_step():
@@ -110,13 +141,13 @@ def test_muon_adds_its_newton_schulz_and_gathers_to_the_optimizer_step():
 
 
 def test_vectorised_muon_plans_equal_scalar_evaluate():
-    dense = [_scenario(tp=tp, dp=8 // tp, optimizer="muon", zero_stage=z) for tp in (1, 2, 4) for z in (0, 1)]
-    moe_base = {"model": {"preset": "deepseek-v3", "layers": 16, "mtp_layers": 0, "seq_len": 1024},
-                "cluster": {"node": "dgx-h100", "nodes": 4}}
-    moe = [scenario_from_dict({**moe_base, "plan": {"pp": pp, "tp": tp, "ep": 2, "sequence_parallel": True,
-                                                     "micro_batch": 1, "global_batch": 64, "dp": "auto",
-                                                     "zero_stage": 1, "optimizer": "muon"}})
-           for pp in (2, 4) for tp in (1, 2)]
+    dense = [_scenario(tp=tp, dp=8 // tp, optimizer="muon", zero_stage=z, muon_tp_mode=mode) for tp in (1, 2, 4)
+             for z in (0, 1) for mode in ("duplicated", "blockwise", "distributed")]
+    moe = [scenario_from_dict({"model": {"preset": "deepseek-v3", "layers": 16, "mtp_layers": mtp, "seq_len": 1024},
+                               "cluster": {"node": "dgx-h100", "nodes": 4},
+                               "plan": {"pp": pp, "tp": tp, "ep": 2, "sequence_parallel": True, "micro_batch": 1,
+                                        "global_batch": 64, "dp": "auto", "zero_stage": 1, "optimizer": "muon"}})
+           for pp in (2, 4) for tp in (1, 2) for mtp in (0, 1)]
     for s, got in zip(dense + moe, evaluate_many(dense + moe)):
         want = evaluate(s, engine="analytic").to_dict()
         assert got["step_time_s"] == pytest.approx(want["step_time_s"], rel=1e-12)
@@ -125,7 +156,7 @@ def test_vectorised_muon_plans_equal_scalar_evaluate():
 
 @pytest.mark.parametrize("plan,field", [
     ({"zero_stage": 2}, "plan.zero_stage"), ({"zero_stage": 3}, "plan.zero_stage"),
-    ({"offload": {"optimizer": "cpu"}}, "plan.offload.optimizer"),
+    ({"offload": {"optimizer": "cpu"}}, "plan.offload.optimizer"), ({"dp_replicate": 2}, "plan.dp_replicate"),
     ({"optimizer_precision": "bf16-moments"}, "plan.optimizer_precision"),
     ({"fp32_params": True}, "plan.fp32_params"), ({"tp_impl": "dtensor", "tp": 2, "dp": 4}, "plan.tp_impl")])
 def test_what_muon_is_not_modelled_with_is_refused(plan, field):
@@ -134,16 +165,11 @@ def test_what_muon_is_not_modelled_with_is_refused(plan, field):
     assert e.value.field == field
 
 
-def test_newton_schulz_steps_need_muon_and_mtp_modules_need_adam():
+@pytest.mark.parametrize("field,value", [("muon_ns_steps", 6), ("muon_tp_mode", "blockwise")])
+def test_muon_settings_need_muon(field, value):
     with pytest.raises(InputError) as e:
-        _scenario(muon_ns_steps=6)
-    assert e.value.field == "plan.muon_ns_steps"
-    with pytest.raises(InputError) as e:
-        scenario_from_dict({"model": {"preset": "deepseek-v3", "layers": 8, "seq_len": 1024},
-                            "cluster": {"node": "dgx-h100", "nodes": 4},
-                            "plan": {"ep": 8, "dp": "auto", "micro_batch": 1, "global_batch": 64,
-                                     "optimizer": "muon"}})
-    assert e.value.field == "plan.optimizer"
+        _scenario(**{field: value})
+    assert e.value.field == f"plan.{field}"
 
 
 MEGATRON = ["--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16", "--seq-length", "2048",
@@ -156,14 +182,16 @@ def _imported(*args):
 
 
 def test_megatron_muon_with_the_distributed_optimizer_is_the_layer_wise_one():
-    plan = _imported("--optimizer", "muon", "--use-distributed-optimizer", "--muon-num-ns-steps", "6")
-    assert (plan["optimizer"], plan["zero_stage"], plan["muon_ns_steps"]) == ("muon", 1, 6)
+    plan = _imported("--optimizer", "muon", "--use-distributed-optimizer", "--muon-num-ns-steps", "6",
+                     "--muon-tp-mode", "distributed")
+    assert (plan["optimizer"], plan["zero_stage"], plan["muon_ns_steps"], plan["muon_tp_mode"]) == \
+        ("muon", 1, 6, "distributed")
     assert (_imported("--optimizer", "dist_muon")["zero_stage"], _imported("--optimizer", "muon")["zero_stage"]) == \
         (1, 0)  # dist_muon: deprecated for --optimizer muon --use-distributed-optimizer
 
 
 @pytest.mark.parametrize("args,key", [
-    (["--optimizer", "sgd"], "optimizer"), (["--muon-tp-mode", "blockwise"], "muon-tp-mode"),
+    (["--optimizer", "sgd"], "optimizer"), (["--muon-tp-mode", "ring"], "muon-tp-mode"),
     (["--muon-fp32-matmul-prec", "high"], "muon-fp32-matmul-prec"), (["--muon-use-syrk"], "muon-use-syrk"),
     (["--muon-no-split-qkv"], "muon-no-split-qkv"), (["--muon-coefficient-type", "cubic5"], "muon-coefficient-type"),
     (["--use-torch-fsdp2"], "optimizer")])

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..model import window_pattern
+from ..plan import MUON_TP_MODES
 from ..recompute import MODULES
 from ..yamlio import parse_yaml, read_text
 from . import megatron_moe as moe
@@ -275,8 +276,13 @@ def _optimizer(a: Account) -> None:
     muon = name != "adam"
     if muon and (a.get("use-torch-fsdp2") or a.get("use-megatron-fsdp")):
         a.refuse("optimizer", "Megatron-LM runs Muon without FSDP (\"Emerging optimizer does not support ... FSDP\")")
-    settings = (("muon-tp-mode", "duplicated", "duplicated only (the whole matrix orthogonalised on every TP rank)"),
-                ("muon-fp32-matmul-prec", "medium", "medium only (the Newton-Schulz GEMMs in bf16)"),
+    if muon and a.has("muon-tp-mode"):
+        mode = str(a.get("muon-tp-mode"))
+        if mode not in MUON_TP_MODES:
+            a.refuse("muon-tp-mode", "expected one of " + ", ".join(MUON_TP_MODES))
+        a.map("muon-tp-mode", "plan.muon_tp_mode", mode)
+    a.used("muon-tp-mode")
+    settings = (("muon-fp32-matmul-prec", "medium", "medium only (the Newton-Schulz GEMMs in bf16)"),
                 ("muon-scalar-optimizer", "adam", "adam only"),
                 ("muon-coefficient-type", "quintic", "one of " + ", ".join(MUON_COEFFICIENTS)))
     for key, default, allowed in settings:
