@@ -307,11 +307,12 @@ def compile_layout(model, cluster, plan) -> Layout:
                          bwd_weight_s=co_run * (passes.bwd_weight_s + framework_s),
                          recompute_s=co_run * passes.recompute_s)
         off = offload_costs(plan, cluster, params, states, per, acts.chunk_bytes, v, shard_group)
-        fewer_state_bytes, muon_s = 0.0, 0.0
+        muon_params, muon_s = 0.0, 0.0
         if plan.optimizer == "muon":
-            states, fewer_state_bytes, muon_s = muon.with_muon(states, model, plan, g, cluster, layers - n_moe, n_moe,
-                                                               has_head, zero_group, expert_zero_group_size(plan))
-        optimizer_s = optimizer_step_s(states, per, plan, cluster.accelerator, fewer_state_bytes) + muon_s
+            states, muon_params, muon_s = muon.with_muon(states, model, plan, g, cluster, layers - n_moe, n_moe,
+                                                               has_emb, has_head, zero_group,
+                                                               expert_zero_group_size(plan))
+        optimizer_s = optimizer_step_s(states, per, plan, cluster.accelerator, muon_params) + muon_s
         reps.append(StageLayout(
             stage=stage, count=count, layers=layers, has_embedding=has_emb, has_head=has_head, params=params,
             states=states, activations=acts, buffer_bytes=stage_buffers, passes=passes,

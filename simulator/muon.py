@@ -4,8 +4,8 @@ hidden layers in neural networks"; Liu et al. 2025, arXiv 2502.16982, Moonlight 
 optimizer).
 
 Which parameters: every 2-D weight of a layer (attention projections, MLP matrices, the
-router, each routed expert's; a multi-token-prediction depth's layer and projection);
-embeddings, the output layer, norms and biases stay with Adam
+router, each routed expert's; a multi-token-prediction depth's layer and projection; a
+learned position table); the word embedding, the output layer, norms and biases stay with Adam
 (NVIDIA/Megatron-LM@d98e8a64dd megatron/core/optimizer/emerging_optimizers.py
 _is_muon_excluded: not 2-D, or is_embedding_or_output_parameter, go to `adam`). Each keeps an
 fp32 momentum where Adam keeps two moments: 4 B a parameter less (the fp32 master copy stays:
@@ -45,12 +45,26 @@ import numpy as np
 
 from . import mtp
 from .comm import collective_time
-from .compute import op_times
+from .compute import memory_bound_time, op_times
+from .states import FULL_PRECISION, activation_bytes
 from .workload import MATMUL, Op
 
 MOMENTUM_BYTES = 4.0  # one fp32 momentum where Adam keeps two fp32 moments: 4 B a parameter less
 NS_PRECISION = "bf16"  # --muon-fp32-matmul-prec medium: the Newton-Schulz GEMMs in bf16
 GATHER_BYTES = 4.0  # the fp32 momentum all-gathered over TP
+# Elementwise kernels around the Newton-Schulz GEMMs, bytes per element of the X a rank
+# iterates on (muon_utils.py newton_schulz): F.normalize's norm (read 4) and division (4 + 4),
+# the casts to bf16 (4 + 2) and back (2 + 4); TensorParallelMuon's `orth_grad * scale_factor *
+# extra_scale_factor`, two multiplies (4 + 4 each): 40 B in 6 kernels.
+WRAPPER_BYTES, WRAPPER_KERNELS = 40.0, 6
+# The update of each local parameter (orthogonalized_optimizer.py step): the momentum's lerp_
+# towards the gradient (4 + 4 + 4), decoupled weight decay p.mul_ (4 + 4), p.add_ of the
+# update (4 + 4 + 4), one kernel each: 32 B in 3 kernels, fp32; then the main parameter copied
+# into the 16-bit one (4 + its bytes) under mixed precision.
+UPDATE_BYTES, UPDATE_KERNELS = 32.0, 3
+# split_qkv: each piece reshaped out of the grouped QKV gradient (a copy, 4 + 4) and the three
+# concatenated back (4 + 4, one kernel): emerging_optimizers.py TensorParallelMuon.orthogonalize
+QKV_BYTES, QKV_KERNELS = 16.0, 1 + 1 / 3
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,7 @@ class Matrices:
     gather: object = 1
     expert: bool = False
     split_cols: bool = False
+    qkv: bool = False  # a piece of the fused QKV weight (split_qkv: copied out and back)
 
     @property
     def local_params(self):
@@ -86,8 +101,8 @@ def attention_matrices(model, tp) -> list[Matrices]:
                     Matrices(h, heads * model.v_head_dim, 1, tp, split_cols=True)]
     kv_local = np.maximum(model.kv_heads / np.asarray(tp), 1.0)  # KV heads replicated beyond kv_heads
     k_rows, v_rows = kv_local * model.head_dim * tp, kv_local * model.v_width / model.kv_heads * tp
-    return [Matrices(model.q_width, h, 1, tp), Matrices(k_rows, h, 1, tp), Matrices(v_rows, h, 1, tp),
-            Matrices(h, model.attn_out_width, 1, tp, split_cols=True)]
+    return [Matrices(model.q_width, h, 1, tp, qkv=True), Matrices(k_rows, h, 1, tp, qkv=True),
+            Matrices(v_rows, h, 1, tp, qkv=True), Matrices(h, model.attn_out_width, 1, tp, split_cols=True)]
 
 
 def mlp_matrices(model, width, count, gather, expert=False) -> list[Matrices]:
@@ -113,25 +128,29 @@ def layer_matrices(model, tp, ep=1, etp=1) -> tuple[list, list]:
     return dense, moe
 
 
-def stage_matrices(model, tp, dense_layers, moe_layers, ep=1, etp=1, mtp_depths=0) -> list[Matrices]:
+def stage_matrices(model, tp, dense_layers, moe_layers, ep=1, etp=1, mtp_depths=0, has_embedding=False) -> list:
     """The matrices of a stage's device: its dense-MLP and MoE layers' and, on the head stage,
     each multi-token-prediction depth's layer (the last layer's kind) and eh_proj (h x 2h,
-    column-parallel: mtp.py); embeddings and the output layer are Adam's."""
+    column-parallel: mtp.py). The word embedding and the output layer are Adam's (Megatron
+    tags them is_embedding_or_output_parameter: language_module.py); a learned position
+    table (seq x h, whole on every TP rank) is not tagged, so Muon's, on the first stage."""
     dense, moe = layer_matrices(model, tp, ep, etp)
+    tables = np.asarray(has_embedding) * (model.position_embedding == "learned")
     if mtp.layer_is_moe(model):
         moe_layers = moe_layers + mtp_depths
     else:
         dense_layers = dense_layers + mtp_depths
     return [replace(m, count=m.count * dense_layers) for m in dense] + \
         [replace(m, count=m.count * moe_layers) for m in moe] + \
-        ([Matrices(model.hidden, 2 * model.hidden, mtp_depths, tp)] if model.mtp_layers else [])
+        ([Matrices(model.hidden, 2 * model.hidden, mtp_depths, tp)] if model.mtp_layers else []) + \
+        ([Matrices(model.seq_len, model.hidden, tables)] if model.position_embedding == "learned" else [])
 
 
 @lru_cache(maxsize=64)
 def model_matrix_params(model) -> float:
     """Parameters of the whole model that Muon updates (a checkpoint's momentum)."""
     moe = model.moe_layers
-    matrices = stage_matrices(model, 1, model.layers - moe, moe, mtp_depths=model.mtp_layers)
+    matrices = stage_matrices(model, 1, model.layers - moe, moe, mtp_depths=model.mtp_layers, has_embedding=True)
     return float(sum(np.sum(m.local_params) for m in matrices))
 
 
@@ -192,8 +211,9 @@ def _tp_comm_s(m: Matrices, whitened, steps, tp_mode, group, cluster):
 @dataclass(frozen=True)
 class MuonCosts:
     """One device's Muon work per step: its matrices' parameters (before ZeRO sharding, the
-    dense group's and the experts'), the Newton-Schulz seconds and the TP collectives of the
-    matrices it updates (_tp_comm_s)."""
+    dense group's and the experts'), the seconds of the kernels of the matrices it updates
+    (Newton-Schulz GEMMs and the elementwise ones around them) and of their TP collectives
+    (_tp_comm_s)."""
 
     dense_params: object
     expert_params: object
@@ -206,21 +226,46 @@ def stage_costs(matrices: list[Matrices], plan, groups, cluster, zero_group, exp
     share of the group's matrices under zero_stage 1, all of them under zero_stage 0."""
     acc, steps, mode = cluster.accelerator, plan.muon_ns_steps, plan.muon_tp_mode
     shared = plan.zero_stage >= 1
-    total, largest, comm = 0.0, 0.0, 0.0
+    mixed = plan.precision not in FULL_PRECISION  # a 16-bit copy of the fp32 main parameters
+    total, largest, comm, nbytes, kernels = 0.0, 0.0, 0.0, 0.0, 0.0
     dense_params, expert_params = 0.0, 0.0
     for m in matrices:
         share = (expert_zero_group if m.expert else zero_group) if shared else 1
+        owned = m.count / share
         whitened, other = rank_sides(m, mode)
-        one = _ns_seconds(whitened, other, steps, 1, acc)
-        total = total + m.count / share * one
+        one = _ns_seconds(whitened, other, steps, 1, acc) + _elementwise_s(*_matrix_elementwise(
+            m, whitened * other, mode, mixed, activation_bytes(plan.precision)), acc)
+        total = total + owned * one
         largest = np.maximum(largest, np.where(m.count > 0, one, 0.0))
-        comm = comm + m.count / share * _tp_comm_s(m, whitened, steps, mode, groups.etp if m.expert else groups.tp,
-                                                   cluster)
+        comm = comm + owned * _tp_comm_s(m, whitened, steps, mode, groups.etp if m.expert else groups.tp, cluster)
         if m.expert:
             expert_params = expert_params + m.local_params
         else:
             dense_params = dense_params + m.local_params
     return MuonCosts(dense_params, expert_params, np.maximum(total, largest), comm)
+
+
+def _matrix_elementwise(m: Matrices, rank_elements, tp_mode, mixed, weight_bytes) -> tuple:
+    """(bytes, kernels) of one matrix's memory-bound kernels on the rank updating it: the
+    update of its local elements, the Newton-Schulz wrapper's over the X the rank iterates
+    on, the QKV pieces' copies, and under `duplicated` the concatenation of the gathered
+    shards (newton_schulz_tp's torch.cat, 4 + 4)."""
+    local = m.rows * m.cols / m.gather
+    nbytes = local * (UPDATE_BYTES + (4.0 + weight_bytes if mixed else 0.0)) + rank_elements * WRAPPER_BYTES
+    kernels = UPDATE_KERNELS + (1 if mixed else 0) + WRAPPER_KERNELS
+    if m.qkv:
+        nbytes, kernels = nbytes + local * QKV_BYTES, kernels + QKV_KERNELS
+    if tp_mode == "duplicated":
+        split = np.asarray(m.gather) > 1
+        nbytes = nbytes + np.where(split, 2 * GATHER_BYTES * m.rows * m.cols, 0.0)
+        kernels = kernels + np.where(split, 1, 0)
+    return nbytes, kernels
+
+
+def _elementwise_s(nbytes, kernels, acc):
+    """Seconds of `kernels` memory-bound kernels moving `nbytes`, each paying the profile's
+    per-operator host cost (op_overhead_us; 0 on GPUs)."""
+    return memory_bound_time(nbytes, acc, "optimizer") + kernels * acc.op_overhead_s
 
 
 def local_params(costs: MuonCosts, plan, zero_group, expert_zero_group):
@@ -230,15 +275,15 @@ def local_params(costs: MuonCosts, plan, zero_group, expert_zero_group):
     return costs.dense_params / zero_group + costs.expert_params / expert_zero_group
 
 
-def with_muon(states, model, plan, groups, cluster, dense_layers, moe_layers, has_head, zero_group,
+def with_muon(states, model, plan, groups, cluster, dense_layers, moe_layers, has_embedding, has_head, zero_group,
               expert_zero_group):
-    """A stage's model states with Muon in place of Adam on its layers' matrices, the optimizer
-    state bytes fewer per device (one fp32 momentum where Adam keeps two moments: 4 B a
-    parameter, also 8 B less read and written by the update's memory-bound pass,
-    states.optimizer_step_s), and the seconds Muon adds: the Newton-Schulz GEMMs and the
-    momentum's TP all-gathers (stage_costs)."""
+    """A stage's model states with Muon in place of Adam on its layers' matrices (one fp32
+    momentum where Adam keeps two moments: 4 B a parameter less), the parameters whose update
+    Muon runs (which Adam's pass, states.optimizer_step_s, leaves out), and Muon's seconds:
+    its update and Newton-Schulz kernels and its TP collectives (stage_costs)."""
     matrices = stage_matrices(model, plan.tp, dense_layers, moe_layers, plan.ep, plan.etp,
-                              np.asarray(has_head) * model.mtp_layers)
+                              np.asarray(has_head) * model.mtp_layers, has_embedding)
     costs = stage_costs(matrices, plan, groups, cluster, zero_group, expert_zero_group)
-    less = local_params(costs, plan, zero_group, expert_zero_group) * MOMENTUM_BYTES
-    return replace(states, optimizer_bytes=states.optimizer_bytes - less), less, costs.ns_s + costs.tp_comm_s
+    mine = local_params(costs, plan, zero_group, expert_zero_group)
+    return replace(states, optimizer_bytes=states.optimizer_bytes - mine * MOMENTUM_BYTES), mine, \
+        costs.ns_s + costs.tp_comm_s

@@ -136,14 +136,14 @@ def model_states(params, plan, per: BytesPerParam, shard_group) -> ModelStates:
     return ModelStates(w, g, o, host, local)
 
 
-def optimizer_step_s(states: ModelStates, per: BytesPerParam, plan, acc: Accelerator, fewer_state_bytes=0.0) -> object:
+def optimizer_step_s(states: ModelStates, per: BytesPerParam, plan, acc: Accelerator, other_params=0.0) -> object:
     """Adam update of the local shard on the device: memory-bound, it reads the gradient and
     the optimizer states (with the master weights), writes the states and the compute-precision
-    weight (fp32 parameters: reads and writes them); `fewer_state_bytes` of states it does not
-    keep (Muon's matrices, muon.py) are neither read nor written. Zero when the optimizer runs
+    weight (fp32 parameters: reads and writes them); `other_params` of the shard another
+    optimizer updates (Muon's matrices, muon.py) are left out. Zero when the optimizer runs
     on the host (offload.py times that)."""
     if plan.offload.optimizer != "none":
         return 0.0 * states.local_params
     weight = per.weight if per.stored_weight is None else 2 * per.stored_weight
-    nbytes = states.local_params * (per.grad + 2 * per.optimizer + weight) - 2 * fewer_state_bytes
+    nbytes = (states.local_params - other_params) * (per.grad + 2 * per.optimizer + weight)
     return memory_bound_time(nbytes, acc, "optimizer", plan.precision)

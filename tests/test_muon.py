@@ -64,6 +64,18 @@ def test_the_matrices_of_a_latent_attention_moe_model_are_all_its_parameters_but
     assert model_matrix_params(m) == m.params() - 2 * m.vocab * m.hidden - norms
 
 
+def test_a_learned_position_table_is_a_muon_matrix_and_the_tied_word_table_is_not():
+    # Megatron tags the word embedding and the output layer only (language_module.py): GPT's
+    # 2048 x 2304 position table is orthogonalised; LayerNorms (2 x 2h a layer and the final
+    # one) and biases (qkv 3h, proj h, up 4h, down h a layer) stay with Adam
+    m = model_from_dict({"preset": "megatron-gpt-1.7b"})
+    h = m.hidden
+    assert (m.position_embedding, m.tied_embeddings, m.bias) == ("learned", True, True)
+    assert model_matrix_params(m) == m.params() - m.vocab * h - m.layers * (4 * h + 9 * h) - 2 * h
+    layer = 3 * h * h + h * h + 2 * 4 * h * h
+    assert model_matrix_params(m) == m.layers * layer + m.seq_len * h
+
+
 def test_each_momentum_takes_4_bytes_where_adams_two_moments_take_8():
     adam, muon = _scenario(tp=2, dp=4), _scenario(tp=2, dp=4, optimizer="muon")
     a, b = (compile_layout(s.model, s.cluster, s.plan).stages[0].states for s in (adam, muon))
@@ -133,6 +145,22 @@ def test_distributed_whitens_the_unsplit_side_and_all_reduces_each_steps_gram_ma
     per_matrix = 5 * collective_time("all_reduce", 2 * 4096 ** 2, g.tp, s.cluster) + \
         collective_time("all_reduce", 4, g.tp, s.cluster)
     assert float(costs.tp_comm_s) == pytest.approx(float(LAYERS / 4 * 6 * per_matrix))
+
+
+def test_the_elementwise_kernels_around_newton_schulz_are_counted_per_element():
+    # bf16 training, TP 2: the down projection (4096 x 14336, columns split) a rank updates:
+    # lerp 12 B, weight decay 8, update 12, fp32 -> bf16 parameter copy 6 over its 4096 x 7168
+    # local elements; normalise 12, two casts 12, two scale multiplies 16 over the gathered
+    # 4096 x 14336 it iterates on, and the gather's concatenation 8 over those
+    from simulator.muon import _matrix_elementwise
+    s = _scenario(tp=2, dp=4)
+    down, q = [m for m in stage_matrices(s.model, 2, 1, 0) if m.rows == H and m.cols == F][0], \
+        stage_matrices(s.model, 2, 1, 0)[0]
+    nbytes, kernels = _matrix_elementwise(down, H * F, "duplicated", True, 2)
+    assert (float(nbytes), float(kernels)) == (38 * H * F / 2 + 40 * H * F + 8 * H * F, 3 + 1 + 6 + 1)
+    # a query piece, each shard alone: its 2048 x 4096 shard copied out of the grouped QKV and back
+    nbytes, kernels = _matrix_elementwise(q, H * H / 2, "blockwise", True, 2)
+    assert (float(nbytes), float(kernels)) == ((38 + 40 + 16) * H * H / 2, 3 + 1 + 6 + 4 / 3)
 
 
 def test_muon_adds_its_newton_schulz_and_gathers_to_the_optimizer_step():

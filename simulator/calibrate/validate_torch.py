@@ -53,6 +53,7 @@ class RunConfig:
     pre_norms: bool = True
     post_norms: bool = False
     parallel_block: bool = False
+    optimizer: str = "adam"  # or muon: Megatron-Core's (trainer.MegatronMuon; plan.optimizer)
 
     @property
     def gpt(self) -> GPTConfig:
@@ -90,6 +91,9 @@ def _grid() -> list[RunConfig]:
           post_norms=True),
         # GPT-NeoX's layer: attention and MLP side by side from their own norms of the layer input
         C("l4-h256-s256-b2-parallel", 4, 256, 8, 256, 2, parallel_block=True),
+        # Megatron-Core's Muon on the blocks' matrices and the position table, AdamW on the rest
+        C("l4-h256-s256-b2-muon", 4, 256, 8, 256, 2, optimizer="muon"),
+        C("bf16-l4-h512-s256-b2-muon", 4, 512, 8, 256, 2, precision="bf16", optimizer="muon"),
         C("bf16-l2-h256-s256-b4", 2, 256, 4, 256, 4, precision="bf16"),
         C("bf16-l4-h512-s256-b2", 4, 512, 8, 256, 2, precision="bf16"),
         C("bf16-l4-h512-s512-b2-ga2-full", 4, 512, 8, 512, 2, grad_accum=2, recompute="full", precision="bf16"),
@@ -155,7 +159,8 @@ def grid_worker(rank: int, world: int, cfgs: list[dict], rounds: int, steps: int
     rcs = [RunConfig(**c) for c in cfgs]
     dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    trainers = {i: make_trainer(rc.gpt, rc.recompute, rc.precision, rc.grad_accum, rc.micro_batch, dev, rank, rc.dp)
+    trainers = {i: make_trainer(rc.gpt, rc.recompute, rc.precision, rc.grad_accum, rc.micro_batch, dev, rank, rc.dp,
+                                rc.optimizer)
                 for i, rc in enumerate(rcs) if rank < rc.dp}
     wall = {i: [] for i in trainers}
     cpu = {i: [] for i in trainers}
@@ -223,7 +228,8 @@ def scenario_dict(rc: RunConfig, node: str) -> dict:
         "cluster": {"node": node, "nodes": 1, "devices_per_node": rc.dp},
         "plan": {"dp": rc.dp, "micro_batch": rc.micro_batch, "global_batch": rc.micro_batch * rc.grad_accum * rc.dp,
                  "recompute": rc.recompute, "precision": rc.precision, "flash_attention": True, "zero_stage": 0,
-                 "dp_overlap": False, "grad_precision": "fp32", "grad_accumulation_fusion": False},
+                 "dp_overlap": False, "grad_precision": "fp32", "grad_accumulation_fusion": False,
+                 "optimizer": rc.optimizer},
     }
 
 
