@@ -3,7 +3,10 @@ layers' weight matrices (Adam for embeddings, output layer, norms and biases), e
 momentum gathered over TP and orthogonalised whole by Newton-Schulz steps of three GEMMs, the
 matrices shared out over the DP ranks by the layer-wise distributed optimizer (zero_stage 1)."""
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from simulator import InputError, evaluate, scenario_from_dict
 from simulator.comm import collective_time
@@ -226,3 +229,31 @@ def test_megatron_muon_with_the_distributed_optimizer_is_the_layer_wise_one():
 def test_megatron_muon_settings_llmsim_does_not_model_are_refused(args, key):
     with pytest.raises(InputError, match=f"megatron {key}:"):
         _imported(*(["--optimizer", "muon"] if args[0] != "--optimizer" else []), *args)
+
+
+BRIDGE = Path(__file__).parent / "data" / "imports" / "bridge-llama3_8b_sft_gb200_fp8_mx_v1.yaml"
+
+
+def _bridge(tmp_path, **optimizer):
+    data = yaml.safe_load(BRIDGE.read_text())
+    data["optimizer"].update(optimizer)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    return import_config("megatron", tmp_path / "c.yaml", {"cluster.node": "dgx-b200"}).scenario["plan"]
+
+
+def test_a_megatron_bridge_dist_muon_config_is_muon_under_the_layer_wise_optimizer(tmp_path):
+    # the recipe helper distributed_muon_with_cosine_annealing's optimizer: dist_muon, blockwise TP
+    plan = _bridge(tmp_path, optimizer="dist_muon", muon_num_ns_steps=6)
+    assert (plan["optimizer"], plan["zero_stage"], plan["muon_tp_mode"], plan["muon_ns_steps"]) == \
+        ("muon", 1, "blockwise", 6)
+    assert "optimizer" not in _bridge(tmp_path)  # its own Adam: no optimizer field, Adam by default
+
+
+@pytest.mark.parametrize("optimizer,key", [
+    ({"optimizer": "muon"}, "optimizer.optimizer"),  # beside ddp's distributed optimizer, not layer-wise
+    ({"optimizer": "dist_muon", "muon_split_qkv": False}, "optimizer.muon_split_qkv"),
+    ({"optimizer": "dist_muon", "muon_use_syrk": True}, "optimizer.muon_use_syrk"),
+    ({"optimizer": "lion"}, "optimizer.optimizer")])
+def test_megatron_bridge_muon_settings_llmsim_does_not_model_are_refused(tmp_path, optimizer, key):
+    with pytest.raises(InputError, match=key):
+        _bridge(tmp_path, **optimizer)

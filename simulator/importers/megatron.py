@@ -50,8 +50,7 @@ IGNORED_ARGS = ("lr*", "min-lr", "decoupled-*", "weight-decay", "adam-*", "clip-
                 "max-position-embeddings", "tiktoken-pattern", "no-create-attention-mask-in-dataloader",
                 "no-mmap-bin-files", "manual-gc*", "calculate-per-token-loss", "empty-unused-memory-level",
                 "lr-*", "train-samples", "rotary-*", "apply-layernorm-1p", "tokenizer-type", "attention-dropout",
-                "hidden-dropout", "fp8-amax-*", "make-vocab-size-divisible-by", "muon-momentum",
-                "muon-nesterov", "muon-scale-mode", "muon-extra-scale-factor")
+                "hidden-dropout", "fp8-amax-*", "make-vocab-size-divisible-by")
 ARG_REASONS = {"rampup-batch-size": "the batch-size ramp-up of the first steps is not modelled",
                "overlap-param-gather": "parameter all-gather overlap is not modelled separately"}
 
@@ -258,14 +257,15 @@ def _data_parallel_sharding(a: Account) -> None:
 # Newton-Schulz coefficient sets of three GEMMs a step (a quintic with c != 0: Emerging-Optimizers
 # muon_utils.py newton_schulz_step; "simple", "cubic5", "aol" and others are refused)
 MUON_COEFFICIENTS = ("quintic", "polar_express")
+# Megatron-Core's OptimizerConfig muon_* fields that change nothing llmsim times or stores
+MUON_IGNORED = ("muon_momentum", "muon_nesterov", "muon_use_nesterov", "muon_scale_mode", "muon_extra_scale_factor")
 
 
 def _optimizer(a: Account) -> None:
-    """--optimizer adam, or muon (muon.py): Megatron-Core's TensorParallelMuon with its default
-    settings, which --use-distributed-optimizer turns into the layer-wise distributed optimizer
-    (zero_stage 1, read by _data_parallel_sharding); the deprecated dist_muon is the same
-    (megatron/training/arguments.py @d98e8a64dd: "Use --optimizer muon
-    --use-distributed-optimizer instead")."""
+    """--optimizer adam, or muon (read_muon), which --use-distributed-optimizer turns into the
+    layer-wise distributed optimizer (zero_stage 1, read by _data_parallel_sharding); the
+    deprecated dist_muon is the same (megatron/training/arguments.py @d98e8a64dd: "Use
+    --optimizer muon --use-distributed-optimizer instead")."""
     name = str(a.get("optimizer", "adam"))
     if name not in ("adam", "muon", "dist_muon"):
         a.refuse("optimizer", "modelled: adam, muon (dist_muon)")
@@ -273,30 +273,37 @@ def _optimizer(a: Account) -> None:
         a.map("optimizer", "plan.optimizer", "adam" if name == "adam" else "muon")
     if name == "dist_muon":
         a.map("optimizer", "plan.zero_stage", 1)
-    muon = name != "adam"
-    if muon and (a.get("use-torch-fsdp2") or a.get("use-megatron-fsdp")):
-        a.refuse("optimizer", "Megatron-LM runs Muon without FSDP (\"Emerging optimizer does not support ... FSDP\")")
-    if muon and a.has("muon-tp-mode"):
-        mode = str(a.get("muon-tp-mode"))
+    fsdp = a.get("use-torch-fsdp2") or a.get("use-megatron-fsdp")
+    read_muon(a, "optimizer", name != "adam", fsdp, megatron_key, "muon-no-split-qkv",
+              bool(a.get("muon-no-split-qkv", False)))
+
+
+def read_muon(a: Account, on_key: str, muon: bool, fsdp: bool, key, split_key: str, no_split_qkv: bool) -> None:
+    """Megatron-Core's Muon settings (OptimizerConfig muon_* fields, spelled by `key`; the
+    QKV split by `split_key`) into plan.muon_ns_steps and plan.muon_tp_mode (muon.py); those
+    llmsim does not model refused."""
+    if muon and fsdp:
+        a.refuse(on_key, "Megatron-LM runs Muon without FSDP (\"Emerging optimizer does not support ... FSDP\")")
+    if muon and a.has(key("muon_tp_mode")):
+        mode = str(a.get(key("muon_tp_mode")))
         if mode not in MUON_TP_MODES:
-            a.refuse("muon-tp-mode", "expected one of " + ", ".join(MUON_TP_MODES))
-        a.map("muon-tp-mode", "plan.muon_tp_mode", mode)
-    a.used("muon-tp-mode")
-    settings = (("muon-fp32-matmul-prec", "medium", "medium only (the Newton-Schulz GEMMs in bf16)"),
-                ("muon-scalar-optimizer", "adam", "adam only"),
-                ("muon-coefficient-type", "quintic", "one of " + ", ".join(MUON_COEFFICIENTS)))
-    for key, default, allowed in settings:
-        value = str(a.get(key, default))
-        if muon and value != default and not (key == "muon-coefficient-type" and value in MUON_COEFFICIENTS):
-            a.refuse(key, allowed)
-        a.used(key)
-    for key, why in (("muon-use-syrk", "the symmetric Gram kernel is not modelled"),
-                     ("muon-no-split-qkv", "Muon on the fused QKV matrix is not modelled (split_qkv is)")):
-        if muon and a.get(key):
-            a.refuse(key, why)
-        a.used(key)
-    if a.has("muon-num-ns-steps"):
-        a.map("muon-num-ns-steps", "plan.muon_ns_steps", number_of(a, "muon-num-ns-steps"))
+            a.refuse(key("muon_tp_mode"), "expected one of " + ", ".join(MUON_TP_MODES))
+        a.map(key("muon_tp_mode"), "plan.muon_tp_mode", mode)
+    if muon and a.has(key("muon_num_ns_steps")):
+        a.map(key("muon_num_ns_steps"), "plan.muon_ns_steps", number_of(a, key("muon_num_ns_steps")))
+    settings = ((key("muon_fp32_matmul_prec"), ("medium",), "medium only (the Newton-Schulz GEMMs in bf16)"),
+                (key("muon_scalar_optimizer"), ("adam",), "adam only"),
+                (key("muon_coefficient_type"), MUON_COEFFICIENTS, "one of " + ", ".join(MUON_COEFFICIENTS)))
+    for field, allowed, why in settings:
+        if muon and str(a.get(field, allowed[0])) not in allowed:
+            a.refuse(field, why)
+    if muon and a.get(key("muon_use_syrk")):
+        a.refuse(key("muon_use_syrk"), "the symmetric Gram kernel is not modelled")
+    if muon and no_split_qkv:
+        a.refuse(split_key, "Muon on the fused QKV matrix is not modelled (split_qkv is)")
+    a.used(split_key, *(key(f) for f in ("muon_tp_mode", "muon_num_ns_steps", "muon_fp32_matmul_prec",
+                                         "muon_scalar_optimizer", "muon_coefficient_type", "muon_use_syrk")))
+    a.ignore(*(key(f) for f in MUON_IGNORED))
 
 
 def megatron_fsdp(a: Account, on_key: str, strategy_key: str, outer_key: str) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from . import megatron_moe as moe
 from .common import Account, Imported, padded_vocab
 from .megatron import (adam_states, fsdp_grad_precision, megatron_fsdp, nemo_key, number_of, read_cp_comm_type,
-                       read_bf16_layers, read_fp8_recipe, read_head_dim, read_qk_norm, read_qkv_bias,
+                       read_bf16_layers, read_fp8_recipe, read_head_dim, read_muon, read_qk_norm, read_qkv_bias,
                        read_recompute, read_rotary_fraction, read_window)
 from .megatron_pipeline import read_stage_split
 
@@ -50,7 +50,7 @@ MODEL_IGNORED = tuple(f"model.{k}" for k in (
                                      "pipeline_dtype", "fp4_recipe", "num_layers_at_*", "grad_reduce_in_fp32",
                                      "autocast_*", "first_last_layers_bf16")) + tuple(
     f"optimizer.{k}" for k in ("lr", "min_lr", "adam_*", "weight_decay", "clip_grad", "decoupled_*", "lion_*",
-                               "muon_*", "sgd_*", "config_logger_dir", "log_num_zeros_in_grad", "barrier_with_L1_time",
+                               "sgd_*", "config_logger_dir", "log_num_zeros_in_grad", "barrier_with_L1_time",
                                "hysteresis", "initial_loss_scale", "loss_scale*", "min_loss_scale", "bf16", "fp16",
                                "fp8_recipe", "timers", "params_dtype", "store_param_remainders", "pin_cpu_*",
                                "overlap_param_gather*", "use_distributed_optimizer")) + tuple(
@@ -277,11 +277,27 @@ def _sharding(a: Account, precision: str) -> None:
 
 
 def _optimizer(a: Account) -> None:
-    """Adam (the only optimizer whose states llmsim counts) and the dtypes of its states."""
+    """Adam and the dtypes of its states, or Megatron-Core's Muon (megatron.read_muon):
+    `dist_muon` (Bridge's distributed_muon_with_cosine_annealing) or `muon` with
+    use_layer_wise_distributed_optimizer is the layer-wise distributed optimizer, zero_stage 1
+    (megatron/core/optimizer/__init__.py @d98e8a64dd: "dist_*" names turn it on); plain `muon`
+    beside ddp's distributed optimizer is refused (Megatron-Core then splits the parameters
+    between two optimizers, not modelled)."""
     name = str(a.get("optimizer.optimizer", "adam"))
-    if name != "adam":
-        a.refuse("optimizer.optimizer", "llmsim models Adam's optimizer states only")
-    a.used("optimizer.optimizer")
+    if name not in ("adam", "muon", "dist_muon"):
+        a.refuse("optimizer.optimizer", "modelled: adam, muon, dist_muon")
+    muon = name != "adam"
+    if muon:
+        layer_wise = name == "dist_muon" or bool(a.get("optimizer.use_layer_wise_distributed_optimizer"))
+        if not layer_wise and a.get("ddp.use_distributed_optimizer"):
+            a.refuse("optimizer.optimizer", "muon with ddp.use_distributed_optimizer needs the layer-wise "
+                     "distributed optimizer (dist_muon, or optimizer.use_layer_wise_distributed_optimizer)")
+        a.map("optimizer.optimizer", "plan.optimizer", "muon")
+        a.map("optimizer.optimizer", "plan.zero_stage", 1 if layer_wise else 0)
+    a.used("optimizer.optimizer", "optimizer.use_layer_wise_distributed_optimizer")
+    read_muon(a, "optimizer.optimizer", muon, bool(a.get("dist.use_torch_fsdp2") or a.get("ddp.use_megatron_fsdp")),
+              lambda field: f"optimizer.{field}", "optimizer.muon_split_qkv",
+              a.get("optimizer.muon_split_qkv", True) is False)
     if a.get("optimizer.optimizer_cpu_offload"):
         a.refuse("optimizer.optimizer_cpu_offload", "Megatron-Core's optimizer CPU offload is not modelled "
                                                     "(use plan.offload in a scenario)")
