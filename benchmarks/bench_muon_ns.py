@@ -20,7 +20,7 @@ import yaml
 from simulator.calibrate.timing import interleaved
 from simulator.calibrate.validate_torch import default_profile
 from simulator.hardware import load_accelerator
-from simulator.muon import _ns_seconds, ns_flops
+from simulator.muon import ns_flops, ns_seconds
 
 # (rows, cols) of a transformer's matrices at small widths: square projections, GQA's keys,
 # gate-and-up and down projections
@@ -64,7 +64,7 @@ def main() -> None:
     print(f"{'rows':>6} {'cols':>6} {'GFLOP':>8} {'measured ms':>12} {'predicted ms':>13} {'error':>7} {'spread':>7}")
     errors = []
     for (rows, cols), t in zip(SHAPES, timed):
-        predicted = float(_ns_seconds(rows, cols, args.steps, 1, acc))
+        predicted = float(ns_seconds(min(rows, cols), max(rows, cols), args.steps, acc))
         err = (predicted - t.seconds) / t.seconds
         errors.append(abs(err))
         print(f"{rows:>6} {cols:>6} {ns_flops(rows, cols, args.steps) / 1e9:>8.2f} {t.seconds * 1e3:>12.2f} "

@@ -161,21 +161,21 @@ def ns_flops(rows, cols, steps):
     return steps * (4 * m * m * n + 2 * m ** 3)
 
 
-def _ns_seconds(m, n, steps, count, acc):
-    """Seconds of `count` matrices' Newton-Schulz steps on X (m x n, whitened along m: A is
-    m x m), each step three GEMMs (and torch ops) of bf16 operands. X X^T multiplies a
-    row-major matrix by a transposed one, as a linear's forward GEMM does (x W^T); A·A and B·X
-    multiply two row-major ones, as its input-gradient GEMM does (dY W): each is timed on that
-    pass's curve where the profile has one per pass (calibrated CPUs). Bytes: gram X read, A
-    written; square A read twice and as addmm's input, B written; update B and X read, X read
-    as addmm's input and written."""
+def ns_seconds(m, n, steps, acc):
+    """Seconds of `steps` Newton-Schulz steps on X (m x n, whitened along m: A is m x m), each
+    step three GEMMs (and torch ops) of bf16 operands. X X^T multiplies a row-major matrix by
+    a transposed one, as a linear's forward GEMM does (x W^T); A·A and B·X multiply two
+    row-major ones, as its input-gradient GEMM does (dY W): each is timed on that pass's curve
+    where the profile has one per pass (calibrated CPUs). Bytes: gram X read, A written;
+    square A read twice and as addmm's input, B written; update B and X read, X read as
+    addmm's input and written."""
     b = 2.0  # bf16
     gram = Op("muon.gram", MATMUL, fwd_flops=2 * m * m * n, fwd_bytes=b * (m * n + m * m))
     square = Op("muon.square", MATMUL, bwd_input_flops=2 * m ** 3, bwd_input_bytes=b * 4 * m * m)
     update = Op("muon.update", MATMUL, bwd_input_flops=2 * m * m * n, bwd_input_bytes=b * (m * m + 3 * m * n))
     one_step = op_times(gram, acc, NS_PRECISION).fwd_s + sum(op_times(op, acc, NS_PRECISION).bwd_input_s
                                                              for op in (square, update))
-    return steps * count * one_step
+    return steps * one_step
 
 
 def rank_sides(m: Matrices, tp_mode: str) -> tuple:
@@ -227,13 +227,13 @@ def stage_costs(matrices: list[Matrices], plan, groups, cluster, zero_group, exp
     acc, steps, mode = cluster.accelerator, plan.muon_ns_steps, plan.muon_tp_mode
     shared = plan.zero_stage >= 1
     mixed = plan.precision not in FULL_PRECISION  # a 16-bit copy of the fp32 main parameters
-    total, largest, comm, nbytes, kernels = 0.0, 0.0, 0.0, 0.0, 0.0
+    total, largest, comm = 0.0, 0.0, 0.0
     dense_params, expert_params = 0.0, 0.0
     for m in matrices:
         share = (expert_zero_group if m.expert else zero_group) if shared else 1
         owned = m.count / share
         whitened, other = rank_sides(m, mode)
-        one = _ns_seconds(whitened, other, steps, 1, acc) + _elementwise_s(*_matrix_elementwise(
+        one = ns_seconds(whitened, other, steps, acc) + _elementwise_s(*_matrix_elementwise(
             m, whitened * other, mode, mixed, activation_bytes(plan.precision)), acc)
         total = total + owned * one
         largest = np.maximum(largest, np.where(m.count > 0, one, 0.0))
@@ -268,7 +268,7 @@ def _elementwise_s(nbytes, kernels, acc):
     return memory_bound_time(nbytes, acc, "optimizer") + kernels * acc.op_overhead_s
 
 
-def local_params(costs: MuonCosts, plan, zero_group, expert_zero_group):
+def kept_params(costs: MuonCosts, plan, zero_group, expert_zero_group):
     """The Muon parameters whose optimizer states one device keeps (ZeRO-1: its share)."""
     if plan.zero_stage < 1:
         return costs.dense_params + costs.expert_params
@@ -284,6 +284,6 @@ def with_muon(states, model, plan, groups, cluster, dense_layers, moe_layers, ha
     matrices = stage_matrices(model, plan.tp, dense_layers, moe_layers, plan.ep, plan.etp,
                               np.asarray(has_head) * model.mtp_layers, has_embedding)
     costs = stage_costs(matrices, plan, groups, cluster, zero_group, expert_zero_group)
-    mine = local_params(costs, plan, zero_group, expert_zero_group)
+    mine = kept_params(costs, plan, zero_group, expert_zero_group)
     return replace(states, optimizer_bytes=states.optimizer_bytes - mine * MOMENTUM_BYTES), mine, \
         costs.ns_s + costs.tp_comm_s

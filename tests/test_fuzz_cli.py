@@ -36,14 +36,15 @@ FIELDS = ["model.preset", "model.layers", "model.hidden", "model.heads", "model.
           "plan.precision", "plan.offload.optimizer", "plan.offload.params", "plan.offload.activations",
           "plan.grad_precision", "plan.rank_order", "plan.flash_attention", "plan.dp_replicate",
           "plan.cp_attention", "plan.cp_ulysses", "plan.fp8_recipe", "plan.bf16_layers_at_start",
-          "plan.bf16_layers_at_end", "plan.optimizer", "plan.muon_ns_steps", "training.tokens",
+          "plan.bf16_layers_at_end", "plan.optimizer", "plan.muon_ns_steps", "plan.muon_tp_mode",
+          "training.tokens",
           "training.price_usd_per_device_hour", "plan.extra", "extra"]
 VALUES = st.one_of(
     st.integers(-3, 130), st.sampled_from([0, 1, 2, 4, 8, 16, 64, 96, 2**31, 2**63, 10**30, 10**400]),
     st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.none(),
     st.sampled_from(["1f1b", "interleaved", "gpipe", "zb-h1", "none", "full", "cpu", "nvme", "bf16", "fp8",
                      "auto", "gpt3-175b", "llama-3.1-8b", "dgx-h100", "mi300x", "tp-cp-dp-pp", "", "1e9", "ü",
-                     "muon", "adam", "ulysses", "ulysses-ring", "kv-allgather", "current", "mxfp8", "head"]),
+                     "muon", "adam", "blockwise", "distributed", "ulysses", "ulysses-ring", "kv-allgather", "current", "mxfp8", "head"]),
     st.lists(st.integers(0, 4), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
 
