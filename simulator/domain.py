@@ -6,7 +6,7 @@ residuals of the published runs on the plan's accelerator (or of all of them, pr
 transferred profiles, for a profile without runs of its own), and says nothing of a plan
 unlike any of them. This module names, for one plan, each property in which it lies beyond
 every one of those runs: a number beyond their range (a 1 M-token sequence where the runs
-reach 262k, 16,384 GPUs where they reach 3,072), a value none of them used (MXFP8, ZeRO-2).
+reach 262k, 16,384 GPUs where they reach 3,072), a value none of them used (MXFP8, ZeRO-2, Muon).
 It tests each property on its own, so a plan inside every range may still combine them as no
 run did; a flag says where the interval is an extrapolation, its absence does not say the
 interval holds.
@@ -41,6 +41,7 @@ VALUES: dict[str, Callable] = {
     "plan.precision": lambda s: "bf16/fp16" if s.plan.precision in ("bf16", "fp16") else s.plan.precision,
     "plan.recompute": lambda s: s.plan.recompute,
     "plan.zero_stage": lambda s: s.plan.zero_stage,
+    "plan.optimizer": lambda s: s.plan.optimizer,
     # how CP runs the attention, where it runs at all
     "plan.cp_attention": lambda s: s.plan.cp_attention if s.plan.cp > 1 else "none",
     # the pairs attention leaves out: causal, sliding windows, packed documents

@@ -568,6 +568,9 @@ def _check_muon(plan: Plan) -> None:
         raise InputError("plan.optimizer_precision", plan.optimizer_precision, "fp32 with optimizer: muon")
     if plan.fp32_params:
         raise InputError("plan.fp32_params", True, "false with optimizer: muon")
+    if plan.fp8_params:
+        raise InputError("plan.fp8_params", True, "false with optimizer: muon (Muon's update of FP8 primary "
+                         "weights is not modelled)")
     if plan.tp_impl != "megatron":
         raise InputError("plan.tp_impl", plan.tp_impl, "megatron with optimizer: muon (Megatron-Core's "
                          "TensorParallelMuon gathers each matrix over TP)")

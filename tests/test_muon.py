@@ -171,6 +171,13 @@ def test_muon_adds_its_newton_schulz_and_gathers_to_the_optimizer_step():
     assert muon.to_dict()["step_time_s"] > adam.to_dict()["step_time_s"]
 
 
+def test_a_muon_plan_is_flagged_beyond_the_published_runs_which_all_ran_adam():
+    flags = evaluate(_scenario(optimizer="muon"), engine="analytic").to_dict()["outside_validation"]
+    assert {"field": "plan.optimizer", "value": "muon", "checked": ["adam"]} in flags
+    assert not [f for f in evaluate(_scenario(), engine="analytic").to_dict()["outside_validation"]
+                if f["field"] == "plan.optimizer"]
+
+
 def test_vectorised_muon_plans_equal_scalar_evaluate():
     dense = [_scenario(tp=tp, dp=8 // tp, optimizer="muon", zero_stage=z, muon_tp_mode=mode) for tp in (1, 2, 4)
              for z in (0, 1) for mode in ("duplicated", "blockwise", "distributed")]
@@ -189,7 +196,8 @@ def test_vectorised_muon_plans_equal_scalar_evaluate():
     ({"zero_stage": 2}, "plan.zero_stage"), ({"zero_stage": 3}, "plan.zero_stage"),
     ({"offload": {"optimizer": "cpu"}}, "plan.offload.optimizer"), ({"dp_replicate": 2}, "plan.dp_replicate"),
     ({"optimizer_precision": "bf16-moments"}, "plan.optimizer_precision"),
-    ({"fp32_params": True}, "plan.fp32_params"), ({"tp_impl": "dtensor", "tp": 2, "dp": 4}, "plan.tp_impl")])
+    ({"fp32_params": True}, "plan.fp32_params"), ({"fp8_params": True, "precision": "fp8"}, "plan.fp8_params"),
+    ({"tp_impl": "dtensor", "tp": 2, "dp": 4}, "plan.tp_impl")])
 def test_what_muon_is_not_modelled_with_is_refused(plan, field):
     with pytest.raises(InputError) as e:
         _scenario(**{"optimizer": "muon", **plan})
