@@ -62,6 +62,9 @@ class StageLayout:
     offload: OffloadCosts
     optimizer_s: object
     framework_step_s: object  # per-step framework operators and host costs (framework_ops.py)
+    # what the optimizer step allocates beside the model states, once the activations are freed
+    # (Muon's Newton-Schulz of its largest matrix: muon.workspace_bytes)
+    optimizer_workspace_bytes: object = 0.0
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,10 @@ class Layout:
             acts = pipebuffers.peak_activation_bytes(self.pipe, rep.activations, self.schedule, self.p, self.m,
                                                      self.v, stage, rep.has_embedding, rep.has_head)
         s = rep.states
-        return StageMemory(stage, s.weights_bytes, s.gradients_bytes, s.optimizer_bytes, acts, rep.buffer_bytes,
+        # the optimizer step's workspace, where larger than the activations it follows, raises
+        # the peak: counted with the buffers ("other")
+        other = rep.buffer_bytes + np.maximum(rep.optimizer_workspace_bytes - acts, 0.0)
+        return StageMemory(stage, s.weights_bytes, s.gradients_bytes, s.optimizer_bytes, acts, other,
                            rep.activations.cached_free_bytes)
 
     def host_bytes(self, rep: StageLayout, stage=None):
@@ -307,9 +313,9 @@ def compile_layout(model, cluster, plan) -> Layout:
                          bwd_weight_s=co_run * (passes.bwd_weight_s + framework_s),
                          recompute_s=co_run * passes.recompute_s)
         off = offload_costs(plan, cluster, params, states, per, acts.chunk_bytes, v, shard_group)
-        muon_params, muon_s = 0.0, 0.0
+        muon_params, muon_s, workspace = 0.0, 0.0, 0.0
         if plan.optimizer == "muon":
-            states, muon_params, muon_s = muon.with_muon(states, model, plan, g, cluster, layers - n_moe, n_moe,
+            states, muon_params, muon_s, workspace = muon.with_muon(states, model, plan, g, cluster, layers - n_moe, n_moe,
                                                                has_emb, has_head, zero_group,
                                                                expert_zero_group_size(plan))
         optimizer_s = optimizer_step_s(states, per, plan, cluster.accelerator, muon_params) + muon_s
@@ -321,7 +327,8 @@ def compile_layout(model, cluster, plan) -> Layout:
             optimizer_s=optimizer_s + memory_bound_time(fp8.weight_cast_bytes_per_step(plan, linears),
                                                         cluster.accelerator, "fp8_cast"),
             framework_step_s=framework_ops.step_seconds(model, plan, cluster, per, params, shard_group, layers, has_emb,
-                                                        has_head, head_copy)))
+                                                        has_head, head_copy),
+            optimizer_workspace_bytes=workspace))
     model_flops = model_flops_per_sequence(model, plan.moe) * plan.global_batch
     if not mixed:
         one = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=plan.flash_attention)

@@ -32,8 +32,9 @@ reduce-scatter and all-gather as the distributed optimizer's); without it (zero_
 rank updates, and orthogonalises, every matrix it holds. A rank's share is the mean of its
 group's matrices, or the largest one where that is more (a matrix is never split); the
 bucket-level imbalance of the bin-packing beyond that is not modelled. The Newton-Schulz
-workspace (one matrix's fp32 gather and bf16 copies, during the optimizer step when the
-activations are freed) is not counted.
+workspace (workspace_bytes: the largest matrix's fp32 gather, copies and bf16 iterates) is
+allocated during the optimizer step, after the activations are freed: it raises a stage's
+peak where it is larger than them (layout.stage_memory).
 """
 
 from __future__ import annotations
@@ -279,11 +280,30 @@ def with_muon(states, model, plan, groups, cluster, dense_layers, moe_layers, ha
               expert_zero_group):
     """A stage's model states with Muon in place of Adam on its layers' matrices (one fp32
     momentum where Adam keeps two moments: 4 B a parameter less), the parameters whose update
-    Muon runs (which Adam's pass, states.optimizer_step_s, leaves out), and Muon's seconds:
-    its update and Newton-Schulz kernels and its TP collectives (stage_costs)."""
+    Muon runs (which Adam's pass, states.optimizer_step_s, leaves out), Muon's seconds (its
+    update and Newton-Schulz kernels and its TP collectives: stage_costs) and the bytes its
+    Newton-Schulz allocates (workspace_bytes)."""
     matrices = stage_matrices(model, plan.tp, dense_layers, moe_layers, plan.ep, plan.etp,
                               np.asarray(has_head) * model.mtp_layers, has_embedding)
     costs = stage_costs(matrices, plan, groups, cluster, zero_group, expert_zero_group)
     mine = kept_params(costs, plan, zero_group, expert_zero_group)
     return replace(states, optimizer_bytes=states.optimizer_bytes - mine * MOMENTUM_BYTES), mine, \
-        costs.ns_s + costs.tp_comm_s
+        costs.ns_s + costs.tp_comm_s, workspace_bytes(matrices, plan.muon_tp_mode)
+
+
+def workspace_bytes(matrices: list[Matrices], tp_mode: str):
+    """The most one of `matrices` allocates while a rank orthogonalises it (the rank that
+    updates the largest), from Emerging-Optimizers' code: F.normalize's fp32 copy of X beside
+    its bf16 cast (6 B an element), or during a step X, the next X and the m x m A and B in
+    bf16 (4 B an element + 4m²); a QKV piece's copy (4 B) alive throughout; under `duplicated`
+    a split matrix's gathered shards and their concatenation, both fp32 and whole
+    (newton_schulz_tp: 8 B an element of the whole matrix)."""
+    most = 0.0
+    for m in matrices:
+        whitened, other = rank_sides(m, tp_mode)
+        x = whitened * other
+        inner = np.maximum(6.0 * x, 4.0 * x + 4.0 * whitened * whitened) + (4.0 * x if m.qkv else 0.0)
+        if tp_mode == "duplicated":
+            inner = inner + np.where(np.asarray(m.gather) > 1, 2 * GATHER_BYTES * m.rows * m.cols, 0.0)
+        most = np.maximum(most, np.where(np.asarray(m.count) > 0, inner, 0.0))
+    return most

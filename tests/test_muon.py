@@ -171,6 +171,24 @@ def test_muon_adds_its_newton_schulz_and_gathers_to_the_optimizer_step():
     assert muon.to_dict()["step_time_s"] > adam.to_dict()["step_time_s"]
 
 
+def test_the_newton_schulz_workspace_raises_the_peak_where_the_activations_are_smaller():
+    # TP 2, duplicated: the rank updating a 28672 x 4096 gate-and-up matrix holds its gathered
+    # shards and their concatenation (8 B an element of the whole) and F.normalize's fp32 copy
+    # beside its bf16 cast (6 B): 14 B x 28672 x 4096, more than this short-sequence plan's
+    # activations, which are freed by the optimizer step
+    plan = dict(tp=2, dp=4, recompute="full")
+    model = {"preset": "llama-3.1-8b", "seq_len": 512}
+    adam, muon = (scenario_from_dict({"model": model, "cluster": {"node": "dgx-h100", "nodes": 1},
+                                      "plan": {**plan, "micro_batch": 1, "global_batch": 32, "zero_stage": 1,
+                                               "sequence_parallel": True, **extra}})
+                  for extra in ({}, {"optimizer": "muon"}))
+    a, b = (compile_layout(s.model, s.cluster, s.plan) for s in (adam, muon))
+    ma, mb = a.stage_memory(a.stages[0]), b.stage_memory(b.stages[0])
+    workspace = 14 * 2 * F * H
+    assert float(mb.activations) < workspace
+    assert float(mb.other - ma.other) == pytest.approx(workspace - float(mb.activations))
+
+
 def test_a_muon_plan_is_flagged_beyond_the_published_runs_which_all_ran_adam():
     flags = evaluate(_scenario(optimizer="muon"), engine="analytic").to_dict()["outside_validation"]
     assert {"field": "plan.optimizer", "value": "muon", "checked": ["adam"]} in flags
