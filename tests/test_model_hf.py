@@ -54,6 +54,8 @@ def test_kimi_k2_config_imports_as_deepseek_v3s_architecture(tmp_path):
     layers = 61 * (attention + 2 * 7168) + 3 * 7168 * 18432 + 60 * (7168 * 384 + 385 * 3 * 7168 * 2048)
     assert m.params() == layers + 2 * 163840 * 7168 + 7168 == 1_026_408_209_408
     assert round(m.active_params() / 1e9) == 33  # the card's "32B activated", both tables counted
+    preset = model_from_dict({"preset": "kimi-k2", "seq_len": 4096})
+    assert preset.params() == m.params() and preset.active_params() == m.active_params()
 
 
 def test_qwen2_moe_config_imports_its_shared_expert():

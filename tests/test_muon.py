@@ -1,7 +1,9 @@
 """Muon (plan.optimizer: muon), as Megatron-Core runs it: one fp32 momentum on each of the
-layers' weight matrices (Adam for embeddings, output layer, norms and biases), each matrix's
-momentum gathered over TP and orthogonalised whole by Newton-Schulz steps of three GEMMs, the
-matrices shared out over the DP ranks by the layer-wise distributed optimizer (zero_stage 1)."""
+layers' weight matrices (Adam for the word embedding, output layer, norms and biases), each
+matrix orthogonalised by Newton-Schulz steps of three GEMMs (a TP-split one gathered whole,
+per shard or distributed over the ranks), the elementwise kernels and workspace around them,
+the matrices shared out over the DP ranks by the layer-wise distributed optimizer
+(zero_stage 1); its import from Megatron-LM arguments and Megatron-Bridge configs."""
 
 from pathlib import Path
 
