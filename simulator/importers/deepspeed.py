@@ -90,6 +90,7 @@ def read(path: str | Path) -> Imported:
     a.scenario["plan"]["grad_precision"] = precision if precision != "fp32" else "fp32"
     opt = str(a.get("optimizer.type", "Adam"))
     if opt.lower() not in ("adam", "adamw", "fusedadam", "cpuadam"):
-        a.refuse("optimizer.type", "llmsim models Adam's optimizer states only")
+        a.refuse("optimizer.type", "Adam, AdamW, FusedAdam or CPUAdam (Muon is modelled as Megatron-Core runs it, "
+                 "from Megatron-LM and Megatron-Bridge configs)")
     a.used("optimizer.type")
     return a.finish(IGNORED, REASONS)

@@ -105,7 +105,8 @@ def read(path: str | Path) -> Imported:
 
     opt = str(a.get("optimizer.name", "AdamW"))
     if opt not in ("AdamW", "Adam"):
-        a.refuse("optimizer.name", "llmsim models Adam(W)'s optimizer states only")
+        a.refuse("optimizer.name", "Adam or AdamW (torchtitan's DistMuon is not modelled; Muon is as Megatron-Core "
+                 "runs it, from Megatron-LM and Megatron-Bridge configs)")
     a.used("optimizer.name")
 
     tp = a.number("parallelism.tensor_parallel_degree", 1)
