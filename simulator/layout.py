@@ -63,7 +63,7 @@ class StageLayout:
     optimizer_s: object
     framework_step_s: object  # per-step framework operators and host costs (framework_ops.py)
     # what the optimizer step allocates beside the model states, once the activations are freed
-    # (Muon's Newton-Schulz of its largest matrix: muon.workspace_bytes)
+    # (Muon's Newton-Schulz of its largest matrix: muon.stage_costs)
     optimizer_workspace_bytes: object = 0.0
 
 
@@ -315,9 +315,9 @@ def compile_layout(model, cluster, plan) -> Layout:
         off = offload_costs(plan, cluster, params, states, per, acts.chunk_bytes, v, shard_group)
         muon_params, muon_s, workspace = 0.0, 0.0, 0.0
         if plan.optimizer == "muon":
-            states, muon_params, muon_s, workspace = muon.with_muon(states, model, plan, g, cluster, layers - n_moe, n_moe,
-                                                               has_emb, has_head, zero_group,
-                                                               expert_zero_group_size(plan))
+            states, muon_params, muon_s, workspace = muon.with_muon(
+                states, model, plan, g, cluster, layers - n_moe, n_moe, has_emb, has_head, zero_group,
+                expert_zero_group_size(plan))
         optimizer_s = optimizer_step_s(states, per, plan, cluster.accelerator, muon_params) + muon_s
         reps.append(StageLayout(
             stage=stage, count=count, layers=layers, has_embedding=has_emb, has_head=has_head, params=params,

@@ -32,7 +32,7 @@ reduce-scatter and all-gather as the distributed optimizer's); without it (zero_
 rank updates, and orthogonalises, every matrix it holds. A rank's share is the mean of its
 group's matrices, or the largest one where that is more (a matrix is never split); the
 bucket-level imbalance of the bin-packing beyond that is not modelled. The Newton-Schulz
-workspace (workspace_bytes: the largest matrix's fp32 gather, copies and bf16 iterates) is
+workspace (_matrix_workspace: the largest matrix's fp32 gather, copies and bf16 iterates) is
 allocated during the optimizer step, after the activations are freed: it raises a stage's
 peak where it is larger than them (layout.stage_memory).
 """
@@ -211,15 +211,15 @@ def _tp_comm_s(m: Matrices, whitened, steps, tp_mode, group, cluster):
 
 @dataclass(frozen=True)
 class MuonCosts:
-    """One device's Muon work per step: its matrices' parameters (before ZeRO sharding, the
-    dense group's and the experts'), the seconds of the kernels of the matrices it updates
-    (Newton-Schulz GEMMs and the elementwise ones around them) and of their TP collectives
-    (_tp_comm_s)."""
+    """One device's Muon work per step: the parameters whose momentum it keeps (ZeRO-1: its
+    share), the seconds of the kernels of the matrices it updates (Newton-Schulz GEMMs and the
+    elementwise ones around them) and of their TP collectives (_tp_comm_s), and the most one
+    of them allocates while it is orthogonalised (_matrix_workspace)."""
 
-    dense_params: object
-    expert_params: object
+    kept_params: object
     ns_s: object
     tp_comm_s: object
+    workspace_bytes: object
 
 
 def stage_costs(matrices: list[Matrices], plan, groups, cluster, zero_group, expert_zero_group) -> MuonCosts:
@@ -228,7 +228,7 @@ def stage_costs(matrices: list[Matrices], plan, groups, cluster, zero_group, exp
     acc, steps, mode = cluster.accelerator, plan.muon_ns_steps, plan.muon_tp_mode
     shared = plan.zero_stage >= 1
     mixed = plan.precision not in FULL_PRECISION  # a 16-bit copy of the fp32 main parameters
-    total, largest, comm = 0.0, 0.0, 0.0
+    total, largest, comm, workspace = 0.0, 0.0, 0.0, 0.0
     dense_params, expert_params = 0.0, 0.0
     for m in matrices:
         share = (expert_zero_group if m.expert else zero_group) if shared else 1
@@ -239,11 +239,28 @@ def stage_costs(matrices: list[Matrices], plan, groups, cluster, zero_group, exp
         total = total + owned * one
         largest = np.maximum(largest, np.where(m.count > 0, one, 0.0))
         comm = comm + owned * _tp_comm_s(m, whitened, steps, mode, groups.etp if m.expert else groups.tp, cluster)
+        workspace = np.maximum(workspace, np.where(np.asarray(m.count) > 0,
+                                                   _matrix_workspace(m, whitened, other, mode), 0.0))
         if m.expert:
             expert_params = expert_params + m.local_params
         else:
             dense_params = dense_params + m.local_params
-    return MuonCosts(dense_params, expert_params, np.maximum(total, largest), comm)
+    kept = dense_params / zero_group + expert_params / expert_zero_group if shared else dense_params + expert_params
+    return MuonCosts(kept, np.maximum(total, largest), comm, workspace)
+
+
+def _matrix_workspace(m: Matrices, whitened, other, tp_mode):
+    """What orthogonalising one matrix of kind `m` allocates on the rank updating it, from
+    Emerging-Optimizers' code: F.normalize's fp32 copy of X beside its bf16 cast (6 B an
+    element), or during a step X, the next X and the m x m A and B in bf16 (4 B an element +
+    4m²); a QKV piece's copy (4 B) alive throughout; under `duplicated` a split matrix's
+    gathered shards and their concatenation, both fp32 and whole (newton_schulz_tp: 8 B an
+    element of the whole matrix)."""
+    x = whitened * other
+    inner = np.maximum(6.0 * x, 4.0 * x + 4.0 * whitened * whitened) + (4.0 * x if m.qkv else 0.0)
+    if tp_mode == "duplicated":
+        inner = inner + np.where(np.asarray(m.gather) > 1, 2 * GATHER_BYTES * m.rows * m.cols, 0.0)
+    return inner
 
 
 def _matrix_elementwise(m: Matrices, rank_elements, tp_mode, mixed, weight_bytes) -> tuple:
@@ -269,41 +286,16 @@ def _elementwise_s(nbytes, kernels, acc):
     return memory_bound_time(nbytes, acc, "optimizer") + kernels * acc.op_overhead_s
 
 
-def kept_params(costs: MuonCosts, plan, zero_group, expert_zero_group):
-    """The Muon parameters whose optimizer states one device keeps (ZeRO-1: its share)."""
-    if plan.zero_stage < 1:
-        return costs.dense_params + costs.expert_params
-    return costs.dense_params / zero_group + costs.expert_params / expert_zero_group
-
-
 def with_muon(states, model, plan, groups, cluster, dense_layers, moe_layers, has_embedding, has_head, zero_group,
               expert_zero_group):
     """A stage's model states with Muon in place of Adam on its layers' matrices (one fp32
     momentum where Adam keeps two moments: 4 B a parameter less), the parameters whose update
     Muon runs (which Adam's pass, states.optimizer_step_s, leaves out), Muon's seconds (its
-    update and Newton-Schulz kernels and its TP collectives: stage_costs) and the bytes its
-    Newton-Schulz allocates (workspace_bytes)."""
+    update and Newton-Schulz kernels and its TP collectives) and the bytes its Newton-Schulz
+    allocates: stage_costs."""
     matrices = stage_matrices(model, plan.tp, dense_layers, moe_layers, plan.ep, plan.etp,
                               np.asarray(has_head) * model.mtp_layers, has_embedding)
     costs = stage_costs(matrices, plan, groups, cluster, zero_group, expert_zero_group)
-    mine = kept_params(costs, plan, zero_group, expert_zero_group)
-    return replace(states, optimizer_bytes=states.optimizer_bytes - mine * MOMENTUM_BYTES), mine, \
-        costs.ns_s + costs.tp_comm_s, workspace_bytes(matrices, plan.muon_tp_mode)
+    return replace(states, optimizer_bytes=states.optimizer_bytes - costs.kept_params * MOMENTUM_BYTES), \
+        costs.kept_params, costs.ns_s + costs.tp_comm_s, costs.workspace_bytes
 
-
-def workspace_bytes(matrices: list[Matrices], tp_mode: str):
-    """The most one of `matrices` allocates while a rank orthogonalises it (the rank that
-    updates the largest), from Emerging-Optimizers' code: F.normalize's fp32 copy of X beside
-    its bf16 cast (6 B an element), or during a step X, the next X and the m x m A and B in
-    bf16 (4 B an element + 4m²); a QKV piece's copy (4 B) alive throughout; under `duplicated`
-    a split matrix's gathered shards and their concatenation, both fp32 and whole
-    (newton_schulz_tp: 8 B an element of the whole matrix)."""
-    most = 0.0
-    for m in matrices:
-        whitened, other = rank_sides(m, tp_mode)
-        x = whitened * other
-        inner = np.maximum(6.0 * x, 4.0 * x + 4.0 * whitened * whitened) + (4.0 * x if m.qkv else 0.0)
-        if tp_mode == "duplicated":
-            inner = inner + np.where(np.asarray(m.gather) > 1, 2 * GATHER_BYTES * m.rows * m.cols, 0.0)
-        most = np.maximum(most, np.where(np.asarray(m.count) > 0, inner, 0.0))
-    return most
