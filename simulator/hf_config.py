@@ -217,10 +217,9 @@ def _moe_fields(cfg: Mapping, model_type: str, where: str) -> dict:
                    moe_layer_freq=F.integer(cfg, "moe_layer_freq", where, 1))
     elif model_type.startswith("qwen"):
         # transformers Qwen2MoeDecoderLayer: MoE where (i + 1) % decoder_sparse_step == 0 and i
-        # not in mlp_only_layers; only the all-MoE case matches llmsim's layer rule.
-        if F.integer(cfg, "decoder_sparse_step", where, 1) != 1:
-            raise InputError(f"{where}.decoder_sparse_step", cfg["decoder_sparse_step"], "only 1 (every layer MoE) "
-                             "is modelled")
+        # not in mlp_only_layers (the last layer of each period: model.moe_layer_offset)
+        step = F.integer(cfg, "decoder_sparse_step", where, 1)
+        out.update(moe_layer_freq=step, moe_layer_offset=step - 1)
         if cfg.get("mlp_only_layers"):
             raise InputError(f"{where}.mlp_only_layers", cfg["mlp_only_layers"], "only [] is modelled")
         shared = F.integer(cfg, "shared_expert_intermediate_size", where, 0, minimum=0)

@@ -25,7 +25,7 @@ POSITIONS = ("learned", "rope")
 ATTENTIONS = ("mha", "gqa", "mla")
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 MOE_FIELDS = ("top_k", "expert_ffn_hidden", "shared_experts", "shared_expert_ffn_hidden", "dense_layers",
-              "moe_layer_freq")
+              "moe_layer_freq", "moe_layer_offset")
 
 
 def presets_dir() -> Path:
@@ -94,7 +94,10 @@ class ModelSpec:
     shared_experts: int = 0  # experts every token goes through (DeepSeekMoE, Qwen2-MoE)
     shared_expert_ffn_hidden: int | None = None  # default expert_ffn_hidden
     dense_layers: int = 0  # leading layers with a dense MLP (DeepSeek first_k_dense_replace)
-    moe_layer_freq: int = 1  # past dense_layers, layer i is MoE when i % moe_layer_freq == 0
+    moe_layer_freq: int = 1  # past dense_layers, layer i is MoE when i % moe_layer_freq == moe_layer_offset
+    # 0: the first layer of each period (DeepSeek's rule); moe_layer_freq - 1: the last (Llama 4's
+    # interleave_moe_layer_step, Qwen2-MoE's decoder_sparse_step: (i + 1) % step == 0)
+    moe_layer_offset: int = 0
     mtp_layers: int = 0  # multi-token-prediction modules (DeepSeek-V3 num_nextn_predict_layers)
     # Sliding-window attention: layer i attends to the last `sliding_window` tokens when
     # i % sliding_window_freq == 0 (Mistral: every layer; GPT-OSS: every other); 0 = none. Or,
@@ -154,16 +157,29 @@ class ModelSpec:
         """Whether layer `index` (from 0) routes tokens to experts: DeepSeek's rule, as in
         vllm-project/vllm vllm/model_executor/models/deepseek_v2.py (commit 002d6073),
         DeepseekV2DecoderLayer: layer_idx >= first_k_dense_replace and
-        layer_idx % moe_layer_freq == 0."""
-        return self.experts > 0 and index >= self.dense_layers and index % self.moe_layer_freq == 0
+        layer_idx % moe_layer_freq == 0; with moe_layer_offset f - 1 the last layer of each
+        period instead, as transformers' Llama4TextConfig moe_layers (range(step - 1, layers,
+        step)) and Qwen2MoeDecoderLayer ((layer_idx + 1) % decoder_sparse_step == 0) place them."""
+        return self.experts > 0 and index >= self.dense_layers and \
+            index % self.moe_layer_freq == self.moe_layer_offset
+
+    def _moe_positions_below(self, n: int) -> int:
+        """How many i in [0, n) have i % moe_layer_freq == moe_layer_offset."""
+        return max(0, -(-(n - self.moe_layer_offset) // self.moe_layer_freq))
 
     @property
     def moe_layers(self) -> int:
-        """Number of MoE layers among the `layers` (MTP modules not included): the multiples of
-        moe_layer_freq in [dense_layers, layers)."""
+        """Number of MoE layers among the `layers` (MTP modules not included): the layers of
+        [dense_layers, layers) at moe_layer_offset in their period of moe_layer_freq."""
         if not self.experts:
             return 0
-        return max(0, (self.layers - 1) // self.moe_layer_freq - (self.dense_layers - 1) // self.moe_layer_freq)
+        return max(0, self._moe_positions_below(self.layers) - self._moe_positions_below(self.dense_layers))
+
+    @property
+    def leading_dense_moe_positions(self) -> int:
+        """The MoE positions of the period rule that the leading dense layers take (each stage of
+        whole periods holds layers / freq MoE layers, the first stage this many fewer)."""
+        return self._moe_positions_below(self.dense_layers) if self.experts else 0
 
     @property
     def packs_documents(self) -> bool:
@@ -355,7 +371,7 @@ class ModelSpec:
         if self.dense_layers:
             out += f", {self.dense_layers} dense"
         if self.moe_layer_freq > 1:
-            out += f", every {self.moe_layer_freq}"
+            out += f", every {self.moe_layer_freq}" + (f" from {self.moe_layer_offset}" if self.moe_layer_offset else "")
         return out
 
 
@@ -473,6 +489,7 @@ def _spec_from_fields(data: Mapping, field: str, base: ModelSpec | None = None) 
             default("shared_expert_ffn_hidden", None, keep=widths_kept and "shared_experts" not in data),
             maximum=10**8),
         dense_layers=dense_layers, moe_layer_freq=moe_layer_freq,
+        moe_layer_offset=count("moe_layer_offset", 0, keep=moe_kept, maximum=100_000),
         mtp_layers=count("mtp_layers", 0, maximum=1000),
         sliding_window=count("sliding_window", 0, maximum=10**8),
         sliding_window_freq=F.integer(data, "sliding_window_freq", field, default("sliding_window_freq", 1),
@@ -517,6 +534,8 @@ def check_shapes(spec: ModelSpec, field: str = "model") -> ModelSpec:
             bad("expert_ffn_hidden", "expected an integer >= 1")
         if bool(spec.shared_experts) != bool(spec.shared_expert_ffn_hidden):
             bad("shared_expert_ffn_hidden", "expected an integer >= 1 with shared_experts >= 1, else 0")
+        if spec.moe_layer_offset >= spec.moe_layer_freq:
+            bad("moe_layer_offset", f"an integer from 0 to moe_layer_freq - 1 = {spec.moe_layer_freq - 1}")
         if spec.dense_layers >= spec.layers:
             bad("dense_layers", f"must be < layers={spec.layers} (an MoE model has at least one MoE layer)")
         if not spec.moe_layers:

@@ -188,15 +188,14 @@ def check_layer_mix_options(plan, model) -> None:
 
 def stage_layer_mix(model, p, v, holds_first_layers):
     """(dense-MLP layers, MoE layers) on a device of a stage, `holds_first_layers` where the
-    first virtual stage sits. Layer i is MoE when i >= dense_layers and i % freq == 0
+    first virtual stage sits. Layer i is MoE when i >= dense_layers and i % freq == offset
     (model.is_moe_layer): a virtual stage of n layers (a multiple of freq) holds n/freq MoE
-    layers, the first one ceil(dense_layers/freq) fewer, where the leading dense layers fit in
-    it (stagesplit.uniform_layer_kinds; other splits count layer by layer). Broadcast-safe."""
+    layers, the first one fewer by the MoE positions the leading dense layers take, where they
+    fit in it (stagesplit.uniform_layer_kinds; other splits count layer by layer). Broadcast-safe."""
     per_device = model.layers / np.asarray(p)
     if not model.experts:
         return per_device, 0.0 * per_device
-    dense_periods = -(-model.dense_layers // model.moe_layer_freq)  # ceil
-    moe = per_device / model.moe_layer_freq - np.asarray(holds_first_layers) * dense_periods
+    moe = per_device / model.moe_layer_freq - np.asarray(holds_first_layers) * model.leading_dense_moe_positions
     return per_device - moe, moe
 
 

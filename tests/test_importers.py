@@ -504,11 +504,15 @@ def test_megatron_fsdp_shards_by_its_strategy_and_torch_fsdp2_is_zero_3():
     assert _plan(torch_fsdp, "zero_stage", "zero3_impl") == {"zero_stage": 3, "zero3_impl": "fsdp2"}
 
 
-@pytest.mark.parametrize("pattern,dense,freq", [("([0]*3+[1]*58)", 3, 1), ("[1,0]*30+[1]", 0, 2), ("2", 0, 2)])
-def test_megatron_moe_layer_pattern_is_leading_dense_layers_and_a_frequency(pattern, dense, freq):
+@pytest.mark.parametrize("pattern,dense,freq,offset", [
+    ("([0]*3+[1]*58)", 3, 1, 0), ("[1,0]*30+[1]", 0, 2, 0), ("2", 0, 2, 0),
+    ("[0,1]*30+[0]", 0, 2, 1),  # Llama 4 Maverick's [0, 1] * 24, on 61 layers
+    ("[0]*5+[1,0,0]*18+[1,0]", 3, 3, 2)])  # MoE on 5, 8, ..., 59: layer 2 of the rule stays dense
+def test_megatron_moe_layer_pattern_is_leading_dense_layers_a_frequency_and_an_offset(pattern, dense, freq, offset):
     model = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[
         *MOE_ARGV, "--moe-layer-freq", pattern]).scenario["model"]
-    assert (model.get("dense_layers", 0), model["moe_layer_freq"]) == (dense, freq)
+    assert (model.get("dense_layers", 0), model["moe_layer_freq"], model.get("moe_layer_offset", 0)) == \
+        (dense, freq, offset)
 
 
 @pytest.mark.parametrize("pattern", ["([1]*3+[0]*58)", "[1]*60", "__import__('os')", "[1]*10**9"])

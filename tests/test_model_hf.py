@@ -301,8 +301,15 @@ def test_gemma3_with_logit_soft_capping_is_refused(tmp_path):
         load_hf_config(_write(tmp_path, {**GEMMA3_1B, "final_logit_softcapping": 30.0}), seq_len=4096)
 
 
+def test_qwen_moe_decoder_sparse_step_puts_experts_on_the_last_layer_of_each_step(tmp_path):
+    # transformers Qwen2MoeDecoderLayer: MoE where (layer_idx + 1) % decoder_sparse_step == 0
+    cfg = {**_config("qwen1.5-moe-a2.7b"), "decoder_sparse_step": 3}
+    m = load_hf_config(_write(tmp_path, cfg), seq_len=4096)
+    assert [i for i in range(m.layers) if m.is_moe_layer(i)] == [i for i in range(m.layers) if (i + 1) % 3 == 0]
+    assert m.moe_layers == m.layers // 3
+
+
 @pytest.mark.parametrize("change,key", [
-    ({"decoder_sparse_step": 2}, "decoder_sparse_step"),
     ({"mlp_only_layers": [0, 5]}, "mlp_only_layers"),
     ({"use_sliding_window": True}, "use_sliding_window"),
     ({"num_experts_per_tok": None}, "num_experts_per_tok"),

@@ -172,6 +172,18 @@ def test_moe_layer_freq_puts_experts_on_every_other_layer_after_the_dense_ones()
     assert m.params() == 5 * m.dense_layer_params() + 3 * m.moe_layer_params() + 2 * 32000 * 4096 + 4096
 
 
+def test_moe_layer_offset_puts_experts_on_the_last_layer_of_each_period():
+    # Llama 4 Maverick's interleave_moe_layer_step 2 (transformers Llama4TextConfig moe_layers =
+    # range(1, layers, 2)); with three leading dense layers, layer 1 stays dense
+    m = model_from_dict({"preset": "mixtral-8x7b", "layers": 8, "moe_layer_freq": 2, "moe_layer_offset": 1})
+    assert [i for i in range(8) if m.is_moe_layer(i)] == [1, 3, 5, 7] and m.moe_layers == 4
+    assert m.params() == 4 * m.dense_layer_params() + 4 * m.moe_layer_params() + 2 * 32000 * 4096 + 4096
+    m = model_from_dict({"preset": "mixtral-8x7b", "layers": 8, "dense_layers": 3, "moe_layer_freq": 2,
+                         "moe_layer_offset": 1})
+    assert [i for i in range(8) if m.is_moe_layer(i)] == [3, 5, 7] and m.moe_layers == 3
+    assert m.shape_summary() == "8x14336 top-2, 3 dense, every 2 from 1"
+
+
 def test_attention_widths_follow_head_dim_and_mla_dims():
     q3 = load_preset("qwen3-30b-a3b")
     assert (q3.q_width, q3.kv_hidden, q3.v_width) == (32 * 128, 4 * 128, 4 * 128)
@@ -230,6 +242,7 @@ def _moe(**fields):
     ({"kv_lora_rank": 512}, "model.kv_lora_rank"),
     ({"ffn_hidden": 14336, "dense_ffn_hidden": 10000}, "model.dense_ffn_hidden"),
     ({"sliding_window_freq": 2}, "model.sliding_window_freq"),
+    ({"moe_layer_freq": 2, "moe_layer_offset": 2}, "model.moe_layer_offset"),
 ])
 def test_an_inconsistent_moe_shape_is_refused_naming_the_field(fields, field):
     with pytest.raises(InputError, match=field.replace(".", r"\.")):

@@ -215,3 +215,29 @@ def test_both_engines_agree_on_an_uneven_moe_pipeline():
     a, g = evaluate(s, "analytic"), evaluate(s, "graph")
     assert g.step_time_s == pytest.approx(a.step_time_s, rel=0.05)
     assert g.peak_memory_bytes == pytest.approx(a.peak_memory_bytes, rel=0.05)
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_moe_layers_at_an_offset_fall_on_the_ranks_their_indices_put_them(pp):
+    # 8 layers, MoE on the odd ones past 3 dense (3, 5, 7): at PP 2 rank 0 holds 0-3 (one MoE),
+    # rank 1 4-7 (two); at PP 4 ranks hold (0,1), (2,3), (4,5), (6,7): 0, 1, 1, 1 MoE layers.
+    # The closed form (even split) and the layer-by-layer count (the same split as a layout)
+    # agree with that
+    model = {"preset": "mixtral-8x7b", "layers": 8, "dense_layers": 3, "moe_layer_freq": 2, "moe_layer_offset": 1,
+             "seq_len": 1024}
+    plan = {"tp": 1, "pp": pp, "ep": 1, "micro_batch": 1, "global_batch": 16}
+    even = scenario_from_dict({"model": model, "cluster": {"node": "dgx-h100", "nodes": 1}, "plan": plan})
+    laid = scenario_from_dict({"model": model, "cluster": {"node": "dgx-h100", "nodes": 1},
+                               "plan": {**plan, "pipeline_layout": [8 // pp] * pp}})
+    m = even.model
+    moe_per_rank = {2: [1, 2], 4: [0, 1, 1, 1]}[pp]
+    assert [k[1] for k in rank_layer_kinds(m, (8 // pp,) * pp, pp, SCHEDULES["1f1b"])] == moe_per_rank
+    per_rank = [(8 // pp - n) * m.dense_layer_params() + n * m.moe_layer_params() for n in moe_per_rank]
+    per_rank[0] += m.vocab * m.hidden
+    per_rank[-1] += m.vocab * m.hidden + m.hidden
+    for s in (even, laid):
+        stages = compile_scenario(s).stages
+        got = {int(r.stage): float(r.params) for r in stages}
+        assert got == {k: pytest.approx(per_rank[k], rel=1e-12) for k in got}
+    a, b = evaluate(even, "analytic"), evaluate(laid, "analytic")
+    assert (a.step_time_s, a.memory_by_stage) == (b.step_time_s, b.memory_by_stage)

@@ -13,8 +13,9 @@ Megatron-Core's: top-2 routing, the all-gather token dispatcher, experts as wide
   experts, transformer_config.py) -> one shared expert of that width (its parameters and
   FLOPs are those of n experts of width/n);
 - moe_layer_freq: an integer N (layer i is MoE when i % N == 0) or a pattern such as
-  "([0]*3+[1]*58)" (arguments.py moe_freq_type), expressed as leading dense layers and a
-  frequency (model.dense_layers, moe_layer_freq) or refused;
+  "([0]*3+[1]*58)" or Llama 4 Maverick's "([0,1]*24)" (arguments.py moe_freq_type), expressed
+  as leading dense layers, a frequency and the place in it (model.dense_layers,
+  moe_layer_freq, moe_layer_offset) or refused;
 - expert_model_parallel_size, expert_tensor_parallel_size -> plan.ep, plan.etp;
 - moe_token_dispatcher_type (alltoall | allgather), moe_expert_capacity_factor,
   moe_pad_expert_input_to_capacity, moe_shared_expert_overlap,
@@ -124,7 +125,7 @@ def _mla(a: Account, key, number) -> None:
 
 
 def _layer_freq(a: Account, k: str, layers: int) -> None:
-    """moe_layer_freq as leading dense layers and a frequency (DeepSeek's rule, model.py)."""
+    """moe_layer_freq as leading dense layers, a frequency and an offset (model.is_moe_layer)."""
     value = a.get(k, 1)
     text = str(value).strip()
     if text.isdigit() and int(text) >= 1:
@@ -139,15 +140,20 @@ def _layer_freq(a: Account, k: str, layers: int) -> None:
         a.refuse(k, "llmsim expresses leading dense layers followed by every n-th layer MoE, not this pattern")
     a.map(k, "model.dense_layers", period[0])
     a.map(k, "model.moe_layer_freq", period[1])
+    if period[2]:
+        a.map(k, "model.moe_layer_offset", period[2])
 
 
 def layer_period(pattern: list):
-    """(first, n) with pattern[i] = 1 exactly for i >= first and i % n == 0 (model.py's rule for
-    MoE and sliding-window layers), the smallest such n; None when no n fits. Any number of
-    leading zeros in (first - n, first] says the same: first is where the ones begin."""
+    """(dense, n, offset) with pattern[i] = 1 exactly for i >= dense and i % n == offset
+    (model.is_moe_layer), the smallest such n; None when no n fits. Leading zeros in
+    (first - n, first], first where the ones begin, say the same: the fewest are taken."""
     first = pattern.index(1)
-    return next(((first, n) for n in range(1, len(pattern) + 1) if first % n == 0 and
-                 pattern == [int(i >= first and i % n == 0) for i in range(len(pattern))]), None)
+    for n in range(1, len(pattern) + 1):
+        dense, offset = max(0, first - n + 1), first % n
+        if pattern == [int(i >= dense and i % n == offset) for i in range(len(pattern))]:
+            return dense, n, offset
+    return None
 
 
 def pattern_list(text: str):
