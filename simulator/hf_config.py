@@ -8,8 +8,10 @@ output only, query and key norms over the whole projections; OLMo 3's windows on
 in four), Phi-3 / Phi-4 (fused projections, Llama's layer, partial RoPE), Mixtral,
 Qwen2-MoE / Qwen3-MoE, OLMoE (query and key norms over the projections), DeepSeek-V2 / V3
 (MLA, shared experts, leading dense layers, MTP; Kimi K2 the same), GLM-4.5 (DeepSeek-V3's experts with GQA,
-partial RoPE and MTP), GPT-OSS (biases, alternating sliding-window layers) and GPT-NeoX /
-Pythia (parallel attention and MLP, partial RoPE, LayerNorms and biases). A config with expert
+partial RoPE and MTP), GPT-OSS (biases, alternating sliding-window layers), Llama 4's text
+decoder (llama4_text: experts on every or every other layer beside a shared expert, NoPE
+layers, chunked attention and L2 query and key norms on the others) and GPT-NeoX / Pythia
+(parallel attention and MLP, partial RoPE, LayerNorms and biases). A config with expert
 or latent attention keys of another family, or a layer pattern llmsim cannot express, is
 refused with the key named: never imported as a dense model. So is any other family (its model_type
 named): its layer may differ from these in ways the keys do not show (Falcon's multi-query
@@ -29,7 +31,7 @@ from .errors import InputError
 MAX_BYTES = 1 << 20  # a config.json is a few kB; anything larger is not one
 DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "olmo2", "olmo3", "phi3")
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe",
-             "gpt_oss")
+             "gpt_oss", "llama4_text")
 # Moonshot's Kimi K2 is DeepSeek-V3's architecture under its own model_type (its config.json's
 # architectures: DeepseekV3ForCausalLM; the model card says to set model_type deepseek_v3 where a
 # framework does not know kimi_k2): read as DeepSeek-V3's.
@@ -98,6 +100,8 @@ def _sliding_window(cfg: Mapping, model_type, layers: int, where: str) -> dict:
     v0.1, transformers MistralAttention), unless `use_sliding_window` is false."""
     window = cfg.get("sliding_window")
     types = cfg.get("layer_types")
+    if model_type == "llama4_text":  # chunked attention: _llama4_fields
+        return {}
     if types is None and model_type == "gemma3_text":
         # transformers models/gemma3/configuration_gemma3.py Gemma3TextConfig: without
         # layer_types, layer i slides unless (i + 1) % sliding_window_pattern == 0 (6 by default)
@@ -130,6 +134,85 @@ def _sliding_window(cfg: Mapping, model_type, layers: int, where: str) -> dict:
     if window is None or cfg.get("use_sliding_window") is False:
         return {}
     return {"sliding_window": F.integer(cfg, "sliding_window", where)}
+
+
+def _periodic(flags: list, key: str, where: str, allowed: str, fit) -> dict:
+    """The model fields `fit` finds for a per-layer 0/1 list, or a refusal naming `key`."""
+    fields = fit(flags) if any(flags) else {}
+    if fields is None:
+        raise InputError(f"{where}.{key}", [int(f) for f in flags], allowed)
+    return fields
+
+
+def _llama4_layer_lists(cfg: Mapping, layers: int, where: str) -> tuple:
+    """(MoE flags, NoPE flags) of Llama 4's layers as transformers' Llama4TextConfig derives
+    them: moe_layers, else range(interleave_moe_layer_step - 1, layers, step); no_rope_layers
+    (1: the layer rotates), else each no_rope_layer_interval-th layer (4 by default) without."""
+    moe = cfg.get("moe_layers")
+    if moe is None:
+        step = F.integer(cfg, "interleave_moe_layer_step", where, 1)
+        moe = list(range(step - 1, layers, step))
+    if not isinstance(moe, list) or not all(isinstance(i, int) and 0 <= i < layers for i in moe):
+        raise InputError(f"{where}.moe_layers", moe, f"a list of layer indices below {layers}")
+    rope = cfg.get("no_rope_layers") or None
+    if rope is None:
+        interval = F.integer(cfg, "no_rope_layer_interval", where, 4)
+        rope = [int((i + 1) % interval != 0) for i in range(layers)]
+    if not isinstance(rope, list) or len(rope) != layers or set(rope) - {0, 1}:
+        raise InputError(f"{where}.no_rope_layers", rope, f"a list of {layers} ones and zeros (1: the layer rotates)")
+    return [int(i in moe) for i in range(layers)], [1 - r for r in rope]
+
+
+def _llama4_fields(cfg: Mapping, layers: int, where: str) -> dict:
+    """Llama 4's text decoder (transformers models/llama4/modeling_llama4.py): each MoE layer
+    has num_local_experts experts of intermediate_size, top num_experts_per_tok, beside one
+    shared expert of intermediate_size (Llama4TextMoe, Llama4TextMLP); the other layers a
+    dense MLP of intermediate_size_mlp; NoPE layers without RoPE; with use_qk_norm, a weightless
+    L2 norm of each query and key head on the rotating layers (Llama4TextL2Norm). The NoPE
+    layers' attention temperature tuning (a multiply of their queries by a per-position scale,
+    under 0.1 % of a layer's memory traffic) is not counted."""
+    from .importers.megatron_moe import layer_period  # importers build on this package: imported on use
+    moe, nope = _llama4_layer_lists(cfg, layers, where)
+    period = layer_period(moe) if any(moe) else None
+    if period is None:
+        raise InputError(f"{where}.moe_layers", [i for i, m in enumerate(moe) if m], "MoE on leading dense layers "
+                         "then every n-th layer (model.dense_layers, moe_layer_freq, moe_layer_offset)")
+    nope_fields = _periodic(nope, "no_rope_layers", where, "NoPE on each n-th layer only (model.nope_layer_interval)",
+                            lambda f: ({"nope_layer_interval": n} if (n := _nth_layers(f)) else None))
+    width = F.integer(cfg, "intermediate_size", where)
+    l2 = bool(cfg.get("use_qk_norm", True))
+    return dict(ffn_hidden=F.integer(cfg, "intermediate_size_mlp", where), shared_experts=1,
+                shared_expert_ffn_hidden=width, dense_layers=period[0], moe_layer_freq=period[1],
+                moe_layer_offset=period[2], qk_norm=l2, qk_norm_kind="l2" if l2 else "norm", **nope_fields,
+                **_llama4_chunks(cfg, nope, where))
+
+
+def _nth_layers(flags: list) -> int | None:
+    """n >= 2 where flags[i] = 1 exactly for (i + 1) % n == 0; None where no n fits."""
+    return next((n for n in range(2, len(flags) + 1) if flags == [int((i + 1) % n == 0) for i in range(len(flags))]),
+                None)
+
+
+def _llama4_chunks(cfg: Mapping, nope: list, where: str) -> dict:
+    """Llama 4's chunked attention (transformers Llama4TextConfig): layer_types, else
+    chunked_attention on the rotating layers (`nope` flags the others), with chunks of
+    attention_chunk_size tokens (None: no chunking)."""
+    from .model import window_pattern
+    chunk = cfg.get("attention_chunk_size", 8192)
+    layers = len(nope)
+    types = cfg.get("layer_types")
+    if types is None:
+        types = ["full_attention" if n else "chunked_attention" for n in nope]
+    if not isinstance(types, list) or len(types) != layers or \
+            not all(t in ("full_attention", "chunked_attention") for t in types):
+        raise InputError(f"{where}.layer_types", types, f"expected {layers} of full_attention / chunked_attention")
+    chunked = [t == "chunked_attention" for t in types]
+    if chunk is None or not any(chunked):
+        return {}
+    pattern = _periodic(chunked, "layer_types", where, "chunked layers i % f == 0, or all but every n-th, only",
+                        window_pattern)
+    return {"sliding_window": F.integer(cfg, "attention_chunk_size", where, chunk), "window_kind": "chunked",
+            **pattern}
 
 
 # A family's dropout rates (transformers config keys): Phi-3's attention, residual and embedding
@@ -200,7 +283,7 @@ def _gpt_neox_fields(cfg: Mapping, where: str, name: str, seq) -> dict:
 def _moe_fields(cfg: Mapping, model_type: str, where: str) -> dict:
     """Expert fields of a known MoE family (the keys of each family's transformers config class)."""
     deepseek_like = model_type in ("deepseek_v2", *DEEPSEEK_V3_TYPES, "glm4_moe")
-    key = {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts"}.get(
+    key = {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts", "llama4_text": "num_local_experts"}.get(
         model_type, "n_routed_experts" if deepseek_like else "num_experts")
     out = dict(experts=F.integer(cfg, key, where), top_k=F.integer(cfg, "num_experts_per_tok", where))
     width = "moe_intermediate_size" if deepseek_like or model_type in ("qwen2_moe", "qwen3_moe") \
@@ -331,6 +414,8 @@ def hf_fields(path: str, seq_len) -> dict:
         # post_feedforward_layernorm) before each residual add; Olmo2Attention's q_norm and
         # k_norm are RMSNorms over the whole q_proj and k_proj outputs (OLMo 3's layer the same)
         data.update(pre_norms=False, post_norms=True, qk_norm=True, qk_norm_scope="full")
+    if model_type == "llama4_text":
+        data.update(_llama4_fields(cfg, layers, where))
     if model_type in MOE_TYPES:
         data.update(_moe_fields(cfg, model_type, where))
     return data

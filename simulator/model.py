@@ -21,6 +21,8 @@ from .yamlio import load_yaml
 ACTIVATIONS = ("gelu", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
 QK_NORM_SCOPES = ("head", "full")
+QK_NORM_KINDS = ("norm", "l2")
+WINDOW_KINDS = ("sliding", "chunked")
 POSITIONS = ("learned", "rope")
 ATTENTIONS = ("mha", "gqa", "mla")
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
@@ -66,6 +68,14 @@ class ModelSpec:
     # heads x head_dim and k_norm over kv_heads x head_dim)
     qk_norm: bool = False
     qk_norm_scope: str = "head"
+    # norm: the model's norm, with its learned scale; l2: Llama 4's L2Norm, x·rsqrt(mean(x²) + eps)
+    # over each head with no weights, on the layers that rotate only (transformers
+    # Llama4TextAttention: use_qk_norm and use_rope; Megatron-Bridge llama4_utils.py
+    # get_llama4_layer_spec: qk_l2_norm and not is_nope_layer)
+    qk_norm_kind: str = "norm"
+    # No rotary embedding on each n-th layer, (i + 1) % n == 0: Llama 4's NoPE layers
+    # (transformers Llama4TextConfig no_rope_layer_interval 4; Megatron-Core no_rope_freq); 0 = none
+    nope_layer_interval: int = 0
     # Norms on the inputs of attention and of the MLP (the pre-norm layer); false: OLMo 2,
     # whose layer norms only the outputs (post_norms)
     pre_norms: bool = True
@@ -106,6 +116,10 @@ class ModelSpec:
     sliding_window: int = 0
     sliding_window_freq: int = 1
     sliding_window_skip_freq: int = 0
+    # sliding: a windowed layer's query attends to the last sliding_window keys; chunked: to the
+    # keys of its own chunk of sliding_window tokens (Llama 4's attention_chunk_size: transformers
+    # layer_types "chunked_attention"; Megatron-Bridge llama4_utils.py chunkify)
+    window_kind: str = "sliding"
     # Packed documents: each sequence holds documents of `document_tokens` tokens (the last cut
     # at seq_len) and attention stays inside each one (workload.window_pair_fraction); 0 = one
     # causal sequence.
@@ -194,7 +208,8 @@ class ModelSpec:
         return 0 < self.sliding_window < self.seq_len
 
     def is_sliding_window_layer(self, index: int) -> bool:
-        """Whether layer `index` attends only to the last `sliding_window` tokens (Mistral 7B,
+        """Whether layer `index` attends only to the last `sliding_window` tokens, or with
+        window_kind chunked to its chunk of them (Mistral 7B,
         arXiv 2310.06825 Sec. 2; GPT-OSS layer_types alternate sliding/full from layer 0;
         Megatron-Core's window_attn_skip_freq N leaves each N-th layer full,
         megatron/core/transformer/utils.py is_layer_window_attention @d98e8a64dd)."""
@@ -270,8 +285,24 @@ class ModelSpec:
 
     @property
     def layer_norms(self) -> int:
-        """Norm modules in one layer: pre-norms, post-norms and the query and key norms."""
-        return self.input_norms + 2 * (int(self.post_norms) + int(self.qk_norm))
+        """Norm modules with weights in one layer: pre-norms, post-norms and the query and key
+        norms (an L2 norm has none)."""
+        return self.input_norms + 2 * (int(self.post_norms) + int(self.qk_norm and self.qk_norm_kind == "norm"))
+
+    @property
+    def rope_layer_share(self) -> float:
+        """The share of the layers that rotate their queries and keys: 1 but for NoPE layers."""
+        if self.position_embedding != "rope":
+            return 0.0
+        n = self.nope_layer_interval
+        return 1.0 - (self.layers // n) / self.layers if n else 1.0
+
+    @property
+    def qk_norm_layer_share(self) -> float:
+        """The share of the layers that norm their queries and keys (an L2 norm: the rotating ones)."""
+        if not self.qk_norm:
+            return 0.0
+        return self.rope_layer_share if self.qk_norm_kind == "l2" else 1.0
 
     @property
     def input_norms(self) -> int:
@@ -286,7 +317,7 @@ class ModelSpec:
         over hidden_size_per_attention_head), or over the whole projections (transformers
         Olmo2Attention: RMSNorm(heads x head_dim), RMSNorm(kv_heads x head_dim))."""
         norms = (self.input_norms + 2 * int(self.post_norms)) * self._norm(self.hidden)
-        if not self.qk_norm:
+        if not self.qk_norm or self.qk_norm_kind == "l2":
             return norms
         if self.qk_norm_scope == "full":
             return norms + self._norm(self.q_width) + self._norm(self.kv_hidden)
@@ -389,11 +420,11 @@ def window_pattern(windowed: list) -> dict | None:
 
 
 MODEL_KEYS = ("preset", "hf_config", "name", "description", "layers", "hidden", "heads", "kv_heads", "head_dim",
-              "qk_norm", "qk_norm_scope", "pre_norms", "post_norms", "parallel_block", "shared_norm",
-              "rotary_fraction", "attention", *MLA_FIELDS, "ffn_hidden", "dense_ffn_hidden", "experts", *MOE_FIELDS,
-              "mtp_layers", "sliding_window", "sliding_window_freq", "sliding_window_skip_freq", "document_tokens",
-              "vocab", "seq_len", "activation", "norm", "position_embedding", "bias", "qkv_bias", "tied_embeddings",
-              "dropout", "source")
+              "qk_norm", "qk_norm_scope", "qk_norm_kind", "nope_layer_interval", "pre_norms", "post_norms",
+              "parallel_block", "shared_norm", "rotary_fraction", "attention", *MLA_FIELDS, "ffn_hidden",
+              "dense_ffn_hidden", "experts", *MOE_FIELDS, "mtp_layers", "sliding_window", "sliding_window_freq",
+              "sliding_window_skip_freq", "window_kind", "document_tokens", "vocab", "seq_len", "activation", "norm",
+              "position_embedding", "bias", "qkv_bias", "tied_embeddings", "dropout", "source")
 
 
 def _dense_width(data: Mapping, field: str) -> int | None:
@@ -477,6 +508,8 @@ def _spec_from_fields(data: Mapping, field: str, base: ModelSpec | None = None) 
         dropout=F.boolean(data, "dropout", field, default("dropout", False)),
         qk_norm=F.boolean(data, "qk_norm", field, default("qk_norm", False)),
         qk_norm_scope=F.choice(data, "qk_norm_scope", field, QK_NORM_SCOPES, default("qk_norm_scope", "head")),
+        qk_norm_kind=F.choice(data, "qk_norm_kind", field, QK_NORM_KINDS, default("qk_norm_kind", "norm")),
+        nope_layer_interval=count("nope_layer_interval", 0, maximum=100_000),
         pre_norms=F.boolean(data, "pre_norms", field, default("pre_norms", True)),
         post_norms=F.boolean(data, "post_norms", field, default("post_norms", False)),
         **mla_values,
@@ -495,6 +528,7 @@ def _spec_from_fields(data: Mapping, field: str, base: ModelSpec | None = None) 
         sliding_window_freq=F.integer(data, "sliding_window_freq", field, default("sliding_window_freq", 1),
                                       maximum=100_000),
         sliding_window_skip_freq=count("sliding_window_skip_freq", 0, maximum=100_000),
+        window_kind=F.choice(data, "window_kind", field, WINDOW_KINDS, default("window_kind", "sliding")),
         document_tokens=count("document_tokens", 0, maximum=10**8),
     )
     return check_shapes(spec, field)
@@ -556,6 +590,13 @@ def check_shapes(spec: ModelSpec, field: str = "model") -> ModelSpec:
             "modelled for dense pre-norm MHA/GQA layers: GPT-J, GPT-NeoX, Falcon)")
     if spec.qk_norm_scope != "head" and not spec.qk_norm:
         bad("qk_norm_scope", "only with qk_norm: true")
+    if spec.qk_norm_kind != "norm" and (not spec.qk_norm or spec.qk_norm_scope != "head" or spec.norm != "rmsnorm"):
+        bad("qk_norm_kind", "l2 only with qk_norm: true over each head (qk_norm_scope: head) in an RMSNorm model "
+            "(an L2 norm is an RMS norm without weights: Llama 4)")
+    if spec.nope_layer_interval and (spec.position_embedding != "rope" or spec.attention == "mla"
+                                     or not 2 <= spec.nope_layer_interval <= spec.layers):
+        bad("nope_layer_interval", f"an integer from 2 to layers={spec.layers}, with position_embedding: rope and "
+            "MHA/GQA attention (each n-th layer without rotary embedding)")
     if not spec.pre_norms and (spec.experts or spec.attention == "mla" or spec.mtp_layers):
         bad("pre_norms", "true with experts, MLA or MTP (layers without input norms are modelled for dense "
             "MHA/GQA models: OLMo 2)")
@@ -565,6 +606,9 @@ def check_shapes(spec: ModelSpec, field: str = "model") -> ModelSpec:
                                           or spec.sliding_window_skip_freq < 2):
         bad("sliding_window_skip_freq", "an integer >= 2, only with sliding_window >= 1 and without "
             "sliding_window_freq (each N-th layer attends fully, the others in the window)")
+    if spec.window_kind != "sliding" and (not spec.sliding_window or spec.document_tokens):
+        bad("window_kind", "chunked only with sliding_window >= 1 (the chunk's tokens) and without document_tokens "
+            "(chunks inside packed documents are not modelled)")
     return spec
 
 

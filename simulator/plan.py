@@ -353,6 +353,9 @@ def _check_attention_bands(plan: Plan, model: ModelSpec) -> None:
                              "(TransformerEngine splits each document into 2*cp chunks; padding is not modelled)")
     if not model.has_sliding_window:
         return
+    if plan.cp > 1 and model.window_kind == "chunked":
+        raise InputError("plan.cp", plan.cp, "1 with chunked attention (model.window_kind: chunked): how a "
+                         "context-parallel rank's chunks of the sequence meet the attention's chunks is not modelled")
     if plan.cp > 1 and plan.cp_attention not in WINDOW_METHODS:
         raise InputError("plan.cp_attention", plan.cp_attention, "ulysses or kv-allgather with sliding-window "
                          "attention and cp > 1 (TransformerEngine runs windows under CP by a2a and all_gather only)")

@@ -181,7 +181,8 @@ def sequence_cell(model) -> str:
     and the sliding window where layers have one."""
     notes = [f"documents of {model.document_tokens}"] if model.packs_documents else []
     if model.has_sliding_window:
-        notes.append(f"window {model.sliding_window} on {model.sliding_layers} of {model.layers} layers")
+        kind = "chunks of" if model.window_kind == "chunked" else "window"
+        notes.append(f"{kind} {model.sliding_window} on {model.sliding_layers} of {model.layers} layers")
     return f"{model.seq_len}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
@@ -333,7 +334,8 @@ def compare_row(d: dict, scenario) -> dict:
 
 # Scenario fields the rows above show already (dotted; a trailing dot: a whole section)
 COMPARED_FIELDS = ("name", "model.name", "model.description", "model.seq_len", "model.sliding_window",
-                   "model.sliding_window_freq", "model.sliding_window_skip_freq", "model.document_tokens",
+                   "model.sliding_window_freq", "model.sliding_window_skip_freq", "model.window_kind",
+                   "model.document_tokens",
                    "cluster.nodes", "cluster.devices_per_node", "plan.tp", "plan.pp", "plan.dp", "plan.cp", "plan.vpp",
                    "plan.micro_batch", "plan.global_batch", "plan.schedule", "plan.sequence_parallel",
                    "plan.recompute", "plan.zero_stage", "plan.precision", "plan.offload.", "plan.first_stage_layers",

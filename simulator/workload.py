@@ -268,14 +268,16 @@ def _attention_ops(model: ModelSpec, shard: Shard) -> list[Op]:
                   sp_input=True)
     # Q, K and V are the attention core's inputs: saved under every recompute mode but full.
     ops.append(Op(**{**qkv.__dict__, "saved_bytes": qkv.saved_bytes + a * tokens * (q_w + 2 * kv_w)}))
+    # NoPE layers (model.nope_layer_interval) neither rotate nor, under an L2 qk norm, norm: a
+    # layer is charged the model's share of each kernel, exact over stages of whole periods
     if model.qk_norm:  # over each head or the whole projection: the same elements; it keeps its input too
-        ops.append(norm_op("qk_norm", model, shard, tokens * (q_w + kv_w)))
+        ops.append(norm_op("qk_norm", model, shard, tokens * (q_w + kv_w) * model.qk_norm_layer_share))
     if model.position_embedding == "rope":
         # a partial RoPE (model.rotary_fraction) moves the same bytes: the fused kernel copies the
         # unrotated rest of each head with the rotated part (TransformerEngine@d0067d0da
         # transformer_engine/common/fused_rope/fused_rope.cu, fused_rope_block_forward "copy the
         # rest"); torch.compile fuses the slices and the concatenation alike
-        ops.append(_elementwise("rope", tokens * (q_w + kv_w), 2 * a, 0.0))
+        ops.append(_elementwise("rope", tokens * (q_w + kv_w) * model.rope_layer_share, 2 * a, 0.0))
     ops += attention_core_ops(model, shard, q_heads, kv_heads, d, d)
     # The projection's input is the attention output (flash attention's O).
     ops.append(_linear("attn_out", tokens, q_w, h, a, a * tokens * q_w))
@@ -290,12 +292,22 @@ def causal_pairs(n, window: int) -> float:
     return n * window - 0.5 * window * window
 
 
+def chunked_pairs(n, chunk: int) -> float:
+    """(query, key) pairs of attention over `n` tokens cut into chunks of `chunk`, each causal
+    inside itself (counted as causal_pairs counts: c²/2 a whole chunk)."""
+    whole, rest = divmod(n, chunk)
+    return whole * 0.5 * chunk * chunk + 0.5 * rest * rest
+
+
 def window_pair_fraction(model: ModelSpec, layers=None, sliding=None) -> float:
     """The (query, key) pairs a layer attends to, as a fraction of the causal half s²/2, mean
     over `layers` layers of which `sliding` have a window (default: the model's layers): 1 for
     full causal attention; for a layer with a sliding window W < s (Mistral 7B, arXiv
     2310.06825 Sec. 2: query i attends to keys i-W+1..i), the band's s·W - W²/2; the sliding
-    layers are model.is_sliding_window_layer's.
+    layers are model.is_sliding_window_layer's. A chunked window C (Llama 4's chunked
+    attention: transformers' chunked_attention mask keeps the keys of the query's own chunk of C
+    positions; Megatron-Bridge cuts the sequence into chunks of C and attends each causally):
+    the s // C whole chunks' C²/2 and the rest's.
 
     Packed documents (model.document_tokens = d < s): attention stays inside each document, the
     sequence's s // d documents and the remainder each causal (with the window inside each) as
@@ -316,7 +328,7 @@ def window_pair_fraction(model: ModelSpec, layers=None, sliding=None) -> float:
     full = pairs(0) / (0.5 * s * s)
     if not model.has_sliding_window:
         return full
-    band = pairs(w) / (0.5 * s * s)
+    band = (chunked_pairs(s, w) if model.window_kind == "chunked" else pairs(w)) / (0.5 * s * s)
     if layers is None:
         layers, sliding = model.layers, model.sliding_layers
     return (sliding * band + (layers - sliding) * full) / layers
@@ -334,7 +346,8 @@ def documents(model: ModelSpec) -> tuple:
 def attention_mask(model: ModelSpec) -> str:
     """Which pairs the model's attention leaves out, in a word: causal, sliding-window,
     documents (packed, attention inside each) or both."""
-    kinds = [name for name, on in (("sliding-window", model.has_sliding_window),
+    window = "chunked" if model.window_kind == "chunked" else "sliding-window"
+    kinds = [name for name, on in ((window, model.has_sliding_window),
                                    ("documents", model.packs_documents)) if on]
     return "+".join(kinds) or "causal"
 

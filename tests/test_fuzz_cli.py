@@ -27,7 +27,8 @@ BASE = {"model": {"preset": "megatron-gpt-1.7b"}, "cluster": {"node": "dgx-a100"
                  "recompute": "selective", "zero_stage": 1}, "training": {"tokens": 1.0e+10}}
 FIELDS = ["model.preset", "model.layers", "model.hidden", "model.heads", "model.kv_heads", "model.seq_len",
           "model.document_tokens", "model.sliding_window", "model.sliding_window_freq",
-          "model.sliding_window_skip_freq", "model.qk_norm", "model.qk_norm_scope",
+          "model.sliding_window_skip_freq", "model.window_kind", "model.qk_norm", "model.qk_norm_scope",
+          "model.qk_norm_kind", "model.nope_layer_interval", "model.moe_layer_offset",
           "model.pre_norms", "model.post_norms", "model.rotary_fraction", "model.parallel_block",
           "model.shared_norm", "model.qkv_bias",
           "model.vocab", "model.activation", "cluster.node", "cluster.nodes", "cluster.accelerator",
@@ -44,7 +45,8 @@ VALUES = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.none(),
     st.sampled_from(["1f1b", "interleaved", "gpipe", "zb-h1", "none", "full", "cpu", "nvme", "bf16", "fp8",
                      "auto", "gpt3-175b", "llama-3.1-8b", "dgx-h100", "mi300x", "tp-cp-dp-pp", "", "1e9", "ü",
-                     "muon", "adam", "blockwise", "distributed", "ulysses", "ulysses-ring", "kv-allgather", "current", "mxfp8", "head"]),
+                     "muon", "adam", "blockwise", "distributed", "ulysses", "ulysses-ring", "kv-allgather", "current", "mxfp8", "head",
+                     "chunked", "l2", "llama-4-scout"]),
     st.lists(st.integers(0, 4), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
 

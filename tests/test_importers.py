@@ -521,6 +521,25 @@ def test_megatron_moe_layer_pattern_llmsim_cannot_express_is_refused(pattern):
         import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[*MOE_ARGV, "--moe-layer-freq", pattern])
 
 
+@pytest.mark.parametrize("value", ["4", "[0,0,0,1]*6"])
+def test_megatron_no_rope_freq_is_each_nth_layer_without_rope(value):
+    # TransformerConfig expands --no-rope-freq 4 to [0, 0, 0, 1] * (layers / 4)
+    model = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[
+        *MEGATRON_ARGV, "--position-embedding-type", "rope", "--normalization", "RMSNorm",
+        "--no-rope-freq", value]).scenario["model"]
+    assert model["nope_layer_interval"] == 4
+
+
+def test_megatron_qk_l2_norm_is_a_weightless_norm_and_refused_beside_nope_layers():
+    argv = [*MEGATRON_ARGV, "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--qk-l2-norm"]
+    model = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=argv).scenario["model"]
+    assert (model["qk_norm"], model["qk_norm_kind"]) == (True, "l2")
+    with pytest.raises(InputError, match="qk-l2-norm"):
+        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[*argv, "--no-rope-freq", "4"])
+    with pytest.raises(InputError, match="no-rope-freq"):
+        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[*MEGATRON_ARGV, "--no-rope-freq", "[1]*24"])
+
+
 def test_megatron_kv_channels_is_the_head_width():
     """Qwen3-30B-A3B: hidden 2048 over 32 heads of 128 (its config.json head_dim)."""
     model = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[

@@ -136,6 +136,7 @@ def read_args(args: dict) -> Imported:
         a.refuse("normalization", "expected LayerNorm or RMSNorm")
     a.map("normalization", "model.norm", norm.lower())
     read_qk_norm(a, "qk-layernorm", bool(a.get("multi-latent-attention")))
+    read_nope_layers(a, "no-rope-freq", "qk-l2-norm", layers)
     read_rotary_fraction(a, "rotary-percent", number_of)
     position = str(a.get("position-embedding-type", "learned_absolute"))
     if position not in ("learned_absolute", "rope"):
@@ -370,6 +371,33 @@ def read_qk_norm(a: Account, key: str, mla: bool) -> None:
     a.used(key)
 
 
+def read_nope_layers(a: Account, nope_key: str, l2_key: str, layers: int) -> None:
+    """Megatron-Core's no_rope_freq (--no-rope-freq N: each N-th layer without RoPE, or a list
+    with 1 on those layers; TransformerConfig __post_init__ expands N to [0] * (N - 1) + [1])
+    -> model.nope_layer_interval, and qk_l2_norm (--qk-l2-norm: Llama 4's weightless L2Norm on
+    the query and key heads, gpt_layer_specs.py) -> model.qk_norm, qk_norm_kind l2. llmsim's L2
+    norm is Llama 4's, on the rotating layers only (Megatron-Bridge's get_llama4_layer_spec);
+    Megatron-Core's own layer spec norms every layer, so the two together are refused."""
+    from .megatron_moe import pattern_list
+    value = a.get(nope_key)
+    if value not in (None, 0, "0", "None"):
+        text = str(value).strip()
+        flags = [int((i + 1) % int(text) == 0) for i in range(layers)] if text.isdigit() else pattern_list(text)
+        n = next((n for n in range(2, layers + 1) if flags == [int((i + 1) % n == 0) for i in range(layers)]), None)
+        if n is None:
+            a.refuse(nope_key, f"each n-th layer without RoPE, n from 2 to {layers} (an integer or its list of "
+                               f"{layers} zeros and ones)")
+        if a.get(l2_key):
+            a.refuse(l2_key, f"not with {nope_key}: Megatron-Core's layer spec puts the L2 norm on the NoPE layers "
+                             "too, where llmsim's (Llama 4's) norms the rotating layers only")
+        a.map(nope_key, "model.nope_layer_interval", n)
+    a.used(nope_key)
+    if a.get(l2_key):
+        a.map(l2_key, "model.qk_norm", True)
+        a.map(l2_key, "model.qk_norm_kind", "l2")
+    a.used(l2_key)
+
+
 def read_qkv_bias(a: Account, key: str, no_linear_bias: bool) -> None:
     """Megatron-Core's add_qkv_bias (--add-qkv-bias): biases on the QKV projection; without the
     other linears' biases (add_bias_linear false) -> model.qkv_bias, with them already counted."""
@@ -590,6 +618,7 @@ def read_nemo(data: dict) -> Imported:
         a.refuse(m("normalization"), "expected layernorm or rmsnorm")
     a.map(m("normalization"), "model.norm", norm)
     read_qk_norm(a, m("qk_layernorm"), bool(a.get(m("multi_latent_attention"))))
+    read_nope_layers(a, m("no_rope_freq"), m("qk_l2_norm"), layers)
     read_rotary_fraction(a, m("rotary_percentage"), number_of)
     position = str(a.get(m("position_embedding_type"), "learned_absolute"))
     if position not in ("learned_absolute", "rope"):
