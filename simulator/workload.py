@@ -378,7 +378,7 @@ def attention_core_ops(model: ModelSpec, shard: Shard, q_heads, kv_heads, qk_dim
         return [Op("flash_attention", ATTENTION, fwd_flops=half * (qk + av), bwd_input_flops=half * (3 * qk + 2 * av),
                    fwd_bytes=io, bwd_input_bytes=2 * io, saved_bytes=4 * b * q_heads * s,  # fp32 log-sum-exp
                    group=ATTENTION_CORE, model_flops=useful, keys_per_query=band * 0.5 * s_kv,
-                   causal_lengths=() if model.has_sliding_window else documents(model))]
+                   causal_lengths=_causal_calls(model, band))]
     # cuBLAS batched GEMMs around a fused scale-mask-softmax and dropout (Megatron-LM): the
     # full score matrix is computed and masked.
     qk_io = a * (tokens * (q_w + k_w) + scores)
@@ -391,6 +391,21 @@ def attention_core_ops(model: ModelSpec, shard: Shard, q_heads, kv_heads, qk_dim
     ops.append(Op("attn_values", MATMUL, fwd_flops=av, bwd_input_flops=2 * av, fwd_bytes=av_io,
                   bwd_input_bytes=2 * av_io, group=ATTENTION_CORE, model_flops=band * 0.5 * 3 * av))
     return ops
+
+
+def _causal_calls(model: ModelSpec, band) -> tuple:
+    """((tokens, count), ...) of the causal attention calls of a layer of mean `band`
+    (Op.causal_lengths): the sequence's documents; under chunked windows each chunked layer's
+    chunks (Megatron-Bridge attends them as a batch of causal sequences) weighted by the
+    chunked layers' share of the band, the rest whole sequences; none under sliding windows."""
+    if not model.has_sliding_window:
+        return documents(model)
+    if model.window_kind != "chunked":
+        return ()
+    s, c = model.seq_len, model.sliding_window
+    chunked = min(1.0, max(0.0, float((1.0 - band) / (1.0 - window_pair_fraction(model, 1, 1)))))
+    rest = ((s % c, chunked),) if s % c else ()
+    return ((c, chunked * (s // c)),) + rest + (((s, 1.0 - chunked),) if chunked < 1.0 else ())
 
 
 def mlp_ops(model: ModelSpec, shard: Shard, width, prefix: str = "") -> list[Op]:

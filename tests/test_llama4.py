@@ -154,3 +154,17 @@ def test_the_multimodal_llama_4_config_asks_for_its_text_config(tmp_path):
     cfg = {"model_type": "llama4", "text_config": json.loads(SCOUT.read_text()), "vision_config": {}}
     with pytest.raises(InputError, match=r"text_config.*text decoder only"):
         load_hf_config(_write(tmp_path, cfg), seq_len=8192)
+
+
+def test_a_chunked_layers_flash_calls_are_its_chunks_as_the_cpu_kernel_tiles_them():
+    # 4 layers of 2048 tokens, chunks of 256 on layers 0-2: PyTorch's CPU flash kernel computes
+    # a 256-token chunk whole (64-row query blocks over one 256-key block: 65,536 pairs for
+    # 32,768 causal) and the full layer's 2048 tokens in 256-row blocks over 512-key blocks
+    # (256 x (512 + 512 + 1024 + 1024 + 1536 + 1536 + 2048 + 2048) = 2,621,440 for 2,097,152)
+    from simulator.attentiontiles import PYTORCH_CPU_FLASH, executed_fraction
+    model = _scenario({**DENSE, "seq_len": 2048, "sliding_window": 256, "sliding_window_skip_freq": 4,
+                       "window_kind": "chunked"}).model
+    flash = next(op for op in layer_ops(model, Shard(micro_batch=1, seq_len=2048)) if op.name == "flash_attention")
+    executed = 3 * 8 * 65536 + 2_621_440
+    causal = 3 * 8 * 32768 + 2_097_152
+    assert executed_fraction(flash.causal_lengths, PYTORCH_CPU_FLASH) == pytest.approx(executed / causal, rel=1e-12)

@@ -1,7 +1,10 @@
 """A small GPT written in torch with the structure workload.py models, op for op.
 
 Per layer: LayerNorm -> fused QKV linear -> causal scaled_dot_product_attention (the
-flash kernel on CPU and CUDA; over each packed document with document_tokens) -> output
+flash kernel on CPU and CUDA; over each packed document with document_tokens, or on the
+chunked layers over each chunk of sliding_window tokens, as Megatron-Bridge's Llama 4
+attention cuts the sequence: window_kind chunked, every layer or all but each
+sliding_window_skip_freq-th) -> output
 linear -> residual add -> LayerNorm -> linear (4h) -> GELU -> linear -> residual add. With
 qk_norm a LayerNorm over each query and key head before the attention (Qwen3's and Gemma 3's
 q_norm, k_norm), or with qk_norm_scope "full" over the whole query and key projections (OLMo
@@ -31,6 +34,9 @@ class GPTConfig:
     vocab: int = 2048
     seq_len: int = 128
     document_tokens: int = 0  # packed documents of this many tokens, attention inside each (0: causal)
+    sliding_window: int = 0  # the chunk of a chunked layer (window_kind chunked only: no sliding band on CPU)
+    sliding_window_skip_freq: int = 0
+    window_kind: str = "sliding"
     qk_norm: bool = False
     qk_norm_scope: str = "head"
     pre_norms: bool = True
@@ -51,9 +57,14 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
     from torch.nn import functional as F
     from torch.utils.checkpoint import checkpoint
 
+    if cfg.sliding_window and cfg.window_kind != "chunked":
+        raise ValueError("the torch model attends in chunks (window_kind chunked), not in a sliding band")
+
     class Block(nn.Module):
-        def __init__(self):
+        def __init__(self, index: int):
             super().__init__()
+            skip = cfg.sliding_window_skip_freq
+            self.chunk = cfg.sliding_window if cfg.sliding_window and (not skip or (index + 1) % skip) else 0
             h = cfg.hidden
             self.ln1, self.ln2 = (nn.LayerNorm(h), nn.LayerNorm(h)) if cfg.pre_norms else (nn.Identity(),) * 2
             if cfg.shared_norm:
@@ -73,7 +84,7 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
             nh = cfg.heads
             # packed documents of d tokens attend inside themselves: b·s/d causal sequences of d,
             # the same views and kernels as the whole sequence (varlen attention of equal lengths)
-            d = cfg.document_tokens if 0 < cfg.document_tokens < s else s
+            d = cfg.document_tokens if 0 < cfg.document_tokens < s else self.chunk if 0 < self.chunk < s else s
             # split (backward: one cat) rather than unbind of a permuted view (backward: a strided stack)
             normed_input = self.ln1(x)
             q, k, v = self.qkv(normed_input).split(h, dim=-1)
@@ -96,7 +107,7 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
             super().__init__()
             self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
             self.pos = nn.Embedding(cfg.seq_len, cfg.hidden)
-            self.blocks = nn.ModuleList(Block() for _ in range(cfg.layers))
+            self.blocks = nn.ModuleList(Block(i) for i in range(cfg.layers))
             self.ln_f = nn.LayerNorm(cfg.hidden)
             self.recompute = recompute
 

@@ -48,6 +48,9 @@ class RunConfig:
     vocab: int = 2048
     precision: str = "fp32"
     document_tokens: int = 0
+    sliding_window: int = 0
+    sliding_window_skip_freq: int = 0
+    window_kind: str = "sliding"
     qk_norm: bool = False
     qk_norm_scope: str = "head"
     pre_norms: bool = True
@@ -83,6 +86,9 @@ def _grid() -> list[RunConfig]:
         # a long sequence, whole and as 8 packed documents (attention a third of the FLOPs, then 6 %)
         C("l2-h256-s2048-b1", 2, 256, 4, 2048, 1),
         C("l2-h256-s2048-b1-docs256", 2, 256, 4, 2048, 1, document_tokens=256),
+        # Llama 4's chunked attention on three layers of four, the fourth over the whole sequence
+        C("l4-h256-s2048-b1-chunk256", 4, 256, 4, 2048, 1, sliding_window=256, sliding_window_skip_freq=4,
+          window_kind="chunked"),
         # the norms beyond the two pre-norms: query and key heads (Qwen3), and the outputs too (Gemma 3)
         C("l4-h256-s256-b2-qknorm", 4, 256, 8, 256, 2, qk_norm=True),
         C("l4-h256-s256-b2-qknorm-post", 4, 256, 8, 256, 2, qk_norm=True, post_norms=True),
