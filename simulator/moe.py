@@ -63,6 +63,7 @@ import numpy as np
 
 from .comm import all_to_all_time, collective_time
 from .errors import InputError
+from .states import attention_params_local, mlp_params_local
 
 DISPATCHERS = ("alltoall", "allgather")
 SHARED_EXPERTS = "shared_experts"  # Op.group of the shared experts' operators
@@ -308,35 +309,13 @@ def exposed_dispatch_s(comm_s, moe_layer, shared, options: MoEOptions):
 
 # ---------------------------------------------------------------- parameters
 
-def _norm(model) -> int:
-    return 2 * model.hidden if model.norm == "layernorm" and model.bias else model.hidden
-
-
-def mlp_params_local(model, width, tp):
-    """One MLP of intermediate size `width` split over `tp`: column- and row-parallel
-    matrices, column biases split, the row-parallel bias replicated."""
-    m, h = model.mlp_matrices, model.hidden
-    return m * h * width / tp + (((m - 1) * width / tp + h) if model.bias else 0.0)
-
-
-def attention_params_local(model, tp):
-    """One attention block on a TP rank (MLA: mla.params_local)."""
-    if model.attention == "mla":
-        from .mla import params_local
-        return params_local(model, tp)
-    h, d = model.hidden, model.head_dim
-    kv_local = np.maximum(model.kv_heads / tp, 1.0) * d
-    q_local = model.heads / tp * d
-    bias = (q_local + 2 * kv_local + h) if model.bias else q_local + 2 * kv_local if model.qkv_bias else 0.0
-    return h * (q_local + 2 * kv_local) + q_local * h + bias
-
-
 def layer_params_split(model, tp, ep, etp):
     """Per device: (a dense-MLP layer, an MoE layer's non-expert part, its routed experts).
-    The router and the norms are replicated over TP (Megatron marks them sequence-parallel);
-    the shared experts are TP-split like a dense MLP."""
+    The router and the norms (model.layer_norm_params, query and key norms with them) are
+    replicated over TP (Megatron marks them sequence-parallel); the shared experts are TP-split
+    like a dense MLP."""
     attn = attention_params_local(model, tp)
-    norms = 2 * _norm(model)
+    norms = model.layer_norm_params()
     dense = attn + mlp_params_local(model, model.ffn_hidden, tp) + norms
     if not model.experts:
         return dense, 0.0, 0.0

@@ -75,20 +75,31 @@ def bytes_per_param(precision: str, grad_precision: str, optimizer_precision: st
 
 
 def layer_params_local(model: ModelSpec, tp) -> object:
-    """Parameters of one layer held by one TP rank (Megatron column/row-parallel split).
+    """Parameters of one dense-MLP layer held by one TP rank (Megatron column/row-parallel
+    split): its attention, its MLP of ffn_hidden and its norms (replicated)."""
+    return attention_params_local(model, tp) + mlp_params_local(model, model.ffn_hidden, tp) + \
+        model.layer_norm_params()
 
-    Matrices and column-parallel biases are split t ways; norms and the row-parallel
-    biases are replicated; KV projections are replicated when tp > kv_heads.
-    """
-    h, f, d = model.hidden, model.ffn_hidden, model.head_dim
+
+def attention_params_local(model: ModelSpec, tp) -> object:
+    """One attention block on a TP rank: the Q, K, V and output matrices and the
+    column-parallel biases split t ways, the output's row-parallel bias replicated, K and V
+    replicated where tp > kv_heads (MLA: mla.params_local)."""
+    if model.attention == "mla":
+        from .mla import params_local
+        return params_local(model, tp)
+    h, d = model.hidden, model.head_dim
     kv_local = np.maximum(model.kv_heads / tp, 1.0) * d
     q_local = model.heads / tp * d
-    attn = h * (q_local + 2 * kv_local) + q_local * h
-    mlp = model.mlp_matrices * h * f / tp
-    norm = model.layer_norm_params()
-    bias = (q_local + 2 * kv_local + (model.mlp_matrices - 1) * f / tp + 2 * h) if model.bias else \
-        q_local + 2 * kv_local if model.qkv_bias else 0.0
-    return attn + mlp + norm + bias
+    bias = (q_local + 2 * kv_local + h) if model.bias else q_local + 2 * kv_local if model.qkv_bias else 0.0
+    return h * (q_local + 2 * kv_local) + q_local * h + bias
+
+
+def mlp_params_local(model: ModelSpec, width, tp) -> object:
+    """One MLP of intermediate size `width` split over `tp`: column- and row-parallel
+    matrices, column biases split, the row-parallel bias replicated."""
+    m, h = model.mlp_matrices, model.hidden
+    return m * h * width / tp + (((m - 1) * width / tp + h) if model.bias else 0.0)
 
 
 def stage_params(model: ModelSpec, tp, layers, has_embedding, has_head, head_copy) -> object:

@@ -121,3 +121,20 @@ def test_an_fp32_plan_keeps_four_bytes_of_weights_per_parameter(scenario):
                                                                                  "devices_per_node": 1})
     stage = compile_scenario(s).stages[0]
     assert stage.states.weights_bytes == stage.states.gradients_bytes == 4 * stage.params
+
+
+@pytest.mark.parametrize("preset", ["qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b", "gpt-oss-120b", "llama-4-scout",
+                                    "llama-4-maverick", "llama-3.1-8b", "olmo-2-7b"])
+def test_a_device_holding_a_whole_layer_holds_every_parameter_the_model_counts_for_it(preset):
+    # one device, no parallelism: the per-device split of a layer is the model's own count,
+    # query and key norms included (Qwen3's 2 x 128 weights a layer)
+    from simulator.model import load_preset
+    from simulator.moe import layer_params_split
+    from simulator.states import layer_params_local
+    m = load_preset(preset)
+    dense, moe_rest, routed = layer_params_split(m, 1, 1, 1)
+    assert dense == m.dense_layer_params()
+    if m.experts:
+        assert moe_rest + routed == m.moe_layer_params()
+    if m.attention != "mla":
+        assert layer_params_local(m, 1) == m.dense_layer_params()
