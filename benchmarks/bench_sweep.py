@@ -7,7 +7,10 @@ Prints:
   every valid plan of GPT-3 175B on 1024 A100s with a 1536 batch;
 - points/s of `simulator.sweep` end to end (scenario validation, evaluation, rows) on
   `workers` processes;
-- the wall time of the full plan search for GPT-3 175B on 1024 GPUs (target <= 10 s).
+- the wall time of the full plan search for GPT-3 175B on 1024 GPUs (target <= 10 s);
+- the same for Llama 4 Scout at 32K tokens on 64 H100s, whose pipeline ranks hold different
+  mixes of chunked and full layers: each such plan's pipeline order is executed
+  (schedules._makespans, one vector per pipeline shape) and each pipeline size laid out apart.
 """
 
 from __future__ import annotations
@@ -50,9 +53,9 @@ def bench_sweep(workers: int) -> tuple[float, int]:
     return n / (time.perf_counter() - t), n
 
 
-def bench_search() -> tuple[float, object]:
+def bench_search(model="gpt3-175b", cluster=None, batch=1536) -> tuple[float, object]:
     t = time.perf_counter()
-    result = search("gpt3-175b", {"node": "dgx-a100", "nodes": 128}, 1536, top=10, engine="analytic")
+    result = search(model, cluster or {"node": "dgx-a100", "nodes": 128}, batch, top=10, engine="analytic")
     return time.perf_counter() - t, result
 
 
@@ -66,6 +69,9 @@ def main() -> None:
     print(f"sweep() end to end: {rate:,.0f} points/s ({n:,} points, {args.workers} workers)")
     seconds, result = bench_search()
     print(f"search GPT-3 175B on 1024 A100s, batch 1536: {seconds:.2f} s ({result.enumerated:,} enumerated, "
+          f"{result.valid:,} valid, {result.feasible:,} fit)")
+    seconds, result = bench_search({"preset": "llama-4-scout", "seq_len": 32768}, {"node": "dgx-h100", "nodes": 8}, 64)
+    print(f"search Llama 4 Scout at 32K on 64 H100s, batch 64: {seconds:.2f} s ({result.enumerated:,} enumerated, "
           f"{result.valid:,} valid, {result.feasible:,} fit)")
 
 

@@ -189,12 +189,7 @@ class Schedule:
         closed = np.broadcast_to(self.step_s(t, p, m, v), np.broadcast(np.asarray(p), np.asarray(m),
                                                                        np.asarray(v)).shape) if alike.any() else None
 
-        def one(i, p, m, v):
-            if alike[i[0] if alike.shape[0] > 1 else 0]:
-                return closed[i]
-            return _periodic_makespan(self, _stage_lists(t, i, p, v), p, m, v)
-
-        return _per_plan(one, p, m, v)
+        return _makespans(self, t, p, m, v, lambda i: closed[i] if alike[i[0] if alike.shape[0] > 1 else 0] else None)
 
 
 def _generic_in_flight(schedule: Schedule, p, m, v, stage):
@@ -467,8 +462,7 @@ class _VShape(Schedule):
         started and the step is 2m(F+I+W) + (p-1)F (tests/test_schedules.py); with unequal
         passes they idle in ways no simple form follows. Past the warm-up the order repeats
         every p micro-batches, so two short executions give the step for any m."""
-        return _per_plan(lambda i, pp, mm, vv: _periodic_makespan(self, _stage_lists(t, i, pp, vv), pp, mm, vv),
-                         p, m, v)
+        return _makespans(self, t, p, m, v)
 
 
 class ZBV(_VShape):
@@ -785,46 +779,73 @@ def _stage_lists(t: StageTimes, index: tuple, p: int, v: int) -> tuple:
     return tuple([float(np.asarray(x[k])[index]) / v for k in kinds] for x in (t.f, t.b, t.w))
 
 
-def _per_plan(fn, p, m, v):
-    """fn(index, p, m, v) for a scalar plan, or elementwise over arrays of plans."""
+def _makespans(schedule: Schedule, t: StageTimes, p, m, v, known=lambda index: None):
+    """The schedule's order executed with each plan's stage times (_periodic_makespan), for a
+    scalar plan or elementwise over arrays of plans; `known(index)` gives a plan's step where
+    it is already known (None: execute it). Plans of one shape (p, m, v) run as one vector."""
     shape = np.broadcast(np.asarray(p), np.asarray(m), np.asarray(v)).shape
     if not shape:
-        return fn((), int(p), int(m), int(v))
+        done = known(())
+        return done if done is not None else \
+            float(_periodic_makespan(schedule, _stage_arrays(t, [()], int(p), int(v)), int(p), int(m), int(v))[0])
     out = np.empty(shape)
+    groups = {}
     for idx in np.ndindex(shape):
-        out[idx] = fn(idx, *(int(np.broadcast_to(np.asarray(x), shape)[idx]) for x in (p, m, v)))
+        done = known(idx)
+        if done is not None:
+            out[idx] = done
+            continue
+        key = tuple(int(np.broadcast_to(np.asarray(x), shape)[idx]) for x in (p, m, v))
+        groups.setdefault(key, []).append(idx)
+    for (pp, mm, vv), indices in groups.items():
+        steps = _periodic_makespan(schedule, _stage_arrays(t, indices, pp, vv), pp, mm, vv)
+        for idx, step in zip(indices, steps):
+            out[idx] = step
     return out
 
 
-def _periodic_makespan(schedule: Schedule, times: tuple, p: int, m: int, v: int) -> float:
-    """pipeline_makespan of the schedule's order for m micro-batches; past 2p + p micro-batches
-    from two executions of the periodic order (affine in m), checked against a third."""
+def _stage_arrays(t: StageTimes, indices: list, p: int, v: int) -> tuple:
+    """(f, b, w) pass times of plans `indices` of one shape: arrays (stages, plans)."""
+    lists = [_stage_lists(t, i, p, v) for i in indices]
+    return tuple(np.array([plan[k] for plan in lists]).T for k in range(3))
+
+
+def _periodic_makespan(schedule: Schedule, times: tuple, p: int, m: int, v: int) -> np.ndarray:
+    """pipeline_makespan of the schedule's order for m micro-batches, for plans of one shape
+    (`times`: (f, b, w) arrays of stages x plans); past 2p + p micro-batches from two executions
+    of the periodic order (affine in m), checked against a third per plan."""
     def run(k):
-        return pipeline_makespan(schedule, cached_orders(schedule.name, p, k, v), p, v, *times)
+        return _run_passes(_compiled_order(schedule.name, p, k, v), *times)
 
     m0 = 2 * p
     if m <= m0 + 2 * p:
         return run(m)
     t0, t1, t2 = run(m0), run(m0 + p), run(m0 + 2 * p)
-    if abs((t2 - t1) - (t1 - t0)) > 1e-9 * t2:
-        return run(m)
-    return t0 + (m - m0) / p * (t1 - t0)
+    affine = np.abs((t2 - t1) - (t1 - t0)) <= 1e-9 * t2
+    out = t0 + (m - m0) / p * (t1 - t0)
+    return out if affine.all() else np.where(affine, out, run(m))
 
 
-def pipeline_makespan(schedule: Schedule, orders: list[list[tuple]], p: int, v: int, f, b, w,
-                      send_s: float = 0.0) -> float:
-    """Seconds to run `orders` with per-stage pass times (lists over stages, per chunk):
-    forward f[i], backward-input b[i], weight w[i] (a B pass takes b + w). Each pass starts
-    when the stage's previous pass has ended and its input has arrived (`send_s` after the
-    neighbouring virtual stage's pass). Raises InputError for an order that waits on itself."""
+@lru_cache(maxsize=1024)
+def _compiled_order(name: str, p: int, m: int, v: int) -> tuple:
+    return compile_order(SCHEDULES[name], cached_orders(name, p, m, v), p, v)
+
+
+_DURATION = {FWD: 0, BWD: 1, BWD_INPUT: 2, WGT: 3}  # rows of _run_passes' durations: f, b + w, b, w
+
+
+def compile_order(schedule: Schedule, orders, p: int, v: int) -> tuple:
+    """The passes of `orders` listed so that each comes after the pass it waits for: (stage,
+    duration row, position of that pass or -1, whether it sits on another stage and is not a
+    backward-input pass, so that a send separates them). Each pass starts when its stage's
+    previous pass has ended and its input has arrived: a forward pass after the previous
+    virtual stage's forward, a backward after the next one's backward (the last virtual
+    stage's after its own forward), a weight-gradient pass after its own input-gradient pass.
+    Raises InputError for an order that waits on itself."""
     n_virtual = p * v
-    where = {}
-    for k in range(n_virtual):
-        where[schedule.stage_chunk(k, p)] = k
-    end = {}
+    where = {schedule.stage_chunk(k, p): k for k in range(n_virtual)}
+    position, passes = {}, []
     pos = [0] * p
-    free = [0.0] * p
-    dur = {FWD: lambda i: f[i], BWD: lambda i: b[i] + w[i], BWD_INPUT: lambda i: b[i], WGT: lambda i: w[i]}
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
@@ -838,22 +859,54 @@ def pipeline_makespan(schedule: Schedule, orders: list[list[tuple]], p: int, v: 
                     dep = (FWD, k, j) if k == n_virtual - 1 else ("BX", k + 1, j)
                 else:
                     dep = (BWD_INPUT, k, j)
-                if dep is not None and dep not in end:
+                if dep is not None and dep not in position:
                     break
-                ready = 0.0 if dep is None else end[dep] + (send_s if dep[0] != BWD_INPUT and
-                                                            schedule.stage_chunk(dep[1], p)[0] != i else 0.0)
-                start = max(free[i], ready)
-                free[i] = start + dur[kind](i)
-                end[(kind, k, j)] = free[i]
+                cross = dep is not None and dep[0] != BWD_INPUT and schedule.stage_chunk(dep[1], p)[0] != i
+                passes.append((i, _DURATION[kind], -1 if dep is None else position[dep], cross))
+                position[(kind, k, j)] = len(passes) - 1
                 if kind in BACKWARDS:
-                    end[("BX", k, j)] = free[i]
+                    position[("BX", k, j)] = len(passes) - 1
                 pos[i] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
             raise InputError("plan.schedule_ops", "cyclic", "the schedule waits on itself: a pass is ordered "
                              "before the pass it depends on")
-    return max(free)
+    return tuple(passes)
+
+
+def _run_passes(passes: tuple, f, b, w, send_s: float = 0.0):
+    """The makespan of compiled `passes` (compile_order) with per-stage pass times f, b, w:
+    numbers per stage, or arrays of stages x plans (every plan executed at once)."""
+    f, b, w = (np.asarray(x, dtype=float) for x in (f, b, w))
+    if f.ndim == 1:  # one plan: Python floats outrun numpy scalars
+        durations = np.stack([f, b + w, b, w]).tolist()
+        free, end = [0.0] * len(f), [0.0] * len(passes)
+        for n, (i, row, dep, cross) in enumerate(passes):
+            start = free[i]
+            if dep >= 0:
+                ready = end[dep] + send_s if cross else end[dep]
+                start = ready if ready > start else start
+            free[i] = end[n] = start + durations[row][i]
+        return max(free)
+    durations = np.stack([f, b + w, b, w])
+    free = np.zeros_like(f)
+    end = np.empty((len(passes),) + f.shape[1:])
+    for n, (i, row, dep, cross) in enumerate(passes):
+        start = free[i]
+        if dep >= 0:
+            start = np.maximum(start, end[dep] + send_s if cross else end[dep])
+        free[i] = start + durations[row, i]
+        end[n] = free[i]
+    return free.max(axis=0)
+
+
+def pipeline_makespan(schedule: Schedule, orders: list[list[tuple]], p: int, v: int, f, b, w,
+                      send_s: float = 0.0) -> float:
+    """Seconds to run `orders` with per-stage pass times (lists over stages, per chunk):
+    forward f[i], backward-input b[i], weight w[i] (a B pass takes b + w); see compile_order.
+    Raises InputError for an order that waits on itself."""
+    return float(_run_passes(compile_order(schedule, orders, p, v), f, b, w, send_s))
 
 
 @lru_cache(maxsize=256)
