@@ -787,7 +787,7 @@ def _makespans(schedule: Schedule, t: StageTimes, p, m, v, known=lambda index: N
     if not shape:
         done = known(())
         return done if done is not None else \
-            float(_periodic_makespan(schedule, _stage_arrays(t, [()], int(p), int(v)), int(p), int(m), int(v))[0])
+            float(_periodic_makespan(schedule, _stage_lists(t, (), int(p), int(v)), int(p), int(m), int(v)))
     out = np.empty(shape)
     groups = {}
     for idx in np.ndindex(shape):
@@ -811,8 +811,8 @@ def _stage_arrays(t: StageTimes, indices: list, p: int, v: int) -> tuple:
 
 
 def _periodic_makespan(schedule: Schedule, times: tuple, p: int, m: int, v: int) -> np.ndarray:
-    """pipeline_makespan of the schedule's order for m micro-batches, for plans of one shape
-    (`times`: (f, b, w) arrays of stages x plans); past 2p + p micro-batches from two executions
+    """pipeline_makespan of the schedule's order for m micro-batches, for one plan (`times`:
+    (f, b, w) per stage) or plans of one shape (arrays of stages x plans); past 2p + p micro-batches from two executions
     of the periodic order (affine in m), checked against a third per plan."""
     def run(k):
         return _run_passes(_compiled_order(schedule.name, p, k, v), *times)
