@@ -10,7 +10,8 @@ Prints:
 - the wall time of the full plan search for GPT-3 175B on 1024 GPUs (target <= 10 s);
 - the same for Llama 4 Scout at 32K tokens on 64 H100s, whose pipeline ranks hold different
   mixes of chunked and full layers: each such plan's pipeline order is executed
-  (schedules._makespans, one vector per pipeline shape) and each pipeline size laid out apart.
+  (schedules._makespans, one vector per pipeline shape) and each rank's attention band is an
+  array over the batch's plans (layout.py).
 """
 
 from __future__ import annotations

@@ -198,6 +198,12 @@ def _mean_activations(fp8_acts: ActivationSizes, bf16_acts: ActivationSizes, sha
     return ActivationSizes(chunk, fp8_acts.embedding_bytes, extra, reserved - extra)
 
 
+def _band_key(band) -> tuple:
+    """A hashable key of an attention band: a number, or a batch's array of them."""
+    band = np.asarray(band, dtype=float)
+    return band.shape, band.tobytes()
+
+
 def compile_layout(model, cluster, plan) -> Layout:
     """Resolve a validated plan on a model and a cluster (plan sizes may be numpy arrays)."""
     schedule = S.plan_schedule(plan)
@@ -252,25 +258,28 @@ def compile_layout(model, cluster, plan) -> Layout:
     moe_layers = reps_of.moe_layers or [0] * len(reps_of.indices)
     sliding_layers = reps_of.sliding_layers or [None] * len(reps_of.indices)
     # a rank whose layers' mean attention band is not the model's runs layers of its own band
+    # (a number per pipeline slot, or per plan of a batch of pipeline sizes: compiled once per
+    # distinct value)
     mean_band = window_pair_fraction(model)
-    banded = {mean_band: base}
+    banded = {_band_key(mean_band): base}
     for stage, count, layers, n_moe, sliding in zip(reps_of.indices, reps_of.counts, reps_of.layers, moe_layers,
                                                     sliding_layers):
-        band = mean_band if sliding is None else window_pair_fraction(model, layers, sliding)
-        if band not in banded:
-            banded[band] = layer_kinds(replace(shard, window_fraction=band))
-        kind = banded[band]
+        band = mean_band if sliding is None else window_pair_fraction(model, np.maximum(layers, 1), sliding)
+        key = _band_key(band)
+        if key not in banded:
+            banded[key] = layer_kinds(replace(shard, window_fraction=band))
+        kind = banded[key]
         has_emb = stage == schedule.embedding_stage(p)
         has_head = stage == head_stage
         head_copy = has_head & (np.asarray(not model.tied_embeddings) | (head_stage != schedule.embedding_stage(p)))
         n16 = 0.0
         if bf16_plan is not None:  # the first and last layers sit with the embedding and the head
-            if band not in bf16_banded:
-                bf16_banded[band] = _dense_layer(model, cluster, bf16_plan, shard if band == mean_band else
-                                                 replace(shard, window_fraction=band), g, precision)
+            if key not in bf16_banded:
+                bf16_banded[key] = _dense_layer(model, cluster, bf16_plan, shard if key == _band_key(mean_band) else
+                                                replace(shard, window_fraction=band), g, precision)
             n16 = fp8.bf16_layers_on(plan, has_emb, has_head)
             share = n16 / np.maximum(layers, 1)
-            kind = _mean_layer(kind, bf16_banded[band], share)
+            kind = _mean_layer(kind, bf16_banded[key], share)
         if not mixed:
             params = stage_params(model, plan.tp, layers, has_emb, has_head, head_copy)
             states = model_states(params, plan, per, zero_group)
@@ -281,7 +290,7 @@ def compile_layout(model, cluster, plan) -> Layout:
             stage_layer_gather, stage_buffers = layer_gather, buffers
             if bf16_plan is not None:
                 acts = _mean_activations(acts, activation_sizes(model, shard, bf16_plan, layers / v, has_emb, has_head,
-                                                                bf16_banded[mean_band].ops, head), share)
+                                                                bf16_banded[_band_key(mean_band)].ops, head), share)
                 # a BF16 layer's weights are gathered in BF16: ZeRO-3's buffers hold the larger layer
                 stage_layer_gather = np.where(n16 > 0, per.weight, layer_gather)
                 stage_buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, layer_params, plan,

@@ -795,10 +795,12 @@ def _makespans(schedule: Schedule, t: StageTimes, p, m, v, known=lambda index: N
         if done is not None:
             out[idx] = done
             continue
-        key = tuple(int(np.broadcast_to(np.asarray(x), shape)[idx]) for x in (p, m, v))
-        groups.setdefault(key, []).append(idx)
-    for (pp, mm, vv), indices in groups.items():
-        steps = _periodic_makespan(schedule, _stage_arrays(t, indices, pp, vv), pp, mm, vv)
+        pp, mm, vv = (int(np.broadcast_to(np.asarray(x), shape)[idx]) for x in (p, m, v))
+        # past 4p micro-batches every plan of a pipeline shape runs the same three short orders
+        groups.setdefault((pp, vv, mm if mm <= 4 * pp else None), []).append((idx, mm))
+    for (pp, vv, _), members in groups.items():
+        indices, ms = [i for i, _ in members], np.array([mm for _, mm in members])
+        steps = _periodic_makespan(schedule, _stage_arrays(t, indices, pp, vv), pp, ms, vv)
         for idx, step in zip(indices, steps):
             out[idx] = step
     return out
@@ -810,20 +812,29 @@ def _stage_arrays(t: StageTimes, indices: list, p: int, v: int) -> tuple:
     return tuple(np.array([plan[k] for plan in lists]).T for k in range(3))
 
 
-def _periodic_makespan(schedule: Schedule, times: tuple, p: int, m: int, v: int) -> np.ndarray:
+def _periodic_makespan(schedule: Schedule, times: tuple, p: int, m, v: int) -> np.ndarray:
     """pipeline_makespan of the schedule's order for m micro-batches, for one plan (`times`:
-    (f, b, w) per stage) or plans of one shape (arrays of stages x plans); past 2p + p micro-batches from two executions
-    of the periodic order (affine in m), checked against a third per plan."""
-    def run(k):
-        return _run_passes(_compiled_order(schedule.name, p, k, v), *times)
+    (f, b, w) per stage) or plans of one pipeline shape (arrays of stages x plans; `m` one count,
+    or an array of counts all of one count up to 4p); past 2p + p micro-batches from two
+    executions of the periodic order (affine in m), checked against a third per plan."""
+    def run(k, columns=slice(None)):
+        return _run_passes(_compiled_order(schedule.name, p, k, v), *(np.asarray(x)[..., columns] for x in times))
 
     m0 = 2 * p
-    if m <= m0 + 2 * p:
-        return run(m)
+    if np.max(m) <= m0 + 2 * p:
+        return run(int(np.max(m)))
     t0, t1, t2 = run(m0), run(m0 + p), run(m0 + 2 * p)
     affine = np.abs((t2 - t1) - (t1 - t0)) <= 1e-9 * t2
     out = t0 + (m - m0) / p * (t1 - t0)
-    return out if affine.all() else np.where(affine, out, run(m))
+    if np.all(affine):
+        return out
+    if np.ndim(out) == 0:
+        return run(int(m))
+    out = np.array(out, dtype=float)
+    for k in np.unique(np.asarray(m)[~affine]):  # plans whose order does not repeat: executed whole
+        columns = ~affine & (np.asarray(m) == k)
+        out[columns] = run(int(k), columns)
+    return out
 
 
 @lru_cache(maxsize=1024)

@@ -48,7 +48,7 @@ from .hardware import Cluster, cluster_from_dict
 from .model import ModelSpec, model_from_dict
 from .plan import Offload, Plan, plan_from_dict, validate
 from .scenario import Scenario, Training
-from .stagesplit import PIPELINE_SPLITS, balanced_layout, batch_key, plan_stage_layers, rank_layer_kinds
+from .stagesplit import PIPELINE_SPLITS, balanced_layout, plan_stage_layers, rank_layer_kinds
 from .table import plan_columns
 from .vector import evaluate_batch, PlanBatch, SIZES
 
@@ -287,11 +287,10 @@ def _evaluate_groups(model: ModelSpec, cluster: Cluster, global_batch: int, opts
     shapes, tried_shapes, refusal = _shapes(model, cluster, global_batch, opts, fixed)
     by_group: dict = {}
     for s in shapes:
-        # plans whose ranks hold different window counts share one pipeline size (stagesplit.batch_key)
         by_group.setdefault((s.schedule, s.sequence_parallel, s.dp_replicate, s.cp_attention, s.cp_ulysses,
-                             s.pipeline_split, batch_key(model, s)), []).append(s)
+                             s.pipeline_split), []).append(s)
     out = []
-    for (schedule, sp, r, attention, ulysses, split, _), members in by_group.items():
+    for (schedule, sp, r, attention, ulysses, split), members in by_group.items():
         sizes = {k: np.array([getattr(p, k) for p in members], dtype=np.int64) for k in SIZES}
         settings, refused = _settings(model, cluster, members[0], opts, fixed)
         refusal = refused or refusal

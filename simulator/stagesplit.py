@@ -260,14 +260,12 @@ def representatives(model, plan, schedule, p) -> Representatives:
     chunks = np.broadcast_to(np.asarray(schedule.chunks(plan.vpp)), p.shape)
     pipelines, of_plan = np.unique(np.stack([p.ravel(), chunks.ravel()], axis=1), axis=0, return_inverse=True)
     counted = [_counted(model, plan, schedule, int(a), int(c)) for a, c in pipelines]
-    if len(counted) == 1:  # one pipeline: its representatives' holdings are numbers (a window band each)
+    if len(counted) == 1:  # one pipeline: its representatives' holdings are numbers
         c = counted[0]
         return Representatives([x + 0 * p for x in c.indices], [x + 0 * p for x in c.counts],
                                [k[0] for k in c.kinds], c.rep_of_stage if len(c.indices) > 3 else None,
                                [k[1] for k in c.kinds] if model.experts else None,
                                [k[2] for k in c.kinds] if varying_windows(model) else None)
-    if varying_windows(model):
-        raise ValueError("a batch of plans whose ranks hold different window counts needs one pipeline (batch_key)")
     slots = max(len(c.indices) for c in counted)
     counted = [_padded(c, slots) for c in counted]
     of_plan = of_plan.ravel()
@@ -284,7 +282,8 @@ def representatives(model, plan, schedule, p) -> Representatives:
         rep_of_stage = grid[:, of_plan]
     return Representatives(column([c.indices for c in counted]), column([c.counts for c in counted]),
                            column([[k[0] for k in c.kinds] for c in counted]), rep_of_stage,
-                           column([[k[1] for k in c.kinds] for c in counted]) if model.experts else None)
+                           column([[k[1] for k in c.kinds] for c in counted]) if model.experts else None,
+                           column([[k[2] for k in c.kinds] for c in counted]) if varying_windows(model) else None)
 
 
 def varying_windows(model) -> bool:
@@ -316,11 +315,3 @@ def counted_by_rank(model, plan, schedule, p) -> bool:
     return plan.pipeline_layout is not None or plan.pipeline_split == "balanced" or \
         not uniform_layer_kinds(model, plan, schedule, p)
 
-
-def batch_key(model, plan) -> tuple:
-    """What plans must share to be laid out as one batch beyond their categorical fields:
-    the pipeline's size where its ranks hold different window counts (the Layout compiles a
-    layer per band a rank attends, a number per batch)."""
-    if varying_windows(model) and counted_by_rank(model, plan, plan_schedule(plan), plan.pp):
-        return plan.pp, plan.vpp
-    return ()

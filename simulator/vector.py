@@ -31,7 +31,6 @@ from .model import ModelSpec
 from .plan import Plan
 from .result import GIB, Result
 from .scenario import Scenario, Training
-from .stagesplit import batch_key
 from .wholerun import run_economics, with_data_stall
 
 SIZES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "global_batch")
@@ -135,7 +134,7 @@ def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training
 def _scenario_key(s: Scenario, cluster_key) -> tuple:
     """Scenarios with equal keys share a batch."""
     cats = tuple(getattr(s.plan, name) for name in CATEGORICAL)
-    return (s.model, cluster_key, cats, s.training, s.name, s.plan.sp, batch_key(s.model, s.plan))
+    return (s.model, cluster_key, cats, s.training, s.name, s.plan.sp)
 
 
 def evaluate_many(scenarios: list[Scenario]) -> list[dict]:

@@ -403,9 +403,9 @@ def _causal_calls(model: ModelSpec, band) -> tuple:
     if model.window_kind != "chunked":
         return ()
     s, c = model.seq_len, model.sliding_window
-    chunked = min(1.0, max(0.0, float((1.0 - band) / (1.0 - window_pair_fraction(model, 1, 1)))))
+    chunked = np.clip((1.0 - band) / (1.0 - window_pair_fraction(model, 1, 1)), 0.0, 1.0)
     rest = ((s % c, chunked),) if s % c else ()
-    return ((c, chunked * (s // c)),) + rest + (((s, 1.0 - chunked),) if chunked < 1.0 else ())
+    return ((c, chunked * (s // c)),) + rest + ((s, 1.0 - chunked),)
 
 
 def mlp_ops(model: ModelSpec, shard: Shard, width, prefix: str = "") -> list[Op]:

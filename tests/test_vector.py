@@ -6,6 +6,7 @@ import random
 import pytest
 
 from simulator import InputError, evaluate, scenario_from_dict
+from simulator.model import load_preset
 from simulator.vector import evaluate_many, plan_batch
 
 BASE = {"model": {"preset": "gpt3-175b"}, "cluster": {"node": "dgx-a100", "nodes": 16},
@@ -152,6 +153,35 @@ def test_vectorised_balanced_plans_of_several_pipeline_sizes_equal_scalar_evalua
     for s, got in zip(scenarios, evaluate_many(scenarios)):
         want = evaluate(s, engine="analytic").to_dict()
         assert all(_close(a, b) for a, b in zip(want["memory_gib_by_stage"], got["memory_gib_by_stage"]))
+        assert _close(want["step_time_s"], got["step_time_s"]), s.plan
+        assert _close(want["peak_memory_gib"], got["peak_memory_gib"]), s.plan
+        alone = evaluate_many([s])[0]
+        assert (alone["step_time_s"], alone["peak_memory_gib"]) == (got["step_time_s"], got["peak_memory_gib"])
+
+
+@pytest.mark.parametrize("model", [
+    {"preset": "gpt-oss-120b", "seq_len": 4096},  # windows on every other layer
+    {"preset": "llama-4-scout", "seq_len": 32768},  # chunks on three layers of four, experts on every layer
+    {"preset": "llama-3.1-8b", "seq_len": 16384, "sliding_window": 4096, "sliding_window_skip_freq": 6}])
+def test_vectorised_windowed_plans_of_several_pipeline_sizes_equal_scalar_evaluate(model):
+    """Pipelines of 2, 3, 4 and 6 ranks whose ranks hold different window counts, laid out as one
+    batch (each rank's attention band an array over the plans), equal plan by plan and alone."""
+    experts = load_preset(model["preset"]).experts
+    scenarios = []
+    for pp in (2, 3, 4, 6):
+        for gb in (48, 96):
+            plan = {"tp": 2, "pp": pp, "dp": 24 // pp, "micro_batch": 1, "global_batch": gb,
+                    "sequence_parallel": True, "pipeline_split": "balanced", "zero_stage": 1, "recompute": "full"}
+            if experts:
+                plan.update(ep=4 if 24 // pp % 2 == 0 else 2, etp=1)
+            try:
+                scenarios.append(scenario_from_dict({"model": model, "cluster": {"node": "dgx-h100", "nodes": 6},
+                                                     "plan": plan}))
+            except InputError:
+                continue
+    assert len({s.plan.pp for s in scenarios}) >= 3
+    for s, got in zip(scenarios, evaluate_many(scenarios)):
+        want = evaluate(s, engine="analytic").to_dict()
         assert _close(want["step_time_s"], got["step_time_s"]), s.plan
         assert _close(want["peak_memory_gib"], got["peak_memory_gib"]), s.plan
         alone = evaluate_many([s])[0]
