@@ -904,11 +904,11 @@ def _run_passes(passes: tuple, f, b, w, send_s: float = 0.0):
     free = np.zeros_like(f)
     end = np.empty((len(passes),) + f.shape[1:])
     for n, (i, row, dep, cross) in enumerate(passes):
-        start = free[i]
+        stage = free[i]  # a view: the stage's clock, moved in place
         if dep >= 0:
-            start = np.maximum(start, end[dep] + send_s if cross else end[dep])
-        free[i] = start + durations[row, i]
-        end[n] = free[i]
+            np.maximum(stage, end[dep] + send_s if cross and send_s else end[dep], out=stage)
+        stage += durations[row, i]
+        end[n] = stage
     return free.max(axis=0)
 
 
