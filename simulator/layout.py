@@ -261,7 +261,8 @@ def compile_layout(model, cluster, plan) -> Layout:
     # (a number per pipeline slot, or per plan of a batch of pipeline sizes: compiled once per
     # distinct value)
     mean_band = window_pair_fraction(model)
-    banded = {_band_key(mean_band): base}
+    mean_key = _band_key(mean_band)
+    banded = {mean_key: base}
     for stage, count, layers, n_moe, sliding in zip(reps_of.indices, reps_of.counts, reps_of.layers, moe_layers,
                                                     sliding_layers):
         band = mean_band if sliding is None else window_pair_fraction(model, np.maximum(layers, 1), sliding)
@@ -275,7 +276,7 @@ def compile_layout(model, cluster, plan) -> Layout:
         n16 = 0.0
         if bf16_plan is not None:  # the first and last layers sit with the embedding and the head
             if key not in bf16_banded:
-                bf16_banded[key] = _dense_layer(model, cluster, bf16_plan, shard if key == _band_key(mean_band) else
+                bf16_banded[key] = _dense_layer(model, cluster, bf16_plan, shard if key == mean_key else
                                                 replace(shard, window_fraction=band), g, precision)
             n16 = fp8.bf16_layers_on(plan, has_emb, has_head)
             share = n16 / np.maximum(layers, 1)
@@ -290,7 +291,7 @@ def compile_layout(model, cluster, plan) -> Layout:
             stage_layer_gather, stage_buffers = layer_gather, buffers
             if bf16_plan is not None:
                 acts = _mean_activations(acts, activation_sizes(model, shard, bf16_plan, layers / v, has_emb, has_head,
-                                                                bf16_banded[_band_key(mean_band)].ops, head), share)
+                                                                bf16_banded[mean_key].ops, head), share)
                 # a BF16 layer's weights are gathered in BF16: ZeRO-3's buffers hold the larger layer
                 stage_layer_gather = np.where(n16 > 0, per.weight, layer_gather)
                 stage_buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, layer_params, plan,
