@@ -172,25 +172,20 @@ def _llama4_fields(cfg: Mapping, layers: int, where: str) -> dict:
     layers' attention temperature tuning (a multiply of their queries by a per-position scale,
     under 0.1 % of a layer's memory traffic) is not counted."""
     from .importers.megatron_moe import layer_period  # importers build on this package: imported on use
+    from .model import every_nth_layer
     moe, nope = _llama4_layer_lists(cfg, layers, where)
     period = layer_period(moe) if any(moe) else None
     if period is None:
         raise InputError(f"{where}.moe_layers", [i for i, m in enumerate(moe) if m], "MoE on leading dense layers "
                          "then every n-th layer (model.dense_layers, moe_layer_freq, moe_layer_offset)")
     nope_fields = _periodic(nope, "no_rope_layers", where, "NoPE on each n-th layer only (model.nope_layer_interval)",
-                            lambda f: ({"nope_layer_interval": n} if (n := _nth_layers(f)) else None))
+                            lambda f: ({"nope_layer_interval": n} if (n := every_nth_layer(f)) else None))
     width = F.integer(cfg, "intermediate_size", where)
     l2 = bool(cfg.get("use_qk_norm", True))
     return dict(ffn_hidden=F.integer(cfg, "intermediate_size_mlp", where), shared_experts=1,
                 shared_expert_ffn_hidden=width, dense_layers=period[0], moe_layer_freq=period[1],
                 moe_layer_offset=period[2], qk_norm=l2, qk_norm_kind="l2" if l2 else "norm", **nope_fields,
                 **_llama4_chunks(cfg, nope, where))
-
-
-def _nth_layers(flags: list) -> int | None:
-    """n >= 2 where flags[i] = 1 exactly for (i + 1) % n == 0; None where no n fits."""
-    return next((n for n in range(2, len(flags) + 1) if flags == [int((i + 1) % n == 0) for i in range(len(flags))]),
-                None)
 
 
 def _llama4_chunks(cfg: Mapping, nope: list, where: str) -> dict:

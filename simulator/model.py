@@ -415,8 +415,16 @@ def window_pattern(windowed: list) -> dict | None:
     freq = next((f for f in range(1, n + 1) if pattern == [int(i % f == 0) for i in range(n)]), None)
     if freq is not None:
         return {"sliding_window_freq": freq}
-    skip = next((k for k in range(2, n + 1) if pattern == [int((i + 1) % k != 0) for i in range(n)]), None)
+    skip = every_nth_layer([1 - w for w in pattern])
     return None if skip is None else {"sliding_window_skip_freq": skip}
+
+
+def every_nth_layer(flags) -> int | None:
+    """n >= 2 where the 0/1 `flags` of the layers are 1 exactly on each n-th layer, (i + 1) % n
+    == 0 (Megatron-Core's window_attn_skip_freq and no_rope_freq, Llama 4's NoPE layers); None
+    where no n fits."""
+    n = len(flags)
+    return next((k for k in range(2, n + 1) if list(flags) == [int((i + 1) % k == 0) for i in range(n)]), None)
 
 
 MODEL_KEYS = ("preset", "hf_config", "name", "description", "layers", "hidden", "heads", "kv_heads", "head_dim",

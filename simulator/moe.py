@@ -63,7 +63,7 @@ import numpy as np
 
 from .comm import all_to_all_time, collective_time
 from .errors import InputError
-from .states import attention_params_local, mlp_params_local
+from .states import attention_params_local, layer_params_local, mlp_params_local
 
 DISPATCHERS = ("alltoall", "allgather")
 SHARED_EXPERTS = "shared_experts"  # Op.group of the shared experts' operators
@@ -314,12 +314,10 @@ def layer_params_split(model, tp, ep, etp):
     The router and the norms (model.layer_norm_params, query and key norms with them) are
     replicated over TP (Megatron marks them sequence-parallel); the shared experts are TP-split
     like a dense MLP."""
-    attn = attention_params_local(model, tp)
-    norms = model.layer_norm_params()
-    dense = attn + mlp_params_local(model, model.ffn_hidden, tp) + norms
+    dense = layer_params_local(model, tp)
     if not model.experts:
         return dense, 0.0, 0.0
     shared = model.shared_experts * mlp_params_local(model, model.shared_expert_ffn_hidden, tp)
-    moe_rest = attn + norms + model.router_params() + shared
+    moe_rest = attention_params_local(model, tp) + model.layer_norm_params() + model.router_params() + shared
     routed = local_experts(model, ep) * mlp_params_local(model, model.expert_ffn_hidden, etp)
     return dense, moe_rest, routed

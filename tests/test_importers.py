@@ -538,6 +538,9 @@ def test_megatron_qk_l2_norm_is_a_weightless_norm_and_refused_beside_nope_layers
         import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[*argv, "--no-rope-freq", "4"])
     with pytest.raises(InputError, match="no-rope-freq"):
         import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[*MEGATRON_ARGV, "--no-rope-freq", "[1]*24"])
+    for value in ("00", "[0,1]*13"):  # a zero frequency; a pattern of 26 layers for 24
+        with pytest.raises(InputError, match="no-rope-freq"):
+            import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[*MEGATRON_ARGV, "--no-rope-freq", value])
 
 
 def test_megatron_kv_channels_is_the_head_width():

@@ -34,7 +34,7 @@ import re
 from pathlib import Path
 
 from ..errors import InputError
-from ..model import window_pattern
+from ..model import every_nth_layer, window_pattern
 from ..plan import MUON_TP_MODES
 from ..recompute import MODULES
 from ..yamlio import parse_yaml, read_text
@@ -378,12 +378,12 @@ def read_nope_layers(a: Account, nope_key: str, l2_key: str, layers: int) -> Non
     the query and key heads, gpt_layer_specs.py) -> model.qk_norm, qk_norm_kind l2. llmsim's L2
     norm is Llama 4's, on the rotating layers only (Megatron-Bridge's get_llama4_layer_spec);
     Megatron-Core's own layer spec norms every layer, so the two together are refused."""
-    from .megatron_moe import pattern_list
     value = a.get(nope_key)
     if value not in (None, 0, "0", "None"):
         text = str(value).strip()
-        flags = [int((i + 1) % int(text) == 0) for i in range(layers)] if text.isdigit() else pattern_list(text)
-        n = next((n for n in range(2, layers + 1) if flags == [int((i + 1) % n == 0) for i in range(layers)]), None)
+        every = int(text) if text.isdigit() else 0
+        flags = [int((i + 1) % every == 0) for i in range(layers)] if every else moe.pattern_list(text)
+        n = every_nth_layer(flags) if flags is not None and len(flags) == layers else None
         if n is None:
             a.refuse(nope_key, f"each n-th layer without RoPE, n from 2 to {layers} (an integer or its list of "
                                f"{layers} zeros and ones)")
