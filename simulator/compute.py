@@ -118,13 +118,14 @@ def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
     else:
         flops_s = [0.0, 0.0, 0.0]
         mem = acc.memory_efficiency(MEMORY_KERNELS.get(op.name.rsplit(".", 1)[-1]), precision)
-    bytes_s = [_work_time(x, acc.hbm_bytes_per_s, mem) for x in (op.fwd_bytes, op.bwd_input_bytes, op.bwd_weight_bytes)]
+    bytes_s = [_work_time(x, acc.hbm_bytes_per_s, mem, op.launches)
+               for x in (op.fwd_bytes, op.bwd_input_bytes, op.bwd_weight_bytes)]
     # A framework's host cost per operator and pass (profile op_overhead_us; 0 on GPUs) adds
     # to the forward and to the backward pass, where it is booked with the input gradient.
     # An operator with no work on a plan (a CP exchange's copies at cp = 1, in a batch with
     # larger cp) launches nothing.
-    o = acc.op_overhead_s
-    if o:
+    o = acc.op_overhead_s * op.launches
+    if acc.op_overhead_s:
         work = op.flops + op.fwd_bytes + op.bwd_input_bytes + op.bwd_weight_bytes
         o = np.where(work > 0, o, 0.0) if np.ndim(work) else (o if work > 0 else 0.0)
     return OpTimes(np.maximum(flops_s[0], bytes_s[0]) + o, np.maximum(flops_s[1], bytes_s[1]) + o,

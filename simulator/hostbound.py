@@ -38,7 +38,7 @@ def launches(ops) -> tuple[int, int]:
     in the forward pass."""
     fwd = bwd = 0
     for op in ops:
-        n = len(op.pieces) or 1
+        n = (len(op.pieces) or 1) * op.launches
         runs_fwd = (op.fwd_flops > 0) | (op.fwd_bytes > 0)
         # an operator with no work in any pass (a batch's plan without context parallelism
         # running the ring's merges) launches nothing; elementwise over a batch of plans

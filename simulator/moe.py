@@ -33,6 +33,13 @@ mean rows the kernels execute (hardware FLOPs) and the rows whose work counts as
 Grouped GEMM efficiency: the E/ep local experts' GEMMs each run at the profile's matmul
 efficiency for their own size (compute.py: every kernel pays the curve's start-up), so few
 tokens per expert run at a low rate, from the same curve a dense GEMM of that size uses.
+Grouped (`plan.moe.grouped_gemm`, --moe-grouped-gemm: TEGroupedMLP) they are one launch a
+pass; without it (Megatron-Core's default) SequentialMLP (megatron/core/transformer/moe/
+experts.py @d98e8a64dd) splits the rows by expert and runs each local expert's MLP in turn:
+its fc1, activation and fc2 launch once per local expert (on a CPU each pays the host's cost
+per operator, compute.py; on a GPU the host's launches, hostbound.py), and torch.cat joins
+their outputs. Its `tokens_per_expert.tolist()`, a device-to-host copy that makes the host
+wait for the router, is not modelled (the host is taken to run ahead across it).
 
 Overlap of the EP collectives with compute (off by default; Megatron-Core 0.9, which the
 published MoE runs used, has neither): `shared_expert_overlap` (--moe-shared-expert-overlap)
@@ -79,6 +86,9 @@ class MoEOptions:
     load_imbalance: float = 1.0  # routed rows of the busiest EP rank / the mean (dropless routing)
     shared_expert_overlap: bool = False  # --moe-shared-expert-overlap
     ep_comm_overlap: bool = False  # --overlap-moe-expert-parallel-comm
+    # --moe-grouped-gemm: one grouped GEMM launch for all local experts (TEGroupedMLP); off
+    # (Megatron-Core's default): SequentialMLP, one launch per local expert (moe_mlp_ops)
+    grouped_gemm: bool = True
     # Megatron-Core >= 0.10 folds EP x ETP into tp x cp x dp; before it, EP was carved out of
     # DP with ETP = TP (dims.expert_order)
     folding: bool = True
@@ -231,11 +241,17 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
     useful = o.useful_rows / o.busiest_rows
     gated = model.activation != "gelu"
 
+    # SequentialMLP launches each local expert's kernels apart; a grouped GEMM launches once
+    per_expert = 1 if o.grouped_gemm else n_local
+
     def grouped(name, d_in, d_out, saved, widths=None):
         op = _linear(name, rows, d_in, d_out, a, saved, widths, matrices=n_local)
-        return replace(op, model_flops=op.flops * useful)
+        return replace(op, model_flops=op.flops * useful, launches=per_expert)
 
     sort = np.where(n_local > 1, 1.0, 0.0)  # rows are re-sorted by local expert when a rank holds several
+    # SequentialMLP concatenates its experts' outputs (torch.cat: read and written once; its
+    # backward only slices); with one local expert it returns that expert's output
+    cat = [] if o.grouped_gemm else [Op("moe_expert_cat", MEMORY, fwd_bytes=sort * 2 * a * rows * h)]
     ops = [
         _linear("router", tokens, h, e, a, a * tokens * h),
         # fp32 scores: softmax and top-k; the scores are kept for the backward pass
@@ -243,9 +259,10 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
         _elementwise("moe_permute", sent * h, 2 * a, 0.0),
         _elementwise("moe_sort_chunks", sort * rows * h, 2 * a, 0.0),
         grouped("expert_fc1", h, (2 if gated else 1) * f, a * rows * h, (f, f) if gated else None),
-        _elementwise("expert_" + model.activation, rows * f, (3 if gated else 2) * a,
-                     (2 if gated else 1) * a * rows * f),
+        replace(_elementwise("expert_" + model.activation, rows * f, (3 if gated else 2) * a,
+                             (2 if gated else 1) * a * rows * f), launches=per_expert),
         grouped("expert_fc2", f, h, a * rows * f),
+        *cat,
         _elementwise("moe_unsort_chunks", sort * rows * h, 2 * a, 0.0),
         # weighted sum over the top-k copies: reads them and the probabilities, keeps the
         # copies for the probabilities' gradient

@@ -81,6 +81,10 @@ class Op:
     # Equal kernels the FLOPs are split into, each paying the efficiency curve's start-up
     # (compute.py): the local experts of a grouped GEMM (moe.py); 1 for every other operator.
     kernels: object = 1
+    # Host launches of each pass (a CPU's per-operator cost, compute.py; a GPU host's,
+    # hostbound.py): an operator run once per local expert (Megatron-Core's SequentialMLP,
+    # moe.py) launches that many times; 1 for every other operator.
+    launches: object = 1
     # The separate GEMMs a fused projection runs as (projections.py), timed one by one; its
     # FLOPs and bytes are their sums. Empty: the operator is one kernel per pass.
     pieces: tuple = ()

@@ -462,6 +462,7 @@ def test_megatron_mixtral_script_is_mixtral_8x7b_with_expert_parallelism():
         32, 4096, 32, 8, 32000, 4096, "swiglu")
     assert (m.experts, m.top_k, m.expert_ffn_hidden, m.shared_experts, m.dense_layers) == (8, 2, 14336, 0, 0)
     assert (s.plan.tp, s.plan.pp, s.plan.ep, s.plan.etp, s.plan.moe.dispatcher) == (1, 4, 8, 1, "alltoall")
+    assert s.plan.moe.grouped_gemm  # the script's --moe-grouped-gemm
     layer = 2 * 4096 ** 2 + 2 * 4096 * 1024 + 4096 * 8 + 2 * 4096
     assert m.params() == 32 * (layer + 8 * 3 * 4096 * 14336) + 2 * 32000 * 4096 + 4096
     assert m.active_params() == 32 * (layer + 2 * 3 * 4096 * 14336) + 2 * 32000 * 4096 + 4096
@@ -515,6 +516,14 @@ def test_megatron_moe_layer_pattern_is_leading_dense_layers_a_frequency_and_an_o
         (dense, freq, offset)
 
 
+def test_megatron_moe_without_grouped_gemm_runs_one_gemm_per_local_expert():
+    # --moe-grouped-gemm is a store_true flag: Megatron-Core's default is SequentialMLP
+    imported = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=MOE_ARGV)
+    assert imported.scenario["plan"]["moe"]["grouped_gemm"] is False
+    grouped = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[*MOE_ARGV, "--moe-grouped-gemm"])
+    assert grouped.scenario["plan"]["moe"]["grouped_gemm"] is True
+
+
 @pytest.mark.parametrize("pattern", ["([1]*3+[0]*58)", "[1]*60", "__import__('os')", "[1]*10**9"])
 def test_megatron_moe_layer_pattern_llmsim_cannot_express_is_refused(pattern):
     with pytest.raises(InputError, match="moe-layer-freq"):
@@ -564,7 +573,8 @@ def test_nemo_grok1_yaml_imports_as_the_grok_rows_of_the_same_runs():
         8, 2, 32768, 0, 0, 1)
     assert (p.tp, p.pp, p.vpp, p.dp, p.cp, p.ep, p.etp, p.micro_batch, p.global_batch, p.recompute, p.precision) == (
         4, 8, 8, 8, 2, 8, 4, 1, 1024, "none", "bf16")
-    assert (p.moe.dispatcher, p.moe.capacity_factor, p.moe.pad_to_capacity) == ("alltoall", 1.0, True)
+    assert (p.moe.dispatcher, p.moe.capacity_factor, p.moe.pad_to_capacity, p.moe.grouped_gemm) == (
+        "alltoall", 1.0, True, False)
     assert s.cluster.devices == 512
     folding = [u for u in imported.unmapped if u["key"] == "model.expert_tensor_parallel_size"]
     assert "plan.moe.folding=false" in folding[0]["why"]  # MCore 0.9 did not fold; the yaml does not say

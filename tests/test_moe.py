@@ -149,6 +149,49 @@ def test_few_tokens_per_expert_pay_the_matmul_curve_once_per_local_expert():
     assert float(op_times(op, acc, "bf16").fwd_s) == pytest.approx(expected, rel=1e-12)
 
 
+def _expert_ops(grouped_gemm: bool, model=None):
+    s = _scenario(model or {"preset": "qwen3-30b-a3b"}, ep=8)
+    shard = compile_scenario(s).shard
+    return s, shard, layer_ops(s.model, shard, ExpertShard(8, 1, MoEOptions(grouped_gemm=grouped_gemm)))
+
+
+def test_sequential_experts_launch_each_local_experts_kernels_and_join_their_outputs():
+    """Megatron-Core's SequentialMLP (no --moe-grouped-gemm) on 16 local experts (128 over ep
+    8): fc1, the activation and fc2 launch 16 times where the grouped GEMMs launch once (15
+    more each: forward 3 x 15, backward 2 + 1 + 2 per expert), and torch.cat of the outputs
+    reads and writes the received rows once, forward only (its backward slices)."""
+    from simulator.hostbound import launches
+    s, shard, sequential = _expert_ops(False)
+    _, _, grouped = _expert_ops(True)
+    (f_seq, b_seq), (f_grp, b_grp) = launches(sequential), launches(grouped)
+    assert (f_seq - f_grp, b_seq - b_grp) == (3 * 15 + 1, 5 * 15 + 1)
+    cat = next(o for o in sequential if o.name == "moe_expert_cat")
+    rows = s.model.top_k * shard.tokens  # balanced dispatch: k rows per token received
+    assert (float(cat.fwd_bytes), float(cat.bwd_input_bytes)) == (2 * 2 * rows * s.model.hidden, 0.0)
+    assert [o.name for o in sequential if o.name != "moe_expert_cat"] == [o.name for o in grouped]
+
+
+def test_a_cpu_pays_its_host_cost_once_per_local_expert_without_grouped_gemm():
+    """On a device whose framework costs a fixed host time per operator and pass (a CPU
+    profile's op_overhead_us), each of the 16 local experts' fc1 GEMMs pays it: 15 x 20 us more
+    per pass than the one grouped launch, the GEMMs' own time unchanged."""
+    from dataclasses import replace
+    from simulator.compute import op_times
+    s, _, sequential = _expert_ops(False)
+    _, _, grouped = _expert_ops(True)
+    acc = replace(s.cluster.accelerator, op_overhead_s=20e-6)
+    seq, grp = (op_times(next(o for o in ops if o.name == "expert_fc1"), acc, "bf16") for ops in (sequential, grouped))
+    assert float(seq.fwd_s - grp.fwd_s) == pytest.approx(15 * 20e-6, rel=1e-9)
+    assert float(seq.bwd_input_s - grp.bwd_input_s) == pytest.approx(15 * 20e-6, rel=1e-9)
+    assert float(seq.bwd_weight_s) == pytest.approx(float(grp.bwd_weight_s), rel=1e-12)
+
+
+def test_one_local_expert_has_no_outputs_to_join():
+    s = _scenario(MIXTRAL, ep=8)
+    ops = layer_ops(s.model, compile_scenario(s).shard, ExpertShard(8, 1, MoEOptions(grouped_gemm=False)))
+    assert float(next(o for o in ops if o.name == "moe_expert_cat").fwd_bytes) == 0.0
+
+
 # ------------------------------------------------------------------ memory
 
 def test_expert_states_shard_over_expert_dp_and_the_rest_over_dp():

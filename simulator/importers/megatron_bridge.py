@@ -65,8 +65,7 @@ REASONS = {"model.softmax_type": "a learnable softmax offset per head (attention
            "*.reuse_grad_buf_for_mxfp8_param_ag": "the gradient buffer reused for the MXFP8 parameter all-gather is "
                                                  "not modelled: llmsim counts both",
            "model.cuda_graph_impl": "CUDA graphs are not modelled: llmsim's launch overheads are those of eager "
-                                    "kernel launches",
-           "model.moe_grouped_gemm": moe.MOE_REASONS["grouped-gemm"]}
+                                    "kernel launches"}
 # model fields that change what is computed or kept: refused when on
 REFUSED_ON = {"is_hybrid_model": "hybrid (Mamba) models are not modelled",
               "experimental_attention_variant": "experimental attention variants are not modelled",

@@ -21,6 +21,8 @@ Megatron-Core's: top-2 routing, the all-gather token dispatcher, experts as wide
   moe_pad_expert_input_to_capacity, moe_shared_expert_overlap,
   overlap_moe_expert_parallel_comm -> plan.moe; the flex dispatcher (DeepEP) and the older
   alltoall_seq are refused;
+- moe_grouped_gemm -> plan.moe.grouped_gemm; absent, Megatron-Core's default (False:
+  SequentialMLP, one launch per local expert's GEMM, moe.py);
 - multi_latent_attention with q_lora_rank (None: a full-rank query), kv_lora_rank,
   qk_head_dim, qk_pos_emb_head_dim, v_head_dim (arguments.py _add_mla_args defaults 32,
   128, 64, 128) -> model.attention mla; mtp_num_layers -> model.mtp_layers.
@@ -45,7 +47,6 @@ IGNORED_MOE = ("router-load-balancing-type", "aux-loss-coeff", "z-loss-coeff", "
                "token-drop-policy", "per-layer-logging", "router-force-load-balancing", "use-upcycling",
                "upcycling-granularity", "apply-probs-on-input", "use-legacy-grouped-gemm", "token-dropping")
 MOE_REASONS = {
-    "grouped-gemm": "grouped and per-expert GEMMs are timed alike: each local expert at its own size (moe.py)",
     "permute-fusion": "kernel fusion is not modelled (efficiencies are the profile's)",
     "router-fusion": "kernel fusion is not modelled (efficiencies are the profile's)",
     "shared-expert-gate": "the shared experts' sigmoid gate (hidden x 1 weights) is not counted",
@@ -100,6 +101,7 @@ def read_moe(a: Account, key: Callable[[str], str], number: Callable, layers: in
         if a.get(key("moe_pad_expert_input_to_capacity")):
             a.map(key("moe_pad_expert_input_to_capacity"), "plan.moe.pad_to_capacity", True)
     a.used(key("moe_expert_capacity_factor"), key("moe_pad_expert_input_to_capacity"))
+    a.map(key("moe_grouped_gemm"), "plan.moe.grouped_gemm", bool(a.get(key("moe_grouped_gemm"), False)))
     for field, option in (("moe_shared_expert_overlap", "shared_expert_overlap"),
                           ("overlap_moe_expert_parallel_comm", "ep_comm_overlap")):
         if a.get(key(field)):
