@@ -35,10 +35,12 @@ kernels, as on GPUs): a fixed cost per micro-batch (loss, backward engine start)
 (optimizer call, gradient zeroing), and a cost per parameter tensor per step (the optimizer's
 loop over tensors). The per-operator part is compute.py's `op_overhead_s`.
 
-A layer of a model with experts or MLA is charged as the dense layer's norms and biases (its
-router's few weights left out); moe.py refuses such models without gradient-accumulation
-fusion, where every expert weight would pay the add. The host's per-tensor cost counts a
-dense layer's tensors.
+An MoE layer (moe_layer_framework_ops) adds the gradients of its router's, its local
+experts' and its shared experts' parameters, and sums each bias gradient over the rows its
+linear computed (an expert's: the tokens routed to it); the host's per-tensor cost counts each
+local expert's two linears. An MLA layer's fused weights are its own projections (mla.py),
+its latent norms added apart; moe.py refuses MLA and multi-token-prediction models without
+gradient-accumulation fusion.
 
 Layout copies (a layer's transposes, splits and concatenations around attention) are not
 listed here: `llmsim calibrate` measures the attention kernel in the layout a layer hands
@@ -63,12 +65,19 @@ def _op(name: str, nbytes) -> Op:
     return Op(name, MEMORY, bwd_input_bytes=nbytes)
 
 
+def _attention_matrix_params(model: ModelSpec, tp) -> object:
+    """The attention's projection weights on a TP rank (MLA's: mla.py, its latent norms apart)."""
+    if model.attention == "mla":
+        from .mla import linear_params_local
+        return linear_params_local(model, tp)
+    q_heads, kv_heads = local_heads(model, tp)
+    return model.hidden * (2 * q_heads + 2 * kv_heads) * model.head_dim
+
+
 def layer_matrix_params(model: ModelSpec, tp) -> object:
     """Weight-matrix parameters of one layer on one TP rank: the GEMM weights whose gradient
     accumulation a fused weight-gradient GEMM absorbs."""
-    q_heads, kv_heads = local_heads(model, tp)
-    h, f, d = model.hidden, model.ffn_hidden, model.head_dim
-    return h * (q_heads + 2 * kv_heads) * d + q_heads * d * h + model.mlp_matrices * h * f / tp
+    return _attention_matrix_params(model, tp) + model.mlp_matrices * model.hidden * model.ffn_hidden / tp
 
 
 def layer_framework_ops(model: ModelSpec, plan, shard: Shard, per: BytesPerParam) -> list[Op]:
@@ -86,6 +95,38 @@ def layer_framework_ops(model: ModelSpec, plan, shard: Shard, per: BytesPerParam
     params = layer_params_local(model, shard.tp)
     unfused = params - layer_matrix_params(model, shard.tp) if plan.grad_accumulation_fusion else params
     ops.append(_op("grad_accumulate", (a_w + 2 * g) * unfused))
+    return ops
+
+
+def moe_layer_framework_ops(model: ModelSpec, plan, shard: Shard, per: BytesPerParam, experts) -> list[Op]:
+    """Framework operators of one MoE layer for one micro-batch on one device (`experts`: its
+    moe.ExpertShard): bias gradients of the attention (as a dense layer's), the router and the
+    shared experts over the tokens, and of each local expert's fc1 and fc2 over the rows it
+    computed; the gradient addition over the layer's parameters on this device
+    (moe.layer_params_split), less, with fusion, the weight matrices of the attention and the
+    experts (Megatron-Core's expert linears accumulate into main_grad as the dense ones do; the
+    router's F.linear does not)."""
+    from .moe import dispatched_rows, layer_params_split, local_experts
+    a, a_w, g = shard.act_bytes, per.weight, per.grad
+    tokens, rep, h = shard.tokens, shard.replicated_tokens, model.hidden
+    q_heads, kv_heads = local_heads(model, shard.tp)
+    qkv_out = (q_heads + 2 * kv_heads) * model.head_dim
+    up = model.mlp_matrices - 1
+    rows = experts.etp * dispatched_rows(model, rep, experts.options)
+    f = model.expert_ffn_hidden / experts.etp
+    shared = model.shared_experts * (model.shared_expert_ffn_hidden or 0) / shard.tp
+    ops = []
+    if model.bias:
+        ops.append(_op("bias_grad", a * (tokens * qkv_out + rep * h + rep * model.experts + rows * (up * f + h)
+                                         + (tokens * up * shared + rep * h if model.shared_experts else 0.0))))
+    elif model.qkv_bias:
+        ops.append(_op("bias_grad", a * tokens * qkv_out))
+    _, rest, routed = layer_params_split(model, shard.tp, experts.ep, experts.etp)
+    params = rest + routed
+    if plan.grad_accumulation_fusion:
+        params = params - (_attention_matrix_params(model, shard.tp) + model.mlp_matrices * h * (
+            local_experts(model, experts.ep) * f + shared))
+    ops.append(_op("grad_accumulate", (a_w + 2 * g) * params))
     return ops
 
 
@@ -135,24 +176,33 @@ def ops_seconds(ops: list[Op], cluster: Cluster, precision: str):
     return total
 
 
-def param_tensors(model: ModelSpec, layers, has_embedding, has_head, head_copy) -> object:
-    """Parameter tensors on a device holding `layers` layers (weights, biases, norm scales and
-    shifts), the embedding tables and the head where flagged."""
+def param_tensors(model: ModelSpec, layers, has_embedding, has_head, head_copy, moe_layers=0.0, ep=1) -> object:
+    """Parameter tensors on a device holding `layers` layers, `moe_layers` of them MoE over
+    `ep` (weights, biases, norm scales and shifts), the embedding tables and the head where
+    flagged."""
     per_linear = 2 if model.bias else 1
     per_norm = 2 if model.norm == "layernorm" and model.bias else 1
     # fused QKV, output, MLP in (fused gate+up), MLP out, and a QKV bias of its own
     layer = 4 * per_linear + model.layer_norms * per_norm + int(model.qkv_bias)
+    # an MoE layer: the router and each local (and shared) expert's two linears in place of the MLP's
+    moe = per_linear * (2 * (model.experts / np.asarray(ep) + bool(model.shared_experts)) - 1) if model.experts else 0.0
     pos = 1 if model.position_embedding == "learned" else 0
-    return (layers * layer + np.asarray(has_embedding) * (1 + pos)
+    return (layers * layer + np.asarray(moe_layers) * moe + np.asarray(has_embedding) * (1 + pos)
             + np.asarray(has_head) * per_norm + np.asarray(head_copy) * 1)
 
 
 def microbatch_seconds(model: ModelSpec, plan, cluster: Cluster, shard: Shard, per: BytesPerParam, layers,
-                       has_embedding, has_head, head_copy) -> object:
-    """Seconds per micro-batch of the framework operators of a stage's device (booked with
-    the weight gradients), plus the host's fixed cost per micro-batch."""
+                       has_embedding, has_head, head_copy, moe_layers=0.0) -> object:
+    """Seconds per micro-batch of the framework operators of a stage's device holding `layers`
+    layers, `moe_layers` of them MoE (booked with the weight gradients), plus the host's fixed
+    cost per micro-batch."""
     precision = plan.precision
-    t = layers * ops_seconds(layer_framework_ops(model, plan, shard, per), cluster, precision)
+    t = (layers - moe_layers) * ops_seconds(layer_framework_ops(model, plan, shard, per), cluster, precision)
+    if model.experts:
+        from .moe import ExpertShard
+        experts = ExpertShard(plan.ep, plan.etp, plan.moe)
+        t = t + moe_layers * ops_seconds(moe_layer_framework_ops(model, plan, shard, per, experts), cluster,
+                                         precision)
     tied_here = np.asarray(has_embedding) & np.asarray(has_head)
     t = t + np.asarray(has_embedding) * ops_seconds(embedding_framework_ops(model, plan, shard.tp, per, tied_here),
                                                     cluster, precision)
@@ -162,13 +212,13 @@ def microbatch_seconds(model: ModelSpec, plan, cluster: Cluster, shard: Shard, p
 
 
 def step_seconds(model: ModelSpec, plan, cluster: Cluster, per: BytesPerParam, params, grad_group, layers,
-                 has_embedding, has_head, head_copy) -> object:
+                 has_embedding, has_head, head_copy, moe_layers=0.0) -> object:
     """Seconds per step of the per-step framework operators of a stage's device, plus the
     host's fixed cost per step and per parameter tensor."""
     host = cluster.accelerator.host_overhead_s
     t = ops_seconds(step_framework_ops(plan, per, params, grad_group), cluster, plan.precision)
-    return t + host.get("step", 0.0) + host.get("param_tensor", 0.0) * param_tensors(model, layers, has_embedding,
-                                                                                       has_head, head_copy)
+    return t + host.get("step", 0.0) + host.get("param_tensor", 0.0) * param_tensors(
+        model, layers, has_embedding, has_head, head_copy, moe_layers, plan.ep)
 
 
 def co_run_factor(cluster: Cluster) -> float:

@@ -318,7 +318,7 @@ def compile_layout(model, cluster, plan) -> Layout:
                 stage_buffers = stage_buffers + fsdp.root_held_bytes(model, plan.tp, has_emb, has_head, head_copy,
                                                                      per.weight)
         framework_s = framework_ops.microbatch_seconds(model, plan, cluster, shard, per, layers, has_emb, has_head,
-                                                       head_copy)
+                                                       head_copy, n_moe)
         passes = replace(passes, fwd_s=co_run * passes.fwd_s, bwd_input_s=co_run * passes.bwd_input_s,
                          bwd_weight_s=co_run * (passes.bwd_weight_s + framework_s),
                          recompute_s=co_run * passes.recompute_s)
@@ -337,7 +337,7 @@ def compile_layout(model, cluster, plan) -> Layout:
             optimizer_s=optimizer_s + memory_bound_time(fp8.weight_cast_bytes_per_step(plan, linears),
                                                         cluster.accelerator, "fp8_cast"),
             framework_step_s=framework_ops.step_seconds(model, plan, cluster, per, params, shard_group, layers, has_emb,
-                                                        has_head, head_copy),
+                                                        has_head, head_copy, n_moe),
             optimizer_workspace_bytes=workspace))
     model_flops = model_flops_per_sequence(model, plan.moe) * plan.global_batch
     if not mixed:

@@ -172,8 +172,9 @@ def check_layer_mix_options(plan, model) -> None:
     """Refuse, for a model with experts, MLA or MTP (layermix.py), the framework options only the
     dense path models: torchao's FP8 recipes for experts and MLA (TransformerEngine's grouped
     GEMMs and Megatron-Core's MLA linears are what is modelled), eager kernels,
-    op-level selective and block recomputation, FSDP2 without resharding, unfused gradient
-    accumulation (framework_ops.py counts a dense layer's parameters)."""
+    op-level selective and block recomputation, FSDP2 without resharding; for MLA and
+    multi-token prediction unfused gradient accumulation (framework_ops.py counts a dense
+    layer's parameters for them)."""
     if not (model.experts or model.attention == "mla" or model.mtp_layers):
         return
     kind = "MoE" if model.experts else "MLA" if model.attention == "mla" else "multi-token-prediction"
@@ -187,12 +188,14 @@ def check_layer_mix_options(plan, model) -> None:
                    ("plan.recompute_num_layers", plan.recompute_num_layers, plan.recompute_num_layers != 1),
                    ("plan.fsdp_reshard_after_forward", plan.fsdp_reshard_after_forward,
                     not plan.fsdp_reshard_after_forward),
-                   ("plan.grad_accumulation_fusion", plan.grad_accumulation_fusion, not plan.grad_accumulation_fusion),
                    ("plan.bf16_layers_at_start", plan.bf16_layers_at_start, plan.bf16_layers_at_start > 0),
                    ("plan.bf16_layers_at_end", plan.bf16_layers_at_end, plan.bf16_layers_at_end > 0))
     for field, value, refused in unsupported:
         if refused:
             raise InputError(field, value, f"not yet modelled for {kind} models (the dense layers' option)")
+    if not plan.grad_accumulation_fusion and (model.attention == "mla" or model.mtp_layers):
+        raise InputError("plan.grad_accumulation_fusion", False, "not yet modelled for MLA and multi-token-"
+                         "prediction layers (their gradient additions are not counted)")
 
 
 # ---------------------------------------------------------------- layers per stage

@@ -76,6 +76,7 @@ def test_validate_torch_quick_is_sane(quick_profile, capfd):
             assert 1 / SANITY < pred / meas < SANITY, r
         assert r["noise_pct"] >= 0 and len(r["cpu_times_s"]) >= 3
     assert any(r["dp"] == 2 for r in rows) and any(r["recompute"] == "full" for r in rows)
+    assert any(r["experts"] for r in rows)  # an MoE layer trained and predicted end to end
     assert any(r["precision"] == "bf16" for r in rows) == cpu_has_bf16()
     assert "USDT" not in captured.err and "profiler_start" not in captured.err  # the profiler's chatter is gone
     # the rows are recorded in the profile they validated (this machine's): prediction intervals use them
@@ -336,3 +337,32 @@ def test_the_validation_models_extra_norms_are_the_simulators_parameters(norms):
     assert param_count(build_model(cfg)) == model_from_dict(cfg.model_fields()).params()
     assert param_count(build_model(cfg)) != param_count(build_model(GPTConfig(layers=2, hidden=64, heads=2, vocab=64,
                                                                               seq_len=32)))
+
+
+def test_the_validation_models_experts_are_the_simulators_parameters():
+    """The torch MoE layer (a router with its bias, four experts of two linears with biases)
+    holds exactly the parameters the simulator counts for the same model section."""
+    from simulator.calibrate.torch_model import GPTConfig, build_model, param_count
+    from simulator.model import model_from_dict
+
+    cfg = GPTConfig(layers=2, hidden=64, heads=2, vocab=64, seq_len=32, experts=4, top_k=2)
+    assert param_count(build_model(cfg)) == model_from_dict(cfg.model_fields()).params()
+
+
+def test_the_validation_models_moe_layer_sums_each_tokens_top_k_experts_by_their_gates():
+    """Against a token-by-token loop: each token's output is the sum over its k highest-scoring
+    experts of softmax(their logits) x expert(token)."""
+    from torch.nn import functional as F
+
+    from simulator.calibrate.torch_model import GPTConfig, build_model
+
+    moe = build_model(GPTConfig(layers=1, hidden=32, heads=2, vocab=64, seq_len=16, experts=4, top_k=2)).blocks[0].moe
+    x = torch.randn(2, 16, 32)
+    with torch.no_grad():
+        out = moe(x).reshape(-1, 32)
+        for i, token in enumerate(x.reshape(-1, 32)):
+            logits = moe.router(token)
+            top, chosen = torch.topk(logits, 2)
+            gates = torch.softmax(top, dim=-1)
+            expected = sum(g * moe.down[e](F.gelu(moe.up[e](token))) for g, e in zip(gates, chosen.tolist()))
+            assert torch.allclose(out[i], expected, atol=1e-5)

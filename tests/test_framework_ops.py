@@ -97,6 +97,44 @@ def test_parameter_tensors_of_a_gpt_with_biases_and_layernorms():
     assert float(fo.param_tensors(GPT, GPT.layers, True, True, False)) == 4 * 12 + 2 + 2
 
 
+MOE = ModelSpec(name="moe", layers=4, hidden=256, heads=8, kv_heads=8, ffn_hidden=1024, vocab=2048, seq_len=256,
+                activation="gelu", norm="layernorm", position_embedding="learned", bias=True, tied_embeddings=True,
+                dropout=False, experts=8, top_k=2, expert_ffn_hidden=512)
+
+
+def _moe_layer(plan, ep=1):
+    from simulator.moe import ExpertShard
+    shard = Shard(micro_batch=plan.micro_batch, seq_len=MOE.seq_len, tp=plan.tp, act_bytes=4)
+    return _by_name(fo.moe_layer_framework_ops(MOE, plan, shard, _per(plan), ExpertShard(ep, 1, plan.moe)))
+
+
+def test_an_moe_layer_sums_each_experts_bias_gradient_over_the_rows_routed_to_it():
+    tokens, h = 2 * 256, 256
+    rows = 2 * tokens  # top-2: every token's row reaches two experts
+    # qkv 3h + output h over the tokens, the router's 8 over the tokens, fc1 512 + fc2 h over the rows; fp32
+    expected = 4 * (tokens * (3 * h + h + 8) + rows * (512 + h))
+    assert _moe_layer(Plan(micro_batch=2, precision="fp32"))["bias_grad"] == expected
+
+
+def test_unfused_accumulation_adds_the_router_and_every_local_experts_parameters():
+    h, f = 256, 512
+    attention, norms, router = 4 * h * h + 4 * h, 2 * 2 * h, 8 * h + 8
+    expert = 2 * h * f + f + h  # fc1 and fc2 with their biases
+    plan = Plan(precision="fp32", grad_accumulation_fusion=False)
+    # fp32: the new gradient read (4 B), the buffer read and written (8 B)
+    assert _moe_layer(plan)["grad_accumulate"] == pytest.approx(12 * (attention + norms + router + 8 * expert))
+    assert _moe_layer(plan, ep=4)["grad_accumulate"] == pytest.approx(12 * (attention + norms + router + 2 * expert))
+    fused = Plan(precision="fp32")  # the GEMM weights accumulate in their weight-gradient GEMMs; the router's does not
+    assert _moe_layer(fused)["grad_accumulate"] == pytest.approx(12 * (4 * h + norms + router + 8 * (f + h)))
+
+
+def test_parameter_tensors_of_an_moe_layer_count_the_router_and_each_local_expert():
+    # an MoE layer: qkv, output, router and 8 experts x (fc1, fc2), each weight and bias, 2 norms x 2
+    moe_layer = 2 * (2 + 1 + 16) + 4
+    assert float(fo.param_tensors(MOE, 4, True, True, False, moe_layers=4)) == 4 * moe_layer + 2 + 2
+    assert float(fo.param_tensors(MOE, 4, True, True, False, moe_layers=4, ep=4)) == 4 * (moe_layer - 24) + 2 + 2
+
+
 def test_on_a_gpu_with_fusion_the_framework_operators_are_a_small_share_of_a_micro_batch():
     model = ModelSpec(name="gpt-13b", layers=40, hidden=5120, heads=40, kv_heads=40, ffn_hidden=20480, vocab=51200,
                       seq_len=2048, activation="gelu", norm="layernorm", position_embedding="learned", bias=True,
@@ -108,3 +146,17 @@ def test_on_a_gpu_with_fusion_the_framework_operators_are_a_small_share_of_a_mic
                                             True, True, False))
     assert 0 < framework < 0.03 * float(layout.stages[0].passes.compute_s)
     assert cluster.accelerator.host_overhead_s == {}  # no host overhead on a GPU profile
+
+
+def test_with_fusion_an_mla_layer_adds_only_its_norms_and_latent_norms():
+    """DeepSeek-V3: two RMSNorms of 7168 and the query and KV latent norms (1536, 512); its MoE
+    layer the router's 7168 x 256 weights as well (bf16 weights, fp32 main gradients: 10 B)."""
+    from simulator.model import model_from_dict
+    from simulator.moe import ExpertShard
+    model = model_from_dict({"preset": "deepseek-v3", "mtp_layers": 0})
+    plan = Plan(precision="bf16", ep=8, sequence_parallel=True)
+    shard = Shard(micro_batch=1, seq_len=4096, tp=1, act_bytes=2)
+    norms = 2 * 7168 + 1536 + 512
+    assert _by_name(fo.layer_framework_ops(model, plan, shard, _per(plan)))["grad_accumulate"] == 10 * norms
+    moe = _by_name(fo.moe_layer_framework_ops(model, plan, shard, _per(plan), ExpertShard(8, 1, plan.moe)))
+    assert moe["grad_accumulate"] == 10 * (norms + 7168 * 256)

@@ -307,12 +307,23 @@ def _evaluate_scenario(model, **plan):
 
 
 @pytest.mark.parametrize("field,value", [("fp8_recipe", "tensorwise"), ("compile", False),
-                                         ("recompute", "op-selective"), ("grad_accumulation_fusion", False)])
+                                         ("recompute", "op-selective")])
 def test_moe_models_refuse_the_options_only_the_dense_path_models(field, value):
     extra = {"precision": "fp8"} if field == "fp8_recipe" else {}
     with pytest.raises(InputError, match=rf"plan\.{field}.*not yet modelled for MoE"):
         _evaluate_scenario({"preset": "mixtral-8x7b", "seq_len": 4096}, sequence_parallel=True,
                            **{field: value, **extra})
+
+
+def test_unfused_gradient_accumulation_is_refused_for_mla_but_not_for_experts():
+    with pytest.raises(InputError, match=r"plan\.grad_accumulation_fusion.*MLA"):
+        _evaluate_scenario({"preset": "deepseek-v3", "mtp_layers": 0}, sequence_parallel=True,
+                           grad_accumulation_fusion=False)
+    from simulator import evaluate
+    unfused = evaluate(_evaluate_scenario({"preset": "mixtral-8x7b", "seq_len": 4096}, sequence_parallel=True,
+                                          grad_accumulation_fusion=False))
+    fused = evaluate(_evaluate_scenario({"preset": "mixtral-8x7b", "seq_len": 4096}, sequence_parallel=True))
+    assert unfused.step_time_s > fused.step_time_s  # every expert weight's gradient is added
 
 
 @pytest.mark.parametrize("model", [

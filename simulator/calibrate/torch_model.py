@@ -12,7 +12,15 @@ q_norm, k_norm), or with qk_norm_scope "full" over the whole query and key proje
 residual add (Gemma's and OLMo 2's post_attention_ and post_feedforward_layernorm); without
 pre_norms no LayerNorm before the attention and the MLP (OLMo 2); with parallel_block the
 attention and the MLP both read the layer input, through their own LayerNorms or one shared
-(shared_norm), and x + attn + mlp is the layer's output (GPT-NeoX, GPT-J).
+(shared_norm), and x + attn + mlp is the layer's output (GPT-NeoX, GPT-J). With experts the MLP
+is Megatron-Core 0.9's MoE layer on one device (megatron/core/transformer/moe: router.py,
+moe_utils.py, token_dispatcher.py, experts.py SequentialMLP): a router linear (with its bias,
+as every linear here), top-k over its logits and a softmax over the k (fp32), the auxiliary
+load-balancing loss from an fp32 softmax over all experts (attached to the output as
+Megatron's MoEAuxLossAutoScaler attaches it); the rows copied out expert by expert
+(index_select), sorted into chunks of local experts (a copy at one device), each expert's
+linear -> GELU -> linear in turn, the outputs joined (torch.cat) and unsorted (a copy), then
+weighted by their gate and added back to their tokens (index_add).
 Around the layers: token + learned position embedding, final LayerNorm, lm_head tied to the
 token embedding, fp32 cross-entropy. No dropout. Initialised as GPT-2 and Megatron-LM
 initialise (N(0, 0.02)). Full recomputation wraps each layer in torch.utils.checkpoint
@@ -43,12 +51,19 @@ class GPTConfig:
     post_norms: bool = False
     parallel_block: bool = False
     shared_norm: bool = False
+    experts: int = 0  # an MoE MLP of this many experts, each 4h wide, top_k of them per token (0: dense)
+    top_k: int = 2
 
     def model_fields(self) -> dict:
         """The scenario `model` section describing this network to the simulator."""
-        return {"name": "torch-gpt", **asdict(self), "kv_heads": self.heads, "ffn_hidden": 4 * self.hidden,
-                "activation": "gelu", "norm": "layernorm", "position_embedding": "learned", "bias": True,
-                "tied_embeddings": True, "dropout": False}
+        fields = {"name": "torch-gpt", **asdict(self), "kv_heads": self.heads, "ffn_hidden": 4 * self.hidden,
+                  "activation": "gelu", "norm": "layernorm", "position_embedding": "learned", "bias": True,
+                  "tied_embeddings": True, "dropout": False}
+        if self.experts:
+            fields["expert_ffn_hidden"] = 4 * self.hidden
+        else:
+            del fields["experts"], fields["top_k"]
+        return fields
 
 
 def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
@@ -59,6 +74,48 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
 
     if cfg.sliding_window and cfg.window_kind != "chunked":
         raise ValueError("the torch model attends in chunks (window_kind chunked), not in a sliding band")
+
+    class AttachAuxLoss(torch.autograd.Function):
+        """The output unchanged, the auxiliary loss's gradient (1) added in the backward pass."""
+
+        @staticmethod
+        def forward(ctx, output, aux_loss):
+            ctx.save_for_backward(aux_loss)
+            return output
+
+        @staticmethod
+        def backward(ctx, grad):
+            (aux_loss,) = ctx.saved_tensors
+            return grad, torch.ones_like(aux_loss)
+
+    class MoE(nn.Module):
+        def __init__(self):
+            super().__init__()
+            h, e = cfg.hidden, cfg.experts
+            self.router = nn.Linear(h, e)
+            self.up = nn.ModuleList(nn.Linear(h, 4 * h) for _ in range(e))
+            self.down = nn.ModuleList(nn.Linear(4 * h, h) for _ in range(e))
+
+        def forward(self, x):
+            b, s, h = x.shape
+            e, k = cfg.experts, cfg.top_k
+            t = x.reshape(b * s, h)
+            logits = self.router(t)
+            top_logits, top_experts = torch.topk(logits, k, dim=-1)
+            gates = torch.softmax(top_logits.float(), dim=-1).to(t.dtype)
+            # rows expert-major, tokens in order within an expert (moe_utils.permute's order)
+            order = torch.argsort(top_experts.flatten(), stable=True)
+            tokens = order // k
+            counts = torch.bincount(top_experts.flatten(), minlength=e)
+            # Switch load-balancing loss (coefficient 0.01) over the fp32 softmax of every expert
+            scores = torch.softmax(logits.float(), dim=-1)
+            aux = (scores.sum(0) * counts).sum() * (e * 0.01 / (b * s * b * s * k))
+            split = counts.tolist()
+            rows = torch.cat(t.index_select(0, tokens).split(split))
+            out = torch.cat([down(F.gelu(up(r))) for up, down, r in zip(self.up, self.down, rows.split(split))])
+            out = torch.cat(out.split(split))
+            y = torch.zeros_like(t).index_add(0, tokens, out * gates.flatten()[order].unsqueeze(-1))
+            return AttachAuxLoss.apply(y.reshape(b, s, h), aux)
 
     class Block(nn.Module):
         def __init__(self, index: int):
@@ -71,13 +128,19 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
                 self.ln2 = None
             self.qkv = nn.Linear(h, 3 * h)
             self.proj = nn.Linear(h, h)
-            self.up = nn.Linear(h, 4 * h)
-            self.down = nn.Linear(4 * h, h)
+            if cfg.experts:
+                self.moe = MoE()
+            else:
+                self.up = nn.Linear(h, 4 * h)
+                self.down = nn.Linear(4 * h, h)
             if cfg.qk_norm:
                 width = h if cfg.qk_norm_scope == "full" else h // cfg.heads
                 self.q_norm, self.k_norm = nn.LayerNorm(width), nn.LayerNorm(width)
             if cfg.post_norms:
                 self.attn_post, self.mlp_post = nn.LayerNorm(h), nn.LayerNorm(h)
+
+        def mlp(self, x):
+            return self.moe(x) if cfg.experts else self.down(F.gelu(self.up(x)))
 
         def forward(self, x):
             b, s, h = x.shape
@@ -97,9 +160,9 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
             attn = self.proj(a.transpose(1, 2).reshape(b, s, h))
             if cfg.parallel_block:
                 normed = normed_input if cfg.shared_norm else self.ln2(x)
-                return x + attn + self.down(F.gelu(self.up(normed)))
+                return x + attn + self.mlp(normed)
             x = x + (self.attn_post(attn) if cfg.post_norms else attn)
-            mlp = self.down(F.gelu(self.up(self.ln2(x))))
+            mlp = self.mlp(self.ln2(x))
             return x + (self.mlp_post(mlp) if cfg.post_norms else mlp)
 
     class GPT(nn.Module):
@@ -147,7 +210,8 @@ def _init_like_megatron(model, layers: int) -> None:
     out_std = 0.02 / math.sqrt(2 * layers)
     for name, p in model.named_parameters():
         if p.dim() >= 2:
-            torch.nn.init.normal_(p, 0.0, out_std if name.endswith(("proj.weight", "down.weight")) else 0.02)
+            out = name.endswith(("proj.weight", "down.weight")) or ".down." in name and name.endswith("weight")
+            torch.nn.init.normal_(p, 0.0, out_std if out else 0.02)
         elif name.endswith("bias"):
             torch.nn.init.zeros_(p)
         else:

@@ -56,6 +56,8 @@ class RunConfig:
     pre_norms: bool = True
     post_norms: bool = False
     parallel_block: bool = False
+    experts: int = 0
+    top_k: int = 2
     optimizer: str = "adam"  # or muon: Megatron-Core's (trainer.MegatronMuon; plan.optimizer)
 
     @property
@@ -97,6 +99,9 @@ def _grid() -> list[RunConfig]:
           post_norms=True),
         # GPT-NeoX's layer: attention and MLP side by side from their own norms of the layer input
         C("l4-h256-s256-b2-parallel", 4, 256, 8, 256, 2, parallel_block=True),
+        # Megatron-Core's MoE layer, 8 experts of 4h, top-2: twice the dense MLP's FLOPs in 8 pieces
+        C("l4-h256-s256-b2-moe8k2", 4, 256, 8, 256, 2, experts=8),
+        C("l4-h256-s256-b2-moe8k2-full", 4, 256, 8, 256, 2, experts=8, recompute="full"),
         # Megatron-Core's Muon on the blocks' matrices and the position table, AdamW on the rest
         C("l4-h256-s256-b2-muon", 4, 256, 8, 256, 2, optimizer="muon"),
         C("bf16-l4-h512-s256-b2-muon", 4, 512, 8, 256, 2, precision="bf16", optimizer="muon"),
@@ -115,6 +120,7 @@ def _quick_grid() -> list[RunConfig]:
         C("q-l2-h128-s128-b2", 2, 128, 4, 128, 2, vocab=512),
         C("q-l2-h128-s128-b2-ga2-full", 2, 128, 4, 128, 2, grad_accum=2, recompute="full", vocab=512),
         C("q-l2-h128-s128-b2-dp2", 2, 128, 4, 128, 2, dp=2, vocab=512),
+        C("q-l2-h128-s128-b2-moe4k2", 2, 128, 4, 128, 2, vocab=512, experts=4),
         C("q-bf16-l2-h256-s128-b2", 2, 256, 4, 128, 2, vocab=512, precision="bf16"),
     ]
 
@@ -235,7 +241,9 @@ def scenario_dict(rc: RunConfig, node: str) -> dict:
         "plan": {"dp": rc.dp, "micro_batch": rc.micro_batch, "global_batch": rc.micro_batch * rc.grad_accum * rc.dp,
                  "recompute": rc.recompute, "precision": rc.precision, "flash_attention": True, "zero_stage": 0,
                  "dp_overlap": False, "grad_precision": "fp32", "grad_accumulation_fusion": False,
-                 "optimizer": rc.optimizer},
+                 "optimizer": rc.optimizer,
+                 # one GEMM per expert in turn (Megatron-Core's SequentialMLP): no grouped GEMM on CPUs
+                 **({"moe": {"grouped_gemm": False}} if rc.experts else {})},
     }
 
 
