@@ -432,7 +432,15 @@ class ZBH1(OneFOneB):
         # stages, Qi et al.'s (p-1)(f+b-w) once m >= p (tests/test_schedules.py).
         crit = t.pick(tuple(t.total(i) for i in range(len(t.f))))
         filled = np.minimum(np.asarray(m) - 1, np.asarray(p) - 1) / np.maximum(np.asarray(p) - 1, 1)
-        return m * crit + t.others(lambda i: t.f[i] + t.b[i] - filled * t.w[i])
+        closed = m * crit + t.others(lambda i: t.f[i] + t.b[i] - filled * t.w[i])
+        # Fewer micro-batches than stages: which W passes fill the drain depends on how the
+        # stages' passes differ, which the form does not follow; the order is executed instead
+        short = np.asarray(m) < np.asarray(p)
+        if not np.any(short):
+            return closed
+        shape = np.broadcast(np.asarray(p), np.asarray(m), np.asarray(v)).shape
+        short, closed_of = np.broadcast_to(short, shape), np.broadcast_to(np.asarray(closed, dtype=float), shape)
+        return _makespans(self, t, p, m, v, known=lambda idx: None if short[idx] else float(closed_of[idx]))
 
 
 class _VShape(Schedule):

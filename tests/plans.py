@@ -83,6 +83,8 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
     precision = draw(st.sampled_from(["bf16", "bf16", "fp32"] + (["fp8"] if node == "dgx-h100" else [])))
     if precision == "fp8":
         extra = {"fp8_recipe": "delayed", "fp8_params": draw(st.booleans())}
+    if moe and preset != "deepseek-v3":  # unfused accumulation: MoE layers yes, MLA refuses it
+        extra["grad_accumulation_fusion"] = draw(st.booleans())
     if not moe:  # framework options of the dense path (MoE and MLA models refuse them: moe.check_layer_mix_options)
         recompute = draw(st.sampled_from(["none", "selective", "full", "op-selective"]))
         precision = draw(st.sampled_from(["bf16", "bf16", "fp32"] + (["fp8"] if node == "dgx-h100" else [])))
@@ -169,7 +171,7 @@ def _expert_plan(draw, experts, tp, cp, dp, shared):
            "capacity_factor": capacity, "pad_to_capacity": capacity is not None and draw(st.booleans()),
            "load_imbalance": draw(st.sampled_from([1.0, 1.0, 1.3])),
            "ep_comm_overlap": ep > 1 and draw(st.booleans()),
-           "shared_expert_overlap": shared and draw(st.booleans())}
+           "shared_expert_overlap": shared and draw(st.booleans()), "grouped_gemm": draw(st.booleans())}
     return {"ep": ep, "etp": etp, "moe": moe}
 
 

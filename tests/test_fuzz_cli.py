@@ -37,7 +37,7 @@ FIELDS = ["model.preset", "model.layers", "model.hidden", "model.heads", "model.
           "plan.precision", "plan.offload.optimizer", "plan.offload.params", "plan.offload.activations",
           "plan.grad_precision", "plan.rank_order", "plan.flash_attention", "plan.dp_replicate",
           "plan.cp_attention", "plan.cp_ulysses", "plan.fp8_recipe", "plan.bf16_layers_at_start",
-          "plan.bf16_layers_at_end", "plan.optimizer", "plan.muon_ns_steps", "plan.muon_tp_mode",
+          "plan.bf16_layers_at_end", "plan.optimizer", "plan.muon_ns_steps", "plan.muon_tp_mode", "plan.moe.grouped_gemm",
           "training.tokens",
           "training.price_usd_per_device_hour", "plan.extra", "extra"]
 VALUES = st.one_of(
@@ -143,6 +143,7 @@ IMPORTS = Path(__file__).parent / "data" / "imports"
 MEGATRON_FIELDS = ["num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
                    "ffn_hidden_size", "num_moe_experts", "moe_router_topk", "moe_layer_freq", "expert_model_parallel_size",
                    "expert_tensor_parallel_size", "moe_token_dispatcher_type", "moe_shared_expert_intermediate_size",
+                   "moe_grouped_gemm",
                    "multi_latent_attention", "q_lora_rank", "mtp_num_layers", "window_size", "window_attn_skip_freq",
                    "pipeline_model_parallel_layout", "num_layers_in_first_pipeline_stage",
                    "account_for_embedding_in_pipeline_split", "recompute_granularity", "recompute_method",

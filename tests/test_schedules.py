@@ -140,6 +140,18 @@ def test_closed_form_step_equals_the_order_executed_for_equal_passes(name, p, m)
     assert float(s.step_s(times, p, m, v)) == pytest.approx(executed, rel=1e-12)
 
 
+@pytest.mark.parametrize("p,m", [(4, 2), (4, 3), (8, 5)])
+def test_zb_h1_with_fewer_micro_batches_than_stages_is_its_order_executed_on_unequal_stages(p, m):
+    """A first stage with the embedding and a last one with the loss: which W passes fill the
+    drain then depends on the stages' times, so the step is the order executed with them."""
+    s = SCHEDULES["zb-h1"]
+    f, b, w = [1.2, 1.0, 2.0], [2.1, 2.0, 3.5], [1.0, 1.0, 1.5]  # first, middle, last stage
+    times = stage_times(f, b, w, [1, p - 2, 1])
+    per_stage = [[x[0]] + [x[1]] * (p - 2) + [x[2]] for x in (f, b, w)]
+    executed = pipeline_makespan(s, s.orders(p, m, 1), p, 1, *per_stage)
+    assert float(s.step_s(times, p, m, 1)) == pytest.approx(executed, rel=1e-12)
+
+
 @pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-v", 2),
                                         ("dualpipe-v", 2)])
 def test_every_pass_appears_once_per_stage(schedule, v):
