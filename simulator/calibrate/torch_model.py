@@ -20,7 +20,7 @@ load-balancing loss from an fp32 softmax over all experts (attached to the outpu
 Megatron's MoEAuxLossAutoScaler attaches it); the rows copied out expert by expert
 (index_select), sorted into chunks of local experts (a copy at one device), each expert's
 linear -> GELU -> linear in turn, the outputs joined (torch.cat) and unsorted (a copy), then
-weighted by their gate and added back to their tokens (index_add).
+weighted by their gate and added back to their tokens (scatter_add).
 Around the layers: token + learned position embedding, final LayerNorm, lm_head tied to the
 token embedding, fp32 cross-entropy. No dropout. Initialised as GPT-2 and Megatron-LM
 initialise (N(0, 0.02)). Full recomputation wraps each layer in torch.utils.checkpoint
@@ -114,7 +114,10 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
             rows = torch.cat(t.index_select(0, tokens).split(split))
             out = torch.cat([down(F.gelu(up(r))) for up, down, r in zip(self.up, self.down, rows.split(split))])
             out = torch.cat(out.split(split))
-            y = torch.zeros_like(t).index_add(0, tokens, out * gates.flatten()[order].unsqueeze(-1))
+            # scatter_add as moe_utils.unpermute runs it: its backward keeps the (expanded) index,
+            # where index_add's would keep the weighted rows
+            y = torch.zeros_like(t).scatter_add(0, tokens.unsqueeze(1).expand(-1, h),
+                                                out * gates.flatten()[order].unsqueeze(-1))
             return AttachAuxLoss.apply(y.reshape(b, s, h), aux)
 
     class Block(nn.Module):
