@@ -6,7 +6,8 @@
   timeline takes and frees the same bytes at each pass). What a recompute mode keeps and
   rebuilds is recompute.py's.
 - On top of the saved tensors, at the moment a stage peaks: what recomputation rebuilds
-  (a layer, a group of layers, an attention core) with the buffers of PyTorch's
+  (a layer, a group of layers, an attention core), under full recomputation with the
+  gradients in flight at that layer's MLP (rerun_gradient_bytes), with the buffers of PyTorch's
   context-parallel ring (cpattention.py), and where the last virtual stage sits the head's
   saved tensors plus the loss's backward transient, whichever moment is larger.
 - Activation offload keeps few chunks on the device (offload.resident_chunks_with_offload);
@@ -27,6 +28,23 @@ import numpy as np
 from . import allocator, cpattention
 from .recompute import chunk_checkpoint, layer_checkpoint
 from .workload import Shard, embedding_ops, head_ops, layer_ops, loss_backward_transient_bytes
+
+# The projection after a layer's MLP activation (a dense MLP's, the routed experts', the shared experts')
+DOWN_PROJECTIONS = ("mlp_down", "expert_fc2", "shared_mlp_down")
+
+
+def rerun_gradient_bytes(model, shard: Shard, ops):
+    """Gradients alive beside a fully re-run layer's activations during its backward pass,
+    taken where the MLP's activation runs backward: the layer output's gradient (the residual
+    stream's, on the sequence shard) and the activation's input gradient ((m - 1) times the down
+    projection's input: gate and up for a gated MLP; per expert where SequentialMLP runs them
+    one at a time); its output gradient has taken the place of the down projection's input,
+    which autograd frees once that projection's backward has run."""
+    inputs = [op.linear.tokens * op.linear.d_in / op.launches for op in ops
+              if op.linear is not None and op.name.rsplit(".", 1)[-1] in DOWN_PROJECTIONS]
+    widest = np.maximum.reduce(np.broadcast_arrays(*inputs)) if inputs else 0.0
+    return shard.act_bytes * (shard.replicated_tokens * model.hidden + (model.mlp_matrices - 1) * widest)
+
 
 def layer_saved_bytes(model, shard: Shard, recompute: str, ops=None):
     """Bytes one layer keeps for the backward pass of one micro-batch under a recompute mode
@@ -56,6 +74,8 @@ def activation_sizes(model, shard: Shard, plan, layers_per_chunk, has_embedding,
     held = sum(op.saved_bytes for op in head) + loss_backward_transient_bytes(model, shard)
     # a layer's backward holds what recomputation rebuilt and the CP ring's buffers
     rebuilt = chunk.rebuilt_bytes + cpattention.transient_bytes(model, shard, plan.cp_attention)
+    if plan.recompute == "full":
+        rebuilt = rebuilt + np.where(np.asarray(chunk.rebuilt_bytes) > 0, rerun_gradient_bytes(model, shard, ops), 0.0)
     extra = np.where(has_head, np.maximum(rebuilt, held), rebuilt)
     # reserved only grows: the loss's free block stays reserved through the layers' backward
     reserved = np.where(has_head, np.maximum(rebuilt, held + allocator.loss_free_bytes(model, shard, plan)), rebuilt)

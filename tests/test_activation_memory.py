@@ -77,3 +77,37 @@ def test_interleaved_first_stage_matches_korthikanti_factor(p, v):
     chunks, _ = SCHEDULES["interleaved"].in_flight(p, 4 * p, v, 0)
     # Korthikanti et al. 2022, Sec. 4.2.3: p micro-batches times (1 + (p-1)/(p v)), in chunks of L/(p v) layers
     assert chunks / v == pytest.approx(p * (1 + (p - 1) / (p * v)))
+
+
+def test_a_fully_recomputed_layers_backward_holds_its_mlp_gradients_beside_its_activations():
+    """Beyond the re-run layer's activations: the layer output's gradient on the sequence shard
+    (s·b/t x h) and, at the MLP activation, the gradient of its input (4h/t wide for GELU);
+    bf16, t = 2 with sequence parallelism, no head on the stage."""
+    from simulator.memory import activation_sizes
+    from simulator.plan import Plan
+    from simulator.workload import layer_ops
+
+    model, t = gpt(), 2
+    shard = Shard(micro_batch=B, seq_len=S, tp=t, sp=True, flash_attention=True)
+    full = Plan(tp=t, sequence_parallel=True, recompute="full")
+    rebuilt = sum(op.saved_bytes for op in layer_ops(model, shard))
+    extra = activation_sizes(model, shard, full, 4, False, False).extra_bytes
+    assert float(extra) - rebuilt == pytest.approx(2 * (S * B / t * H + S * B * 4 * H / t))
+    none = Plan(tp=t, sequence_parallel=True)
+    assert float(activation_sizes(model, shard, none, 4, False, False).extra_bytes) == 0.0
+
+
+def test_sequential_experts_hold_one_experts_activation_gradient_at_a_time():
+    """Megatron-Core's SequentialMLP runs each local expert's backward alone: 8 experts over
+    2·s·b routed rows hold 2·s·b/8 rows of gradient (4h wide for GELU), fp32 here."""
+    from simulator.memory import rerun_gradient_bytes
+    from simulator.moe import ExpertShard, MoEOptions
+    from simulator.workload import layer_ops
+
+    moe = ModelSpec(name="moe", layers=4, hidden=256, heads=8, kv_heads=8, ffn_hidden=1024, vocab=2048, seq_len=256,
+                    activation="gelu", experts=8, top_k=2, expert_ffn_hidden=1024)
+    shard = Shard(micro_batch=2, seq_len=256, act_bytes=4)
+    tokens = 2 * 256
+    for grouped, rows in ((True, 2 * tokens), (False, 2 * tokens / 8)):
+        ops = layer_ops(moe, shard, ExpertShard(1, 1, MoEOptions(grouped_gemm=grouped)))
+        assert float(rerun_gradient_bytes(moe, shard, ops)) == 4 * (tokens * 256 + rows * 1024)
