@@ -175,21 +175,28 @@ class Schedule:
         """Closed-form step time of the pipeline (no DP, optimizer or offload)."""
         raise NotImplementedError
 
+    def closed_form_holds(self, p, m):
+        """Where step_s is exact for plans whose middle ranks are alike (broadcast over plans)."""
+        return True
+
     def pipeline_s(self, t: StageTimes, p, m, v):
         """The pipeline's step: the closed form where the ranks between the first and the last
-        are alike, else the schedule's order executed with each stage's own pass times
-        (pipeline_makespan, as the V shapes always are): the closed forms charge the slowest
-        stage every period and every other stage once, but a stage after the slowest one
-        hides part of the last micro-batch's passes behind the slowest stage's cool-down
-        (random unequal-middle plans put the 1F1B form up to 11 % above the executed order)."""
-        if t.stage_rep is None or self.placement == "v":
+        are alike and the schedule's form holds (closed_form_holds), else the schedule's order
+        executed with each stage's own pass times (pipeline_makespan, as the V shapes always
+        are): the closed forms charge the slowest stage every period and every other stage
+        once, but a stage after the slowest one hides part of the last micro-batch's passes
+        behind the slowest stage's cool-down (random unequal-middle plans put the 1F1B form up
+        to 11 % above the executed order)."""
+        holds = np.asarray(self.closed_form_holds(p, m))
+        if self.placement == "v" or t.stage_rep is None and holds.all():
             return self.step_s(t, p, m, v)
-        rep = stage_rep_grid(t.stage_rep)
-        alike = alike_middles(rep, p)
-        closed = np.broadcast_to(self.step_s(t, p, m, v), np.broadcast(np.asarray(p), np.asarray(m),
-                                                                       np.asarray(v)).shape) if alike.any() else None
+        shape = np.broadcast(np.asarray(p), np.asarray(m), np.asarray(v)).shape
+        holds = np.broadcast_to(holds, shape)
+        alike = np.ones(1, bool) if t.stage_rep is None else alike_middles(stage_rep_grid(t.stage_rep), p)
+        closed = np.broadcast_to(self.step_s(t, p, m, v), shape) if alike.any() and holds.any() else None
 
-        return _makespans(self, t, p, m, v, lambda i: closed[i] if alike[i[0] if alike.shape[0] > 1 else 0] else None)
+        return _makespans(self, t, p, m, v, lambda i: closed[i] if holds[i] and alike[i[0] if alike.shape[0] > 1 else 0]
+                          else None)
 
 
 def _generic_in_flight(schedule: Schedule, p, m, v, stage):
@@ -432,15 +439,13 @@ class ZBH1(OneFOneB):
         # stages, Qi et al.'s (p-1)(f+b-w) once m >= p (tests/test_schedules.py).
         crit = t.pick(tuple(t.total(i) for i in range(len(t.f))))
         filled = np.minimum(np.asarray(m) - 1, np.asarray(p) - 1) / np.maximum(np.asarray(p) - 1, 1)
-        closed = m * crit + t.others(lambda i: t.f[i] + t.b[i] - filled * t.w[i])
-        # Fewer micro-batches than stages: which W passes fill the drain depends on how the
-        # stages' passes differ, which the form does not follow; the order is executed instead
-        short = np.asarray(m) < np.asarray(p)
-        if not np.any(short):
-            return closed
-        shape = np.broadcast(np.asarray(p), np.asarray(m), np.asarray(v)).shape
-        short, closed_of = np.broadcast_to(short, shape), np.broadcast_to(np.asarray(closed, dtype=float), shape)
-        return _makespans(self, t, p, m, v, known=lambda idx: None if short[idx] else float(closed_of[idx]))
+        return m * crit + t.others(lambda i: t.f[i] + t.b[i] - filled * t.w[i])
+
+    def closed_form_holds(self, p, m):
+        """With fewer micro-batches than stages which W passes fill the drain depends on how
+        the stages' passes differ, which the form does not follow: there the order is
+        executed (pipeline_s)."""
+        return np.asarray(m) >= np.asarray(p)
 
 
 class _VShape(Schedule):

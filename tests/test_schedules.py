@@ -149,7 +149,7 @@ def test_zb_h1_with_fewer_micro_batches_than_stages_is_its_order_executed_on_une
     times = stage_times(f, b, w, [1, p - 2, 1])
     per_stage = [[x[0]] + [x[1]] * (p - 2) + [x[2]] for x in (f, b, w)]
     executed = pipeline_makespan(s, s.orders(p, m, 1), p, 1, *per_stage)
-    assert float(s.step_s(times, p, m, 1)) == pytest.approx(executed, rel=1e-12)
+    assert float(s.pipeline_s(times, p, m, 1)) == pytest.approx(executed, rel=1e-12)
 
 
 @pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-v", 2),
