@@ -74,60 +74,56 @@ def _attention_matrix_params(model: ModelSpec, tp) -> object:
     return model.hidden * (2 * q_heads + 2 * kv_heads) * model.head_dim
 
 
-def layer_matrix_params(model: ModelSpec, tp) -> object:
-    """Weight-matrix parameters of one layer on one TP rank: the GEMM weights whose gradient
-    accumulation a fused weight-gradient GEMM absorbs."""
-    return _attention_matrix_params(model, tp) + model.mlp_matrices * model.hidden * model.ffn_hidden / tp
+def _layer_ops(model: ModelSpec, plan, shard: Shard, per: BytesPerParam, mlp_bias_elements, params,
+               mlp_matrix_params) -> list[Op]:
+    """A layer's bias gradients and gradient addition for one micro-batch on one device: the
+    attention's biases (Q, K and V summed over the tokens, the output's over the sequence
+    shard: row-parallel outputs are reduce-scattered with SP) beside the MLP part's
+    `mlp_bias_elements`; every one of the layer's `params` added into the gradient buffer,
+    less, with fusion, the weight matrices a fused weight-gradient GEMM accumulates (the
+    attention's and `mlp_matrix_params`)."""
+    a, tokens = shard.act_bytes, shard.tokens
+    q_heads, kv_heads = local_heads(model, shard.tp)
+    qkv_out = (q_heads + 2 * kv_heads) * model.head_dim
+    ops = []
+    if model.bias:
+        ops.append(_op("bias_grad", a * (tokens * qkv_out + shard.replicated_tokens * model.hidden
+                                         + mlp_bias_elements)))
+    elif model.qkv_bias:
+        ops.append(_op("bias_grad", a * tokens * qkv_out))
+    if plan.grad_accumulation_fusion:
+        params = params - (_attention_matrix_params(model, shard.tp) + mlp_matrix_params)
+    ops.append(_op("grad_accumulate", (per.weight + 2 * per.grad) * params))
+    return ops
 
 
 def layer_framework_ops(model: ModelSpec, plan, shard: Shard, per: BytesPerParam) -> list[Op]:
     """Framework operators of one layer for one micro-batch on one device."""
-    a, a_w, g = shard.act_bytes, per.weight, per.grad
-    tokens, rep = shard.tokens, shard.replicated_tokens  # row-parallel outputs are reduce-scattered with SP
-    q_heads, kv_heads = local_heads(model, shard.tp)
-    qkv_out = (q_heads + 2 * kv_heads) * model.head_dim
-    up_out = (model.mlp_matrices - 1) * model.ffn_hidden / shard.tp
-    ops = []
-    if model.bias:
-        ops.append(_op("bias_grad", a * (tokens * (qkv_out + up_out) + 2 * rep * model.hidden)))
-    elif model.qkv_bias:
-        ops.append(_op("bias_grad", a * tokens * qkv_out))
-    params = layer_params_local(model, shard.tp)
-    unfused = params - layer_matrix_params(model, shard.tp) if plan.grad_accumulation_fusion else params
-    ops.append(_op("grad_accumulate", (a_w + 2 * g) * unfused))
-    return ops
+    f = model.ffn_hidden / shard.tp
+    mlp_bias = shard.tokens * (model.mlp_matrices - 1) * f + shard.replicated_tokens * model.hidden
+    return _layer_ops(model, plan, shard, per, mlp_bias, layer_params_local(model, shard.tp),
+                      model.mlp_matrices * model.hidden * f)
 
 
 def moe_layer_framework_ops(model: ModelSpec, plan, shard: Shard, per: BytesPerParam, experts) -> list[Op]:
     """Framework operators of one MoE layer for one micro-batch on one device (`experts`: its
-    moe.ExpertShard): bias gradients of the attention (as a dense layer's), the router and the
-    shared experts over the tokens, and of each local expert's fc1 and fc2 over the rows it
+    moe.ExpertShard): the attention's as a dense layer's; the bias gradients of the router and
+    the shared experts over the tokens and of each local expert's fc1 and fc2 over the rows it
     computed; the gradient addition over the layer's parameters on this device
-    (moe.layer_params_split), less, with fusion, the weight matrices of the attention and the
-    experts (Megatron-Core's expert linears accumulate into main_grad as the dense ones do; the
+    (moe.layer_params_split), less, with fusion, the experts' weight matrices too
+    (Megatron-Core's expert linears accumulate into main_grad as the dense ones do; the
     router's F.linear does not)."""
     from .moe import dispatched_rows, layer_params_split, local_experts
-    a, a_w, g = shard.act_bytes, per.weight, per.grad
     tokens, rep, h = shard.tokens, shard.replicated_tokens, model.hidden
-    q_heads, kv_heads = local_heads(model, shard.tp)
-    qkv_out = (q_heads + 2 * kv_heads) * model.head_dim
     up = model.mlp_matrices - 1
     rows = experts.etp * dispatched_rows(model, rep, experts.options)
     f = model.expert_ffn_hidden / experts.etp
     shared = model.shared_experts * (model.shared_expert_ffn_hidden or 0) / shard.tp
-    ops = []
-    if model.bias:
-        ops.append(_op("bias_grad", a * (tokens * qkv_out + rep * h + rep * model.experts + rows * (up * f + h)
-                                         + (tokens * up * shared + rep * h if model.shared_experts else 0.0))))
-    elif model.qkv_bias:
-        ops.append(_op("bias_grad", a * tokens * qkv_out))
+    mlp_bias = rep * model.experts + rows * (up * f + h) + (tokens * up * shared + rep * h if model.shared_experts
+                                                            else 0.0)
     _, rest, routed = layer_params_split(model, shard.tp, experts.ep, experts.etp)
-    params = rest + routed
-    if plan.grad_accumulation_fusion:
-        params = params - (_attention_matrix_params(model, shard.tp) + model.mlp_matrices * h * (
-            local_experts(model, experts.ep) * f + shared))
-    ops.append(_op("grad_accumulate", (a_w + 2 * g) * params))
-    return ops
+    return _layer_ops(model, plan, shard, per, mlp_bias, rest + routed,
+                      model.mlp_matrices * h * (local_experts(model, experts.ep) * f + shared))
 
 
 def embedding_framework_ops(model: ModelSpec, plan, tp, per: BytesPerParam, tied_head_here) -> list[Op]:
