@@ -764,10 +764,11 @@ def cmd_list(args) -> int:
         rows = [(a.name, f"{a.peak_flops.get('bf16', a.peak_flops.get('fp16', 0)) / 1e12:.0f}",
                  # FP8 plans need a measured FP8 GEMM rate (plan.py), not only an FP8 peak
                  f"{a.peak_flops['fp8'] / 1e12:.0f}" if a.matmul_fp8 is not None and "fp8" in a.peak_flops else "-",
+                 f"{a.peak_flops['nvfp4'] / 1e12:.0f}" if a.matmul_fp4 is not None and "nvfp4" in a.peak_flops else "-",
                  f"{a.hbm_bytes / 2**30:.0f}", f"{a.hbm_bytes_per_s / 1e9:.0f}", f"{a.price_usd_per_hour:.2f}",
                  _validated(a), _interval(a), a.description.split(" (")[0][:50]) for a in accs]
-        print(_fmt_table(rows, ("accelerator", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GiB", "HBM GB/s", "USD/h",
-                                "validated", "80% step time", "description")))
+        print(_fmt_table(rows, ("accelerator", "bf16 TFLOP/s", "fp8 TFLOP/s", "nvfp4 TFLOP/s", "HBM GiB", "HBM GB/s",
+                                "USD/h", "validated", "80% step time", "description")))
         unchecked = [a for a in accs if a.validation and not a.validation.validated]
         if unchecked:
             print("\nnot validated against runs (the profile's validation.reason):")

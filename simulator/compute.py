@@ -17,12 +17,16 @@ from .hardware import Accelerator, Efficiency
 from .workload import ATTENTION, MATMUL, Op, gemm_traffic
 
 # Operator kinds of GEMMs in a low precision, with the peak_tflops key each runs at.
-FP8_MATMUL, MXFP8_MATMUL = "matmul_fp8", "matmul_mxfp8"
-LOW_PRECISION_GEMMS = {FP8_MATMUL: "fp8", MXFP8_MATMUL: "mxfp8"}
+FP8_MATMUL, MXFP8_MATMUL, NVFP4_MATMUL = "matmul_fp8", "matmul_mxfp8", "matmul_nvfp4"
+LOW_PRECISION_GEMMS = {FP8_MATMUL: "fp8", MXFP8_MATMUL: "mxfp8", NVFP4_MATMUL: "nvfp4"}
 MX_SCALE = 1 / 32  # one E8M0 scale per 32 values (TE@d0067d0da recipe MXFP8BlockScaling)
-# Bytes per element of their operands (an FP8 value, and MXFP8's block scale); the result is
+# NVFP4: 4-bit E2M1 values, one E4M3 scale per 16 (TE@d0067d0da recipe NVFP4BlockScaling;
+# the per-tensor FP32 scale is one number)
+NV_SCALE = 1 / 16
+FP4_BYTES = 0.5 + NV_SCALE
+# Bytes per element of their operands (an FP8 or FP4 value and its block scale); the result is
 # written in the activation precision.
-OPERAND_BYTES = {FP8_MATMUL: 1.0, MXFP8_MATMUL: 1.0 + MX_SCALE}
+OPERAND_BYTES = {FP8_MATMUL: 1.0, MXFP8_MATMUL: 1.0 + MX_SCALE, NVFP4_MATMUL: FP4_BYTES}
 
 
 def as_gemm_kind(op: Op, kind: str, act_bytes) -> Op:
@@ -93,10 +97,12 @@ def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
         times = [op_times(p, acc, precision) for p in op.pieces]
         return OpTimes(sum(t.fwd_s for t in times), sum(t.bwd_input_s for t in times),
                        sum(t.bwd_weight_s for t in times))
-    if op.kind in LOW_PRECISION_GEMMS:  # FP8 linears (fp8.py): the FP8 peak at the FP8 GEMM efficiency
-        peak, eff = acc.peak(LOW_PRECISION_GEMMS[op.kind]), acc.matmul_fp8
+    if op.kind in LOW_PRECISION_GEMMS:  # FP8 and NVFP4 linears (fp8.py): their peak at their measured efficiency
+        peak = acc.peak(LOW_PRECISION_GEMMS[op.kind])
+        # no reduction-dimension factor is measured for FP4 GEMMs
+        eff, k_half = (acc.matmul_fp4, 0.0) if op.kind == NVFP4_MATMUL else (acc.matmul_fp8, acc.matmul_fp8_k_half)
         flops_s = _reduced(op, [_work_time(x, peak, eff) for x in (op.fwd_flops, op.bwd_input_flops,
-                                                                   op.bwd_weight_flops)], acc.matmul_fp8_k_half)
+                                                                   op.bwd_weight_flops)], k_half)
         mem = acc.memory
     elif op.kind == MATMUL:
         # the curve of this pass and precision where the profile has one (calibrated CPUs)

@@ -1,5 +1,6 @@
-"""FP8 linears as TransformerEngine and torchao run them: which GEMMs run in FP8, the cast
-kernels each scaling recipe adds, and what FP8 changes in memory.
+"""FP8 linears as TransformerEngine and torchao run them, and NVFP4 ones as TransformerEngine
+does: which GEMMs run quantized, the cast kernels each scaling recipe adds, and what it
+changes in memory.
 
 `plan.precision: fp8` (Hopper and later) or `mxfp8` (Blackwell block scaling) with
 `plan.fp8_recipe`:
@@ -84,6 +85,30 @@ kernels each scaling recipe adds, and what FP8 changes in memory.
   (bf16_with_fp8_current_scaling_mixed), its NVFP4 recipes the last four. The layers sit on
   the ranks of the first and the last virtual stage (`bf16_layers_on`), whose mean layer the
   layout times (layout._mean_layer).
+- NVFP4 (`plan.precision: nvfp4`, Blackwell): TransformerEngine's NVFP4BlockScaling with its
+  defaults, which Megatron-Core builds for --fp4-format e2m1 (NVIDIA/Megatron-LM@d98e8a64dd
+  megatron/core/fp4_utils.py get_fp4_recipe; Megatron-Bridge's bf16_with_nvfp4_mixed). Read
+  at TE@d0067d0da: the same linears as FP8 (the lm_head, core attention and the MoE router in
+  BF16; BF16 layers at the ends as above, get_fp4_context), their forward, input-gradient and
+  weight-gradient GEMMs all in NVFP4 (E2M1 values, an E4M3 scale per 16, a per-tensor FP32
+  scale applied to the GEMM's output: common/gemm/cublaslt_gemm.cu), at the profile's
+  `peak_tflops.nvfp4` and `efficiency.matmul_fp4`, reading 0.5 + 1/16 B per operand element
+  (compute.FP4_BYTES). Casts (csrc/quantizer.cpp NVFP4Quantizer::quantize_impl): the input
+  and the output gradient take an amax pass (hadamard_transform_amax: the row-wise amax and
+  that of the Hadamard-transformed transpose in one read) and one fused kernel
+  (hadamard_transform_cast_fusion) that reads the tensor again and writes the row-wise FP4
+  copy and the column-wise FP4 copy of its random Hadamard transform (for the weight
+  gradient, with stochastic rounding on the gradient): 4 + 2·(0.5 + 1/16) B per element; with
+  a bias the output gradient is read once more for it. The weight (16 x 16 blocks, one copy
+  the transpose of the other) the same per step, cast once with TE's per-step weight cache.
+  Memory: a linear keeps only the column-wise FP4 copy of its input (linear.py
+  update_usage), both FP4 copies of its weight beside the BF16 one, or with FP4 primary
+  weights (`plan.fp8_params`: Megatron's --fp4-param-gather) the two FP4 copies alone and an
+  all-gather of 0.5 + 1/16 B per element (the scales taken to travel with the packed values).
+  Not modelled: the fallback kernels for tensors whose rows are not a multiple of 64 or
+  columns of 128, FP4 all-gathers of sequence-parallel inputs (gathered in BF16 as the
+  FP8 recipes' are here), and the casts' own rate (they run at the memory curve; torchao's
+  NVFP4 cast kernels measure well below it on a GB200, benchmarks/prototype/nvfp4_training).
 - FSDP float8 all-gather (`plan.fp8_fsdp_all_gather`, tensorwise; torchtitan's
   float8.enable_fsdp_float8_all_gather with precompute_float8_dynamic_scale_for_fsdp;
   torchao@eab345c22 torchao/float8/fsdp_utils.py): after the optimizer step one foreach
@@ -103,12 +128,13 @@ from dataclasses import replace
 import numpy as np
 
 from . import fsdp, projections
-from .compute import FP8_MATMUL, MX_SCALE, MXFP8_MATMUL, as_gemm_kind
+from .compute import FP4_BYTES, FP8_MATMUL, MX_SCALE, MXFP8_MATMUL, NVFP4_MATMUL, as_gemm_kind
 from .dims import zero_group_size
 from .errors import InputError
 from .workload import MEMORY, Op, Shard, local_heads
 
-FP8_PRECISIONS = ("fp8", "mxfp8")
+# precisions whose layer linears run as quantized GEMMs (the others run every GEMM alike)
+LOW_PRECISIONS = ("fp8", "mxfp8", "nvfp4")
 
 # Bytes per element of (input, weight, output gradient) the casts of one linear move per
 # micro-batch (forward and backward): (unfused, amax fused into the producer).
@@ -116,13 +142,19 @@ CAST_BYTES = {
     "tensorwise": ((6.0, 8.0, 6.0), (4.0, 8.0, 4.0)),
     "rowwise": ((8.0, 10.0, 8.0), (6.0, 10.0, 6.0)),
     "mxfp8": ((6 + 2 * MX_SCALE, 0.0, 6 + 2 * MX_SCALE), (4 + 2 * MX_SCALE, 0.0, 4 + 2 * MX_SCALE)),
+    # an amax pass, then one kernel writing both quantisations (the column-wise one of the
+    # Hadamard-transformed tensor)
+    "nvfp4": ((4 + 2 * FP4_BYTES, 0.0, 4 + 2 * FP4_BYTES), (4 + 2 * FP4_BYTES, 0.0, 4 + 2 * FP4_BYTES)),
     "delayed": ((4.0, 0.0, 4.0), (4.0, 0.0, 4.0)),
     "current": ((6.0, 0.0, 6.0), (6.0, 0.0, 6.0)),
 }
 # TransformerEngine: fused QKV/FC1 GEMMs, weights cast once per step; its per-tensor scaled
 # recipes keep one FP8 weight and its transpose (or FP8 primary weights)
 TE_PER_TENSOR = ("delayed", "current")
-TE_RECIPES = (*TE_PER_TENSOR, "mxfp8")
+TE_RECIPES = (*TE_PER_TENSOR, "mxfp8", "nvfp4")
+# Bytes per element of the quantised copy a recipe keeps (value and block scale)
+QUANTIZED_BYTES = {"mxfp8": 1 + MX_SCALE, "nvfp4": FP4_BYTES}
+GEMM_KINDS = {"mxfp8": MXFP8_MATMUL, "nvfp4": NVFP4_MATMUL}
 # Layer linears that stay in 16 bits: the MoE router's gating GEMM runs in the input's dtype
 # (or fp32), not in a TransformerEngine module (NVIDIA/Megatron-LM@d98e8a64dd
 # megatron/core/transformer/moe/router.py Router.gating, router_gating_linear)
@@ -130,15 +162,15 @@ HIGH_PRECISION_LINEARS = ("router",)
 
 
 def recipe(plan) -> str | None:
-    """The scaling recipe of an FP8 plan, None for a plan without FP8 linears."""
-    if plan.precision == "mxfp8":
-        return "mxfp8"
+    """The scaling recipe of an FP8 or NVFP4 plan, None for a plan without quantized linears."""
+    if plan.precision in ("mxfp8", "nvfp4"):
+        return plan.precision
     return plan.fp8_recipe if plan.precision == "fp8" else None
 
 
 def compute_precision(plan) -> str:
     """The precision of every GEMM that is not an FP8 linear (attention, lm_head)."""
-    return "bf16" if plan.precision in FP8_PRECISIONS else plan.precision
+    return "bf16" if plan.precision in LOW_PRECISIONS else plan.precision
 
 
 def input_casts(rec: str, shard: Shard, compiled: bool, readers) -> int:
@@ -154,17 +186,19 @@ def input_casts(rec: str, shard: Shard, compiled: bool, readers) -> int:
 
 
 def _cast_op(name, shard: Shard, rec: str, compiled: bool, tokens, d_in, d_out, readers, casts, matrices=1,
-             sp_input=False, weight_in_fp8=False):
+             sp_input=False, weight_in_fp8=False, bias=False):
     """The cast kernels of one linear: `casts` casts of its input (input_casts), its weight
     (none where FSDP all-gathered it in FP8), its output gradient; rowwise also rescales each
-    of the `readers` linears' own gradients."""
+    of the `readers` linears' own gradients. NVFP4 with a `bias`: the bias gradient is summed
+    over the output gradient apart (TE@d0067d0da csrc/extensions/bias.cpp bgrad_quantize has no
+    fused NVFP4 path: at::sum_out, then the quantisation), one more read of it."""
     inputs, weights, grads = CAST_BYTES[rec][1 if compiled else 0]
     weights = 0.0 if weight_in_fp8 else weights
     x = tokens * d_in
     if rec == "tensorwise" and shard.sp and sp_input:
         x = x / shard.tp  # the sequence-sharded input is cast, then all-gathered in FP8
     fwd = casts * inputs * x + weights * matrices * d_in * d_out
-    bwd = grads * tokens * d_out
+    bwd = (grads + (shard.act_bytes if bias and rec == "nvfp4" else 0.0)) * tokens * d_out
     if rec == "rowwise":  # both gradient GEMMs rescaled after cuBLAS: read and write their outputs
         bwd = bwd + 2 * shard.act_bytes * (readers * tokens * d_in + d_in * d_out)
     # torchao's rowwise casts (Inductor kernels with column-wise scales and transposes) run at
@@ -173,13 +207,13 @@ def _cast_op(name, shard: Shard, rec: str, compiled: bool, tokens, d_in, d_out, 
     return Op(f"{name}.{kind}", MEMORY, fwd_bytes=fwd, bwd_input_bytes=bwd)
 
 
-def fp8_layer_ops(ops: list[Op], shard: Shard, plan) -> list[Op]:
-    """The layer's operators with its linears as FP8 GEMMs, each followed by its casts; the
-    list unchanged for a plan without FP8 linears."""
+def fp8_layer_ops(ops: list[Op], shard: Shard, plan, model=None) -> list[Op]:
+    """The layer's operators with its linears as FP8 (or NVFP4) GEMMs, each followed by its
+    casts; the list unchanged for a plan without quantized linears. `model`: whose biases."""
     rec = recipe(plan)
     if rec is None:
         return ops
-    kind = MXFP8_MATMUL if rec == "mxfp8" else FP8_MATMUL
+    kind = GEMM_KINDS.get(rec, FP8_MATMUL)
     out = []
     for op in ops:
         if op.linear is None or op.name in HIGH_PRECISION_LINEARS:
@@ -192,8 +226,9 @@ def fp8_layer_ops(ops: list[Op], shard: Shard, plan) -> list[Op]:
         out.append(replace(as_gemm_kind(op, kind, shard.act_bytes),
                            saved_bytes=op.saved_bytes + saved_input_change(op.name, rec, tokens, d_in, casts, shard,
                                                                            sp_input, op.linear.input_kept_elsewhere)))
+        biased = model is not None and (model.bias or model.qkv_bias and op.name == "qkv")
         out.append(_cast_op(op.name, shard, rec, plan.compile, tokens, d_in, d_out, readers, casts, matrices, sp_input,
-                            plan.fp8_fsdp_all_gather))
+                            plan.fp8_fsdp_all_gather, biased))
     return out
 
 
@@ -215,7 +250,7 @@ def saved_input_change(name: str, rec: str, tokens, d_in, casts, shard: Shard, s
     if rec in TE_RECIPES or rec == "tensorwise":
         # the BF16 input kept without FP8
         local = x * shard.kept_input_tokens / shard.tokens if sp_input else x
-        fp8 = 1 + (MX_SCALE if rec == "mxfp8" else 0.0)
+        fp8 = QUANTIZED_BYTES.get(rec, 1.0)
         if name == "attn_out":  # the attention kernel keeps its BF16 output anyway
             return casts * fp8 * x
         kept = local if rec in TE_RECIPES else x
@@ -229,9 +264,9 @@ def weight_bytes_per_param(plan) -> tuple[float, float]:
     rec = recipe(plan)
     if rec in TE_PER_TENSOR:
         return (2.0, 1.0) if plan.fp8_params else (4.0, 2.0)
-    if rec == "mxfp8":
-        both = 2 * (1 + MX_SCALE)
-        return (both, 1.0 + MX_SCALE) if plan.fp8_params else (2.0 + both, 2.0)
+    if rec in QUANTIZED_BYTES:  # block-scaled: both quantisations of each weight (NVFP4's 2D blocks: one the
+        one = QUANTIZED_BYTES[rec]  # other's transpose)
+        return (2 * one, one) if plan.fp8_params else (2.0 + 2 * one, 2.0)
     if plan.fp8_fsdp_all_gather:
         return 2.0, 1.0
     return 2.0, 2.0
@@ -292,6 +327,8 @@ def weight_cast_bytes_per_step(plan, linear_params) -> object:
         return linear_params * ((2.0 if plan.fp8_params else 4.0) + amax)
     if rec == "mxfp8":
         return linear_params * (0.0 if plan.fp8_params else 2 * (3 + MX_SCALE))
+    if rec == "nvfp4":  # an amax pass and one 2D-block kernel writing both; FP4 weights: the transpose
+        return linear_params * (2 * FP4_BYTES if plan.fp8_params else 4 + 2 * FP4_BYTES)
     if plan.fp8_fsdp_all_gather:
         stored = 4.0 if plan.fp32_params else 2.0
         gathers = 1 if fsdp.keeps_gathered(plan) else 2 * plan.microbatches
@@ -310,10 +347,11 @@ def check_bf16_layers(plan, model, schedule) -> None:
         return
     field, value = ("plan.bf16_layers_at_start", start) if start else ("plan.bf16_layers_at_end", end)
     if recipe(plan) is None:
-        raise InputError(field, value, "BF16 layers are the exception to FP8 linears: needs precision fp8 or mxfp8")
+        raise InputError(field, value, "BF16 layers are the exception to FP8 or NVFP4 linears: needs precision fp8, "
+                         "mxfp8 or nvfp4")
     if recipe(plan) == "delayed":
         raise InputError(field, value, "not with fp8_recipe delayed (Megatron-Core refuses BF16 layers under delayed "
-                         "scaling): current, tensorwise, rowwise or mxfp8")
+                         "scaling): current, tensorwise, rowwise, mxfp8 or nvfp4")
     from .stagesplit import virtual_stage_layers
     stage_layers = virtual_stage_layers(model, plan, schedule, plan.pp, schedule.chunks(plan.vpp))
     if start > stage_layers[0]:
@@ -350,5 +388,6 @@ def tp_gather_bytes_factor(plan) -> float:
     for the QKV and FC1 inputs under FP8 (fp8_buf for the all-gather layers, TE@fb749619e
     transformer_engine/pytorch/module/base.py get_default_config)."""
     rec = recipe(plan)
-    te_buffers = rec in TE_RECIPES and plan.tp_comm_overlap and plan.tp_overlap == "userbuffers"
+    # NVFP4's quantised all-gathers are not modelled: BF16 (module docstring)
+    te_buffers = rec in TE_RECIPES and rec != "nvfp4" and plan.tp_comm_overlap and plan.tp_overlap == "userbuffers"
     return 0.5 if rec == "tensorwise" or te_buffers else 1.0

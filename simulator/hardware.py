@@ -20,7 +20,7 @@ from .errors import InputError
 from .resources import data_dir, user_calibrated_dir
 from .yamlio import load_yaml
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4")
 GIB = 2**30
 GB = 1e9
 TERA = 1e12
@@ -95,6 +95,9 @@ class Accelerator:
     # Achieved fraction of the FP8 (and MXFP8) peak for the GEMMs of FP8 linears, from an FP8
     # microbenchmark; None: the profile has no FP8 GEMM figure and FP8 plans are refused.
     matmul_fp8: Efficiency | None = None
+    # Achieved fraction of the NVFP4 peak (`peak_tflops.nvfp4`) for the GEMMs of NVFP4
+    # linears, from an NVFP4 GEMM microbenchmark; None: NVFP4 plans are refused.
+    matmul_fp4: Efficiency | None = None
     # Streaming multiprocessors (compute units): the share of them a kernel running beside a
     # GEMM takes (tpoverlap.py); None where the profile does not say.
     sm_count: int | None = None
@@ -375,8 +378,8 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
     if not peak_flops:
         raise InputError(f"{where}.peak_tflops", dict(peaks), "at least one precision is needed")
     eff = F.require_mapping(data.get("efficiency"), f"{where}.efficiency")
-    F.reject_unknown(eff, ("matmul", "matmul_fp8", "attention", "attention_flash2", "memory", "memory_kernels",
-                           "overlap_slowdown", "precisions", "co_run_slowdown", "matmul_k_half",
+    F.reject_unknown(eff, ("matmul", "matmul_fp8", "matmul_fp4", "attention", "attention_flash2", "memory",
+                           "memory_kernels", "overlap_slowdown", "precisions", "co_run_slowdown", "matmul_k_half",
                            "matmul_fp8_k_half", "attention_keys_half", "attention_tiles", "mamf") + PASS_CURVES,
                      f"{where}.efficiency")
     flash2 = eff.get("attention_flash2")
@@ -409,6 +412,8 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
         sm_count=F.integer(data, "sm_count", where, None, maximum=100_000),
         matmul_fp8=(_efficiency(eff, "matmul_fp8", f"{where}.efficiency", "half_flops")
                     if eff.get("matmul_fp8") is not None else None),
+        matmul_fp4=(_efficiency(eff, "matmul_fp4", f"{where}.efficiency", "half_flops")
+                    if eff.get("matmul_fp4") is not None else None),
         attention_flash2=(_efficiency(eff, "attention_flash2", f"{where}.efficiency", "half_flops")
                           if flash2 not in (None, FUSED) else None),
         attention_is_flash2=flash2 == FUSED,

@@ -98,7 +98,7 @@ def layer_operators(model, shard, plan, experts=None) -> list:
     separate projections (projections.py) and the context-parallel ring's merges after the
     attention core (cpattention.py); `experts`: an MoE layer's."""
     ops = with_attention_kernel(eager_ops(layer_ops(model, shard, experts), model, plan), plan.attention_kernel)
-    ops = projections.separate_ops(fp8.fp8_layer_ops(ops, shard, plan), shard, plan)
+    ops = projections.separate_ops(fp8.fp8_layer_ops(ops, shard, plan, model), shard, plan)
     ops = cpattention.rank_calls(ops, model, shard, plan.cp_attention, plan.cp_ulysses)
     merges = cpattention.merge_ops(model, shard, plan.cp_attention, plan.compile)
     if not merges:

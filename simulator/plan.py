@@ -13,7 +13,7 @@ from . import fields as F
 from .errors import InputError
 from .compute import ATTENTION_KERNELS
 from .cpattention import CP_ATTENTION, WINDOW_METHODS
-from .fp8 import TE_PER_TENSOR, check_bf16_layers
+from .fp8 import LOW_PRECISIONS, TE_PER_TENSOR, check_bf16_layers
 from .hardware import Cluster
 from .loss import LOSSES
 from .model import ModelSpec
@@ -29,7 +29,7 @@ from .recompute import MODULES
 
 RECOMPUTE = ("none", "selective", "full", "op-selective")
 RECOMPUTE_METHODS = ("uniform", "block")
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4")
 FP8_RECIPES = ("delayed", "current", "tensorwise", "rowwise")
 TP_OVERLAPS = ("userbuffers", "async-tp")
 TP_IMPLS = ("megatron", "dtensor")
@@ -448,6 +448,9 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster, options: bool = Tru
     if plan.precision in ("fp8", "mxfp8") and acc.matmul_fp8 is None:
         raise InputError("plan.precision", plan.precision, f"the {acc.name} profile has no "
                          "efficiency.matmul_fp8 (an FP8 GEMM rate measured by a microbenchmark)")
+    if plan.precision == "nvfp4" and acc.matmul_fp4 is None:
+        raise InputError("plan.precision", plan.precision, f"the {acc.name} profile has no "
+                         "efficiency.matmul_fp4 (an NVFP4 GEMM rate measured by a microbenchmark)")
     if plan.attention_kernel == "flash2" and acc.attention_flash2 is None and not acc.attention_is_flash2:
         raise InputError("plan.attention_kernel", "flash2", f"fused only: the {acc.name} profile has no "
                          "efficiency.attention_flash2 (FlashAttention-2's rate, PyTorch SDPA's flash backend, "
@@ -466,7 +469,7 @@ def _check_parallel_block(plan: Plan) -> None:
     it (GPT-NeoX, Hugging Face) overlap no TP collective with GEMMs, checkpoint whole layers
     or the attention core, and have no MLP module of Megatron's or block of torchtitan's; FP8
     linears reading one shared norm's output (casts shared or not) are not modelled."""
-    if plan.precision in ("fp8", "mxfp8"):
+    if plan.precision in LOW_PRECISIONS:
         raise InputError("plan.precision", plan.precision, "bf16, fp16, tf32 or fp32 with model.parallel_block "
                          "(FP8 linears of parallel blocks are not modelled)")
     if plan.tp_comm_overlap:
@@ -549,8 +552,8 @@ def check_options(plan: Plan) -> None:
         raise InputError("plan.muon_ns_steps", plan.muon_ns_steps, "only with optimizer: muon")
     elif plan.muon_tp_mode != "duplicated":
         raise InputError("plan.muon_tp_mode", plan.muon_tp_mode, "only with optimizer: muon")
-    if plan.fp8_params and plan.precision not in ("fp8", "mxfp8"):
-        raise InputError("plan.fp8_params", True, "FP8 primary weights need precision: fp8 or mxfp8")
+    if plan.fp8_params and plan.precision not in LOW_PRECISIONS:
+        raise InputError("plan.fp8_params", True, "FP8 (FP4) primary weights need precision: fp8, mxfp8 or nvfp4")
     if plan.fp8_params and plan.fp8_recipe not in TE_PER_TENSOR and plan.precision == "fp8":
         raise InputError("plan.fp8_params", True, "FP8 primary weights are TransformerEngine's (fp8_recipe: "
                          "delayed or current)")

@@ -66,7 +66,7 @@ def bytes_per_param(precision: str, grad_precision: str, optimizer_precision: st
     exp_avg_sq_dtype, main_params_dtype; TransformerEngine's FusedAdam keeps the states).
     `fp32_params`: the fp32 parameters are the master copy (the module's docstring)."""
     full = precision in FULL_PRECISION
-    weight = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 2.0, "mxfp8": 2.0}[precision]
+    weight = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 2.0, "mxfp8": 2.0, "nvfp4": 2.0}[precision]
     grad = 4.0 if full or grad_precision == "fp32" else 2.0
     if fp32_params and not full:
         return BytesPerParam(weight=weight, grad=grad, optimizer=8.0, stored_weight=4.0)

@@ -43,6 +43,7 @@ import numpy as np
 
 from .comm import collective_time
 from .compute import op_times
+from .fp8 import compute_precision
 from .recompute import scaled
 
 METHODS = ("userbuffers", "async-tp")
@@ -90,7 +91,7 @@ def overlapped_tp_s(model, shard, groups, cluster, plan, ops, tp_layer_s, gather
     gemms = {"qkv": byname["qkv"], "attn_out": byname["attn_out"], "fc2": byname["mlp_down"],
              "fc1": byname.get("mlp_gate_up", byname.get("mlp_up"))}
     # operators are timed at the plan's compute precision; FP8 linears carry their own kind
-    precision = "bf16" if plan.precision in ("fp8", "mxfp8") else plan.precision
+    precision = compute_precision(plan)
     times = {k: op_times(op, acc, precision) for k, op in gemms.items()}
     tp = np.asarray(shard.tp, dtype=float)
     pairs = _pairs(plan, bool(shard.sp))

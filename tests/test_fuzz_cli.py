@@ -45,7 +45,8 @@ VALUES = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.none(),
     st.sampled_from(["1f1b", "interleaved", "gpipe", "zb-h1", "none", "full", "cpu", "nvme", "bf16", "fp8",
                      "auto", "gpt3-175b", "llama-3.1-8b", "dgx-h100", "mi300x", "tp-cp-dp-pp", "", "1e9", "ü",
-                     "muon", "adam", "blockwise", "distributed", "ulysses", "ulysses-ring", "kv-allgather", "current", "mxfp8", "head",
+                     "muon", "adam", "blockwise", "distributed", "ulysses", "ulysses-ring", "kv-allgather", "current", "mxfp8",
+                     "nvfp4", "dgx-b200", "head",
                      "chunked", "l2", "llama-4-scout"]),
     st.lists(st.integers(0, 4), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 

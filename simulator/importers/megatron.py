@@ -11,6 +11,8 @@ int(8h/3 / 64) * 64; the vocabulary is padded to a multiple of make-vocab-size-d
 tensorwise (TransformerEngine's per-tensor current scaling: fp8_recipe current) or mxfp8
 (its block-wise recipe is refused);
 --fp8-param-gather, like NeMo's fp8_params, keeps FP8 primary weights (plan.fp8_params);
+--fp4-format e2m1 (--fp4-recipe nvfp4) runs them in NVFP4 (plan.precision nvfp4), with
+--fp4-param-gather FP4 primary weights;
 --first-last-layers-bf16 keeps --num-layers-at-start/end-in-bf16 layers in BF16
 (plan.bf16_layers_at_start/end).
 --use-megatron-fsdp shards by --data-parallel-sharding-strategy (ZeRO-0 to 3) and
@@ -193,12 +195,19 @@ def read_args(args: dict) -> Imported:
     precision = "bf16" if a.get("bf16") else "fp16" if a.get("fp16") else "fp32"
     if a.has("fp8-format"):
         precision = read_fp8_recipe(a, "fp8-recipe")
-    a.map("fp8-format" if a.has("fp8-format") else "bf16" if a.get("bf16") else "fp16", "plan.precision", precision)
+    fp4 = read_fp4(a, "fp4-format", "fp4-recipe", "fp8-format")
+    precision = fp4 or precision
+    a.map("fp4-format" if fp4 else "fp8-format" if a.has("fp8-format") else "bf16" if a.get("bf16") else "fp16",
+          "plan.precision", precision)
     a.used("fp16", "bf16", "fp8-recipe")
     if a.get("fp8-param-gather"):
         if not a.has("fp8-format"):
             a.refuse("fp8-param-gather", "FP8 parameters need --fp8-format")
         a.map("fp8-param-gather", "plan.fp8_params", True)
+    if a.get("fp4-param-gather"):
+        if not fp4:
+            a.refuse("fp4-param-gather", "FP4 parameters need --fp4-format")
+        a.map("fp4-param-gather", "plan.fp8_params", True)
     read_bf16_layers(a, "first-last-layers-bf16", "num-layers-at-start-in-bf16", "num-layers-at-end-in-bf16", precision)
     _grad_precision(a, precision)
     adam_states(a, "use-precision-aware-optimizer", megatron_key)
@@ -361,6 +370,25 @@ def read_fp8_recipe(a: Account, key: str) -> str:
     return "mxfp8" if recipe == "mxfp8" else "fp8"
 
 
+def read_fp4(a: Account, format_key: str, recipe_key: str, fp8_key: str) -> str | None:
+    """Megatron-Core's FP4 linears (--fp4-format e2m1, --fp4-recipe nvfp4: TransformerEngine's
+    NVFP4BlockScaling with its defaults, NVIDIA/Megatron-LM@d98e8a64dd megatron/core/fp4_utils.py
+    get_fp4_recipe) -> "nvfp4", the plan's precision; None without them. Megatron refuses FP4
+    beside FP8 (megatron/training/arguments.py validate_args), and so does this; a custom
+    quantizer factory is refused."""
+    if not a.get(format_key):
+        a.used(format_key, recipe_key)
+        return None
+    if str(a.get(format_key)) != "e2m1":
+        a.refuse(format_key, "e2m1 (NVFP4), the one FP4 format Megatron-Core has")
+    if a.get(fp8_key):
+        a.refuse(format_key, f"not with {fp8_key} (Megatron-LM refuses FP4 and FP8 together)")
+    if str(a.get(recipe_key, "nvfp4")) != "nvfp4":
+        a.refuse(recipe_key, "nvfp4 (TransformerEngine's NVFP4BlockScaling; a custom quantizer is not modelled)")
+    a.used(recipe_key)
+    return "nvfp4"
+
+
 def read_qk_norm(a: Account, key: str, mla: bool) -> None:
     """Megatron-Core's qk_layernorm (--qk-layernorm): a norm over each query and key head
     (TransformerConfig qk_layernorm; NVIDIA/Megatron-LM@d98e8a64dd megatron/core/transformer/
@@ -423,7 +451,7 @@ def read_bf16_layers(a: Account, flag: str, start: str, end: str, precision: str
     `default` (Megatron-Core's TransformerConfig: 1, NVIDIA/Megatron-LM@d98e8a64dd
     megatron/core/transformer/transformer_config.py). Without FP8 linears every layer is BF16
     already, and without the flag the counts are unused (fp8_utils.is_first_last_bf16_layer)."""
-    if not a.get(flag) or precision not in ("fp8", "mxfp8"):
+    if not a.get(flag) or precision not in ("fp8", "mxfp8", "nvfp4"):
         a.used(flag, start, end)
         return
     a.map(start if a.has(start) else flag, "plan.bf16_layers_at_start", a.number(start, default))
@@ -450,7 +478,8 @@ def fsdp_grad_precision(a: Account, precision: str, kept_key: str, sent_key: str
         value = a.get(key)
         return default if value in (None, "auto") else DTYPES.get(str(value), str(value))
 
-    kept = dtype(kept_key, {"fp8": "bf16", "mxfp8": "bf16"}.get(precision, precision))  # FP8 keeps bf16 params
+    # FP8 and NVFP4 plans keep bf16 params
+    kept = dtype(kept_key, {"fp8": "bf16", "mxfp8": "bf16", "nvfp4": "bf16"}.get(precision, precision))
     sent = dtype(sent_key, kept)
     if kept != sent:
         a.refuse(sent_key, f"llmsim keeps and reduces gradients in one precision (plan.grad_precision); here "

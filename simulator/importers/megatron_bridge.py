@@ -19,8 +19,8 @@ from __future__ import annotations
 from . import megatron_moe as moe
 from .common import Account, Imported, padded_vocab
 from .megatron import (adam_states, fsdp_grad_precision, megatron_fsdp, nemo_key, number_of, read_cp_comm_type,
-                       read_bf16_layers, read_fp8_recipe, read_head_dim, read_muon, read_qk_norm, read_qkv_bias,
-                       read_recompute, read_rotary_fraction, read_window)
+                       read_bf16_layers, read_fp4, read_fp8_recipe, read_head_dim, read_muon, read_qk_norm,
+                       read_qkv_bias, read_recompute, read_rotary_fraction, read_window)
 from .megatron_pipeline import read_stage_split
 
 SECTIONS_IGNORED = ("checkpoint.*", "dataset.*", "dist.*", "logger.*", "profiling.*", "rerun_state_machine.*",
@@ -222,25 +222,32 @@ def _precision(a: Account) -> str:
     mp = "mixed_precision" if any(k.startswith("mixed_precision.") for k in a.flat) else "model"
     if isinstance(a.get("mixed_precision"), str):
         a.refuse("mixed_precision", "a named precision recipe: give its fields (the saved run config has them)")
-    if a.get(f"{mp}.fp4"):
-        a.refuse(f"{mp}.fp4", "FP4 (NVFP4) training is not modelled")
     base = "bf16" if a.get(f"{mp}.bf16") else "fp16" if a.get(f"{mp}.fp16") else "fp32"
     a.used(f"{mp}.bf16", f"{mp}.fp16", f"{mp}.fp32")
-    if not a.get(f"{mp}.fp8"):
+    fp4 = read_fp4(a, f"{mp}.fp4", f"{mp}.fp4_recipe", f"{mp}.fp8")
+    if not a.get(f"{mp}.fp8") and not fp4:
         a.map(f"{mp}.bf16" if base == "bf16" else f"{mp}.fp16", "plan.precision", base)
-        a.used(f"{mp}.fp8_recipe", f"{mp}.fp8_param", f"{mp}.fp8_param_gather")
+        a.used(f"{mp}.fp8_recipe", f"{mp}.fp8_param", f"{mp}.fp8_param_gather", f"{mp}.fp4_param",
+               f"{mp}.fp4_param_gather")
         return base
-    precision = read_fp8_recipe(a, f"{mp}.fp8_recipe")
-    a.map(f"{mp}.fp8", "plan.precision", precision)
-    a.used(f"{mp}.fp8_recipe")
+    if fp4:
+        precision = fp4
+        a.map(f"{mp}.fp4", "plan.precision", precision)
+        a.used(f"{mp}.fp8_recipe", f"{mp}.fp8_param", f"{mp}.fp8_param_gather")
+    else:
+        precision = read_fp8_recipe(a, f"{mp}.fp8_recipe")
+        a.map(f"{mp}.fp8", "plan.precision", precision)
+        a.used(f"{mp}.fp8_recipe", f"{mp}.fp4_param", f"{mp}.fp4_param_gather")
     # Megatron-Bridge's MixedPrecisionConfig overrides the model's counts with its own, 0 unless
     # set (NVIDIA-NeMo/Megatron-Bridge@067f987df src/megatron/bridge/training/mixed_precision.py
     # update_config_with_precision_overrides; bf16_with_fp8_current_scaling_mixed sets 1 and 1)
     read_bf16_layers(a, f"{mp}.first_last_layers_bf16", f"{mp}.num_layers_at_start_in_bf16",
                      f"{mp}.num_layers_at_end_in_bf16", precision, 0 if mp == "mixed_precision" else 1)
-    if a.get(f"{mp}.fp8_param_gather") or a.get(f"{mp}.fp8_param"):
-        a.map(f"{mp}.fp8_param_gather", "plan.fp8_params", True)
-        a.used(f"{mp}.fp8_param")
+    # Megatron-Bridge keeps fp4_param and fp4_param_gather equal (MixedPrecisionConfig.__setattr__)
+    params = ("fp4_param_gather", "fp4_param") if fp4 else ("fp8_param_gather", "fp8_param")
+    if any(a.get(f"{mp}.{k}") for k in params):
+        a.map(f"{mp}.{params[0]}", "plan.fp8_params", True)
+        a.used(f"{mp}.{params[1]}")
     for key in ("fp8_dot_product_attention", "fp8_multi_head_attention"):
         if a.get(f"{mp}.{key}"):
             a.refuse(f"{mp}.{key}", "FP8 attention is not modelled")
