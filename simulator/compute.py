@@ -72,7 +72,7 @@ MEMORY_KERNELS = {
     "attn_residual": "residual", "mlp_residual": "residual", "branch_sum": "residual",
     "gelu": "gelu", "swiglu": "swiglu", "rope": "rope", "softmax": "softmax", "attn_dropout": "dropout",
     "embedding": "embedding", "cross_entropy": "cross_entropy", "fp8_cast": "fp8_cast",
-    "fp8_cast_rowwise": "fp8_cast_rowwise",
+    "fp8_cast_rowwise": "fp8_cast_rowwise", "nvfp4_cast": "nvfp4_cast",
     # GeGLU and the MoE layer's activations move the bytes of the dense kernel of their kind
     "geglu": "swiglu", "shared_swiglu": "swiglu", "shared_geglu": "swiglu", "shared_gelu": "gelu",
     "expert_swiglu": "swiglu", "expert_geglu": "swiglu", "expert_gelu": "gelu",

@@ -105,10 +105,11 @@ changes in memory.
   update_usage), both FP4 copies of its weight beside the BF16 one, or with FP4 primary
   weights (`plan.fp8_params`: Megatron's --fp4-param-gather) the two FP4 copies alone and an
   all-gather of 0.5 + 1/16 B per element (the scales taken to travel with the packed values).
-  Not modelled: the fallback kernels for tensors whose rows are not a multiple of 64 or
-  columns of 128, FP4 all-gathers of sequence-parallel inputs (gathered in BF16 as the
-  FP8 recipes' are here), and the casts' own rate (they run at the memory curve; torchao's
-  NVFP4 cast kernels measure well below it on a GB200, benchmarks/prototype/nvfp4_training).
+  The casts run at their own rate, efficiency.memory_kernels.nvfp4_cast (CAST_KERNELS), fitted
+  to TransformerEngine's B300 GEMM profile (validation/te_gemm_bench.py): 0.6 of the HBM
+  bandwidth, two thirds of the generic memory curve. Not modelled: the fallback kernels for
+  tensors whose rows are not a multiple of 64 or columns of 128, and FP4 all-gathers of
+  sequence-parallel inputs (gathered in BF16 as the FP8 recipes' are here).
 - FSDP float8 all-gather (`plan.fp8_fsdp_all_gather`, tensorwise; torchtitan's
   float8.enable_fsdp_float8_all_gather with precompute_float8_dynamic_scale_for_fsdp;
   torchao@eab345c22 torchao/float8/fsdp_utils.py): after the optimizer step one foreach
@@ -201,10 +202,25 @@ def _cast_op(name, shard: Shard, rec: str, compiled: bool, tokens, d_in, d_out, 
     bwd = (grads + (shard.act_bytes if bias and rec == "nvfp4" else 0.0)) * tokens * d_out
     if rec == "rowwise":  # both gradient GEMMs rescaled after cuBLAS: read and write their outputs
         bwd = bwd + 2 * shard.act_bytes * (readers * tokens * d_in + d_in * d_out)
-    # torchao's rowwise casts (Inductor kernels with column-wise scales and transposes) run at
-    # their own measured rate: the profile's efficiency.memory_kernels.fp8_cast_rowwise
-    kind = "fp8_cast_rowwise" if rec == "rowwise" else "fp8_cast"
-    return Op(f"{name}.{kind}", MEMORY, fwd_bytes=fwd, bwd_input_bytes=bwd)
+    return Op(f"{name}.{cast_kernel(rec)}", MEMORY, fwd_bytes=fwd, bwd_input_bytes=bwd)
+
+
+# The memory-kernel classes of the casts (compute.MEMORY_KERNELS): torchao's rowwise casts
+# (Inductor kernels with column-wise scales and transposes) and TransformerEngine's NVFP4 casts
+# (the Hadamard transform, stochastic rounding, 16 x 16 weight blocks) each run at their own
+# measured rate where the profile has one (efficiency.memory_kernels.fp8_cast_rowwise,
+# nvfp4_cast); the other recipes' at fp8_cast's.
+CAST_KERNELS = {"rowwise": "fp8_cast_rowwise", "nvfp4": "nvfp4_cast"}
+
+
+def cast_kernel(rec: str | None) -> str:
+    """The memory-kernel class of recipe `rec`'s casts, also its cast operators' name suffix."""
+    return CAST_KERNELS.get(rec, "fp8_cast")
+
+
+def is_cast(op: Op) -> bool:
+    """Whether `op` is a linear's cast kernels (named LINEAR.<cast kernel>)."""
+    return op.name.rsplit(".", 1)[-1] in ("fp8_cast", *CAST_KERNELS.values())
 
 
 def fp8_layer_ops(ops: list[Op], shard: Shard, plan, model=None) -> list[Op]:

@@ -335,7 +335,7 @@ def compile_layout(model, cluster, plan) -> Layout:
             sends=schedule.sends(p, v, stage),
             dp=dp, buckets=n_buckets, offload=off,
             optimizer_s=optimizer_s + memory_bound_time(fp8.weight_cast_bytes_per_step(plan, linears),
-                                                        cluster.accelerator, "fp8_cast"),
+                                                        cluster.accelerator, fp8.cast_kernel(fp8.recipe(plan))),
             framework_step_s=framework_ops.step_seconds(model, plan, cluster, per, params, shard_group, layers, has_emb,
                                                         has_head, head_copy, n_moe),
             optimizer_workspace_bytes=workspace))

@@ -60,6 +60,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from .fp8 import is_cast
 from .projections import SEPARATE
 from .moe import SHARED_EXPERTS
 from .workload import ATTENTION_CORE, Op, Shard
@@ -87,8 +88,8 @@ def _by_name(ops) -> dict:
 
 
 def _with_casts(ops, names) -> list:
-    """The ops named, with their FP8 cast kernels (fp8.py: NAME.fp8_cast, NAME.fp8_cast_rowwise)."""
-    return [op for op in ops if op.name in names or op.name.split(".")[0] in names and ".fp8_cast" in op.name]
+    """The ops named, with their cast kernels (fp8.py: NAME.fp8_cast, NAME.nvfp4_cast, ...)."""
+    return [op for op in ops if op.name in names or op.name.split(".")[0] in names and is_cast(op)]
 
 
 # torchtitan's names of the matmuls of each fused workload operator, in forward order

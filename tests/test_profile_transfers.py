@@ -114,6 +114,9 @@ TRANSFERS = {
     ("gb300", "attention"): lambda: _max("b200", "attention") * gb300_best_shape("bf16") / MAMF["b200_bf16"],
     ("gb300", "attention_flash2"): lambda: _max("b200", "attention_flash2"),
     ("gb300", "memory"): lambda: _max("b200", "memory"),
+    # NVFP4: each part's BF16 rate x NVFP4's measured speed against BF16 on its sibling
+    ("gb200", "matmul_fp4"): lambda: _max("gb200", "matmul") * _max("b200", "matmul_fp4") / _max("b200", "matmul"),
+    ("gb300", "matmul_fp4"): lambda: _max("gb300", "matmul") * _max("b300", "matmul_fp4") / _max("b300", "matmul"),
     **_by_mamf("mi300x", "mi300x", "mi300x_fp8", a100_ratio),
     **_by_mamf("mi325x", "mi325x", "mi325x_fp8", a100_ratio),
     ("mi325x", "memory"): lambda: _max("mi300x", "memory"),
