@@ -20,7 +20,10 @@ Two numbers of the B300 profile come from the table, and nothing else is fitted 
   bandwidth, so that the predicted cast time of each pass equals autocast minus
   pre-quantized (fit_nvfp4_cast; leave-one-pass-out errors reported).
 The FP8 recipes' casts and every GEMM rate are predicted, not fitted: `report` gives their
-errors (the B300's GEMM efficiencies are transferred from the H100's fit).
+errors (the B300's GEMM efficiencies are transferred from the H100's fit). The tutorial's H200
+NVL table of the same layer (te-gemm-profiling-h200nvl.yaml: BF16 and the per-tensor FP8
+recipes) checks Hopper's FP8 casts the same way, with the H200 SXM profile: the card's HBM is
+the SXM part's, its clocks and power are not.
 """
 
 from __future__ import annotations
