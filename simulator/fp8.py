@@ -169,6 +169,18 @@ def recipe(plan) -> str | None:
     return plan.fp8_recipe if plan.precision == "fp8" else None
 
 
+# Rows a quantized grouped GEMM's operand is padded to a multiple of, per local expert
+# (TE@d0067d0da transformer_engine/pytorch/quantization.py get_align_size_for_quantization)
+MOE_ROW_ALIGN = {"delayed": 16, "current": 16, "mxfp8": 32, "nvfp4": 128}
+
+
+def moe_row_align(plan) -> int:
+    """The multiple of rows Megatron-Core pads each local expert's input to under the plan's
+    TransformerEngine recipe (moe.quantization_padding); 0 without one (BF16, or torchao's
+    recipes, which llmsim does not run MoE layers with)."""
+    return MOE_ROW_ALIGN.get(recipe(plan), 0)
+
+
 def compute_precision(plan) -> str:
     """The precision of every GEMM that is not an FP8 linear (attention, lm_head)."""
     return "bf16" if plan.precision in LOW_PRECISIONS else plan.precision

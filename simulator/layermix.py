@@ -125,7 +125,7 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
     buffers_layer = dense_p
     extra = 0.0
     if model.experts:
-        experts = ExpertShard(plan.ep, plan.etp, plan.moe)
+        experts = ExpertShard(plan.ep, plan.etp, plan.moe, fp8.moe_row_align(plan))
         moe_ops = layer_operators(model, shard, plan, experts)
         moe_t = ops_time(moe_ops, cluster, precision)
         moe_rerun = _rerun(model, shard, plan, cluster, moe_ops, moe_blocks, moe_tp[0])

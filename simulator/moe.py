@@ -50,6 +50,9 @@ behind another micro-batch's backward pass of the same layer and vice versa. The
 applied to every pass; the warm-up and cool-down passes of a pipeline, which have no partner,
 are not told apart (an optimistic bound).
 
+Quantized experts (FP8, MXFP8, NVFP4 linears): each local expert's rows are padded to the
+recipe's multiple of rows and unpadded after (quantization_padding).
+
 Memory: each operator keeps what its backward pass reads (the router's input and fp32
 scores, the gathered rows entering fc1, the activation's input, fc2's input, the routed copies
 the un-permutation weights), and one layer's send, receive and ETP-gathered buffers are alive
@@ -122,11 +125,14 @@ class MoEOptions:
 
 @dataclass(frozen=True)
 class ExpertShard:
-    """How one device holds and runs the routed experts of an MoE layer (sizes may be arrays)."""
+    """How one device holds and runs the routed experts of an MoE layer (sizes may be arrays).
+    `align`: the multiple of rows each local expert's input is padded to for its quantized
+    GEMMs (fp8.moe_row_align; 0: none)."""
 
     ep: object = 1
     etp: object = 1
     options: MoEOptions = MoEOptions()
+    align: int = 0
 
 
 # ---------------------------------------------------------------- validation
@@ -246,10 +252,11 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
 
     # SequentialMLP launches each local expert's kernels apart; a grouped GEMM launches once
     per_expert = 1 if o.grouped_gemm else n_local
+    pad, run = quantization_padding(rows, n_local, h, a, experts)  # quantized GEMMs run padded rows
 
     def grouped(name, d_in, d_out, saved, widths=None):
-        op = _linear(name, rows, d_in, d_out, a, saved, widths, matrices=n_local)
-        return replace(op, model_flops=op.flops * useful, launches=per_expert)
+        op = _linear(name, run, d_in, d_out, a, saved, widths, matrices=n_local)
+        return replace(op, model_flops=op.flops * useful * rows / run, launches=per_expert)
 
     sort = np.where(n_local > 1, 1.0, 0.0)  # rows are re-sorted by local expert when a rank holds several
     # SequentialMLP concatenates its experts' outputs (torch.cat: read and written once; its
@@ -261,10 +268,11 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
         _elementwise("router_topk", tokens * e, 2 * 4, 4 * tokens * e),
         _elementwise("moe_permute", sent * h, 2 * a, 0.0),
         _elementwise("moe_sort_chunks", sort * rows * h, 2 * a, 0.0),
-        grouped("expert_fc1", h, (2 if gated else 1) * f, a * rows * h, (f, f) if gated else None),
-        replace(_elementwise("expert_" + model.activation, rows * f, (3 if gated else 2) * a,
-                             (2 if gated else 1) * a * rows * f), launches=per_expert),
-        grouped("expert_fc2", f, h, a * rows * f),
+        *pad,
+        grouped("expert_fc1", h, (2 if gated else 1) * f, a * run * h, (f, f) if gated else None),
+        replace(_elementwise("expert_" + model.activation, run * f, (3 if gated else 2) * a,
+                             (2 if gated else 1) * a * run * f), launches=per_expert),
+        grouped("expert_fc2", f, h, a * run * f),
         *cat,
         _elementwise("moe_unsort_chunks", sort * rows * h, 2 * a, 0.0),
         # weighted sum over the top-k copies: reads them and the probabilities, keeps the
@@ -279,6 +287,25 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
         shared[0] = input_kept_elsewhere(shared[0], shard)
         ops += [Op(**{**op.__dict__, "group": SHARED_EXPERTS}) for op in shared]
     return ops
+
+
+def quantization_padding(rows, n_local, h, act_bytes, experts: ExpertShard) -> tuple:
+    """(operators, rows the experts run) of the padding quantized expert GEMMs need: each
+    local expert's rows padded with zeros to a multiple of `experts.align` (TransformerEngine's
+    get_align_size_for_quantization: 16 per-tensor FP8, 32 MXFP8, 128 NVFP4; TE@d0067d0da
+    transformer_engine/pytorch/quantization.py), on average (align - 1) / 2 rows each, the
+    remainders taken uniform. Megatron-Core pads and unpads around the experts
+    (NVIDIA/Megatron-LM@d98e8a64dd megatron/core/transformer/moe/experts.py): TEGroupedMLP with
+    TE's Fp8Padding and Fp8Unpadding, a fused copy of the rows each way in the forward pass and
+    again in the backward pass; SequentialMLP with torch.cat of each expert's rows and zeros
+    (the output is sliced, its gradient padded again). Without quantized linears, nothing."""
+    if not experts.align:
+        return [], rows
+    run = rows + n_local * (experts.align - 1) / 2
+    copies = 2 if experts.options.grouped_gemm else 1
+    nbytes = copies * act_bytes * (rows + run) * h
+    from .workload import MEMORY, Op
+    return [Op("moe_quant_pad", MEMORY, fwd_bytes=nbytes, bwd_input_bytes=nbytes)], run
 
 
 def moe_buffer_bytes(model, shard, experts: ExpertShard):

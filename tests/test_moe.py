@@ -192,6 +192,38 @@ def test_one_local_expert_has_no_outputs_to_join():
     assert float(next(o for o in ops if o.name == "moe_expert_cat").fwd_bytes) == 0.0
 
 
+def _padded_ops(align: int, grouped_gemm: bool = True):
+    s = _scenario({"preset": "qwen3-30b-a3b"}, ep=8)
+    shard = compile_scenario(s).shard
+    return s, shard, {o.name: o for o in layer_ops(s.model, shard, ExpertShard(8, 1, MoEOptions(
+        grouped_gemm=grouped_gemm), align))}
+
+
+def test_quantized_experts_run_each_local_experts_rows_padded_to_the_recipes_multiple():
+    """NVFP4's grouped GEMMs take each expert's rows padded to a multiple of 128 (TE's
+    get_align_size_for_quantization): 16 local experts x 127 / 2 rows of zeros on average over
+    the 8 x 4096 rows a rank receives; the useful (model) FLOPs stay the routed rows'."""
+    s, _, bf16 = _padded_ops(0)
+    _, _, nvfp4 = _padded_ops(128)
+    rows, run = 8 * 4096, 8 * 4096 + 16 * 127 / 2
+    f, h = s.model.expert_ffn_hidden, s.model.hidden
+    assert float(nvfp4["expert_fc1"].fwd_flops) == pytest.approx(2 * run * h * 2 * f)
+    assert float(nvfp4["expert_fc1"].model_flops) == pytest.approx(float(bf16["expert_fc1"].model_flops))
+    assert float(bf16["expert_fc1"].fwd_flops) == pytest.approx(2 * rows * h * 2 * f)
+    assert "moe_quant_pad" not in bf16
+
+
+@pytest.mark.parametrize("grouped_gemm,copies", [(True, 2), (False, 1)])
+def test_padding_copies_the_rows_in_and_out_of_the_padded_layout(grouped_gemm, copies):
+    """TEGroupedMLP pads the input and unpads the output with TE's fused row copies (forward,
+    and the same two in the backward pass); SequentialMLP concatenates each expert's rows with
+    zeros and slices the output (one copy forward, the output gradient padded in backward)."""
+    s, _, ops = _padded_ops(16, grouped_gemm)
+    rows, run = 8 * 4096, 8 * 4096 + 16 * 15 / 2
+    pad = ops["moe_quant_pad"]
+    assert float(pad.fwd_bytes) == float(pad.bwd_input_bytes) == pytest.approx(copies * 2 * (rows + run) * 2048)
+
+
 # ------------------------------------------------------------------ memory
 
 def test_expert_states_shard_over_expert_dp_and_the_rest_over_dp():
