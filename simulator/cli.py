@@ -184,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--top", default="10", help="plans to show (default 10)")
     se.add_argument("--engine", choices=("auto", "graph", "analytic"), default="auto",
                     help="engine for the top candidates (auto: graph when installed)")
-    se.add_argument("--precision", default="bf16")
+    se.add_argument("--precision", default="bf16",
+                    help="one precision, or several comma-separated (bf16,mxfp8,nvfp4) ranked side by side")
     se.add_argument("--tokens", default=None, help="training tokens, for time and cost to train")
     se.add_argument("--no-offload", action="store_true", help="no optimizer, parameter or activation offload")
     se.add_argument("--schedule", action="append", default=None, metavar="S",
@@ -582,7 +583,8 @@ def _search_options(args):
     from .search import SearchOptions
     from .stagesplit import PIPELINE_SPLITS
 
-    opts = SearchOptions(precision=_choices([args.precision], "--precision", PRECISIONS)[0])
+    chosen = _choices([args.precision], "--precision", PRECISIONS)
+    opts = SearchOptions(precision=chosen[0] if len(chosen) == 1 else chosen)
     changes = {}
     if args.no_offload:
         changes["offloads"] = ("none",)
@@ -628,8 +630,9 @@ def cmd_search(args) -> int:
     out = _write_target(args.out, "-o") if args.out else None
     if out is not None and out.suffix not in (".csv", ".parquet"):
         raise InputError("-o", args.out, "expected a .csv or .parquet file name")
+    options = _search_options(args)
     result = search(_search_model(args.model), _search_cluster(args.cluster, args.nodes), global_batch,
-                    objective=args.objective, top=top, engine=args.engine, options=_search_options(args),
+                    objective=args.objective, top=top, engine=args.engine, options=options,
                     training=Training(tokens=tokens))
     df = result.table
     if out is not None:
@@ -647,7 +650,8 @@ def cmd_search(args) -> int:
           f"ranked by {args.objective} ({result.ranked_by})")
     for note in result.notes:
         print("note: " + note)
-    rows = [(r.rank, r.tp, r.pp, r.dp, _cp_cell(r),
+    several = not isinstance(options.precision, str)  # precisions ranked side by side
+    rows = [(r.rank, *((r.precision,) if several else ()), r.tp, r.pp, r.dp, _cp_cell(r),
              f"{r.ep}/{r.etp}", r.vpp, _split_cell(r), r.micro_batch, r.schedule,
              "y" if r.sequence_parallel else "n",
              r.recompute, r.zero_stage if r.dp_replicate == 1 else f"{r.zero_stage}, {r.dp_replicate} replicas",
@@ -658,9 +662,9 @@ def cmd_search(args) -> int:
             for r in df.itertuples(index=False)]
     if len(df) and (df["equivalent_plans"] > 1).any():
         print("note: 'same as' counts the enumerated plans with these identical numbers (the first one is shown)")
-    print(_fmt_table(rows, ("#", "tp", "pp", "dp", "cp", "ep/etp", "vpp", "layers", "mb", "schedule", "sp",
-                            "recompute", "zero", "offload opt/par/act", "step", "tokens/s", "MFU", "GiB", "$/M tok",
-                            "same as")))
+    print(_fmt_table(rows, ("#", *(("precision",) if several else ()), "tp", "pp", "dp", "cp", "ep/etp", "vpp",
+                            "layers", "mb", "schedule", "sp", "recompute", "zero", "offload opt/par/act", "step",
+                            "tokens/s", "MFU", "GiB", "$/M tok", "same as")))
     return 0
 
 

@@ -441,16 +441,10 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster, options: bool = Tru
         raise InputError("plan.fp32_params", True, f"false with optimizer_precision {plan.optimizer_precision} "
                          "(fp32 parameters are the master copy)")
     acc = cluster.accelerator
-    acc.peak(plan.precision)
+    check_precision(plan.precision, acc)
     if plan.optimizer == "muon" and "bf16" not in acc.peak_flops:
         raise InputError("plan.optimizer", "muon", f"adam on {acc.name}: Muon's Newton-Schulz GEMMs run in bf16, "
                          "which its profile has no rate for")
-    if plan.precision in ("fp8", "mxfp8") and acc.matmul_fp8 is None:
-        raise InputError("plan.precision", plan.precision, f"the {acc.name} profile has no "
-                         "efficiency.matmul_fp8 (an FP8 GEMM rate measured by a microbenchmark)")
-    if plan.precision == "nvfp4" and acc.matmul_fp4 is None:
-        raise InputError("plan.precision", plan.precision, f"the {acc.name} profile has no "
-                         "efficiency.matmul_fp4 (an NVFP4 GEMM rate measured by a microbenchmark)")
     if plan.attention_kernel == "flash2" and acc.attention_flash2 is None and not acc.attention_is_flash2:
         raise InputError("plan.attention_kernel", "flash2", f"fused only: the {acc.name} profile has no "
                          "efficiency.attention_flash2 (FlashAttention-2's rate, PyTorch SDPA's flash backend, "
@@ -462,6 +456,18 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster, options: bool = Tru
         check_options(plan)
     if plan.precision == "fp16" and plan.grad_precision == "bf16":
         raise InputError("plan.grad_precision", "bf16", "fp16 training keeps fp16 or fp32 gradients")
+
+
+def check_precision(precision: str, acc) -> None:
+    """Refuse a precision the accelerator has no peak for, or whose quantized GEMMs its profile
+    has no measured rate for (FP8 and MXFP8: efficiency.matmul_fp8; NVFP4: matmul_fp4)."""
+    acc.peak(precision)
+    if precision in ("fp8", "mxfp8") and acc.matmul_fp8 is None:
+        raise InputError("plan.precision", precision, f"the {acc.name} profile has no "
+                         "efficiency.matmul_fp8 (an FP8 GEMM rate measured by a microbenchmark)")
+    if precision == "nvfp4" and acc.matmul_fp4 is None:
+        raise InputError("plan.precision", precision, f"the {acc.name} profile has no "
+                         "efficiency.matmul_fp4 (an NVFP4 GEMM rate measured by a microbenchmark)")
 
 
 def _check_parallel_block(plan: Plan) -> None:

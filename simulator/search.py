@@ -46,7 +46,7 @@ from .errors import InputError
 from .evaluate import evaluate
 from .hardware import Cluster, cluster_from_dict
 from .model import ModelSpec, model_from_dict
-from .plan import Offload, Plan, plan_from_dict, validate
+from .plan import PRECISIONS, Offload, Plan, check_precision, plan_from_dict, validate
 from .scenario import Scenario, Training
 from .stagesplit import PIPELINE_SPLITS, balanced_layout, plan_stage_layers, rank_layer_kinds
 from .table import plan_columns
@@ -80,7 +80,8 @@ class SearchOptions:
     zero_stages: tuple = (0, 1, 2, 3)
     sequence_parallel: tuple = (False, True)
     offloads: tuple = tuple(OFFLOADS)
-    precision: str = "bf16"
+    # one precision, or a tuple of them to rank side by side (e.g. ("bf16", "mxfp8", "nvfp4"))
+    precision: str | tuple = "bf16"
     max_micro_batch: int = 16
     max_vpp: int = 8
     max_cp: int = 16
@@ -279,10 +280,27 @@ def _result_columns(d: dict) -> dict:
     return out
 
 
+def precisions(opts: SearchOptions) -> tuple:
+    """The precisions a search ranks: SearchOptions.precision as a tuple."""
+    return (opts.precision,) if isinstance(opts.precision, str) else tuple(opts.precision)
+
+
 def _evaluate_groups(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchOptions,
                      training: Training, reasons: bool) -> tuple[list, int, str]:
     """[(PlanBatch, evaluate_batch dict)] for every valid plan, grouped by categorical fields,
-    how many plans were enumerated, and the last refusal of a shape for a fixed plan field."""
+    how many plans were enumerated, and the last refusal of a shape for a fixed plan field,
+    over every precision the options name."""
+    out, tried, refusal = [], 0, ""
+    for precision in precisions(opts):
+        groups, n, refused = _precision_groups(model, cluster, global_batch, replace(opts, precision=precision),
+                                               training, reasons)
+        out, tried, refusal = out + groups, tried + n, refused or refusal
+    return out, tried, refusal
+
+
+def _precision_groups(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchOptions,
+                      training: Training, reasons: bool) -> tuple[list, int, str]:
+    """_evaluate_groups for the one precision `opts.precision`."""
     fixed = fixed_plan_fields(opts)
     shapes, tried_shapes, refusal = _shapes(model, cluster, global_batch, opts, fixed)
     by_group: dict = {}
@@ -412,6 +430,10 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
     cluster = cluster_from_dict(cluster) if not isinstance(cluster, Cluster) else cluster
 
     fixed = fixed_plan_fields(options)
+    for precision in precisions(options):
+        if precision not in PRECISIONS:
+            raise InputError("--precision", precision, "expected one of " + ", ".join(PRECISIONS))
+        check_precision(precision, cluster.accelerator)
     groups, tried, refusal = _evaluate_groups(model, cluster, global_batch, options, training, reasons=False)
     notes = [f"every plan: {', '.join(_flat(dict(options.plan_options)))}"] if fixed else []
     valid = sum(len(b) for b, _ in groups)

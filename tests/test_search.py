@@ -221,6 +221,28 @@ def test_asking_for_the_graph_engine_says_which_engine_ranked():
     assert search(MODEL, CLUSTER, 16, top=3, engine="analytic", options=OPTS).ranked_by == "analytic"
 
 
+def test_a_search_over_several_precisions_ranks_each_precisions_plans_together():
+    """bf16 and fp8 side by side on H100s: every plan of each single-precision search is in
+    the joint table, whose best is the better of the two bests, each with its own numbers."""
+    h100 = {"node": "dgx-h100", "nodes": 1}
+    joint = evaluate_all(model_from_dict(MODEL), cluster_from_dict(h100), 16, replace(OPTS, precision=("bf16", "fp8")))
+    alone = {p: evaluate_all(model_from_dict(MODEL), cluster_from_dict(h100), 16, replace(OPTS, precision=p))
+             for p in ("bf16", "fp8")}
+    assert len(joint[0]) == sum(len(t) for t, _ in alone.values())
+    assert joint[1] == sum(n for _, n in alone.values())
+    best = search(MODEL, h100, 16, top=1, engine="analytic", options=replace(OPTS, precision=("bf16", "fp8")))
+    fastest = {p: search(MODEL, h100, 16, top=1, engine="analytic", options=replace(OPTS, precision=p)).table
+               for p in ("bf16", "fp8")}
+    winner = min(fastest.values(), key=lambda t: t.step_time_s.iloc[0])
+    assert best.table.precision.iloc[0] == winner.precision.iloc[0]
+    assert best.table.step_time_s.iloc[0] == winner.step_time_s.iloc[0]
+
+
+def test_a_precision_the_cluster_cannot_run_is_refused_before_searching():
+    with pytest.raises(InputError, match="plan.precision"):
+        search(MODEL, CLUSTER, 16, engine="analytic", options=replace(OPTS, precision=("bf16", "nvfp4")))
+
+
 def test_cli_search_prints_the_ranked_plans():
     proc = subprocess.run([sys.executable, "-m", "simulator.cli", "search", "--model", "megatron-gpt-1.7b",
                            "--cluster", "dgx-a100", "--nodes", "1", "--global-batch", "16", "--top", "3"],
