@@ -110,6 +110,9 @@ changes in memory.
   bandwidth, two thirds of the generic memory curve. Not modelled: the fallback kernels for
   tensors whose rows are not a multiple of 64 or columns of 128, and FP4 all-gathers of
   sequence-parallel inputs (gathered in BF16 as the FP8 recipes' are here).
+- Blackwell (`fp8_any_layout` in its profiles): FP8 GEMMs take any operand layout, so
+  TransformerEngine's per-tensor quantizers (delayed, current) write no transposed copy and keep
+  one FP8 weight (writes_transpose): 1 B less per cast element and per weight kept.
 - FSDP float8 all-gather (`plan.fp8_fsdp_all_gather`, tensorwise; torchtitan's
   float8.enable_fsdp_float8_all_gather with precompute_float8_dynamic_scale_for_fsdp;
   torchao@eab345c22 torchao/float8/fsdp_utils.py): after the optimizer step one foreach
@@ -198,8 +201,19 @@ def input_casts(rec: str, shard: Shard, compiled: bool, readers) -> int:
     return readers
 
 
+def writes_transpose(rec: str | None, acc=None) -> bool:
+    """Whether TransformerEngine writes a transposed FP8 copy beside a per-tensor scaled FP8
+    tensor (`delayed`, `current`): Hopper's FP8 GEMMs take the TN layout only, so a tensor's
+    column-wise use needs its transpose; Blackwell's take any layout (`acc.fp8_any_layout`;
+    TE@d0067d0da transformer_engine/common/transformer_engine.cpp
+    nvte_is_non_tn_fp8_gemm_supported: SM 10.x-11.x and 13+), and there TE's per-tensor
+    quantizers write the data alone (csrc/quantizer.cpp: with_transpose = columnwise_usage &&
+    !is_non_tn_fp8_gemm_supported). No accelerator given: Hopper's."""
+    return rec in TE_PER_TENSOR and not (acc is not None and acc.fp8_any_layout)
+
+
 def _cast_op(name, shard: Shard, rec: str, compiled: bool, tokens, d_in, d_out, readers, casts, matrices=1,
-             sp_input=False, weight_in_fp8=False, bias=False):
+             sp_input=False, weight_in_fp8=False, bias=False, transpose=True):
     """The cast kernels of one linear: `casts` casts of its input (input_casts), its weight
     (none where FSDP all-gathered it in FP8), its output gradient; rowwise also rescales each
     of the `readers` linears' own gradients. NVFP4 with a `bias`: the bias gradient is summed
@@ -207,6 +221,8 @@ def _cast_op(name, shard: Shard, rec: str, compiled: bool, tokens, d_in, d_out, 
     fused NVFP4 path: at::sum_out, then the quantisation), one more read of it."""
     inputs, weights, grads = CAST_BYTES[rec][1 if compiled else 0]
     weights = 0.0 if weight_in_fp8 else weights
+    if rec in TE_PER_TENSOR and not transpose:  # the FP8 data alone (writes_transpose)
+        inputs, grads = inputs - 1, grads - 1
     x = tokens * d_in
     if rec == "tensorwise" and shard.sp and sp_input:
         x = x / shard.tp  # the sequence-sharded input is cast, then all-gathered in FP8
@@ -235,9 +251,10 @@ def is_cast(op: Op) -> bool:
     return op.name.rsplit(".", 1)[-1] in ("fp8_cast", *CAST_KERNELS.values())
 
 
-def fp8_layer_ops(ops: list[Op], shard: Shard, plan, model=None) -> list[Op]:
+def fp8_layer_ops(ops: list[Op], shard: Shard, plan, model=None, acc=None) -> list[Op]:
     """The layer's operators with its linears as FP8 (or NVFP4) GEMMs, each followed by its
-    casts; the list unchanged for a plan without quantized linears. `model`: whose biases."""
+    casts; the list unchanged for a plan without quantized linears. `model`: whose biases;
+    `acc`: the accelerator, whose FP8 GEMM layouts decide the per-tensor casts' transposes."""
     rec = recipe(plan)
     if rec is None:
         return ops
@@ -256,7 +273,7 @@ def fp8_layer_ops(ops: list[Op], shard: Shard, plan, model=None) -> list[Op]:
                                                                            sp_input, op.linear.input_kept_elsewhere)))
         biased = model is not None and (model.bias or model.qkv_bias and op.name == "qkv")
         out.append(_cast_op(op.name, shard, rec, plan.compile, tokens, d_in, d_out, readers, casts, matrices, sp_input,
-                            plan.fp8_fsdp_all_gather, biased))
+                            plan.fp8_fsdp_all_gather, biased, writes_transpose(rec, acc)))
     return out
 
 
@@ -286,12 +303,13 @@ def saved_input_change(name: str, rec: str, tokens, d_in, casts, shard: Shard, s
     return 0.0 * x
 
 
-def weight_bytes_per_param(plan) -> tuple[float, float]:
+def weight_bytes_per_param(plan, acc=None) -> tuple[float, float]:
     """(bytes per linear weight parameter on the device between steps, bytes its data-parallel
     all-gather moves) under the plan's FP8 recipe; (2, 2) without FP8 or with torchao."""
     rec = recipe(plan)
-    if rec in TE_PER_TENSOR:
-        return (2.0, 1.0) if plan.fp8_params else (4.0, 2.0)
+    if rec in TE_PER_TENSOR:  # the FP8 weight, with its transpose where the GEMMs need it
+        fp8 = 2.0 if writes_transpose(rec, acc) else 1.0
+        return (fp8, 1.0) if plan.fp8_params else (2.0 + fp8, 2.0)
     if rec in QUANTIZED_BYTES:  # block-scaled: both quantisations of each weight (NVFP4's 2D blocks: one the
         one = QUANTIZED_BYTES[rec]  # other's transpose)
         return (2 * one, one) if plan.fp8_params else (2.0 + 2 * one, 2.0)
@@ -300,13 +318,13 @@ def weight_bytes_per_param(plan) -> tuple[float, float]:
     return 2.0, 2.0
 
 
-def with_weight_copies(states, linear_params, plan, per):
+def with_weight_copies(states, linear_params, plan, per, acc=None):
     """`states` (states.ModelStates) with the FP8 weight copies TransformerEngine keeps of
     `linear_params` linear weights between steps, or their FP8 primary weights in place of the
     16-bit ones; under ZeRO-3 the copies are gathered per use (the states as they are)."""
     if plan.zero_stage >= 3 or recipe(plan) is None:
         return states
-    weight, _ = weight_bytes_per_param(plan)
+    weight, _ = weight_bytes_per_param(plan, acc)
     return replace(states, weights_bytes=states.weights_bytes + linear_params * (weight - per.weight))
 
 
@@ -340,11 +358,11 @@ def layer_linear_params(model, tp) -> object:
     return attention_linear_params(model, tp) + mlp_linear_params(model, model.ffn_hidden, tp)
 
 
-def weight_cast_bytes_per_step(plan, linear_params) -> object:
+def weight_cast_bytes_per_step(plan, linear_params, acc=None) -> object:
     """HBM bytes TransformerEngine's once-per-step weight casts move on a device holding
     `linear_params` linear weights: read BF16, write FP8 and its transpose (2 + 2 B), or with
     FP8 primary weights only the transpose (1 + 1 B), current scaling 2 B more for the amax
-    pass over the BF16 weight; MXFP8 two quantisations (2·(2 + 1 + 1/32) B). torchao casts
+    pass over the BF16 weight; where the GEMMs take any layout no transpose (writes_transpose); MXFP8 two quantisations (2·(2 + 1 + 1/32) B). torchao casts
     the weights every micro-batch (in the layer's cast kernels), or with the FSDP float8
     all-gather its shard before every all-gather (the stored weight
     read, 1 B written: per micro-batch one gather for the forward and one for the backward,
@@ -352,7 +370,10 @@ def weight_cast_bytes_per_step(plan, linear_params) -> object:
     rec = recipe(plan)
     if rec in TE_PER_TENSOR:
         amax = 2.0 if rec == "current" and not plan.fp8_params else 0.0
-        return linear_params * ((2.0 if plan.fp8_params else 4.0) + amax)
+        t = writes_transpose(rec, acc)
+        # FP8 primary weights: the FP8 data read and its transpose written; else BF16 read, FP8 written
+        cast = (2.0 if t else 0.0) if plan.fp8_params else (4.0 if t else 3.0)
+        return linear_params * (cast + amax)
     if rec == "mxfp8":
         return linear_params * (0.0 if plan.fp8_params else 2 * (3 + MX_SCALE))
     if rec == "nvfp4":  # an amax pass and one 2D-block kernel writing both; FP4 weights: the transpose

@@ -98,6 +98,9 @@ class Accelerator:
     # Achieved fraction of the NVFP4 peak (`peak_tflops.nvfp4`) for the GEMMs of NVFP4
     # linears, from an NVFP4 GEMM microbenchmark; None: NVFP4 plans are refused.
     matmul_fp4: Efficiency | None = None
+    # FP8 GEMMs in any operand layout (Blackwell), not only TN (Hopper): TransformerEngine then
+    # writes no transposed copy of a per-tensor scaled FP8 tensor (fp8.writes_transpose)
+    fp8_any_layout: bool = False
     # Streaming multiprocessors (compute units): the share of them a kernel running beside a
     # GEMM takes (tpoverlap.py); None where the profile does not say.
     sm_count: int | None = None
@@ -305,7 +308,7 @@ FUSED = "fused"
 ACCELERATOR_KEYS = ("name", "description", "vendor", "peak_tflops", "memory_gib", "memory_bandwidth_gb_per_s",
                     "host_link", "host_link_gb_per_s", "tdp_w", "price_usd_per_hour", "framework_overhead_gib",
                     "efficiency", "sources", "calibration", "op_overhead_us", "host_overhead_us", "validation",
-                    "idle_power_w", "sm_count")
+                    "idle_power_w", "sm_count", "fp8_any_layout")
 HOST_OVERHEADS = ("microbatch", "step", "param_tensor")
 
 
@@ -414,6 +417,7 @@ def accelerator_from_dict(data, where: str) -> Accelerator:
                     if eff.get("matmul_fp8") is not None else None),
         matmul_fp4=(_efficiency(eff, "matmul_fp4", f"{where}.efficiency", "half_flops")
                     if eff.get("matmul_fp4") is not None else None),
+        fp8_any_layout=F.boolean(data, "fp8_any_layout", where, False),
         attention_flash2=(_efficiency(eff, "attention_flash2", f"{where}.efficiency", "half_flops")
                           if flash2 not in (None, FUSED) else None),
         attention_is_flash2=flash2 == FUSED,

@@ -92,13 +92,13 @@ def _overlapped(tp_s: tuple, t: OpsTime, ops, cluster, precision) -> tuple:
     return np.maximum(0.0, tp_s[0] - gemm_fwd), np.maximum(0.0, tp_s[1] - t.bwd_input_s - t.bwd_weight_s)
 
 
-def layer_operators(model, shard, plan, experts=None) -> list:
+def layer_operators(model, shard, plan, experts=None, acc=None) -> list:
     """The operators of one layer as the plan runs them: eager kernels where nothing is
     compiled (fusion.py), the attention kernel it names, its FP8 linears (fp8.py), its
     separate projections (projections.py) and the context-parallel ring's merges after the
     attention core (cpattention.py); `experts`: an MoE layer's."""
     ops = with_attention_kernel(eager_ops(layer_ops(model, shard, experts), model, plan), plan.attention_kernel)
-    ops = projections.separate_ops(fp8.fp8_layer_ops(ops, shard, plan, model), shard, plan)
+    ops = projections.separate_ops(fp8.fp8_layer_ops(ops, shard, plan, model, acc), shard, plan)
     ops = cpattention.rank_calls(ops, model, shard, plan.cp_attention, plan.cp_ulysses)
     merges = cpattention.merge_ops(model, shard, plan.cp_attention, plan.compile)
     if not merges:
@@ -109,7 +109,8 @@ def layer_operators(model, shard, plan, experts=None) -> list:
 
 def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix:
     """Everything per layer kind, once per compile."""
-    dense_ops = layer_operators(model, shard, plan) if model.moe_layers < model.layers else []  # every layer MoE: none
+    acc = cluster.accelerator
+    dense_ops = layer_operators(model, shard, plan, acc=acc) if model.moe_layers < model.layers else []  # every layer MoE: none
     dense_t = ops_time(dense_ops, cluster, precision)
     dense_tp, moe_tp, dense_blocks, moe_blocks = _tp_comm_s(model, shard, groups, cluster,
                                                             fp8.tp_gather_bytes_factor(plan))
@@ -126,7 +127,7 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
     extra = 0.0
     if model.experts:
         experts = ExpertShard(plan.ep, plan.etp, plan.moe, fp8.moe_row_align(plan))
-        moe_ops = layer_operators(model, shard, plan, experts)
+        moe_ops = layer_operators(model, shard, plan, experts, acc)
         moe_t = ops_time(moe_ops, cluster, precision)
         moe_rerun = _rerun(model, shard, plan, cluster, moe_ops, moe_blocks, moe_tp[0])
         if plan.tp_comm_overlap:
@@ -209,7 +210,7 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, zero_gr
     # FP8 linears (fp8.py): the weight copies TransformerEngine keeps, and FP8 all-gathers of
     # FP8 primary weights; the routed experts are all linear weights
     dense_linears = n_dense * mix.dense_linear_params + n_moe * mix.moe_rest_linear_params
-    states = fp8.with_weight_copies(states, dense_linears + routed, plan, per)
+    states = fp8.with_weight_copies(states, dense_linears + routed, plan, per, cluster.accelerator)
     dense_gather = fp8.gather_bytes_per_param(per, dense_linears, dense, plan)
     routed_gather = fp8.weight_bytes_per_param(plan)[1]
     # FSDP's units (fsdp.units) over the stage's chunks: every layer, and the MoE layers' experts

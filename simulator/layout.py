@@ -153,7 +153,7 @@ class DenseLayer:
 def _dense_layer(model, cluster, plan, shard, g, precision) -> DenseLayer:
     """The layer of a dense model on `shard` (whose window band it attends: Shard.window_fraction)."""
     host_s = cluster.node.launch_overhead_s
-    layer = layer_operators(model, shard, plan)
+    layer = layer_operators(model, shard, plan, acc=cluster.accelerator)
     layer_t = ops_time(layer, cluster, precision)
     tp_s = tp_layer_comm_s(model, shard, g, cluster, fp8.tp_gather_bytes_factor(plan))
     if plan.tp_comm_overlap:
@@ -285,7 +285,7 @@ def compile_layout(model, cluster, plan) -> Layout:
             params = stage_params(model, plan.tp, layers, has_emb, has_head, head_copy)
             states = model_states(params, plan, per, zero_group)
             linears = (layers - n16) * linear_params  # FP8 linears' weights
-            states = fp8.with_weight_copies(states, linears, plan, per)
+            states = fp8.with_weight_copies(states, linears, plan, per, cluster.accelerator)
             gather_per_param = fp8.gather_bytes_per_param(per, linears, params, plan)
             acts = activation_sizes(model, shard, plan, layers / v, has_emb, has_head, layer, head)
             stage_layer_gather, stage_buffers = layer_gather, buffers
@@ -329,13 +329,14 @@ def compile_layout(model, cluster, plan) -> Layout:
                 states, model, plan, g, cluster, layers - n_moe, n_moe, has_emb, has_head, zero_group,
                 expert_zero_group_size(plan))
         optimizer_s = optimizer_step_s(states, per, plan, cluster.accelerator, muon_params) + muon_s
+        weight_casts_s = memory_bound_time(fp8.weight_cast_bytes_per_step(plan, linears, cluster.accelerator),
+                                           cluster.accelerator, fp8.cast_kernel(fp8.recipe(plan)))
         reps.append(StageLayout(
             stage=stage, count=count, layers=layers, has_embedding=has_emb, has_head=has_head, params=params,
             states=states, activations=acts, buffer_bytes=stage_buffers, passes=passes,
             sends=schedule.sends(p, v, stage),
             dp=dp, buckets=n_buckets, offload=off,
-            optimizer_s=optimizer_s + memory_bound_time(fp8.weight_cast_bytes_per_step(plan, linears),
-                                                        cluster.accelerator, fp8.cast_kernel(fp8.recipe(plan))),
+            optimizer_s=optimizer_s + weight_casts_s,
             framework_step_s=framework_ops.step_seconds(model, plan, cluster, per, params, shard_group, layers, has_emb,
                                                         has_head, head_copy, n_moe),
             optimizer_workspace_bytes=workspace))

@@ -61,11 +61,12 @@ def call_seconds(acc: Accelerator, precision: str, m: int, k: int, n: int, casts
     """(GEMM seconds, cast seconds) of one benchmark call: a bias-free linear's forward on an
     M x K input, its input and weight quantised in the call (`casts`) or beforehand."""
     plan = PLANS[precision]
-    ops = fp8_layer_ops([_linear("linear", m, k, n, 2, 2 * m * k)], Shard(micro_batch=1, seq_len=m), plan)
+    ops = fp8_layer_ops([_linear("linear", m, k, n, 2, 2 * m * k)], Shard(micro_batch=1, seq_len=m), plan, acc=acc)
     gemm = sum(float(op_times(op, acc, "bf16").fwd_s) for op in ops if op.kind != MEMORY)
     if not casts or recipe(plan) is None:
         return gemm, 0.0
-    weight = Op(f"weight.{cast_kernel(recipe(plan))}", MEMORY, fwd_bytes=weight_cast_bytes_per_step(plan, k * n))
+    weight_bytes = weight_cast_bytes_per_step(plan, k * n, acc)
+    weight = Op(f"weight.{cast_kernel(recipe(plan))}", MEMORY, fwd_bytes=weight_bytes)
     cast = sum(float(op_times(op, acc, "bf16").fwd_s) for op in ops if op.kind == MEMORY)
     return gemm, cast + float(op_times(weight, acc, "bf16").fwd_s)
 
