@@ -116,7 +116,7 @@ def moe_layer_framework_ops(model: ModelSpec, plan, shard: Shard, per: BytesPerP
     from .moe import dispatched_rows, layer_params_split, local_experts
     tokens, rep, h = shard.tokens, shard.replicated_tokens, model.hidden
     up = model.mlp_matrices - 1
-    rows = experts.etp * dispatched_rows(model, rep, experts.options)
+    rows = experts.etp * dispatched_rows(model, rep, experts)
     f = model.expert_ffn_hidden / experts.etp
     shared = model.shared_experts * (model.shared_expert_ffn_hidden or 0) / shard.tp
     mlp_bias = rep * model.experts + rows * (up * f + h) + (tokens * up * shared + rep * h if model.shared_experts
@@ -196,7 +196,8 @@ def microbatch_seconds(model: ModelSpec, plan, cluster: Cluster, shard: Shard, p
     t = (layers - moe_layers) * ops_seconds(layer_framework_ops(model, plan, shard, per), cluster, precision)
     if model.experts:
         from .moe import ExpertShard
-        experts = ExpertShard(plan.ep, plan.etp, plan.moe)
+        from .fp8 import moe_row_align
+        experts = ExpertShard(plan.ep, plan.etp, plan.moe, moe_row_align(plan))
         t = t + moe_layers * ops_seconds(moe_layer_framework_ops(model, plan, shard, per, experts), cluster,
                                          precision)
     tied_here = np.asarray(has_embedding) & np.asarray(has_head)

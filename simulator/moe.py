@@ -95,6 +95,9 @@ class MoEOptions:
     # Megatron-Core >= 0.10 folds EP x ETP into tp x cp x dp; before it, EP was carved out of
     # DP with ETP = TP (dims.expert_order)
     folding: bool = True
+    # --moe-router-padding-for-quantization: the router pads each expert's rows from every
+    # rank to the quantization multiple before the dispatch (quantization_padding)
+    router_padding: bool = False
 
     @property
     def busiest_rows(self) -> float:
@@ -139,6 +142,11 @@ class ExpertShard:
 
 def check_moe_plan(plan, model) -> None:
     """Raise InputError for ep/etp and MoE options a model and plan cannot run with."""
+    from .fp8 import moe_row_align
+    if plan.moe.router_padding and not moe_row_align(plan):
+        raise InputError("plan.moe.router_padding", True, "pads to a quantized recipe's multiple: needs precision "
+                         "fp8 (TransformerEngine's delayed or current scaling), mxfp8 or nvfp4 (Megatron-Core "
+                         "refuses it without FP8 or FP4)")
     stage_devices = plan.tp * plan.cp * plan.dp
     if not model.experts:
         if plan.ep != 1:
@@ -221,9 +229,12 @@ def stage_layer_mix(model, p, v, holds_first_layers):
 
 # ---------------------------------------------------------------- routed rows
 
-def dispatched_rows(model, tokens, options: MoEOptions):
-    """Rows the busiest rank sends to (and receives from) the dispatch, for `tokens` tokens."""
-    return options.busiest_rows * model.top_k * tokens
+def dispatched_rows(model, tokens, experts: ExpertShard):
+    """Rows the busiest rank sends to (and receives from) the dispatch, for `tokens` tokens:
+    with router padding (quantization_padding) each expert's rows from this rank padded too."""
+    o = experts.options
+    padding = model.experts * (experts.align - 1) / 2 if o.router_padding and experts.align else 0.0
+    return o.busiest_rows * model.top_k * tokens + padding
 
 
 def local_experts(model, ep):
@@ -243,8 +254,9 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
     o = experts.options
     tokens = shard.replicated_tokens  # sequence-parallel shard of the tokens (MoE needs SP with TP)
     e = model.experts
-    sent = dispatched_rows(model, tokens, o)
+    sent = dispatched_rows(model, tokens, experts)
     rows = experts.etp * sent  # rows computed here after the ETP all-gather
+    routed = experts.etp * o.busiest_rows * model.top_k * tokens  # of which the router chose (not its padding)
     n_local = local_experts(model, experts.ep)
     f = model.expert_ffn_hidden / experts.etp
     useful = o.useful_rows / o.busiest_rows
@@ -256,7 +268,7 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
 
     def grouped(name, d_in, d_out, saved, widths=None):
         op = _linear(name, run, d_in, d_out, a, saved, widths, matrices=n_local)
-        return replace(op, model_flops=op.flops * useful * rows / run, launches=per_expert)
+        return replace(op, model_flops=op.flops * useful * routed / run, launches=per_expert)
 
     sort = np.where(n_local > 1, 1.0, 0.0)  # rows are re-sorted by local expert when a rank holds several
     # SequentialMLP concatenates its experts' outputs (torch.cat: read and written once; its
@@ -298,8 +310,13 @@ def quantization_padding(rows, n_local, h, act_bytes, experts: ExpertShard) -> t
     (NVIDIA/Megatron-LM@d98e8a64dd megatron/core/transformer/moe/experts.py): TEGroupedMLP with
     TE's Fp8Padding and Fp8Unpadding, a fused copy of the rows each way in the forward pass and
     again in the backward pass; SequentialMLP with torch.cat of each expert's rows and zeros
-    (the output is sliced, its gradient padded again). Without quantized linears, nothing."""
-    if not experts.align:
+    (the output is sliced, its gradient padded again). Without quantized linears, nothing.
+    With router padding (MoEOptions.router_padding, --moe-router-padding-for-quantization;
+    moe_utils.pad_routing_map, token_dispatcher.py) the router instead routes to each expert,
+    on every rank, tokens it did not choose (weight 0) up to the multiple: the padding travels
+    through the dispatch (dispatched_rows: E (align - 1) / 2 rows a rank) and nothing is copied
+    around the experts (skip_routed_expert_padding)."""
+    if not experts.align or experts.options.router_padding:
         return [], rows
     run = rows + n_local * (experts.align - 1) / 2
     copies = 2 if experts.options.grouped_gemm else 1
@@ -311,7 +328,7 @@ def quantization_padding(rows, n_local, h, act_bytes, experts: ExpertShard) -> t
 def moe_buffer_bytes(model, shard, experts: ExpertShard):
     """Dispatch buffers alive at once in one MoE layer: the permuted rows to send, the rows
     received, and with ETP the gathered rows (Megatron-Core allocates each per layer pass)."""
-    sent = dispatched_rows(model, shard.replicated_tokens, experts.options)
+    sent = dispatched_rows(model, shard.replicated_tokens, experts)
     return shard.act_bytes * model.hidden * sent * (2 + experts.etp)
 
 
@@ -331,7 +348,7 @@ def dispatch_comm_s(model, shard, experts: ExpertShard, groups, cluster):
         full = a * h * tokens * experts.ep * experts.etp
         return collective_time("all_gather", full, groups.ep_etp, cluster) + \
             collective_time("reduce_scatter", full, groups.ep_etp, cluster)
-    sent = a * h * dispatched_rows(model, tokens, o)
+    sent = a * h * dispatched_rows(model, tokens, experts)
     gathered = experts.etp * sent
     etp = collective_time("all_gather", gathered, groups.etp, cluster) + \
         collective_time("reduce_scatter", gathered, groups.etp, cluster)

@@ -298,7 +298,8 @@ def _moe_options(data) -> MoEOptions:
         shared_expert_overlap=F.boolean(data, "shared_expert_overlap", "plan.moe", False),
         ep_comm_overlap=F.boolean(data, "ep_comm_overlap", "plan.moe", False),
         folding=F.boolean(data, "folding", "plan.moe", True),
-        grouped_gemm=F.boolean(data, "grouped_gemm", "plan.moe", True))
+        grouped_gemm=F.boolean(data, "grouped_gemm", "plan.moe", True),
+        router_padding=F.boolean(data, "router_padding", "plan.moe", False))
 
 
 def _loss(data) -> dict:

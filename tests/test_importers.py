@@ -379,6 +379,13 @@ def test_megatron_fp8_recipes_map_to_te_delayed_current_and_mxfp8_and_blockwise_
         plan("blockwise")
 
 
+def test_megatron_router_padding_for_quantization_is_plan_moe_router_padding():
+    plan = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[
+        *MOE_ARGV, "--micro-batch-size", "1", "--bf16", "--fp8-format", "e4m3", "--fp8-recipe", "tensorwise",
+        "--moe-router-padding-for-quantization"]).scenario["plan"]
+    assert plan["moe"]["router_padding"] is True
+
+
 def test_nemo_squared_relu_is_refused():
     with pytest.raises(InputError, match="model.activation"):
         import_config("megatron", DATA / "nemo-nemotron4-15b-synth.yaml", {"cluster.node": "dgx-h100"})

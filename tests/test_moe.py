@@ -224,6 +224,33 @@ def test_padding_copies_the_rows_in_and_out_of_the_padded_layout(grouped_gemm, c
     assert float(pad.fwd_bytes) == float(pad.bwd_input_bytes) == pytest.approx(copies * 2 * (rows + run) * 2048)
 
 
+def test_router_padding_sends_each_experts_padding_through_the_dispatch_and_copies_nothing():
+    """--moe-router-padding-for-quantization: every rank routes each of the 128 experts up to a
+    multiple of 128 rows with tokens of weight 0 (moe_utils.pad_routing_map), 128 x 127 / 2 rows
+    on average: they are sent, received and computed, useful to nobody, and the experts need no
+    padding copies."""
+    from simulator.moe import dispatched_rows, moe_buffer_bytes
+    s = _scenario({"preset": "qwen3-30b-a3b"}, ep=8)
+    shard = compile_scenario(s).shard
+    padded = ExpertShard(8, 1, MoEOptions(router_padding=True), 128)
+    sent = 8 * 4096 + 128 * 127 / 2
+    assert float(dispatched_rows(s.model, shard.replicated_tokens, padded)) == pytest.approx(sent)
+    assert float(moe_buffer_bytes(s.model, shard, padded)) == pytest.approx(2 * 2048 * sent * 3)
+    ops = {o.name: o for o in layer_ops(s.model, shard, padded)}
+    _, _, bf16 = _padded_ops(0)
+    assert "moe_quant_pad" not in ops
+    assert float(ops["expert_fc1"].fwd_flops) == pytest.approx(2 * sent * 2048 * 2 * s.model.expert_ffn_hidden)
+    assert float(ops["expert_fc1"].model_flops) == pytest.approx(float(bf16["expert_fc1"].model_flops))
+
+
+def test_router_padding_needs_a_quantized_recipe():
+    with pytest.raises(InputError, match="plan.moe.router_padding"):
+        _scenario({"preset": "qwen3-30b-a3b"}, ep=8, moe={"router_padding": True})
+    plan = _scenario({"preset": "qwen3-30b-a3b"}, ep=8, precision="fp8", fp8_recipe="current",
+                     moe={"router_padding": True}).plan
+    assert plan.moe.router_padding
+
+
 # ------------------------------------------------------------------ memory
 
 def test_expert_states_shard_over_expert_dp_and_the_rest_over_dp():

@@ -29,6 +29,7 @@ STORE_TRUE = {"fp16", "bf16", "swiglu", "sequence-parallel", "use-distributed-op
               "moe-grouped-gemm", "multi-latent-attention", "moe-pad-expert-input-to-capacity",
               "moe-shared-expert-overlap", "overlap-moe-expert-parallel-comm", "moe-router-force-load-balancing",
               "moe-permute-fusion", "moe-router-fusion", "moe-router-enable-expert-bias",
+              "moe-router-padding-for-quantization", "moe-router-padding-for-fp8",
               "moe-use-legacy-grouped-gemm", "moe-router-pre-softmax", "moe-per-layer-logging",
               "moe-shared-expert-gate", "moe-apply-probs-on-input", "quick-geglu", "squared-relu",
               "account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split",

@@ -103,7 +103,9 @@ def read_moe(a: Account, key: Callable[[str], str], number: Callable, layers: in
     a.used(key("moe_expert_capacity_factor"), key("moe_pad_expert_input_to_capacity"))
     a.map(key("moe_grouped_gemm"), "plan.moe.grouped_gemm", bool(a.get(key("moe_grouped_gemm"), False)))
     for field, option in (("moe_shared_expert_overlap", "shared_expert_overlap"),
-                          ("overlap_moe_expert_parallel_comm", "ep_comm_overlap")):
+                          ("overlap_moe_expert_parallel_comm", "ep_comm_overlap"),
+                          ("moe_router_padding_for_quantization", "router_padding"),
+                          ("moe_router_padding_for_fp8", "router_padding")):
         if a.get(key(field)):
             a.map(key(field), f"plan.moe.{option}", True)
         a.used(key(field))
