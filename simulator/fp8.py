@@ -362,7 +362,9 @@ def weight_cast_bytes_per_step(plan, linear_params, acc=None) -> object:
     """HBM bytes TransformerEngine's once-per-step weight casts move on a device holding
     `linear_params` linear weights: read BF16, write FP8 and its transpose (2 + 2 B), or with
     FP8 primary weights only the transpose (1 + 1 B), current scaling 2 B more for the amax
-    pass over the BF16 weight; where the GEMMs take any layout no transpose (writes_transpose); MXFP8 two quantisations (2·(2 + 1 + 1/32) B). torchao casts
+    pass over the BF16 weight, no transpose where the GEMMs take any layout (writes_transpose);
+    MXFP8 two quantisations (2·(2 + 1 + 1/32) B); NVFP4 an amax pass and both 2D-block
+    quantisations (2 + 2 + 2·(0.5 + 1/16) B), with FP4 primary weights the transpose. torchao casts
     the weights every micro-batch (in the layer's cast kernels), or with the FSDP float8
     all-gather its shard before every all-gather (the stored weight
     read, 1 B written: per micro-batch one gather for the forward and one for the backward,
@@ -376,7 +378,7 @@ def weight_cast_bytes_per_step(plan, linear_params, acc=None) -> object:
         return linear_params * (cast + amax)
     if rec == "mxfp8":
         return linear_params * (0.0 if plan.fp8_params else 2 * (3 + MX_SCALE))
-    if rec == "nvfp4":  # an amax pass and one 2D-block kernel writing both; FP4 weights: the transpose
+    if rec == "nvfp4":
         return linear_params * (2 * FP4_BYTES if plan.fp8_params else 4 + 2 * FP4_BYTES)
     if plan.fp8_fsdp_all_gather:
         stored = 4.0 if plan.fp32_params else 2.0

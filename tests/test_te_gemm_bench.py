@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from simulator.hardware import load_accelerator
-from simulator.validation.te_gemm_bench import (call_seconds, fit_nvfp4_cast, fp4_max, load_table, predicted_ms,
-                                                report, te_groups, torchao_groups)
+from simulator.validation.te_gemm_bench import (call_seconds, fit_nvfp4_cast, fp4_max, fp4_over_bf16_error,
+                                                load_table, predicted_ms, report, te_groups, torchao_groups)
 
 B300 = load_accelerator("b300")
 
@@ -39,6 +39,14 @@ def test_the_b300_prices_nvfp4_against_bf16_as_transformer_engine_measured_them(
     # pre-quantized per layer: BF16 13.102 ms, NVFP4 3.764 ms
     assert sum(predicted_ms(B300, table, "nvfp4", False)) / sum(predicted_ms(B300, table, "bf16", False)) == \
         pytest.approx(3.764 / 13.102, rel=2e-3)
+
+
+def test_the_b300_nvfp4_rate_holds_on_each_pass_it_was_not_derived_from():
+    groups = te_groups(load_table())
+    for i, held_out in enumerate(groups):
+        fitted = fp4_max(B300, [g for j, g in enumerate(groups) if j != i])
+        acc = replace(B300, matmul_fp4=replace(B300.matmul_fp4, max=fitted))
+        assert abs(fp4_over_bf16_error(acc, held_out)) < 0.1
 
 
 def test_the_b300_nvfp4_cast_rate_is_the_fit_and_holds_on_each_held_out_pass():
