@@ -157,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--fit-matmul", metavar="RUN_PREFIX", default=None,
                     help="fit the accelerator's matmul efficiency to the published runs whose id starts with "
                          "RUN_PREFIX (e.g. korthikanti22) and print it; the profile's provenance")
+    va.add_argument("--kernels", action="store_true",
+                    help="the quantized linears' GEMMs and casts against published GEMM benchmarks "
+                         "(TransformerEngine on a B300 and an H200 NVL, torchao's NVFP4 on a B200)")
     va.add_argument("--transferred", action="store_true",
                     help="--published: predict each run with its profile's efficiencies transferred from another "
                          "fitted profile (how far a transfer misses: the basis of a transferred profile's interval)")
@@ -482,6 +485,35 @@ def cmd_validate_torch(args) -> int:
     return 0
 
 
+def cmd_validate_kernels(args) -> int:
+    from .validation.te_gemm_bench import kernel_report
+
+    out = kernel_report()
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+
+    def ms(row, key):
+        return f"{row[key]:.3f}" if key in row else "-"
+
+    def err(row, measured, predicted):
+        return f"{100 * (row[predicted] / row[measured] - 1):+.1f}%" if measured in row else "-"
+
+    rows = [(r["device"], r["profile"], r["precision"], ms(r, "autocast_ms"), ms(r, "autocast_predicted_ms"),
+             err(r, "autocast_ms", "autocast_predicted_ms"), ms(r, "prequantized_ms"),
+             ms(r, "prequantized_predicted_ms"), err(r, "prequantized_ms", "prequantized_predicted_ms"),
+             ms(r, "cast_ms"), ms(r, "cast_predicted_ms"), err(r, "cast_ms", "cast_predicted_ms"))
+            for r in out["te_gemm_profiles"]]
+    print("TransformerEngine's GEMM profile of one layer's linears (ms a layer; cast = autocast - pre-quantized):")
+    print(_fmt_table(rows, ("device", "profile", "precision", "autocast", "predicted", "error", "pre-quantized",
+                            "predicted", "error", "cast", "predicted", "error")))
+    rows = [(r["size"], "derived from" if r["derived_from"] else "held out", f"{r['measured']:.3f}",
+             f"{r['predicted']:.3f}", f"{r['error_pct']:+.1f}%") for r in out["torchao_nvfp4_b200"]]
+    print("\ntorchao's square GEMMs on a B200, NVFP4's time over BF16's (b200 profile):")
+    print(_fmt_table(rows, ("M = K = N", "for the rate", "measured", "predicted", "error")))
+    return 0
+
+
 def cmd_validate(args) -> int:
     if args.torch and args.published:
         raise InputError("validate", "--published --torch", "choose one of --published or --torch")
@@ -490,10 +522,14 @@ def cmd_validate(args) -> int:
     if args.transferred and args.fit_matmul:
         raise InputError("validate --transferred", args.fit_matmul, "not with --fit-matmul: a fit is made on the "
                          "profile's own efficiencies")
+    if args.kernels and (args.torch or args.published):
+        raise InputError("validate", "--kernels", "alone: not with --published or --torch")
+    if args.kernels:
+        return cmd_validate_kernels(args)
     if args.torch:
         return cmd_validate_torch(args)
     if not args.published:
-        raise InputError("validate", "", "choose what to validate against: --published or --torch")
+        raise InputError("validate", "", "choose what to validate against: --published, --torch or --kernels")
     from .validation import fit_matmul_max, format_report, validate_published
 
     args.engine = args.engine or ("analytic" if args.fit_matmul else "graph")

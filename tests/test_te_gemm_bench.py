@@ -87,3 +87,23 @@ def test_hopper_fp8_current_scaling_casts_predict_the_h200_nvl_measurement():
     row = next(r for r in report(load_accelerator("h200-sxm-141gb"), table) if r["precision"] == "current")
     assert row["cast_ms"] == pytest.approx(3.500, abs=2e-3)
     assert row["cast_predicted_ms"] == pytest.approx(3.500, rel=0.1)
+
+
+def test_cli_validate_kernels_reports_every_benchmark_row():
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "validate", "--kernels", "--json"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert {(r["device"], r["precision"]) for r in out["te_gemm_profiles"]} == {
+        ("b300", p) for p in ("bf16", "current", "delayed", "mxfp8", "nvfp4")} | {
+        ("h200-nvl", p) for p in ("bf16", "current", "delayed")}
+    b300_nvfp4 = next(r for r in out["te_gemm_profiles"] if r["precision"] == "nvfp4")
+    assert b300_nvfp4["autocast_ms"] == pytest.approx(1.932 + 2.189 + 2.331)
+    assert [r["size"] for r in out["torchao_nvfp4_b200"]] == [1024, 1536, 2048, 3072, 4096, 6144, 8192]
+    bad = subprocess.run([sys.executable, "-m", "simulator.cli", "validate", "--kernels", "--published"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1

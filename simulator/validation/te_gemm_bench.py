@@ -175,3 +175,31 @@ def report(acc: Accelerator, table: dict | None = None) -> list[dict]:
                        cast_predicted_ms=sum(_cast_ms(acc, table, precision)))
         rows.append(row)
     return rows
+
+
+# Each published table with the profile that predicts it (the H200 NVL card by the SXM part's)
+TABLES = {"te-gemm-profiling-b300.yaml": "b300", "te-gemm-profiling-h200nvl.yaml": "h200-sxm-141gb"}
+
+
+def kernel_report() -> dict:
+    """Every GEMM benchmark here against llmsim's prediction (`llmsim validate --kernels`):
+    TransformerEngine's layer profiles per precision (report), and torchao's B200 square GEMMs
+    as NVFP4's time over BF16's per size (6144 and 8192 are what the B200's rate is derived
+    from, the rest held out)."""
+    from ..hardware import load_accelerator
+
+    profiles = []
+    for name, profile in TABLES.items():
+        table = load_table(name)
+        profiles += [{"table": name, "device": table["accelerator"], "profile": profile, **row}
+                     for row in report(load_accelerator(profile), table)]
+    b200 = load_accelerator("b200")
+    sizes = load_yaml(data_dir() / "microbenchmarks" / "torchao-nvfp4-gemm-b200.yaml")["time_s"]
+    squares = []
+    for size in sizes:
+        (group,) = torchao_groups((size,))
+        measured = group[2] / group[1]
+        squares.append({"size": int(size), "derived_from": size in (6144, 8192), "measured": measured,
+                        "predicted": measured * (1 + fp4_over_bf16_error(b200, group)),
+                        "error_pct": 100 * fp4_over_bf16_error(b200, group)})
+    return {"te_gemm_profiles": profiles, "torchao_nvfp4_b200": squares}
