@@ -258,8 +258,9 @@ def _settings(model: ModelSpec, cluster: Cluster, shape: Plan, opts: SearchOptio
 
 
 def _fixed_refusal(error: InputError, fixed: dict) -> str:
-    """The refusal's line where it names a fixed plan field, else empty."""
-    return str(error) if str(error.field).split(".", 1)[-1] in fixed else ""
+    """The refusal's line where it names a fixed plan field (or a field of one: plan.moe.x), else empty."""
+    parts = str(error.field).split(".")
+    return str(error) if parts[0] == "plan" and len(parts) > 1 and parts[1] in fixed else ""
 
 
 def _plan_columns(batch: PlanBatch, model: ModelSpec, cluster: Cluster) -> dict:
@@ -286,16 +287,16 @@ def precisions(opts: SearchOptions) -> tuple:
 
 
 def _evaluate_groups(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchOptions,
-                     training: Training, reasons: bool) -> tuple[list, int, str]:
+                     training: Training, reasons: bool) -> tuple[list, int, dict]:
     """[(PlanBatch, evaluate_batch dict)] for every valid plan, grouped by categorical fields,
-    how many plans were enumerated, and the last refusal of a shape for a fixed plan field,
-    over every precision the options name."""
-    out, tried, refusal = [], 0, ""
+    how many plans were enumerated, and for each precision the options name the last refusal
+    of a shape for a fixed plan field ("" where none)."""
+    out, tried, refusals = [], 0, {}
     for precision in precisions(opts):
-        groups, n, refused = _precision_groups(model, cluster, global_batch, replace(opts, precision=precision),
-                                               training, reasons)
-        out, tried, refusal = out + groups, tried + n, refused or refusal
-    return out, tried, refusal
+        groups, n, refusals[precision] = _precision_groups(model, cluster, global_batch,
+                                                           replace(opts, precision=precision), training, reasons)
+        out, tried = out + groups, tried + n
+    return out, tried, refusals
 
 
 def _precision_groups(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchOptions,
@@ -434,13 +435,17 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
         if precision not in PRECISIONS:
             raise InputError("--precision", precision, "expected one of " + ", ".join(PRECISIONS))
         check_precision(precision, cluster.accelerator)
-    groups, tried, refusal = _evaluate_groups(model, cluster, global_batch, options, training, reasons=False)
+    groups, tried, refusals = _evaluate_groups(model, cluster, global_batch, options, training, reasons=False)
     notes = [f"every plan: {', '.join(_flat(dict(options.plan_options)))}"] if fixed else []
     valid = sum(len(b) for b, _ in groups)
+    refusal = next((r for r in reversed(refusals.values()) if r), "")
     if valid == 0:
         why = f"refused: {refusal}" if refusal else "check that the global batch is a multiple of some micro_batch*dp"
         return SearchResult(pd.DataFrame(), tried, 0, 0, "analytic", time.perf_counter() - start,
                             [*notes, f"no valid plan: {why}"])
+    searched = {b.precision for b, _ in groups}
+    notes += [f"no valid plan in {p}" + (f": {refusals[p]}" if refusals[p] else "")
+              for p in precisions(options) if p not in searched]
     column, ascending = OBJECTIVES[objective]
     ranked, feasible = _ranked_rows(model, cluster, groups, column, ascending, 3 * top, options.memory_headroom)
     if feasible == 0:

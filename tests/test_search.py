@@ -243,6 +243,15 @@ def test_a_precision_the_cluster_cannot_run_is_refused_before_searching():
         search(MODEL, CLUSTER, 16, engine="analytic", options=replace(OPTS, precision=("bf16", "nvfp4")))
 
 
+def test_a_precision_whose_every_plan_a_fixed_field_refuses_is_named_with_the_refusal():
+    opts = replace(OPTS, precision=("bf16", "fp8"), schedules=("1f1b",), offloads=("none",), zero_stages=(1,),
+                   plan_options=(("fp8_recipe", "current"), ("moe", {"router_padding": True})))
+    result = search({"preset": "mixtral-8x7b", "seq_len": 1024}, {"node": "dgx-h100", "nodes": 1}, 16, top=1,
+                    engine="analytic", options=opts)
+    assert result.valid > 0  # fp8's plans
+    assert any(n.startswith("no valid plan in bf16: plan.moe.router_padding") for n in result.notes)
+
+
 def test_cli_search_prints_the_ranked_plans():
     proc = subprocess.run([sys.executable, "-m", "simulator.cli", "search", "--model", "megatron-gpt-1.7b",
                            "--cluster", "dgx-a100", "--nodes", "1", "--global-batch", "16", "--top", "3"],
