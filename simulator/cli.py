@@ -658,7 +658,7 @@ def _search_options(args):
 
 def cmd_search(args) -> int:
     from .scenario import Training
-    from .search import search
+    from .search import precisions, search
 
     global_batch = _int_flag(args.global_batch, "--global-batch")
     top = _int_flag(args.top, "--top", maximum=10**5)
@@ -686,7 +686,7 @@ def cmd_search(args) -> int:
           f"ranked by {args.objective} ({result.ranked_by})")
     for note in result.notes:
         print("note: " + note)
-    several = not isinstance(options.precision, str)  # precisions ranked side by side
+    several = len(precisions(options)) > 1  # precisions ranked side by side
     rows = [(r.rank, *((r.precision,) if several else ()), r.tp, r.pp, r.dp, _cp_cell(r),
              f"{r.ep}/{r.etp}", r.vpp, _split_cell(r), r.micro_batch, r.schedule,
              "y" if r.sequence_parallel else "n",

@@ -195,9 +195,8 @@ def microbatch_seconds(model: ModelSpec, plan, cluster: Cluster, shard: Shard, p
     precision = plan.precision
     t = (layers - moe_layers) * ops_seconds(layer_framework_ops(model, plan, shard, per), cluster, precision)
     if model.experts:
-        from .moe import ExpertShard
-        from .fp8 import moe_row_align
-        experts = ExpertShard(plan.ep, plan.etp, plan.moe, moe_row_align(plan))
+        from .moe import plan_experts
+        experts = plan_experts(plan)
         t = t + moe_layers * ops_seconds(moe_layer_framework_ops(model, plan, shard, per, experts), cluster,
                                          precision)
     tied_here = np.asarray(has_embedding) & np.asarray(has_head)

@@ -19,8 +19,8 @@ import numpy as np
 from .dataparallel import DPCosts, buckets, dp_costs
 from .dims import expert_grad_group_size, grad_group_size
 from .memory import ActivationSizes, activation_sizes, buffer_bytes
-from .moe import (SHARED_EXPERTS, ExpertShard, dispatch_comm_s, exposed_dispatch_s, layer_params_split,
-                  moe_buffer_bytes)
+from .moe import (SHARED_EXPERTS, dispatch_comm_s, exposed_dispatch_s, layer_params_split,
+                  moe_buffer_bytes, plan_experts)
 from . import cpattention, fp8, fsdp, mtp, projections
 from .compute import LOW_PRECISION_GEMMS, op_times, with_attention_kernel
 from .fp8 import compute_precision
@@ -126,7 +126,7 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
     buffers_layer = dense_p
     extra = 0.0
     if model.experts:
-        experts = ExpertShard(plan.ep, plan.etp, plan.moe, fp8.moe_row_align(plan))
+        experts = plan_experts(plan)
         moe_ops = layer_operators(model, shard, plan, experts, acc)
         moe_t = ops_time(moe_ops, cluster, precision)
         moe_rerun = _rerun(model, shard, plan, cluster, moe_ops, moe_blocks, moe_tp[0])

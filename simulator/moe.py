@@ -138,6 +138,13 @@ class ExpertShard:
     align: int = 0
 
 
+def plan_experts(plan) -> ExpertShard:
+    """The plan's ExpertShard: its ep, etp and MoE options, and the row multiple its quantized
+    recipe pads each local expert to (fp8.moe_row_align)."""
+    from .fp8 import moe_row_align
+    return ExpertShard(plan.ep, plan.etp, plan.moe, moe_row_align(plan))
+
+
 # ---------------------------------------------------------------- validation
 
 def check_moe_plan(plan, model) -> None:

@@ -149,10 +149,10 @@ def test_few_tokens_per_expert_pay_the_matmul_curve_once_per_local_expert():
     assert float(op_times(op, acc, "bf16").fwd_s) == pytest.approx(expected, rel=1e-12)
 
 
-def _expert_ops(grouped_gemm: bool, model=None):
+def _expert_ops(grouped_gemm: bool, model=None, align: int = 0):
     s = _scenario(model or {"preset": "qwen3-30b-a3b"}, ep=8)
     shard = compile_scenario(s).shard
-    return s, shard, layer_ops(s.model, shard, ExpertShard(8, 1, MoEOptions(grouped_gemm=grouped_gemm)))
+    return s, shard, layer_ops(s.model, shard, ExpertShard(8, 1, MoEOptions(grouped_gemm=grouped_gemm), align))
 
 
 def test_sequential_experts_launch_each_local_experts_kernels_and_join_their_outputs():
@@ -193,10 +193,8 @@ def test_one_local_expert_has_no_outputs_to_join():
 
 
 def _padded_ops(align: int, grouped_gemm: bool = True):
-    s = _scenario({"preset": "qwen3-30b-a3b"}, ep=8)
-    shard = compile_scenario(s).shard
-    return s, shard, {o.name: o for o in layer_ops(s.model, shard, ExpertShard(8, 1, MoEOptions(
-        grouped_gemm=grouped_gemm), align))}
+    s, shard, ops = _expert_ops(grouped_gemm, align=align)
+    return s, shard, {o.name: o for o in ops}
 
 
 def test_quantized_experts_run_each_local_experts_rows_padded_to_the_recipes_multiple():

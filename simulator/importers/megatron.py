@@ -36,6 +36,7 @@ import re
 from pathlib import Path
 
 from ..errors import InputError
+from ..fp8 import LOW_PRECISIONS
 from ..model import every_nth_layer, window_pattern
 from ..plan import MUON_TP_MODES
 from ..recompute import MODULES
@@ -451,7 +452,7 @@ def read_bf16_layers(a: Account, flag: str, start: str, end: str, precision: str
     `default` (Megatron-Core's TransformerConfig: 1, NVIDIA/Megatron-LM@d98e8a64dd
     megatron/core/transformer/transformer_config.py). Without FP8 linears every layer is BF16
     already, and without the flag the counts are unused (fp8_utils.is_first_last_bf16_layer)."""
-    if not a.get(flag) or precision not in ("fp8", "mxfp8", "nvfp4"):
+    if not a.get(flag) or precision not in LOW_PRECISIONS:
         a.used(flag, start, end)
         return
     a.map(start if a.has(start) else flag, "plan.bf16_layers_at_start", a.number(start, default))
@@ -478,8 +479,7 @@ def fsdp_grad_precision(a: Account, precision: str, kept_key: str, sent_key: str
         value = a.get(key)
         return default if value in (None, "auto") else DTYPES.get(str(value), str(value))
 
-    # FP8 and NVFP4 plans keep bf16 params
-    kept = dtype(kept_key, {"fp8": "bf16", "mxfp8": "bf16", "nvfp4": "bf16"}.get(precision, precision))
+    kept = dtype(kept_key, "bf16" if precision in LOW_PRECISIONS else precision)  # FP8 / NVFP4 keep bf16 params
     sent = dtype(sent_key, kept)
     if kept != sent:
         a.refuse(sent_key, f"llmsim keeps and reduces gradients in one precision (plan.grad_precision); here "

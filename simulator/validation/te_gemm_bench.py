@@ -99,22 +99,32 @@ def te_groups(table: dict) -> list:
     return [(shapes, ms["bf16"][i], ms["nvfp4"][i]) for i, shapes in enumerate(pass_shapes(table).values())]
 
 
-def torchao_groups(sizes=(6144, 8192)) -> list:
+# the sizes the B200's rate is derived from: the two largest, where both precisions run near
+# their plateau and the start-up (half_flops, inferred) weighs least
+TORCHAO_DERIVED = (6144, 8192)
+
+
+def torchao_groups(sizes=TORCHAO_DERIVED) -> list:
     """torchao's B200 square GEMMs (data/microbenchmarks/torchao-nvfp4-gemm-b200.yaml) of
-    `sizes` as fp4_max groups; by default the two largest, where both precisions run near their
-    plateau and the start-up (half_flops, inferred) weighs least."""
+    `sizes` (None: every size) as fp4_max groups."""
     table = load_yaml(data_dir() / "microbenchmarks" / "torchao-nvfp4-gemm-b200.yaml")["time_s"]
-    return [([(s, s, s)], 1e3 * table[s][0], 1e3 * table[s][1]) for s in sizes]
+    return [([(s, s, s)], 1e3 * table[s][0], 1e3 * table[s][1]) for s in (table if sizes is None else sizes)]
+
+
+def fp4_over_bf16(acc: Accelerator, shapes) -> float:
+    """llmsim's NVFP4 time over its BF16 time on `shapes`."""
+    return _gemms_ms(acc, "nvfp4", shapes) / _gemms_ms(acc, "bf16", shapes)
 
 
 def fp4_over_bf16_error(acc: Accelerator, group) -> float:
     """(predicted - measured) / measured of NVFP4's time over BF16's on one group."""
     shapes, bf16, fp4 = group
-    return (_gemms_ms(acc, "nvfp4", shapes) / _gemms_ms(acc, "bf16", shapes)) / (fp4 / bf16) - 1
+    return fp4_over_bf16(acc, shapes) / (fp4 / bf16) - 1
 
 
 def _cast_ms(acc: Accelerator, table: dict, precision: str) -> list:
-    return [a - g for a, g in zip(predicted_ms(acc, table, precision), predicted_ms(acc, table, precision, False))]
+    """Predicted milliseconds of each pass's casts (the calls' cast kernels)."""
+    return [1e3 * sum(call_seconds(acc, precision, *s)[1] for s in shapes) for shapes in pass_shapes(table).values()]
 
 
 def measured_cast_ms(table: dict, precision: str) -> list:
@@ -194,12 +204,10 @@ def kernel_report() -> dict:
         profiles += [{"table": name, "device": table["accelerator"], "profile": profile, **row}
                      for row in report(load_accelerator(profile), table)]
     b200 = load_accelerator("b200")
-    sizes = load_yaml(data_dir() / "microbenchmarks" / "torchao-nvfp4-gemm-b200.yaml")["time_s"]
     squares = []
-    for size in sizes:
-        (group,) = torchao_groups((size,))
-        measured = group[2] / group[1]
-        squares.append({"size": int(size), "derived_from": size in (6144, 8192), "measured": measured,
-                        "predicted": measured * (1 + fp4_over_bf16_error(b200, group)),
-                        "error_pct": 100 * fp4_over_bf16_error(b200, group)})
+    for shapes, bf16, fp4 in torchao_groups(None):
+        (size, _, _), = shapes
+        predicted = fp4_over_bf16(b200, shapes)
+        squares.append({"size": int(size), "derived_from": size in TORCHAO_DERIVED, "measured": fp4 / bf16,
+                        "predicted": predicted, "error_pct": 100 * (predicted * bf16 / fp4 - 1)})
     return {"te_gemm_profiles": profiles, "torchao_nvfp4_b200": squares}
