@@ -293,6 +293,12 @@ def _moe_fields(cfg: Mapping, model_type: str, where: str) -> dict:
         out.update(shared_experts=shared, shared_expert_ffn_hidden=out["expert_ffn_hidden"] if shared else None,
                    dense_layers=F.integer(cfg, "first_k_dense_replace", where, 0, minimum=0),
                    moe_layer_freq=F.integer(cfg, "moe_layer_freq", where, 1))
+        # group-limited routing: DeepSeek-V2's group_limited_greedy and V3's noaux_tc pick
+        # topk_group of n_group expert groups first (transformers DeepseekV3TopkRouter
+        # get_topk_indices; GLM-4.5's router the same); DeepSeek-V2's "greedy" ignores them
+        groups = F.integer(cfg, "n_group", where, 1, minimum=1) or 1
+        if groups > 1 and cfg.get("topk_method") != "greedy":
+            out.update(router_groups=groups, router_group_topk=F.integer(cfg, "topk_group", where, minimum=1))
     elif model_type.startswith("qwen"):
         # transformers Qwen2MoeDecoderLayer: MoE where (i + 1) % decoder_sparse_step == 0 and i
         # not in mlp_only_layers (the last layer of each period: model.moe_layer_offset)

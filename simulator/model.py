@@ -27,7 +27,7 @@ POSITIONS = ("learned", "rope")
 ATTENTIONS = ("mha", "gqa", "mla")
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 MOE_FIELDS = ("top_k", "expert_ffn_hidden", "shared_experts", "shared_expert_ffn_hidden", "dense_layers",
-              "moe_layer_freq", "moe_layer_offset")
+              "moe_layer_freq", "moe_layer_offset", "router_groups", "router_group_topk")
 
 
 def presets_dir() -> Path:
@@ -109,6 +109,13 @@ class ModelSpec:
     # interleave_moe_layer_step, Qwen2-MoE's decoder_sparse_step: (i + 1) % step == 0)
     moe_layer_offset: int = 0
     mtp_layers: int = 0  # multi-token-prediction modules (DeepSeek-V3 num_nextn_predict_layers)
+    # Group-limited routing (DeepSeek-V3's node-limited routing; Megatron-Core --moe-router-num-groups
+    # and --moe-router-group-topk, Hugging Face n_group and topk_group): the experts form
+    # router_groups groups of consecutive experts and a token's top_k come from router_group_topk
+    # of them; 0: no groups. It changes what a step costs only where the dispatch sends a token
+    # once per destination (moe.py, the deepep dispatcher).
+    router_groups: int = 0
+    router_group_topk: int = 0
     # Sliding-window attention: layer i attends to the last `sliding_window` tokens when
     # i % sliding_window_freq == 0 (Mistral: every layer; GPT-OSS: every other); 0 = none. Or,
     # with sliding_window_skip_freq N >= 2, on every layer but each N-th (1-indexed), which
@@ -532,6 +539,8 @@ def _spec_from_fields(data: Mapping, field: str, base: ModelSpec | None = None) 
         dense_layers=dense_layers, moe_layer_freq=moe_layer_freq,
         moe_layer_offset=count("moe_layer_offset", 0, keep=moe_kept, maximum=100_000),
         mtp_layers=count("mtp_layers", 0, maximum=1000),
+        router_groups=count("router_groups", 0, keep=moe_kept, maximum=100_000),
+        router_group_topk=count("router_group_topk", 0, keep=moe_kept, maximum=100_000),
         sliding_window=count("sliding_window", 0, maximum=10**8),
         sliding_window_freq=F.integer(data, "sliding_window_freq", field, default("sliding_window_freq", 1),
                                       maximum=100_000),
@@ -582,6 +591,14 @@ def check_shapes(spec: ModelSpec, field: str = "model") -> ModelSpec:
             bad("dense_layers", f"must be < layers={spec.layers} (an MoE model has at least one MoE layer)")
         if not spec.moe_layers:
             bad("moe_layer_freq", f"leaves no MoE layer among layers {spec.dense_layers}..{spec.layers - 1}")
+        if spec.router_groups and spec.experts % spec.router_groups:
+            bad("router_groups", f"must divide experts={spec.experts} (groups of consecutive experts), or 0")
+        if bool(spec.router_groups) != bool(spec.router_group_topk) or spec.router_group_topk > spec.router_groups:
+            bad("router_group_topk", f"an integer from 1 to router_groups={spec.router_groups} with router_groups, "
+                "else 0")
+        if spec.router_groups and spec.top_k > spec.router_group_topk * spec.experts // spec.router_groups:
+            bad("top_k", f"at most the {spec.router_group_topk * spec.experts // spec.router_groups} experts of "
+                f"router_group_topk={spec.router_group_topk} groups")
     if spec.rotary_fraction != 1.0:
         rotated = spec.head_dim * spec.rotary_fraction
         if spec.position_embedding != "rope" or spec.attention == "mla":

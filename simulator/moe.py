@@ -17,8 +17,11 @@ MoE layers with tp > 1 need sequence parallelism, moe_layer.py MoELayer.forward)
    router's probabilities.
 
 The all-gather dispatcher (MoEAllGatherTokenDispatcher) instead all-gathers every token of
-the EP x ETP group and reduce-scatters the output. Shared experts (DeepSeekMoE) are a dense
-MLP split over TP like any other.
+the EP x ETP group and reduce-scatters the output. The `deepep` dispatcher (Megatron-Core's flex
+dispatcher with DeepEP's normal kernels: --moe-token-dispatcher-type flex
+--moe-flex-dispatcher-backend deepep) sends each token once to every rank that holds one of its
+experts and sums the ranks' outputs on the way back (deepep_comm_s). Shared experts
+(DeepSeekMoE) are a dense MLP split over TP like any other.
 
 Routed rows. Balanced routing sends k·T rows per rank and each rank receives k·T. With a
 capacity factor c (--moe-expert-capacity-factor) an expert takes at most c·k·T/E rows from
@@ -71,11 +74,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from . import deepep
 from .comm import all_to_all_time, collective_time
 from .errors import InputError
 from .states import attention_params_local, layer_params_local, mlp_params_local
 
-DISPATCHERS = ("alltoall", "allgather")
+DISPATCHERS = ("alltoall", "allgather", "deepep")
 SHARED_EXPERTS = "shared_experts"  # Op.group of the shared experts' operators
 
 
@@ -83,7 +87,7 @@ SHARED_EXPERTS = "shared_experts"  # Op.group of the shared experts' operators
 class MoEOptions:
     """How the MoE layers run (Megatron-Core's --moe-* flags); dense models ignore them."""
 
-    dispatcher: str = "alltoall"  # --moe-token-dispatcher-type alltoall | allgather
+    dispatcher: str = "alltoall"  # --moe-token-dispatcher-type alltoall | allgather | flex (deepep)
     capacity_factor: float | None = None  # --moe-expert-capacity-factor; None: dropless
     pad_to_capacity: bool = False  # --moe-pad-expert-input-to-capacity
     load_imbalance: float = 1.0  # routed rows of the busiest EP rank / the mean (dropless routing)
@@ -237,10 +241,12 @@ def stage_layer_mix(model, p, v, holds_first_layers):
 # ---------------------------------------------------------------- routed rows
 
 def dispatched_rows(model, tokens, experts: ExpertShard):
-    """Rows the busiest rank sends to (and receives from) the dispatch, for `tokens` tokens:
-    with router padding (quantization_padding) each expert's rows from this rank padded too."""
+    """(token, expert) rows of the busiest rank for `tokens` tokens, which the all-to-all
+    dispatcher sends (and receives): with router padding (quantization_padding) each expert's
+    rows from this rank padded too; DeepEP pads on the receiving rank instead."""
     o = experts.options
-    padding = model.experts * (experts.align - 1) / 2 if o.router_padding and experts.align else 0.0
+    sends_padding = o.router_padding and experts.align and o.dispatcher != "deepep"
+    padding = model.experts * (experts.align - 1) / 2 if sends_padding else 0.0
     return o.busiest_rows * model.top_k * tokens + padding
 
 
@@ -277,7 +283,11 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
         op = _linear(name, run, d_in, d_out, a, saved, widths, matrices=n_local)
         return replace(op, model_flops=op.flops * useful * routed / run, launches=per_expert)
 
-    sort = np.where(n_local > 1, 1.0, 0.0)  # rows are re-sorted by local expert when a rank holds several
+    # the all-to-all's rows arrive by source rank and are re-sorted by local expert when a rank
+    # holds several; DeepEP's received tokens are permuted by local expert once, after the dispatch
+    deepep_rows = o.dispatcher == "deepep"
+    sort = np.where(n_local > 1, 0.0 if deepep_rows else 1.0, 0.0)
+    permuted = rows if deepep_rows else sent
     # SequentialMLP concatenates its experts' outputs (torch.cat: read and written once; its
     # backward only slices); with one local expert it returns that expert's output
     cat = [] if o.grouped_gemm else [Op("moe_expert_cat", MEMORY, fwd_bytes=sort * 2 * a * rows * h)]
@@ -285,7 +295,7 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
         _linear("router", tokens, h, e, a, a * tokens * h),
         # fp32 scores: softmax and top-k; the scores are kept for the backward pass
         _elementwise("router_topk", tokens * e, 2 * 4, 4 * tokens * e),
-        _elementwise("moe_permute", sent * h, 2 * a, 0.0),
+        _elementwise("moe_permute", permuted * h, 2 * a, 0.0),
         _elementwise("moe_sort_chunks", sort * rows * h, 2 * a, 0.0),
         *pad,
         grouped("expert_fc1", h, (2 if gated else 1) * f, a * run * h, (f, f) if gated else None),
@@ -322,10 +332,14 @@ def quantization_padding(rows, n_local, h, act_bytes, experts: ExpertShard) -> t
     moe_utils.pad_routing_map, token_dispatcher.py) the router instead routes to each expert,
     on every rank, tokens it did not choose (weight 0) up to the multiple: the padding travels
     through the dispatch (dispatched_rows: E (align - 1) / 2 rows a rank) and nothing is copied
-    around the experts (skip_routed_expert_padding)."""
-    if not experts.align or experts.options.router_padding:
+    around the experts (skip_routed_expert_padding); under DeepEP the receiving rank pads each
+    local expert's rows with tokens it received (token_dispatcher.py _DeepepManager
+    _pad_routing_map): the experts' padded rows, neither sent nor copied."""
+    if not experts.align:
         return [], rows
     run = rows + n_local * (experts.align - 1) / 2
+    if experts.options.router_padding:
+        return [], run if experts.options.dispatcher == "deepep" else rows
     copies = 2 if experts.options.grouped_gemm else 1
     nbytes = copies * act_bytes * (rows + run) * h
     from .workload import MEMORY, Op
@@ -334,9 +348,15 @@ def quantization_padding(rows, n_local, h, act_bytes, experts: ExpertShard) -> t
 
 def moe_buffer_bytes(model, shard, experts: ExpertShard):
     """Dispatch buffers alive at once in one MoE layer: the permuted rows to send, the rows
-    received, and with ETP the gathered rows (Megatron-Core allocates each per layer pass)."""
+    received, and with ETP the gathered rows (Megatron-Core allocates each per layer pass);
+    under DeepEP the tokens received and their rows permuted by expert, beside DeepEP's own
+    buffer (deepep.buffer_bytes)."""
     sent = dispatched_rows(model, shard.replicated_tokens, experts)
-    return shard.act_bytes * model.hidden * sent * (2 + experts.etp)
+    row = shard.act_bytes * model.hidden
+    if experts.options.dispatcher == "deepep":
+        return row * (deepep.received_rows(model, shard, experts) + experts.etp * sent) + \
+            deepep.buffer_bytes(model, experts, shard.act_bytes)
+    return row * sent * (2 + experts.etp)
 
 
 # ---------------------------------------------------------------- communication
@@ -347,10 +367,12 @@ def dispatch_comm_s(model, shard, experts: ExpertShard, groups, cluster):
     reduce-scatter). All-to-all dispatcher: two all-to-alls over EP of the k·T rows each
     rank sends (2·k·T·h·bytes·(ep-1)/ep leave it per pass, balanced), an all-gather and a
     reduce-scatter over ETP of the received rows. All-gather dispatcher: an all-gather and a
-    reduce-scatter over EP x ETP of every token's hidden state."""
+    reduce-scatter over EP x ETP of every token's hidden state. DeepEP: deepep.comm_s."""
     a, h = shard.act_bytes, model.hidden
     tokens = shard.replicated_tokens
     o = experts.options
+    if o.dispatcher == "deepep":
+        return deepep.comm_s(model, shard, experts, cluster)
     if o.dispatcher == "allgather":
         full = a * h * tokens * experts.ep * experts.etp
         return collective_time("all_gather", full, groups.ep_etp, cluster) + \

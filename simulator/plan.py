@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from . import fields as F
+from . import deepep, fields as F
 from .errors import InputError
 from .compute import ATTENTION_KERNELS
 from .cpattention import CP_ATTENTION, WINDOW_METHODS
@@ -412,6 +412,8 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster, options: bool = Tru
     if model.moe_layers < model.layers:  # some layer has a dense MLP of width ffn_hidden
         _divides("plan.tp", plan.tp, "model.ffn_hidden", model.ffn_hidden)
     check_moe_plan(plan, model)
+    if model.experts and plan.moe.dispatcher == "deepep":
+        deepep.check_plan(plan, model, cluster)
     if plan.global_batch % (plan.micro_batch * plan.dp):
         raise InputError("plan.global_batch", plan.global_batch,
                          f"must be a multiple of micro_batch*dp = {plan.micro_batch * plan.dp}")

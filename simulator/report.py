@@ -210,7 +210,8 @@ def render_result(d: dict, scenario, data: dict | None = None) -> str:
            f"{p.offload.activations}" if _offloads(p) else "")
         + (f" optimizer=muon ({p.muon_ns_steps} Newton-Schulz steps, {p.muon_tp_mode} over TP)"
            if p.optimizer == "muon" else ""),
-        *([f"experts    {m.shape_summary()}, ep={p.ep} etp={p.etp}; {d['active_parameters'] / 1e9:.2f} B of "
+        *([f"experts    {m.shape_summary()}, ep={p.ep} etp={p.etp} {p.moe.dispatcher} dispatch; "
+           f"{d['active_parameters'] / 1e9:.2f} B of "
            f"{d['parameters'] / 1e9:.2f} B params active per token"] if m.experts else []),
         "",
         f"feasible   {'yes' if d['feasible'] else 'NO: ' + d['reason']}",

@@ -428,9 +428,15 @@ def test_megatron_arguments_and_their_refusals():
         "--num-experts", "8", "--moe-layer-recompute"])  # deprecated: selective with the moe module
     assert _plan(moe, "recompute", "recompute_modules") == {"recompute": "selective",
                                                              "recompute_modules": ["core_attn", "moe"]}
-    with pytest.raises(InputError, match="moe-token-dispatcher-type.*flex"):
+    flex = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + [
+        "--num-experts", "8", "--moe-token-dispatcher-type", "flex"])  # DeepEP: Megatron-Core's default backend
+    assert flex.scenario["plan"]["moe"]["dispatcher"] == "deepep"
+    with pytest.raises(InputError, match="moe-flex-dispatcher-backend.*deepep"):
         import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + [
-            "--num-experts", "8", "--moe-token-dispatcher-type", "flex"])
+            "--num-experts", "8", "--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep"])
+    with pytest.raises(InputError, match="moe-enable-deepep.*flex"):
+        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + [
+            "--num-experts", "8", "--moe-token-dispatcher-type", "alltoall", "--moe-enable-deepep"])
 
 
 def test_megatron_precision_aware_optimizer_with_bf16_moments():
@@ -478,10 +484,10 @@ def test_megatron_mixtral_script_is_mixtral_8x7b_with_expert_parallelism():
 def test_megatron_deepseek_v3_arguments_give_the_model_of_its_config_json():
     """Megatron-LM's DeepSeek-V3 script (MLA, 256 experts top-8 with a shared expert, 3 dense
     layers by a layer pattern, one MTP module) against DeepSeek-V3's released config.json. The
-    script as published uses the flex (DeepEP) dispatcher and recomputes modules llmsim does not
-    model: the first is refused by name; its recompute modules are kept."""
+    script as published uses the flex dispatcher's HybridEP backend, refused by name; its
+    group-limited routing (8 groups, top 4) is the config.json's n_group and topk_group."""
     path = DATA / "megatron-sbatch_mfsdp_deepseek_v3.sh"
-    with pytest.raises(InputError, match="moe-token-dispatcher-type"):
+    with pytest.raises(InputError, match="moe-flex-dispatcher-backend.*hybridep"):
         import_config("megatron", path, {"cluster.node": "dgx-h100"})
     words = ["alltoall" if w == "flex" else w for w in script_words(path.read_text())]
     imported = import_config("megatron", None, {"cluster.node": "dgx-h100", "cluster.nodes": 32}, argv=words)
@@ -798,7 +804,7 @@ def test_megatron_bridge_gpt_oss_model_is_the_model_of_its_config_json(tmp_path)
 
 
 @pytest.mark.parametrize("change,key", [
-    ({}, "moe_token_dispatcher_type"),  # the DeepSeek-V3 H100 recipe as published: DeepEP's flex dispatcher
+    ({}, "moe_flex_dispatcher_backend"),  # the DeepSeek-V3 H100 recipe as published: the flex dispatcher's HybridEP
     ({"model": {"moe_token_dispatcher_type": "alltoall"}}, "fp8_recipe"),  # then its block-wise FP8
     ({"model": {"moe_token_dispatcher_type": "alltoall", "recompute_modules": ["mhc"]},
       "mixed_precision": {"fp8_recipe": "tensorwise"}}, "recompute_modules"),  # hyper-connections' recompute

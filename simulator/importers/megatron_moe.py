@@ -17,10 +17,13 @@ Megatron-Core's: top-2 routing, the all-gather token dispatcher, experts as wide
   as leading dense layers, a frequency and the place in it (model.dense_layers,
   moe_layer_freq, moe_layer_offset) or refused;
 - expert_model_parallel_size, expert_tensor_parallel_size -> plan.ep, plan.etp;
-- moe_token_dispatcher_type (alltoall | allgather), moe_expert_capacity_factor,
+- moe_token_dispatcher_type (alltoall | allgather | flex with moe_flex_dispatcher_backend
+  deepep, or moe_enable_deepep -> deepep), moe_expert_capacity_factor,
   moe_pad_expert_input_to_capacity, moe_shared_expert_overlap,
-  overlap_moe_expert_parallel_comm -> plan.moe; the flex dispatcher (DeepEP) and the older
-  alltoall_seq are refused;
+  overlap_moe_expert_parallel_comm -> plan.moe; the flex dispatcher's HybridEP and NCCL EP
+  backends and the older alltoall_seq are refused;
+- moe_router_num_groups, moe_router_group_topk -> model.router_groups, router_group_topk
+  (group-limited routing: what DeepEP sends depends on it);
 - moe_grouped_gemm -> plan.moe.grouped_gemm; absent, Megatron-Core's default (False:
   SequentialMLP, one launch per local expert's GEMM, moe.py);
 - multi_latent_attention with q_lora_rank (None: a full-rank query), kv_lora_rank,
@@ -43,7 +46,7 @@ from .common import Account
 # Router and expert numerics: which experts a token picks, not the cost of a step.
 IGNORED_MOE = ("router-load-balancing-type", "aux-loss-coeff", "z-loss-coeff", "router-score-function",
                "router-enable-expert-bias", "router-bias-update-rate", "router-topk-scaling-factor",
-               "router-pre-softmax", "router-num-groups", "router-group-topk", "router-dtype", "input-jitter-eps",
+               "router-pre-softmax", "router-dtype", "input-jitter-eps",
                "token-drop-policy", "per-layer-logging", "router-force-load-balancing", "use-upcycling",
                "upcycling-granularity", "apply-probs-on-input", "use-legacy-grouped-gemm", "token-dropping")
 MOE_REASONS = {
@@ -90,11 +93,17 @@ def read_moe(a: Account, key: Callable[[str], str], number: Callable, layers: in
         a.absent(key("expert_tensor_parallel_size"), "MoE parallel folding assumed (Megatron-Core 0.10 on: EP x ETP "
                  "carved out of TP x CP x DP); Megatron-Core 0.9 (NeMo 24.09) carves EP out of DP: "
                  "--set plan.moe.folding=false")
-    dispatcher = str(a.get(key("moe_token_dispatcher_type"), "allgather"))
-    if dispatcher not in DISPATCHERS:
-        a.refuse(key("moe_token_dispatcher_type"), "modelled: alltoall, allgather (not the flex dispatcher's DeepEP "
-                                                   "kernels, nor the older alltoall_seq)")
-    a.map(key("moe_token_dispatcher_type"), "plan.moe.dispatcher", dispatcher)
+    a.map(key("moe_token_dispatcher_type"), "plan.moe.dispatcher", _dispatcher(a, key))
+    a.used(key("moe_flex_dispatcher_backend"), key("moe_enable_deepep"))
+    groups = number(a, key("moe_router_num_groups"), None)
+    if groups and groups > 1:
+        topk = number(a, key("moe_router_group_topk"), None)
+        if not topk:
+            a.refuse(key("moe_router_num_groups"), "needs moe_router_group_topk (the groups a token's experts "
+                                                  "come from)")
+        a.map(key("moe_router_num_groups"), "model.router_groups", groups)
+        a.map(key("moe_router_group_topk"), "model.router_group_topk", topk)
+    a.used(key("moe_router_num_groups"), key("moe_router_group_topk"))
     capacity = number(a, key("moe_expert_capacity_factor"), None, integer=False)
     if capacity is not None and capacity > 0:
         a.map(key("moe_expert_capacity_factor"), "plan.moe.capacity_factor", capacity)
@@ -113,6 +122,26 @@ def read_moe(a: Account, key: Callable[[str], str], number: Callable, layers: in
                        ("moe_extended_tp", "extended tensor parallelism of the experts is not modelled")):
         if a.get(key(field)):
             a.refuse(key(field), why)
+
+
+def _dispatcher(a: Account, key) -> str:
+    """plan.moe.dispatcher: alltoall or allgather by name; the flex dispatcher with its DeepEP
+    backend (transformer_config.py: moe_flex_dispatcher_backend, default deepep; the deprecated
+    moe_enable_deepep) as deepep. The backend is read only under flex, as Megatron-Core does (and
+    Megatron-Bridge, whose recipes name a backend that apply_flex_dispatcher_backend switches on)."""
+    dispatcher = str(a.get(key("moe_token_dispatcher_type"), "allgather"))
+    backend = key("moe_flex_dispatcher_backend")
+    if dispatcher == "flex":
+        name = str(a.get(backend, "deepep"))
+        if name != "deepep":
+            a.refuse(backend, "modelled: deepep (DeepEP's normal kernels); not HybridEP or NCCL EP")
+        return "deepep"
+    if a.get(key("moe_enable_deepep")):
+        a.refuse(key("moe_enable_deepep"), "needs moe_token_dispatcher_type flex (Megatron-Core refuses it otherwise)")
+    if dispatcher not in DISPATCHERS:
+        a.refuse(key("moe_token_dispatcher_type"), "modelled: alltoall, allgather, flex with DeepEP (not the older "
+                                                   "alltoall_seq)")
+    return dispatcher
 
 
 def _mla(a: Account, key, number) -> None:

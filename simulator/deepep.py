@@ -1,0 +1,181 @@
+"""DeepEP's normal dispatch and combine kernels, as Megatron-Core's flex token dispatcher runs
+them (`plan.moe.dispatcher: deepep`; --moe-token-dispatcher-type flex
+--moe-flex-dispatcher-backend deepep, or the deprecated --moe-enable-deepep).
+
+What Megatron-Core does (NVIDIA/Megatron-LM@d98e8a64dd megatron/core/transformer/moe/
+token_dispatcher.py MoEFlexTokenDispatcher and _DeepepManager, fused_a2a.py): one group over the
+expert-TP x EP ranks (n = etp·ep); each token goes, in BF16 (get_hidden_bytes: at least 2 B an
+element), to every rank holding one of its top-k experts, and to all etp ranks of that expert's
+EP rank (the routing map replicated over expert TP, _initialize_metadata), once per rank however
+many of its experts the rank holds; the receiving rank permutes the rows it received into its
+local experts' order; the combine sends each rank's sum over its experts back (its expert-TP
+partial sums added on the way) and adds them. The backward pass runs the same kernels the other
+way round (FusedDispatch.backward is a combine, FusedCombine.backward a dispatch).
+
+What DeepEP does (deepseek-ai/DeepEP@dd758ca, V1 kernels kept as deep_ep/buffers/legacy.py,
+csrc/legacy/, csrc/kernels/legacy/; docs/legacy.md): ranks form "NVL peers", 8 consecutive
+ranks of one node joined by NVLink (LEGACY_NUM_MAX_NVL_PEERS); a group of more than 8 ranks is
+8 ranks x n/8 "RDMA ranks". A token crosses the network once per destination node, to the GPU
+of its own local index there, which forwards it over NVLink to the destination ranks of that
+node; the RDMA and NVLink legs run pipelined in chunks, so the slower one sets the time. Its
+published bottleneck bandwidths (docs/legacy.md, H800, DeepSeek-V3's shapes) are at the links'
+rates: 153-158 GB/s of NVLink's ~160, 43-58 GB/s of the 50 GB/s NIC, the latter counting the
+local rank's traffic.
+
+Expected destinations. With routing taken uniform (balanced), a token picks router_group_topk of
+router_groups expert groups and its top_k experts among theirs (model.router_groups;
+DeepSeek-V3's node-limited routing; none: one group), and a unit holding `held` consecutive
+experts (an EP rank's, a node's) is reached with probability hit_fraction. A rank sends per
+token: over NVLink the destination ranks other than the receiving GPU, over RDMA the
+destination nodes other than its own (expected counts, each times its own-share fraction).
+
+Not modelled: the SMs DeepEP's kernels occupy (20 by Megatron-Core's default: set_deepep_num_sms)
+while a pass overlaps them (plan.moe.ep_comm_overlap); its host wait for the received counts
+(as the all-to-all dispatcher's, moe.py); DeepEP V2 (NCCL Gin), HybridEP and NCCL EP, which
+Megatron-Core selects by other backends and which the importers refuse.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .comm import placement, scaleup_for
+from .errors import InputError
+
+NVL_PEERS = 8  # LEGACY_NUM_MAX_NVL_PEERS (csrc/kernels/legacy/compiled.cuh)
+SMS = 20  # Megatron-Core's default (token_dispatcher.py _DeepepManager: set_deepep_num_sms(20))
+# Buffer.get_dispatch_config / get_combine_config (deep_ep/buffers/legacy.py): group size ->
+# (NVL chunk tokens sent, received, RDMA chunk tokens sent, received); only these sizes run
+DISPATCH_CONFIGS = {2: (24, 256, 6, 128), 4: (6, 256, 6, 128), 8: (6, 256, 6, 128), 16: (36, 288, 20, 128),
+                    24: (32, 288, 8, 128), 32: (32, 288, 8, 128), 48: (32, 288, 8, 128), 64: (32, 288, 8, 128),
+                    96: (20, 480, 12, 128), 128: (20, 560, 12, 128), 144: (32, 720, 12, 128),
+                    160: (28, 720, 12, 128)}
+COMBINE_CONFIGS = {2: (10, 256, 6, 128), 4: (9, 256, 6, 128), 8: (4, 256, 6, 128), 16: (4, 288, 12, 128),
+                   24: (1, 288, 8, 128), 32: (1, 288, 8, 128), 48: (1, 288, 8, 128), 64: (1, 288, 8, 128),
+                   96: (1, 480, 8, 128), 128: (1, 560, 8, 128), 144: (2, 720, 8, 128), 160: (2, 720, 8, 128)}
+GROUP_SIZES = tuple(DISPATCH_CONFIGS)
+MAX_TOPK = MAX_SCALES = 128  # kNumMaxTopK, kNumMaxScales (csrc/legacy/config.hpp)
+SOURCE_META_BYTES = 8  # internode SourceMeta: two ints
+TOPK_INDEX_BYTES = 8  # deep_ep.topk_idx_t, int64
+
+
+def _comb(n, r):
+    """Binomial coefficient C(n, r) as a float (0 outside 0 <= r <= n), broadcast-safe."""
+    from scipy.special import gammaln
+
+    n, r = np.asarray(n, dtype=float), np.asarray(r, dtype=float)
+    ok = (r >= 0) & (r <= n)
+    n_, r_ = np.where(ok, n, 1.0), np.where(ok, r, 0.0)
+    return np.where(ok, np.exp(gammaln(n_ + 1) - gammaln(r_ + 1) - gammaln(n_ - r_ + 1)), 0.0)
+
+
+def hit_fraction(model, held):
+    """Probability that a token's top_k routed experts include one of `held` consecutive
+    experts, routing uniform: router_group_topk of router_groups groups chosen, then top_k
+    experts among their experts (Megatron-Core router.py group_limited_topk). `held` lies
+    inside one group or is whole groups (check_plan). Without groups:
+    1 - C(E - held, k) / C(E, k)."""
+    e, k = model.experts, model.top_k
+    groups, chosen = (model.router_groups, model.router_group_topk) if model.router_groups else (1, 1)
+    per_group = e / groups
+    pool = chosen * per_group  # experts a token's top_k are drawn from
+    held = np.asarray(held, dtype=float)
+    none_in = _comb(pool - held, k) / _comb(pool, k)
+    inside = 1.0 - chosen / groups * (1.0 - none_in)  # P(missed) for a part of one group
+    whole = np.maximum(held / per_group, 1.0)  # groups held
+    missed = sum(_comb(whole, i) * _comb(groups - whole, chosen - i) / _comb(groups, chosen)
+                 * _comb(pool - i * per_group, k) / _comb(pool, k) for i in range(chosen + 1))
+    return 1.0 - np.where(held <= per_group, inside, missed)
+
+
+def layout(model, experts):
+    """(ranks n, NVL peers p, nodes n/p, destination ranks and destination nodes a token has)."""
+    n = np.asarray(experts.ep) * np.asarray(experts.etp)
+    p = np.minimum(n, NVL_PEERS)
+    nodes = n / p
+    ranks = n * hit_fraction(model, model.experts / np.asarray(experts.ep))
+    return n, p, nodes, ranks, nodes * hit_fraction(model, node_experts(model, experts.ep, nodes))
+
+
+def node_experts(model, ep, nodes):
+    """Experts a node's ranks hold: a share of the EP ranks, or one EP rank's whose expert-TP
+    ranks span several nodes."""
+    return np.maximum(model.experts / np.asarray(nodes), model.experts / np.asarray(ep))
+
+
+def comm_s(model, shard, experts, cluster):
+    """Seconds of one MoE layer's dispatch and combine per pass on the busiest rank: each way
+    the NVLink leg (destination ranks the receiving GPU forwards to, or this rank sends to in its
+    own node: ranks·(p-1)/p a token) and the RDMA leg (destination nodes but its own:
+    nodes_hit·(N-1)/N), pipelined, whichever is slower; a token's row is its hidden state in the
+    activation dtype."""
+    n, p, nodes, ranks, nodes_hit = layout(model, experts)
+    row = shard.act_bytes * model.hidden * experts.options.busiest_rows * shard.replicated_tokens
+    up = scaleup_for(cluster, p)
+    nvl = row * ranks * (p - 1) / p / up.bus_bytes_per_s + up.latency_s
+    out = cluster.scaleout
+    rdma = np.where(nodes > 1, row * nodes_hit * (nodes - 1) / nodes / out.bus_bytes_per_s + out.latency_s, 0.0)
+    return np.where(n > 1, 2 * np.maximum(nvl, rdma), 0.0)
+
+
+def received_rows(model, shard, experts):
+    """Rows (tokens) a rank receives from the dispatch: its share of every rank's destinations."""
+    _, _, _, ranks, _ = layout(model, experts)
+    return experts.options.busiest_rows * shard.replicated_tokens * ranks
+
+
+def _config_value(table, n, index, align=False):
+    """A column of DeepEP's config table at group size n, the larger of dispatch and combine;
+    with `align` the RDMA receive chunk rounded up to a multiple of the send chunk (Config)."""
+    def value(cfg):
+        send, recv = cfg[index - 1], cfg[index]
+        return -(-recv // send) * send if align else recv
+    return max(value(t[n]) for t in table)
+
+
+def buffer_bytes(model, experts, act_bytes):
+    """DeepEP's communication buffer, allocated once (Megatron-Core fused_a2a.py get_buffer: the
+    larger of the dispatch and combine configs' size hints, csrc/legacy/config.hpp
+    get_nvl_buffer_size_hint and get_rdma_buffer_size_hint): per channel (SMS/2) and peer, the
+    received chunk's rows of hidden bytes, source metadata, 128 top-k indices, weights and scales."""
+    n = int(np.asarray(experts.ep) * np.asarray(experts.etp))
+    if n not in DISPATCH_CONFIGS:
+        return 0.0
+    tables = (DISPATCH_CONFIGS, COMBINE_CONFIGS)
+    hidden = model.hidden * max(act_bytes, 2)  # fused_a2a.py get_hidden_bytes
+    channels, nvl, rdma = SMS // 2, min(n, NVL_PEERS), max(n // NVL_PEERS, 1)
+    per_row = SOURCE_META_BYTES + MAX_TOPK * (TOPK_INDEX_BYTES + 4) + MAX_SCALES * 4
+    nvl_bytes = channels * nvl * ((2 * rdma + 3) * 4 + _config_value(tables, n, 1) * (hidden + per_row))
+    rdma_bytes = 0.0
+    if n > NVL_PEERS:
+        rows = _config_value(tables, n, 3, align=True)
+        rdma_bytes = channels * rdma * ((NVL_PEERS * 2 + 2) * 2 * 4 + rows * 2 * (hidden + per_row + 16))
+    return float(nvl_bytes + rdma_bytes)
+
+
+def check_plan(plan, model, cluster) -> None:
+    """Refuse a plan DeepEP cannot run: its group sizes, its 8 NVLink peers in one node, Megatron-Core's
+    own refusals (transformer_config.py: no padding to capacity with DeepEP; token_dispatcher.py:
+    TP x EP > 1), and expert layouts hit_fraction does not cover."""
+    n = plan.ep * plan.etp
+    field = "plan.moe.dispatcher"
+    if n not in GROUP_SIZES:
+        raise InputError(field, "deepep", f"DeepEP's kernels run on groups of {', '.join(map(str, GROUP_SIZES))} "
+                         f"ranks (deep_ep Buffer.get_dispatch_config); ep*etp = {n}")
+    if plan.moe.pad_to_capacity:
+        raise InputError("plan.moe.pad_to_capacity", True, "not with the deepep dispatcher (Megatron-Core refuses "
+                         "moe_pad_expert_input_to_capacity with DeepEP)")
+    from .dims import expert_order, expert_sizes
+    node = placement(expert_sizes(plan), ("etp", "ep"), expert_order(plan.rank_order, plan.moe.folding),
+                     cluster.devices_per_node)
+    peers = min(n, NVL_PEERS)
+    if node.local < peers or (n > NVL_PEERS and node.local % NVL_PEERS):
+        raise InputError(field, "deepep", f"DeepEP joins each {peers} consecutive ranks of its ep*etp = {n} group "
+                         f"by NVLink inside one node; this plan places {int(node.local)} of them in a node of "
+                         f"{cluster.devices_per_node} devices (multi-node NVLink needs Megatron-Core's hybridep "
+                         "backend, not modelled)")
+    per_group = model.experts // (model.router_groups or 1)
+    for held in (model.experts / plan.ep, float(node_experts(model, plan.ep, n / peers))):
+        if held != int(held) or (held % per_group and per_group % held):
+            raise InputError("plan.ep", plan.ep, f"with deepep, an EP rank's and a node's experts ({held}) must "
+                             f"divide or be whole router groups of {per_group} experts")

@@ -1,0 +1,156 @@
+"""DeepEP's dispatch under Megatron-Core's flex dispatcher (plan.moe.dispatcher: deepep), against
+counts enumerated by brute force and times and bytes worked by hand from DeepEP's kernels."""
+
+import itertools
+from math import comb
+
+import pytest
+
+from simulator import deepep, scenario_from_dict
+from simulator.errors import InputError
+from simulator.evaluate import compile_scenario
+from simulator.model import model_from_dict
+from simulator.moe import ExpertShard, MoEOptions, dispatch_comm_s, dispatched_rows, moe_buffer_bytes
+from simulator.workload import layer_ops
+
+QWEN3 = {"preset": "qwen3-30b-a3b"}  # 128 experts, top-8, hidden 2048
+DEEPEP = {"dispatcher": "deepep", "grouped_gemm": True}
+
+
+def _scenario(model, nodes=1, node="dgx-h100", **plan):
+    plan = {"tp": 1, "pp": 1, "micro_batch": 1, "global_batch": 8 * nodes * 8, "moe": DEEPEP, **plan}
+    return scenario_from_dict({"model": model, "cluster": {"node": node, "nodes": nodes}, "plan": plan})
+
+
+def _enumerated_hit(experts, top_k, groups, chosen, held):
+    """P(a token's experts include one of experts 0..held-1): every choice of `chosen` groups,
+    then every top_k subset of their experts, equally likely."""
+    per_group = experts // groups
+    hits = total = 0.0
+    for picked in itertools.combinations(range(groups), chosen):
+        pool = [e for g in picked for e in range(g * per_group, (g + 1) * per_group)]
+        subsets = list(itertools.combinations(pool, top_k))
+        hits += sum(any(e < held for e in s) for s in subsets) / len(subsets)
+        total += 1
+    return hits / total
+
+
+def _toy_model(groups, chosen):
+    return model_from_dict({"layers": 2, "hidden": 256, "heads": 4, "vocab": 1000, "seq_len": 128,
+                            "activation": "swiglu", "experts": 16, "top_k": 3, "expert_ffn_hidden": 64,
+                            "router_groups": groups, "router_group_topk": chosen})
+
+
+@pytest.mark.parametrize("held", [1, 2, 4, 8])
+@pytest.mark.parametrize("groups,chosen", [(0, 0), (4, 2), (8, 3)])
+def test_a_units_share_of_the_tokens_is_what_enumerating_the_routings_gives(groups, chosen, held):
+    """16 experts, top-3: without groups, from 2 of 4 groups of 4, and from 3 of 8 groups of 2;
+    a unit of `held` consecutive experts inside a group or made of whole groups."""
+    model = _toy_model(groups, chosen)
+    expected = _enumerated_hit(16, 3, groups or 1, chosen or 1, held)
+    assert float(deepep.hit_fraction(model, held)) == pytest.approx(expected, rel=1e-12)
+
+
+def _miss(pool, held, k):
+    """C(pool - held, k) / C(pool, k)."""
+    return comb(pool - held, k) / comb(pool, k)
+
+
+def test_in_one_node_each_token_goes_once_to_each_rank_holding_one_of_its_experts():
+    """Qwen3-30B-A3B at EP 8 in a DGX H100: 16 experts a rank, so a token reaches
+    8 x (1 - C(112, 8) / C(128, 8)) ranks, 7/8 of them other GPUs, each its 2 x 2048 bytes, once
+    for the dispatch and once for the combine, at NVLink's bus rate."""
+    s = _scenario(QWEN3, ep=8)
+    layout = compile_scenario(s)
+    up = s.cluster.node.scaleup
+    ranks = 8 * (1 - _miss(128, 16, 8))
+    assert ranks == pytest.approx(5.3394, abs=1e-4)  # where the all-to-all sends 8 rows
+    one_way = 4096 * ranks * 7 / 8 * 2 * 2048 / (up.bytes_per_s * up.efficiency) + up.latency_s
+    experts = ExpertShard(8, 1, MoEOptions(dispatcher="deepep"))
+    got = dispatch_comm_s(s.model, layout.shard, experts, layout.groups, s.cluster)
+    assert float(got) == pytest.approx(2 * one_way, rel=1e-12)
+
+
+def test_across_nodes_a_token_crosses_the_network_once_per_destination_node():
+    """EP 32 over 4 DGX H100s: a node holds 32 of the 128 experts. RDMA: 4 x (1 - C(96, 8) /
+    C(128, 8)) destination nodes, 3/4 of them remote, on the GPU's own 400 Gb/s NIC; NVLink: the
+    32 x (1 - C(124, 8) / C(128, 8)) destination ranks, 7/8 of them forwarded; the slower leg."""
+    s = _scenario(QWEN3, nodes=4, ep=32)
+    layout = compile_scenario(s)
+    up, out = s.cluster.node.scaleup, s.cluster.scaleout
+    row = 4096 * 2 * 2048
+    rdma = row * 4 * (1 - _miss(128, 32, 8)) * 3 / 4 / (50e9 * out.efficiency) + out.latency_s
+    nvl = row * 32 * (1 - _miss(128, 4, 8)) * 7 / 8 / (up.bytes_per_s * up.efficiency) + up.latency_s
+    experts = ExpertShard(32, 1, MoEOptions(dispatcher="deepep"))
+    got = dispatch_comm_s(s.model, layout.shard, experts, layout.groups, s.cluster)
+    assert float(got) == pytest.approx(2 * max(rdma, nvl), rel=1e-12)
+    alltoall = dispatch_comm_s(s.model, layout.shard, ExpertShard(32, 1), layout.groups, s.cluster)
+    assert float(got) < float(alltoall)  # 8 x 24/32 rows a token leave the node in the all-to-all
+
+
+def test_node_limited_routing_sends_a_token_to_at_most_its_group_topk_nodes():
+    """DeepSeek-V3 (8 groups of 32 experts, top-4 groups) at EP 64 on 8 nodes: a node holds one
+    group, reached when the group is chosen (1/2) and one of its 32 experts is among the token's
+    8 drawn from the 4 groups' 128: 8 x 1/2 x (1 - C(96, 8) / C(128, 8)) nodes, under 4."""
+    s = _scenario({"preset": "deepseek-v3", "seq_len": 4096, "layers": 8, "dense_layers": 1, "mtp_layers": 0},
+                  nodes=8, ep=64, pipeline_split="balanced")
+    n, p, nodes, ranks, nodes_hit = deepep.layout(s.model, ExpertShard(64, 1, MoEOptions(dispatcher="deepep")))
+    assert (n, p, nodes) == (64, 8, 8)
+    assert float(nodes_hit) == pytest.approx(8 * 0.5 * (1 - _miss(128, 32, 8)), rel=1e-12)
+    assert float(nodes_hit) == pytest.approx(3.630, abs=1e-3)
+    assert float(ranks) == pytest.approx(64 * 0.5 * (1 - _miss(128, 4, 8)), rel=1e-12)
+
+
+def test_the_buffer_is_deepeps_size_hint_for_the_group():
+    """DeepEP's NVL and RDMA buffers at 64 ranks, hidden 7168 in BF16, 20 SMs (10 channels):
+    NVL 10 x 8 peers x (19 ints + 288 chunk rows x (14,336 + 8 + 128 x 12 + 128 x 4) B); RDMA
+    10 x 8 nodes x (18 ints x 2 + 128 rows x 2 x (14,336 + 8 + 2,048 + 16) B)."""
+    model = model_from_dict({"preset": "deepseek-v3"})
+    experts = ExpertShard(64, 1, MoEOptions(dispatcher="deepep"))
+    nvl = 10 * 8 * (19 * 4 + 288 * (14336 + 8 + 128 * 12 + 128 * 4))
+    rdma = 10 * 8 * (18 * 2 * 4 + 128 * 2 * (14336 + 8 + 128 * 12 + 128 * 4 + 16))
+    assert deepep.buffer_bytes(model, experts, 2) == nvl + rdma
+    assert (nvl + rdma) / 2**20 == pytest.approx(680.66, abs=0.01)
+
+
+def test_a_rank_holds_the_tokens_it_receives_and_their_rows_by_expert_beside_the_buffer():
+    s = _scenario(QWEN3, ep=8)
+    shard = compile_scenario(s).shard
+    experts = ExpertShard(8, 1, MoEOptions(dispatcher="deepep"))
+    received = 4096 * 8 * (1 - _miss(128, 16, 8))
+    expected = 2 * 2048 * (received + 8 * 4096) + deepep.buffer_bytes(s.model, experts, 2)
+    assert float(moe_buffer_bytes(s.model, shard, experts)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_router_padding_under_deepep_pads_each_local_expert_on_the_receiving_rank():
+    """Megatron-Core's _DeepepManager pads each local expert's received rows to NVFP4's 128 with
+    tokens it already holds: 16 local experts x 127 / 2 rows computed, none sent, none copied."""
+    s = _scenario(QWEN3, ep=8)
+    shard = compile_scenario(s).shard
+    padded = ExpertShard(8, 1, MoEOptions(dispatcher="deepep", router_padding=True), 128)
+    assert float(dispatched_rows(s.model, shard.replicated_tokens, padded)) == pytest.approx(8 * 4096)
+    ops = {o.name: o for o in layer_ops(s.model, shard, padded)}
+    run = 8 * 4096 + 16 * 127 / 2
+    assert "moe_quant_pad" not in ops
+    assert float(ops["expert_fc1"].fwd_flops) == pytest.approx(2 * run * 2048 * 2 * s.model.expert_ffn_hidden)
+
+
+@pytest.mark.parametrize("nodes,node,plan,field", [
+    (32, "dgx-h100", {"ep": 128, "etp": 2, "tp": 2, "sequence_parallel": True}, "plan.moe.dispatcher"),  # 256 ranks
+    (4, "gb200-nvl72", {"ep": 8}, "plan.moe.dispatcher"),  # 4 GPUs a tray: no 8 NVLink peers in a node
+    (1, "dgx-h100", {"ep": 8, "moe": {**DEEPEP, "capacity_factor": 1.0, "pad_to_capacity": True}},
+     "plan.moe.pad_to_capacity"),
+])
+def test_a_plan_deepep_cannot_run_is_refused_naming_the_field(nodes, node, plan, field):
+    with pytest.raises(InputError, match=field.replace(".", r"\.")):
+        _scenario(QWEN3, nodes=nodes, node=node, **plan)
+
+
+def test_router_groups_must_split_the_experts_and_hold_the_top_k():
+    base = {"layers": 2, "hidden": 256, "heads": 4, "vocab": 1000, "seq_len": 128, "activation": "swiglu",
+            "experts": 16, "top_k": 3, "expert_ffn_hidden": 64}
+    for extra, field in (({"router_groups": 3, "router_group_topk": 1}, "model.router_groups"),
+                         ({"router_groups": 4}, "model.router_group_topk"),
+                         ({"router_groups": 8, "router_group_topk": 1}, "model.top_k")):
+        with pytest.raises(InputError, match=field.replace(".", r"\.")):
+            model_from_dict({**base, **extra})
