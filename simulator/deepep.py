@@ -1,6 +1,7 @@
-"""DeepEP's normal dispatch and combine kernels, as Megatron-Core's flex token dispatcher runs
-them (`plan.moe.dispatcher: deepep`; --moe-token-dispatcher-type flex
---moe-flex-dispatcher-backend deepep, or the deprecated --moe-enable-deepep).
+"""The DeepEP library's dispatch and combine kernels as Megatron-Core's flex token dispatcher runs
+them: DeepEP's normal kernels (`plan.moe.dispatcher: deepep`; --moe-token-dispatcher-type flex
+--moe-flex-dispatcher-backend deepep, or the deprecated --moe-enable-deepep) and NVIDIA's Hybrid-EP
+(`hybridep`; --moe-flex-dispatcher-backend hybridep).
 
 What Megatron-Core does (NVIDIA/Megatron-LM@d98e8a64dd megatron/core/transformer/moe/
 token_dispatcher.py MoEFlexTokenDispatcher and _DeepepManager, fused_a2a.py): one group over the
@@ -22,6 +23,16 @@ published bottleneck bandwidths (docs/legacy.md, H800, DeepSeek-V3's shapes) are
 rates: 153-158 GB/s of NVLink's ~160, 43-58 GB/s of the 50 GB/s NIC, the latter counting the
 local rank's traffic.
 
+What Hybrid-EP does (DeepEP@94a9f8f6 branch hybrid-ep: docs/README_Hybrid-EP.md,
+docs/Hybrid-EP_Implementation.md, deep_ep/hybrid_ep_buffer.py, csrc/hybrid_ep/buffer/): the same
+two legs, a token sent once per destination NVLink domain over RDMA and once per destination
+rank inside it, where a "node" is the group's ranks in one NVLink domain, however many
+(num_of_hybrid_ep_ranks_per_nvlink_domain: 8 in a DGX, up to 72 in an NVL72 rack); its
+dispatch writes the rows permuted by local expert and padded to the quantization multiple
+(Megatron-Core moe_utils.py skip_routed_expert_padding: the experts then pad nothing); its
+buffers are allocated once, for the worst case of every token of the group routed to one rank
+(hybrid_buffer_bytes).
+
 Expected destinations. With routing taken uniform (balanced), a token picks router_group_topk of
 router_groups expert groups and its top_k experts among theirs (model.router_groups;
 DeepSeek-V3's node-limited routing; none: one group), and a unit holding `held` consecutive
@@ -29,10 +40,12 @@ experts (an EP rank's, a node's) is reached with probability hit_fraction. A ran
 token: over NVLink the destination ranks other than the receiving GPU, over RDMA the
 destination nodes other than its own (expected counts, each times its own-share fraction).
 
-Not modelled: the SMs DeepEP's kernels occupy (20 by Megatron-Core's default: set_deepep_num_sms)
-while a pass overlaps them (plan.moe.ep_comm_overlap); its host wait for the received counts
-(as the all-to-all dispatcher's, moe.py); DeepEP V2 (NCCL Gin), HybridEP and NCCL EP, which
-Megatron-Core selects by other backends and which the importers refuse.
+Not modelled: the SMs the kernels occupy (DeepEP 20 by Megatron-Core's default:
+set_deepep_num_sms) while a pass overlaps them (plan.moe.ep_comm_overlap), and the rate those
+SMs cap on Blackwell's NVLink (Hybrid-EP's README measures DeepEP at 348-494 GB/s with 16-24 SMs
+on a B200, where the link's bus rate is taken here); the host wait for the received counts (as
+the all-to-all dispatcher's, moe.py); DeepEP V2 (NCCL Gin) and NCCL EP, which the importers
+refuse.
 """
 
 from __future__ import annotations
@@ -88,10 +101,14 @@ def hit_fraction(model, held):
     return 1.0 - np.where(held <= per_group, inside, missed)
 
 
-def layout(model, experts):
-    """(ranks n, NVL peers p, nodes n/p, destination ranks and destination nodes a token has)."""
+BACKENDS = ("deepep", "hybridep")
+
+
+def layout(model, experts, groups):
+    """(ranks n, ranks a node p, nodes n/p, destination ranks and destination nodes a token
+    has): DeepEP's nodes are 8 NVLink peers, Hybrid-EP's the group's ranks in one scale-up domain."""
     n = np.asarray(experts.ep) * np.asarray(experts.etp)
-    p = np.minimum(n, NVL_PEERS)
+    p = np.asarray(groups.ep_etp.local) if experts.options.dispatcher == "hybridep" else np.minimum(n, NVL_PEERS)
     nodes = n / p
     ranks = n * hit_fraction(model, model.experts / np.asarray(experts.ep))
     return n, p, nodes, ranks, nodes * hit_fraction(model, node_experts(model, experts.ep, nodes))
@@ -103,13 +120,13 @@ def node_experts(model, ep, nodes):
     return np.maximum(model.experts / np.asarray(nodes), model.experts / np.asarray(ep))
 
 
-def comm_s(model, shard, experts, cluster):
+def comm_s(model, shard, experts, groups, cluster):
     """Seconds of one MoE layer's dispatch and combine per pass on the busiest rank: each way
     the NVLink leg (destination ranks the receiving GPU forwards to, or this rank sends to in its
     own node: ranks·(p-1)/p a token) and the RDMA leg (destination nodes but its own:
     nodes_hit·(N-1)/N), pipelined, whichever is slower; a token's row is its hidden state in the
     activation dtype."""
-    n, p, nodes, ranks, nodes_hit = layout(model, experts)
+    n, p, nodes, ranks, nodes_hit = layout(model, experts, groups)
     row = shard.act_bytes * model.hidden * experts.options.busiest_rows * shard.replicated_tokens
     up = scaleup_for(cluster, p)
     nvl = row * ranks * (p - 1) / p / up.bus_bytes_per_s + up.latency_s
@@ -118,19 +135,44 @@ def comm_s(model, shard, experts, cluster):
     return np.where(n > 1, 2 * np.maximum(nvl, rdma), 0.0)
 
 
-def received_rows(model, shard, experts):
-    """Rows (tokens) a rank receives from the dispatch: its share of every rank's destinations."""
-    _, _, _, ranks, _ = layout(model, experts)
-    return experts.options.busiest_rows * shard.replicated_tokens * ranks
+def dispatch_bytes(model, shard, experts, groups):
+    """Bytes a device holds for the dispatch beside one layer's permuted rows: DeepEP's received
+    tokens (a tensor per layer: its share of every rank's destinations) and its buffer, or
+    Hybrid-EP's buffers (it receives into them)."""
+    if experts.options.dispatcher == "hybridep":
+        return hybrid_buffer_bytes(model, shard, experts, groups)
+    _, _, _, ranks, _ = layout(model, experts, groups)
+    received = experts.options.busiest_rows * shard.replicated_tokens * ranks
+    return shard.act_bytes * model.hidden * received + buffer_bytes(model, experts, shard.act_bytes)
 
 
-def _config_value(table, n, index, align=False):
-    """A column of DeepEP's config table at group size n, the larger of dispatch and combine;
-    with `align` the RDMA receive chunk rounded up to a multiple of the send chunk (Config)."""
+def hybrid_buffer_bytes(model, shard, experts, groups):
+    """Hybrid-EP's buffers for T tokens a rank, p ranks a node, N nodes, e = E/ep experts a rank
+    (csrc/hybrid_ep/buffer/intranode.cu and internode_doca.cu, BF16 tokens): one intra-node
+    buffer shared by dispatch and combine (use_shared_buffer) for T·p·N tokens, each its hidden
+    row, e·p fp32 probabilities and h/128 fp32 scaling factors; across nodes the dispatch's input
+    (T rows, e·p·N probabilities) and per remote node T rows each way with their probabilities."""
+    _, p, nodes, _, _ = layout(model, experts, groups)
+    t, h, e = shard.replicated_tokens, model.hidden, model.experts / np.asarray(experts.ep)
+    row, prob, scale = 2 * h, 4 * e * p, 4 * h / 128
+    intra = t * p * nodes * (row + prob + scale)
+    remote = nodes - 1
+    rdma = t * (row + prob * nodes + scale) + t * remote * (row + prob + scale) + 2 * t * remote * (row + prob)
+    return intra + np.where(nodes > 1, rdma, 0.0)
+
+
+def _config_value(tables, n, index, align=False):
+    """A column of DeepEP's config tables at group sizes n (0 where DeepEP has no config), the
+    larger of dispatch and combine; with `align` the RDMA receive chunk rounded up to a multiple
+    of the send chunk (Config)."""
     def value(cfg):
         send, recv = cfg[index - 1], cfg[index]
         return -(-recv // send) * send if align else recv
-    return max(value(t[n]) for t in table)
+    n = np.asarray(n)
+    out = np.zeros(n.shape)
+    for size in GROUP_SIZES:
+        out = np.where(n == size, max(value(t[size]) for t in tables), out)
+    return out
 
 
 def buffer_bytes(model, experts, act_bytes):
@@ -138,44 +180,51 @@ def buffer_bytes(model, experts, act_bytes):
     larger of the dispatch and combine configs' size hints, csrc/legacy/config.hpp
     get_nvl_buffer_size_hint and get_rdma_buffer_size_hint): per channel (SMS/2) and peer, the
     received chunk's rows of hidden bytes, source metadata, 128 top-k indices, weights and scales."""
-    n = int(np.asarray(experts.ep) * np.asarray(experts.etp))
-    if n not in DISPATCH_CONFIGS:
-        return 0.0
+    n = np.asarray(experts.ep) * np.asarray(experts.etp)
     tables = (DISPATCH_CONFIGS, COMBINE_CONFIGS)
     hidden = model.hidden * max(act_bytes, 2)  # fused_a2a.py get_hidden_bytes
-    channels, nvl, rdma = SMS // 2, min(n, NVL_PEERS), max(n // NVL_PEERS, 1)
+    channels, nvl, rdma = SMS // 2, np.minimum(n, NVL_PEERS), np.maximum(n // NVL_PEERS, 1)
     per_row = SOURCE_META_BYTES + MAX_TOPK * (TOPK_INDEX_BYTES + 4) + MAX_SCALES * 4
     nvl_bytes = channels * nvl * ((2 * rdma + 3) * 4 + _config_value(tables, n, 1) * (hidden + per_row))
-    rdma_bytes = 0.0
-    if n > NVL_PEERS:
-        rows = _config_value(tables, n, 3, align=True)
-        rdma_bytes = channels * rdma * ((NVL_PEERS * 2 + 2) * 2 * 4 + rows * 2 * (hidden + per_row + 16))
-    return float(nvl_bytes + rdma_bytes)
+    rows = _config_value(tables, n, 3, align=True)
+    rdma_bytes = channels * rdma * ((NVL_PEERS * 2 + 2) * 2 * 4 + rows * 2 * (hidden + per_row + 16))
+    return np.where(np.isin(n, GROUP_SIZES), nvl_bytes + np.where(n > NVL_PEERS, rdma_bytes, 0.0), 0.0)
 
 
 def check_plan(plan, model, cluster) -> None:
-    """Refuse a plan DeepEP cannot run: its group sizes, its 8 NVLink peers in one node, Megatron-Core's
-    own refusals (transformer_config.py: no padding to capacity with DeepEP; token_dispatcher.py:
-    TP x EP > 1), and expert layouts hit_fraction does not cover."""
+    """Refuse a plan the backend cannot run: DeepEP's group sizes, its 8 NVLink peers in one
+    node, Megatron-Core's own refusals (transformer_config.py: no padding to capacity with
+    DeepEP), Hybrid-EP's equal ranks in every NVLink domain (hybrid_ep_buffer.py), and expert
+    layouts hit_fraction does not cover."""
+    from .dims import expert_order, expert_sizes
     n = plan.ep * plan.etp
     field = "plan.moe.dispatcher"
+    order = expert_order(plan.rank_order, plan.moe.folding)
+    if plan.moe.dispatcher == "hybridep":
+        domain = placement(expert_sizes(plan), ("etp", "ep"), order, cluster.scaleup_domain)
+        if n % int(domain.local):
+            raise InputError(field, "hybridep", f"Hybrid-EP needs the same number of the ep*etp = {n} ranks in "
+                             f"every NVLink domain; this plan places {int(domain.local)} in one")
+        _check_groups(plan, model, float(n / domain.local))
+        return
     if n not in GROUP_SIZES:
         raise InputError(field, "deepep", f"DeepEP's kernels run on groups of {', '.join(map(str, GROUP_SIZES))} "
                          f"ranks (deep_ep Buffer.get_dispatch_config); ep*etp = {n}")
     if plan.moe.pad_to_capacity:
         raise InputError("plan.moe.pad_to_capacity", True, "not with the deepep dispatcher (Megatron-Core refuses "
                          "moe_pad_expert_input_to_capacity with DeepEP)")
-    from .dims import expert_order, expert_sizes
-    node = placement(expert_sizes(plan), ("etp", "ep"), expert_order(plan.rank_order, plan.moe.folding),
-                     cluster.devices_per_node)
+    node = placement(expert_sizes(plan), ("etp", "ep"), order, cluster.devices_per_node)
     peers = min(n, NVL_PEERS)
     if node.local < peers or (n > NVL_PEERS and node.local % NVL_PEERS):
         raise InputError(field, "deepep", f"DeepEP joins each {peers} consecutive ranks of its ep*etp = {n} group "
                          f"by NVLink inside one node; this plan places {int(node.local)} of them in a node of "
-                         f"{cluster.devices_per_node} devices (multi-node NVLink needs Megatron-Core's hybridep "
-                         "backend, not modelled)")
+                         f"{cluster.devices_per_node} devices (multi-node NVLink: the hybridep dispatcher)")
+    _check_groups(plan, model, n / peers)
+
+
+def _check_groups(plan, model, nodes) -> None:
     per_group = model.experts // (model.router_groups or 1)
-    for held in (model.experts / plan.ep, float(node_experts(model, plan.ep, n / peers))):
+    for held in (model.experts / plan.ep, float(node_experts(model, plan.ep, nodes))):
         if held != int(held) or (held % per_group and per_group % held):
             raise InputError("plan.ep", plan.ep, f"with deepep, an EP rank's and a node's experts ({held}) must "
                              f"divide or be whole router groups of {per_group} experts")

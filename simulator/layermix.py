@@ -137,7 +137,7 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
         moe_cp = cp(moe_t.attention_fwd_s, moe_t.attention_bwd_s)
         ep = exposed_dispatch_s(dispatch_comm_s(model, shard, experts, groups, cluster), moe_t, shared_t, plan.moe)
         buffers_layer = np.maximum(dense_p, rest_p + routed_p)
-        extra = moe_buffer_bytes(model, shard, experts)
+        extra = moe_buffer_bytes(model, shard, experts, groups)
     buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, buffers_layer, plan, per.weight,
                            per.grad) + extra
     shared_linears = model.shared_experts * fp8.mlp_linear_params(model, model.shared_expert_ffn_hidden, plan.tp)

@@ -17,11 +17,11 @@ MoE layers with tp > 1 need sequence parallelism, moe_layer.py MoELayer.forward)
    router's probabilities.
 
 The all-gather dispatcher (MoEAllGatherTokenDispatcher) instead all-gathers every token of
-the EP x ETP group and reduce-scatters the output. The `deepep` dispatcher (Megatron-Core's flex
-dispatcher with DeepEP's normal kernels: --moe-token-dispatcher-type flex
---moe-flex-dispatcher-backend deepep) sends each token once to every rank that holds one of its
-experts and sums the ranks' outputs on the way back (deepep_comm_s). Shared experts
-(DeepSeekMoE) are a dense MLP split over TP like any other.
+the EP x ETP group and reduce-scatters the output. The `deepep` and `hybridep` dispatchers
+(Megatron-Core's flex dispatcher with DeepEP's normal kernels or Hybrid-EP:
+--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep | hybridep) send each token
+once to every rank that holds one of its experts and sum the ranks' outputs on the way back
+(deepep.py). Shared experts (DeepSeekMoE) are a dense MLP split over TP like any other.
 
 Routed rows. Balanced routing sends k·T rows per rank and each rank receives k·T. With a
 capacity factor c (--moe-expert-capacity-factor) an expert takes at most c·k·T/E rows from
@@ -79,7 +79,7 @@ from .comm import all_to_all_time, collective_time
 from .errors import InputError
 from .states import attention_params_local, layer_params_local, mlp_params_local
 
-DISPATCHERS = ("alltoall", "allgather", "deepep")
+DISPATCHERS = ("alltoall", "allgather", *deepep.BACKENDS)
 SHARED_EXPERTS = "shared_experts"  # Op.group of the shared experts' operators
 
 
@@ -87,7 +87,7 @@ SHARED_EXPERTS = "shared_experts"  # Op.group of the shared experts' operators
 class MoEOptions:
     """How the MoE layers run (Megatron-Core's --moe-* flags); dense models ignore them."""
 
-    dispatcher: str = "alltoall"  # --moe-token-dispatcher-type alltoall | allgather | flex (deepep)
+    dispatcher: str = "alltoall"  # --moe-token-dispatcher-type alltoall | allgather | flex (deepep, hybridep)
     capacity_factor: float | None = None  # --moe-expert-capacity-factor; None: dropless
     pad_to_capacity: bool = False  # --moe-pad-expert-input-to-capacity
     load_imbalance: float = 1.0  # routed rows of the busiest EP rank / the mean (dropless routing)
@@ -243,9 +243,9 @@ def stage_layer_mix(model, p, v, holds_first_layers):
 def dispatched_rows(model, tokens, experts: ExpertShard):
     """(token, expert) rows of the busiest rank for `tokens` tokens, which the all-to-all
     dispatcher sends (and receives): with router padding (quantization_padding) each expert's
-    rows from this rank padded too; DeepEP pads on the receiving rank instead."""
+    rows from this rank padded too; DeepEP and Hybrid-EP pad on the receiving rank instead."""
     o = experts.options
-    sends_padding = o.router_padding and experts.align and o.dispatcher != "deepep"
+    sends_padding = o.router_padding and experts.align and o.dispatcher not in deepep.BACKENDS
     padding = model.experts * (experts.align - 1) / 2 if sends_padding else 0.0
     return o.busiest_rows * model.top_k * tokens + padding
 
@@ -284,8 +284,8 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
         return replace(op, model_flops=op.flops * useful * routed / run, launches=per_expert)
 
     # the all-to-all's rows arrive by source rank and are re-sorted by local expert when a rank
-    # holds several; DeepEP's received tokens are permuted by local expert once, after the dispatch
-    deepep_rows = o.dispatcher == "deepep"
+    # holds several; DeepEP's and Hybrid-EP's received tokens are permuted by local expert once
+    deepep_rows = o.dispatcher in deepep.BACKENDS
     sort = np.where(n_local > 1, 0.0 if deepep_rows else 1.0, 0.0)
     permuted = rows if deepep_rows else sent
     # SequentialMLP concatenates its experts' outputs (torch.cat: read and written once; its
@@ -334,28 +334,31 @@ def quantization_padding(rows, n_local, h, act_bytes, experts: ExpertShard) -> t
     through the dispatch (dispatched_rows: E (align - 1) / 2 rows a rank) and nothing is copied
     around the experts (skip_routed_expert_padding); under DeepEP the receiving rank pads each
     local expert's rows with tokens it received (token_dispatcher.py _DeepepManager
-    _pad_routing_map): the experts' padded rows, neither sent nor copied."""
+    _pad_routing_map): the experts' padded rows, neither sent nor copied; Hybrid-EP's dispatch
+    writes them padded with or without router padding (moe_utils.py skip_routed_expert_padding)."""
     if not experts.align:
         return [], rows
     run = rows + n_local * (experts.align - 1) / 2
-    if experts.options.router_padding:
-        return [], run if experts.options.dispatcher == "deepep" else rows
+    o = experts.options
+    if o.dispatcher == "hybridep" or (o.router_padding and o.dispatcher == "deepep"):
+        return [], run
+    if o.router_padding:
+        return [], rows
     copies = 2 if experts.options.grouped_gemm else 1
     nbytes = copies * act_bytes * (rows + run) * h
     from .workload import MEMORY, Op
     return [Op("moe_quant_pad", MEMORY, fwd_bytes=nbytes, bwd_input_bytes=nbytes)], run
 
 
-def moe_buffer_bytes(model, shard, experts: ExpertShard):
+def moe_buffer_bytes(model, shard, experts: ExpertShard, groups=None):
     """Dispatch buffers alive at once in one MoE layer: the permuted rows to send, the rows
     received, and with ETP the gathered rows (Megatron-Core allocates each per layer pass);
-    under DeepEP the tokens received and their rows permuted by expert, beside DeepEP's own
-    buffer (deepep.buffer_bytes)."""
+    under DeepEP and Hybrid-EP the rows permuted by expert beside what the backend holds
+    (deepep.dispatch_bytes: `groups` places its nodes)."""
     sent = dispatched_rows(model, shard.replicated_tokens, experts)
     row = shard.act_bytes * model.hidden
-    if experts.options.dispatcher == "deepep":
-        return row * (deepep.received_rows(model, shard, experts) + experts.etp * sent) + \
-            deepep.buffer_bytes(model, experts, shard.act_bytes)
+    if experts.options.dispatcher in deepep.BACKENDS:
+        return row * experts.etp * sent + deepep.dispatch_bytes(model, shard, experts, groups)
     return row * sent * (2 + experts.etp)
 
 
@@ -367,12 +370,12 @@ def dispatch_comm_s(model, shard, experts: ExpertShard, groups, cluster):
     reduce-scatter). All-to-all dispatcher: two all-to-alls over EP of the k·T rows each
     rank sends (2·k·T·h·bytes·(ep-1)/ep leave it per pass, balanced), an all-gather and a
     reduce-scatter over ETP of the received rows. All-gather dispatcher: an all-gather and a
-    reduce-scatter over EP x ETP of every token's hidden state. DeepEP: deepep.comm_s."""
+    reduce-scatter over EP x ETP of every token's hidden state. DeepEP, Hybrid-EP: deepep.comm_s."""
     a, h = shard.act_bytes, model.hidden
     tokens = shard.replicated_tokens
     o = experts.options
-    if o.dispatcher == "deepep":
-        return deepep.comm_s(model, shard, experts, cluster)
+    if o.dispatcher in deepep.BACKENDS:
+        return deepep.comm_s(model, shard, experts, groups, cluster)
     if o.dispatcher == "allgather":
         full = a * h * tokens * experts.ep * experts.etp
         return collective_time("all_gather", full, groups.ep_etp, cluster) + \

@@ -412,7 +412,7 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster, options: bool = Tru
     if model.moe_layers < model.layers:  # some layer has a dense MLP of width ffn_hidden
         _divides("plan.tp", plan.tp, "model.ffn_hidden", model.ffn_hidden)
     check_moe_plan(plan, model)
-    if model.experts and plan.moe.dispatcher == "deepep":
+    if model.experts and plan.moe.dispatcher in deepep.BACKENDS:
         deepep.check_plan(plan, model, cluster)
     if plan.global_batch % (plan.micro_batch * plan.dp):
         raise InputError("plan.global_batch", plan.global_batch,

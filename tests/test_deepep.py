@@ -94,7 +94,8 @@ def test_node_limited_routing_sends_a_token_to_at_most_its_group_topk_nodes():
     8 drawn from the 4 groups' 128: 8 x 1/2 x (1 - C(96, 8) / C(128, 8)) nodes, under 4."""
     s = _scenario({"preset": "deepseek-v3", "seq_len": 4096, "layers": 8, "dense_layers": 1, "mtp_layers": 0},
                   nodes=8, ep=64, pipeline_split="balanced")
-    n, p, nodes, ranks, nodes_hit = deepep.layout(s.model, ExpertShard(64, 1, MoEOptions(dispatcher="deepep")))
+    experts = ExpertShard(64, 1, MoEOptions(dispatcher="deepep"))
+    n, p, nodes, ranks, nodes_hit = deepep.layout(s.model, experts, compile_scenario(s).groups)
     assert (n, p, nodes) == (64, 8, 8)
     assert float(nodes_hit) == pytest.approx(8 * 0.5 * (1 - _miss(128, 32, 8)), rel=1e-12)
     assert float(nodes_hit) == pytest.approx(3.630, abs=1e-3)
@@ -154,3 +155,68 @@ def test_router_groups_must_split_the_experts_and_hold_the_top_k():
                          ({"router_groups": 8, "router_group_topk": 1}, "model.top_k")):
         with pytest.raises(InputError, match=field.replace(".", r"\.")):
             model_from_dict({**base, **extra})
+
+
+HYBRID = {"dispatcher": "hybridep", "grouped_gemm": True}
+
+
+def test_hybrid_ep_in_an_nvl72_rack_sends_every_destination_over_nvlink():
+    """Hybrid-EP's node is the NVLink domain: Qwen3-30B-A3B at EP 64 on 16 GB200 trays of one
+    NVL72 rack has no RDMA leg; a token reaches 64 x (1 - C(126, 8) / C(128, 8)) ranks, 63/64 of
+    them other GPUs, at NVLink's bus rate each way."""
+    s = _scenario(QWEN3, nodes=16, node="gb200-nvl72", ep=64, moe=HYBRID)
+    layout = compile_scenario(s)
+    up = s.cluster.node.scaleup
+    ranks = 64 * (1 - _miss(128, 2, 8))
+    one_way = 4096 * ranks * 63 / 64 * 2 * 2048 / (up.bytes_per_s * up.efficiency) + up.latency_s
+    experts = ExpertShard(64, 1, MoEOptions(dispatcher="hybridep"))
+    assert float(dispatch_comm_s(s.model, layout.shard, experts, layout.groups, s.cluster)) == pytest.approx(
+        2 * one_way, rel=1e-12)
+    # DeepEP's 8 NVLink peers must share a node: not on 4-GPU trays
+    with pytest.raises(InputError, match="hybridep"):
+        _scenario(QWEN3, nodes=16, node="gb200-nvl72", ep=64)
+
+
+def test_hybrid_ep_buffers_hold_the_worst_case_of_every_token_routed_to_one_rank():
+    """EP 32 over 4 DGX H100s, 4096 tokens a rank, 4 experts a rank, hidden 2048: intra-node
+    4096 x 32 tokens x (2 x 2048 + 4 x 4 x 8 + 4 x 16) B; across the 3 remote nodes the
+    dispatch's input 4096 x (4096 + 4 x 4 x 32 + 64) B, its 4096 x 3 rows with probabilities and
+    scales, and the combine's two 4096 x 3 rows with probabilities."""
+    s = _scenario(QWEN3, nodes=4, ep=32, moe=HYBRID)
+    layout = compile_scenario(s)
+    experts = ExpertShard(32, 1, MoEOptions(dispatcher="hybridep"))
+    intra = 4096 * 32 * (4096 + 128 + 64)
+    rdma = 4096 * (4096 + 512 + 64) + 4096 * 3 * (4096 + 128 + 64) + 2 * 4096 * 3 * (4096 + 128)
+    rows = 2 * 2048 * 8 * 4096  # the permuted rows of the layer
+    assert float(moe_buffer_bytes(s.model, layout.shard, experts, layout.groups)) == pytest.approx(
+        rows + intra + rdma, rel=1e-12)
+
+
+def test_hybrid_ep_writes_quantized_experts_rows_padded_with_no_copies():
+    """Megatron-Core skips the experts' padding under Hybrid-EP (skip_routed_expert_padding): its
+    dispatch pads each local expert's rows to FP8's 16, 16 x 15 / 2 rows a rank on average."""
+    s = _scenario(QWEN3, ep=8, moe=HYBRID)
+    shard = compile_scenario(s).shard
+    ops = {o.name: o for o in layer_ops(s.model, shard, ExpertShard(8, 1, MoEOptions(dispatcher="hybridep"), 16))}
+    assert "moe_quant_pad" not in ops
+    run = 8 * 4096 + 16 * 15 / 2
+    assert float(ops["expert_fc1"].fwd_flops) == pytest.approx(2 * run * 2048 * 2 * s.model.expert_ffn_hidden)
+
+
+def test_a_batch_of_plans_gets_each_plans_own_deepep_buffer():
+    """A search evaluates plans as arrays: each group size its own config row, none outside the table."""
+    import numpy as np
+    model = model_from_dict({"preset": "deepseek-v3"})
+    sizes = np.array([8, 64, 12])
+    batch = deepep.buffer_bytes(model, ExpertShard(sizes, 1, MoEOptions(dispatcher="deepep")), 2)
+    single = [deepep.buffer_bytes(model, ExpertShard(int(n), 1, MoEOptions(dispatcher="deepep")), 2) for n in sizes[:2]]
+    assert list(batch) == [*single, 0.0]
+
+
+def test_a_search_fixing_the_deepep_dispatcher_ranks_only_plans_deepep_runs():
+    """Two DGX H100s: ep 1 (TP x EP = 1) and groups DeepEP has no config for are refused per plan."""
+    from simulator.search import SearchOptions, search
+    result = search("qwen3-30b-a3b", {"node": "dgx-h100", "nodes": 2}, 64, engine="analytic", top=20,
+                    options=SearchOptions(plan_options=(("moe", {"dispatcher": "deepep"}),)))
+    table = result.table
+    assert len(table) and set(table["ep"] * table["etp"]) <= set(deepep.GROUP_SIZES)

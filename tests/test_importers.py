@@ -431,9 +431,12 @@ def test_megatron_arguments_and_their_refusals():
     flex = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + [
         "--num-experts", "8", "--moe-token-dispatcher-type", "flex"])  # DeepEP: Megatron-Core's default backend
     assert flex.scenario["plan"]["moe"]["dispatcher"] == "deepep"
-    with pytest.raises(InputError, match="moe-flex-dispatcher-backend.*deepep"):
+    hybrid = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + [
+        "--num-experts", "8", "--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep"])
+    assert hybrid.scenario["plan"]["moe"]["dispatcher"] == "hybridep"
+    with pytest.raises(InputError, match="moe-flex-dispatcher-backend.*NCCL EP"):
         import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + [
-            "--num-experts", "8", "--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep"])
+            "--num-experts", "8", "--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "ncclep"])
     with pytest.raises(InputError, match="moe-enable-deepep.*flex"):
         import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + [
             "--num-experts", "8", "--moe-token-dispatcher-type", "alltoall", "--moe-enable-deepep"])
@@ -484,17 +487,15 @@ def test_megatron_mixtral_script_is_mixtral_8x7b_with_expert_parallelism():
 def test_megatron_deepseek_v3_arguments_give_the_model_of_its_config_json():
     """Megatron-LM's DeepSeek-V3 script (MLA, 256 experts top-8 with a shared expert, 3 dense
     layers by a layer pattern, one MTP module) against DeepSeek-V3's released config.json. The
-    script as published uses the flex dispatcher's HybridEP backend, refused by name; its
-    group-limited routing (8 groups, top 4) is the config.json's n_group and topk_group."""
+    script runs the flex dispatcher with Hybrid-EP; its group-limited routing (8 groups, top 4)
+    is the config.json's n_group and topk_group."""
     path = DATA / "megatron-sbatch_mfsdp_deepseek_v3.sh"
-    with pytest.raises(InputError, match="moe-flex-dispatcher-backend.*hybridep"):
-        import_config("megatron", path, {"cluster.node": "dgx-h100"})
-    words = ["alltoall" if w == "flex" else w for w in script_words(path.read_text())]
-    imported = import_config("megatron", None, {"cluster.node": "dgx-h100", "cluster.nodes": 32}, argv=words)
+    imported = import_config("megatron", path, {"cluster.node": "dgx-h100", "cluster.nodes": 32})
     s = scenario_from_dict(imported.scenario)
     hf = scenario_from_dict({"model": {"hf_config": str(HF / "deepseek-v3.json"), "seq_len": 4096},
                              "cluster": {"node": "dgx-h100"}, "plan": {"global_batch": 8}}).model
     assert dataclasses.replace(s.model, name=hf.name) == hf
+    assert s.plan.moe.dispatcher == "hybridep"
     assert (s.plan.ep, s.plan.etp, s.plan.zero_stage, s.plan.zero3_impl, s.plan.grad_precision) == (
         8, 1, 3, "fsdp2", "bf16")  # Megatron-FSDP optim_grads_params, main grads and their reduction in bf16
     assert (s.plan.recompute, s.plan.recompute_modules) == ("selective", ("mlp", "moe", "layernorm", "mla_up_proj"))
@@ -804,8 +805,8 @@ def test_megatron_bridge_gpt_oss_model_is_the_model_of_its_config_json(tmp_path)
 
 
 @pytest.mark.parametrize("change,key", [
-    ({}, "moe_flex_dispatcher_backend"),  # the DeepSeek-V3 H100 recipe as published: the flex dispatcher's HybridEP
-    ({"model": {"moe_token_dispatcher_type": "alltoall"}}, "fp8_recipe"),  # then its block-wise FP8
+    ({}, "fp8_recipe"),  # the DeepSeek-V3 H100 recipe as published: its block-wise FP8
+    ({"model": {"moe_flex_dispatcher_backend": "ncclep"}}, "moe_flex_dispatcher_backend"),  # NCCL EP
     ({"model": {"moe_token_dispatcher_type": "alltoall", "recompute_modules": ["mhc"]},
       "mixed_precision": {"fp8_recipe": "tensorwise"}}, "recompute_modules"),  # hyper-connections' recompute
     ({"peft": {"dim": 16}}, "peft"),
@@ -823,14 +824,13 @@ def test_megatron_bridge_settings_llmsim_cannot_express_are_refused_by_name(tmp_
 
 
 def test_megatron_bridge_deepseek_v3_with_what_llmsim_models_is_deepseek_v3(tmp_path):
-    """The H100 recipe with the all-to-all dispatcher and tensor-wise FP8: DeepSeek-V3's
+    """The H100 recipe (the flex dispatcher with Hybrid-EP) with tensor-wise FP8: DeepSeek-V3's
     config.json model (MTP included), its layout Et|(tt|)*30mL over 8 x 4 virtual stages (the
     MTP module with the loss), Adam with bf16 moments beside fp32 main parameters and bf16
     main gradients (the precision-aware optimizer: 4 + 2 + 2 B), its mla_up_proj and mlp
     recomputation; the plan evaluates, its dense layers on the ranks the layout puts them on,
     and fits the H100s NVIDIA publishes it for (no false out-of-memory)."""
     data = yaml.safe_load((DATA / "bridge-deepseek_v3_pretrain_h100_fp8_sc_v1.yaml").read_text())
-    data["model"].update(moe_token_dispatcher_type="alltoall")
     data["mixed_precision"]["fp8_recipe"] = "tensorwise"
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
     imported = import_config("megatron", tmp_path / "c.yaml", {"cluster.node": "dgx-h100", "cluster.nodes": 128})
@@ -839,6 +839,7 @@ def test_megatron_bridge_deepseek_v3_with_what_llmsim_models_is_deepseek_v3(tmp_
     assert _plan(imported, "pipeline_layout", "vpp", "optimizer_precision", "grad_precision", "fp8_recipe", "ep") == {
         "pipeline_layout": [1] + [2] * 30 + [0], "vpp": 4, "optimizer_precision": "bf16-moments",
         "grad_precision": "bf16", "fp8_recipe": "current", "ep": 64}
+    assert imported.scenario["plan"]["moe"]["dispatcher"] == "hybridep"
     assert _plan(imported, "recompute", "recompute_modules") == {"recompute": "selective",
                                                                  "recompute_modules": ["mlp", "mla_up_proj"]}
     s = scenario_from_dict(imported.scenario)

@@ -18,10 +18,10 @@ Megatron-Core's: top-2 routing, the all-gather token dispatcher, experts as wide
   moe_layer_freq, moe_layer_offset) or refused;
 - expert_model_parallel_size, expert_tensor_parallel_size -> plan.ep, plan.etp;
 - moe_token_dispatcher_type (alltoall | allgather | flex with moe_flex_dispatcher_backend
-  deepep, or moe_enable_deepep -> deepep), moe_expert_capacity_factor,
+  deepep or hybridep, or moe_enable_deepep -> deepep), moe_expert_capacity_factor,
   moe_pad_expert_input_to_capacity, moe_shared_expert_overlap,
-  overlap_moe_expert_parallel_comm -> plan.moe; the flex dispatcher's HybridEP and NCCL EP
-  backends and the older alltoall_seq are refused;
+  overlap_moe_expert_parallel_comm -> plan.moe; the flex dispatcher's NCCL EP backend and the
+  older alltoall_seq are refused;
 - moe_router_num_groups, moe_router_group_topk -> model.router_groups, router_group_topk
   (group-limited routing: what DeepEP sends depends on it);
 - moe_grouped_gemm -> plan.moe.grouped_gemm; absent, Megatron-Core's default (False:
@@ -40,6 +40,7 @@ from __future__ import annotations
 import ast
 from typing import Callable
 
+from ..deepep import BACKENDS as DEEPEP_BACKENDS
 from ..moe import DISPATCHERS
 from .common import Account
 
@@ -125,17 +126,17 @@ def read_moe(a: Account, key: Callable[[str], str], number: Callable, layers: in
 
 
 def _dispatcher(a: Account, key) -> str:
-    """plan.moe.dispatcher: alltoall or allgather by name; the flex dispatcher with its DeepEP
-    backend (transformer_config.py: moe_flex_dispatcher_backend, default deepep; the deprecated
-    moe_enable_deepep) as deepep. The backend is read only under flex, as Megatron-Core does (and
+    """plan.moe.dispatcher: alltoall or allgather by name; the flex dispatcher by its backend
+    (transformer_config.py: moe_flex_dispatcher_backend, deepep by default, or hybridep; the
+    deprecated moe_enable_deepep: deepep). The backend is read only under flex, as Megatron-Core does (and
     Megatron-Bridge, whose recipes name a backend that apply_flex_dispatcher_backend switches on)."""
     dispatcher = str(a.get(key("moe_token_dispatcher_type"), "allgather"))
     backend = key("moe_flex_dispatcher_backend")
     if dispatcher == "flex":
         name = str(a.get(backend, "deepep"))
-        if name != "deepep":
-            a.refuse(backend, "modelled: deepep (DeepEP's normal kernels); not HybridEP or NCCL EP")
-        return "deepep"
+        if name not in DEEPEP_BACKENDS:
+            a.refuse(backend, "modelled: deepep (DeepEP's normal kernels), hybridep; not NCCL EP")
+        return name
     if a.get(key("moe_enable_deepep")):
         a.refuse(key("moe_enable_deepep"), "needs moe_token_dispatcher_type flex (Megatron-Core refuses it otherwise)")
     if dispatcher not in DISPATCHERS:
