@@ -40,9 +40,9 @@ experts (an EP rank's, a node's) is reached with probability hit_fraction. A ran
 token: over NVLink the destination ranks other than the receiving GPU, over RDMA the
 destination nodes other than its own (expected counts, each times its own-share fraction).
 
-Not modelled: the SMs the kernels occupy (DeepEP 20 by Megatron-Core's default:
-set_deepep_num_sms) while a pass overlaps them (plan.moe.ep_comm_overlap), and the rate those
-SMs cap on Blackwell's NVLink (Hybrid-EP's README measures DeepEP at 348-494 GB/s with 16-24 SMs
+The SMs the kernels take (plan.moe.dispatcher_sms, Megatron-Core's --moe-flex-dispatcher-num-sms;
+by default DeepEP 20, Hybrid-EP 24 or 8) slow the compute a pass overlaps them with
+(moe.exposed_dispatch_s). Not modelled: the rate those SMs cap on Blackwell's NVLink (Hybrid-EP's README measures DeepEP at 348-494 GB/s with 16-24 SMs
 on a B200, where the link's bus rate is taken here); the host wait for the received counts (as
 the all-to-all dispatcher's, moe.py); DeepEP V2 (NCCL Gin) and NCCL EP, which the importers
 refuse.
@@ -56,7 +56,10 @@ from .comm import placement, scaleup_for
 from .errors import InputError
 
 NVL_PEERS = 8  # LEGACY_NUM_MAX_NVL_PEERS (csrc/kernels/legacy/compiled.cuh)
-SMS = 20  # Megatron-Core's default (token_dispatcher.py _DeepepManager: set_deepep_num_sms(20))
+DEEPEP_SMS = 20  # Megatron-Core's default (token_dispatcher.py _DeepepManager: set_deepep_num_sms(20))
+# Hybrid-EP's defaults (csrc/hybrid_ep/config.cuh: num_sms_dispatch_api / combine_api), one
+# NVLink domain or several
+HYBRID_SMS_ONE_DOMAIN, HYBRID_SMS_ACROSS = 24, 8
 # Buffer.get_dispatch_config / get_combine_config (deep_ep/buffers/legacy.py): group size ->
 # (NVL chunk tokens sent, received, RDMA chunk tokens sent, received); only these sizes run
 DISPATCH_CONFIGS = {2: (24, 256, 6, 128), 4: (6, 256, 6, 128), 8: (6, 256, 6, 128), 16: (36, 288, 20, 128),
@@ -104,12 +107,17 @@ def hit_fraction(model, held):
 BACKENDS = ("deepep", "hybridep")
 
 
-def layout(model, experts, groups):
-    """(ranks n, ranks a node p, nodes n/p, destination ranks and destination nodes a token
-    has): DeepEP's nodes are 8 NVLink peers, Hybrid-EP's the group's ranks in one scale-up domain."""
+def layout_nodes(experts, groups):
+    """(ranks n, ranks a node p, nodes n/p): DeepEP's nodes are 8 NVLink peers, Hybrid-EP's the
+    group's ranks in one scale-up domain."""
     n = np.asarray(experts.ep) * np.asarray(experts.etp)
     p = np.asarray(groups.ep_etp.local) if experts.options.dispatcher == "hybridep" else np.minimum(n, NVL_PEERS)
-    nodes = n / p
+    return n, p, n / p
+
+
+def layout(model, experts, groups):
+    """layout_nodes and the destination ranks and destination nodes a token has."""
+    n, p, nodes = layout_nodes(experts, groups)
     ranks = n * hit_fraction(model, model.experts / np.asarray(experts.ep))
     return n, p, nodes, ranks, nodes * hit_fraction(model, node_experts(model, experts.ep, nodes))
 
@@ -175,15 +183,32 @@ def _config_value(tables, n, index, align=False):
     return out
 
 
+def dispatcher_sms(options, nodes):
+    """SMs the dispatch and combine kernels take: plan.moe.dispatcher_sms, else the backend's
+    default (DeepEP 20 as Megatron-Core sets it; Hybrid-EP 24 in one NVLink domain, 8 across)."""
+    if options.dispatcher_sms:
+        return options.dispatcher_sms
+    if options.dispatcher == "hybridep":
+        return np.where(np.asarray(nodes) > 1, HYBRID_SMS_ACROSS, HYBRID_SMS_ONE_DOMAIN)
+    return DEEPEP_SMS
+
+
+def sm_share(experts, groups, accelerator):
+    """The share of the accelerator's SMs the kernels take while a pass overlaps them."""
+    _, _, nodes = layout_nodes(experts, groups)
+    return dispatcher_sms(experts.options, nodes) / accelerator.sm_count
+
+
 def buffer_bytes(model, experts, act_bytes):
     """DeepEP's communication buffer, allocated once (Megatron-Core fused_a2a.py get_buffer: the
     larger of the dispatch and combine configs' size hints, csrc/legacy/config.hpp
-    get_nvl_buffer_size_hint and get_rdma_buffer_size_hint): per channel (SMS/2) and peer, the
+    get_nvl_buffer_size_hint and get_rdma_buffer_size_hint): per channel (half the SMs) and peer, the
     received chunk's rows of hidden bytes, source metadata, 128 top-k indices, weights and scales."""
+    channels = dispatcher_sms(experts.options, 1) // 2
     n = np.asarray(experts.ep) * np.asarray(experts.etp)
     tables = (DISPATCH_CONFIGS, COMBINE_CONFIGS)
     hidden = model.hidden * max(act_bytes, 2)  # fused_a2a.py get_hidden_bytes
-    channels, nvl, rdma = SMS // 2, np.minimum(n, NVL_PEERS), np.maximum(n // NVL_PEERS, 1)
+    nvl, rdma = np.minimum(n, NVL_PEERS), np.maximum(n // NVL_PEERS, 1)
     per_row = SOURCE_META_BYTES + MAX_TOPK * (TOPK_INDEX_BYTES + 4) + MAX_SCALES * 4
     nvl_bytes = channels * nvl * ((2 * rdma + 3) * 4 + _config_value(tables, n, 1) * (hidden + per_row))
     rows = _config_value(tables, n, 3, align=True)
@@ -199,6 +224,14 @@ def check_plan(plan, model, cluster) -> None:
     from .dims import expert_order, expert_sizes
     n = plan.ep * plan.etp
     field = "plan.moe.dispatcher"
+    acc = cluster.accelerator
+    if not acc.sm_count:
+        raise InputError(field, plan.moe.dispatcher, f"DeepEP's and Hybrid-EP's kernels run on NVIDIA GPUs, whose "
+                         f"profiles give sm_count; {acc.name}'s profile has none")
+    sms = plan.moe.dispatcher_sms
+    if sms is not None and (sms > acc.sm_count or (plan.moe.dispatcher == "deepep" and sms % 2)):
+        raise InputError("plan.moe.dispatcher_sms", sms, f"at most the {acc.sm_count} SMs of {acc.name}"
+                         + (", and even (DeepEP runs a channel on two SMs)" if plan.moe.dispatcher == "deepep" else ""))
     order = expert_order(plan.rank_order, plan.moe.folding)
     if plan.moe.dispatcher == "hybridep":
         domain = placement(expert_sizes(plan), ("etp", "ep"), order, cluster.scaleup_domain)

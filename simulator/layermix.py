@@ -21,7 +21,7 @@ from .dims import expert_grad_group_size, grad_group_size
 from .memory import ActivationSizes, activation_sizes, buffer_bytes
 from .moe import (SHARED_EXPERTS, dispatch_comm_s, exposed_dispatch_s, layer_params_split,
                   moe_buffer_bytes, plan_experts)
-from . import cpattention, fp8, fsdp, mtp, projections
+from . import cpattention, deepep, fp8, fsdp, mtp, projections
 from .compute import LOW_PRECISION_GEMMS, op_times, with_attention_kernel
 from .fp8 import compute_precision
 from .fusion import eager_ops
@@ -135,7 +135,9 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
         shared_t = ops_time([op for op in moe_ops if op.group == SHARED_EXPERTS], cluster, precision) \
             if plan.moe.shared_expert_overlap else None
         moe_cp = cp(moe_t.attention_fwd_s, moe_t.attention_bwd_s)
-        ep = exposed_dispatch_s(dispatch_comm_s(model, shard, experts, groups, cluster), moe_t, shared_t, plan.moe)
+        share = deepep.sm_share(experts, groups, acc) if plan.moe.dispatcher in deepep.BACKENDS else 0.0
+        ep = exposed_dispatch_s(dispatch_comm_s(model, shard, experts, groups, cluster), moe_t, shared_t, plan.moe,
+                                share)
         buffers_layer = np.maximum(dense_p, rest_p + routed_p)
         extra = moe_buffer_bytes(model, shard, experts, groups)
     buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, buffers_layer, plan, per.weight,

@@ -102,6 +102,9 @@ class MoEOptions:
     # --moe-router-padding-for-quantization: the router pads each expert's rows from every
     # rank to the quantization multiple before the dispatch (quantization_padding)
     router_padding: bool = False
+    # --moe-flex-dispatcher-num-sms: SMs the deepep / hybridep kernels take (None: the
+    # backend's default, deepep.dispatcher_sms)
+    dispatcher_sms: int | None = None
 
     @property
     def busiest_rows(self) -> float:
@@ -186,6 +189,9 @@ def check_moe_plan(plan, model) -> None:
         raise InputError("plan.rank_order", plan.rank_order, "with experts and pp > 1, pp must be outermost "
                          "unless the expert data-parallel degree equals dp (Megatron-Core parallel_state.py)")
     o = plan.moe
+    if o.dispatcher_sms is not None and o.dispatcher not in deepep.BACKENDS:
+        raise InputError("plan.moe.dispatcher_sms", o.dispatcher_sms, "only with the deepep or hybridep dispatcher "
+                         "(NCCL's all-to-all takes the SMs NCCL chooses)")
     if o.ep_comm_overlap and plan.ep == 1:
         raise InputError("plan.moe.ep_comm_overlap", True, "needs ep > 1 (Megatron-Core "
                          "--overlap-moe-expert-parallel-comm)")
@@ -387,19 +393,25 @@ def dispatch_comm_s(model, shard, experts: ExpertShard, groups, cluster):
     return 2 * all_to_all_time(sent, groups.ep, cluster) + etp
 
 
-def exposed_dispatch_s(comm_s, moe_layer, shared, options: MoEOptions):
+def exposed_dispatch_s(comm_s, moe_layer, shared, options: MoEOptions, sm_share=0.0):
     """(forward, backward) seconds of one MoE layer's dispatch collectives left exposed.
 
     `moe_layer` and `shared` are the OpsTime of the whole MoE layer and of its shared
     experts. Shared-expert overlap hides the collectives behind the shared experts' kernels
-    of the same pass; EP overlap behind the other direction's pass of another micro-batch."""
+    of the same pass; EP overlap behind the other direction's pass of another micro-batch.
+    Kernels that take a share f of the SMs (`sm_share`: DeepEP's and Hybrid-EP's,
+    deepep.dispatcher_sms; NCCL's all-to-all is not counted) slow the compute they run beside:
+    c seconds of communication beside g of compute take max(c, g + c·f), so max(c - g, c·f)
+    stays exposed."""
+    def hidden(c, g):
+        return np.maximum(c - g, c * sm_share)
+
     fwd = bwd = comm_s
     if options.shared_expert_overlap:
-        fwd = np.maximum(0.0, fwd - shared.fwd_s)
-        bwd = np.maximum(0.0, bwd - shared.bwd_input_s - shared.bwd_weight_s)
+        fwd = hidden(fwd, shared.fwd_s)
+        bwd = hidden(bwd, shared.bwd_input_s + shared.bwd_weight_s)
     if options.ep_comm_overlap:
-        fwd, bwd = (np.maximum(0.0, fwd - moe_layer.bwd_input_s - moe_layer.bwd_weight_s),
-                    np.maximum(0.0, bwd - moe_layer.fwd_s))
+        fwd, bwd = (hidden(fwd, moe_layer.bwd_input_s + moe_layer.bwd_weight_s), hidden(bwd, moe_layer.fwd_s))
     return fwd, bwd
 
 

@@ -299,7 +299,8 @@ def _moe_options(data) -> MoEOptions:
         ep_comm_overlap=F.boolean(data, "ep_comm_overlap", "plan.moe", False),
         folding=F.boolean(data, "folding", "plan.moe", True),
         grouped_gemm=F.boolean(data, "grouped_gemm", "plan.moe", True),
-        router_padding=F.boolean(data, "router_padding", "plan.moe", False))
+        router_padding=F.boolean(data, "router_padding", "plan.moe", False),
+        dispatcher_sms=F.integer(data, "dispatcher_sms", "plan.moe", None, maximum=100_000))
 
 
 def _loss(data) -> dict:

@@ -10,7 +10,7 @@ from simulator import deepep, scenario_from_dict
 from simulator.errors import InputError
 from simulator.evaluate import compile_scenario
 from simulator.model import model_from_dict
-from simulator.moe import ExpertShard, MoEOptions, dispatch_comm_s, dispatched_rows, moe_buffer_bytes
+from simulator.moe import ExpertShard, MoEOptions, dispatch_comm_s, dispatched_rows, moe_buffer_bytes, plan_experts
 from simulator.workload import layer_ops
 
 QWEN3 = {"preset": "qwen3-30b-a3b"}  # 128 experts, top-8, hidden 2048
@@ -220,3 +220,43 @@ def test_a_search_fixing_the_deepep_dispatcher_ranks_only_plans_deepep_runs():
                     options=SearchOptions(plan_options=(("moe", {"dispatcher": "deepep"}),)))
     table = result.table
     assert len(table) and set(table["ep"] * table["etp"]) <= set(deepep.GROUP_SIZES)
+
+
+def test_kernels_taking_sms_slow_the_compute_they_hide_behind():
+    """c seconds of DeepEP beside g seconds of the other pass's compute on 20 of an H100's 132
+    SMs: the pair takes max(c, g + c x 20/132), so c x 20/132 stays exposed while the compute
+    covers the rest, and c - g once it does not."""
+    from types import SimpleNamespace
+    from simulator.moe import exposed_dispatch_s
+    s = _scenario(QWEN3, ep=8)
+    layout = compile_scenario(s)
+    experts = ExpertShard(8, 1, MoEOptions(dispatcher="deepep"))
+    share = deepep.sm_share(experts, layout.groups, s.cluster.accelerator)
+    assert share == pytest.approx(20 / 132)
+    layer = SimpleNamespace(fwd_s=0.030, bwd_input_s=0.020, bwd_weight_s=0.020)
+    overlap = MoEOptions(dispatcher="deepep", ep_comm_overlap=True)
+    fwd, bwd = exposed_dispatch_s(0.010, layer, None, overlap, share)
+    assert (float(fwd), float(bwd)) == pytest.approx((0.010 * 20 / 132, 0.010 * 20 / 132))
+    fwd, bwd = exposed_dispatch_s(0.060, layer, None, overlap, share)
+    assert (float(fwd), float(bwd)) == pytest.approx((0.060 - 0.040, 0.060 - 0.030))
+    assert exposed_dispatch_s(0.010, layer, None, overlap)[0] == 0.0  # NCCL's all-to-all: no SMs counted
+
+
+def test_hybrid_ep_takes_24_sms_in_one_nvlink_domain_and_8_across_unless_told():
+    one = _scenario(QWEN3, ep=8, moe=HYBRID)
+    across = _scenario(QWEN3, nodes=4, ep=32, moe=HYBRID)
+    told = _scenario(QWEN3, nodes=4, ep=32, moe={**HYBRID, "dispatcher_sms": 16})
+    shares = [deepep.sm_share(plan_experts(s.plan), compile_scenario(s).groups, s.cluster.accelerator)
+              for s in (one, across, told)]
+    assert [float(x) * 132 for x in shares] == pytest.approx([24, 8, 16])
+
+
+@pytest.mark.parametrize("cluster,moe,field", [
+    ("dgx-h100", {"dispatcher": "alltoall", "dispatcher_sms": 20}, "plan.moe.dispatcher_sms"),
+    ("dgx-h100", {**DEEPEP, "dispatcher_sms": 21}, "plan.moe.dispatcher_sms"),  # a channel is 2 SMs
+    ("dgx-h100", {**DEEPEP, "dispatcher_sms": 200}, "plan.moe.dispatcher_sms"),
+    ("mi300x-node", DEEPEP, "plan.moe.dispatcher"),
+])
+def test_dispatcher_sms_and_accelerators_the_kernels_cannot_use_are_refused(cluster, moe, field):
+    with pytest.raises(InputError, match=field.replace(".", r"\.")):
+        _scenario(QWEN3, node=cluster, ep=8, moe=moe)

@@ -434,6 +434,9 @@ def test_megatron_arguments_and_their_refusals():
     hybrid = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + [
         "--num-experts", "8", "--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep"])
     assert hybrid.scenario["plan"]["moe"]["dispatcher"] == "hybridep"
+    sms = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + [
+        "--num-experts", "8", "--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-num-sms", "24"])
+    assert sms.scenario["plan"]["moe"]["dispatcher_sms"] == 24
     with pytest.raises(InputError, match="moe-flex-dispatcher-backend.*NCCL EP"):
         import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=args + [
             "--num-experts", "8", "--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "ncclep"])
@@ -839,7 +842,9 @@ def test_megatron_bridge_deepseek_v3_with_what_llmsim_models_is_deepseek_v3(tmp_
     assert _plan(imported, "pipeline_layout", "vpp", "optimizer_precision", "grad_precision", "fp8_recipe", "ep") == {
         "pipeline_layout": [1] + [2] * 30 + [0], "vpp": 4, "optimizer_precision": "bf16-moments",
         "grad_precision": "bf16", "fp8_recipe": "current", "ep": 64}
-    assert imported.scenario["plan"]["moe"]["dispatcher"] == "hybridep"
+    # the recipe's own SM knob for its backend (moe_hybridep_num_sms 32; moe_deepep_num_sms 20 is DeepEP's)
+    assert (imported.scenario["plan"]["moe"]["dispatcher"], imported.scenario["plan"]["moe"]["dispatcher_sms"]) == (
+        "hybridep", 32)
     assert _plan(imported, "recompute", "recompute_modules") == {"recompute": "selective",
                                                                  "recompute_modules": ["mlp", "mla_up_proj"]}
     s = scenario_from_dict(imported.scenario)

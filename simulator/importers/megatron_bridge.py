@@ -35,7 +35,7 @@ MODEL_IGNORED = tuple(f"model.{k}" for k in (
     "clone_scatter_output_in_embedding", "scatter_embedding_sequence_parallel", "parallel_output",
     "perform_initialization", "inference_*", "kitchen_*", "mamba_*", "linear_conv_kernel_dim", "linear_key_head_dim",
     "linear_num_*", "linear_value_head_dim", "min_offloaded_tensor_size", "mlp_chunks_for_prefill",
-    "moe_deepep_num_sms", "moe_hybridep_num_sms", "mtp_loss_scaling_factor",
+    "mtp_loss_scaling_factor",
     "tp_comm_bootstrap_backend", "tp_comm_bulk_*", "tp_comm_overlap_ag", "tp_comm_overlap_rs", "tp_comm_split_*",
     "cuda_graph_warmup_steps", "cuda_graph_scope", "transformer_impl", "transformer_layer_spec", "bf16", "fp16",
     "fp8*", "fp4*", "params_dtype", "pipeline_dtype", "deallocate_pipeline_outputs",

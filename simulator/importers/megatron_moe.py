@@ -20,8 +20,9 @@ Megatron-Core's: top-2 routing, the all-gather token dispatcher, experts as wide
 - moe_token_dispatcher_type (alltoall | allgather | flex with moe_flex_dispatcher_backend
   deepep or hybridep, or moe_enable_deepep -> deepep), moe_expert_capacity_factor,
   moe_pad_expert_input_to_capacity, moe_shared_expert_overlap,
-  overlap_moe_expert_parallel_comm -> plan.moe; the flex dispatcher's NCCL EP backend and the
-  older alltoall_seq are refused;
+  overlap_moe_expert_parallel_comm -> plan.moe; moe_flex_dispatcher_num_sms (or the backend's
+  moe_deepep_num_sms / moe_hybridep_num_sms) -> plan.moe.dispatcher_sms; the flex dispatcher's
+  NCCL EP backend and the older alltoall_seq are refused;
 - moe_router_num_groups, moe_router_group_topk -> model.router_groups, router_group_topk
   (group-limited routing: what DeepEP sends depends on it);
 - moe_grouped_gemm -> plan.moe.grouped_gemm; absent, Megatron-Core's default (False:
@@ -94,8 +95,15 @@ def read_moe(a: Account, key: Callable[[str], str], number: Callable, layers: in
         a.absent(key("expert_tensor_parallel_size"), "MoE parallel folding assumed (Megatron-Core 0.10 on: EP x ETP "
                  "carved out of TP x CP x DP); Megatron-Core 0.9 (NeMo 24.09) carves EP out of DP: "
                  "--set plan.moe.folding=false")
-    a.map(key("moe_token_dispatcher_type"), "plan.moe.dispatcher", _dispatcher(a, key))
+    dispatcher = _dispatcher(a, key)
+    a.map(key("moe_token_dispatcher_type"), "plan.moe.dispatcher", dispatcher)
     a.used(key("moe_flex_dispatcher_backend"), key("moe_enable_deepep"))
+    # the flex dispatcher's SMs: moe_flex_dispatcher_num_sms, else the backend's own (deprecated) knob
+    sms_keys = [key("moe_flex_dispatcher_num_sms"), key(f"moe_{dispatcher}_num_sms")]
+    given = next((k for k in sms_keys if dispatcher in DEEPEP_BACKENDS and number(a, k, None)), None)
+    if given:
+        a.map(given, "plan.moe.dispatcher_sms", number(a, given, None))
+    a.used(key("moe_flex_dispatcher_num_sms"), key("moe_deepep_num_sms"), key("moe_hybridep_num_sms"))
     groups = number(a, key("moe_router_num_groups"), None)
     if groups and groups > 1:
         topk = number(a, key("moe_router_group_topk"), None)
