@@ -486,9 +486,10 @@ def cmd_validate_torch(args) -> int:
 
 
 def cmd_validate_kernels(args) -> int:
+    from .validation import ep_dispatch_bench
     from .validation.te_gemm_bench import kernel_report
 
-    out = kernel_report()
+    out = {**kernel_report(), "ep_dispatch": ep_dispatch_bench.report()}
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -511,6 +512,11 @@ def cmd_validate_kernels(args) -> int:
              f"{r['predicted']:.3f}", f"{r['error_pct']:+.1f}%") for r in out["torchao_nvfp4_b200"]]
     print("\ntorchao's square GEMMs on a B200, NVFP4's time over BF16's (b200 profile):")
     print(_fmt_table(rows, ("M = K = N", "for the rate", "measured", "predicted", "error")))
+    rows = [(r["node"], r["backend"], r["ranks"], r["sms"], r["call"], r["api"], f"{r['measured_gb_per_s']:.0f}",
+             f"{r['predicted_gb_per_s']:.0f}", f"{r['error_pct']:+.1f}%") for r in out["ep_dispatch"]]
+    print("\nMoE dispatch and combine on Blackwell (Hybrid-EP's README: GB/s of tokens received a rank; "
+          "error of the time, - = predicted faster):")
+    print(_fmt_table(rows, ("node", "backend", "ranks", "SMs", "call", "timed", "measured", "predicted", "error")))
     return 0
 
 

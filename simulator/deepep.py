@@ -42,10 +42,11 @@ destination nodes other than its own (expected counts, each times its own-share 
 
 The SMs the kernels take (plan.moe.dispatcher_sms, Megatron-Core's --moe-flex-dispatcher-num-sms;
 by default DeepEP 20, Hybrid-EP 24 or 8) slow the compute a pass overlaps them with
-(moe.exposed_dispatch_s). Not modelled: the rate those SMs cap on Blackwell's NVLink (Hybrid-EP's README measures DeepEP at 348-494 GB/s with 16-24 SMs
-on a B200, where the link's bus rate is taken here); the host wait for the received counts (as
-the all-to-all dispatcher's, moe.py); DeepEP V2 (NCCL Gin) and NCCL EP, which the importers
-refuse.
+(moe.exposed_dispatch_s). Checked against Hybrid-EP's published B200 and GB200 timings
+(validation/ep_dispatch_bench.py): its kernels run 1-22 % slower than predicted. Not modelled:
+the rate DeepEP's SMs cap on Blackwell's NVLink (there 55-61 % slower than predicted at 16 SMs,
+17-25 % at 44-48); the host wait for the received counts (as the all-to-all dispatcher's,
+moe.py); DeepEP V2 (NCCL Gin) and NCCL EP, which the importers refuse.
 """
 
 from __future__ import annotations

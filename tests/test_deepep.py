@@ -260,3 +260,17 @@ def test_hybrid_ep_takes_24_sms_in_one_nvlink_domain_and_8_across_unless_told():
 def test_dispatcher_sms_and_accelerators_the_kernels_cannot_use_are_refused(cluster, moe, field):
     with pytest.raises(InputError, match=field.replace(".", r"\.")):
         _scenario(QWEN3, node=cluster, ep=8, moe=moe)
+
+
+def test_the_dispatch_benchmark_is_predicted_from_the_link_and_the_expected_destinations():
+    """Hybrid-EP's B200 row (4096 tokens a rank, hidden 7168, top-8 of 64 experts): a rank
+    receives 4096 x 8 x (1 - C(56, 8) / C(64, 8)) tokens, 7/8 of them over NVLink5 at 900 GB/s x
+    0.76 (the dgx-b200 profile) plus its 3 us; its kernel alone is measured at 734.95 GB/s."""
+    from simulator.validation.ep_dispatch_bench import report
+    row = next(r for r in report() if r["node"] == "dgx-b200" and r["backend"] == "hybridep"
+               and r["call"] == "dispatch" and r["api"] == "kernel")
+    received = 4096 * 8 * (1 - _miss(64, 8, 8)) * 7168 * 2
+    seconds = received * 7 / 8 / (900e9 * 0.76) + 3e-6
+    assert row["predicted_gb_per_s"] == pytest.approx(received / seconds / 1e9, rel=1e-12)
+    assert row["measured_gb_per_s"] == 734.95
+    assert row["error_pct"] == pytest.approx(100 * (734.95 / (received / seconds / 1e9) - 1))

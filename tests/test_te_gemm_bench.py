@@ -104,6 +104,8 @@ def test_cli_validate_kernels_reports_every_benchmark_row():
     b300_nvfp4 = next(r for r in out["te_gemm_profiles"] if r["precision"] == "nvfp4")
     assert b300_nvfp4["autocast_ms"] == pytest.approx(1.932 + 2.189 + 2.331)
     assert [r["size"] for r in out["torchao_nvfp4_b200"]] == [1024, 1536, 2048, 3072, 4096, 6144, 8192]
+    assert {(r["node"], r["backend"]) for r in out["ep_dispatch"]} == {
+        ("dgx-b200", "hybridep"), ("dgx-b200", "deepep"), ("gb200-nvl72", "hybridep")}
     bad = subprocess.run([sys.executable, "-m", "simulator.cli", "validate", "--kernels", "--published"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
