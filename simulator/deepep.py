@@ -56,6 +56,7 @@ import numpy as np
 from .comm import placement, scaleup_for
 from .errors import InputError
 
+BACKENDS = ("deepep", "hybridep")  # plan.moe.dispatcher values this module models
 NVL_PEERS = 8  # LEGACY_NUM_MAX_NVL_PEERS (csrc/kernels/legacy/compiled.cuh)
 DEEPEP_SMS = 20  # Megatron-Core's default (token_dispatcher.py _DeepepManager: set_deepep_num_sms(20))
 # Hybrid-EP's defaults (csrc/hybrid_ep/config.cuh: num_sms_dispatch_api / combine_api), one
@@ -103,9 +104,6 @@ def hit_fraction(model, held):
     missed = sum(_comb(whole, i) * _comb(groups - whole, chosen - i) / _comb(groups, chosen)
                  * _comb(pool - i * per_group, k) / _comb(pool, k) for i in range(chosen + 1))
     return 1.0 - np.where(held <= per_group, inside, missed)
-
-
-BACKENDS = ("deepep", "hybridep")
 
 
 def layout_nodes(experts, groups):

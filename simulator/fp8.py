@@ -107,9 +107,10 @@ changes in memory.
   all-gather of 0.5 + 1/16 B per element (the scales taken to travel with the packed values).
   The casts run at their own rate, efficiency.memory_kernels.nvfp4_cast (CAST_KERNELS), fitted
   to TransformerEngine's B300 GEMM profile (validation/te_gemm_bench.py): 0.6 of the HBM
-  bandwidth, two thirds of the generic memory curve. Not modelled: the fallback kernels for
-  tensors whose rows are not a multiple of 64 or columns of 128, and FP4 all-gathers of
-  sequence-parallel inputs (gathered in BF16 as the FP8 recipes' are here).
+  bandwidth, two thirds of the generic memory curve. Sequence parallelism's all-gathers move
+  the quantized tensors, as under every TransformerEngine recipe (tp_gather_bytes_factor).
+  Not modelled: the fallback kernels for tensors whose rows are not a multiple of 64 or
+  columns of 128.
 - Blackwell (`fp8_any_layout` in its profiles): FP8 GEMMs take any operand layout, so
   TransformerEngine's per-tensor quantizers (delayed, current) write no transposed copy and keep
   one FP8 weight (writes_transpose): 1 B less per cast element and per weight kept.
@@ -433,12 +434,22 @@ def bf16_layers_on(plan, holds_first, holds_last):
     return plan.bf16_layers_at_start * np.asarray(holds_first) + plan.bf16_layers_at_end * np.asarray(holds_last)
 
 
-def tp_gather_bytes_factor(plan) -> float:
-    """Bytes of the forward TP all-gathers relative to BF16: torchao's tensorwise recipe
-    all-gathers the FP8 input (1 B per element), and so do TransformerEngine's userbuffers
-    for the QKV and FC1 inputs under FP8 (fp8_buf for the all-gather layers, TE@fb749619e
-    transformer_engine/pytorch/module/base.py get_default_config)."""
+def tp_gather_bytes_factor(plan) -> tuple[float, float]:
+    """Bytes of the (forward, backward) TP all-gathers relative to the 16-bit activations.
+    TransformerEngine's recipes all-gather the quantized tensor wherever sequence parallelism
+    gathers one: the input of the column-parallel linears in the forward pass, and in the
+    backward pass the output gradient of the row-parallel ones and the input re-gathered for
+    the weight gradient; through NCCL (TE@d0067d0da transformer_engine/pytorch/distributed.py
+    gather_along_first_dim with the linear's quantizer: _all_gather_fp8, _all_gather_mxfp8,
+    _all_gather_nvfp4; module/layernorm_linear.py, linear.py and base.py
+    grad_output_preprocess pass it) and through userbuffers alike (fp8_buf for every
+    all-gather layer, TE@fb749619e transformer_engine/pytorch/module/base.py
+    get_default_config): 1 B per element per-tensor, MXFP8 and NVFP4 with their block scales.
+    torchao's tensorwise recipe all-gathers the FP8 input in the forward pass only."""
     rec = recipe(plan)
-    # NVFP4's quantised all-gathers are not modelled: BF16 (module docstring)
-    te_buffers = rec in TE_RECIPES and rec != "nvfp4" and plan.tp_comm_overlap and plan.tp_overlap == "userbuffers"
-    return 0.5 if rec == "tensorwise" or te_buffers else 1.0
+    if rec == "tensorwise":
+        return 0.5, 1.0
+    if rec in TE_RECIPES:
+        quantized = QUANTIZED_BYTES.get(rec, 1.0) / 2
+        return quantized, quantized
+    return 1.0, 1.0

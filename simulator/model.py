@@ -113,7 +113,7 @@ class ModelSpec:
     # and --moe-router-group-topk, Hugging Face n_group and topk_group): the experts form
     # router_groups groups of consecutive experts and a token's top_k come from router_group_topk
     # of them; 0: no groups. It changes what a step costs only where the dispatch sends a token
-    # once per destination (moe.py, the deepep dispatcher).
+    # once per destination (deepep.py: the deepep and hybridep dispatchers).
     router_groups: int = 0
     router_group_topk: int = 0
     # Sliding-window attention: layer i attends to the last `sliding_window` tokens when

@@ -350,7 +350,7 @@ def quantization_padding(rows, n_local, h, act_bytes, experts: ExpertShard) -> t
         return [], run
     if o.router_padding:
         return [], rows
-    copies = 2 if experts.options.grouped_gemm else 1
+    copies = 2 if o.grouped_gemm else 1
     nbytes = copies * act_bytes * (rows + run) * h
     from .workload import MEMORY, Op
     return [Op("moe_quant_pad", MEMORY, fwd_bytes=nbytes, bwd_input_bytes=nbytes)], run

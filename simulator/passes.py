@@ -85,7 +85,7 @@ class PassTimes:
         return self.forward_s + self.backward_input_s + self.bwd_weight_s
 
 
-def tp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster, gather_factor=1.0):
+def tp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Cluster, gather_factor=(1.0, 1.0)):
     """TP communication of one layer per micro-batch: (forward, backward) seconds.
 
     Two all-reduces of the b·s·h activation per layer in the forward pass and two in the
@@ -95,7 +95,7 @@ def tp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Clu
     GEMMs again for their weight gradients (Megatron-LM
     LinearWithGradAccumulationAndAsyncCommunication.backward), where DTensor's linears kept
     the gathered input (Shard.tp_keeps_gathered). `gather_factor` scales the bytes of the
-    forward all-gathers (0.5: FP8 all-gathers, fp8.py).
+    (forward, backward) all-gathers (quantized all-gathers: fp8.tp_gather_bytes_factor).
 
     A parallel block (model.parallel_block) reduces the sum of its two branches once in the
     forward pass (EleutherAI/gpt-neox@ea7aefd8 megatron/model/transformer.py: "we can do a
@@ -106,9 +106,10 @@ def tp_layer_comm_s(model: ModelSpec, shard: Shard, groups: Groups, cluster: Clu
     nbytes = shard.act_bytes * shard.tokens * model.hidden
     reduces = 1 if model.parallel_block else 2  # forward reduces of the branches' outputs
     if shard.sp:
-        gather = collective_time("all_gather", nbytes, groups.tp, cluster)
+        forward_factor, backward_factor = gather_factor
+        gather = collective_time("all_gather", backward_factor * nbytes, groups.tp, cluster)
         scatter = collective_time("reduce_scatter", nbytes, groups.tp, cluster)
-        fwd = 2 * collective_time("all_gather", gather_factor * nbytes, groups.tp, cluster) + reduces * scatter
+        fwd = 2 * collective_time("all_gather", forward_factor * nbytes, groups.tp, cluster) + reduces * scatter
         regather = 0.0 if shard.tp_keeps_gathered else 2 * gather
         return fwd, reduces * gather + 2 * scatter + regather
     reduce = collective_time("all_reduce", nbytes, groups.tp, cluster)

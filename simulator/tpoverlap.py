@@ -76,15 +76,16 @@ def _pairs(plan, sp: bool):
             ("bwd", "ag", "fc1", "bwd_input_s", BULK), ("bwd", "ag", "qkv", "bwd_input_s", BULK)]
 
 
-def overlapped_tp_s(model, shard, groups, cluster, plan, ops, tp_layer_s, gather_factor=1.0):
+def overlapped_tp_s(model, shard, groups, cluster, plan, ops, tp_layer_s, gather_factor=(1.0, 1.0)):
     """(exposed forward, exposed backward, added forward compute, added backward compute)
     seconds per layer and micro-batch of the plan's overlapped TP collectives; `tp_layer_s`:
     the layer's (forward, backward) TP seconds with nothing overlapped
     (passes.tp_layer_comm_s), what a pass without fused pairs keeps."""
     acc = cluster.accelerator
     nbytes = shard.act_bytes * shard.tokens * model.hidden
-    comm = {"ag": collective_time("all_gather", nbytes, groups.tp, cluster),
-            "ag_fwd": collective_time("all_gather", gather_factor * nbytes, groups.tp, cluster),
+    forward_factor, backward_factor = gather_factor  # quantized all-gathers (fp8.tp_gather_bytes_factor)
+    comm = {"ag": collective_time("all_gather", backward_factor * nbytes, groups.tp, cluster),
+            "ag_fwd": collective_time("all_gather", forward_factor * nbytes, groups.tp, cluster),
             "rs": collective_time("reduce_scatter", nbytes, groups.tp, cluster),
             "ar": collective_time("all_reduce", nbytes, groups.tp, cluster)}
     byname = {op.name: op for op in ops}

@@ -167,7 +167,9 @@ def _expert_plan(draw, experts, tp, cp, dp, shared):
     room = tp * cp * dp // etp if folding else dp
     ep = draw(st.sampled_from([e for e in _divisors(experts) if room % e == 0 and e <= 64]))
     capacity = draw(st.sampled_from([None, None, 1.0, 1.25]))
-    moe = {"folding": folding, "dispatcher": draw(st.sampled_from(["alltoall", "alltoall", "allgather"])),
+    # DeepEP and Hybrid-EP too (validation refuses the groups and placements they cannot run)
+    moe = {"folding": folding, "dispatcher": draw(st.sampled_from(["alltoall", "alltoall", "allgather", "deepep",
+                                                                   "hybridep"])),
            "capacity_factor": capacity, "pad_to_capacity": capacity is not None and draw(st.booleans()),
            "load_imbalance": draw(st.sampled_from([1.0, 1.0, 1.3])),
            "ep_comm_overlap": ep > 1 and draw(st.booleans()),

@@ -376,3 +376,33 @@ def test_hardware_list_shows_the_fp8_peak_only_where_fp8_plans_run(capsys):
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line.strip()}
     assert rows["a100-sxm-80gb"][2] == "-"
     assert rows["mi300x"][2] == "2615"
+
+
+@pytest.mark.parametrize("plan,factors", [
+    ({"precision": "fp8", "fp8_recipe": "delayed"}, (0.5, 0.5)),
+    ({"precision": "fp8", "fp8_recipe": "current"}, (0.5, 0.5)),
+    ({"precision": "mxfp8"}, ((1 + 1 / 32) / 2, (1 + 1 / 32) / 2)),  # E4M3 and an E8M0 scale per 32
+    ({"precision": "nvfp4"}, (0.5625 / 2, 0.5625 / 2)),  # E2M1 and an E4M3 scale per 16
+    ({"precision": "fp8", "fp8_recipe": "tensorwise"}, (0.5, 1.0)), ({"precision": "bf16"}, (1.0, 1.0))])
+def test_sequence_parallel_all_gathers_move_the_recipes_quantized_bytes(plan, factors):
+    """TransformerEngine gathers the quantized tensor in both passes (gather_along_first_dim
+    with the linear's quantizer); torchao's tensorwise TP the FP8 input in the forward pass."""
+    from simulator.fp8 import tp_gather_bytes_factor
+    assert tp_gather_bytes_factor(Plan(**plan)) == pytest.approx(factors)
+
+
+def test_te_fp8_without_userbuffers_gathers_fp8_and_reduces_bf16():
+    """Llama 3.1 8B at TP 8 with sequence parallelism under delayed scaling, NCCL (no
+    userbuffers): forward two all-gathers of 1 B x 4096 x 4096 and two reduce-scatters of 2 B;
+    backward the two output-gradient gathers and the two input re-gathers in 1 B, the two
+    reduce-scatters in 2 B."""
+    from simulator.comm import collective_time
+    from simulator.passes import tp_layer_comm_s
+    from simulator.fp8 import tp_gather_bytes_factor
+    s = scenario(tp=8, dp=1, global_batch=8, sequence_parallel=True, fp8_recipe="delayed")
+    layout = compile_scenario(s)
+    tp, cluster = layout.groups.tp, s.cluster
+    ag = collective_time("all_gather", 1 * S * H, tp, cluster)
+    rs = collective_time("reduce_scatter", 2 * S * H, tp, cluster)
+    fwd, bwd = tp_layer_comm_s(s.model, layout.shard, layout.groups, cluster, tp_gather_bytes_factor(s.plan))
+    assert (float(fwd), float(bwd)) == pytest.approx((float(2 * ag + 2 * rs), float(4 * ag + 2 * rs)), rel=1e-12)

@@ -38,6 +38,7 @@ FIELDS = ["model.preset", "model.layers", "model.hidden", "model.heads", "model.
           "plan.grad_precision", "plan.rank_order", "plan.flash_attention", "plan.dp_replicate",
           "plan.cp_attention", "plan.cp_ulysses", "plan.fp8_recipe", "plan.bf16_layers_at_start",
           "plan.bf16_layers_at_end", "plan.optimizer", "plan.muon_ns_steps", "plan.muon_tp_mode", "plan.moe.grouped_gemm",
+          "plan.moe.dispatcher", "plan.moe.dispatcher_sms", "model.router_groups", "model.router_group_topk",
           "training.tokens",
           "training.price_usd_per_device_hour", "plan.extra", "extra"]
 VALUES = st.one_of(
@@ -46,7 +47,7 @@ VALUES = st.one_of(
     st.sampled_from(["1f1b", "interleaved", "gpipe", "zb-h1", "none", "full", "cpu", "nvme", "bf16", "fp8",
                      "auto", "gpt3-175b", "llama-3.1-8b", "dgx-h100", "mi300x", "tp-cp-dp-pp", "", "1e9", "ü",
                      "muon", "adam", "blockwise", "distributed", "ulysses", "ulysses-ring", "kv-allgather", "current", "mxfp8",
-                     "nvfp4", "dgx-b200", "head",
+                     "nvfp4", "dgx-b200", "head", "deepep", "hybridep", "gb200-nvl72",
                      "chunked", "l2", "llama-4-scout"]),
     st.lists(st.integers(0, 4), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
@@ -144,7 +145,8 @@ IMPORTS = Path(__file__).parent / "data" / "imports"
 MEGATRON_FIELDS = ["num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels",
                    "ffn_hidden_size", "num_moe_experts", "moe_router_topk", "moe_layer_freq", "expert_model_parallel_size",
                    "expert_tensor_parallel_size", "moe_token_dispatcher_type", "moe_shared_expert_intermediate_size",
-                   "moe_grouped_gemm",
+                   "moe_grouped_gemm", "moe_flex_dispatcher_backend", "moe_flex_dispatcher_num_sms",
+                   "moe_router_num_groups", "moe_router_group_topk", "moe_enable_deepep",
                    "multi_latent_attention", "q_lora_rank", "mtp_num_layers", "window_size", "window_attn_skip_freq",
                    "pipeline_model_parallel_layout", "num_layers_in_first_pipeline_stage",
                    "account_for_embedding_in_pipeline_split", "recompute_granularity", "recompute_method",
@@ -153,7 +155,7 @@ MEGATRON_FIELDS = ["num_layers", "hidden_size", "num_attention_heads", "num_quer
                    "seq_length", "vocab_size", "cp_comm_type", "global_batch_size"]
 MEGATRON_VALUES = st.one_of(VALUES, st.sampled_from(
     ["Et*15|(t*16|)*6,t*15L", "([0]*3+[1]*58)", "[1,0]*16", "selective", "full", "block", ["moe_act"], "alltoall",
-     "flex", [127, 0], "(127,0)", "p2p", "$((8*1))"]))
+     "flex", "deepep", "hybridep", "ncclep", [127, 0], "(127,0)", "p2p", "$((8*1))"]))
 
 
 @given(changes=st.lists(st.tuples(st.sampled_from(MEGATRON_FIELDS), MEGATRON_VALUES), max_size=4),

@@ -12,6 +12,7 @@ destinations (deepep.layout); nothing is fitted to the table.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 from ..comm import Placement
@@ -32,8 +33,8 @@ def predicted_bandwidth(table: dict, run: dict) -> float:
     model = model_from_dict({"layers": 1, "hidden": hidden, "heads": hidden // 128, "vocab": 1024,
                              "seq_len": tokens, "activation": "swiglu", "experts": table["experts_per_rank"] * n,
                              "top_k": table["top_k"], "expert_ffn_hidden": 2048})
-    cluster = cluster_from_dict({"node": run["node"], "nodes": 1})
-    cluster = cluster_from_dict({"node": run["node"], "nodes": max(1, -(-n // cluster.devices_per_node))})
+    node = cluster_from_dict({"node": run["node"], "nodes": 1})
+    cluster = replace(node, nodes=-(-n // node.devices_per_node))
     local = min(n, cluster.scaleup_domain)
     groups = SimpleNamespace(ep_etp=Placement(n, local, -(-n // local)))
     experts = ExpertShard(n, 1, MoEOptions(dispatcher=run["backend"], dispatcher_sms=run["sms"]))
