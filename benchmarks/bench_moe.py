@@ -27,7 +27,9 @@ DENSE = {"model": {"preset": "llama-3.1-70b"}, "cluster": {"node": "dgx-h100", "
 
 def main() -> None:
     print(f"{'case':40s} {'analytic min/median ms':>24s} {'graph min/median ms':>22s}")
-    for label, data in (("deepseek-v3 (64 layers) 1024 H100", DEEPSEEK), ("llama-3.1-70b 1024 H100", DENSE)):
+    deepep = {**DEEPSEEK, "plan": {**DEEPSEEK["plan"], "moe": {"dispatcher": "deepep"}}}
+    for label, data in (("deepseek-v3 (64 layers) 1024 H100", DEEPSEEK), ("the same with DeepEP", deepep),
+                        ("llama-3.1-70b 1024 H100", DENSE)):
         s = scenario_from_dict(data)
         a = best_ms(lambda: evaluate(s, "analytic"), 200)
         g = best_ms(lambda: evaluate(s, "graph"), 15)

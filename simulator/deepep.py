@@ -51,6 +51,8 @@ moe.py); DeepEP V2 (NCCL Gin) and NCCL EP, which the importers refuse.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from .comm import placement, scaleup_for
@@ -93,8 +95,18 @@ def hit_fraction(model, held):
     experts among their experts (Megatron-Core router.py group_limited_topk). `held` lies
     inside one group or is whole groups (check_plan). Without groups:
     1 - C(E - held, k) / C(E, k)."""
-    e, k = model.experts, model.top_k
     groups, chosen = (model.router_groups, model.router_group_topk) if model.router_groups else (1, 1)
+    if np.ndim(held) == 0:  # one plan: the same few numbers every evaluation
+        return _hit_fraction(model.experts, model.top_k, groups, chosen, float(held))
+    return _hit_fractions(model.experts, model.top_k, groups, chosen, held)
+
+
+@lru_cache(maxsize=1024)
+def _hit_fraction(e, k, groups, chosen, held) -> float:
+    return float(_hit_fractions(e, k, groups, chosen, held))
+
+
+def _hit_fractions(e, k, groups, chosen, held):
     per_group = e / groups
     pool = chosen * per_group  # experts a token's top_k are drawn from
     held = np.asarray(held, dtype=float)
@@ -175,6 +187,8 @@ def _config_value(tables, n, index, align=False):
     def value(cfg):
         send, recv = cfg[index - 1], cfg[index]
         return -(-recv // send) * send if align else recv
+    if np.ndim(n) == 0:
+        return float(max(value(t[int(n)]) for t in tables)) if int(n) in tables[0] else 0.0
     n = np.asarray(n)
     out = np.zeros(n.shape)
     for size in GROUP_SIZES:
@@ -258,5 +272,6 @@ def _check_groups(plan, model, nodes) -> None:
     per_group = model.experts // (model.router_groups or 1)
     for held in (model.experts / plan.ep, float(node_experts(model, plan.ep, nodes))):
         if held != int(held) or (held % per_group and per_group % held):
-            raise InputError("plan.ep", plan.ep, f"with deepep, an EP rank's and a node's experts ({held}) must "
-                             f"divide or be whole router groups of {per_group} experts")
+            raise InputError("plan.ep", plan.ep, f"with the {plan.moe.dispatcher} dispatcher an EP rank's and a "
+                             f"node's experts ({held:g}) must divide or be whole router groups of {per_group} "
+                             "experts")
