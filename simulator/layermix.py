@@ -26,6 +26,7 @@ from .compute import LOW_PRECISION_GEMMS, op_times, with_attention_kernel
 from .fp8 import compute_precision
 from .fusion import eager_ops
 from .passes import OpsTime, ops_time, pass_times, tp_layer_comm_s
+from .tpoverlap import overlapped_tp_s
 from .recompute import chunk_checkpoint, layer_checkpoint, tp_rerun_fraction
 from .states import ModelStates, model_states, stage_params
 from .workload import ATTENTION_CORE, MATMUL, layer_ops
@@ -82,14 +83,20 @@ def _tp_comm_s(model, shard, groups, cluster, gather_factor):
             {"mlp": half[0], "mla_up": up}, {"shared": shared[0], "mla_up": up})
 
 
-def _overlapped(tp_s: tuple, t: OpsTime, ops, cluster, precision) -> tuple:
-    """TP collectives with plan.tp_comm_overlap, for the layer kinds of MoE and MLA models:
-    hidden behind the layer's GEMMs of the same direction (the dense path models
-    TransformerEngine's userbuffers and PyTorch's async TP collective by collective on the
-    dense layer's GEMMs, tpoverlap.py)."""
+def _overlapped(tp_s: tuple, t: OpsTime, ops, cluster, precision, model, shard, groups, plan, mlp) -> tuple:
+    """(exposed TP seconds, the layer's OpsTime) with plan.tp_comm_overlap, for the layer kinds
+    of MoE and MLA models. Multi-head and grouped-query attention layers overlap collective by
+    collective as a dense model's do (tpoverlap.overlapped_tp_s: each beside its own GEMM, the
+    split GEMMs' start-ups and userbuffers' SMs charged), an MoE layer's attention and shared
+    experts (`mlp`: the operators' prefix, None without shared experts); MLA's latent gathers
+    hide behind the layer's GEMMs of the same direction."""
+    if model.attention != "mla":
+        *exposed, extra_f, extra_b = overlapped_tp_s(model, shard, groups, cluster, plan, ops, tp_s,
+                                                     fp8.tp_gather_bytes_factor(plan), mlp=mlp)
+        return tuple(exposed), replace(t, fwd_s=t.fwd_s + extra_f, bwd_input_s=t.bwd_input_s + extra_b)
     gemm_fwd = sum(op_times(op, cluster.accelerator, precision).fwd_s for op in ops
                    if (op.kind == MATMUL or op.kind in LOW_PRECISION_GEMMS) and op.group != ATTENTION_CORE)
-    return np.maximum(0.0, tp_s[0] - gemm_fwd), np.maximum(0.0, tp_s[1] - t.bwd_input_s - t.bwd_weight_s)
+    return (np.maximum(0.0, tp_s[0] - gemm_fwd), np.maximum(0.0, tp_s[1] - t.bwd_input_s - t.bwd_weight_s)), t
 
 
 def layer_operators(model, shard, plan, experts=None, acc=None) -> list:
@@ -115,8 +122,9 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
     dense_tp, moe_tp, dense_blocks, moe_blocks = _tp_comm_s(model, shard, groups, cluster,
                                                             fp8.tp_gather_bytes_factor(plan))
     dense_rerun = _rerun(model, shard, plan, cluster, dense_ops, dense_blocks, dense_tp[0])
-    if plan.tp_comm_overlap:
-        dense_tp = _overlapped(dense_tp, dense_t, dense_ops, cluster, precision)
+    if plan.tp_comm_overlap and dense_ops:
+        dense_tp, dense_t = _overlapped(dense_tp, dense_t, dense_ops, cluster, precision, model, shard, groups, plan,
+                                        "mlp_")
     cp = partial(cpattention.exposed_s, model, shard, groups, cluster, plan.cp_attention)
     dense_cp = cp(dense_t.attention_fwd_s, dense_t.attention_bwd_s)
     moe_cp = dense_cp
@@ -131,7 +139,8 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
         moe_t = ops_time(moe_ops, cluster, precision)
         moe_rerun = _rerun(model, shard, plan, cluster, moe_ops, moe_blocks, moe_tp[0])
         if plan.tp_comm_overlap:
-            moe_tp = _overlapped(moe_tp, moe_t, moe_ops, cluster, precision)
+            moe_tp, moe_t = _overlapped(moe_tp, moe_t, moe_ops, cluster, precision, model, shard, groups, plan,
+                                        "shared_mlp_" if model.shared_experts else None)
         shared_t = ops_time([op for op in moe_ops if op.group == SHARED_EXPERTS], cluster, precision) \
             if plan.moe.shared_expert_overlap else None
         moe_cp = cp(moe_t.attention_fwd_s, moe_t.attention_bwd_s)

@@ -76,11 +76,13 @@ def _pairs(plan, sp: bool):
             ("bwd", "ag", "fc1", "bwd_input_s", BULK), ("bwd", "ag", "qkv", "bwd_input_s", BULK)]
 
 
-def overlapped_tp_s(model, shard, groups, cluster, plan, ops, tp_layer_s, gather_factor=(1.0, 1.0)):
+def overlapped_tp_s(model, shard, groups, cluster, plan, ops, tp_layer_s, gather_factor=(1.0, 1.0), mlp="mlp_"):
     """(exposed forward, exposed backward, added forward compute, added backward compute)
     seconds per layer and micro-batch of the plan's overlapped TP collectives; `tp_layer_s`:
     the layer's (forward, backward) TP seconds with nothing overlapped
-    (passes.tp_layer_comm_s), what a pass without fused pairs keeps."""
+    (passes.tp_layer_comm_s), what a pass without fused pairs keeps. `mlp` names the layer's
+    TP-split MLP by its operators' prefix ("shared_mlp_": an MoE layer's shared experts), or
+    None where it has none (an MoE layer's routed experts move their tokens in the dispatch)."""
     acc = cluster.accelerator
     nbytes = shard.act_bytes * shard.tokens * model.hidden
     forward_factor, backward_factor = gather_factor  # quantized all-gathers (fp8.tp_gather_bytes_factor)
@@ -89,13 +91,14 @@ def overlapped_tp_s(model, shard, groups, cluster, plan, ops, tp_layer_s, gather
             "rs": collective_time("reduce_scatter", nbytes, groups.tp, cluster),
             "ar": collective_time("all_reduce", nbytes, groups.tp, cluster)}
     byname = {op.name: op for op in ops}
-    gemms = {"qkv": byname["qkv"], "attn_out": byname["attn_out"], "fc2": byname["mlp_down"],
-             "fc1": byname.get("mlp_gate_up", byname.get("mlp_up"))}
+    gemms = {"qkv": byname["qkv"], "attn_out": byname["attn_out"]}
+    if mlp is not None:
+        gemms.update(fc2=byname[mlp + "down"], fc1=byname.get(mlp + "gate_up", byname.get(mlp + "up")))
     # operators are timed at the plan's compute precision; FP8 linears carry their own kind
     precision = compute_precision(plan)
     times = {k: op_times(op, acc, precision) for k, op in gemms.items()}
     tp = np.asarray(shard.tp, dtype=float)
-    pairs = _pairs(plan, bool(shard.sp))
+    pairs = [pair for pair in _pairs(plan, bool(shard.sp)) if pair[2] in gemms]
     overlapped = {p for p, *_ in pairs}
     exposed = {p: 0.0 if p in overlapped else s for p, s in zip(("fwd", "bwd"), tp_layer_s)}
     extra = {"fwd": 0.0, "bwd": 0.0}

@@ -70,3 +70,31 @@ def test_without_tensor_parallelism_nothing_changes():
                             "cluster": {"node": "dgx-h100", "nodes": 1},
                             "plan": {"tp": 1, "dp": 8, "micro_batch": 1, "global_batch": 8, "tp_comm_overlap": True}})
     assert np.all(compile_scenario(s).stages[0].passes.tp_fwd_s == 0.0)
+
+
+def test_an_moe_layer_overlaps_its_attention_collectives_as_a_dense_layer_does():
+    """Mixtral 8x7B (every layer MoE, no shared experts) at TP 4 with userbuffers: a layer's TP
+    collectives are its attention block's, each beside its own GEMM as in a dense layer: QKV's
+    all-gather in a ring of 4 beside the QKV GEMM, the projection's reduce-scatter pipelined in 4
+    beside its GEMM; backward the projection's gather in a ring beside its input-gradient GEMM,
+    QKV's reduce-scatter and re-gather in bulk beside its weight- and input-gradient GEMMs. None
+    hides behind the experts' GEMMs."""
+    from simulator.comm import collective_time
+    from simulator.compute import op_times
+    from simulator.layermix import layer_operators
+    from simulator.moe import plan_experts
+    s = scenario_from_dict({"model": {"preset": "mixtral-8x7b", "layers": 4, "seq_len": 4096},
+                            "cluster": {"node": "dgx-h100", "nodes": 1},
+                            "plan": {"tp": 4, "pp": 1, "dp": 2, "ep": 2, "micro_batch": 1, "global_batch": 2,
+                                     "sequence_parallel": True, "tp_comm_overlap": True}})
+    layout = compile_scenario(s)
+    acc, tp = s.cluster.accelerator, layout.groups.tp
+    ops = {op.name: op for op in layer_operators(s.model, layout.shard, s.plan, plan_experts(s.plan), acc)}
+    qkv, proj = op_times(ops["qkv"], acc, "bf16"), op_times(ops["attn_out"], acc, "bf16")
+    nbytes = 2 * 4096 * 4096  # the gathered layer input (the collective's whole size), BF16
+    ag, rs = (collective_time(k, nbytes, tp, s.cluster) for k in ("all_gather", "reduce_scatter"))
+    fwd = exposed_s(RING, ag, qkv.fwd_s, 4) + exposed_s(PIPELINE, rs, proj.fwd_s, 4)
+    bwd = (exposed_s(RING, ag, proj.bwd_input_s, 4) + exposed_s(BULK, rs, qkv.bwd_weight_s, 1)
+           + exposed_s(BULK, ag, qkv.bwd_input_s, 1))
+    passes = layout.stages[0].passes
+    assert (float(passes.tp_fwd_s), float(passes.tp_bwd_s)) == pytest.approx((4 * fwd, 4 * bwd), rel=1e-9)
