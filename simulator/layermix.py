@@ -27,7 +27,7 @@ from .fp8 import compute_precision
 from .fusion import eager_ops
 from .passes import OpsTime, ops_time, pass_times, tp_layer_comm_s
 from .tpoverlap import overlapped_tp_s
-from .recompute import chunk_checkpoint, layer_checkpoint, tp_rerun_fraction
+from .recompute import chunk_checkpoint, layer_checkpoint, rerun_flops, tp_rerun_fraction
 from .states import ModelStates, model_states, stage_params
 from .workload import ATTENTION_CORE, MATMUL, layer_ops
 
@@ -112,6 +112,25 @@ def layer_operators(model, shard, plan, experts=None, acc=None) -> list:
         return ops
     core = max(i for i, op in enumerate(ops) if op.group == ATTENTION_CORE)
     return ops[:core + 1] + merges + ops[core + 1:]
+
+
+def padding_flops_per_micro_batch(model, shard, plan, acc):
+    """FLOPs one device's MoE layer executes per micro-batch on the rows its quantized experts
+    are padded with (moe.quantization_padding, router padding included) and their re-run under
+    recomputation: the layer's executed FLOPs less the same layer's without padding. Hardware
+    FLOPs count them (workload.executed_flops_per_sequence counts the routed rows)."""
+    experts = plan_experts(plan)
+    if not (model.experts and experts.align):
+        return 0.0
+
+    def executed(e):
+        ops = layer_operators(model, shard, plan, e, acc)
+        flops = sum(op.flops for op in ops)
+        if plan.recompute in ("full", "selective"):
+            flops = flops + rerun_flops(layer_checkpoint(model, shard, plan.recompute, ops, plan.recompute_modules))
+        return flops
+
+    return executed(experts) - executed(replace(experts, align=0))
 
 
 def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix:

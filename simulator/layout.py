@@ -31,7 +31,7 @@ from .compute import memory_bound_time
 from .fusion import eager_ops
 from .tpoverlap import overlapped_tp_s
 from .dims import Groups, expert_zero_group_size, grad_group_size, groups, zero_group_size
-from .layermix import compile_mix, layer_operators, mixed_stage, needs_layer_mix
+from .layermix import compile_mix, layer_operators, mixed_stage, needs_layer_mix, padding_flops_per_micro_batch
 from .memory import ActivationSizes, StageMemory, activation_sizes, buffer_bytes, peak_activation_bytes
 from .offload import OffloadCosts, offload_costs, resident_chunks_with_offload
 from .recompute import chunk_checkpoint, layer_checkpoint, rerun_flops, tp_rerun_fraction
@@ -350,6 +350,10 @@ def compile_layout(model, cluster, plan) -> Layout:
     else:
         hw_flops = executed_flops_per_sequence(model, plan.flash_attention, plan.recompute, plan.moe,
                                                plan.loss, plan.recompute_modules) * plan.global_batch
+        # every device of a stage pads each of its MoE layers' experts every micro-batch
+        moe_layers = model.moe_layers + (model.mtp_layers if model.mtp_layers and mtp.layer_is_moe(model) else 0)
+        hw_flops += (padding_flops_per_micro_batch(model, shard, plan, cluster.accelerator) * moe_layers * m
+                     * plan.tp * plan.cp * plan.dp)
     return Layout(model=model, cluster=cluster, plan=plan, schedule=schedule, p=p, m=m, v=v, shard=shard, groups=g,
                   zero_group=zero_group, per_param=per, pp_hop_s=hop, stages=tuple(reps),
                   model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops, rep_of_stage=rep_of_stage,

@@ -516,7 +516,8 @@ def executed_flops_per_sequence(model: ModelSpec, flash_attention: bool, recompu
     counts; selective recomputation of core attention re-runs a flash kernel too (Megatron-LM
     checkpoints the core attention whatever its kernel); the fused loss recomputes the logits
     (loss.py). MoE layers execute the mean routed rows (balanced
-    routing; padded to capacity if so; not quantization padding, moe.quantization_padding)."""
+    routing; padded to capacity if so); the quantized experts' row padding depends on the
+    plan's expert layout and is added per step (layermix.padding_flops_per_micro_batch)."""
     from .recompute import layer_checkpoint, rerun_flops
     shard = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=flash_attention, loss=loss)
 

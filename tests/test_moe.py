@@ -323,3 +323,20 @@ def test_the_trace_shows_the_exposed_all_to_all_of_each_pass_on_an_ep_thread(tmp
     # the forward and the backward pass of each of the 2 micro-batches per replica
     assert set(ep.name) == {"all-to-all F0.0", "all-to-all F0.1", "all-to-all B0.0", "all-to-all B0.1"}
     assert ep.duration_s.sum() == pytest.approx(r.breakdown_s["ep_comm"], rel=1e-6)
+
+
+@pytest.mark.parametrize("recompute,per_row", [("none", 18), ("full", 24)])
+def test_hardware_flops_count_the_quantized_experts_padded_rows(recompute, per_row):
+    """Qwen3-30B-A3B under NVFP4 on a DGX B200 at EP 8: each of the 16 local experts pads
+    127 / 2 rows on average, every device, MoE layer (48) and micro-batch (2); a padded row costs
+    its expert's gated fc1 and fc2, 6 x 2048 x 768 FLOPs forward, 18 with the backward pass, 24
+    when full recomputation re-runs the forward. Model FLOPs do not change."""
+    base = {"model": {"preset": "qwen3-30b-a3b"}, "cluster": {"node": "dgx-b200", "nodes": 1},
+            "plan": {"tp": 1, "pp": 1, "dp": 8, "ep": 8, "micro_batch": 1, "global_batch": 16,
+                     "recompute": recompute}}
+    layouts = {p: compile_scenario(scenario_from_dict({**base, "plan": {**base["plan"], "precision": p}}))
+               for p in ("bf16", "nvfp4")}
+    padding = 8 * 48 * 2 * 16 * 127 / 2 * per_row * 2048 * 768
+    assert layouts["nvfp4"].hardware_flops_per_step - layouts["bf16"].hardware_flops_per_step == pytest.approx(
+        padding, rel=1e-12)
+    assert layouts["nvfp4"].model_flops_per_step == layouts["bf16"].model_flops_per_step
