@@ -19,15 +19,15 @@ import numpy as np
 from .dataparallel import DPCosts, buckets, dp_costs
 from .dims import expert_grad_group_size, grad_group_size
 from .memory import ActivationSizes, activation_sizes, buffer_bytes
-from .moe import (SHARED_EXPERTS, dispatch_comm_s, exposed_dispatch_s, layer_params_split,
-                  moe_buffer_bytes, plan_experts)
+from .moe import (EXPERT_GEMMS, SHARED_EXPERTS, dispatch_comm_s, exposed_dispatch_s, layer_params_split,
+                  moe_buffer_bytes, padding_share, plan_experts)
 from . import cpattention, deepep, fp8, fsdp, mtp, projections
 from .compute import LOW_PRECISION_GEMMS, op_times, with_attention_kernel
 from .fp8 import compute_precision
 from .fusion import eager_ops
 from .passes import OpsTime, ops_time, pass_times, tp_layer_comm_s
 from .tpoverlap import overlapped_tp_s
-from .recompute import chunk_checkpoint, layer_checkpoint, rerun_flops, tp_rerun_fraction
+from .recompute import chunk_checkpoint, layer_checkpoint, tp_rerun_fraction
 from .states import ModelStates, model_states, stage_params
 from .workload import ATTENTION_CORE, MATMUL, layer_ops
 
@@ -114,23 +114,17 @@ def layer_operators(model, shard, plan, experts=None, acc=None) -> list:
     return ops[:core + 1] + merges + ops[core + 1:]
 
 
-def padding_flops_per_micro_batch(model, shard, plan, acc):
+def padding_flops_per_micro_batch(mix: LayerMix, model, shard, plan):
     """FLOPs one device's MoE layer executes per micro-batch on the rows its quantized experts
-    are padded with (moe.quantization_padding, router padding included) and their re-run under
-    recomputation: the layer's executed FLOPs less the same layer's without padding. Hardware
-    FLOPs count them (workload.executed_flops_per_sequence counts the routed rows)."""
+    are padded with (moe.padding_share: quantization padding, router padding) in its expert
+    GEMMs and their re-run under recomputation. Hardware FLOPs count them
+    (workload.executed_flops_per_sequence counts the routed rows)."""
     experts = plan_experts(plan)
     if not (model.experts and experts.align):
         return 0.0
-
-    def executed(e):
-        ops = layer_operators(model, shard, plan, e, acc)
-        flops = sum(op.flops for op in ops)
-        if plan.recompute in ("full", "selective"):
-            flops = flops + rerun_flops(layer_checkpoint(model, shard, plan.recompute, ops, plan.recompute_modules))
-        return flops
-
-    return executed(experts) - executed(replace(experts, align=0))
+    gemms = sum(op.flops for op in mix.moe_ops if op.name in EXPERT_GEMMS)
+    rerun = sum(op.fwd_flops for op in mix.moe_rerun[0].rerun if op.name in EXPERT_GEMMS)
+    return padding_share(model, shard, experts) * (gemms + rerun)
 
 
 def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix:

@@ -81,6 +81,7 @@ from .states import attention_params_local, layer_params_local, mlp_params_local
 
 DISPATCHERS = ("alltoall", "allgather", *deepep.BACKENDS)
 SHARED_EXPERTS = "shared_experts"  # Op.group of the shared experts' operators
+EXPERT_GEMMS = ("expert_fc1", "expert_fc2")  # the routed experts' GEMM operators (moe_mlp_ops)
 
 
 @dataclass(frozen=True)
@@ -354,6 +355,16 @@ def quantization_padding(rows, n_local, h, act_bytes, experts: ExpertShard) -> t
     nbytes = copies * act_bytes * (rows + run) * h
     from .workload import MEMORY, Op
     return [Op("moe_quant_pad", MEMORY, fwd_bytes=nbytes, bwd_input_bytes=nbytes)], run
+
+
+def padding_share(model, shard, experts: ExpertShard):
+    """The share of the rows the experts' GEMMs run that are padding: quantization padding
+    around the experts, router padding sent through the all-to-all, or a flex backend's."""
+    tokens = shard.replicated_tokens
+    rows = experts.etp * dispatched_rows(model, tokens, experts)
+    _, run = quantization_padding(rows, local_experts(model, experts.ep), model.hidden, shard.act_bytes, experts)
+    routed = experts.etp * dispatched_rows(model, tokens, replace(experts, align=0))
+    return 1.0 - routed / run
 
 
 def moe_buffer_bytes(model, shard, experts: ExpertShard, groups=None):
