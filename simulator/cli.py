@@ -159,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "RUN_PREFIX (e.g. korthikanti22) and print it; the profile's provenance")
     va.add_argument("--kernels", action="store_true",
                     help="the quantized linears' GEMMs and casts against published GEMM benchmarks "
-                         "(TransformerEngine on a B300 and an H200 NVL, torchao's NVFP4 on a B200)")
+                         "(TransformerEngine on a B300 and an H200 NVL, torchao's NVFP4 on a B200), and the "
+                         "MoE dispatch kernels against Hybrid-EP's (B200, GB200)")
     va.add_argument("--transferred", action="store_true",
                     help="--published: predict each run with its profile's efficiencies transferred from another "
                          "fitted profile (how far a transfer misses: the basis of a transferred profile's interval)")

@@ -171,7 +171,7 @@ def hybrid_buffer_bytes(model, shard, experts, groups):
     buffer shared by dispatch and combine (use_shared_buffer) for T·p·N tokens, each its hidden
     row, e·p fp32 probabilities and h/128 fp32 scaling factors; across nodes the dispatch's input
     (T rows, e·p·N probabilities) and per remote node T rows each way with their probabilities."""
-    _, p, nodes, _, _ = layout(model, experts, groups)
+    _, p, nodes = layout_nodes(experts, groups)
     t, h, e = shard.replicated_tokens, model.hidden, model.experts / np.asarray(experts.ep)
     row, prob, scale = 2 * h, 4 * e * p, 4 * h / 128
     intra = t * p * nodes * (row + prob + scale)
@@ -207,7 +207,10 @@ def dispatcher_sms(options, nodes):
 
 
 def sm_share(experts, groups, accelerator):
-    """The share of the accelerator's SMs the kernels take while a pass overlaps them."""
+    """The share of the accelerator's SMs the kernels take while a pass overlaps them; none for
+    the other dispatchers (NCCL's SMs are not counted, moe.exposed_dispatch_s)."""
+    if experts.options.dispatcher not in BACKENDS:
+        return 0.0
     _, _, nodes = layout_nodes(experts, groups)
     return dispatcher_sms(experts.options, nodes) / accelerator.sm_count
 

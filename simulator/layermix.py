@@ -83,7 +83,7 @@ def _tp_comm_s(model, shard, groups, cluster, gather_factor):
             {"mlp": half[0], "mla_up": up}, {"shared": shared[0], "mla_up": up})
 
 
-def _overlapped(tp_s: tuple, t: OpsTime, ops, cluster, precision, model, shard, groups, plan, mlp) -> tuple:
+def _overlapped(model, shard, groups, cluster, plan, ops, t: OpsTime, tp_s: tuple, mlp, precision) -> tuple:
     """(exposed TP seconds, the layer's OpsTime) with plan.tp_comm_overlap, for the layer kinds
     of MoE and MLA models. Multi-head and grouped-query attention layers overlap collective by
     collective as a dense model's do (tpoverlap.overlapped_tp_s: each beside its own GEMM, the
@@ -91,9 +91,7 @@ def _overlapped(tp_s: tuple, t: OpsTime, ops, cluster, precision, model, shard, 
     experts (`mlp`: the operators' prefix, None without shared experts); MLA's latent gathers
     hide behind the layer's GEMMs of the same direction."""
     if model.attention != "mla":
-        *exposed, extra_f, extra_b = overlapped_tp_s(model, shard, groups, cluster, plan, ops, tp_s,
-                                                     fp8.tp_gather_bytes_factor(plan), mlp=mlp)
-        return tuple(exposed), replace(t, fwd_s=t.fwd_s + extra_f, bwd_input_s=t.bwd_input_s + extra_b)
+        return overlapped_tp_s(model, shard, groups, cluster, plan, ops, t, tp_s, mlp=mlp)
     gemm_fwd = sum(op_times(op, cluster.accelerator, precision).fwd_s for op in ops
                    if (op.kind == MATMUL or op.kind in LOW_PRECISION_GEMMS) and op.group != ATTENTION_CORE)
     return (np.maximum(0.0, tp_s[0] - gemm_fwd), np.maximum(0.0, tp_s[1] - t.bwd_input_s - t.bwd_weight_s)), t
@@ -130,14 +128,15 @@ def padding_flops_per_micro_batch(mix: LayerMix, model, shard, plan):
 def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix:
     """Everything per layer kind, once per compile."""
     acc = cluster.accelerator
-    dense_ops = layer_operators(model, shard, plan, acc=acc) if model.moe_layers < model.layers else []  # every layer MoE: none
+    # every layer MoE: no dense layer
+    dense_ops = layer_operators(model, shard, plan, acc=acc) if model.moe_layers < model.layers else []
     dense_t = ops_time(dense_ops, cluster, precision)
     dense_tp, moe_tp, dense_blocks, moe_blocks = _tp_comm_s(model, shard, groups, cluster,
                                                             fp8.tp_gather_bytes_factor(plan))
     dense_rerun = _rerun(model, shard, plan, cluster, dense_ops, dense_blocks, dense_tp[0])
     if plan.tp_comm_overlap and dense_ops:
-        dense_tp, dense_t = _overlapped(dense_tp, dense_t, dense_ops, cluster, precision, model, shard, groups, plan,
-                                        "mlp_")
+        dense_tp, dense_t = _overlapped(model, shard, groups, cluster, plan, dense_ops, dense_t, dense_tp, "mlp_",
+                                        precision)
     cp = partial(cpattention.exposed_s, model, shard, groups, cluster, plan.cp_attention)
     dense_cp = cp(dense_t.attention_fwd_s, dense_t.attention_bwd_s)
     moe_cp = dense_cp
@@ -152,14 +151,13 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
         moe_t = ops_time(moe_ops, cluster, precision)
         moe_rerun = _rerun(model, shard, plan, cluster, moe_ops, moe_blocks, moe_tp[0])
         if plan.tp_comm_overlap:
-            moe_tp, moe_t = _overlapped(moe_tp, moe_t, moe_ops, cluster, precision, model, shard, groups, plan,
-                                        "shared_mlp_" if model.shared_experts else None)
+            moe_tp, moe_t = _overlapped(model, shard, groups, cluster, plan, moe_ops, moe_t, moe_tp,
+                                        "shared_mlp_" if model.shared_experts else None, precision)
         shared_t = ops_time([op for op in moe_ops if op.group == SHARED_EXPERTS], cluster, precision) \
             if plan.moe.shared_expert_overlap else None
         moe_cp = cp(moe_t.attention_fwd_s, moe_t.attention_bwd_s)
-        share = deepep.sm_share(experts, groups, acc) if plan.moe.dispatcher in deepep.BACKENDS else 0.0
         ep = exposed_dispatch_s(dispatch_comm_s(model, shard, experts, groups, cluster), moe_t, shared_t, plan.moe,
-                                share)
+                                deepep.sm_share(experts, groups, acc))
         buffers_layer = np.maximum(dense_p, rest_p + routed_p)
         extra = moe_buffer_bytes(model, shard, experts, groups)
     buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, buffers_layer, plan, per.weight,

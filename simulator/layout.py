@@ -157,9 +157,7 @@ def _dense_layer(model, cluster, plan, shard, g, precision) -> DenseLayer:
     layer_t = ops_time(layer, cluster, precision)
     tp_s = tp_layer_comm_s(model, shard, g, cluster, fp8.tp_gather_bytes_factor(plan))
     if plan.tp_comm_overlap:
-        *tp_s, extra_f, extra_b = overlapped_tp_s(model, shard, g, cluster, plan, layer, tp_s,
-                                                  fp8.tp_gather_bytes_factor(plan))
-        layer_t = replace(layer_t, fwd_s=layer_t.fwd_s + extra_f, bwd_input_s=layer_t.bwd_input_s + extra_b)
+        tp_s, layer_t = overlapped_tp_s(model, shard, g, cluster, plan, layer, layer_t, tp_s)
     if host_s > 0:  # eager frameworks' launches (hostbound.py)
         collectives = np.where(np.asarray(plan.tp) > 1, 4 if plan.sequence_parallel else 2, 0)
         launches = (collectives, collectives + 2 * plan.sequence_parallel * (not shard.tp_keeps_gathered))

@@ -247,6 +247,11 @@ def stage_layer_mix(model, p, v, holds_first_layers):
 
 # ---------------------------------------------------------------- routed rows
 
+def routed_rows(model, tokens, experts: ExpertShard):
+    """(token, expert) rows the router chose on the busiest rank for `tokens` tokens."""
+    return experts.options.busiest_rows * model.top_k * tokens
+
+
 def dispatched_rows(model, tokens, experts: ExpertShard):
     """(token, expert) rows of the busiest rank for `tokens` tokens, which the all-to-all
     dispatcher sends (and receives): with router padding (quantization_padding) each expert's
@@ -254,7 +259,7 @@ def dispatched_rows(model, tokens, experts: ExpertShard):
     o = experts.options
     sends_padding = o.router_padding and experts.align and o.dispatcher not in deepep.BACKENDS
     padding = model.experts * (experts.align - 1) / 2 if sends_padding else 0.0
-    return o.busiest_rows * model.top_k * tokens + padding
+    return routed_rows(model, tokens, experts) + padding
 
 
 def local_experts(model, ep):
@@ -276,7 +281,7 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
     e = model.experts
     sent = dispatched_rows(model, tokens, experts)
     rows = experts.etp * sent  # rows computed here after the ETP all-gather
-    routed = experts.etp * o.busiest_rows * model.top_k * tokens  # of which the router chose (not its padding)
+    routed = experts.etp * routed_rows(model, tokens, experts)  # of which the router chose (not its padding)
     n_local = local_experts(model, experts.ep)
     f = model.expert_ffn_hidden / experts.etp
     useful = o.useful_rows / o.busiest_rows
@@ -363,8 +368,7 @@ def padding_share(model, shard, experts: ExpertShard):
     tokens = shard.replicated_tokens
     rows = experts.etp * dispatched_rows(model, tokens, experts)
     _, run = quantization_padding(rows, local_experts(model, experts.ep), model.hidden, shard.act_bytes, experts)
-    routed = experts.etp * dispatched_rows(model, tokens, replace(experts, align=0))
-    return 1.0 - routed / run
+    return 1.0 - experts.etp * routed_rows(model, tokens, experts) / run
 
 
 def moe_buffer_bytes(model, shard, experts: ExpertShard, groups=None):

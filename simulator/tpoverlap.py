@@ -39,11 +39,13 @@ communication kernels leave (16 of the profile's `sm_count`).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .comm import collective_time
 from .compute import op_times
-from .fp8 import compute_precision
+from .fp8 import compute_precision, tp_gather_bytes_factor
 from .recompute import scaled
 
 METHODS = ("userbuffers", "async-tp")
@@ -76,16 +78,17 @@ def _pairs(plan, sp: bool):
             ("bwd", "ag", "fc1", "bwd_input_s", BULK), ("bwd", "ag", "qkv", "bwd_input_s", BULK)]
 
 
-def overlapped_tp_s(model, shard, groups, cluster, plan, ops, tp_layer_s, gather_factor=(1.0, 1.0), mlp="mlp_"):
-    """(exposed forward, exposed backward, added forward compute, added backward compute)
-    seconds per layer and micro-batch of the plan's overlapped TP collectives; `tp_layer_s`:
-    the layer's (forward, backward) TP seconds with nothing overlapped
-    (passes.tp_layer_comm_s), what a pass without fused pairs keeps. `mlp` names the layer's
-    TP-split MLP by its operators' prefix ("shared_mlp_": an MoE layer's shared experts), or
-    None where it has none (an MoE layer's routed experts move their tokens in the dispatch)."""
+def overlapped_tp_s(model, shard, groups, cluster, plan, ops, t, tp_layer_s, mlp="mlp_") -> tuple:
+    """((exposed forward, exposed backward) seconds per layer and micro-batch of the plan's
+    overlapped TP collectives, the layer's OpsTime `t` with the split GEMMs' added compute);
+    `tp_layer_s`: the layer's (forward, backward) TP seconds with nothing overlapped
+    (passes.tp_layer_comm_s), what a pass without fused pairs keeps. The all-gathers move the
+    plan's quantized bytes (fp8.tp_gather_bytes_factor). `mlp` names the layer's TP-split MLP by
+    its operators' prefix ("shared_mlp_": an MoE layer's shared experts), or None where it has
+    none (an MoE layer's routed experts move their tokens in the dispatch)."""
     acc = cluster.accelerator
     nbytes = shard.act_bytes * shard.tokens * model.hidden
-    forward_factor, backward_factor = gather_factor  # quantized all-gathers (fp8.tp_gather_bytes_factor)
+    forward_factor, backward_factor = tp_gather_bytes_factor(plan)
     comm = {"ag": collective_time("all_gather", backward_factor * nbytes, groups.tp, cluster),
             "ag_fwd": collective_time("all_gather", forward_factor * nbytes, groups.tp, cluster),
             "rs": collective_time("reduce_scatter", nbytes, groups.tp, cluster),
@@ -113,4 +116,6 @@ def overlapped_tp_s(model, shard, groups, cluster, plan, ops, tp_layer_s, gather
         if kind == PIPELINE and acc.sm_count:
             extra[pass_] = extra[pass_] + g * PIPELINE_COMM_SMS / (acc.sm_count - PIPELINE_COMM_SMS)
     on = np.asarray(shard.tp) > 1
-    return tuple(np.where(on, x, 0.0) for x in (exposed["fwd"], exposed["bwd"], extra["fwd"], extra["bwd"]))
+    fwd, bwd, extra_f, extra_b = (np.where(on, x, 0.0) for x in (exposed["fwd"], exposed["bwd"], extra["fwd"],
+                                                                 extra["bwd"]))
+    return (fwd, bwd), replace(t, fwd_s=t.fwd_s + extra_f, bwd_input_s=t.bwd_input_s + extra_b)

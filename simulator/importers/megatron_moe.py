@@ -98,11 +98,12 @@ def read_moe(a: Account, key: Callable[[str], str], number: Callable, layers: in
     dispatcher = _dispatcher(a, key)
     a.map(key("moe_token_dispatcher_type"), "plan.moe.dispatcher", dispatcher)
     a.used(key("moe_flex_dispatcher_backend"), key("moe_enable_deepep"))
-    # the flex dispatcher's SMs: moe_flex_dispatcher_num_sms, else the backend's own (deprecated) knob
-    sms_keys = [key("moe_flex_dispatcher_num_sms"), key(f"moe_{dispatcher}_num_sms")]
-    given = next((k for k in sms_keys if dispatcher in DEEPEP_BACKENDS and number(a, k, None)), None)
-    if given:
-        a.map(given, "plan.moe.dispatcher_sms", number(a, given, None))
+    if dispatcher in DEEPEP_BACKENDS:  # its SMs: moe_flex_dispatcher_num_sms, else the backend's own (deprecated) knob
+        for sms_key in (key("moe_flex_dispatcher_num_sms"), key(f"moe_{dispatcher}_num_sms")):
+            sms = number(a, sms_key, None)
+            if sms:
+                a.map(sms_key, "plan.moe.dispatcher_sms", sms)
+                break
     a.used(key("moe_flex_dispatcher_num_sms"), key("moe_deepep_num_sms"), key("moe_hybridep_num_sms"))
     groups = number(a, key("moe_router_num_groups"), None)
     if groups and groups > 1:
@@ -148,8 +149,8 @@ def _dispatcher(a: Account, key) -> str:
     if a.get(key("moe_enable_deepep")):
         a.refuse(key("moe_enable_deepep"), "needs moe_token_dispatcher_type flex (Megatron-Core refuses it otherwise)")
     if dispatcher not in DISPATCHERS:
-        a.refuse(key("moe_token_dispatcher_type"), "modelled: alltoall, allgather, flex with DeepEP (not the older "
-                                                   "alltoall_seq)")
+        a.refuse(key("moe_token_dispatcher_type"), "modelled: alltoall, allgather, flex with DeepEP or Hybrid-EP "
+                                                   "(not the older alltoall_seq)")
     return dispatcher
 
 
