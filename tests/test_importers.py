@@ -87,6 +87,19 @@ def test_torchtitan_without_a_compile_key_runs_eager(tmp_path):
     assert import_config("torchtitan", f, {"cluster.node": "dgx-h100"}).scenario["plan"]["compile"] is False
 
 
+@pytest.mark.parametrize("name, text", [
+    # the head of what --debug.save_config_file writes (Trainer.Config.to_dict, torchtitan@b5bcd76)
+    ("config.json", '{"model_spec": {"name": "llama3", "flavor": "8B", "model": {"dim": 4096}}, '
+                    '"activation_checkpoint": {"preserve_rng_state": true}}'),
+    ("config_registry.py", "def llama3_8b() -> Trainer.Config:\n    return Trainer.Config()\n")])
+def test_torchtitan_python_configs_are_refused_naming_the_toml_era(tmp_path, name, text):
+    f = tmp_path / name
+    f.write_text(text)
+    with pytest.raises(InputError, match="v0.2.2 or earlier") as err:
+        import_config("torchtitan", f, {"cluster.node": "dgx-h100"})
+    assert "9810191bb" in str(err.value)
+
+
 def test_torchtitan_block_causal_flex_attention_asks_for_the_documents_length(tmp_path):
     text = (DATA / "torchtitan-llama3_8b.toml").read_text().replace(
         "[model]\n", '[model]\nuse_flex_attn = true\nattn_mask_type = "block_causal"\n')

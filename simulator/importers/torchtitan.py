@@ -1,4 +1,4 @@
-"""torchtitan job config (TOML) -> scenario.
+"""torchtitan job config (TOML, torchtitan v0.2.2 and earlier) -> scenario.
 
 Keys as torchtitan's JobConfig names them (torchtitan/config/job_config.py; the train_configs
 under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
@@ -67,6 +67,15 @@ REASONS = {
 }
 
 
+# torchtitan replaced its TOML job configs with Python ones (config_registry.py) after v0.2.2
+# (pytorch/torchtitan@9810191bb, Feb 2026). Their JSON dump (--debug.save_config_file,
+# Trainer.Config.to_dict) names no component's class, so it does not say which activation
+# checkpointing, converters or token dispatcher a job runs: it cannot be read without guessing.
+REFACTORED = ("expected the TOML job config of torchtitan v0.2.2 or earlier (its Python configs since "
+              "pytorch/torchtitan@9810191bb, and the JSON they save, which does not name the activation "
+              "checkpointing, converters or token dispatcher, are not read); give the plan as a scenario")
+
+
 def _toml(path) -> dict:
     try:
         import tomllib
@@ -76,6 +85,8 @@ def _toml(path) -> dict:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
+        if '"model_spec"' in text or "Trainer.Config" in text:
+            raise InputError(f"torchtitan {path}", "a Python config or its JSON dump", REFACTORED) from None
         raise InputError(f"torchtitan {path}", "invalid TOML", f"expected a TOML job config ({exc})") from None
 
 
