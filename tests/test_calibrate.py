@@ -366,3 +366,14 @@ def test_the_validation_models_moe_layer_sums_each_tokens_top_k_experts_by_their
             gates = torch.softmax(top, dim=-1)
             expected = sum(g * moe.down[e](F.gelu(moe.up[e](token))) for g, e in zip(gates, chosen.tolist()))
             assert torch.allclose(out[i], expected, atol=1e-5)
+
+
+def test_a_configuration_the_profile_cannot_express_is_listed_not_run():
+    # the EPYC profile has no bf16 rate; Megatron-Core's Muon runs its Newton-Schulz GEMMs in bf16
+    from simulator.calibrate.validate_torch import GRID, predict_all
+
+    configs = [rc for rc in GRID if rc.name in ("l4-h256-s256-b2", "l4-h256-s256-b2-muon")]
+    predictions, not_run = predict_all(configs, "cpu-epyc-2c-node")
+    assert list(predictions) == ["l4-h256-s256-b2"] and predictions["l4-h256-s256-b2"]["step_time_s"] > 0
+    assert [r["config"] for r in not_run] == ["l4-h256-s256-b2-muon"]
+    assert "plan.optimizer" in not_run[0]["reason"] and "bf16" in not_run[0]["reason"]

@@ -258,6 +258,19 @@ def predict(rc: RunConfig, node: str) -> dict:
             "memory_gib": gib}
 
 
+def predict_all(configs: list[RunConfig], node: str) -> tuple[dict, list[dict]]:
+    """({name: prediction}, [{config, reason}]): every configuration predicted before any is
+    measured, so one the profile cannot express (Muon's bf16 GEMMs on a CPU without bf16) is
+    listed with its reason instead of stopping the validation after the runs."""
+    predictions, not_run = {}, []
+    for rc in configs:
+        try:
+            predictions[rc.name] = predict(rc, node)
+        except InputError as exc:
+            not_run.append({"config": rc.name, "reason": str(exc)})
+    return predictions, not_run
+
+
 def gemm_share(rc: RunConfig, node: str, step_s: float) -> float:
     """Share of a configuration's predicted step spent in GEMM kernels: the linears' forward
     and backward (and their forward again under full recomputation) of every layer and the
@@ -345,10 +358,14 @@ def run_validation(profile: str | Path | None = None, quick: bool = False, devic
     if configs is None:
         configs = (CUDA_GRID[:2] if quick else CUDA_GRID) if device == "cuda" else (QUICK_GRID if quick else GRID)
     configs = [rc for rc in configs if rc.dp <= devices and rc.precision in precisions]
+    predictions, not_run = predict_all(configs, node)
+    configs = [rc for rc in configs if rc.name in predictions]
     rounds = rounds or (3 if quick else 5)
     if log:
         log(f"validate --torch: {len(configs)} configurations x {rounds} interleaved rounds, {device}, "
             f"{threads} thread(s) per device, {clock} clock")
+        for skipped in not_run:
+            log(f"  {skipped['config']:32s} not run: {skipped['reason']}")
     probe_s = cal.get("probe_s") or {}
     measured = measure_grid(configs, threads, device, rounds, probe_precisions=sorted(probe_s), clock=clock)
     # the machine's speed during this run relative to calibration, per probe (probe.py): the
@@ -364,7 +381,7 @@ def run_validation(profile: str | Path | None = None, quick: bool = False, devic
     corrected = device != "cuda"
     rows = []
     for rc, meas in zip(configs, measured):
-        pred = predict(rc, node)
+        pred = predictions[rc.name]
         raw = meas["cpu_times_s"] if clock == "cpu" else meas["step_times_s"]
         k, share = slowdown.get(rc.precision, 1.0), None
         gemm = rc.precision + GEMM
@@ -394,7 +411,7 @@ def run_validation(profile: str | Path | None = None, quick: bool = False, devic
                 f"{row['measured_memory_mib']:7.1f} MiB measured, {row['predicted_memory_mib']:7.1f} predicted "
                 f"({row['memory_error_pct']:+.1f}%)")
     out = {"profile": str(acc_path), "device": device, "threads": threads, "clock": clock, "quick": quick,
-           "rounds": rounds, "rows": rows, "mape_pct": _mape(rows, "step_error_pct"),
+           "rounds": rounds, "rows": rows, "not_run": not_run, "mape_pct": _mape(rows, "step_error_pct"),
            "max_abs_error_pct": max((abs(r["step_error_pct"]) for r in rows), default=float("nan")),
            "wall_mape_pct": _mape(rows, "wall_error_pct"), "memory_mape_pct": _mape(rows, "memory_error_pct"),
            "median_noise_pct": statistics.median(r["noise_pct"] for r in rows) if rows else float("nan"),
