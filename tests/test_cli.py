@@ -311,3 +311,29 @@ def test_validate_torch_without_a_profile_takes_one_calibrated_on_this_kind_of_m
     (tmp_path / "mine.yaml").unlink()
     with pytest.raises(InputError, match="--profile"):
         default_profile("cpu", [tmp_path])
+
+
+@pytest.mark.parametrize("has_bf16", [True, False])
+def test_validate_torch_takes_the_profile_of_this_cpus_generation_then_the_latest_calibration(tmp_path, monkeypatch,
+                                                                                                has_bf16):
+    """Two EPYC generations both call themselves "AMD EPYC": the one whose bf16 rate this CPU
+    has (or lacks) is taken, and of those the latest calibration date, not the newest file."""
+    import time
+
+    from simulator.calibrate import calibration
+    from simulator.calibrate.profile_writer import cpu_model
+    from simulator.calibrate.validate_torch import default_profile
+
+    def write(name, date, precisions):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({
+            "peak_tflops": {p: 0.1 for p in precisions},
+            "calibration": {"device_name": f"{cpu_model()}, 1 thread(s) per device", "date": date}}))
+        (tmp_path / f"{name}-node.yaml").write_text("{}\n")
+
+    write("fp32-old", "2026-12-01T10:00:00Z", ["fp32"])
+    write("fp32-new", "2026-12-02T10:00:00Z", ["fp32"])
+    write("bf16", "2026-12-06T10:00:00Z", ["fp32", "bf16"])
+    newer = time.time() + 60
+    os.utime(tmp_path / "fp32-old.yaml", (newer, newer))
+    monkeypatch.setattr(calibration, "cpu_has_bf16", lambda: has_bf16)
+    assert default_profile("cpu", [tmp_path]) == tmp_path / ("bf16.yaml" if has_bf16 else "fp32-new.yaml")

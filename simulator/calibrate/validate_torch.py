@@ -309,23 +309,33 @@ def node_for_profile(profile: str | Path) -> str:
 
 
 def default_profile(device: str = "cpu", folders=None) -> Path:
-    """The newest profile in `folders` (default: the shipped hardware_profiles/calibrated/;
-    accelerator files, not -node/-net) calibrated on this kind of machine (its CPU model or GPU
-    name)."""
+    """The profile in `folders` (default: the shipped hardware_profiles/calibrated/; accelerator
+    files, not -node/-net) calibrated on this kind of machine (its CPU model or GPU name): of
+    several, one whose precisions this CPU computes natively (a bf16 rate only where it has
+    AVX512-BF16 or AMX: two EPYC generations share the name "AMD EPYC"), then the latest
+    calibration date (a fresh clone gives every file the same modification time)."""
     import yaml
 
     from ..hardware import CALIBRATED, profiles_dir
+    from .calibration import cpu_has_bf16
 
     folders = [profiles_dir() / CALIBRATED] if folders is None else [Path(f) for f in folders]
     accs = [p for f in folders if f.is_dir() for p in sorted(f.glob("*.yaml"))
             if (f / f"{p.stem}-node.yaml").is_file()]
     here = _this_device(device)
-    mine = [p for p in accs if here in str(((yaml.safe_load(p.read_text()) or {}).get("calibration") or {})
-                                           .get("device_name", ""))]
+    data = {p: yaml.safe_load(p.read_text()) or {} for p in accs}
+    mine = [p for p in accs if here in str((data[p].get("calibration") or {}).get("device_name", ""))]
     if not mine:
         raise InputError("--profile", None, f"no profile in {', '.join(map(str, folders))} was calibrated on this "
                          f"{device} ({here}); run `llmsim calibrate` or give --profile")
-    return max(mine, key=lambda p: p.stat().st_mtime)
+    bf16_here = device != "cpu" or cpu_has_bf16()
+
+    def rank(p):
+        cal = data[p].get("calibration") or {}
+        same_precisions = device != "cpu" or ("bf16" in (data[p].get("peak_tflops") or {})) == bf16_here
+        return same_precisions, str(cal.get("date", "")), p.stat().st_mtime
+
+    return max(mine, key=rank)
 
 
 def _pct(pred: float, meas: float) -> float:
