@@ -5,7 +5,10 @@ under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
 
 - [model] name + flavor -> a preset: llama3 8B/70B/405B are Llama 3.1's shapes
   (torchtitan/models/llama3/__init__.py @00f555e: dim, n_layers, n_heads, n_kv_heads, FFN
-  multiplier); converters = float8 (quantize.linear.float8 since torchtitan@8a2686c4a) ->
+  multiplier); deepseek_v3 671B and qwen3 30B-A3B / 235B-A22B are the MoE presets (v0.2.2
+  @73a0e6979 models/deepseek_v3/__init__.py, models/qwen3/__init__.py; DeepSeek-V3 without
+  MTP, its FlexAttention block_causal mask said), their expert parallelism in `_experts`;
+  converters = float8 (quantize.linear.float8 since torchtitan@8a2686c4a) ->
   precision fp8 (Float8 linears), with [float8] ([quantize.linear.float8]) recipe_name
   (torchao's dynamic scaling: tensorwise unless named; rowwise) -> fp8_recipe and
   enable_fsdp_float8_all_gather (with precompute_float8_dynamic_scale_for_fsdp) ->
@@ -29,8 +32,9 @@ under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
   ring, cpattention.py), fsdp_reshard_after_forward (default: keep the parameters gathered
   between forward and backward under pipeline parallelism only, torchtitan/distributed/fsdp.py
   get_fsdp_reshard_after_forward_policy @b5bcd76).
-- [compile] enable (training.compile, older) -> plan.compile: memory-bound kernels fused by
-  torch.compile or launched op by op (torchtitan's default is eager).
+- [compile] enable (training.compile, older) and components -> plan.compile: memory-bound
+  kernels fused by torch.compile where the model is a compiled component, else launched op by
+  op (torchtitan's default is eager).
 - [model] attn_mask_type causal is what llmsim computes; block_causal (attention inside each
   packed document) and use_flex_attn (FlexAttention's kernel) are reported unmapped with what
   to give (model.document_tokens) and what the attention is priced at.
@@ -50,6 +54,13 @@ from .common import Account, Imported
 
 PRESETS = {("llama3", "8B"): "llama-3.1-8b", ("llama3", "70B"): "llama-3.1-70b",
            ("llama3", "405B"): "llama-3.1-405b"}
+# torchtitan's mixture-of-experts flavors whose shapes are llmsim presets (torchtitan v0.2.2,
+# @73a0e6979: models/deepseek_v3/__init__.py, models/qwen3/__init__.py); its Llama 4 flavors
+# are not (no chunked attention, NoPE layers or L2 qk norms, which the Llama 4 presets have)
+MOE_PRESETS = {("deepseek_v3", "671B"): "deepseek-v3", ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
+               ("qwen3", "235B-A22B"): "qwen3-235b-a22b"}
+PRESETS.update(MOE_PRESETS)
+EP_BACKENDS = {"standard": "alltoall", "deepep": "deepep"}
 SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved", "ZBVZeroBubble": "zb-v",
              "DualPipeV": "dualpipe-v"}
 SINGLE_STAGE = ("1F1B", "GPipe")  # torch.distributed.pipelining's PipelineScheduleSingle: one stage per rank
@@ -97,6 +108,16 @@ def read(path: str | Path) -> Imported:
         a.refuse("model.flavor", f"no llmsim preset for torchtitan model {name!r} flavor {flavor!r}; known: "
                  + ", ".join(f"{n} {f}" for n, f in PRESETS) + " (give model fields in a scenario instead)")
     a.map("model.flavor", "model.preset", PRESETS[(name, flavor)])
+    moe = (name, flavor) in MOE_PRESETS
+    if name == "deepseek_v3":
+        # torchtitan's DeepSeek-V3 trains no multi-token-prediction module, and its flavors
+        # attend with FlexAttention inside each packed document (attn_type "flex",
+        # attn_mask_type "block_causal" in the flavor, not in the TOML)
+        a.map("model.flavor", "model.mtp_layers", 0)
+        a.absent("model.attn_mask_type", "the DeepSeek-V3 flavor attends inside each document of the packed "
+                 "batch (FlexAttention, block_causal): give model.document_tokens (--set, the documents' "
+                 "E[d²]/E[d] tokens), else the attention is counted over the whole sequence, at the profile's "
+                 "fused attention kernel's rate")
     # torchtitan's model code: separate wq, wk, wv and w1, w3 linears (projections.py)
     a.map("model.name", "plan.projections", "separate")
     a.scenario["name"] = f"torchtitan-{name}-{flavor}"
@@ -142,9 +163,13 @@ def read(path: str | Path) -> Imported:
               "unfused" if a.get("parallelism.disable_loss_parallel", False) else "loss-parallel")
     else:
         a.used("parallelism.disable_loss_parallel")
-    if a.number("parallelism.expert_parallel_degree", 1) > 1:
-        a.refuse("parallelism.expert_parallel_degree", "mixture-of-experts plans are not modelled")
-    a.used("parallelism.expert_parallel_degree")
+    _experts(a, moe, tp)
+    if name == "qwen3" and pp > 1:  # its TrainSpec has no pipelining_fn (models/qwen3/__init__.py)
+        a.refuse("parallelism.pipeline_parallel_degree", "1: torchtitan pipelines no qwen3 model")
+    if name == "deepseek_v3" and tp > 1 and converters and a.get(
+            f"{FLOAT8_CONVERTERS.get(converters[0], 'float8')}.recipe_name", "tensorwise") == "tensorwise":
+        a.refuse("parallelism.tensor_parallel_degree", "1, or the rowwise Float8 recipe: torchtitan refuses "
+                 "tensorwise Float8 under TP for DeepSeek-V3 (models/deepseek_v3/infra/parallelize.py)")
     if a.has("parallelism.enable_async_tensor_parallel"):
         a.map("parallelism.enable_async_tensor_parallel", "plan.tp_comm_overlap",
               bool(a.get("parallelism.enable_async_tensor_parallel")))
@@ -155,7 +180,11 @@ def read(path: str | Path) -> Imported:
     if reshard is None:
         a.refuse(policy, "expected default, always or never")
     compile_key = "compile.enable" if a.has("compile.enable") else "training.compile"
-    a.map(compile_key, "plan.compile", bool(a.get(compile_key, False)))
+    # [compile] components (default model and loss, torchtitan/config/job_config.py Compile):
+    # the layers' kernels are fused only where the model is among them
+    components = a.get("compile.components", ["model", "loss"])
+    a.map(compile_key, "plan.compile", bool(a.get(compile_key, False)) and "model" in components)
+    a.used("compile.components")
 
     replicate = a.number("parallelism.data_parallel_replicate_degree", 1)
     shard = a.number("parallelism.data_parallel_shard_degree", -1)
@@ -191,6 +220,7 @@ def read(path: str | Path) -> Imported:
         a.used("parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_split_points",
                "parallelism.module_fqns_per_model_part", "parallelism.pipeline_parallel_first_stage_less_layers",
                "parallelism.pipeline_parallel_last_stage_less_layers")
+        a.ignore("parallelism.pipeline_parallel_schedule")  # no pipeline: no schedule
     local = a.number("training.local_batch_size", None)
     local_key = "training.local_batch_size"
     if local is None:
@@ -220,6 +250,8 @@ def read(path: str | Path) -> Imported:
             a.refuse("activation_checkpoint.selective_ac_option", "layer-wise recomputation (every N-th layer) "
                      "is not modelled; use 'op' or mode 'full'")
         a.used("activation_checkpoint.selective_ac_option")
+    else:
+        a.ignore("activation_checkpoint.selective_ac_option")  # read by selective AC only
     # torchtitan's selective AC with the 'op' option is its op-level policy (recompute.py)
     a.map("activation_checkpoint.mode", "plan.recompute", "op-selective" if mode == "selective" else mode)
     return a.finish(IGNORED, REASONS)
@@ -228,6 +260,51 @@ def read(path: str | Path) -> Imported:
 # torchao's Float8 linears: converter name -> its config section (torchtitan renamed both in
 # pytorch/torchtitan@8a2686c4a, 2025-09-30: quantize.linear.float8)
 FLOAT8_CONVERTERS = {"float8": "float8", "quantize.linear.float8": "quantize.linear.float8"}
+
+
+def _experts(a: Account, moe: bool, tp: int) -> None:
+    """Expert parallelism of torchtitan's MoE layers (torchtitan v0.2.2 @73a0e6979):
+
+    - the experts' group is carved out of the FSDP x TP ranks: ep x etp x efsdp = dp_shard x cp
+      x tp (distributed/parallel_dims.py build_mesh, the sparse mesh), Megatron-Core's MoE
+      parallel folding, which llmsim's plan.ep / plan.etp are; ETP is 1 or the TP degree
+      (_validate). Without EP the experts are tensor-parallel over the TP ranks
+      (models/llama4/infra/parallelize.py apply_moe_ep_tp: TensorParallel on the tp mesh), so
+      etp is the TP degree; with EP and ETP 1 the TP ranks split the routed rows
+      (ReordererSequenceParallel) and join the EP group.
+    - expert_parallel_comm_backend "standard" dispatches with all_to_all_single
+      (distributed/expert_parallel.py ExpertParallel: the tokens' counts, then the tokens, then
+      a permutation to local-expert order), the all-to-all dispatcher's traffic; "deepep" is
+      DeepEP's normal kernels with the buffer its size hints give at DeepEP's default 20 SMs
+      (distributed/deepep/deepep.py get_buffer), which llmsim's deepep dispatcher is; torchtitan
+      runs it with ETP 1 and EP > 1 only (models/deepseek_v3/infra/parallelize.py).
+    - the experts run as torch._grouped_mm (MoEArgs.use_grouped_mm, on by default on SM90+:
+      models/moe/moe.py), one launch for the local experts. Each expert's rows are padded to a
+      multiple of 8 in BF16 (TOKEN_GROUP_ALIGN_SIZE_M), at most 7 rows of its k·T/E; not counted.
+    - the router (fp32 sigmoid or softmax, top-k, torchtitan's auxiliary-loss-free expert bias)
+      and the un-permutation are the all-to-all path's operators (moe.moe_mlp_ops).
+    For a dense model the keys have no effect (JobConfig: "No effect for non-MoE models")."""
+    keys = ("parallelism.expert_parallel_degree", "parallelism.expert_tensor_parallel_degree",
+            "parallelism.expert_parallel_comm_backend")
+    if not moe:
+        a.ignore(*keys)
+        return
+    ep = a.number(keys[0], 1)
+    etp = a.number(keys[1], 1)
+    a.map(keys[0], "plan.ep", ep)
+    if ep == 1:
+        a.map(keys[0], "plan.etp", tp)
+        a.used(keys[1], keys[2])
+        return
+    if etp not in (1, tp):
+        a.refuse(keys[1], f"1 or the TP degree ({tp}): torchtitan supports no other")
+    a.map(keys[1], "plan.etp", etp)
+    backend = str(a.get(keys[2], "standard"))
+    if backend not in EP_BACKENDS:
+        a.refuse(keys[2], "standard or deepep")
+    if backend == "deepep" and etp > 1:
+        a.refuse(keys[1], "1 with DeepEP: torchtitan refuses DeepEP with expert tensor parallelism")
+    a.map(keys[2], "plan.moe.dispatcher", EP_BACKENDS[backend])
 
 
 def _attention(a: Account) -> None:
@@ -259,11 +336,13 @@ def _float8(a: Account, converters: list) -> None:
     if others:
         a.refuse("model.converters", "only torchao's Float8 linears are modelled (float8 or "
                                      "quantize.linear.float8), not " + ", ".join(others))
-    if not converters:  # the sections of unused converters change nothing
+    section = FLOAT8_CONVERTERS[converters[0]] if converters else None
+    # the sections of unused converters change nothing (the MoE configs carry
+    # [quantize.grouped_mm.float8] and [quantize.linear.mx] beside a commented-out converter)
+    a.ignore(*(k for k in a.flat if k.startswith(("float8.", "quantize.")) and not k.startswith(f"{section}.")))
+    if not converters:
         a.used("model.converters")
-        a.ignore(*(k for k in a.flat if k.startswith(tuple(f"{c}." for c in FLOAT8_CONVERTERS))))
         return
-    section = FLOAT8_CONVERTERS[converters[0]]
     a.map("model.converters", "plan.precision", "fp8")
     recipe = str(a.get(f"{section}.recipe_name", "tensorwise"))
     if recipe not in ("tensorwise", "rowwise"):
