@@ -138,6 +138,8 @@ def test_torchtitan_deepep_backend_is_the_deepep_dispatcher_refused_with_expert_
               ("expert_tensor_parallel_degree = 1", "expert_tensor_parallel_degree = 4")]
     with pytest.raises(InputError, match="expert_tensor_parallel_degree"):
         _torchtitan_moe(tmp_path, edits)
+    with pytest.raises(InputError, match="expert_parallel_comm_backend"):  # DeepEP without EP
+        _torchtitan_moe(tmp_path, edits[1:])
 
 
 def test_torchtitan_expert_tp_other_than_one_or_the_tp_degree_is_refused(tmp_path):

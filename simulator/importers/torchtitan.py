@@ -291,17 +291,19 @@ def _experts(a: Account, moe: bool, tp: int) -> None:
         return
     ep = a.number(keys[0], 1)
     etp = a.number(keys[1], 1)
+    backend = str(a.get(keys[2], "standard"))
+    if backend not in EP_BACKENDS:
+        a.refuse(keys[2], "standard or deepep")
     a.map(keys[0], "plan.ep", ep)
     if ep == 1:
+        if backend == "deepep":
+            a.refuse(keys[2], "standard without expert parallelism: torchtitan's DeepEP needs EP > 1")
         a.map(keys[0], "plan.etp", tp)
         a.used(keys[1], keys[2])
         return
     if etp not in (1, tp):
         a.refuse(keys[1], f"1 or the TP degree ({tp}): torchtitan supports no other")
     a.map(keys[1], "plan.etp", etp)
-    backend = str(a.get(keys[2], "standard"))
-    if backend not in EP_BACKENDS:
-        a.refuse(keys[2], "standard or deepep")
     if backend == "deepep" and etp > 1:
         a.refuse(keys[1], "1 with DeepEP: torchtitan refuses DeepEP with expert tensor parallelism")
     a.map(keys[2], "plan.moe.dispatcher", EP_BACKENDS[backend])
