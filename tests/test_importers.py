@@ -164,6 +164,23 @@ def test_torchtitan_qwen3_moe_flavor_imports_and_its_pipeline_is_refused(tmp_pat
         import_config("torchtitan", DATA / "torchtitan-qwen3_moe_debug.toml", {"cluster.node": "dgx-h100"})
 
 
+def test_torchtitan_llama4_is_the_preset_attending_causally_with_rope_on_every_layer(tmp_path):
+    imported = _torchtitan_moe(tmp_path, [("enable=false", "enable=true")], name="torchtitan-llama4_17bx16e.toml",
+                               nodes=8)
+    # torchtitan's 17bx16e flavor: no NoPE layers, no chunked attention, no qk norms
+    assert imported.scenario["model"] == {
+        "preset": "llama-4-scout", "qk_norm": False, "qk_norm_kind": "norm", "nope_layer_interval": 0,
+        "sliding_window": 0, "sliding_window_skip_freq": 0, "window_kind": "sliding", "seq_len": 8192}
+    # expert_parallel_degree 1: the experts are tensor-parallel over the 8 TP ranks
+    assert _plan(imported, "tp", "ep", "etp") == {"tp": 8, "ep": 1, "etp": 8}
+    model = model_from_dict(imported.scenario["model"])
+    assert not model.qk_norm and not model.has_sliding_window and model.rope_layer_share == 1.0
+    assert evaluate(scenario_from_dict(imported.scenario), engine="analytic").feasible
+    with pytest.raises(InputError, match="no llmsim preset"):  # NoPE on layers 0, 4, 8: not the preset's 3, 7, 11
+        _torchtitan_moe(tmp_path, [('flavor = "17bx16e"', 'flavor = "17bx16e_irope"')],
+                        name="torchtitan-llama4_17bx16e.toml")
+
+
 def test_a_dense_torchtitan_model_ignores_the_expert_keys(tmp_path):
     text = (DATA / "torchtitan-llama3_70b.toml").read_text().replace(
         "[parallelism]\n", "[parallelism]\nexpert_parallel_degree = 8\n")

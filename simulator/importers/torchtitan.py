@@ -5,9 +5,10 @@ under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
 
 - [model] name + flavor -> a preset: llama3 8B/70B/405B are Llama 3.1's shapes
   (torchtitan/models/llama3/__init__.py @00f555e: dim, n_layers, n_heads, n_kv_heads, FFN
-  multiplier); deepseek_v3 671B and qwen3 30B-A3B / 235B-A22B are the MoE presets (v0.2.2
-  @73a0e6979 models/deepseek_v3/__init__.py, models/qwen3/__init__.py; DeepSeek-V3 without
-  MTP, its FlexAttention block_causal mask said), their expert parallelism in `_experts`;
+  multiplier); deepseek_v3 671B, qwen3 30B-A3B / 235B-A22B and llama4 17bx16e / 17bx128e are
+  the MoE presets (v0.2.2 @73a0e6979 models/*/__init__.py; DeepSeek-V3 without MTP, its
+  FlexAttention block_causal mask said; Llama 4 causal with RoPE on every layer,
+  LLAMA4_CAUSAL), their expert parallelism in `_experts`;
   converters = float8 (quantize.linear.float8 since torchtitan@8a2686c4a) ->
   precision fp8 (Float8 linears), with [float8] ([quantize.linear.float8]) recipe_name
   (torchao's dynamic scaling: tensorwise unless named; rowwise) -> fp8_recipe and
@@ -55,11 +56,20 @@ from .common import Account, Imported
 PRESETS = {("llama3", "8B"): "llama-3.1-8b", ("llama3", "70B"): "llama-3.1-70b",
            ("llama3", "405B"): "llama-3.1-405b"}
 # torchtitan's mixture-of-experts flavors whose shapes are llmsim presets (torchtitan v0.2.2,
-# @73a0e6979: models/deepseek_v3/__init__.py, models/qwen3/__init__.py); its Llama 4 flavors
-# are not (no chunked attention, NoPE layers or L2 qk norms, which the Llama 4 presets have)
+# @73a0e6979: models/deepseek_v3/__init__.py, models/qwen3/__init__.py, models/llama4/__init__.py)
 MOE_PRESETS = {("deepseek_v3", "671B"): "deepseek-v3", ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
-               ("qwen3", "235B-A22B"): "qwen3-235b-a22b"}
+               ("qwen3", "235B-A22B"): "qwen3-235b-a22b", ("llama4", "17bx16e"): "llama-4-scout",
+               ("llama4", "17bx128e"): "llama-4-maverick"}
 PRESETS.update(MOE_PRESETS)
+# torchtitan's plain Llama 4 flavors attend causally on every layer with RoPE and no qk norm
+# (models/llama4/model/args.py: every_n_layers_nope None; model.py Attention has no qk norm),
+# where the presets follow Meta's release (NoPE every 4th layer, chunked attention and, on
+# Scout, L2 qk norms on the others); experts, shared expert and layer pattern are the presets'
+# (MoEArgs top-1 with one shared expert, FFN 16384 split by top_k + shared = 8192,
+# interleave_moe_layer_step 1 and 2). Its _irope flavors put NoPE on layers 0, 4, 8, ... where
+# the presets put it on 3, 7, 11, ...: refused.
+LLAMA4_CAUSAL = {"qk_norm": False, "qk_norm_kind": "norm", "nope_layer_interval": 0, "sliding_window": 0,
+                 "sliding_window_skip_freq": 0, "window_kind": "sliding"}
 EP_BACKENDS = {"standard": "alltoall", "deepep": "deepep"}
 SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved", "ZBVZeroBubble": "zb-v",
              "DualPipeV": "dualpipe-v"}
@@ -118,6 +128,9 @@ def read(path: str | Path) -> Imported:
                  "batch (FlexAttention, block_causal): give model.document_tokens (--set, the documents' "
                  "E[d²]/E[d] tokens), else the attention is counted over the whole sequence, at the profile's "
                  "fused attention kernel's rate")
+    if name == "llama4":
+        for field, value in LLAMA4_CAUSAL.items():
+            a.map("model.flavor", f"model.{field}", value)
     # torchtitan's model code: separate wq, wk, wv and w1, w3 linears (projections.py)
     a.map("model.name", "plan.projections", "separate")
     a.scenario["name"] = f"torchtitan-{name}-{flavor}"
