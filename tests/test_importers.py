@@ -108,15 +108,19 @@ def test_torchtitan_deepseek_v3_is_the_preset_without_its_mtp_module_attending_i
             "parallelism.pipeline_parallel_schedule"} <= ignored
 
 
-def test_torchtitan_expert_parallelism_folds_into_the_fsdp_and_tp_ranks(tmp_path):
-    # EP 32 with ETP 1 at TP 8: the TP ranks split the routed rows and join the EP group
-    imported = _torchtitan_moe(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 32"),
-                                          ("tensor_parallel_degree = 1", "tensor_parallel_degree = 8")])
-    assert _plan(imported, "tp", "ep", "etp") == {"tp": 8, "ep": 32, "etp": 1}
+def test_torchtitan_expert_parallelism_folds_into_the_fsdp_ranks_and_moe_under_tp_is_refused(tmp_path):
+    imported = _torchtitan_moe(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 32")])
+    assert _plan(imported, "tp", "ep", "etp") == {"tp": 1, "ep": 32, "etp": 1}
     assert imported.scenario["plan"]["moe"] == {"dispatcher": "alltoall"}
-    # without EP the experts are tensor-parallel over the TP ranks (apply_moe_ep_tp: TensorParallel)
-    imported = _torchtitan_moe(tmp_path, [("tensor_parallel_degree = 1", "tensor_parallel_degree = 8")])
-    assert _plan(imported, "ep", "etp") == {"ep": 1, "etp": 8}
+    # torchtitan all-gathers the MoE input over TP and routes every token on every TP rank
+    for edits in ([("tensor_parallel_degree = 1", "tensor_parallel_degree = 8")],
+                  [("tensor_parallel_degree = 1", "tensor_parallel_degree = 8"),
+                   ("expert_parallel_degree = 1", "expert_parallel_degree = 32")]):
+        with pytest.raises(InputError, match="tensor_parallel_degree"):
+            _torchtitan_moe(tmp_path, edits)
+    with pytest.raises(InputError, match="expert_tensor_parallel_degree"):  # 1 or TP, and TP is 1
+        _torchtitan_moe(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 8"),
+                                   ("expert_tensor_parallel_degree = 1", "expert_tensor_parallel_degree = 2")])
 
 
 def test_torchtitan_deepseek_v3_with_full_ac_and_a_compiled_model_evaluates(tmp_path):
@@ -129,24 +133,13 @@ def test_torchtitan_deepseek_v3_with_full_ac_and_a_compiled_model_evaluates(tmp_
     assert result.feasible and result.step_time_s > 0
 
 
-def test_torchtitan_deepep_backend_is_the_deepep_dispatcher_refused_with_expert_tp(tmp_path):
-    edits = [("expert_parallel_degree = 1", "expert_parallel_degree = 8"),
-             ("expert_tensor_parallel_degree = 1", "expert_parallel_comm_backend = \"deepep\"\n"
-                                                   "expert_tensor_parallel_degree = 1")]
-    assert _torchtitan_moe(tmp_path, edits).scenario["plan"]["moe"] == {"dispatcher": "deepep"}
-    edits += [("tensor_parallel_degree = 1", "tensor_parallel_degree = 4"),
-              ("expert_tensor_parallel_degree = 1", "expert_tensor_parallel_degree = 4")]
-    with pytest.raises(InputError, match="expert_tensor_parallel_degree"):
-        _torchtitan_moe(tmp_path, edits)
-    with pytest.raises(InputError, match="expert_parallel_comm_backend"):  # DeepEP without EP
-        _torchtitan_moe(tmp_path, edits[1:])
-
-
-def test_torchtitan_expert_tp_other_than_one_or_the_tp_degree_is_refused(tmp_path):
-    with pytest.raises(InputError, match="expert_tensor_parallel_degree"):
-        _torchtitan_moe(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 8"),
-                                   ("tensor_parallel_degree = 1", "tensor_parallel_degree = 8"),
-                                   ("expert_tensor_parallel_degree = 1", "expert_tensor_parallel_degree = 2")])
+def test_torchtitan_deepep_backend_is_the_deepep_dispatcher_refused_without_ep(tmp_path):
+    deepep = ("expert_tensor_parallel_degree = 1", "expert_parallel_comm_backend = \"deepep\"\n"
+                                                   "expert_tensor_parallel_degree = 1")
+    imported = _torchtitan_moe(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 8"), deepep])
+    assert imported.scenario["plan"]["moe"] == {"dispatcher": "deepep"}
+    with pytest.raises(InputError, match="expert_parallel_comm_backend"):
+        _torchtitan_moe(tmp_path, [deepep])
 
 
 def test_torchtitan_qwen3_moe_flavor_imports_and_its_pipeline_is_refused(tmp_path):
@@ -165,19 +158,24 @@ def test_torchtitan_qwen3_moe_flavor_imports_and_its_pipeline_is_refused(tmp_pat
 
 
 def test_torchtitan_llama4_is_the_preset_attending_causally_with_rope_on_every_layer(tmp_path):
-    imported = _torchtitan_moe(tmp_path, [("enable=false", "enable=true")], name="torchtitan-llama4_17bx16e.toml",
-                               nodes=8)
+    # the shipped config's TP 8 (expert TP 8) is refused (MoE under TP, above): at TP 1
+    edits = [("tensor_parallel_degree = 8", "tensor_parallel_degree = 1"),
+             ("expert_tensor_parallel_degree = 8", "expert_tensor_parallel_degree = 1")]
+    with pytest.raises(InputError, match="tensor_parallel_degree"):
+        _torchtitan_moe(tmp_path, name="torchtitan-llama4_17bx16e.toml", nodes=8)
+    imported = _torchtitan_moe(tmp_path, edits + [("enable=false", "enable=true"),
+                                                  ("local_batch_size = 8", "local_batch_size = 1")],
+                               name="torchtitan-llama4_17bx16e.toml", nodes=8)
     # torchtitan's 17bx16e flavor: no NoPE layers, no chunked attention, no qk norms
     assert imported.scenario["model"] == {
         "preset": "llama-4-scout", "qk_norm": False, "qk_norm_kind": "norm", "nope_layer_interval": 0,
         "sliding_window": 0, "sliding_window_skip_freq": 0, "window_kind": "sliding", "seq_len": 8192}
-    # expert_parallel_degree 1: the experts are tensor-parallel over the 8 TP ranks
-    assert _plan(imported, "tp", "ep", "etp") == {"tp": 8, "ep": 1, "etp": 8}
+    assert _plan(imported, "tp", "ep", "etp") == {"tp": 1, "ep": 1, "etp": 1}
     model = model_from_dict(imported.scenario["model"])
     assert not model.qk_norm and not model.has_sliding_window and model.rope_layer_share == 1.0
     assert evaluate(scenario_from_dict(imported.scenario), engine="analytic").feasible
     with pytest.raises(InputError, match="no llmsim preset"):  # NoPE on layers 0, 4, 8: not the preset's 3, 7, 11
-        _torchtitan_moe(tmp_path, [('flavor = "17bx16e"', 'flavor = "17bx16e_irope"')],
+        _torchtitan_moe(tmp_path, edits + [('flavor = "17bx16e"', 'flavor = "17bx16e_irope"')],
                         name="torchtitan-llama4_17bx16e.toml")
 
 

@@ -179,10 +179,6 @@ def read(path: str | Path) -> Imported:
     _experts(a, moe, tp)
     if name == "qwen3" and pp > 1:  # its TrainSpec has no pipelining_fn (models/qwen3/__init__.py)
         a.refuse("parallelism.pipeline_parallel_degree", "1: torchtitan pipelines no qwen3 model")
-    if name == "deepseek_v3" and tp > 1 and converters and a.get(
-            f"{FLOAT8_CONVERTERS.get(converters[0], 'float8')}.recipe_name", "tensorwise") == "tensorwise":
-        a.refuse("parallelism.tensor_parallel_degree", "1, or the rowwise Float8 recipe: torchtitan refuses "
-                 "tensorwise Float8 under TP for DeepSeek-V3 (models/deepseek_v3/infra/parallelize.py)")
     if a.has("parallelism.enable_async_tensor_parallel"):
         a.map("parallelism.enable_async_tensor_parallel", "plan.tp_comm_overlap",
               bool(a.get("parallelism.enable_async_tensor_parallel")))
@@ -278,47 +274,46 @@ FLOAT8_CONVERTERS = {"float8": "float8", "quantize.linear.float8": "quantize.lin
 def _experts(a: Account, moe: bool, tp: int) -> None:
     """Expert parallelism of torchtitan's MoE layers (torchtitan v0.2.2 @73a0e6979):
 
-    - the experts' group is carved out of the FSDP x TP ranks: ep x etp x efsdp = dp_shard x cp
-      x tp (distributed/parallel_dims.py build_mesh, the sparse mesh), Megatron-Core's MoE
-      parallel folding, which llmsim's plan.ep / plan.etp are; ETP is 1 or the TP degree
-      (_validate). Without EP the experts are tensor-parallel over the TP ranks
-      (models/llama4/infra/parallelize.py apply_moe_ep_tp: TensorParallel on the tp mesh), so
-      etp is the TP degree; with EP and ETP 1 the TP ranks split the routed rows
-      (ReordererSequenceParallel) and join the EP group.
+    - the experts' group is carved out of the FSDP ranks: ep x etp x efsdp = dp_shard x cp x tp
+      (distributed/parallel_dims.py build_mesh, the sparse mesh), Megatron-Core's MoE parallel
+      folding, which llmsim's plan.ep / plan.etp are.
     - expert_parallel_comm_backend "standard" dispatches with all_to_all_single
       (distributed/expert_parallel.py ExpertParallel: the tokens' counts, then the tokens, then
       a permutation to local-expert order), the all-to-all dispatcher's traffic; "deepep" is
       DeepEP's normal kernels with the buffer its size hints give at DeepEP's default 20 SMs
       (distributed/deepep/deepep.py get_buffer), which llmsim's deepep dispatcher is; torchtitan
-      runs it with ETP 1 and EP > 1 only (models/deepseek_v3/infra/parallelize.py).
+      refuses it without EP (models/deepseek_v3/infra/parallelize.py).
     - the experts run as torch._grouped_mm (MoEArgs.use_grouped_mm, on by default on SM90+:
       models/moe/moe.py), one launch for the local experts. Each expert's rows are padded to a
       multiple of 8 in BF16 (TOKEN_GROUP_ALIGN_SIZE_M), at most 7 rows of its k·T/E; not counted.
     - the router (fp32 sigmoid or softmax, top-k, torchtitan's auxiliary-loss-free expert bias)
       and the un-permutation are the all-to-all path's operators (moe.moe_mlp_ops).
+    - TP > 1 is refused: torchtitan all-gathers an MoE layer's input over the TP ranks and
+      reduce-scatters its output (apply_moe_ep_tp: PrepareModuleInputOutput Shard(1) ->
+      Replicate -> Partial), so every TP rank routes every token, and with expert TP it gathers
+      tokens before routing; llmsim's MoE layer is Megatron-Core's, which routes each rank's
+      sequence shard in place and gathers the routed rows over expert TP (moe.dispatch_comm_s).
+      Hence ETP is 1 (torchtitan allows 1 or the TP degree).
     For a dense model the keys have no effect (JobConfig: "No effect for non-MoE models")."""
     keys = ("parallelism.expert_parallel_degree", "parallelism.expert_tensor_parallel_degree",
             "parallelism.expert_parallel_comm_backend")
     if not moe:
         a.ignore(*keys)
         return
+    if tp > 1:
+        a.refuse("parallelism.tensor_parallel_degree", "1 for torchtitan's MoE models: it all-gathers an MoE "
+                 "layer's input over the TP ranks and reduce-scatters its output, routing every token on every TP "
+                 "rank, where llmsim's MoE layer (Megatron-Core's) routes each rank's sequence shard")
     ep = a.number(keys[0], 1)
-    etp = a.number(keys[1], 1)
+    if a.number(keys[1], 1) != 1:
+        a.refuse(keys[1], "1 (torchtitan allows 1 or the TP degree, and TP is 1)")
     backend = str(a.get(keys[2], "standard"))
     if backend not in EP_BACKENDS:
         a.refuse(keys[2], "standard or deepep")
+    if backend == "deepep" and ep == 1:
+        a.refuse(keys[2], "standard without expert parallelism: torchtitan's DeepEP needs EP > 1")
     a.map(keys[0], "plan.ep", ep)
-    if ep == 1:
-        if backend == "deepep":
-            a.refuse(keys[2], "standard without expert parallelism: torchtitan's DeepEP needs EP > 1")
-        a.map(keys[0], "plan.etp", tp)
-        a.used(keys[1], keys[2])
-        return
-    if etp not in (1, tp):
-        a.refuse(keys[1], f"1 or the TP degree ({tp}): torchtitan supports no other")
-    a.map(keys[1], "plan.etp", etp)
-    if backend == "deepep" and etp > 1:
-        a.refuse(keys[1], "1 with DeepEP: torchtitan refuses DeepEP with expert tensor parallelism")
+    a.map(keys[1], "plan.etp", 1)
     a.map(keys[2], "plan.moe.dispatcher", EP_BACKENDS[backend])
 
 
