@@ -98,6 +98,7 @@ def test_torchtitan_deepseek_v3_is_the_preset_without_its_mtp_module_attending_i
     assert imported.scenario["model"] == {"preset": "deepseek-v3", "mtp_layers": 0, "seq_len": 4096}
     why = {u["key"]: u["why"] for u in imported.unmapped}
     assert "model.document_tokens" in why["model.attn_mask_type"]  # the flavor's FlexAttention block_causal
+    assert "fp32" in why["model.moe_args"]  # its un-permutation is not Megatron-Core's, and is said so
     # expert_parallel_degree 1: every rank holds every expert; no TP, so no expert TP either
     assert _plan(imported, "ep", "etp", "zero_stage") == {"ep": 1, "etp": 1, "zero_stage": 3}
     # [compile] enable with components ["loss"]: the model's kernels run eager

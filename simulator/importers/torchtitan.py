@@ -287,7 +287,13 @@ def _experts(a: Account, moe: bool, tp: int) -> None:
       models/moe/moe.py), one launch for the local experts. Each expert's rows are padded to a
       multiple of 8 in BF16 (TOKEN_GROUP_ALIGN_SIZE_M), at most 7 rows of its k·T/E; not counted.
     - the router (fp32 sigmoid or softmax, top-k, torchtitan's auxiliary-loss-free expert bias)
-      and the un-permutation are the all-to-all path's operators (moe.moe_mlp_ops).
+      is the all-to-all path's router operator (moe.moe_mlp_ops). The un-permutation is not:
+      torchtitan writes the k·T routed rows into a zeroed buffer, casts them to fp32 and sums
+      them with the scores in an fp32 bmm (MoE.forward, score_before_experts False: DeepSeek-V3,
+      Qwen3; Llama 4 scales the rows before the experts), where llmsim counts Megatron-Core's
+      scatter-add of the 16-bit rows: several times its bytes, and an fp32 copy of the rows the
+      bmm keeps for its backward, are not counted. Reported (UNMAPPED), not refused: the
+      difference is memory-bound work beside the experts' GEMMs.
     - TP > 1 is refused: torchtitan all-gathers an MoE layer's input over the TP ranks and
       reduce-scatters its output (apply_moe_ep_tp: PrepareModuleInputOutput Shard(1) ->
       Replicate -> Partial), so every TP rank routes every token, and with expert TP it gathers
@@ -315,6 +321,10 @@ def _experts(a: Account, moe: bool, tp: int) -> None:
     a.map(keys[0], "plan.ep", ep)
     a.map(keys[1], "plan.etp", 1)
     a.map(keys[2], "plan.moe.dispatcher", EP_BACKENDS[backend])
+    a.absent("model.moe_args", "torchtitan un-permutes the routed rows through a zeroed buffer and weights them "
+             "by the scores in fp32 (an fp32 bmm after the experts, or a scaling before them: models/moe/moe.py "
+             "MoE.forward); llmsim counts Megatron-Core's 16-bit scatter-add: the extra memory-bound bytes, and "
+             "the fp32 copies kept for the backward, are not counted")
 
 
 def _attention(a: Account) -> None:
