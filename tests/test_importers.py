@@ -80,8 +80,9 @@ def test_torchtitan_llama3_405b_maps_float8_its_fsdp_all_gather_and_async_tp():
                                                         "float8.precompute_float8_dynamic_scale_for_fsdp"}
 
 
-def _torchtitan_moe(tmp_path, edits=(), name="torchtitan-deepseek_v3_671b.toml", nodes=32):
-    """torchtitan v0.2.2's DeepSeek-V3 671B config with (old, new) line edits, imported."""
+def _torchtitan_edited(tmp_path, edits=(), name="torchtitan-deepseek_v3_671b.toml", nodes=32):
+    """A torchtitan fixture (by default v0.2.2's DeepSeek-V3 671B config) with (old, new) edits of
+    whole lines, imported."""
     text = (DATA / name).read_text()
     for old, new in edits:  # whole lines: "tensor_parallel_degree" is also in "expert_tensor_parallel_degree"
         assert f"\n{old}\n" in text
@@ -110,7 +111,7 @@ def test_torchtitan_deepseek_v3_is_the_preset_without_its_mtp_module_attending_i
 
 
 def test_torchtitan_expert_parallelism_folds_into_the_fsdp_ranks_and_moe_under_tp_is_refused(tmp_path):
-    imported = _torchtitan_moe(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 32")])
+    imported = _torchtitan_edited(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 32")])
     assert _plan(imported, "tp", "ep", "etp") == {"tp": 1, "ep": 32, "etp": 1}
     assert imported.scenario["plan"]["moe"] == {"dispatcher": "alltoall"}
     # torchtitan all-gathers the MoE input over TP and routes every token on every TP rank
@@ -118,14 +119,14 @@ def test_torchtitan_expert_parallelism_folds_into_the_fsdp_ranks_and_moe_under_t
                   [("tensor_parallel_degree = 1", "tensor_parallel_degree = 8"),
                    ("expert_parallel_degree = 1", "expert_parallel_degree = 32")]):
         with pytest.raises(InputError, match="tensor_parallel_degree"):
-            _torchtitan_moe(tmp_path, edits)
+            _torchtitan_edited(tmp_path, edits)
     with pytest.raises(InputError, match="expert_tensor_parallel_degree"):  # 1 or TP, and TP is 1
-        _torchtitan_moe(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 8"),
+        _torchtitan_edited(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 8"),
                                    ("expert_tensor_parallel_degree = 1", "expert_tensor_parallel_degree = 2")])
 
 
 def test_torchtitan_deepseek_v3_with_full_ac_and_a_compiled_model_evaluates(tmp_path):
-    imported = _torchtitan_moe(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 64"),
+    imported = _torchtitan_edited(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 64"),
                                           ('mode = "selective"  # ["none", "selective", "full"]', 'mode = "full"'),
                                           ('components = ["loss"] # ["model", "loss"]', 'components = ["model", "loss"]')],
                                nodes=64)
@@ -137,21 +138,21 @@ def test_torchtitan_deepseek_v3_with_full_ac_and_a_compiled_model_evaluates(tmp_
 def test_torchtitan_deepep_backend_is_the_deepep_dispatcher_refused_without_ep(tmp_path):
     deepep = ("expert_tensor_parallel_degree = 1", "expert_parallel_comm_backend = \"deepep\"\n"
                                                    "expert_tensor_parallel_degree = 1")
-    imported = _torchtitan_moe(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 8"), deepep])
+    imported = _torchtitan_edited(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 8"), deepep])
     assert imported.scenario["plan"]["moe"] == {"dispatcher": "deepep"}
     with pytest.raises(InputError, match="expert_parallel_comm_backend"):
-        _torchtitan_moe(tmp_path, [deepep])
+        _torchtitan_edited(tmp_path, [deepep])
 
 
 def test_torchtitan_qwen3_moe_flavor_imports_and_its_pipeline_is_refused(tmp_path):
     # the debug config at the 30B-A3B flavor (the debug flavor is no llmsim preset)
     edits = [('flavor = "debugmodel_moe"', 'flavor = "30B-A3B"'),
              ("expert_parallel_degree = 1", "expert_parallel_degree = 8")]
-    imported = _torchtitan_moe(tmp_path, edits, name="torchtitan-qwen3_moe_debug.toml", nodes=1)
+    imported = _torchtitan_edited(tmp_path, edits, name="torchtitan-qwen3_moe_debug.toml", nodes=1)
     assert imported.scenario["model"] == {"preset": "qwen3-30b-a3b", "seq_len": 4096}
     assert _plan(imported, "ep", "etp") == {"ep": 8, "etp": 1}
     with pytest.raises(InputError, match="pipeline"):  # torchtitan's qwen3 TrainSpec has no pipelining_fn
-        _torchtitan_moe(tmp_path, edits + [("tensor_parallel_degree = 1", "tensor_parallel_degree = 1\n"
+        _torchtitan_edited(tmp_path, edits + [("tensor_parallel_degree = 1", "tensor_parallel_degree = 1\n"
                                             "pipeline_parallel_degree = 2")],
                         name="torchtitan-qwen3_moe_debug.toml", nodes=1)
     with pytest.raises(InputError, match="no llmsim preset"):
@@ -163,8 +164,8 @@ def test_torchtitan_llama4_is_the_preset_attending_causally_with_rope_on_every_l
     edits = [("tensor_parallel_degree = 8", "tensor_parallel_degree = 1"),
              ("expert_tensor_parallel_degree = 8", "expert_tensor_parallel_degree = 1")]
     with pytest.raises(InputError, match="tensor_parallel_degree"):
-        _torchtitan_moe(tmp_path, name="torchtitan-llama4_17bx16e.toml", nodes=8)
-    imported = _torchtitan_moe(tmp_path, edits + [("enable=false", "enable=true"),
+        _torchtitan_edited(tmp_path, name="torchtitan-llama4_17bx16e.toml", nodes=8)
+    imported = _torchtitan_edited(tmp_path, edits + [("enable=false", "enable=true"),
                                                   ("local_batch_size = 8", "local_batch_size = 1")],
                                name="torchtitan-llama4_17bx16e.toml", nodes=8)
     # torchtitan's 17bx16e flavor: no NoPE layers, no chunked attention, no qk norms
@@ -176,16 +177,13 @@ def test_torchtitan_llama4_is_the_preset_attending_causally_with_rope_on_every_l
     assert not model.qk_norm and not model.has_sliding_window and model.rope_layer_share == 1.0
     assert evaluate(scenario_from_dict(imported.scenario), engine="analytic").feasible
     with pytest.raises(InputError, match="no llmsim preset"):  # NoPE on layers 0, 4, 8: not the preset's 3, 7, 11
-        _torchtitan_moe(tmp_path, edits + [('flavor = "17bx16e"', 'flavor = "17bx16e_irope"')],
+        _torchtitan_edited(tmp_path, edits + [('flavor = "17bx16e"', 'flavor = "17bx16e_irope"')],
                         name="torchtitan-llama4_17bx16e.toml")
 
 
 def test_a_dense_torchtitan_model_ignores_the_expert_keys(tmp_path):
-    text = (DATA / "torchtitan-llama3_70b.toml").read_text().replace(
-        "[parallelism]\n", "[parallelism]\nexpert_parallel_degree = 8\n")
-    f = tmp_path / "dense.toml"
-    f.write_text(text)
-    imported = import_config("torchtitan", f, {"cluster.node": "dgx-h100"})
+    imported = _torchtitan_edited(tmp_path, [("[parallelism]", "[parallelism]\nexpert_parallel_degree = 8")],
+                               name="torchtitan-llama3_70b.toml", nodes=1)
     assert "parallelism.expert_parallel_degree" in {m["key"] for m in imported.ignored}
     assert "ep" not in imported.scenario["plan"]
 
