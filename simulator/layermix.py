@@ -216,12 +216,8 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, zero_gr
     """A representative stage of a model with experts, MLA or multi-token prediction (whose
     depths run on the head stage, each a layer of the last layer's kind: mtp.py): `layers`
     decoder layers on a device, `n_moe` of them MoE (stagesplit.representatives)."""
-    n_dense = layers - n_moe
     depths = np.asarray(has_head) * model.mtp_layers
-    if mtp.layer_is_moe(model):
-        n_moe = n_moe + depths
-    else:
-        n_dense = n_dense + depths
+    n_dense, n_moe = mtp.with_depths(model, layers - n_moe, n_moe, depths)
     dense = stage_params(model, plan.tp, 0.0, has_emb, has_head, head_copy) + n_dense * mix.dense_params \
         + n_moe * mix.moe_rest_params
     if model.mtp_layers:

@@ -349,7 +349,7 @@ def compile_layout(model, cluster, plan) -> Layout:
         hw_flops = executed_flops_per_sequence(model, plan.flash_attention, plan.recompute, plan.moe,
                                                plan.loss, plan.recompute_modules) * plan.global_batch
         # every device of a stage pads each of its MoE layers' experts every micro-batch
-        moe_layers = model.moe_layers + (model.mtp_layers if model.mtp_layers and mtp.layer_is_moe(model) else 0)
+        _, moe_layers = mtp.with_depths(model, 0, model.moe_layers, model.mtp_layers)
         hw_flops += padding_flops_per_micro_batch(base, model, shard, plan) * moe_layers * m * plan.tp * plan.cp * plan.dp
     return Layout(model=model, cluster=cluster, plan=plan, schedule=schedule, p=p, m=m, v=v, shard=shard, groups=g,
                   zero_group=zero_group, per_param=per, pp_hop_s=hop, stages=tuple(reps),

@@ -86,6 +86,14 @@ def layer_is_moe(model) -> bool:
     return model.is_moe_layer(model.layers - 1)
 
 
+def with_depths(model, dense_layers, moe_layers, depths):
+    """(dense-MLP, MoE) layers counting `depths` multi-token-prediction depths, each a layer of
+    the decoder's last layer's kind (layer_is_moe). Broadcast-safe."""
+    if layer_is_moe(model):
+        return dense_layers, moe_layers + depths
+    return dense_layers + depths, moe_layers
+
+
 def check_mtp_plan(plan, model) -> None:
     """What Megatron-Core does not run with MTP (multi_token_prediction.md, "Unsupported
     Combinations"): context parallelism, learned absolute position embeddings."""

@@ -137,10 +137,7 @@ def stage_matrices(model, tp, dense_layers, moe_layers, ep=1, etp=1, mtp_depths=
     table (seq x h, whole on every TP rank) is not tagged, so Muon's, on the first stage."""
     dense, moe = layer_matrices(model, tp, ep, etp)
     tables = np.asarray(has_embedding) * (model.position_embedding == "learned")
-    if mtp.layer_is_moe(model):
-        moe_layers = moe_layers + mtp_depths
-    else:
-        dense_layers = dense_layers + mtp_depths
+    dense_layers, moe_layers = mtp.with_depths(model, dense_layers, moe_layers, mtp_depths)
     return [replace(m, count=m.count * dense_layers) for m in dense] + \
         [replace(m, count=m.count * moe_layers) for m in moe] + \
         ([Matrices(model.hidden, 2 * model.hidden, mtp_depths, tp)] if model.mtp_layers else []) + \
