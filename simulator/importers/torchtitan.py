@@ -70,6 +70,9 @@ PRESETS.update(MOE_PRESETS)
 # the presets put it on 3, 7, 11, ...: refused.
 LLAMA4_CAUSAL = {"qk_norm": False, "qk_norm_kind": "norm", "nope_layer_interval": 0, "sliding_window": 0,
                  "sliding_window_skip_freq": 0, "window_kind": "sliding"}
+# Model fields where torchtitan's model differs from its preset; DeepSeek-V3 trains no
+# multi-token-prediction module in torchtitan v0.2.2
+FLAVOR_FIELDS = {"deepseek_v3": {"mtp_layers": 0}, "llama4": LLAMA4_CAUSAL}
 EP_BACKENDS = {"standard": "alltoall", "deepep": "deepep"}
 SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved", "ZBVZeroBubble": "zb-v",
              "DualPipeV": "dualpipe-v"}
@@ -119,18 +122,15 @@ def read(path: str | Path) -> Imported:
                  + ", ".join(f"{n} {f}" for n, f in PRESETS) + " (give model fields in a scenario instead)")
     a.map("model.flavor", "model.preset", PRESETS[(name, flavor)])
     moe = (name, flavor) in MOE_PRESETS
+    for field, value in FLAVOR_FIELDS.get(name, {}).items():
+        a.map("model.flavor", f"model.{field}", value)
     if name == "deepseek_v3":
-        # torchtitan's DeepSeek-V3 trains no multi-token-prediction module, and its flavors
-        # attend with FlexAttention inside each packed document (attn_type "flex",
+        # its flavors attend with FlexAttention inside each packed document (attn_type "flex",
         # attn_mask_type "block_causal" in the flavor, not in the TOML)
-        a.map("model.flavor", "model.mtp_layers", 0)
         a.absent("model.attn_mask_type", "the DeepSeek-V3 flavor attends inside each document of the packed "
                  "batch (FlexAttention, block_causal): give model.document_tokens (--set, the documents' "
                  "E[d²]/E[d] tokens), else the attention is counted over the whole sequence, at the profile's "
                  "fused attention kernel's rate")
-    if name == "llama4":
-        for field, value in LLAMA4_CAUSAL.items():
-            a.map("model.flavor", f"model.{field}", value)
     # torchtitan's model code: separate wq, wk, wv and w1, w3 linears (projections.py)
     a.map("model.name", "plan.projections", "separate")
     a.scenario["name"] = f"torchtitan-{name}-{flavor}"
