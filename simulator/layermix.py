@@ -149,7 +149,7 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
         experts = plan_experts(plan)
         moe_ops = layer_operators(model, shard, plan, experts, acc)
         moe_t = ops_time(moe_ops, cluster, precision)
-        moe_rerun = _rerun(model, shard, plan, cluster, moe_ops, moe_blocks, moe_tp[0])
+        moe_rerun = _rerun(model, shard, plan, cluster, moe_ops, moe_blocks, moe_tp[0], experts)
         if plan.tp_comm_overlap:
             moe_tp, moe_t = _overlapped(model, shard, groups, cluster, plan, moe_ops, moe_t, moe_tp,
                                         "shared_mlp_" if model.shared_experts else None, precision)
@@ -195,10 +195,10 @@ class MixedStage:
     linears: object  # linear weights of the stage's device (FP8 weight casts, fp8.py)
 
 
-def _rerun(model, shard, plan, cluster, ops, tp_blocks: dict, tp_fwd_s) -> tuple:
+def _rerun(model, shard, plan, cluster, ops, tp_blocks: dict, tp_fwd_s, experts=None) -> tuple:
     """(checkpoint, forward seconds of what recomputation re-runs, fraction of the forward TP
-    seconds `tp_fwd_s` it runs again) of one layer kind (recompute.py)."""
-    checkpoint = layer_checkpoint(model, shard, plan.recompute, ops, plan.recompute_modules)
+    seconds `tp_fwd_s` it runs again) of one layer kind (recompute.py; `experts`: an MoE layer's)."""
+    checkpoint = layer_checkpoint(model, shard, plan.recompute, ops, plan.recompute_modules, experts)
     return (checkpoint, ops_time(list(checkpoint.rerun), cluster, compute_precision(plan)).fwd_s,
             tp_rerun_fraction(checkpoint, tp_blocks, tp_fwd_s))
 
@@ -244,7 +244,8 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, zero_gr
                           mix.dense_cp_s, (0.0, 0.0), plan, v)
     acts = d_acts
     if mix.moe_ops is not None:
-        m_acts = activation_sizes(model, shard, plan, n_moe / v, has_emb, has_head, mix.moe_ops, head)
+        m_acts = activation_sizes(model, shard, plan, n_moe / v, has_emb, has_head, mix.moe_ops, head,
+                                  plan_experts(plan))
         # the layer rebuilt by full recomputation is one of the kinds the stage holds
         def either(d, m):
             return np.where(n_moe > 0, np.where(n_dense > 0, np.maximum(d, m), m), d)

@@ -64,10 +64,11 @@ class ActivationSizes:
 
 
 def activation_sizes(model, shard: Shard, plan, layers_per_chunk, has_embedding, has_head, ops=None,
-                     head=None) -> ActivationSizes:
-    """`head`: the head's operators (default workload.head_ops)."""
+                     head=None, experts=None) -> ActivationSizes:
+    """`head`: the head's operators (default workload.head_ops); `experts`: an MoE layer's
+    moe.ExpertShard, with its `ops`."""
     ops = layer_ops(model, shard) if ops is None else ops
-    layer = layer_checkpoint(model, shard, plan.recompute, ops, plan.recompute_modules)
+    layer = layer_checkpoint(model, shard, plan.recompute, ops, plan.recompute_modules, experts)
     chunk = chunk_checkpoint(plan, layer, sum(op.saved_bytes for op in ops), layers_per_chunk)
     emb = np.asarray(has_embedding) * sum(op.saved_bytes for op in embedding_ops(model, shard))
     head = head_ops(model, shard) if head is None else head

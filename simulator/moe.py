@@ -106,6 +106,14 @@ class MoEOptions:
     # --moe-flex-dispatcher-num-sms: SMs the deepep / hybridep kernels take (None: the
     # backend's default, deepep.dispatcher_sms)
     dispatcher_sms: int | None = None
+    # whose MoE layer runs: Megatron-Core's (this module) or torchtitan's (titanmoe.py)
+    framework: str = "megatron-core"
+    # torchtitan's MoEArgs.score_before_experts (Llama 4): the rows scaled by their scores
+    # before the experts, not weighted after them (titanmoe.py)
+    probs_on_input: bool = False
+    # torchtitan's op-level AC saves the all-to-all outputs (its DeepSeek-V3 and Llama 4 save
+    # lists name all_to_all_single, Qwen3's does not: titanmoe.py)
+    op_sac_saves_all_to_all: bool = True
 
     @property
     def busiest_rows(self) -> float:
@@ -131,26 +139,29 @@ class MoEOptions:
 
     def balanced(self) -> "MoEOptions":
         """The same options with balanced routing: the busiest rank is the mean one."""
-        return MoEOptions(self.dispatcher, self.capacity_factor, self.pad_to_capacity, 1.0)
+        return MoEOptions(self.dispatcher, self.capacity_factor, self.pad_to_capacity, 1.0, framework=self.framework,
+                          probs_on_input=self.probs_on_input)
 
 
 @dataclass(frozen=True)
 class ExpertShard:
     """How one device holds and runs the routed experts of an MoE layer (sizes may be arrays).
     `align`: the multiple of rows each local expert's input is padded to for its quantized
-    GEMMs (fp8.moe_row_align; 0: none)."""
+    GEMMs (fp8.moe_row_align; 0: none); `compiled`: torch.compile fuses what torchtitan's layer
+    compiles (titanmoe.py)."""
 
     ep: object = 1
     etp: object = 1
     options: MoEOptions = MoEOptions()
     align: int = 0
+    compiled: bool = True
 
 
 def plan_experts(plan) -> ExpertShard:
     """The plan's ExpertShard: its ep, etp and MoE options, and the row multiple its quantized
     recipe pads each local expert to (fp8.moe_row_align)."""
     from .fp8 import moe_row_align
-    return ExpertShard(plan.ep, plan.etp, plan.moe, moe_row_align(plan))
+    return ExpertShard(plan.ep, plan.etp, plan.moe, moe_row_align(plan), plan.compile)
 
 
 # ---------------------------------------------------------------- validation
@@ -203,19 +214,25 @@ def check_moe_plan(plan, model) -> None:
 def check_layer_mix_options(plan, model) -> None:
     """Refuse, for a model with experts, MLA or MTP (layermix.py), the framework options only the
     dense path models: torchao's FP8 recipes for experts and MLA (TransformerEngine's grouped
-    GEMMs and Megatron-Core's MLA linears are what is modelled), eager kernels,
-    op-level selective and block recomputation, FSDP2 without resharding; for MLA and
+    GEMMs and Megatron-Core's MLA linears are what is modelled), eager kernels and op-level
+    selective recomputation (but for torchtitan's MoE layer beside dense attention), block recomputation, FSDP2 without resharding; for MLA and
     multi-token prediction unfused gradient accumulation (framework_ops.py counts a dense
     layer's parameters for them)."""
     if not (model.experts or model.attention == "mla" or model.mtp_layers):
         return
     kind = "MoE" if model.experts else "MLA" if model.attention == "mla" else "multi-token-prediction"
+    # torchtitan's MoE layer (titanmoe.py) models its eager kernels and op-level AC; the
+    # attention beside it must be a dense model's
+    titan = plan.moe.framework == "torchtitan" and model.experts
+    if titan and (model.attention == "mla" or model.mtp_layers):
+        kind = "MLA" if model.attention == "mla" else "multi-token-prediction"
+    titan = titan and model.attention != "mla" and not model.mtp_layers
     fp8 = plan.precision in ("fp8", "mxfp8")
     torchao = fp8 and plan.fp8_recipe in ("tensorwise", "rowwise")
     unsupported = (("plan.fp8_recipe", plan.fp8_recipe, torchao and (model.experts or model.attention == "mla")),
                    ("plan.fp8_fsdp_all_gather", plan.fp8_fsdp_all_gather, plan.fp8_fsdp_all_gather),
-                   ("plan.compile", plan.compile, not plan.compile),
-                   ("plan.recompute", plan.recompute, plan.recompute == "op-selective"),
+                   ("plan.compile", plan.compile, not plan.compile and not titan),
+                   ("plan.recompute", plan.recompute, plan.recompute == "op-selective" and not titan),
                    ("plan.recompute_method", plan.recompute_method, plan.recompute_method != "uniform"),
                    ("plan.recompute_num_layers", plan.recompute_num_layers, plan.recompute_num_layers != 1),
                    ("plan.fsdp_reshard_after_forward", plan.fsdp_reshard_after_forward,

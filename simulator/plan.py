@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from . import deepep, fields as F
+from . import deepep, fields as F, titanmoe
 from .errors import InputError
 from .compute import ATTENTION_KERNELS
 from .cpattention import CP_ATTENTION, WINDOW_METHODS
@@ -26,6 +26,7 @@ from .projections import PROJECTIONS
 from .schedules import SCHEDULES, plan_schedule
 from .stagesplit import PIPELINE_SPLITS, check_split
 from .recompute import MODULES
+from .titanmoe import FRAMEWORKS
 
 RECOMPUTE = ("none", "selective", "full", "op-selective")
 RECOMPUTE_METHODS = ("uniform", "block")
@@ -300,7 +301,10 @@ def _moe_options(data) -> MoEOptions:
         folding=F.boolean(data, "folding", "plan.moe", True),
         grouped_gemm=F.boolean(data, "grouped_gemm", "plan.moe", True),
         router_padding=F.boolean(data, "router_padding", "plan.moe", False),
-        dispatcher_sms=F.integer(data, "dispatcher_sms", "plan.moe", None, maximum=100_000))
+        dispatcher_sms=F.integer(data, "dispatcher_sms", "plan.moe", None, maximum=100_000),
+        framework=F.choice(data, "framework", "plan.moe", FRAMEWORKS, "megatron-core"),
+        probs_on_input=F.boolean(data, "probs_on_input", "plan.moe", False),
+        op_sac_saves_all_to_all=F.boolean(data, "op_sac_saves_all_to_all", "plan.moe", True))
 
 
 def _loss(data) -> dict:
@@ -412,6 +416,7 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster, options: bool = Tru
                          "gathers the projections): not modelled")
     if model.moe_layers < model.layers:  # some layer has a dense MLP of width ffn_hidden
         _divides("plan.tp", plan.tp, "model.ffn_hidden", model.ffn_hidden)
+    titanmoe.check_plan(plan, model)
     check_moe_plan(plan, model)
     if model.experts and plan.moe.dispatcher in deepep.BACKENDS:
         deepep.check_plan(plan, model, cluster)

@@ -48,7 +48,9 @@ Modes (`plan.recompute`), per transformer layer of one micro-batch on one device
   (wq, wv, w1, w2) are saved and the even ones (wk, wo, w3) re-run, with the norms, RoPE,
   the activation and the attention residual they need; with sequence parallelism the
   all-gathers in front of wk and w3 run again (they are not in the save list) while the
-  reduce-scatter outputs are kept.
+  reduce-scatter outputs are kept. In torchtitan's MoE layer (titanmoe.py) the router's gate and
+  the grouped GEMMs run again with every op around them, the shared experts' mms continue the
+  count, and the all-to-all outputs are kept where the model's save list names them.
 
 Everything here is derived from the layer's operator list; nothing is a constant per mode.
 Sizes may be numpy arrays.
@@ -95,7 +97,8 @@ def _with_casts(ops, names) -> list:
 # torchtitan's names of the matmuls of each fused workload operator, in forward order
 # (torchtitan@820504e torchtitan/models/llama3/model.py: wq, wk, wv, wo; w1, w3, w2)
 TITAN_MATMULS = {"qkv": SEPARATE["qkv"], "attn_out": ("wo",), "mlp_gate_up": SEPARATE["mlp_gate_up"],
-                 "mlp_up": ("w1",), "mlp_down": ("w2",)}
+                 "mlp_up": ("w1",), "mlp_down": ("w2",), "shared_mlp_gate_up": SEPARATE["shared_mlp_gate_up"],
+                 "shared_mlp_down": ("shared_w2",)}
 
 
 def block_matmuls(ops) -> list[tuple[str, object, Op]]:
@@ -112,8 +115,9 @@ def _matmul_part(op: Op, name: str, fused: str, share) -> Op:
     return own[0] if own else scaled(op, share, name + op.name[len(fused):])
 
 
-def _op_selective_parts(model, shard: Shard, ops):
-    """(saved bytes, re-run ops) of one block under torchtitan's op-level policy."""
+def _op_selective_parts(model, shard: Shard, ops, experts=None):
+    """(saved bytes, re-run ops, whether the MoE dispatch runs again) of one block under
+    torchtitan's op-level policy; an MoE layer's (titanmoe.py) with `experts`."""
     a, tokens = shard.act_bytes, shard.tokens
     byname = _by_name(ops)
     saved = a * shard.replicated_tokens * model.hidden  # the checkpointed block's input
@@ -132,7 +136,16 @@ def _op_selective_parts(model, shard: Shard, ops):
     elementwise = ("attn_norm", "qk_norm", "rope", "attn_post_norm", "attn_residual", "mlp_norm", "swiglu", "gelu",
                    "mlp_post_norm")
     rerun += [byname[n] for n in elementwise if n in byname]
-    return saved, rerun
+    if "router" not in byname:
+        return saved, rerun, False
+    # torchtitan's MoE layer: the routed experts' grouped GEMMs and every op around them run
+    # again, the shared experts' mms counted with the block's above; the all-to-all outputs
+    # are kept where the model's save list names all_to_all_single
+    from .titanmoe import all_to_all_output_bytes
+    rerun += [op for op in _between(ops, "mlp_norm", "mlp_residual") if op.name not in TITAN_MATMULS]
+    if experts.options.op_sac_saves_all_to_all:
+        return saved + all_to_all_output_bytes(model, shard, experts), rerun, False
+    return saved, rerun, True
 
 
 def _between(ops, first: str, last: str) -> list:
@@ -208,9 +221,11 @@ class LayerCheckpoint:
     ep_rerun: float = 0.0  # fraction of the MoE dispatch and combine run again
 
 
-def layer_checkpoint(model, shard: Shard, mode: str, ops, modules: tuple = ("core_attn",)) -> LayerCheckpoint:
+def layer_checkpoint(model, shard: Shard, mode: str, ops, modules: tuple = ("core_attn",),
+                     experts=None) -> LayerCheckpoint:
     """What a checkpointed layer keeps and re-runs (for `full`: one layer of a group;
-    `modules`: what `selective` checkpoints)."""
+    `modules`: what `selective` checkpoints; `experts`: an MoE layer's moe.ExpertShard, which
+    op-level AC of torchtitan's MoE layer needs)."""
     everything = sum(op.saved_bytes for op in ops)
     if mode == "none":
         return LayerCheckpoint(everything, (), 0.0, False, 0.0)
@@ -228,8 +243,9 @@ def layer_checkpoint(model, shard: Shard, mode: str, ops, modules: tuple = ("cor
                                np.maximum.reduce(np.broadcast_arrays(0.0, *dropped)), blocks,
                                float(any(p.ep for p in parts)))
     if mode == "op-selective":
-        saved, rerun = _op_selective_parts(model, shard, ops)
-        return LayerCheckpoint(saved, tuple(rerun), 0.5 if shard.sp else 1.0, False, everything)
+        saved, rerun, dispatch = _op_selective_parts(model, shard, ops, experts)
+        return LayerCheckpoint(saved, tuple(rerun), 0.5 if shard.sp else 1.0, False, everything,
+                               ep_rerun=float(dispatch))
     raise ValueError(mode)
 
 

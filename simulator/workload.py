@@ -217,6 +217,9 @@ def layer_ops(model: ModelSpec, shard: Shard, experts=None) -> list[Op]:
         ops.append(norm_op("mlp_norm", model, shard))
     if experts is None:
         ops += mlp_ops(model, shard, model.ffn_hidden)
+    elif experts.options.framework == "torchtitan":
+        from .titanmoe import mlp_ops as titan_mlp_ops
+        ops += titan_mlp_ops(model, shard, experts, experts.compiled)
     else:
         from .moe import moe_mlp_ops
         ops += moe_mlp_ops(model, shard, experts)
@@ -521,17 +524,18 @@ def executed_flops_per_sequence(model: ModelSpec, flash_attention: bool, recompu
     from .recompute import layer_checkpoint, rerun_flops
     shard = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=flash_attention, loss=loss)
 
-    def executed(ops):
+    def executed(ops, experts=None):
         layer = sum(op.flops for op in ops)
-        if recompute in ("full", "selective"):
-            layer += rerun_flops(layer_checkpoint(model, shard, recompute, ops, recompute_modules))
+        if recompute != "none":
+            layer += rerun_flops(layer_checkpoint(model, shard, recompute, ops, recompute_modules, experts))
         return layer
 
     dense = executed(layer_ops(model, shard))
     total = (model.layers - model.moe_layers) * dense + sum(op.flops for op in head_ops(model, shard))
     moe = 0.0
     if model.moe_layers:
-        balanced = moe_options.balanced() if moe_options is not None else None
-        moe = executed(_moe_layer_ops(model, shard, balanced))
+        from .moe import ExpertShard, MoEOptions
+        experts = ExpertShard(options=(moe_options or MoEOptions()).balanced())
+        moe = executed(layer_ops(model, shard, experts), experts)
         total += model.moe_layers * moe
     return float(total + _mtp_flops(model, shard, dense, moe, lambda op: op.flops))

@@ -99,7 +99,9 @@ def test_torchtitan_deepseek_v3_is_the_preset_without_its_mtp_module_attending_i
     assert imported.scenario["model"] == {"preset": "deepseek-v3", "mtp_layers": 0, "seq_len": 4096}
     why = {u["key"]: u["why"] for u in imported.unmapped}
     assert "model.document_tokens" in why["model.attn_mask_type"]  # the flavor's FlexAttention block_causal
-    assert "fp32" in why["model.moe_args"]  # its un-permutation is not Megatron-Core's, and is said so
+    # torchtitan's own MoE layer, which weights the experts' rows after them (its flavor's
+    # score_before_experts False) and whose op-level AC keeps the all-to-all outputs
+    assert imported.scenario["plan"]["moe"] == {"dispatcher": "alltoall", "framework": "torchtitan"}
     # expert_parallel_degree 1: every rank holds every expert; no TP, so no expert TP either
     assert _plan(imported, "ep", "etp", "zero_stage") == {"ep": 1, "etp": 1, "zero_stage": 3}
     # [compile] enable with components ["loss"]: the model's kernels run eager
@@ -113,7 +115,7 @@ def test_torchtitan_deepseek_v3_is_the_preset_without_its_mtp_module_attending_i
 def test_torchtitan_expert_parallelism_folds_into_the_fsdp_ranks_and_moe_under_tp_is_refused(tmp_path):
     imported = _torchtitan_edited(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 32")])
     assert _plan(imported, "tp", "ep", "etp") == {"tp": 1, "ep": 32, "etp": 1}
-    assert imported.scenario["plan"]["moe"] == {"dispatcher": "alltoall"}
+    assert imported.scenario["plan"]["moe"] == {"dispatcher": "alltoall", "framework": "torchtitan"}
     # torchtitan all-gathers the MoE input over TP and routes every token on every TP rank
     for edits in ([("tensor_parallel_degree = 1", "tensor_parallel_degree = 8")],
                   [("tensor_parallel_degree = 1", "tensor_parallel_degree = 8"),
@@ -135,13 +137,13 @@ def test_torchtitan_deepseek_v3_with_full_ac_and_a_compiled_model_evaluates(tmp_
     assert result.feasible and result.step_time_s > 0
 
 
-def test_torchtitan_deepep_backend_is_the_deepep_dispatcher_refused_without_ep(tmp_path):
+def test_torchtitan_deepep_backend_is_refused_as_a_layer_not_modelled(tmp_path):
+    # DeepEPMoE (models/moe/moe_deepep.py) is another layer: DeepEP weights the combine, the
+    # shared experts run beside it
     deepep = ("expert_tensor_parallel_degree = 1", "expert_parallel_comm_backend = \"deepep\"\n"
                                                    "expert_tensor_parallel_degree = 1")
-    imported = _torchtitan_edited(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 8"), deepep])
-    assert imported.scenario["plan"]["moe"] == {"dispatcher": "deepep"}
-    with pytest.raises(InputError, match="expert_parallel_comm_backend"):
-        _torchtitan_edited(tmp_path, [deepep])
+    with pytest.raises(InputError, match="expert_parallel_comm_backend.*moe_deepep"):
+        _torchtitan_edited(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 8"), deepep])
 
 
 def test_torchtitan_qwen3_moe_flavor_imports_and_its_pipeline_is_refused(tmp_path):
@@ -159,6 +161,18 @@ def test_torchtitan_qwen3_moe_flavor_imports_and_its_pipeline_is_refused(tmp_pat
         import_config("torchtitan", DATA / "torchtitan-qwen3_moe_debug.toml", {"cluster.node": "dgx-h100"})
 
 
+def test_torchtitan_qwen3_as_shipped_runs_its_moe_layer_eager_with_op_level_ac(tmp_path):
+    # the debug config's eager model and op-level AC at the 30B-A3B flavor, EP 8 on 16 H100s
+    edits = [('flavor = "debugmodel_moe"', 'flavor = "30B-A3B"'), ("local_batch_size = 4", "local_batch_size = 1"),
+             ("expert_parallel_degree = 1", "expert_parallel_degree = 8")]
+    imported = _torchtitan_edited(tmp_path, edits, name="torchtitan-qwen3_moe_debug.toml", nodes=2)
+    assert _plan(imported, "compile", "recompute") == {"compile": False, "recompute": "op-selective"}
+    # qwen3's _op_sac_save_list has no all_to_all_single: the dispatch runs again in the recomputation
+    assert imported.scenario["plan"]["moe"] == {"dispatcher": "alltoall", "framework": "torchtitan",
+                                                "op_sac_saves_all_to_all": False}
+    assert evaluate(scenario_from_dict(imported.scenario), engine="analytic").feasible
+
+
 def test_torchtitan_llama4_is_the_preset_attending_causally_with_rope_on_every_layer(tmp_path):
     # the shipped config's TP 8 (expert TP 8) is refused (MoE under TP, above): at TP 1
     edits = [("tensor_parallel_degree = 8", "tensor_parallel_degree = 1"),
@@ -173,6 +187,8 @@ def test_torchtitan_llama4_is_the_preset_attending_causally_with_rope_on_every_l
         "preset": "llama-4-scout", "qk_norm": False, "qk_norm_kind": "norm", "nope_layer_interval": 0,
         "sliding_window": 0, "sliding_window_skip_freq": 0, "window_kind": "sliding", "seq_len": 8192}
     assert _plan(imported, "tp", "ep", "etp") == {"tp": 1, "ep": 1, "etp": 1}
+    # MoEArgs' default score_before_experts: Llama 4 scales the routed rows before its experts
+    assert imported.scenario["plan"]["moe"]["probs_on_input"] is True
     model = model_from_dict(imported.scenario["model"])
     assert not model.qk_norm and not model.has_sliding_window and model.rope_layer_share == 1.0
     assert evaluate(scenario_from_dict(imported.scenario), engine="analytic").feasible

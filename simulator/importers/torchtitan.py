@@ -73,7 +73,6 @@ LLAMA4_CAUSAL = {"qk_norm": False, "qk_norm_kind": "norm", "nope_layer_interval"
 # Model fields where torchtitan's model differs from its preset; DeepSeek-V3 trains no
 # multi-token-prediction module in torchtitan v0.2.2
 FLAVOR_FIELDS = {"deepseek_v3": {"mtp_layers": 0}, "llama4": LLAMA4_CAUSAL}
-EP_BACKENDS = {"standard": "alltoall", "deepep": "deepep"}
 SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved", "ZBVZeroBubble": "zb-v",
              "DualPipeV": "dualpipe-v"}
 SINGLE_STAGE = ("1F1B", "GPipe")  # torch.distributed.pipelining's PipelineScheduleSingle: one stage per rank
@@ -176,7 +175,7 @@ def read(path: str | Path) -> Imported:
               "unfused" if a.get("parallelism.disable_loss_parallel", False) else "loss-parallel")
     else:
         a.used("parallelism.disable_loss_parallel")
-    _experts(a, moe, tp)
+    _experts(a, name, moe, tp)
     if name == "qwen3" and pp > 1:  # its TrainSpec has no pipelining_fn (models/qwen3/__init__.py)
         a.refuse("parallelism.pipeline_parallel_degree", "1: torchtitan pipelines no qwen3 model")
     if a.has("parallelism.enable_async_tensor_parallel"):
@@ -259,8 +258,14 @@ def read(path: str | Path) -> Imported:
             a.refuse("activation_checkpoint.selective_ac_option", "layer-wise recomputation (every N-th layer) "
                      "is not modelled; use 'op' or mode 'full'")
         a.used("activation_checkpoint.selective_ac_option")
+        # the op-level policy recomputes the mms of these linears' shapes (recompute.py, titanmoe.py)
+        force = "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns"
+        if a.get(force, ["moe.router.gate"]) != ["moe.router.gate"]:
+            a.refuse(force, '["moe.router.gate"], the default (the router\'s gate recomputed), is modelled')
+        a.used(force)
     else:
-        a.ignore("activation_checkpoint.selective_ac_option")  # read by selective AC only
+        a.ignore("activation_checkpoint.selective_ac_option",  # read by selective AC only
+                 "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns")
     # torchtitan's selective AC with the 'op' option is its op-level policy (recompute.py)
     a.map("activation_checkpoint.mode", "plan.recompute", "op-selective" if mode == "selective" else mode)
     return a.finish(IGNORED, REASONS)
@@ -271,7 +276,7 @@ def read(path: str | Path) -> Imported:
 FLOAT8_CONVERTERS = {"float8": "float8", "quantize.linear.float8": "quantize.linear.float8"}
 
 
-def _experts(a: Account, moe: bool, tp: int) -> None:
+def _experts(a: Account, name: str, moe: bool, tp: int) -> None:
     """Expert parallelism of torchtitan's MoE layers (torchtitan v0.2.2 @73a0e6979):
 
     - the experts' group is carved out of the FSDP ranks: ep x etp x efsdp = dp_shard x cp x tp
@@ -279,27 +284,23 @@ def _experts(a: Account, moe: bool, tp: int) -> None:
       folding, which llmsim's plan.ep / plan.etp are.
     - expert_parallel_comm_backend "standard" dispatches with all_to_all_single
       (distributed/expert_parallel.py ExpertParallel: the tokens' counts, then the tokens, then
-      a permutation to local-expert order), the all-to-all dispatcher's traffic; "deepep" is
-      DeepEP's normal kernels with the buffer its size hints give at DeepEP's default 20 SMs
-      (distributed/deepep/deepep.py get_buffer), which llmsim's deepep dispatcher is; torchtitan
-      refuses it without EP (models/deepseek_v3/infra/parallelize.py).
+      a permutation to local-expert order), the all-to-all dispatcher's traffic; "deepep" runs
+      another layer (models/moe/moe_deepep.py DeepEPMoE: no gather or fp32 weighting of its own,
+      the shared experts beside the combine), which is not modelled: refused.
     - the experts run as torch._grouped_mm (MoEArgs.use_grouped_mm, on by default on SM90+:
       models/moe/moe.py), one launch for the local experts. Each expert's rows are padded to a
       multiple of 8 in BF16 (TOKEN_GROUP_ALIGN_SIZE_M), at most 7 rows of its k·T/E; not counted.
-    - the router (fp32 sigmoid or softmax, top-k, torchtitan's auxiliary-loss-free expert bias)
-      is the all-to-all path's router operator (moe.moe_mlp_ops). The un-permutation is not:
-      torchtitan writes the k·T routed rows into a zeroed buffer, casts them to fp32 and sums
-      them with the scores in an fp32 bmm (MoE.forward, score_before_experts False: DeepSeek-V3,
-      Qwen3; Llama 4 scales the rows before the experts), where llmsim counts Megatron-Core's
-      scatter-add of the 16-bit rows: several times its bytes, and an fp32 copy of the rows the
-      bmm keeps for its backward, are not counted. Reported (UNMAPPED), not refused: the
-      difference is memory-bound work beside the experts' GEMMs.
+    - the layer is torchtitan's own (plan.moe.framework torchtitan, titanmoe.py: its router,
+      gathers, permutations, fp32 weighting and eager kernels), with the flavor's
+      MoEArgs.score_before_experts (plan.moe.probs_on_input: Llama 4's MoEArgs default; False in
+      the DeepSeek-V3 and Qwen3 flavors) and whether the model's op-level AC save list names
+      all_to_all_single (plan.moe.op_sac_saves_all_to_all: deepseek_v3 and llama4
+      infra/parallelize.py do, qwen3's does not).
     - TP > 1 is refused: torchtitan all-gathers an MoE layer's input over the TP ranks and
       reduce-scatters its output (apply_moe_ep_tp: PrepareModuleInputOutput Shard(1) ->
       Replicate -> Partial), so every TP rank routes every token, and with expert TP it gathers
-      tokens before routing; llmsim's MoE layer is Megatron-Core's, which routes each rank's
-      sequence shard in place and gathers the routed rows over expert TP (moe.dispatch_comm_s).
-      Hence ETP is 1 (torchtitan allows 1 or the TP degree).
+      tokens before routing: not in llmsim's model of its layer (titanmoe.py). Hence ETP is 1
+      (torchtitan allows 1 or the TP degree).
     For a dense model the keys have no effect (JobConfig: "No effect for non-MoE models")."""
     keys = ("parallelism.expert_parallel_degree", "parallelism.expert_tensor_parallel_degree",
             "parallelism.expert_parallel_comm_backend")
@@ -309,22 +310,20 @@ def _experts(a: Account, moe: bool, tp: int) -> None:
     if tp > 1:
         a.refuse("parallelism.tensor_parallel_degree", "1 for torchtitan's MoE models: it all-gathers an MoE "
                  "layer's input over the TP ranks and reduce-scatters its output, routing every token on every TP "
-                 "rank, where llmsim's MoE layer (Megatron-Core's) routes each rank's sequence shard")
+                 "rank, which llmsim's model of its MoE layer does not cover")
     ep = a.number(keys[0], 1)
     if a.number(keys[1], 1) != 1:
         a.refuse(keys[1], "1 (torchtitan allows 1 or the TP degree, and TP is 1)")
-    backend = str(a.get(keys[2], "standard"))
-    if backend not in EP_BACKENDS:
-        a.refuse(keys[2], "standard or deepep")
-    if backend == "deepep" and ep == 1:
-        a.refuse(keys[2], "standard without expert parallelism: torchtitan's DeepEP needs EP > 1")
+    if str(a.get(keys[2], "standard")) != "standard":
+        a.refuse(keys[2], "standard: torchtitan's DeepEP MoE layer (models/moe/moe_deepep.py) is not modelled")
     a.map(keys[0], "plan.ep", ep)
     a.map(keys[1], "plan.etp", 1)
-    a.map(keys[2], "plan.moe.dispatcher", EP_BACKENDS[backend])
-    a.absent("model.moe_args", "torchtitan un-permutes the routed rows through a zeroed buffer and weights them "
-             "by the scores in fp32 (an fp32 bmm after the experts, or a scaling before them: models/moe/moe.py "
-             "MoE.forward); llmsim counts Megatron-Core's 16-bit scatter-add: the extra memory-bound bytes, and "
-             "the fp32 copies kept for the backward, are not counted")
+    a.map(keys[2], "plan.moe.dispatcher", "alltoall")
+    a.map("model.name", "plan.moe.framework", "torchtitan")
+    if name == "llama4":
+        a.map("model.flavor", "plan.moe.probs_on_input", True)
+    if name == "qwen3":
+        a.map("model.name", "plan.moe.op_sac_saves_all_to_all", False)
 
 
 def _attention(a: Account) -> None:

@@ -1,0 +1,209 @@
+"""torchtitan's MoE layer (`plan.moe.framework: torchtitan`): its kernels, what autograd keeps of
+them, and what its op-level selective AC saves.
+
+torchtitan v0.2.2 (pytorch/torchtitan@73a0e6979) runs an MoE layer as plain PyTorch ops
+(models/moe/moe.py MoE.forward, TokenChoiceTopKRouter, TokenReorderer, GroupedExperts;
+distributed/expert_parallel.py ExpertParallel; models/moe/utils.py _permute, _unpermute),
+per micro-batch on a device holding T tokens (TP is 1: torchtitan all-gathers an MoE layer's
+input over TP and routes every token on every TP rank, which is not modelled), k experts per
+token, R the rows the busiest rank receives (k·T balanced), bytes per element a (BF16):
+
+1. router: the gate GEMM (T x h x E), the scores cast to fp32 and passed through sigmoid or
+   softmax, the auxiliary-loss-free expert bias added (MoEArgs.load_balance_coeff, on by
+   default), top-k, the chosen scores gathered, normalised and scaled; histc counts
+   (twice: router and reorderer), an argsort of the k·T choices;
+2. gather: x[token_indices // k], the k·T routed rows copied in expert order;
+3. with `probs_on_input` (MoEArgs.score_before_experts: Llama 4) the rows are cast to fp32,
+   multiplied by their scores and cast back;
+4. dispatch: all_to_all_single of the rows (moe.dispatch_comm_s), then _permute: the received
+   rows stacked with a zero row (torch.vstack) and gathered again in local-expert order into a
+   buffer of R + 8 rows per local expert (padded_max_len: each expert's group padded to a
+   multiple of 8, TOKEN_GROUP_ALIGN_SIZE_M), which sizes every tensor up to the un-permutation;
+   the GEMMs' FLOPs count the R rows (the padding's <= 7 rows an expert are not counted);
+5. experts: torch._grouped_mm for w1 and w3 (two launches: plan.projections separate), SiLU
+   and the product as two eager kernels, the w2 grouped GEMM;
+6. combine: _unpermute (index_put into an empty buffer), the all-to-all back, then the k·T
+   rows written into a zeroed buffer in token order (index_put);
+7. without probs_on_input (DeepSeek-V3, Qwen3) the rows are cast to fp32 and summed with the
+   scores in an fp32 bmm, cast back to BF16; with it, a sum over the k copies;
+8. shared experts (FeedForward: w1, w3, SiLU·w3, w2) after the routed ones, and their output
+   added.
+
+Compilation (llama4/infra/parallelize.py apply_compile, used by DeepSeek-V3 and Qwen3 too):
+each MoE submodule but the experts is compiled (router, reorderer, shared experts); MoE.forward
+(steps 2-3, 6-8's glue) and the experts with their dispatch and combine stay eager whatever
+`plan.compile` says, so only the router's element-wise kernels and the shared experts' SwiGLU
+fuse. Bytes per element (forward; the backward moves twice that, as for every element-wise
+operator here):
+
+- router, per T·E score: eager cast a + 4, score function 4 + 4, bias 4 + 4, top-k read 4;
+  compiled one kernel reading the logits and writing the scores and the biased scores
+  (a + 4 + 4), top-k reading 4. The fp32 scores are kept (sigmoid's and softmax's backward read
+  their output);
+- gather, per k·T·h: a + a (the int64 indices' floor-division, 16 B a row, beside it); its
+  backward scatters with accumulation into a zeroed T x h gradient; the indices are kept;
+- probs_on_input, per k·T·h: cast a + 4, product 4 + 4, cast back 4 + a; the product keeps its
+  fp32 rows (for the scores' gradient);
+- permute: vstack a + a per R·h, gather a + a per padded row; unpermute: index_put a + a per
+  padded row; unsort, per k·T·h: zeros a, index_put a + a;
+- SwiGLU of the experts, per R·f: SiLU a + a, product a + a + a; SiLU keeps its input, the
+  product both operands (3 tensors), w2 its input;
+- weighted sum, per k·T·h: cast a + 4, bmm read 4; per T·h: bmm write 4, cast 4 + a. The bmm
+  keeps its fp32 rows (and the k scores); probs_on_input: a sum, a per k·T·h and a per T·h;
+- shared output added: 3a per T·h.
+
+Op-level selective AC (`plan.recompute: op-selective`; distributed/activation_checkpoint.py
+_apply_op_sac with the model's _op_sac_save_list): the gate's mm is recomputed and not counted
+(per_op_sac_force_recompute_mm_shapes_by_fqns, default ["moe.router.gate"]), the grouped GEMMs
+are not in the save list (re-run), the shared experts' mms continue the block's count (every
+other one saved), and the all-to-all outputs are saved where the list names
+all_to_all_single (DeepSeek-V3, Llama 4: `op_sac_saves_all_to_all`) and re-run with the
+dispatch otherwise (Qwen3). Every other op of the layer runs again before its backward
+(recompute.py).
+
+Not modelled: the device-to-host copy of the all-to-all's split sizes (ExpertParallel
+._token_dispatch), which makes the host wait for the router each MoE layer (the host is taken to
+run ahead across it, as for Megatron-Core's); torchtitan's DeepEP layer (moe_deepep.py); the
+for-loop experts (use_grouped_mm false).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .errors import InputError
+from .fusion import EAGER_BYTES, eager_saved_factor
+from .moe import SHARED_EXPERTS, ExpertShard, dispatched_rows, local_experts, routed_rows
+
+FRAMEWORKS = ("megatron-core", "torchtitan")
+FP32 = 4
+INDEX = 8  # int64 indices
+ALIGN = 8  # TOKEN_GROUP_ALIGN_SIZE_M in BF16 (models/moe/utils.py)
+
+# kernels launched per pass (eager; compiled): router and reorderer as counted in the module
+# docstring's step 1 (cast, score function, bias, top-k, gather, norm's sum, add and divide,
+# scale, histc, the counts' add_, histc, argsort, index), compiled: the fused element-wise
+# kernels, top-k, the gather and scale, the two histc, argsort and index, the counts' add_
+ROUTER_LAUNCHES = (14, 8)
+
+
+def is_titan(experts: ExpertShard | None) -> bool:
+    return experts is not None and experts.options.framework == "torchtitan"
+
+
+def mlp_ops(model, shard, experts: ExpertShard, compiled: bool) -> list:
+    """The MLP operators of torchtitan's MoE layer for one micro-batch on one device (module
+    docstring): between the pre-MLP norm and the residual add."""
+    from .workload import MEMORY, Op, _elementwise, _linear, input_kept_elsewhere, mlp_ops as dense_mlp_ops
+
+    a, h, e = shard.act_bytes, model.hidden, model.experts
+    o = experts.options
+    tokens = shard.tokens
+    sent = model.top_k * tokens  # the k·T rows each rank routes, in its own token order
+    rows = dispatched_rows(model, tokens, experts)  # received by the busiest rank
+    routed = routed_rows(model, tokens, experts)
+    n_local = local_experts(model, experts.ep)
+    # _permute's buffer: the received rows and ALIGN more for each local expert
+    padded = rows + ALIGN * n_local
+    f = model.expert_ffn_hidden
+    useful = o.useful_rows / o.busiest_rows
+
+    def grouped(name, d_in, d_out, saved, widths=None):
+        op = _linear(name, rows, d_in, d_out, a, saved, widths, matrices=n_local)
+        return replace(op, model_flops=op.flops * useful * routed / rows)
+
+    def glue(name, fwd_bytes, saved=0.0, launches=1):
+        return Op(name, MEMORY, fwd_bytes=fwd_bytes, bwd_input_bytes=2 * fwd_bytes, saved_bytes=saved,
+                  launches=launches)
+
+    router_bytes = (a + 4 + 4 + 4) if compiled else (a + 4) + (4 + 4) + (4 + 4) + 4
+    ops = [
+        _linear("router", tokens, h, e, a, a * tokens * h),
+        # kept: the fp32 scores, the chosen experts' indices and their fp32 scores
+        replace(_elementwise("router_topk", tokens * e, router_bytes, FP32 * tokens * e + (INDEX + FP32) * sent),
+                launches=ROUTER_LAUNCHES[compiled]),
+        # kept: the sorted token indices and their quotients by k (int64)
+        glue("moe_gather", 2 * a * sent * h + 2 * INDEX * sent, 2 * INDEX * sent, launches=2),
+    ]
+    if o.probs_on_input:
+        ops.append(glue("moe_scale_input", (2 * a + 16) * sent * h, FP32 * sent * h + FP32 * sent, launches=3))
+    ops += [
+        # kept: the int32 permuted indices and the experts' int32 offsets
+        glue("moe_permute", 2 * a * rows * h + 2 * a * padded * h, 4 * padded + 4 * n_local, launches=4),
+        grouped("expert_fc1", h, 2 * f, a * padded * h, (f, f)),
+        replace(_elementwise("expert_swiglu", padded * f, 5 * a, 3 * a * padded * f), launches=2),
+        grouped("expert_fc2", f, h, a * padded * f),
+        glue("moe_unpermute", 2 * a * padded * h, launches=2),
+    ]
+    if model.shared_experts:
+        shared = dense_mlp_ops(model, shard, model.shared_experts * model.shared_expert_ffn_hidden, "shared_")
+        # the shared experts read the router's input, kept once by the router
+        shared[0] = input_kept_elsewhere(shared[0], shard)
+        if not compiled:  # their SwiGLU as eager kernels (fusion.py)
+            eager, fused = EAGER_BYTES["swiglu"]
+            act = shared[1]
+            shared[1] = replace(act, fwd_bytes=act.fwd_bytes * eager / fused,
+                                bwd_input_bytes=act.bwd_input_bytes * eager / fused,
+                                saved_bytes=act.saved_bytes * eager_saved_factor("swiglu", a))
+        ops += [replace(op, group=SHARED_EXPERTS) for op in shared]
+    ops.append(glue("moe_unsort", 3 * a * sent * h, launches=2))
+    if o.probs_on_input:
+        ops.append(glue("moe_sum", a * (sent + tokens) * h))
+    else:
+        ops.append(glue("moe_weighted_sum", (a + 8) * sent * h + (8 + a) * tokens * h,
+                        FP32 * sent * h + FP32 * sent, launches=3))
+    if model.shared_experts:
+        ops.append(glue("moe_add", 3 * a * tokens * h))
+    return ops
+
+
+def all_to_all_output_bytes(model, shard, experts: ExpertShard):
+    """Bytes of the two all-to-alls' outputs of one MoE layer: the rows the busiest rank receives
+    (dispatch) and the k·T rows it gets back (combine); what op-level AC keeps where its save
+    list names all_to_all_single."""
+    return shard.act_bytes * model.hidden * (dispatched_rows(model, shard.tokens, experts)
+                                             + model.top_k * shard.tokens)
+
+
+def check_plan(plan, model) -> None:
+    """Refuse, for torchtitan's MoE layer, what it cannot run or llmsim does not model of it."""
+    o = plan.moe
+    if not model.experts:
+        return
+    if o.framework != "torchtitan":
+        if o.probs_on_input:
+            raise InputError("plan.moe.probs_on_input", True, "with plan.moe.framework: torchtitan only "
+                             "(Megatron-Core's --moe-apply-probs-on-input is not modelled)")
+        if not o.op_sac_saves_all_to_all:
+            raise InputError("plan.moe.op_sac_saves_all_to_all", False, "torchtitan's op-level AC save list: "
+                             "with plan.moe.framework: torchtitan only")
+        return
+    why = "for torchtitan's MoE layer (plan.moe.framework: torchtitan)"
+    refused = (
+        ("model.activation", model.activation, model.activation != "swiglu",
+         "swiglu: torchtitan's GroupedExperts compute silu(x w1) * (x w3) w2"),
+        ("plan.tp", plan.tp, plan.tp != 1, "1: torchtitan all-gathers an MoE layer's input over TP and routes "
+         "every token on every TP rank (apply_moe_ep_tp), which is not modelled"),
+        ("plan.etp", plan.etp, plan.etp != 1, "1 (TP is 1)"),
+        ("plan.moe.dispatcher", o.dispatcher, o.dispatcher != "alltoall",
+         "alltoall (torchtitan's standard backend); its DeepEP layer (models/moe/moe_deepep.py) is not modelled"),
+        ("plan.moe.capacity_factor", o.capacity_factor, o.capacity_factor is not None,
+         "none: torchtitan's token-choice routing drops no token"),
+        ("plan.moe.grouped_gemm", o.grouped_gemm, not o.grouped_gemm,
+         "true: the for-loop experts (use_grouped_mm false) are not modelled"),
+        ("plan.moe.router_padding", o.router_padding, o.router_padding, "false (a Megatron-Core option)"),
+        ("plan.moe.shared_expert_overlap", o.shared_expert_overlap, o.shared_expert_overlap,
+         "false (a Megatron-Core option)"),
+        ("plan.moe.ep_comm_overlap", o.ep_comm_overlap, o.ep_comm_overlap, "false (a Megatron-Core option)"),
+        ("plan.moe.folding", o.folding, not o.folding, "true: torchtitan folds EP into the FSDP, CP and TP ranks"),
+        ("plan.projections", plan.projections, plan.projections != "separate",
+         "separate: torchtitan's w1 and w3 (and wq, wk, wv) are GEMMs of their own"),
+        ("plan.precision", plan.precision, plan.precision != "bf16",
+         "bf16: the experts run in BF16 (_run_experts_grouped_mm casts to it); the FP8 grouped GEMMs "
+         "(quantize.grouped_mm) are not modelled"),
+        ("plan.recompute", plan.recompute, plan.recompute == "selective",
+         "none, full or op-selective (Megatron-Core's selective modules are not torchtitan's)"),
+    )
+    for field, value, bad, allowed in refused:
+        if bad:
+            raise InputError(field, value, f"{allowed} {why}")
