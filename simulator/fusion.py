@@ -30,6 +30,13 @@ backward formula, tools/autograd/derivatives.yaml; a tensor saved by two ops cou
 These bytes are what a layer holds without recomputation, and what a recomputed layer
 rebuilds before its backward (recompute.py): the eager layer peaks higher.
 
+`plan.eager_norm` says which RMSNorm runs eager: `composite`, the sequence above (torchtitan's
+own RMSNorm until pytorch/torchtitan#1115, Apr 2025; torch's nn.RMSNorm before torch 2.8 and
+on CPUs, where rms_norm is CompositeImplicitAutograd), or `fused`, torch's nn.RMSNorm on CUDA
+since the fused kernel (pytorch/pytorch#153666, torch 2.8; native_functions.yaml
+_fused_rms_norm: CUDA _fused_rms_norm_cuda, its backward reading the input and the per-row
+rstd): one kernel, as compiled.
+
 LayerNorm and GELU are one kernel each in eager PyTorch too (F.layer_norm, F.gelu), and the
 residual adds are one kernel either way. torchtitan compiles each transformer block, not
 the loss, so the cross-entropy is the same eager kernel sequence either way (workload.py).
@@ -43,7 +50,9 @@ from .states import FP32_BYTES, activation_bytes
 
 # Bytes per element of the eager kernel sequence over the fused kernel's, 16-bit activations.
 EAGER_BYTES = {"rmsnorm": (36.0, 6.0), "rope": (20.0, 4.0), "swiglu": (10.0, 6.0)}
-NORMS = ("attn_norm", "mlp_norm", "final_norm", "qk_norm", "attn_post_norm", "mlp_post_norm")
+EAGER_NORMS = ("composite", "fused")
+NORMS = ("attn_norm", "mlp_norm", "final_norm", "qk_norm", "attn_post_norm", "mlp_post_norm", "mla_q_norm",
+         "mla_kv_norm")
 
 
 def eager_saved_factor(kernel: str, act_bytes: float) -> float:
@@ -68,7 +77,7 @@ def eager_ops(ops: list, model, plan) -> list:
     out = []
     for op in ops:
         kernel = _kernel(op.name, model)
-        if kernel is None:
+        if kernel is None or kernel == "rmsnorm" and plan.eager_norm == "fused":
             out.append(op)
             continue
         eager, fused = EAGER_BYTES[kernel]

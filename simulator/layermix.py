@@ -103,6 +103,10 @@ def layer_operators(model, shard, plan, experts=None, acc=None) -> list:
     separate projections (projections.py) and the context-parallel ring's merges after the
     attention core (cpattention.py); `experts`: an MoE layer's."""
     ops = with_attention_kernel(eager_ops(layer_ops(model, shard, experts), model, plan), plan.attention_kernel)
+    if model.attention == "mla" and not plan.compile:
+        from .mla import qk_concat_op
+        rope = [op.name for op in ops].index("rope")
+        ops = ops[:rope + 1] + [qk_concat_op(model, shard)] + ops[rope + 1:]
     ops = projections.separate_ops(fp8.fp8_layer_ops(ops, shard, plan, model, acc), shard, plan)
     ops = cpattention.rank_calls(ops, model, shard, plan.cp_attention, plan.cp_ulysses)
     merges = cpattention.merge_ops(model, shard, plan.cp_attention, plan.compile)

@@ -71,6 +71,18 @@ def mla_attention_ops(model, shard) -> list:
     return ops
 
 
+def qk_concat_op(model, shard):
+    """The copies eager PyTorch makes to assemble the queries and keys (torchtitan v0.2.2,
+    @73a0e6979 models/deepseek_v3/model/model.py Attention.forward: torch.cat of q_nope and the
+    rotated q_pe; of k_nope and k_pe expanded over the heads), each reading and writing a
+    heads x qk_head_dim tensor; their backward is slicing, the split's backward one copy back.
+    Compiled, they fuse into the RoPE kernel; the attention core keeps Q and K either way."""
+    from .workload import MEMORY, Op
+
+    nbytes = 2 * 2 * shard.act_bytes * shard.tokens * model.heads / shard.tp * model.head_dim
+    return Op("mla_qk_cat", MEMORY, fwd_bytes=nbytes, bwd_input_bytes=nbytes / 2)
+
+
 def linear_params_local(model, tp):
     """Weights of MLA's linears on a TP rank: the duplicated down-projections whole, the up-
     and output projections split over tp (MLA has no biases: model.check_shapes)."""

@@ -215,18 +215,19 @@ def check_layer_mix_options(plan, model) -> None:
     """Refuse, for a model with experts, MLA or MTP (layermix.py), the framework options only the
     dense path models: torchao's FP8 recipes for experts and MLA (TransformerEngine's grouped
     GEMMs and Megatron-Core's MLA linears are what is modelled), eager kernels and op-level
-    selective recomputation (but for torchtitan's MoE layer beside dense attention), block recomputation, FSDP2 without resharding; for MLA and
+    selective recomputation (but for torchtitan's MoE layer), block recomputation, FSDP2 without resharding; for MLA and
     multi-token prediction unfused gradient accumulation (framework_ops.py counts a dense
     layer's parameters for them)."""
     if not (model.experts or model.attention == "mla" or model.mtp_layers):
         return
     kind = "MoE" if model.experts else "MLA" if model.attention == "mla" else "multi-token-prediction"
-    # torchtitan's MoE layer (titanmoe.py) models its eager kernels and op-level AC; the
-    # attention beside it must be a dense model's
+    # torchtitan's MoE layer (titanmoe.py) models its eager kernels and op-level AC, and those of
+    # its attention beside it (DeepSeek-V3's latent attention: mla.qk_concat_op); torchtitan
+    # v0.2.2 trains no multi-token-prediction module
     titan = plan.moe.framework == "torchtitan" and model.experts
-    if titan and (model.attention == "mla" or model.mtp_layers):
-        kind = "MLA" if model.attention == "mla" else "multi-token-prediction"
-    titan = titan and model.attention != "mla" and not model.mtp_layers
+    if titan and model.mtp_layers:
+        kind = "multi-token-prediction"
+    titan = titan and not model.mtp_layers
     fp8 = plan.precision in ("fp8", "mxfp8")
     torchao = fp8 and plan.fp8_recipe in ("tensorwise", "rowwise")
     unsupported = (("plan.fp8_recipe", plan.fp8_recipe, torchao and (model.experts or model.attention == "mla")),

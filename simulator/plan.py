@@ -13,6 +13,7 @@ from . import deepep, fields as F, titanmoe
 from .errors import InputError
 from .compute import ATTENTION_KERNELS
 from .cpattention import CP_ATTENTION, WINDOW_METHODS
+from .fusion import EAGER_NORMS
 from .fp8 import LOW_PRECISIONS, TE_PER_TENSOR, check_bf16_layers
 from .hardware import Cluster
 from .loss import LOSSES
@@ -133,6 +134,8 @@ class Plan:
     # Memory-bound kernels fused (torch.compile, the frameworks' fused kernels) or launched op
     # by op as eager PyTorch runs them (fusion.py).
     compile: bool = True
+    # Eager RMSNorm (compile false): the op-by-op sequence, or torch's fused kernel (fusion.py)
+    eager_norm: str = "composite"
     # FSDP2 frees the gathered weights after each forward (True) or keeps them for the
     # backward and across micro-batches (False, torchtitan under PP): fsdp.py.
     fsdp_reshard_after_forward: bool = True
@@ -265,6 +268,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         bf16_layers_at_end=F.integer(data, "bf16_layers_at_end", "plan", 0, minimum=0, maximum=100_000),
         fp8_fsdp_all_gather=F.boolean(data, "fp8_fsdp_all_gather", "plan", False),
         compile=F.boolean(data, "compile", "plan", True),
+        eager_norm=F.choice(data, "eager_norm", "plan", EAGER_NORMS, "composite"),
         fsdp_reshard_after_forward=F.boolean(data, "fsdp_reshard_after_forward", "plan", True),
         zero3_impl=F.choice(data, "zero3_impl", "plan", ("fsdp2", "deepspeed"), "fsdp2"),
         tp_overlap=F.choice(data, "tp_overlap", "plan", TP_OVERLAPS, "userbuffers"),

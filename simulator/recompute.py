@@ -98,7 +98,10 @@ def _with_casts(ops, names) -> list:
 # (torchtitan@820504e torchtitan/models/llama3/model.py: wq, wk, wv, wo; w1, w3, w2)
 TITAN_MATMULS = {"qkv": SEPARATE["qkv"], "attn_out": ("wo",), "mlp_gate_up": SEPARATE["mlp_gate_up"],
                  "mlp_up": ("w1",), "mlp_down": ("w2",), "shared_mlp_gate_up": SEPARATE["shared_mlp_gate_up"],
-                 "shared_mlp_down": ("shared_w2",)}
+                 "shared_mlp_down": ("shared_w2",),
+                 # DeepSeek-V3's latent attention (models/deepseek_v3/model/model.py Attention)
+                 "mla_q_down": ("wq_a",), "mla_q_up": ("wq_b",), "mla_q": ("wq",), "mla_kv_down": ("wkv_a",),
+                 "mla_kv_up": ("wkv_b",)}
 
 
 def block_matmuls(ops) -> list[tuple[str, object, Op]]:
@@ -130,11 +133,11 @@ def _op_selective_parts(model, shard: Shard, ops, experts=None):
         rerun += [_matmul_part(op, name, fused.name, share) for op in _with_casts(ops, (fused.name,))]
     attention = [op for op in ops if op.group == ATTENTION_CORE]
     saved = saved + sum(op.saved_bytes for op in attention)  # SDPA's log-sum-exp (and O, below)
-    saved = saved + a * tokens * model.q_width / shard.tp  # SDPA's output O
+    saved = saved + a * tokens * model.attn_out_width / shard.tp  # SDPA's output O
     if shard.sp:  # reduce-scatter outputs of the wo and w2 paths
         saved = saved + 2 * a * shard.replicated_tokens * model.hidden
-    elementwise = ("attn_norm", "qk_norm", "rope", "attn_post_norm", "attn_residual", "mlp_norm", "swiglu", "gelu",
-                   "mlp_post_norm")
+    elementwise = ("attn_norm", "qk_norm", "mla_q_norm", "mla_kv_norm", "rope", "mla_qk_cat", "attn_post_norm",
+                   "attn_residual", "mlp_norm", "swiglu", "gelu", "mlp_post_norm")
     rerun += [byname[n] for n in elementwise if n in byname]
     if "router" not in byname:
         return saved, rerun, False

@@ -94,8 +94,10 @@ def _candidates(data: dict, scenario) -> list[tuple[str, dict]]:
     """Single changes of the plan, smallest first: (flag text, dotted overrides)."""
     p = scenario.plan
     out = []
+    # how much each mode recomputes: Megatron's selective and torchtitan's op-level AC alike
+    depth = {"none": 0, "selective": 1, "op-selective": 1, "full": 2}
     for mode in ("selective", "full"):
-        if ("none", "selective", "full").index(mode) > ("none", "selective", "full").index(p.recompute):
+        if depth[mode] > depth[p.recompute]:
             out.append((f"--recompute {mode}", {"plan.recompute": mode}))
     mb = p.micro_batch // 2
     while mb >= 1:

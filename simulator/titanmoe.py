@@ -61,6 +61,10 @@ all_to_all_single (DeepSeek-V3, Llama 4: `op_sac_saves_all_to_all`) and re-run w
 dispatch otherwise (Qwen3). Every other op of the layer runs again before its backward
 (recompute.py).
 
+The attention beside the layer runs eager too where the model is (DeepSeek-V3's latent
+attention: its norms, RoPE and the concatenations of Q and K, mla.qk_concat_op; its mms wq_a,
+wq_b, wkv_a, wkv_b, wo lead the block's count under op-level AC, recompute.py).
+
 Not modelled: the device-to-host copy of the all-to-all's split sizes (ExpertParallel
 ._token_dispatch), which makes the host wait for the router each MoE layer (the host is taken to
 run ahead across it, as for Megatron-Core's); torchtitan's DeepEP layer (moe_deepep.py); the
@@ -70,6 +74,8 @@ for-loop experts (use_grouped_mm false).
 from __future__ import annotations
 
 from dataclasses import replace
+
+import numpy as np
 
 from .errors import InputError
 from .fusion import EAGER_BYTES, eager_saved_factor
@@ -160,9 +166,9 @@ def mlp_ops(model, shard, experts: ExpertShard, compiled: bool) -> list:
 def all_to_all_output_bytes(model, shard, experts: ExpertShard):
     """Bytes of the two all-to-alls' outputs of one MoE layer: the rows the busiest rank receives
     (dispatch) and the k·T rows it gets back (combine); what op-level AC keeps where its save
-    list names all_to_all_single."""
-    return shard.act_bytes * model.hidden * (dispatched_rows(model, shard.tokens, experts)
-                                             + model.top_k * shard.tokens)
+    list names all_to_all_single. Without expert parallelism there is no all-to-all."""
+    rows = dispatched_rows(model, shard.tokens, experts) + model.top_k * shard.tokens
+    return np.where(np.asarray(experts.ep) > 1, shard.act_bytes * model.hidden * rows, 0.0)
 
 
 def check_plan(plan, model) -> None:

@@ -115,6 +115,14 @@ def test_an_infeasible_plan_shows_why_and_what_would_fit_not_a_step_time():
     assert json.loads(fixed.stdout)["feasible"] is True  # the suggested change does fit
 
 
+def test_an_infeasible_plan_under_op_level_ac_is_offered_full_recomputation_and_smaller_batches():
+    proc = cli("evaluate", "quickstart", "--tp", "1", "--micro-batch", "8", "--recompute", "op-selective",
+               "--engine", "analytic")
+    assert proc.returncode == 0, proc.stderr
+    fits = proc.stdout.split("What would fit")[1]
+    assert "--recompute selective" not in fits  # op-level AC recomputes about as much as Megatron's selective
+
+
 def test_the_report_has_a_row_per_stage_and_offload_per_node():
     out = cli("evaluate", "scenarios/gpt3-175b-1024xa100.yaml", "--pp", "4", "--vpp", "1", "--zero-stage", "1",
               "--offload-optimizer", "cpu", "--engine", "analytic").stdout

@@ -73,6 +73,16 @@ def test_eager_rmsnorm_is_36_bytes_per_element_as_torchtitans_code_reads_and_wri
     assert EAGER_BYTES["rmsnorm"][0] == 6 + 8 + 4 + 8 + 6 + 4
 
 
+def test_torchs_fused_rmsnorm_kernel_runs_eager_as_one_kernel_while_rope_and_swiglu_stay_op_by_op():
+    # nn.RMSNorm on CUDA since torch 2.8: _fused_rms_norm_cuda, one kernel keeping its input
+    s = llama()
+    ops = layer_ops(s.model, Shard(1, 4096))
+    fused = {op.name: op for op in ops}
+    eager = {op.name: op for op in eager_ops(ops, s.model, Plan(compile=False, eager_norm="fused"))}
+    assert eager["attn_norm"] == fused["attn_norm"] and eager["mlp_norm"] == fused["mlp_norm"]
+    assert eager["rope"].fwd_bytes == pytest.approx(5 * fused["rope"].fwd_bytes)  # 20 B for 4 B
+
+
 def test_compiled_kernels_are_untouched_and_layernorm_is_one_kernel_either_way():
     s = llama()
     ops = layer_ops(s.model, Shard(1, 4096))

@@ -42,16 +42,16 @@ def test_every_torchtitan_key_is_mapped_ignored_or_unmapped(name):
     accounted = _accounted(imported)
     assert keys <= set(accounted)
     assert len(imported.ignored + imported.unmapped) == len({m["key"] for m in imported.ignored + imported.unmapped})
-    if "deepseek" in name:  # its eager model with op-level AC is refused for MoE models, by name (next test)
-        return
     scenario_from_dict(imported.scenario)  # a valid scenario
 
 
-def test_torchtitan_deepseek_v3_as_shipped_is_refused_for_what_moe_layers_do_not_model():
+def test_torchtitan_deepseek_v3_as_shipped_evaluates_eager_with_op_level_ac():
+    # its eager latent attention and MoE layers under op-level AC; without expert parallelism
+    # every rank gathers every layer's 256 experts: out of memory, said so
     imported = import_config("torchtitan", DATA / "torchtitan-deepseek_v3_671b.toml",
                              {"cluster.node": "dgx-h100", "cluster.nodes": 32})
-    with pytest.raises(InputError, match="plan.compile|plan.recompute"):
-        scenario_from_dict(imported.scenario)
+    result = evaluate(scenario_from_dict(imported.scenario), engine="analytic")
+    assert not result.feasible and "out of memory" in result.reason
 
 
 def test_torchtitan_llama3_8b_is_fsdp_with_a_local_batch_of_one_per_rank():
@@ -161,12 +161,28 @@ def test_torchtitan_qwen3_moe_flavor_imports_and_its_pipeline_is_refused(tmp_pat
         import_config("torchtitan", DATA / "torchtitan-qwen3_moe_debug.toml", {"cluster.node": "dgx-h100"})
 
 
+def test_torchtitan_norm_type_of_older_configs_is_its_own_rmsnorm_run_op_by_op(tmp_path):
+    # before pytorch/torchtitan#1115 the config chose torchtitan's norms.py: rmsnorm op by op,
+    # fused_rmsnorm its Triton kernel; after it nn.RMSNorm (the fixture)
+    edits = [('flavor = "8B"', 'flavor = "8B"\nnorm_type = "rmsnorm"')]
+    old = _torchtitan_edited(tmp_path, edits, name="torchtitan-llama3_8b.toml", nodes=8)
+    assert _plan(old, "eager_norm") == {"eager_norm": "composite"}
+    triton = _torchtitan_edited(tmp_path, [(edits[0][0], edits[0][1].replace("rmsnorm", "fused_rmsnorm"))],
+                                name="torchtitan-llama3_8b.toml", nodes=8)
+    assert _plan(triton, "eager_norm") == {"eager_norm": "fused"}
+    with pytest.raises(InputError, match="norm_type"):
+        _torchtitan_edited(tmp_path, [(edits[0][0], edits[0][1].replace("rmsnorm", "layernorm"))],
+                           name="torchtitan-llama3_8b.toml", nodes=8)
+
+
 def test_torchtitan_qwen3_as_shipped_runs_its_moe_layer_eager_with_op_level_ac(tmp_path):
     # the debug config's eager model and op-level AC at the 30B-A3B flavor, EP 8 on 16 H100s
     edits = [('flavor = "debugmodel_moe"', 'flavor = "30B-A3B"'), ("local_batch_size = 4", "local_batch_size = 1"),
              ("expert_parallel_degree = 1", "expert_parallel_degree = 8")]
     imported = _torchtitan_edited(tmp_path, edits, name="torchtitan-qwen3_moe_debug.toml", nodes=2)
     assert _plan(imported, "compile", "recompute") == {"compile": False, "recompute": "op-selective"}
+    # torch's nn.RMSNorm (torchtitan since #1115), one CUDA kernel eager since torch 2.8
+    assert _plan(imported, "eager_norm") == {"eager_norm": "fused"}
     # qwen3's _op_sac_save_list has no all_to_all_single: the dispatch runs again in the recomputation
     assert imported.scenario["plan"]["moe"] == {"dispatcher": "alltoall", "framework": "torchtitan",
                                                 "op_sac_saves_all_to_all": False}

@@ -141,3 +141,48 @@ def test_scaling_before_the_experts_is_refused_for_megatron_cores_layer():
 def test_megatron_cores_layer_still_refuses_eager_kernels():
     with pytest.raises(InputError, match=r"plan\.compile"):
         scenario_from_dict(_scenario(compile=False, moe={}))
+
+
+# ---------------------------------------------------------------- DeepSeek-V3's latent attention beside it
+
+def _deepseek_layer(compile_: bool, ep=8):
+    from simulator.layermix import layer_operators
+    from simulator.plan import Plan
+
+    model = model_from_dict({"preset": "deepseek-v3", "mtp_layers": 0, "seq_len": 4096})
+    shard = Shard(micro_batch=1, seq_len=4096)
+    experts = ExpertShard(ep=ep, options=TITAN, compiled=compile_)
+    plan = Plan(compile=compile_, eager_norm="fused", projections="separate", moe=TITAN)
+    return model, shard, experts, layer_operators(model, shard, plan, experts)
+
+
+def test_op_sac_of_a_deepseek_v3_moe_layer_keeps_wq_a_wkv_a_wo_the_attention_shared_w3_and_all_to_alls():
+    # mms in forward order: wq_a 1, wq_b 2, wkv_a 3, wkv_b 4, wo 5 (the gate's not counted),
+    # shared w1 6, w3 7, w2 8: the odd ones kept; FlexAttention/SDPA's O (128 heads x 128) and
+    # fp32 log-sum-exp; the all-to-all outputs: 8·T rows received, 8·T back (h 7168)
+    model, shard, experts, ops = _deepseek_layer(compile_=False)
+    T, a = 4096, 2
+    expected = (a * T * (7168 + 1536 + 576 + 7168 + 128 * 128 + 2048) + 4 * 128 * T
+                + a * 7168 * (8 * T + 8 * T))
+    ck = layer_checkpoint(model, shard, "op-selective", ops, experts=experts)
+    assert ck.saved_bytes == pytest.approx(expected)
+    rerun = {op.name.split(".")[0] for op in ck.rerun}
+    assert {"wq_b", "wkv_b", "shared_w1", "shared_w2", "expert_fc1", "expert_fc2", "mla_qk_cat"} <= rerun
+    assert not rerun & {"wq_a", "wkv_a", "wo", "shared_w3", "mla_q_down", "mla_kv_down", "attn_out"}
+
+
+def test_eager_latent_attention_copies_q_and_k_into_their_concatenations():
+    # torch.cat of (q_nope, q_pe) and (k_nope, k_pe expanded): 128 heads x 192, read and written
+    _, _, _, ops = _deepseek_layer(compile_=False)
+    cat = {op.name: op for op in ops}["mla_qk_cat"]
+    assert cat.fwd_bytes == pytest.approx(2 * 2 * 2 * 4096 * 128 * 192)
+    _, _, _, compiled = _deepseek_layer(compile_=True)
+    assert "mla_qk_cat" not in {op.name for op in compiled}
+
+
+def test_without_expert_parallelism_there_is_no_all_to_all_to_keep():
+    model, shard, experts, ops = _deepseek_layer(compile_=False, ep=1)
+    _, _, experts8, ops8 = _deepseek_layer(compile_=False, ep=8)
+    alone = layer_checkpoint(model, shard, "op-selective", ops, experts=experts).saved_bytes
+    spread = layer_checkpoint(model, shard, "op-selective", ops8, experts=experts8).saved_bytes
+    assert spread - alone == pytest.approx(2 * 7168 * 16 * 4096)

@@ -73,6 +73,7 @@ LLAMA4_CAUSAL = {"qk_norm": False, "qk_norm_kind": "norm", "nope_layer_interval"
 # Model fields where torchtitan's model differs from its preset; DeepSeek-V3 trains no
 # multi-token-prediction module in torchtitan v0.2.2
 FLAVOR_FIELDS = {"deepseek_v3": {"mtp_layers": 0}, "llama4": LLAMA4_CAUSAL}
+NORM_TYPES = {"rmsnorm": "composite", "fused_rmsnorm": "fused", "nn.RMSNorm": "fused"}
 SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved", "ZBVZeroBubble": "zb-v",
              "DualPipeV": "dualpipe-v"}
 SINGLE_STAGE = ("1F1B", "GPipe")  # torch.distributed.pipelining's PipelineScheduleSingle: one stage per rank
@@ -193,6 +194,12 @@ def read(path: str | Path) -> Imported:
     components = a.get("compile.components", ["model", "loss"])
     a.map(compile_key, "plan.compile", bool(a.get(compile_key, False)) and "model" in components)
     a.used("compile.components")
+    # its RMSNorm run eager: its own op by op (model.norm_type, until pytorch/torchtitan#1115) or
+    # its Triton kernel, or torch's nn.RMSNorm since, one kernel on CUDA from torch 2.8 (fusion.py)
+    norm = str(a.get("model.norm_type", "nn.RMSNorm"))
+    if norm not in NORM_TYPES:
+        a.refuse("model.norm_type", "rmsnorm or fused_rmsnorm (llmsim's presets of torchtitan's models use RMSNorm)")
+    a.map("model.norm_type" if a.has("model.norm_type") else "model.name", "plan.eager_norm", NORM_TYPES[norm])
 
     replicate = a.number("parallelism.data_parallel_replicate_degree", 1)
     shard = a.number("parallelism.data_parallel_shard_degree", -1)
