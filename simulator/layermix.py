@@ -61,14 +61,15 @@ class LayerMix:
     mtp_tp_s: tuple  # TP seconds of one multi-token-prediction depth's projection (mtp.py)
 
 
-def _tp_comm_s(model, shard, groups, cluster, gather_factor):
+def _tp_comm_s(model, shard, groups, cluster, gather_factor, titan=False):
     """(dense-MLP layer, MoE layer) TP collectives, forward and backward, and the forward
     seconds of the blocks a selective recomputation may re-run (recompute.tp_rerun_fraction)
     of each. A layer's TP collectives are its attention block's and its MLP's, half of
     tp_layer_comm_s each (one gather and one reduce-scatter, or one all-reduce, per block and
     direction); MLA's attention gathers its latents instead (mla.py); an MoE layer's routed
     experts have none (their tokens move in the dispatch), its shared experts those of a
-    dense MLP."""
+    dense MLP; torchtitan's MoE layer (`titan`) gathers its input and reduce-scatters its
+    output as a dense MLP does, shared experts or not (titanmoe.py)."""
     f, b = tp_layer_comm_s(model, shard, groups, cluster, gather_factor)
     half = (f / 2, b / 2)
     up = 0.0
@@ -78,7 +79,7 @@ def _tp_comm_s(model, shard, groups, cluster, gather_factor):
         up = tp_up_proj_gather_s(model, shard, groups, cluster)
     else:
         attn = half
-    shared = half if model.shared_experts else (0.0, 0.0)
+    shared = half if model.shared_experts or titan else (0.0, 0.0)
     return ((attn[0] + half[0], attn[1] + half[1]), (attn[0] + shared[0], attn[1] + shared[1]),
             {"mlp": half[0], "mla_up": up}, {"shared": shared[0], "mla_up": up})
 
@@ -136,7 +137,8 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
     dense_ops = layer_operators(model, shard, plan, acc=acc) if model.moe_layers < model.layers else []
     dense_t = ops_time(dense_ops, cluster, precision)
     dense_tp, moe_tp, dense_blocks, moe_blocks = _tp_comm_s(model, shard, groups, cluster,
-                                                            fp8.tp_gather_bytes_factor(plan))
+                                                            fp8.tp_gather_bytes_factor(plan),
+                                                            plan.moe.framework == "torchtitan")
     dense_rerun = _rerun(model, shard, plan, cluster, dense_ops, dense_blocks, dense_tp[0])
     if plan.tp_comm_overlap and dense_ops:
         dense_tp, dense_t = _overlapped(model, shard, groups, cluster, plan, dense_ops, dense_t, dense_tp, "mlp_",

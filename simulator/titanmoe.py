@@ -4,9 +4,16 @@ them, and what its op-level selective AC saves.
 torchtitan v0.2.2 (pytorch/torchtitan@73a0e6979) runs an MoE layer as plain PyTorch ops
 (models/moe/moe.py MoE.forward, TokenChoiceTopKRouter, TokenReorderer, GroupedExperts;
 distributed/expert_parallel.py ExpertParallel; models/moe/utils.py _permute, _unpermute),
-per micro-batch on a device holding T tokens (TP is 1: torchtitan all-gathers an MoE layer's
-input over TP and routes every token on every TP rank, which is not modelled), k experts per
-token, R the rows the busiest rank receives (k·T balanced), bytes per element a (BF16):
+per micro-batch on a device holding T tokens, k experts per token, R the rows the busiest rank
+receives (k·T balanced), bytes per element a (BF16). Under TP (llama4/infra/parallelize.py
+apply_moe_ep_tp, used by DeepSeek-V3 and Qwen3 too) the layer's input is all-gathered over the
+TP ranks and its output reduce-scattered (PrepareModuleInputOutput: Shard(1) -> Replicate,
+Partial -> Shard(1); the volumes of a dense MLP's sequence-parallel pair), so every TP rank
+routes all T tokens of the sequence (the gate NoParallel) and runs the glue below on them;
+without EP the experts are split over the TP ranks (TensorParallel: w1, w3 by column, w2 by row,
+ETP = TP) and compute all k·T rows on 1/tp of their width, the shared experts are a TP-split
+MLP. With both TP and EP torchtitan splits the routed rows over the TP ranks
+(ReordererSequenceParallel) or runs ExpertTensorParallel: not modelled (refused).
 
 1. router: the gate GEMM (T x h x E), the scores cast to fp32 and passed through sigmoid or
    softmax, the auxiliary-loss-free expert bias added (MoEArgs.load_balance_coeff, on by
@@ -111,7 +118,7 @@ def mlp_ops(model, shard, experts: ExpertShard, compiled: bool) -> list:
     n_local = local_experts(model, experts.ep)
     # _permute's buffer: the received rows and ALIGN more for each local expert
     padded = rows + ALIGN * n_local
-    f = model.expert_ffn_hidden
+    f = model.expert_ffn_hidden / experts.etp
     useful = o.useful_rows / o.busiest_rows
 
     def grouped(name, d_in, d_out, saved, widths=None):
@@ -188,9 +195,12 @@ def check_plan(plan, model) -> None:
     refused = (
         ("model.activation", model.activation, model.activation != "swiglu",
          "swiglu: torchtitan's GroupedExperts compute silu(x w1) * (x w3) w2"),
-        ("plan.tp", plan.tp, plan.tp != 1, "1: torchtitan all-gathers an MoE layer's input over TP and routes "
-         "every token on every TP rank (apply_moe_ep_tp), which is not modelled"),
-        ("plan.etp", plan.etp, plan.etp != 1, "1 (TP is 1)"),
+        ("plan.ep", plan.ep, plan.tp > 1 and plan.ep != 1, "1 with tp > 1: torchtitan's expert parallelism beside "
+         "TP (the routed rows split over the TP ranks, or ExpertTensorParallel) is not modelled"),
+        ("plan.etp", plan.etp, plan.etp != plan.tp, f"{plan.tp} (= tp: without EP torchtitan splits the experts "
+         "over the TP ranks)"),
+        ("plan.tp_comm_overlap", plan.tp_comm_overlap, plan.tp > 1 and plan.tp_comm_overlap,
+         "false: async TP around torchtitan's MoE layer is not modelled"),
         ("plan.moe.dispatcher", o.dispatcher, o.dispatcher != "alltoall",
          "alltoall (torchtitan's standard backend); its DeepEP layer (models/moe/moe_deepep.py) is not modelled"),
         ("plan.moe.capacity_factor", o.capacity_factor, o.capacity_factor is not None,

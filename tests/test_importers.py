@@ -112,19 +112,20 @@ def test_torchtitan_deepseek_v3_is_the_preset_without_its_mtp_module_attending_i
             "parallelism.pipeline_parallel_schedule"} <= ignored
 
 
-def test_torchtitan_expert_parallelism_folds_into_the_fsdp_ranks_and_moe_under_tp_is_refused(tmp_path):
+def test_torchtitan_expert_parallelism_folds_into_the_fsdp_ranks_and_tp_splits_the_experts_without_it(tmp_path):
     imported = _torchtitan_edited(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 32")])
     assert _plan(imported, "tp", "ep", "etp") == {"tp": 1, "ep": 32, "etp": 1}
     assert imported.scenario["plan"]["moe"] == {"dispatcher": "alltoall", "framework": "torchtitan"}
-    # torchtitan all-gathers the MoE input over TP and routes every token on every TP rank
-    for edits in ([("tensor_parallel_degree = 1", "tensor_parallel_degree = 8")],
-                  [("tensor_parallel_degree = 1", "tensor_parallel_degree = 8"),
-                   ("expert_parallel_degree = 1", "expert_parallel_degree = 32")]):
-        with pytest.raises(InputError, match="tensor_parallel_degree"):
-            _torchtitan_edited(tmp_path, edits)
-    with pytest.raises(InputError, match="expert_tensor_parallel_degree"):  # 1 or TP, and TP is 1
+    # TP without EP: the experts split over the TP ranks (TensorParallel), whatever the ETP key says
+    tp8 = _torchtitan_edited(tmp_path, [("tensor_parallel_degree = 1", "tensor_parallel_degree = 8")])
+    assert _plan(tp8, "tp", "ep", "etp") == {"tp": 8, "ep": 1, "etp": 8}
+    # TP with EP: the routed rows split over the TP ranks, or ExpertTensorParallel: not modelled
+    with pytest.raises(InputError, match="expert_parallel_degree"):
+        _torchtitan_edited(tmp_path, [("tensor_parallel_degree = 1", "tensor_parallel_degree = 8"),
+                                      ("expert_parallel_degree = 1", "expert_parallel_degree = 32")])
+    with pytest.raises(InputError, match="expert_tensor_parallel_degree"):  # 1 or TP
         _torchtitan_edited(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 8"),
-                                   ("expert_tensor_parallel_degree = 1", "expert_tensor_parallel_degree = 2")])
+                                      ("expert_tensor_parallel_degree = 1", "expert_tensor_parallel_degree = 2")])
 
 
 def test_torchtitan_deepseek_v3_with_full_ac_and_a_compiled_model_evaluates(tmp_path):
@@ -189,12 +190,18 @@ def test_torchtitan_qwen3_as_shipped_runs_its_moe_layer_eager_with_op_level_ac(t
     assert evaluate(scenario_from_dict(imported.scenario), engine="analytic").feasible
 
 
+def test_torchtitan_llama4_as_shipped_splits_its_experts_over_tp_and_evaluates(tmp_path):
+    # TP 8 without EP, eager, full AC, local batch 8 x 8192 tokens on 64 H100s
+    imported = import_config("torchtitan", DATA / "torchtitan-llama4_17bx16e.toml",
+                             {"cluster.node": "dgx-h100", "cluster.nodes": 8})
+    assert _plan(imported, "tp", "ep", "etp", "sequence_parallel") == {"tp": 8, "ep": 1, "etp": 8,
+                                                                       "sequence_parallel": True}
+    assert evaluate(scenario_from_dict(imported.scenario), engine="analytic").feasible
+
+
 def test_torchtitan_llama4_is_the_preset_attending_causally_with_rope_on_every_layer(tmp_path):
-    # the shipped config's TP 8 (expert TP 8) is refused (MoE under TP, above): at TP 1
     edits = [("tensor_parallel_degree = 8", "tensor_parallel_degree = 1"),
              ("expert_tensor_parallel_degree = 8", "expert_tensor_parallel_degree = 1")]
-    with pytest.raises(InputError, match="tensor_parallel_degree"):
-        _torchtitan_edited(tmp_path, name="torchtitan-llama4_17bx16e.toml", nodes=8)
     imported = _torchtitan_edited(tmp_path, edits + [("enable=false", "enable=true"),
                                                   ("local_batch_size = 8", "local_batch_size = 1")],
                                name="torchtitan-llama4_17bx16e.toml", nodes=8)

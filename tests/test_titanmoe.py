@@ -122,7 +122,8 @@ def test_op_level_ac_keeps_less_than_none_and_more_than_full():
 
 
 @pytest.mark.parametrize("field, value, plan", [
-    ("plan.tp", 2, {"tp": 2, "sequence_parallel": True, "dp": 8}),
+    ("plan.ep", 8, {"tp": 2, "etp": 2, "sequence_parallel": True, "dp": 8}),  # TP beside EP
+    ("plan.etp", 1, {"tp": 2, "ep": 1, "etp": 1, "sequence_parallel": True, "dp": 8}),
     ("plan.moe.dispatcher", "deepep", {"moe": {"framework": "torchtitan", "dispatcher": "deepep"}}),
     ("plan.moe.capacity_factor", 1.0, {"moe": {"framework": "torchtitan", "capacity_factor": 1.0}}),
     ("plan.precision", "fp8", {"precision": "fp8"}),
@@ -186,3 +187,31 @@ def test_without_expert_parallelism_there_is_no_all_to_all_to_keep():
     alone = layer_checkpoint(model, shard, "op-selective", ops, experts=experts).saved_bytes
     spread = layer_checkpoint(model, shard, "op-selective", ops8, experts=experts8).saved_bytes
     assert spread - alone == pytest.approx(2 * 7168 * 16 * 4096)
+
+
+# ---------------------------------------------------------------- under TP (experts split over it, no EP)
+
+def test_every_tp_rank_routes_and_weights_every_token_while_the_experts_split_their_width():
+    # Llama 4 Scout (16 experts of width 8192, top-1, scores before the experts), 8192 tokens
+    model = model_from_dict({"preset": "llama-4-scout", "seq_len": 8192})
+    shard = Shard(micro_batch=1, seq_len=8192, tp=8, sp=True)
+    options = MoEOptions(framework="torchtitan", probs_on_input=True)
+    ops = {op.name: op for op in mlp_ops(model, shard, ExpertShard(ep=1, etp=8, options=options), compiled=False)}
+    T, padded = 8192, 8192 + 8 * 16  # k·T rows and 8 more per local expert
+    assert ops["router"].fwd_flops == pytest.approx(2 * T * 5120 * 16)  # the gate on all T tokens
+    assert ops["moe_scale_input"].saved_bytes == pytest.approx(4 * T * 5120 + 4 * T)  # fp32 rows of all T
+    assert ops["expert_swiglu"].saved_bytes == pytest.approx(3 * 2 * padded * 8192 / 8)  # 1/8 of the width
+
+
+def test_the_moe_layers_tp_collectives_are_a_dense_mlps_gather_and_reduce_scatter():
+    # Qwen3 has no shared experts: the pair is the layer's input gathered and output scattered
+    from simulator.evaluate import compile_scenario
+    from simulator.fp8 import compute_precision
+    from simulator.layermix import compile_mix
+    from simulator.passes import tp_layer_comm_s
+
+    layout = compile_scenario(scenario_from_dict(_scenario(tp=8, ep=1, etp=8, sequence_parallel=True, dp=2)))
+    mix = compile_mix(layout.model, layout.cluster, layout.plan, layout.shard, layout.groups, layout.per_param,
+                      compute_precision(layout.plan))
+    fwd, bwd = tp_layer_comm_s(layout.model, layout.shard, layout.groups, layout.cluster)
+    assert mix.moe_tp_s[0] == pytest.approx(fwd) and mix.moe_tp_s[1] == pytest.approx(bwd)
