@@ -65,7 +65,8 @@ def eager_saved_factor(kernel: str, act_bytes: float) -> float:
 def _kernel(op_name: str, model) -> str | None:
     if op_name in NORMS:
         return "rmsnorm" if model.norm == "rmsnorm" else None
-    return op_name if op_name in EAGER_BYTES else None
+    name = op_name.removeprefix("shared_")  # an MoE layer's shared experts: a dense MLP's kernels
+    return name if name in EAGER_BYTES else None
 
 
 def eager_ops(ops: list, model, plan) -> list:

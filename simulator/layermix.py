@@ -199,6 +199,7 @@ class MixedStage:
     buckets: object
     shard_group: object  # ZeRO sharding degree averaged over the stage's parameters (offload)
     linears: object  # linear weights of the stage's device (FP8 weight casts, fp8.py)
+    gathered_bytes: object = 0.0  # unsharded weights and gradients beyond ZeRO-3's buffers (fsdp.py)
 
 
 def _rerun(model, shard, plan, cluster, ops, tp_blocks: dict, tp_fwd_s, experts=None) -> tuple:
@@ -238,10 +239,21 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, zero_gr
     dense_gather = fp8.gather_bytes_per_param(per, dense_linears, dense, plan)
     routed_gather = fp8.weight_bytes_per_param(plan)[1]
     # FSDP's units (fsdp.units) over the stage's chunks: every layer, and the MoE layers' experts
-    dp = _sum_dp(dp_costs(plan.zero_stage, dense, dense_gather, per.grad, groups.grad, cluster, groups.replicate,
-                          fsdp.units(n_dense + n_moe, 1)),
-                 dp_costs(plan.zero_stage, routed, routed_gather, per.grad, groups.expert_grad, cluster,
-                          groups.expert_replicate, fsdp.units(n_moe, 1)))
+    units, expert_units = fsdp.units(n_dense + n_moe, 1), fsdp.units(n_moe, 1)
+    gathered = 0.0
+    if fsdp.keeps_gathered(plan):  # FSDP2 without resharding: once a step, the stage held unsharded
+        dp = _sum_dp(fsdp.step_costs(dense, dense_gather, per.grad, groups.grad, cluster, groups.replicate, units),
+                     fsdp.step_costs(routed, routed_gather, per.grad, groups.expert_grad, cluster,
+                                     groups.expert_replicate, expert_units))
+        layer = mix.dense_params if mix.moe_ops is None else np.maximum(mix.dense_params,
+                                                                         mix.moe_rest_params + mix.routed_params)
+        gathered = fsdp.gathered_extra_bytes(dense, layer, dense_gather, per.weight, per.grad) \
+            + fsdp.gathered_extra_bytes(routed, 0.0, routed_gather, 0.0, per.grad)
+    else:
+        dp = _sum_dp(dp_costs(plan.zero_stage, dense, dense_gather, per.grad, groups.grad, cluster, groups.replicate,
+                              units),
+                     dp_costs(plan.zero_stage, routed, routed_gather, per.grad, groups.expert_grad, cluster,
+                              groups.expert_replicate, expert_units))
     count = buckets(dense / v, grad_group_size(plan)) + np.where(routed > 0, buckets(routed / v,
                                                                                       expert_grad_group_size(plan)), 0)
     shard_group = (dense + routed) / (dense / zero_group + routed / expert_zero_group)
@@ -266,5 +278,5 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, zero_gr
     if model.mtp_layers:
         passes = replace(passes, tp_fwd_s=passes.tp_fwd_s + depths * mix.mtp_tp_s[0],
                          tp_bwd_s=passes.tp_bwd_s + depths * mix.mtp_tp_s[1])
-    return MixedStage(dense + routed, states, acts, passes, dp, count, shard_group, dense_linears + routed)
+    return MixedStage(dense + routed, states, acts, passes, dp, count, shard_group, dense_linears + routed, gathered)
 

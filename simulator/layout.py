@@ -309,7 +309,8 @@ def compile_layout(model, cluster, plan) -> Layout:
             x = mixed_stage(kind, model, cluster, plan, shard, g, per, zero_group, expert_zero_group_size(plan), layers,
                             n_moe, v, has_emb, has_head, head_copy, emb_t, head_t, head)
             params, states, acts, passes, dp = x.params, x.states, x.activations, x.passes, x.dp
-            n_buckets, shard_group, stage_buffers, linears = x.buckets, x.shard_group, buffers, x.linears
+            n_buckets, shard_group, linears = x.buckets, x.shard_group, x.linears
+            stage_buffers = buffers + x.gathered_bytes
         if plan.zero_stage >= 3:  # FSDP moves weights and gradients per unit, not in Megatron's buckets
             n_buckets = fsdp.units(layers, v)
             if plan.zero3_impl == "fsdp2" and not fsdp.keeps_gathered(plan):

@@ -215,7 +215,7 @@ def check_layer_mix_options(plan, model) -> None:
     """Refuse, for a model with experts, MLA or MTP (layermix.py), the framework options only the
     dense path models: torchao's FP8 recipes for experts and MLA (TransformerEngine's grouped
     GEMMs and Megatron-Core's MLA linears are what is modelled), eager kernels and op-level
-    selective recomputation (but for torchtitan's MoE layer), block recomputation, FSDP2 without resharding; for MLA and
+    selective recomputation (but for torchtitan's MoE layer), block recomputation; for MLA and
     multi-token prediction unfused gradient accumulation (framework_ops.py counts a dense
     layer's parameters for them)."""
     if not (model.experts or model.attention == "mla" or model.mtp_layers):
@@ -236,8 +236,6 @@ def check_layer_mix_options(plan, model) -> None:
                    ("plan.recompute", plan.recompute, plan.recompute == "op-selective" and not titan),
                    ("plan.recompute_method", plan.recompute_method, plan.recompute_method != "uniform"),
                    ("plan.recompute_num_layers", plan.recompute_num_layers, plan.recompute_num_layers != 1),
-                   ("plan.fsdp_reshard_after_forward", plan.fsdp_reshard_after_forward,
-                    not plan.fsdp_reshard_after_forward),
                    ("plan.bf16_layers_at_start", plan.bf16_layers_at_start, plan.bf16_layers_at_start > 0),
                    ("plan.bf16_layers_at_end", plan.bf16_layers_at_end, plan.bf16_layers_at_end > 0))
     for field, value, refused in unsupported:

@@ -85,7 +85,6 @@ from dataclasses import replace
 import numpy as np
 
 from .errors import InputError
-from .fusion import EAGER_BYTES, eager_saved_factor
 from .moe import SHARED_EXPERTS, ExpertShard, dispatched_rows, local_experts, routed_rows
 
 FRAMEWORKS = ("megatron-core", "torchtitan")
@@ -98,10 +97,6 @@ ALIGN = 8  # TOKEN_GROUP_ALIGN_SIZE_M in BF16 (models/moe/utils.py)
 # scale, histc, the counts' add_, histc, argsort, index), compiled: the fused element-wise
 # kernels, top-k, the gather and scale, the two histc, argsort and index, the counts' add_
 ROUTER_LAUNCHES = (14, 8)
-
-
-def is_titan(experts: ExpertShard | None) -> bool:
-    return experts is not None and experts.options.framework == "torchtitan"
 
 
 def mlp_ops(model, shard, experts: ExpertShard, compiled: bool) -> list:
@@ -150,14 +145,9 @@ def mlp_ops(model, shard, experts: ExpertShard, compiled: bool) -> list:
     ]
     if model.shared_experts:
         shared = dense_mlp_ops(model, shard, model.shared_experts * model.shared_expert_ffn_hidden, "shared_")
-        # the shared experts read the router's input, kept once by the router
+        # the shared experts read the router's input, kept once by the router; compiled with the
+        # model, else their SwiGLU runs eager (fusion.eager_ops)
         shared[0] = input_kept_elsewhere(shared[0], shard)
-        if not compiled:  # their SwiGLU as eager kernels (fusion.py)
-            eager, fused = EAGER_BYTES["swiglu"]
-            act = shared[1]
-            shared[1] = replace(act, fwd_bytes=act.fwd_bytes * eager / fused,
-                                bwd_input_bytes=act.bwd_input_bytes * eager / fused,
-                                saved_bytes=act.saved_bytes * eager_saved_factor("swiglu", a))
         ops += [replace(op, group=SHARED_EXPERTS) for op in shared]
     ops.append(glue("moe_unsort", 3 * a * sent * h, launches=2))
     if o.probs_on_input:

@@ -147,6 +147,25 @@ def test_fsdp_without_resharding_holds_the_stages_unsharded_weights_and_fp32_gra
     assert float(keep.buffer_bytes - default.buffer_bytes) == pytest.approx(expected)
 
 
+def test_fsdp_without_resharding_holds_an_moe_stages_unsharded_experts_too():
+    # Mixtral 8x7B, pp 2, ep 4: a layer on a device holds its attention (4096 x 6144 + 4096 x
+    # 4096), two norms, the router (4096 x 8) and 2 of the 8 experts (3 x 4096 x 14336 each)
+    layer = 4096 * 6144 + 4096 * 4096 + 2 * 4096 + 4096 * 8 + 2 * 3 * 4096 * 14336
+    embedding = 32000 * 4096
+    stage = 16 * layer + embedding  # the first stage: 16 layers and the embedding
+    base = {"model": {"preset": "mixtral-8x7b", "seq_len": 4096}, "cluster": {"node": "dgx-h100", "nodes": 1},
+            "plan": {"tp": 1, "pp": 2, "dp": 4, "ep": 4, "micro_batch": 1, "global_batch": 16, "zero_stage": 3}}
+    default = compile_scenario(scenario_from_dict(base)).stages[0]
+    base["plan"]["fsdp_reshard_after_forward"] = False
+    keep = compile_scenario(scenario_from_dict(base)).stages[0]
+    assert float(keep.params) == pytest.approx(stage)
+    # bf16 weights and fp32 gradients of the stage instead of two gathered layers, one layer's
+    # gradients and the root's gathered embedding; gathered and reduced once a step
+    expected = stage * (2 + 4) - layer * (2 * 2 + 4) - embedding * 2
+    assert float(keep.buffer_bytes - default.buffer_bytes) == pytest.approx(expected)
+    assert keep.dp.mb_gather_s == 0 and keep.dp.step_gather_s > 0
+
+
 def test_the_fsdp_root_holds_its_gathered_embedding_and_head_and_the_heads_gradient():
     # FSDP2 does not reshard the root (embedding, final norm, lm_head) after forward; the
     # lm_head's gradient waits for the root's reduce-scatter at the end of the backward

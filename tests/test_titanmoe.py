@@ -6,6 +6,9 @@ import pytest
 
 from simulator import evaluate, scenario_from_dict
 from simulator.errors import InputError
+from simulator.fusion import eager_ops
+from simulator.layermix import layer_operators
+from simulator.plan import Plan
 from simulator.model import model_from_dict
 from simulator.moe import ExpertShard, MoEOptions
 from simulator.recompute import layer_checkpoint
@@ -34,8 +37,10 @@ def _toy(shared: int, top_k: int):
     (1, 1, True, 59680),   # Llama 4-like: top-1, scores before the experts
 ])
 def test_eager_layer_keeps_what_torch_measures_running_torchtitans_moe(shared, top_k, probs_on_input, measured):
+    model = _toy(shared, top_k)
     experts = ExpertShard(options=MoEOptions(framework="torchtitan", probs_on_input=probs_on_input))
-    ops = mlp_ops(_toy(shared, top_k), Shard(micro_batch=2, seq_len=16), experts, compiled=False)
+    ops = eager_ops(mlp_ops(model, Shard(micro_batch=2, seq_len=16), experts, compiled=False), model,
+                    Plan(compile=False))
     assert sum(op.saved_bytes for op in ops) == pytest.approx(measured, rel=3e-3)
 
 
@@ -56,10 +61,10 @@ def test_compiling_fuses_only_the_router_and_the_shared_experts():
     # apply_compile compiles the router, reorderer and shared experts; MoE.forward's glue and
     # the experts stay eager
     model, shard = _toy(1, 2), Shard(micro_batch=2, seq_len=16)
-    eager = mlp_ops(model, shard, ExpertShard(options=TITAN), compiled=False)
-    fused = mlp_ops(model, shard, ExpertShard(options=TITAN), compiled=True)
+    eager, fused = (layer_operators(model, shard, Plan(compile=c, eager_norm="fused", moe=TITAN),
+                                    ExpertShard(options=TITAN, compiled=c)) for c in (False, True))
     changed = {a.name for a, b in zip(eager, fused) if a != b}
-    assert changed == {"router_topk", "shared_swiglu"}
+    assert changed == {"router_topk", "shared_swiglu"}  # the norms: torch's fused RMSNorm kernel either way
 
 
 def _qwen3_like(shared=0):
@@ -147,9 +152,6 @@ def test_megatron_cores_layer_still_refuses_eager_kernels():
 # ---------------------------------------------------------------- DeepSeek-V3's latent attention beside it
 
 def _deepseek_layer(compile_: bool, ep=8):
-    from simulator.layermix import layer_operators
-    from simulator.plan import Plan
-
     model = model_from_dict({"preset": "deepseek-v3", "mtp_layers": 0, "seq_len": 4096})
     shard = Shard(micro_batch=1, seq_len=4096)
     experts = ExpertShard(ep=ep, options=TITAN, compiled=compile_)
