@@ -396,8 +396,9 @@ def moe_buffer_bytes(model, shard, experts: ExpertShard, groups=None):
     row = shard.act_bytes * model.hidden
     if experts.options.dispatcher in deepep.BACKENDS:
         return row * experts.etp * sent + deepep.dispatch_bytes(model, shard, experts, groups)
-    if experts.options.framework == "torchtitan":  # sent, received, _permute's stacked copy, of every token
-        return row * dispatched_rows(model, shard.tokens, experts) * 3
+    if experts.options.framework == "torchtitan":  # sent, received, _permute's stacked copy
+        from .titanmoe import reordered_tokens
+        return row * dispatched_rows(model, reordered_tokens(shard, experts), experts) * 3
     return row * sent * (2 + experts.etp)
 
 
@@ -419,8 +420,10 @@ def dispatch_comm_s(model, shard, experts: ExpertShard, groups, cluster):
         full = a * h * tokens * experts.ep * experts.etp
         return collective_time("all_gather", full, groups.ep_etp, cluster) + \
             collective_time("reduce_scatter", full, groups.ep_etp, cluster)
-    if o.framework == "torchtitan":  # its all-to-alls only, of every token the TP ranks hold (titanmoe.py)
-        return 2 * all_to_all_time(a * h * dispatched_rows(model, shard.tokens, experts), groups.ep, cluster)
+    if o.framework == "torchtitan":  # its all-to-alls only, of the rows this rank reorders (titanmoe.py)
+        from .titanmoe import reordered_tokens
+        rows = dispatched_rows(model, reordered_tokens(shard, experts), experts)
+        return 2 * all_to_all_time(a * h * rows, groups.ep, cluster)
     sent = a * h * dispatched_rows(model, tokens, experts)
     gathered = experts.etp * sent
     etp = collective_time("all_gather", gathered, groups.etp, cluster) + \

@@ -12,8 +12,11 @@ Partial -> Shard(1); the volumes of a dense MLP's sequence-parallel pair), so ev
 routes all T tokens of the sequence (the gate NoParallel) and runs the glue below on them;
 without EP the experts are split over the TP ranks (TensorParallel: w1, w3 by column, w2 by row,
 ETP = TP) and compute all k·T rows on 1/tp of their width, the shared experts are a TP-split
-MLP. With both TP and EP torchtitan splits the routed rows over the TP ranks
-(ReordererSequenceParallel) or runs ExpertTensorParallel: not modelled (refused).
+MLP. With EP too: at ETP = TP each TP rank dispatches all k·T rows over its EP group
+(ExpertTensorParallel, the experts split by width and by group); at ETP 1 the EP group takes in
+the TP ranks and each reorders, dispatches and combines the rows of 1/tp of the tokens
+(ReordererSequenceParallel), then writes them into the zeroed buffer of all k·T rows that the
+weighting reads whole, the TP ranks' outputs summed by the reduce-scatter.
 
 1. router: the gate GEMM (T x h x E), the scores cast to fp32 and passed through sigmoid or
    softmax, the auxiliary-loss-free expert bias added (MoEArgs.load_balance_coeff, on by
@@ -104,12 +107,13 @@ def mlp_ops(model, shard, experts: ExpertShard, compiled: bool) -> list:
     docstring): between the pre-MLP norm and the residual add."""
     from .workload import MEMORY, Op, _elementwise, _linear, input_kept_elsewhere, mlp_ops as dense_mlp_ops
 
-    a, h, e = shard.act_bytes, model.hidden, model.experts
+    a, h, e, k = shard.act_bytes, model.hidden, model.experts, model.top_k
     o = experts.options
-    tokens = shard.tokens
-    sent = model.top_k * tokens  # the k·T rows each rank routes, in its own token order
-    rows = dispatched_rows(model, tokens, experts)  # received by the busiest rank
-    routed = routed_rows(model, tokens, experts)
+    tokens = shard.tokens  # every token of the micro-batch (gathered over TP)
+    local = reordered_tokens(shard, experts)
+    sent = k * local  # the routed rows this rank reorders and sends, in its own token order
+    rows = dispatched_rows(model, local, experts)  # received by the busiest rank
+    routed = routed_rows(model, local, experts)
     n_local = local_experts(model, experts.ep)
     # _permute's buffer: the received rows and ALIGN more for each local expert
     padded = rows + ALIGN * n_local
@@ -128,7 +132,7 @@ def mlp_ops(model, shard, experts: ExpertShard, compiled: bool) -> list:
     ops = [
         _linear("router", tokens, h, e, a, a * tokens * h),
         # kept: the fp32 scores, the chosen experts' indices and their fp32 scores
-        replace(_elementwise("router_topk", tokens * e, router_bytes, FP32 * tokens * e + (INDEX + FP32) * sent),
+        replace(_elementwise("router_topk", tokens * e, router_bytes, FP32 * tokens * e + (INDEX + FP32) * k * tokens),
                 launches=ROUTER_LAUNCHES[compiled]),
         # kept: the sorted token indices and their quotients by k (int64)
         glue("moe_gather", 2 * a * sent * h + 2 * INDEX * sent, 2 * INDEX * sent, launches=2),
@@ -149,22 +153,32 @@ def mlp_ops(model, shard, experts: ExpertShard, compiled: bool) -> list:
         # model, else their SwiGLU runs eager (fusion.eager_ops)
         shared[0] = input_kept_elsewhere(shared[0], shard)
         ops += [replace(op, group=SHARED_EXPERTS) for op in shared]
-    ops.append(glue("moe_unsort", 3 * a * sent * h, launches=2))
+    # the zeroed buffer holds every token's k rows; this rank writes the rows it reordered
+    ops.append(glue("moe_unsort", a * k * tokens * h + 2 * a * sent * h, launches=2))
     if o.probs_on_input:
-        ops.append(glue("moe_sum", a * (sent + tokens) * h))
+        ops.append(glue("moe_sum", a * (k * tokens + tokens) * h))
     else:
-        ops.append(glue("moe_weighted_sum", (a + 8) * sent * h + (8 + a) * tokens * h,
-                        FP32 * sent * h + FP32 * sent, launches=3))
+        ops.append(glue("moe_weighted_sum", (a + 8) * k * tokens * h + (8 + a) * tokens * h,
+                        FP32 * k * tokens * (h + 1), launches=3))
     if model.shared_experts:
         ops.append(glue("moe_add", 3 * a * tokens * h))
     return ops
+
+
+def reordered_tokens(shard, experts: ExpertShard):
+    """Tokens whose routed rows one rank reorders, dispatches and combines: every token of the
+    micro-batch (gathered over TP), or 1/tp of them where EP borrows the TP ranks with ETP 1
+    (ReordererSequenceParallel splits the routed tokens over the TP ranks)."""
+    split = (np.asarray(shard.tp) > 1) & (np.asarray(experts.etp) == 1)
+    return np.where(split, shard.tokens / shard.tp, shard.tokens)
 
 
 def all_to_all_output_bytes(model, shard, experts: ExpertShard):
     """Bytes of the two all-to-alls' outputs of one MoE layer: the rows the busiest rank receives
     (dispatch) and the k·T rows it gets back (combine); what op-level AC keeps where its save
     list names all_to_all_single. Without expert parallelism there is no all-to-all."""
-    rows = dispatched_rows(model, shard.tokens, experts) + model.top_k * shard.tokens
+    local = reordered_tokens(shard, experts)
+    rows = dispatched_rows(model, local, experts) + model.top_k * local
     return np.where(np.asarray(experts.ep) > 1, shard.act_bytes * model.hidden * rows, 0.0)
 
 
@@ -185,10 +199,9 @@ def check_plan(plan, model) -> None:
     refused = (
         ("model.activation", model.activation, model.activation != "swiglu",
          "swiglu: torchtitan's GroupedExperts compute silu(x w1) * (x w3) w2"),
-        ("plan.ep", plan.ep, plan.tp > 1 and plan.ep != 1, "1 with tp > 1: torchtitan's expert parallelism beside "
-         "TP (the routed rows split over the TP ranks, or ExpertTensorParallel) is not modelled"),
-        ("plan.etp", plan.etp, plan.etp != plan.tp, f"{plan.tp} (= tp: without EP torchtitan splits the experts "
-         "over the TP ranks)"),
+        ("plan.etp", plan.etp, plan.etp != plan.tp and (plan.ep == 1 or plan.etp != 1),
+         f"{plan.tp} (= tp: without EP torchtitan splits the experts over the TP ranks)" if plan.ep == 1 else
+         f"1 or tp = {plan.tp} (torchtitan's expert TP is 1 or the TP degree)"),
         ("plan.tp_comm_overlap", plan.tp_comm_overlap, plan.tp > 1 and plan.tp_comm_overlap,
          "false: async TP around torchtitan's MoE layer is not modelled"),
         ("plan.moe.dispatcher", o.dispatcher, o.dispatcher != "alltoall",

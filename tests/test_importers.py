@@ -112,17 +112,20 @@ def test_torchtitan_deepseek_v3_is_the_preset_without_its_mtp_module_attending_i
             "parallelism.pipeline_parallel_schedule"} <= ignored
 
 
-def test_torchtitan_expert_parallelism_folds_into_the_fsdp_ranks_and_tp_splits_the_experts_without_it(tmp_path):
+def test_torchtitan_expert_parallelism_folds_into_the_fsdp_ranks_beside_tp(tmp_path):
     imported = _torchtitan_edited(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 32")])
     assert _plan(imported, "tp", "ep", "etp") == {"tp": 1, "ep": 32, "etp": 1}
     assert imported.scenario["plan"]["moe"] == {"dispatcher": "alltoall", "framework": "torchtitan"}
     # TP without EP: the experts split over the TP ranks (TensorParallel), whatever the ETP key says
     tp8 = _torchtitan_edited(tmp_path, [("tensor_parallel_degree = 1", "tensor_parallel_degree = 8")])
     assert _plan(tp8, "tp", "ep", "etp") == {"tp": 8, "ep": 1, "etp": 8}
-    # TP with EP: the routed rows split over the TP ranks, or ExpertTensorParallel: not modelled
-    with pytest.raises(InputError, match="expert_parallel_degree"):
-        _torchtitan_edited(tmp_path, [("tensor_parallel_degree = 1", "tensor_parallel_degree = 8"),
-                                      ("expert_parallel_degree = 1", "expert_parallel_degree = 32")])
+    # TP with EP: expert TP 1 (the routed tokens split over the TP ranks) or the TP degree
+    for etp in (1, 8):
+        both = _torchtitan_edited(tmp_path, [("tensor_parallel_degree = 1", "tensor_parallel_degree = 8"),
+                                             ("expert_parallel_degree = 1", "expert_parallel_degree = 32"),
+                                             ("expert_tensor_parallel_degree = 1",
+                                              f"expert_tensor_parallel_degree = {etp}")])
+        assert _plan(both, "tp", "ep", "etp") == {"tp": 8, "ep": 32, "etp": etp}
     with pytest.raises(InputError, match="expert_tensor_parallel_degree"):  # 1 or TP
         _torchtitan_edited(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 8"),
                                       ("expert_tensor_parallel_degree = 1", "expert_tensor_parallel_degree = 2")])

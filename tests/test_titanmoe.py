@@ -127,8 +127,7 @@ def test_op_level_ac_keeps_less_than_none_and_more_than_full():
 
 
 @pytest.mark.parametrize("field, value, plan", [
-    ("plan.ep", 8, {"tp": 2, "etp": 2, "sequence_parallel": True, "dp": 8}),  # TP beside EP
-    ("plan.etp", 1, {"tp": 2, "ep": 1, "etp": 1, "sequence_parallel": True, "dp": 8}),
+    ("plan.etp", 1, {"tp": 2, "ep": 1, "etp": 1, "sequence_parallel": True, "dp": 8}),  # no EP: split over TP
     ("plan.moe.dispatcher", "deepep", {"moe": {"framework": "torchtitan", "dispatcher": "deepep"}}),
     ("plan.moe.capacity_factor", 1.0, {"moe": {"framework": "torchtitan", "capacity_factor": 1.0}}),
     ("plan.precision", "fp8", {"precision": "fp8"}),
@@ -217,3 +216,17 @@ def test_the_moe_layers_tp_collectives_are_a_dense_mlps_gather_and_reduce_scatte
                       compute_precision(layout.plan))
     fwd, bwd = tp_layer_comm_s(layout.model, layout.shard, layout.groups, layout.cluster)
     assert mix.moe_tp_s[0] == pytest.approx(fwd) and mix.moe_tp_s[1] == pytest.approx(bwd)
+
+
+@pytest.mark.parametrize("etp, rows, width", [(1, 8 * 4096 // 8, 768), (8, 8 * 4096, 768 // 8)])
+def test_beside_ep_the_tp_ranks_split_either_the_routed_tokens_or_the_experts_width(etp, rows, width):
+    # Qwen3-like (k 8, experts of width 768), 4096 tokens, TP 8, EP 8. ETP 1: each TP rank
+    # reorders and dispatches the rows of 1/8 of the tokens (ReordererSequenceParallel); ETP 8:
+    # every TP rank dispatches all k·T rows to experts split 8 ways by width. The experts' work
+    # per rank is the same; the weighting reads every token's k rows either way.
+    shard = Shard(micro_batch=1, seq_len=4096, tp=8, sp=True)
+    experts = ExpertShard(ep=8, etp=etp, options=TITAN)
+    ops = {op.name: op for op in mlp_ops(_qwen3_like(), shard, experts, compiled=True)}
+    assert ops["expert_fc1"].fwd_flops == pytest.approx(2 * rows * 2048 * 2 * width)
+    assert ops["moe_gather"].fwd_bytes == pytest.approx(2 * 2 * rows * 2048 + 16 * rows)
+    assert ops["moe_weighted_sum"].saved_bytes == pytest.approx(4 * 8 * 4096 * (2048 + 1))

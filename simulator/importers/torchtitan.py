@@ -306,25 +306,23 @@ def _experts(a: Account, name: str, moe: bool, tp: int) -> None:
     - TP: torchtitan all-gathers an MoE layer's input over the TP ranks and reduce-scatters its
       output (apply_moe_ep_tp: PrepareModuleInputOutput Shard(1) -> Replicate -> Partial), every
       TP rank routing every token; without EP the experts are split over the TP ranks
-      (TensorParallel), which llmsim's etp = tp is (titanmoe.py). TP with EP is refused (the
-      routed rows split over the TP ranks, or ExpertTensorParallel: not modelled).
+      (TensorParallel), which llmsim's etp = tp is; with EP, expert_tensor_parallel_degree is the
+      TP degree (ExpertTensorParallel) or 1 (the routed tokens split over the TP ranks,
+      ReordererSequenceParallel): titanmoe.py.
     For a dense model the keys have no effect (JobConfig: "No effect for non-MoE models")."""
     keys = ("parallelism.expert_parallel_degree", "parallelism.expert_tensor_parallel_degree",
             "parallelism.expert_parallel_comm_backend")
     if not moe:
         a.ignore(*keys)
         return
-    ep = a.number(keys[0], 1)
-    if tp > 1 and ep > 1:
-        a.refuse(keys[0], "1 with tensor_parallel_degree > 1: torchtitan's expert parallelism beside TP (the "
-                 "routed rows split over the TP ranks, or ExpertTensorParallel) is not modelled")
-    if a.number(keys[1], 1) not in (1, tp):
+    ep, etp = a.number(keys[0], 1), a.number(keys[1], 1)
+    if etp not in (1, tp):
         a.refuse(keys[1], f"1 or the TP degree {tp} (torchtitan allows no other)")
     if str(a.get(keys[2], "standard")) != "standard":
         a.refuse(keys[2], "standard: torchtitan's DeepEP MoE layer (models/moe/moe_deepep.py) is not modelled")
     a.map(keys[0], "plan.ep", ep)
     # without EP the experts are split over the TP ranks whatever the key says (apply_moe_ep_tp)
-    a.map(keys[1], "plan.etp", tp)
+    a.map(keys[1], "plan.etp", tp if ep == 1 else etp)
     a.map(keys[2], "plan.moe.dispatcher", "alltoall")
     a.map("model.name", "plan.moe.framework", "torchtitan")
     if name == "llama4":
