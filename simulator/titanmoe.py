@@ -31,7 +31,7 @@ weighting reads whole, the TP ranks' outputs summed by the reduce-scatter.
    multiple of 8, TOKEN_GROUP_ALIGN_SIZE_M), which sizes every tensor up to the un-permutation;
    the GEMMs' FLOPs count the R rows (the padding's <= 7 rows an expert are not counted);
 5. experts: torch._grouped_mm for w1 and w3 (two launches: plan.projections separate), SiLU
-   and the product as two eager kernels, the w2 grouped GEMM;
+   and the product as two eager kernels, the w2 grouped GEMM (or the for-loop, below);
 6. combine: _unpermute (index_put into an empty buffer), the all-to-all back, then the k·T
    rows written into a zeroed buffer in token order (index_put);
 7. without probs_on_input (DeepSeek-V3, Qwen3) the rows are cast to fp32 and summed with the
@@ -76,9 +76,15 @@ attention: its norms, RoPE and the concatenations of Q and K, mla.qk_concat_op; 
 wq_b, wkv_a, wkv_b, wo lead the block's count under op-level AC, recompute.py).
 
 Not modelled: the device-to-host copy of the all-to-all's split sizes (ExpertParallel
-._token_dispatch), which makes the host wait for the router each MoE layer (the host is taken to
-run ahead across it, as for Megatron-Core's); torchtitan's DeepEP layer (moe_deepep.py); the
-for-loop experts (use_grouped_mm false).
+._token_dispatch; and the for-loop experts' .tolist()), which makes the host wait for the router
+each MoE layer (the host is taken to run ahead across it, as for Megatron-Core's); torchtitan's
+DeepEP layer (moe_deepep.py).
+
+The for-loop experts (`plan.moe.grouped_gemm: false`; MoEArgs.use_grouped_mm false, which
+torchtitan sets itself below SM90: llama4/model/args.py, so on A100s) run each local expert's
+matmuls, SiLU and product in turn on its rows, in the activations' precision (fp32 training
+too), join the outputs (torch.cat) and stack them on the padding's zeros (torch.vstack); without
+EP there is no _permute. With fp32 activations the casts to fp32 and back are no-ops.
 """
 
 from __future__ import annotations
@@ -115,20 +121,25 @@ def mlp_ops(model, shard, experts: ExpertShard, compiled: bool) -> list:
     rows = dispatched_rows(model, local, experts)  # received by the busiest rank
     routed = routed_rows(model, local, experts)
     n_local = local_experts(model, experts.ep)
-    # _permute's buffer: the received rows and ALIGN more for each local expert
-    padded = rows + ALIGN * n_local
+    # _permute runs for the grouped GEMMs, and after an all-to-all: a buffer of the received rows
+    # and ALIGN more for each local expert
+    permutes = 1.0 if o.grouped_gemm else np.where(np.asarray(experts.ep) > 1, 1.0, 0.0)
+    padded = rows + ALIGN * n_local * permutes
     f = model.expert_ffn_hidden / experts.etp
     useful = o.useful_rows / o.busiest_rows
+    # the for-loop experts launch each local expert's kernels apart
+    per_expert = 1 if o.grouped_gemm else n_local
+    cast = 0 if a == FP32 else a + FP32  # a cast to fp32 and back; none of fp32 activations
 
     def grouped(name, d_in, d_out, saved, widths=None):
         op = _linear(name, rows, d_in, d_out, a, saved, widths, matrices=n_local)
-        return replace(op, model_flops=op.flops * useful * routed / rows)
+        return replace(op, model_flops=op.flops * useful * routed / rows, launches=per_expert)
 
     def glue(name, fwd_bytes, saved=0.0, launches=1):
         return Op(name, MEMORY, fwd_bytes=fwd_bytes, bwd_input_bytes=2 * fwd_bytes, saved_bytes=saved,
                   launches=launches)
 
-    router_bytes = (a + 4 + 4 + 4) if compiled else (a + 4) + (4 + 4) + (4 + 4) + 4
+    router_bytes = (a + 4 + 4 + 4) if compiled else cast + (4 + 4) + (4 + 4) + 4
     ops = [
         _linear("router", tokens, h, e, a, a * tokens * h),
         # kept: the fp32 scores, the chosen experts' indices and their fp32 scores
@@ -138,15 +149,18 @@ def mlp_ops(model, shard, experts: ExpertShard, compiled: bool) -> list:
         glue("moe_gather", 2 * a * sent * h + 2 * INDEX * sent, 2 * INDEX * sent, launches=2),
     ]
     if o.probs_on_input:
-        ops.append(glue("moe_scale_input", (2 * a + 16) * sent * h, FP32 * sent * h + FP32 * sent, launches=3))
+        ops.append(glue("moe_scale_input", (2 * cast + 8) * sent * h, FP32 * sent * h + FP32 * sent, launches=3))
     ops += [
         # kept: the int32 permuted indices and the experts' int32 offsets
-        glue("moe_permute", 2 * a * rows * h + 2 * a * padded * h, 4 * padded + 4 * n_local, launches=4),
+        glue("moe_permute", permutes * (2 * a * rows * h + 2 * a * padded * h), permutes * (4 * padded + 4 * n_local),
+             launches=4),
         grouped("expert_fc1", h, 2 * f, a * padded * h, (f, f)),
-        replace(_elementwise("expert_swiglu", padded * f, 5 * a, 3 * a * padded * f), launches=2),
+        replace(_elementwise("expert_swiglu", padded * f, 5 * a, 3 * a * padded * f), launches=2 * per_expert),
         grouped("expert_fc2", f, h, a * padded * f),
-        glue("moe_unpermute", 2 * a * padded * h, launches=2),
     ]
+    if not o.grouped_gemm:  # the experts' outputs joined (torch.cat), then stacked on their padding's zeros
+        ops.append(glue("moe_expert_cat", 2 * a * rows * h + a * (rows + padded) * h, launches=2))
+    ops.append(glue("moe_unpermute", permutes * 2 * a * padded * h, launches=2))
     if model.shared_experts:
         shared = dense_mlp_ops(model, shard, model.shared_experts * model.shared_expert_ffn_hidden, "shared_")
         # the shared experts read the router's input, kept once by the router; compiled with the
@@ -158,7 +172,7 @@ def mlp_ops(model, shard, experts: ExpertShard, compiled: bool) -> list:
     if o.probs_on_input:
         ops.append(glue("moe_sum", a * (k * tokens + tokens) * h))
     else:
-        ops.append(glue("moe_weighted_sum", (a + 8) * k * tokens * h + (8 + a) * tokens * h,
+        ops.append(glue("moe_weighted_sum", (cast + 4) * k * tokens * h + (4 + cast) * tokens * h,
                         FP32 * k * tokens * (h + 1), launches=3))
     if model.shared_experts:
         ops.append(glue("moe_add", 3 * a * tokens * h))
@@ -208,8 +222,7 @@ def check_plan(plan, model) -> None:
          "alltoall (torchtitan's standard backend); its DeepEP layer (models/moe/moe_deepep.py) is not modelled"),
         ("plan.moe.capacity_factor", o.capacity_factor, o.capacity_factor is not None,
          "none: torchtitan's token-choice routing drops no token"),
-        ("plan.moe.grouped_gemm", o.grouped_gemm, not o.grouped_gemm,
-         "true: the for-loop experts (use_grouped_mm false) are not modelled"),
+
         ("plan.moe.router_padding", o.router_padding, o.router_padding, "false (a Megatron-Core option)"),
         ("plan.moe.shared_expert_overlap", o.shared_expert_overlap, o.shared_expert_overlap,
          "false (a Megatron-Core option)"),
@@ -217,9 +230,9 @@ def check_plan(plan, model) -> None:
         ("plan.moe.folding", o.folding, not o.folding, "true: torchtitan folds EP into the FSDP, CP and TP ranks"),
         ("plan.projections", plan.projections, plan.projections != "separate",
          "separate: torchtitan's w1 and w3 (and wq, wk, wv) are GEMMs of their own"),
-        ("plan.precision", plan.precision, plan.precision != "bf16",
-         "bf16: the experts run in BF16 (_run_experts_grouped_mm casts to it); the FP8 grouped GEMMs "
-         "(quantize.grouped_mm) are not modelled"),
+        ("plan.precision", plan.precision, plan.precision != "bf16" and (o.grouped_gemm or plan.precision != "fp32"),
+         "bf16 (fp32 too with the for-loop experts, grouped_gemm false: _run_experts_grouped_mm casts to BF16); "
+         "the FP8 grouped GEMMs (quantize.grouped_mm) are not modelled"),
         ("plan.recompute", plan.recompute, plan.recompute == "selective",
          "none, full or op-selective (Megatron-Core's selective modules are not torchtitan's)"),
     )

@@ -368,6 +368,38 @@ def test_the_validation_models_moe_layer_sums_each_tokens_top_k_experts_by_their
             assert torch.allclose(out[i], expected, atol=1e-5)
 
 
+def test_the_validation_models_torchtitan_layer_is_the_simulators_parameters():
+    """torchtitan's layer in the torch model (a gate and SwiGLU experts without biases, wq, wk,
+    wv apart, no linear or norm bias) holds what the simulator counts for its model section."""
+    from simulator.calibrate.torch_model import GPTConfig, build_model, param_count
+    from simulator.model import model_from_dict
+
+    cfg = GPTConfig(layers=2, hidden=64, heads=2, vocab=64, seq_len=32, experts=4, top_k=2, moe_layer="torchtitan")
+    assert param_count(build_model(cfg)) == model_from_dict(cfg.model_fields()).params()
+
+
+def test_the_validation_models_torchtitan_layer_weights_each_tokens_experts_by_their_normalised_scores():
+    """Against a token-by-token loop: the k experts with the highest softmax score plus the expert
+    bias, each token's SwiGLU through them weighted by its scores over their sum."""
+    from torch.nn import functional as F
+
+    from simulator.calibrate.torch_model import GPTConfig, build_model
+
+    cfg = GPTConfig(layers=1, hidden=32, heads=2, vocab=64, seq_len=16, experts=4, top_k=2, moe_layer="torchtitan")
+    moe = build_model(cfg).blocks[0].moe
+    moe.expert_bias.copy_(torch.tensor([0.0, 0.5, 0.0, -0.5]))
+    x = torch.randn(2, 16, 32)
+    with torch.no_grad():
+        out = moe(x).reshape(-1, 32)
+        for i, token in enumerate(x.reshape(-1, 32)):
+            scores = torch.softmax(moe.gate(token), dim=-1)
+            chosen = torch.topk(scores + moe.expert_bias, 2).indices.tolist()
+            weights = scores[chosen] / scores[chosen].sum()
+            expected = sum(w * (F.silu(moe.w1[e] @ token) * (moe.w3[e] @ token)) @ moe.w2[e].t()
+                           for w, e in zip(weights, chosen))
+            assert torch.allclose(out[i], expected, atol=1e-5)
+
+
 def test_a_configuration_the_profile_cannot_express_is_listed_not_run():
     # the EPYC profile has no bf16 rate; Megatron-Core's Muon runs its Newton-Schulz GEMMs in bf16
     from simulator.calibrate.validate_torch import GRID, predict_all

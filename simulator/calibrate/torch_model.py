@@ -20,7 +20,14 @@ load-balancing loss from an fp32 softmax over all experts (attached to the outpu
 Megatron's MoEAuxLossAutoScaler attaches it); the rows copied out expert by expert
 (index_select), sorted into chunks of local experts (a copy at one device), each expert's
 linear -> GELU -> linear in turn, the outputs joined (torch.cat) and unsorted (a copy), then
-weighted by their gate and added back to their tokens (scatter_add).
+weighted by their gate and added back to their tokens (scatter_add). With moe_layer
+"torchtitan" the MLP is torchtitan v0.2.2's MoE layer on one device as llmsim models it
+(titanmoe.py; written here from its op sequence): a gate without bias, softmax scores in fp32
+with the expert bias added for the choice, the chosen scores normalised; the routed rows
+gathered in expert order, each expert's SwiGLU (w1, w3, w2 without biases) in turn on its
+rows (the for-loop experts: use_grouped_mm false), the outputs joined and stacked, written
+into a zeroed buffer in token order and summed with their scores in an fp32 bmm; the
+attention's q, k and v are separate linears and no linear has a bias, as torchtitan's.
 Around the layers: token + learned position embedding, final LayerNorm, lm_head tied to the
 token embedding, fp32 cross-entropy. No dropout. Initialised as GPT-2 and Megatron-LM
 initialise (N(0, 0.02)). Full recomputation wraps each layer in torch.utils.checkpoint
@@ -53,14 +60,18 @@ class GPTConfig:
     shared_norm: bool = False
     experts: int = 0  # an MoE MLP of this many experts, each 4h wide, top_k of them per token (0: dense)
     top_k: int = 2
+    moe_layer: str = "megatron-core"  # or torchtitan (plan.moe.framework)
 
     def model_fields(self) -> dict:
         """The scenario `model` section describing this network to the simulator."""
         fields = {"name": "torch-gpt", **asdict(self), "kv_heads": self.heads, "ffn_hidden": 4 * self.hidden,
                   "activation": "gelu", "norm": "layernorm", "position_embedding": "learned", "bias": True,
                   "tied_embeddings": True, "dropout": False}
+        del fields["moe_layer"]
         if self.experts:
             fields["expert_ffn_hidden"] = 4 * self.hidden
+            if self.moe_layer == "torchtitan":  # SwiGLU experts (every layer's MLP is MoE), no biases
+                fields.update(activation="swiglu", bias=False)
         else:
             del fields["experts"], fields["top_k"]
         return fields
@@ -120,19 +131,59 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
                                                 out * gates.flatten()[order].unsqueeze(-1))
             return AttachAuxLoss.apply(y.reshape(b, s, h), aux)
 
+    titan = bool(cfg.experts) and cfg.moe_layer == "torchtitan"
+
+    class TitanMoE(nn.Module):
+        def __init__(self):
+            super().__init__()
+            h, e = cfg.hidden, cfg.experts
+            self.gate = nn.Linear(h, e, bias=False)
+            self.w1, self.w3 = (nn.Parameter(torch.empty(e, 4 * h, h)) for _ in range(2))
+            self.w2 = nn.Parameter(torch.empty(e, h, 4 * h))
+            self.register_buffer("expert_bias", torch.zeros(e))
+            self.register_buffer("tokens_per_expert", torch.zeros(e))
+
+        def forward(self, x):
+            b, s, h = x.shape
+            e, k = cfg.experts, cfg.top_k
+            t = x.reshape(b * s, h)
+            scores = torch.softmax(self.gate(t).float(), dim=1)
+            _, chosen = torch.topk(scores + self.expert_bias, k, dim=-1, sorted=False)
+            top = scores.gather(1, chosen)
+            top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
+            counts = torch.bincount(chosen.flatten(), minlength=e)
+            with torch.no_grad():
+                self.tokens_per_expert.add_(counts)
+            order = torch.argsort(chosen.flatten(), stable=True)
+            rows = t[order // k]
+            split = counts.tolist()
+            out = torch.cat([(F.silu(r @ w1.t()) * (r @ w3.t())) @ w2.t()
+                             for r, w1, w3, w2 in zip(rows.split(split), self.w1, self.w3, self.w2)])
+            out = torch.vstack((out, out.new_zeros((0, h))))
+            unsorted = torch.zeros((b * s * k, h), dtype=out.dtype, device=out.device)
+            unsorted[order] = out
+            y = torch.bmm(top.reshape(-1, 1, k), unsorted.reshape(-1, k, h).float()).to(t.dtype)
+            return y.reshape(b, s, h)
+
     class Block(nn.Module):
         def __init__(self, index: int):
             super().__init__()
             skip = cfg.sliding_window_skip_freq
             self.chunk = cfg.sliding_window if cfg.sliding_window and (not skip or (index + 1) % skip) else 0
             h = cfg.hidden
-            self.ln1, self.ln2 = (nn.LayerNorm(h), nn.LayerNorm(h)) if cfg.pre_norms else (nn.Identity(),) * 2
+            norm_bias = not titan
+            self.ln1, self.ln2 = (nn.LayerNorm(h, bias=norm_bias), nn.LayerNorm(h, bias=norm_bias)) \
+                if cfg.pre_norms else (nn.Identity(),) * 2
             if cfg.shared_norm:
                 self.ln2 = None
-            self.qkv = nn.Linear(h, 3 * h)
-            self.proj = nn.Linear(h, h)
+            self.titan = titan
+            if self.titan:  # torchtitan's wq, wk, wv and wo, without biases
+                self.q, self.k, self.v = (nn.Linear(h, h, bias=False) for _ in range(3))
+            else:
+                self.qkv = nn.Linear(h, 3 * h)
+            self.proj = nn.Linear(h, h, bias=not self.titan)
             if cfg.experts:
-                self.moe = MoE()
+                self.moe = TitanMoE() if self.titan else MoE()
             else:
                 self.up = nn.Linear(h, 4 * h)
                 self.down = nn.Linear(4 * h, h)
@@ -153,7 +204,10 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
             d = cfg.document_tokens if 0 < cfg.document_tokens < s else self.chunk if 0 < self.chunk < s else s
             # split (backward: one cat) rather than unbind of a permuted view (backward: a strided stack)
             normed_input = self.ln1(x)
-            q, k, v = self.qkv(normed_input).split(h, dim=-1)
+            if self.titan:
+                q, k, v = self.q(normed_input), self.k(normed_input), self.v(normed_input)
+            else:
+                q, k, v = self.qkv(normed_input).split(h, dim=-1)
             if cfg.qk_norm and cfg.qk_norm_scope == "full":
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k, v = (t.reshape(b * s // d, d, nh, h // nh).transpose(1, 2) for t in (q, k, v))
@@ -174,7 +228,7 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
             self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
             self.pos = nn.Embedding(cfg.seq_len, cfg.hidden)
             self.blocks = nn.ModuleList(Block(i) for i in range(cfg.layers))
-            self.ln_f = nn.LayerNorm(cfg.hidden)
+            self.ln_f = nn.LayerNorm(cfg.hidden, bias=not titan)
             self.recompute = recompute
 
         def forward(self, idx, targets):

@@ -58,6 +58,7 @@ class RunConfig:
     parallel_block: bool = False
     experts: int = 0
     top_k: int = 2
+    moe_layer: str = "megatron-core"
     optimizer: str = "adam"  # or muon: Megatron-Core's (trainer.MegatronMuon; plan.optimizer)
 
     @property
@@ -102,6 +103,9 @@ def _grid() -> list[RunConfig]:
         # Megatron-Core's MoE layer, 8 experts of 4h, top-2: twice the dense MLP's FLOPs in 8 pieces
         C("l4-h256-s256-b2-moe8k2", 4, 256, 8, 256, 2, experts=8),
         C("l4-h256-s256-b2-moe8k2-full", 4, 256, 8, 256, 2, experts=8, recompute="full"),
+        # torchtitan's MoE layer (its for-loop experts, eager): the glue around the experts
+        C("l4-h256-s256-b2-titanmoe8k2", 4, 256, 8, 256, 2, experts=8, moe_layer="torchtitan"),
+        C("l4-h256-s256-b2-titanmoe8k2-full", 4, 256, 8, 256, 2, experts=8, moe_layer="torchtitan", recompute="full"),
         # Megatron-Core's Muon on the blocks' matrices and the position table, AdamW on the rest
         C("l4-h256-s256-b2-muon", 4, 256, 8, 256, 2, optimizer="muon"),
         C("bf16-l4-h512-s256-b2-muon", 4, 512, 8, 256, 2, precision="bf16", optimizer="muon"),
@@ -242,8 +246,12 @@ def scenario_dict(rc: RunConfig, node: str) -> dict:
                  "recompute": rc.recompute, "precision": rc.precision, "flash_attention": True, "zero_stage": 0,
                  "dp_overlap": False, "grad_precision": "fp32", "grad_accumulation_fusion": False,
                  "optimizer": rc.optimizer,
-                 # one GEMM per expert in turn (Megatron-Core's SequentialMLP): no grouped GEMM on CPUs
-                 **({"moe": {"grouped_gemm": False}} if rc.experts else {})},
+                 # one GEMM per expert in turn (Megatron-Core's SequentialMLP, torchtitan's for-loop
+                 # experts): no grouped GEMM on CPUs
+                 **({"moe": {"grouped_gemm": False}} if rc.experts else {}),
+                 # torchtitan's layer as the torch model runs it: eager, separate projections
+                 **({"moe": {"grouped_gemm": False, "framework": "torchtitan"}, "compile": False,
+                     "projections": "separate"} if rc.moe_layer == "torchtitan" else {})},
     }
 
 
