@@ -213,7 +213,8 @@ def render_result(d: dict, scenario, data: dict | None = None) -> str:
         + (f" optimizer=muon ({p.muon_ns_steps} Newton-Schulz steps, {p.muon_tp_mode} over TP)"
            if p.optimizer == "muon" else ""),
         *([f"experts    {m.shape_summary()}, ep={p.ep} etp={p.etp} {p.moe.dispatcher} dispatch"
-           + (" (torchtitan's MoE layer" + (", scores before the experts" if p.moe.probs_on_input else "") + ")"
+           + (" (torchtitan's MoE layer" + (", scores before the experts" if p.moe.probs_on_input else "")
+              + ("" if p.moe.grouped_gemm else ", for-loop experts") + ")"
               if p.moe.framework == "torchtitan" else "") + "; "
            f"{d['active_parameters'] / 1e9:.2f} B of "
            f"{d['parameters'] / 1e9:.2f} B params active per token"] if m.experts else []),

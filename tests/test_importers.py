@@ -101,7 +101,8 @@ def test_torchtitan_deepseek_v3_is_the_preset_without_its_mtp_module_attending_i
     assert "model.document_tokens" in why["model.attn_mask_type"]  # the flavor's FlexAttention block_causal
     # torchtitan's own MoE layer, which weights the experts' rows after them (its flavor's
     # score_before_experts False) and whose op-level AC keeps the all-to-all outputs
-    assert imported.scenario["plan"]["moe"] == {"dispatcher": "alltoall", "framework": "torchtitan"}
+    assert imported.scenario["plan"]["moe"] == {"dispatcher": "alltoall", "framework": "torchtitan",
+                                                "grouped_gemm": True}
     # expert_parallel_degree 1: every rank holds every expert; no TP, so no expert TP either
     assert _plan(imported, "ep", "etp", "zero_stage") == {"ep": 1, "etp": 1, "zero_stage": 3}
     # [compile] enable with components ["loss"]: the model's kernels run eager
@@ -115,7 +116,8 @@ def test_torchtitan_deepseek_v3_is_the_preset_without_its_mtp_module_attending_i
 def test_torchtitan_expert_parallelism_folds_into_the_fsdp_ranks_beside_tp(tmp_path):
     imported = _torchtitan_edited(tmp_path, [("expert_parallel_degree = 1", "expert_parallel_degree = 32")])
     assert _plan(imported, "tp", "ep", "etp") == {"tp": 1, "ep": 32, "etp": 1}
-    assert imported.scenario["plan"]["moe"] == {"dispatcher": "alltoall", "framework": "torchtitan"}
+    assert imported.scenario["plan"]["moe"] == {"dispatcher": "alltoall", "framework": "torchtitan",
+                                                "grouped_gemm": True}
     # TP without EP: the experts split over the TP ranks (TensorParallel), whatever the ETP key says
     tp8 = _torchtitan_edited(tmp_path, [("tensor_parallel_degree = 1", "tensor_parallel_degree = 8")])
     assert _plan(tp8, "tp", "ep", "etp") == {"tp": 8, "ep": 1, "etp": 8}
@@ -189,8 +191,16 @@ def test_torchtitan_qwen3_as_shipped_runs_its_moe_layer_eager_with_op_level_ac(t
     assert _plan(imported, "eager_norm") == {"eager_norm": "fused"}
     # qwen3's _op_sac_save_list has no all_to_all_single: the dispatch runs again in the recomputation
     assert imported.scenario["plan"]["moe"] == {"dispatcher": "alltoall", "framework": "torchtitan",
-                                                "op_sac_saves_all_to_all": False}
+                                                "op_sac_saves_all_to_all": False, "grouped_gemm": True}
     assert evaluate(scenario_from_dict(imported.scenario), engine="analytic").feasible
+
+
+def test_torchtitan_runs_grouped_gemm_experts_on_hopper_and_its_for_loop_on_ampere(tmp_path):
+    # MoEArgs.use_grouped_mm is turned off below CUDA capability 9.0
+    for node, grouped in (("dgx-h100", True), ("dgx-a100", False)):
+        imported = import_config("torchtitan", DATA / "torchtitan-llama4_17bx16e.toml",
+                                 {"cluster.node": node, "cluster.nodes": 8})
+        assert imported.scenario["plan"]["moe"]["grouped_gemm"] is grouped
 
 
 def test_torchtitan_llama4_as_shipped_splits_its_experts_over_tp_and_evaluates(tmp_path):

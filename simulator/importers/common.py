@@ -34,11 +34,13 @@ class Imported:
                 continue
             plan = F.require_mapping(scenario.get("plan", {}), "plan")
             if not context:
-                devices = cluster_from_dict(scenario.get("cluster")).devices
+                cluster = cluster_from_dict(scenario.get("cluster"))
+                devices = cluster.devices
                 split = math.prod(F.integer(plan, k, "plan", 1, maximum=10**6) for k in ("tp", "pp", "cp"))
                 dp = devices // split if plan.get("dp") in (None, "auto") else F.integer(plan, "dp", "plan")
                 model = model_from_dict(scenario.get("model"))
-                context = {"devices": devices, "dp": max(1, dp), "layers": model.layers, "seq_len": model.seq_len}
+                context = {"devices": devices, "dp": max(1, dp), "layers": model.layers, "seq_len": model.seq_len,
+                           "accelerator": cluster.accelerator.name}
             context["global_batch"] = F.integer(plan, "global_batch", "plan", 1, maximum=10**9)
             set_field(scenario, dotted, fn(context))
         return scenario

@@ -73,6 +73,7 @@ LLAMA4_CAUSAL = {"qk_norm": False, "qk_norm_kind": "norm", "nope_layer_interval"
 # Model fields where torchtitan's model differs from its preset; DeepSeek-V3 trains no
 # multi-token-prediction module in torchtitan v0.2.2
 FLAVOR_FIELDS = {"deepseek_v3": {"mtp_layers": 0}, "llama4": LLAMA4_CAUSAL}
+BELOW_SM90 = ("a100", "v100")  # accelerators whose CUDA capability is below 9.0 (8.0, 7.0)
 NORM_TYPES = {"rmsnorm": "composite", "fused_rmsnorm": "fused", "nn.RMSNorm": "fused"}
 SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved", "ZBVZeroBubble": "zb-v",
              "DualPipeV": "dualpipe-v"}
@@ -325,6 +326,11 @@ def _experts(a: Account, name: str, moe: bool, tp: int) -> None:
     a.map(keys[1], "plan.etp", tp if ep == 1 else etp)
     a.map(keys[2], "plan.moe.dispatcher", "alltoall")
     a.map("model.name", "plan.moe.framework", "torchtitan")
+    # MoEArgs.use_grouped_mm: torch._grouped_mm on SM90 and later, the for-loop experts below
+    # (models/llama4/model/args.py update_from_config: has_cuda_capability(9, 0); ROCm's MI300
+    # reports 9.4)
+    a.derive("model.flavor", "plan.moe.grouped_gemm", "grouped GEMMs on SM90+, a for-loop on A100/V100",
+             lambda c: not c["accelerator"].startswith(BELOW_SM90))
     if name == "llama4":
         a.map("model.flavor", "plan.moe.probs_on_input", True)
     if name == "qwen3":
