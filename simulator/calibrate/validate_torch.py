@@ -248,10 +248,9 @@ def scenario_dict(rc: RunConfig, node: str) -> dict:
                  "optimizer": rc.optimizer,
                  # one GEMM per expert in turn (Megatron-Core's SequentialMLP, torchtitan's for-loop
                  # experts): no grouped GEMM on CPUs
-                 **({"moe": {"grouped_gemm": False}} if rc.experts else {}),
+                 **({"moe": {"grouped_gemm": False, "framework": rc.moe_layer}} if rc.experts else {}),
                  # torchtitan's layer as the torch model runs it: eager, separate projections
-                 **({"moe": {"grouped_gemm": False, "framework": "torchtitan"}, "compile": False,
-                     "projections": "separate"} if rc.moe_layer == "torchtitan" else {})},
+                 **({"compile": False, "projections": "separate"} if rc.moe_layer == "torchtitan" else {})},
     }
 
 
