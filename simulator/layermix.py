@@ -54,6 +54,7 @@ class LayerMix:
     moe_rest_params: object  # an MoE layer's attention, norms, router and shared experts
     routed_params: object  # an MoE layer's local experts
     buffer_bytes: object
+    buffer_layer_params: object  # the largest layer's parameters, what ZeRO-3's buffers hold (memory.buffer_bytes)
     dense_rerun: tuple  # (recompute.LayerCheckpoint, seconds its re-run takes, TP fraction re-run) of each kind
     moe_rerun: tuple | None
     dense_linear_params: object  # weights of a dense-MLP layer's linears (FP8 copies, fp8.py)
@@ -170,7 +171,7 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
                            per.grad) + extra
     shared_linears = model.shared_experts * fp8.mlp_linear_params(model, model.shared_expert_ffn_hidden, plan.tp)
     return LayerMix(dense_ops, moe_ops, dense_t, moe_t, dense_tp, moe_tp, dense_cp, moe_cp, ep, dense_p, rest_p,
-                    routed_p, buffers, dense_rerun, moe_rerun,
+                    routed_p, buffers, buffers_layer, dense_rerun, moe_rerun,
                     fp8.layer_linear_params(model, plan.tp), fp8.attention_linear_params(model, plan.tp) + shared_linears,
                     mtp.eh_proj_tp_comm_s(model, shard, groups, cluster) if model.mtp_layers else (0.0, 0.0))
 
@@ -245,9 +246,7 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, zero_gr
         dp = _sum_dp(fsdp.step_costs(dense, dense_gather, per.grad, groups.grad, cluster, groups.replicate, units),
                      fsdp.step_costs(routed, routed_gather, per.grad, groups.expert_grad, cluster,
                                      groups.expert_replicate, expert_units))
-        layer = mix.dense_params if mix.moe_ops is None else np.maximum(mix.dense_params,
-                                                                         mix.moe_rest_params + mix.routed_params)
-        gathered = fsdp.gathered_extra_bytes(dense, layer, dense_gather, per.weight, per.grad) \
+        gathered = fsdp.gathered_extra_bytes(dense, mix.buffer_layer_params, dense_gather, per.weight, per.grad) \
             + fsdp.gathered_extra_bytes(routed, 0.0, routed_gather, 0.0, per.grad)
     else:
         dp = _sum_dp(dp_costs(plan.zero_stage, dense, dense_gather, per.grad, groups.grad, cluster, groups.replicate,

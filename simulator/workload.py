@@ -481,10 +481,10 @@ def loss_backward_transient_bytes(model: ModelSpec, shard: Shard):
     return 2 * 4 * shard.tokens * model.vocab / shard.tp
 
 
-def _moe_layer_ops(model: ModelSpec, shard: Shard, moe_options):
-    """One MoE layer's operators for a whole sequence on one device holding every expert."""
+def _all_experts(moe_options):
+    """An MoE layer's experts on one device holding every expert (moe.ExpertShard)."""
     from .moe import ExpertShard, MoEOptions
-    return layer_ops(model, shard, ExpertShard(options=moe_options or MoEOptions()))
+    return ExpertShard(options=moe_options or MoEOptions())
 
 
 @lru_cache(maxsize=256)
@@ -495,7 +495,7 @@ def model_flops_per_sequence(model: ModelSpec, moe_options=None) -> float:
     shard = Shard(micro_batch=1, seq_len=model.seq_len)
     layer = sum(op.useful_flops for op in layer_ops(model, shard))
     head = sum(op.useful_flops for op in head_ops(model, shard))
-    moe = sum(op.useful_flops for op in _moe_layer_ops(model, shard, moe_options)) if model.moe_layers else 0.0
+    moe = sum(op.useful_flops for op in layer_ops(model, shard, _all_experts(moe_options))) if model.moe_layers else 0.0
     total = (model.layers - model.moe_layers) * layer + head + model.moe_layers * moe
     return float(total + _mtp_flops(model, shard, layer, moe, lambda op: op.useful_flops))
 
@@ -534,8 +534,7 @@ def executed_flops_per_sequence(model: ModelSpec, flash_attention: bool, recompu
     total = (model.layers - model.moe_layers) * dense + sum(op.flops for op in head_ops(model, shard))
     moe = 0.0
     if model.moe_layers:
-        from .moe import ExpertShard, MoEOptions
-        experts = ExpertShard(options=(moe_options or MoEOptions()).balanced())
+        experts = _all_experts(moe_options.balanced() if moe_options is not None else None)
         moe = executed(layer_ops(model, shard, experts), experts)
         total += model.moe_layers * moe
     return float(total + _mtp_flops(model, shard, dense, moe, lambda op: op.flops))
