@@ -25,17 +25,28 @@ def _is_bool(value) -> bool:
 
 
 def require_mapping(value: Any, field: str) -> Mapping:
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):  # dict first: the ABC check is slow
         raise InputError(field, value, "expected a mapping of keys to values")
     return value
 
 
 def reject_unknown(data: Mapping, allowed: Iterable[str], field: str) -> None:
-    allowed = list(allowed)
+    if not isinstance(allowed, (tuple, list, dict)):
+        allowed = list(allowed)
     for key in data:
         if key not in allowed:
             where = f"{field}.{key}" if field else str(key)
             raise InputError(where, key, "unknown key; allowed: " + ", ".join(allowed))
+
+
+def parsed(cache: dict | None, section: str, data: Any, parse):
+    """parse(data), remembered in `cache` by the section's content (errors are not remembered)."""
+    if cache is None:
+        return parse(data)
+    key = (section, repr(data))  # equal reprs: equal content (a miss only re-parses)
+    if key not in cache:
+        cache[key] = parse(data)
+    return cache[key]
 
 
 def _path(field: str, key: str) -> str:
@@ -45,11 +56,11 @@ def _path(field: str, key: str) -> str:
 def number(data: Mapping, key: str, field: str, default=_MISSING, *, minimum: float = 0.0,
            strict_min: bool = True, maximum: float = ABSURD) -> float:
     """A finite real number in (minimum, maximum] (or [minimum, ...] when not strict)."""
-    path = _path(field, key)
-    if key not in data or data[key] is None:
+    if data.get(key) is None:
         if default is _MISSING:
-            raise InputError(path, None, "required number is missing")
+            raise InputError(_path(field, key), None, "required number is missing")
         return default
+    path = _path(field, key)
     value = data[key]
     if _is_bool(value) or not isinstance(value, numbers.Real):
         raise InputError(path, value, "expected a number")
@@ -69,12 +80,14 @@ def number(data: Mapping, key: str, field: str, default=_MISSING, *, minimum: fl
 def integer(data: Mapping, key: str, field: str, default=_MISSING, *, minimum: int = 1,
             maximum: int = 10**12) -> int:
     """An integer in [minimum, maximum]; 8.0 is accepted as 8, 8.5 is not."""
-    path = _path(field, key)
-    if key not in data or data[key] is None:
+    if data.get(key) is None:
         if default is _MISSING:
-            raise InputError(path, None, "required integer is missing")
+            raise InputError(_path(field, key), None, "required integer is missing")
         return default
     value = data[key]
+    if type(value) is int and minimum <= value <= maximum:  # the common case, without the ABC checks
+        return value
+    path = _path(field, key)
     if _is_bool(value):
         raise InputError(path, value, "expected an integer")
     if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
@@ -90,11 +103,11 @@ def integer(data: Mapping, key: str, field: str, default=_MISSING, *, minimum: i
 
 
 def boolean(data: Mapping, key: str, field: str, default=_MISSING) -> bool:
-    path = _path(field, key)
-    if key not in data or data[key] is None:
+    if data.get(key) is None:
         if default is _MISSING:
-            raise InputError(path, None, "required true/false is missing")
+            raise InputError(_path(field, key), None, "required true/false is missing")
         return default
+    path = _path(field, key)
     value = data[key]
     if not _is_bool(value):
         raise InputError(path, value, "expected true or false")
@@ -102,24 +115,24 @@ def boolean(data: Mapping, key: str, field: str, default=_MISSING) -> bool:
 
 
 def choice(data: Mapping, key: str, field: str, options: Iterable[str], default=_MISSING) -> str:
-    path = _path(field, key)
-    options = list(options)
-    if key not in data or data[key] is None:
+    if not isinstance(options, (tuple, list, dict, frozenset, set)):
+        options = list(options)
+    if data.get(key) is None:
         if default is _MISSING:
-            raise InputError(path, None, "required; one of " + ", ".join(options))
+            raise InputError(_path(field, key), None, "required; one of " + ", ".join(options))
         return default
     value = data[key]
     if not isinstance(value, str) or value not in options:
-        raise InputError(path, value, "expected one of " + ", ".join(options))
+        raise InputError(_path(field, key), value, "expected one of " + ", ".join(options))
     return str(value)
 
 
 def text(data: Mapping, key: str, field: str, default=_MISSING) -> str:
-    path = _path(field, key)
-    if key not in data or data[key] is None:
+    if data.get(key) is None:
         if default is _MISSING:
-            raise InputError(path, None, "required text is missing")
+            raise InputError(_path(field, key), None, "required text is missing")
         return default
+    path = _path(field, key)
     value = data[key]
     if not isinstance(value, str) or not value.strip():
         raise InputError(path, value, "expected non-empty text")

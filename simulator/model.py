@@ -8,7 +8,7 @@ parameter counts here are pure functions of the spec; the cost model builds on t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Mapping
 
@@ -380,10 +380,16 @@ class ModelSpec:
     def params(self, mtp: bool = True) -> int:
         """Total trainable parameters (a tied lm_head counted once); `mtp` adds the
         multi-token-prediction modules, which are trained with the model."""
+        without_mtp, mtp_modules = self._param_totals
+        return without_mtp + (mtp_modules if mtp else 0)
+
+    @cached_property
+    def _param_totals(self) -> tuple[int, int]:
+        """(parameters without the MTP modules, the MTP modules'), counted once per spec: the
+        spec is frozen, and sweeps ask for every plan (domain.py)."""
         moe = self.moe_layers
         total = (self.layers - moe) * self.dense_layer_params() + moe * self.moe_layer_params()
-        extra = self.mtp_layers * self.mtp_module_params() if mtp else 0
-        return total + self._outside_layers() + extra
+        return total + self._outside_layers(), self.mtp_layers * self.mtp_module_params()
 
     def active_params(self, mtp: bool = True) -> int:
         """Parameters one token uses: every parameter but the routed experts it is not sent to.

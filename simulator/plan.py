@@ -206,12 +206,23 @@ class Plan:
 
 
 PLAN_KEYS = tuple(f.name for f in fields(Plan))
+# The plan's sizes: what differs between plans of one vectorised batch (vector.py) and
+# between the points of a sweep's run (sweep.py); every other field is a setting.
+SIZES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "global_batch")
 
 
-def plan_from_dict(data, devices: int | None = None) -> Plan:
-    """Read the scenario's `plan` section. `dp` may be omitted or `auto`: it fills the device count."""
+def plan_from_dict(data, devices: int | None = None, cache: dict | None = None) -> Plan:
+    """Read the scenario's `plan` section. `dp` may be omitted or `auto`: it fills the device count.
+    `cache` (a dict the caller keeps) makes the settings (every field but the sizes) parse
+    once per distinct content, e.g. across the points of a sweep."""
     data = F.require_mapping(data, "plan")
     F.reject_unknown(data, PLAN_KEYS, "plan")
+    sizes = _sizes(data, devices)
+    settings = F.parsed(cache, "plan", {k: v for k, v in data.items() if k not in SIZES}, _settings)
+    return Plan(**sizes, **settings)
+
+
+def _sizes(data, devices: int | None) -> dict:
     tp = F.integer(data, "tp", "plan", 1, maximum=10**6)
     pp = F.integer(data, "pp", "plan", 1, maximum=10**6)
     cp = F.integer(data, "cp", "plan", 1, maximum=10**6)
@@ -223,8 +234,16 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
         dp = devices // (tp * pp * cp)
     else:
         dp = F.integer(data, "dp", "plan", maximum=10**8)
-    ep = F.integer(data, "ep", "plan", 1, maximum=10**6)
-    etp = F.integer(data, "etp", "plan", tp, maximum=10**6)
+    return dict(
+        tp=tp, pp=pp, dp=dp, cp=cp,
+        ep=F.integer(data, "ep", "plan", 1, maximum=10**6),
+        etp=F.integer(data, "etp", "plan", tp, maximum=10**6),
+        vpp=F.integer(data, "vpp", "plan", 1, maximum=10**4),
+        micro_batch=F.integer(data, "micro_batch", "plan", 1, maximum=10**7),
+        global_batch=F.integer(data, "global_batch", "plan", maximum=10**9))
+
+
+def _settings(data) -> dict:
     off = F.require_mapping(data.get("offload") or {}, "plan.offload")
     F.reject_unknown(off, ("optimizer", "params", "activations"), "plan.offload")
     offload = Offload(*(F.choice(off, k, "plan.offload", OFFLOAD_TARGETS, "none")
@@ -233,11 +252,7 @@ def plan_from_dict(data, devices: int | None = None) -> Plan:
     order = F.text(data, "rank_order", "plan", "tp-cp-dp-pp")
     if sorted(order.split("-")) != sorted(DIMENSIONS):
         raise InputError("plan.rank_order", order, "a permutation of tp, cp, dp, pp joined by '-', innermost first")
-    return Plan(
-        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp,
-        vpp=F.integer(data, "vpp", "plan", 1, maximum=10**4),
-        micro_batch=F.integer(data, "micro_batch", "plan", 1, maximum=10**7),
-        global_batch=F.integer(data, "global_batch", "plan", maximum=10**9),
+    return dict(
         schedule=F.choice(data, "schedule", "plan", tuple(SCHEDULES), "1f1b"),
         sequence_parallel=F.boolean(data, "sequence_parallel", "plan", False),
         recompute=F.choice(data, "recompute", "plan", RECOMPUTE, "none"),

@@ -33,21 +33,12 @@ class Scenario:
         return self.cluster.accelerator.price_usd_per_hour
 
 
-def _parsed(cache: dict | None, section: str, data: Any, parse):
-    """parse(data), remembered in `cache` by the section's content (errors are not remembered)."""
-    if cache is None:
-        return parse(data)
-    key = (section, repr(data))  # equal reprs: equal content (a miss only re-parses)
-    if key not in cache:
-        cache[key] = parse(data)
-    return cache[key]
-
-
 def scenario_from_dict(data: Any, cache: dict | None = None) -> Scenario:
     """Validate a scenario mapping; raises InputError naming the first bad field.
 
-    `cache` (a dict the caller keeps) makes the model and cluster sections parse once per
-    distinct content, e.g. across the points of a sweep; results are the same objects."""
+    `cache` (a dict the caller keeps) makes the model, cluster and training sections and the
+    plan's settings parse once per distinct content, e.g. across the points of a sweep;
+    results are the same objects."""
     if data is None:
         raise InputError("scenario", None, "the scenario is empty; expected model, cluster and plan sections")
     data = F.require_mapping(data, "scenario")
@@ -55,13 +46,13 @@ def scenario_from_dict(data: Any, cache: dict | None = None) -> Scenario:
     for section in ("model", "cluster", "plan"):
         if data.get(section) is None:
             raise InputError(section, None, f"the {section} section is required")
-    model = _parsed(cache, "model", data["model"], model_from_dict)
-    cluster = _parsed(cache, "cluster", data["cluster"], cluster_from_dict)
-    plan = plan_from_dict(data["plan"], devices=cluster.devices)
+    model = F.parsed(cache, "model", data["model"], model_from_dict)
+    cluster = F.parsed(cache, "cluster", data["cluster"], cluster_from_dict)
+    plan = plan_from_dict(data["plan"], devices=cluster.devices, cache=cache)
     validate(plan, model, cluster)
     name = data.get("name") or ""
-    return Scenario(model=model, cluster=cluster, plan=plan, training=training_from_dict(data.get("training")),
-                    name=str(name))
+    training = F.parsed(cache, "training", data.get("training"), training_from_dict)
+    return Scenario(model=model, cluster=cluster, plan=plan, training=training, name=str(name))
 
 
 def read_scenario(path: str | Path) -> dict:

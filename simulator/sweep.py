@@ -25,6 +25,7 @@ scheduler address).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 from . import fields as F
 from .errors import InputError
+from .plan import SIZES
 from .space import Space, load_space, space_from_dict
 
 if TYPE_CHECKING:  # pandas is imported when a sweep runs, not with the package
@@ -95,8 +97,9 @@ def _merge(base: dict, point: dict) -> dict:
 
 
 def evaluate_chunk(items: list, base: dict, axes: dict, engine: str = "analytic",
-                   vectorize: bool = True) -> list[dict]:
-    """Rows for [(point_index, point_id, point), ...]; runs in a worker."""
+                   vectorize: bool = True) -> pd.DataFrame:
+    """The table's rows (table.frame) for [(point_index, point_id, point), ...]; runs in a
+    worker, so that building the table's columns runs in parallel too."""
     from . import table
     from .evaluate import evaluate
     from .scenario import scenario_from_dict
@@ -116,14 +119,15 @@ def evaluate_chunk(items: list, base: dict, axes: dict, engine: str = "analytic"
             valid.append((row, scenario))
         rows.append(row)
     if valid and vectorize and engine == "analytic":
-        from .vector import evaluate_many
+        from .vector import evaluate_columns
 
-        for (row, _), d in zip(valid, evaluate_many([s for _, s in valid])):
-            row.update(table.result_row(d))
+        for members, columns in evaluate_columns([s for _, s in valid]):
+            for i, result in zip(members, table.result_rows(columns)):
+                valid[i][0].update(result)
     else:
         for row, scenario in valid:
             row.update(table.result_row(evaluate(scenario, engine=engine).to_dict()))
-    return rows
+    return table.frame(rows, table.schema(axes))
 
 
 # ------------------------------------------------------------------ stores
@@ -184,11 +188,9 @@ class _Store:
                        encoding="utf-8")
         os.replace(tmp, self.meta)
 
-    def frame(self, rows: list[dict]) -> pd.DataFrame:
-        import pandas as pd
-
+    def empty(self) -> pd.DataFrame:
         from . import table
-        return table.normalize(pd.DataFrame(rows), self.kinds)
+        return table.frame([], self.kinds)
 
     def keep_valid(self, df, index_of: dict, where: str):
         """The rows of `df` that belong to this space and are complete; the others are named."""
@@ -263,10 +265,10 @@ class _CsvStore(_Store):
     def start(self, resume: bool, kept: pd.DataFrame | None) -> None:
         """Fresh: truncate to a header. Resume: rewrite (atomically) with the kept rows, so that
         damaged or foreign lines are gone before new rows are appended."""
-        self.finish(kept if kept is not None else self.frame([]))
+        self.finish(kept if kept is not None else self.empty())
 
-    def append(self, rows: list[dict], index: int) -> None:
-        self._write(self.frame(rows), mode="a", header=False)
+    def append(self, rows: pd.DataFrame, index: int) -> None:
+        self._write(rows, mode="a", header=False)
 
     def _write(self, df: pd.DataFrame, mode: str, header: bool = True) -> None:
         text = df.to_csv(index=False, header=header, lineterminator="\n")
@@ -324,8 +326,8 @@ class _ParquetStore(_Store):
         if self.out.exists():
             self.out.unlink()
 
-    def append(self, rows: list[dict], index: int) -> None:
-        self._write_part(self.frame(rows), f"part-{self.run}-{index:08d}")
+    def append(self, rows: pd.DataFrame, index: int) -> None:
+        self._write_part(rows, f"part-{self.run}-{index:08d}")
 
     def _write_part(self, df: pd.DataFrame, stem: str) -> None:
         tmp = self.parts / f".{stem}.tmp"
@@ -350,21 +352,30 @@ def _store(out, kinds, log) -> _Store:
 
 # ------------------------------------------------------------------ execution
 
-_SIZE_FIELDS = {"plan.tp", "plan.pp", "plan.dp", "plan.cp", "plan.ep", "plan.etp", "plan.vpp", "plan.micro_batch",
-                "plan.global_batch"}
+_SIZE_FIELDS = {f"plan.{k}" for k in SIZES}
 
 
-def _by_group(items: list) -> list:
-    """Points ordered so that those differing only in plan sizes are adjacent: a chunk then
-    holds large groups for the vectorised engine. (The table is sorted by point_index.)"""
+def _group_chunks(items: list, size: int) -> list[list]:
+    """Chunks of at most `size` points in which the points that differ only in plan sizes are
+    adjacent, and each such run lies whole in one chunk where it fits: the vectorised engine
+    then evaluates a run as one batch. A run longer than `size` is cut into equal pieces.
+    (The table is sorted by point_index.)"""
     def key(item):
         _, _, point = item
         return [repr(v) for k, v in point.items() if k not in _SIZE_FIELDS]
-    return sorted(items, key=lambda it: (key(it), it[0]))
-
-
-def _chunks(items: list, size: int) -> list[list]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    chunks, current = [], []
+    for _, run in itertools.groupby(sorted(items, key=lambda it: (key(it), it[0])), key=key):
+        run = list(run)
+        if len(current) + len(run) > size and current:
+            chunks.append(current)
+            current = []
+        if len(run) > size:
+            pieces = math.ceil(len(run) / size)
+            step = math.ceil(len(run) / pieces)
+            chunks += [run[i:i + step] for i in range(0, len(run), step)]
+        else:
+            current += run
+    return chunks + ([current] if current else [])
 
 
 class _LocalRunner:
@@ -517,17 +528,17 @@ def _run(space, todo, axes, kinds, store, workers, dask, engine, vectorize, chun
     workers = workers or os.cpu_count() or 1
     total = len(todo) if total is None else total
     size = chunk_size or _chunk_size(engine, vectorize, len(todo), workers)
-    chunks = _chunks(_by_group(todo), size)
+    chunks = _group_chunks(todo, size)
     fn = partial(evaluate_chunk, base=space.base, axes=axes, engine=engine, vectorize=vectorize)
     runner = _run_dask(fn, chunks, dask, workers) if dask else _LocalRunner(fn, chunks, workers)
-    rows: list[dict] = []
-    pending: list[dict] = []
+    frames: list[pd.DataFrame] = []
+    pending: list[pd.DataFrame] = []
     flushed_at, parts = time.monotonic(), 0
 
     def flush():
         nonlocal flushed_at, parts
         if pending:
-            store.append(pending, parts)
+            store.append(pd.concat(pending, ignore_index=True), parts)
             parts += 1
             pending.clear()
         flushed_at = time.monotonic()
@@ -535,12 +546,12 @@ def _run(space, todo, axes, kinds, store, workers, dask, engine, vectorize, chun
     bar = tqdm(total=total, initial=total - len(todo), file=sys.stderr, disable=not progress, unit="pt",
                desc=space.name or "sweep")
     try:
-        for n, chunk_rows in enumerate(runner):
-            (pending if store is not None else rows).extend(chunk_rows)
+        for n, chunk in enumerate(runner):
+            (pending if store is not None else frames).append(chunk)
             if store is not None and (on_chunk is not None or time.monotonic() - flushed_at >= FLUSH_S
-                                      or len(pending) >= 8192):
+                                      or sum(map(len, pending)) >= 8192):
                 flush()
-            bar.update(len(chunk_rows))
+            bar.update(len(chunk))
             if on_chunk is not None:
                 on_chunk(n + 1, len(chunks))
         if store is not None:
@@ -551,5 +562,5 @@ def _run(space, todo, axes, kinds, store, workers, dask, engine, vectorize, chun
             runner.close()
     if store is not None:
         return None
-    frame = table.normalize(pd.DataFrame(rows), kinds)
+    frame = pd.concat(frames, ignore_index=True) if frames else table.frame([], kinds)
     return table.normalize(frame.sort_values("point_index", kind="stable").reset_index(drop=True), kinds)

@@ -96,24 +96,40 @@ def raw_plan_row(data: Mapping) -> dict:
     return out
 
 
-def result_row(d: Mapping) -> dict:
-    """Flatten a `Result.to_dict()`."""
+def result_columns(columns: Mapping) -> dict:
+    """Flatten `Result.to_dict()` values held column by column (vector.evaluate_columns: each
+    key's values as a list, a nested mapping as a mapping of lists) into table columns."""
     out = {}
-    for key, value in d.items():
+    for key, values in columns.items():
         if key in DROPPED:
             continue
         if key in ("memory_gib", "breakdown_s"):
-            for k, v in value.items():
+            for k, v in values.items():
                 out[f"{key}.{k}"] = v
         elif key == "memory_gib_by_stage":
-            out[key] = json.dumps(value) if value is not None else None
+            out[key] = [json.dumps(v) if v is not None else None for v in values]
         elif key in INTERVALS:
-            out[f"{key}.low"], out[f"{key}.high"] = value if value is not None else (None, None)
+            pairs = [v if v is not None else (None, None) for v in values]
+            out[f"{key}.low"], out[f"{key}.high"] = [p[0] for p in pairs], [p[1] for p in pairs]
         elif key == "outside_validation":
-            out[key] = ", ".join(flag["field"] for flag in value)
+            out[key] = [", ".join(flag["field"] for flag in v) for v in values]
         else:
-            out[key] = value
+            out[key] = values
     return out
+
+
+def result_row(d: Mapping) -> dict:
+    """Flatten a `Result.to_dict()`."""
+    one = {k: ({kk: [vv] for kk, vv in v.items()} if k in ("memory_gib", "breakdown_s") else [v])
+           for k, v in d.items()}
+    return {k: v[0] for k, v in result_columns(one).items()}
+
+
+def result_rows(columns: Mapping) -> list[dict]:
+    """result_row() of each plan of evaluate_columns' columns."""
+    flat = result_columns(columns)
+    keys = list(flat)
+    return [dict(zip(keys, values)) for values in zip(*flat.values())]
 
 
 def error_row(message: str) -> dict:
@@ -149,9 +165,6 @@ def _to_bool(v):
     return v.strip().lower() == "true" if isinstance(v, str) else bool(v)
 
 
-_DTYPES = {"int": "Int64", "float": "float64", "bool": "boolean", "str": "object"}
-
-
 def _exact_int(v):
     """An integer cell as a Python int (None when missing); never through float64."""
     if v is None or v is pd.NA or v == "" or (isinstance(v, float) and np.isnan(v)):
@@ -165,27 +178,51 @@ def _exact_int(v):
     return int(v)
 
 
-def _int_column(s: pd.Series) -> pd.Series:
-    if s.dtype.kind in "iu" or str(s.dtype) in ("Int64", "Int32"):
-        return s.astype("Int64")
-    return pd.Series(pd.array([_exact_int(v) for v in s], dtype="Int64"))
+def _missing(v) -> bool:
+    return v is None or v is pd.NA or (isinstance(v, float) and v != v)
+
+
+def _cells(values: list, kind: str):
+    """One column's cells (Python values) in the table's dtype for `kind`: text as Python str
+    ('' when missing), booleans and integers nullable (integers never through float64)."""
+    if kind == "str":
+        return [v if type(v) is str else "" if _missing(v) else str(v) for v in values]
+    if kind == "bool":
+        return pd.array([_to_bool(v) for v in values], dtype="boolean")
+    if kind == "int":
+        if all(type(v) is int and INT64[0] <= v <= INT64[1] or v is None for v in values):
+            return pd.array(values, dtype="Int64")
+        return pd.array([_exact_int(v) for v in values], dtype="Int64")
+    if all(type(v) is float or v is None for v in values):
+        return np.array([np.nan if v is None else v for v in values], dtype="float64")
+    return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").astype("float64").array
+
+
+def _kept(s: pd.Series, kind: str):
+    """The column as it is where its dtype is already the table's for `kind`, else None."""
+    if kind == "int" and (s.dtype.kind in "iu" or str(s.dtype) in ("Int64", "Int32")):
+        return s.astype("Int64").array
+    if kind == "bool" and (s.dtype == "boolean" or s.dtype == bool):
+        return s.astype("boolean").array
+    if kind == "float" and s.dtype == "float64":
+        return s.array
+    return None
+
+
+def frame(rows: list[Mapping], kinds: Mapping[str, str]) -> pd.DataFrame:
+    """Rows (mappings) as a normalized table, each column built from its cells as Python
+    objects (pd.DataFrame(rows) would take an integer column with empty cells through float64)."""
+    return pd.DataFrame({col: _cells([r.get(col) for r in rows], kind) for col, kind in kinds.items()},
+                        index=range(len(rows)))
 
 
 def normalize(df: pd.DataFrame, kinds: Mapping[str, str]) -> pd.DataFrame:
     """Columns in schema order and dtypes; text columns hold Python str ('' when missing)."""
     out = {}
     for col, kind in kinds.items():
-        s = df[col] if col in df.columns else pd.Series([None] * len(df), dtype=object)
-        s = s.reset_index(drop=True)
-        if kind == "str":
-            s = s.astype(object).where(s.notna(), "")
-            if not all(type(v) is str for v in s):
-                s = s.map(str)
-        elif kind == "bool":
-            s = s.astype("boolean") if s.dtype == bool else s.astype(object).map(_to_bool).astype("boolean")
-        elif kind == "int":
-            s = _int_column(s)
-        else:
-            s = pd.to_numeric(s, errors="coerce").astype("float64")
-        out[col] = list(s) if kind == "str" else s.astype(_DTYPES[kind]).array
+        if col not in df.columns:
+            out[col] = _cells([None] * len(df), kind)
+            continue
+        kept = _kept(df[col], kind)
+        out[col] = kept if kept is not None else _cells(df[col].tolist(), kind)
     return pd.DataFrame(out, index=range(len(df)))

@@ -28,12 +28,11 @@ from .intervals import interval_fields, outside_runs, residuals_for
 from .layout import Layout, compile_layout
 from .memory import MEMORY_KEYS
 from .model import ModelSpec
-from .plan import Plan
+from .plan import SIZES, Plan
 from .result import GIB, Result
 from .scenario import Scenario, Training
 from .wholerun import run_economics, with_data_stall
 
-SIZES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "global_batch")
 CATEGORICAL = tuple(f.name for f in fields(Plan) if f.name not in SIZES)
 
 
@@ -137,17 +136,19 @@ def _scenario_key(s: Scenario, cluster_key) -> tuple:
     return (s.model, cluster_key, cats, s.training, s.name, s.plan.sp)
 
 
-def evaluate_many(scenarios: list[Scenario]) -> list[dict]:
-    """Result.to_dict() of each scenario (analytic engine), computed group by group with numpy.
-    Clusters (unhashable) are compared by content, once per distinct object: scenarios parsed
-    one by one batch together as those parsed with a shared cache do."""
+def evaluate_columns(scenarios: list[Scenario]) -> list[tuple[list[int], dict]]:
+    """The analytic engine's Result.to_dict() of the scenarios, computed group by group with
+    numpy: per group, the indices of its scenarios and each key's values as a list in that
+    order (a nested mapping such as `memory_gib` as a mapping of lists). Clusters
+    (unhashable) are compared by content, once per distinct object: scenarios parsed one by
+    one batch together as those parsed with a shared cache do."""
     groups = defaultdict(list)
     clusters: dict = {}
     for i, s in enumerate(scenarios):
         if id(s.cluster) not in clusters:
             clusters[id(s.cluster)] = repr(s.cluster)
         groups[_scenario_key(s, clusters[id(s.cluster)])].append(i)
-    out: list[dict | None] = [None] * len(scenarios)
+    out = []
     for members in groups.values():
         s0 = scenarios[members[0]]
         batch = plan_batch([scenarios[i].plan for i in members])
@@ -157,10 +158,18 @@ def evaluate_many(scenarios: list[Scenario]) -> list[dict]:
                                  "analytic"))
         runs = residuals_for(s0.cluster.accelerator, "analytic")
         columns = {k: _column(v, len(members)) for k, v in d.items()}
+        columns["outside_validation"] = [outside_runs(scenarios[i], runs) for i in members]
+        out.append((members, columns))
+    return out
+
+
+def evaluate_many(scenarios: list[Scenario]) -> list[dict]:
+    """Result.to_dict() of each scenario (analytic engine), from evaluate_columns."""
+    out: list[dict | None] = [None] * len(scenarios)
+    for members, columns in evaluate_columns(scenarios):
         for j, i in enumerate(members):
             out[i] = {k: ({kk: vv[j] for kk, vv in v.items()} if isinstance(v, dict) else v[j])
                       for k, v in columns.items()}
-            out[i]["outside_validation"] = outside_runs(scenarios[i], runs)
     return out
 
 

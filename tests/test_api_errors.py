@@ -66,3 +66,14 @@ def test_numpy_scalars_are_accepted_as_numbers():
     result = search("megatron-gpt-1.7b", {"node": "dgx-a100", "nodes": np.int64(1)}, np.int64(8), top=np.int64(2),
                     engine="analytic")
     assert len(result.table) == 2
+
+
+def test_a_shared_parse_cache_gives_the_same_scenarios_and_refuses_bad_settings_every_time():
+    raw = read_scenario("quickstart.yaml")
+    cache = {}
+    for tp in (1, 2, 1):
+        point = apply_overrides(raw, {"plan.tp": tp, "plan.dp": "auto"})
+        assert scenario_from_dict(point, cache) == scenario_from_dict(point)
+    for _ in range(2):  # an error is not remembered as a result
+        with pytest.raises(InputError, match="plan.precision"):
+            scenario_from_dict(apply_overrides(raw, {"plan.precision": "fp7"}), cache)

@@ -122,7 +122,7 @@ def test_sweep_tables_carry_the_same_interval_as_evaluate():
 
     base = {"model": {"preset": "llama-3.1-8b"}, "cluster": {"node": "dgx-h100", "nodes": 1},
             "plan": {"tp": 8, "micro_batch": 1, "global_batch": 8}}
-    row = evaluate_chunk([(0, "p0", {})], base, {})[0]
+    row = evaluate_chunk([(0, "p0", {})], base, {}).iloc[0]
     want = evaluate(scenario_from_dict(base), engine="analytic").to_dict()
     assert [row["step_time_s_interval.low"], row["step_time_s_interval.high"]] == \
         pytest.approx(want["step_time_s_interval"])

@@ -326,3 +326,27 @@ def test_cli_sweep_writes_the_table(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "64 points" in proc.stdout
     pd.testing.assert_frame_equal(pd.read_parquet(out), sweep(_space(), workers=1, progress=False))
+
+
+def test_chunks_hold_whole_runs_of_points_that_differ_only_in_sizes():
+    # runs by the non-size fields: recompute none (5 points), full (3), selective (12)
+    points = [{"plan.tp": t, "plan.recompute": "none"} for t in range(5)] + \
+             [{"plan.tp": t, "plan.recompute": "full"} for t in range(3)] + \
+             [{"plan.tp": t, "plan.recompute": "selective"} for t in range(12)]
+    items = [(i, f"p{i}", p) for i, p in enumerate(points)]
+    chunks = sweep_module._group_chunks(items, 8)
+    runs = [sorted({p["plan.recompute"] for _, _, p in c}) for c in chunks]
+    # sorted by the run's fields: full (3) and none (5) fill one chunk of 8; selective (12) is
+    # longer than 8 and is cut into two equal pieces of 6
+    assert [len(c) for c in chunks] == [8, 6, 6]
+    assert runs == [["full", "none"], ["selective"], ["selective"]]
+    assert sorted(i for c in chunks for i, _, _ in c) == list(range(20))
+
+
+def test_a_table_keeps_integers_with_empty_cells_exact():
+    from simulator import table
+    rows = [{"point_index": 0, "dp": 2**62 + 1}, {"point_index": 1, "feasible": False}]
+    df = table.frame(rows, table.schema())
+    assert str(df["dp"].dtype) == "Int64"
+    assert df["dp"][0] == 2**62 + 1 and df["dp"][1] is pd.NA
+    assert df["point_id"].tolist() == ["", ""] and df["feasible"].tolist() == [pd.NA, False]
