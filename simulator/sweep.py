@@ -13,9 +13,9 @@ time writes an output: `OUT.lock` is held (flock) and a second sweep is refused.
 space's digest (base, axes, constraints, engine) is stored beside it in `OUT.llmsim.json`;
 `resume=True` refuses a changed space, keeps the finished rows, drops (and names) damaged
 ones, and evaluates the rest. Each row carries `point_id`, a hash of the base scenario, the
-point's values and the engine. The final table is always rebuilt from the stored rows,
-sorted by point_index: an interrupted and resumed sweep writes the same table as an
-uninterrupted one.
+point's values and the engine. The final table is the kept rows as read back and this
+run's rows as stored, sorted by point_index: an interrupted and resumed sweep writes the
+same table as an uninterrupted one.
 
 Execution: in-process (workers=1), local processes (a fork pool on Linux, spawn
 elsewhere; default: all cores), or Dask distributed (`dask="local"` starts a LocalCluster, any other value is a
@@ -503,11 +503,10 @@ def sweep(space: Space | Mapping | str | Path, *, workers: int | None = None, da
         store.start(resume, kept)
         done = set(kept["point_id"]) if kept is not None else set()
         todo = [it for it in items if it[1] not in done]
-        _run(space, todo, axes, kinds, store, workers, dask, engine, vectorize, chunk_size, progress, on_chunk,
-             total=len(items))
-        frame = store.load(index_of)
-        if frame is None:
-            frame = table.normalize(pd.DataFrame(), kinds)
+        new = _run(space, todo, axes, kinds, store, workers, dask, engine, vectorize, chunk_size, progress,
+                   on_chunk, total=len(items))
+        # the kept rows as read back and this run's rows as stored: the table a reread gives
+        frame = pd.concat([f for f in (kept, new) if f is not None], ignore_index=True)
         frame = frame.drop_duplicates("point_id", keep="last")
         frame = table.normalize(frame.sort_values("point_index", kind="stable").reset_index(drop=True), kinds)
         store.finish(frame)
@@ -518,8 +517,9 @@ def sweep(space: Space | Mapping | str | Path, *, workers: int | None = None, da
 
 def _run(space, todo, axes, kinds, store, workers, dask, engine, vectorize, chunk_size, progress, on_chunk,
          total=None):
-    """Evaluate `todo` in chunks; rows go to `store` (flushed at least every FLUSH_S while results
-    arrive, and before each on_chunk call) or, without one, are returned as a table."""
+    """Evaluate `todo` in chunks and return their rows as a table sorted by point_index; with a
+    `store`, rows also go to it as they arrive (flushed at least every FLUSH_S while results
+    arrive, and before each on_chunk call)."""
     import pandas as pd
     from tqdm import tqdm
 
@@ -547,7 +547,9 @@ def _run(space, todo, axes, kinds, store, workers, dask, engine, vectorize, chun
                desc=space.name or "sweep")
     try:
         for n, chunk in enumerate(runner):
-            (pending if store is not None else frames).append(chunk)
+            frames.append(chunk)
+            if store is not None:
+                pending.append(chunk)
             if store is not None and (on_chunk is not None or time.monotonic() - flushed_at >= FLUSH_S
                                       or sum(map(len, pending)) >= 8192):
                 flush()
@@ -560,7 +562,5 @@ def _run(space, todo, axes, kinds, store, workers, dask, engine, vectorize, chun
         bar.close()
         if hasattr(runner, "close"):
             runner.close()
-    if store is not None:
-        return None
     frame = pd.concat(frames, ignore_index=True) if frames else table.frame([], kinds)
     return table.normalize(frame.sort_values("point_index", kind="stable").reset_index(drop=True), kinds)

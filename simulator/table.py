@@ -90,10 +90,12 @@ def raw_plan_row(data: Mapping) -> dict:
     out = {}
     for key, kind in PLAN_COLUMNS.items():
         v = raw.get(key)
-        ok = {"int": isinstance(v, int) and not isinstance(v, bool) and INT64[0] <= v <= INT64[1],
-              "bool": isinstance(v, bool), "str": isinstance(v, str)}[kind]
-        out[key] = v if ok else None
+        out[key] = v if _CELL_OK[kind](v) else None
     return out
+
+
+_CELL_OK = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool) and INT64[0] <= v <= INT64[1],
+            "bool": lambda v: isinstance(v, bool), "str": lambda v: isinstance(v, str)}
 
 
 def result_columns(columns: Mapping) -> dict:

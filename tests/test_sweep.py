@@ -350,3 +350,11 @@ def test_a_table_keeps_integers_with_empty_cells_exact():
     assert str(df["dp"].dtype) == "Int64"
     assert df["dp"][0] == 2**62 + 1 and df["dp"][1] is pd.NA
     assert df["point_id"].tolist() == ["", ""] and df["feasible"].tolist() == [pd.NA, False]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_the_returned_table_is_the_one_the_output_reads_back_as(tmp_path, suffix):
+    out = tmp_path / f"o{suffix}"
+    written = sweep(_space(), workers=1, progress=False, out=out)
+    read_back = sweep(_space(), workers=1, progress=False, out=out, resume=True)  # nothing left to evaluate
+    pd.testing.assert_frame_equal(read_back, written, check_exact=True)
