@@ -19,6 +19,7 @@ from typing import Mapping
 
 import matplotlib
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -84,6 +85,9 @@ def context(df) -> str:
     else:
         cluster = None
     batch = _one(df, "global_batch")
+    if isinstance(batch, str) and "values" in batch:  # a sweep over batch sizes: their range
+        sizes = pd.to_numeric(df["global_batch"], errors="coerce").dropna()
+        batch = f"{int(sizes.min())}-{int(sizes.max())}" if len(sizes) else batch
     parts = [model, cluster, f"global batch {batch}" if batch is not None else None]
     return ", ".join(str(p) for p in parts if p is not None)
 
@@ -226,15 +230,29 @@ def _filled(df: pd.DataFrame, preferred: str, fallback: str) -> str:
     return preferred if preferred in df.columns and df[preferred].notna().any() else fallback
 
 
+LOG_SPAN = 30.0  # an axis whose positive values span more than this factor is logarithmic
+MAX_LABELS = 10  # frontier points labelled at most (spread along the frontier, both ends kept)
+
+
+def _spread(n: int, k: int) -> list[int]:
+    """k of the indices 0..n-1 evenly spread, the first and the last among them (all when n <= k)."""
+    if n <= k:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+
+
 def pareto(df: pd.DataFrame, ax=None, x: str | None = None, y: str | None = None, label_front: bool = True,
            min_gain: float = 1e-3):
     """Every feasible plan as a point (collection 0) and the time-vs-cost Pareto frontier
-    (collection 1, joined by a line, each frontier point labelled with its plan, and its
-    accelerator and node count when the table has several). See pareto_front for min_gain.
+    (collection 1, joined by a line, its points labelled with their plan, and their
+    accelerator, node count and global batch when the table has several: all of them up to
+    MAX_LABELS, else MAX_LABELS spread along it). See pareto_front for min_gain.
 
     Defaults: time and cost to train when the table has them (training.tokens set), else
     step time and $ per million tokens. On one cluster at one price cost is proportional
-    to time; the frontier is informative across node counts, accelerators or prices."""
+    to time; the frontier is informative across node counts, accelerators or prices. An axis
+    whose values span more than LOG_SPAN is logarithmic: a large sweep's frontier sits in
+    the corner of a linear plot."""
     x = x or _filled(df, "time_to_train_days", "step_time_s")
     y = y or _filled(df, "cost_to_train_usd", "usd_per_million_tokens")
     _require(df, [x, y], "pareto")
@@ -242,14 +260,23 @@ def pareto(df: pd.DataFrame, ax=None, x: str | None = None, y: str | None = None
     fig, ax = _axes(ax)
     ax.scatter(pts[x], pts[y], s=12, alpha=0.4, color="tab:blue", label="feasible plans")
     front = pts.iloc[pareto_front(pts[x], pts[y], min_gain)] if len(pts) else pts
-    many = [c for c in ("accelerator", "nodes") if c in pts.columns and pts[c].nunique() > 1]
+    many = [c for c in ("accelerator", "nodes", "global_batch") if c in pts.columns and pts[c].nunique() > 1]
     ax.scatter(front[x], front[y], s=30, color="tab:red", label="Pareto frontier", zorder=3)
     ax.plot(front[x], front[y], color="tab:red", linewidth=1)
     if label_front:
-        for r in front.to_dict("records"):
-            where = " ".join(f"{r[c]}" + (" nodes" if c == "nodes" else "") for c in many)
+        records = front.to_dict("records")
+        for r in (records[i] for i in _spread(len(records), MAX_LABELS)):
+            where = ", ".join({"nodes": f"{r[c]} nodes", "global_batch": f"batch {r[c]}"}.get(c, f"{r[c]}")
+                              for c in many)
             ax.annotate((where + ": " if where else "") + plan_label(r), (r[x], r[y]), fontsize=7, xytext=(4, 4),
-                        textcoords="offset points")
+                        textcoords="offset points", rotation=30, rotation_mode="anchor")
+    for column, set_scale, axis in ((x, ax.set_xscale, ax.xaxis), (y, ax.set_yscale, ax.yaxis)):
+        values = pts[column].to_numpy(dtype=float)
+        if len(values) and values.min() > 0 and values.max() > LOG_SPAN * values.min():
+            set_scale("log")
+            axis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(ticker.NullFormatter())
     ax.set_xlabel(label(x))
     ax.set_ylabel(label(y))
     _title(ax, f"{label(x).split(' (')[0].capitalize()} vs {label(y).split(' (')[0]}", df)
@@ -259,6 +286,14 @@ def pareto(df: pd.DataFrame, ax=None, x: str | None = None, y: str | None = None
 
 
 # ------------------------------------------------------------------ TP x PP heatmap
+
+def _short(v: float) -> str:
+    """Three significant digits with a k, M or G suffix: 689k, 1.25M."""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g}{suffix}"
+    return f"{v:.3g}"
+
 
 def heatmap_grid(df: pd.DataFrame, value: str = "tokens_per_s"):
     """(tp values, pp values, grid[pp, tp] of the best feasible `value`, NaN where no plan
@@ -290,8 +325,10 @@ def heatmap(df: pd.DataFrame, ax=None, value: str = "tokens_per_s"):
             v = grid[i, j]
             if not present[i, j]:
                 continue
-            text = INFEASIBLE_MARK if np.isnan(v) else f"{v:.3g}"
-            ax.text(j, i, text, ha="center", va="center", fontsize=8, color="black" if np.isnan(v) else "white")
+            text = INFEASIBLE_MARK if np.isnan(v) else _short(v)
+            # viridis is light at its top: dark text there
+            dark = np.isnan(v) or im.norm(v) > 0.6
+            ax.text(j, i, text, ha="center", va="center", fontsize=8, color="black" if dark else "white")
     ax.set_xticks(range(len(tps)), [str(t) for t in tps])
     ax.set_yticks(range(len(pps)), [str(p) for p in pps])
     ax.set_xlabel("tensor-parallel size TP (devices)")

@@ -107,6 +107,24 @@ def test_pareto_has_every_feasible_point_and_the_non_dominated_ones(table):
     assert _names_the_setting(ax.get_title()) and _legend_is_outside(ax)
 
 
+def test_a_large_sweeps_pareto_is_logarithmic_and_labels_ten_frontier_points_ends_included():
+    # a frontier of 14 plans from 1 s to 1000 s (cost falling from 200 to 1), each with a
+    # dominated twin at twice the cost; nodes and batch differ along it
+    xs = np.logspace(0, 3, 14)
+    ys = 200 / xs ** (np.log(200) / np.log(1000))
+    rows = [{"feasible": True, "step_time_s": x, "usd_per_million_tokens": y * f, "tp": 8, "pp": 2, "dp": 4,
+             "model": "llama-3.1-70b", "node": "dgx-h100",
+             "nodes": 8 * (i % 2 + 1), "global_batch": 256 * (i % 3 + 1)}
+            for i, (x, y) in enumerate(zip(xs, ys)) for f in (1, 2)]
+    ax = plots.pareto(pd.DataFrame(rows)).axes[0]
+    assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
+    assert len(ax.collections[1].get_offsets()) == 14 and len(ax.texts) == 10
+    labelled = sorted(t.xy[0] for t in ax.texts)
+    assert labelled[0] == pytest.approx(1.0) and labelled[-1] == pytest.approx(1000.0)
+    assert ax.texts[0].get_text() == "8 nodes, batch 256: tp8 pp2 dp4"
+    assert "global batch 256-768" in ax.get_title()
+
+
 def test_heatmap_has_a_cell_per_tp_pp_and_crosses_where_no_plan_fits(table):
     fig = plots.heatmap(table)
     ax = fig.axes[0]
@@ -116,6 +134,17 @@ def test_heatmap_has_a_cell_per_tp_pp_and_crosses_where_no_plan_fits(table):
     assert (~fits).sum() > 0 and fits.sum() > 0
     assert ax.get_xlabel() == "tensor-parallel size TP (devices)" and _names_the_setting(ax.get_title())
     assert fig.axes[1].get_ylabel() == "throughput (tokens/s)"  # the colour bar
+
+
+def test_heatmap_cells_read_as_short_numbers_dark_on_the_light_end_of_the_scale(table):
+    assert [plots._short(v) for v in (689_012.0, 1.254e6, 2.5e9, 512.0, 0.5)] == ["689k", "1.25M", "2.5G", "512",
+                                                                               "0.5"]
+    ax = plots.heatmap(table).axes[0]
+    _, _, grid, _ = plots.heatmap_grid(table)
+    texts = {(round(t.get_position()[1]), round(t.get_position()[0])): t for t in ax.texts}
+    brightest = np.unravel_index(np.nanargmax(grid), grid.shape)
+    darkest = np.unravel_index(np.nanargmin(grid), grid.shape)
+    assert texts[brightest].get_color() == "black" and texts[darkest].get_color() == "white"
 
 
 def _bars(ax):
