@@ -153,10 +153,13 @@ def breakdown(df: pd.DataFrame, ax=None, labels=None, max_plans: int = 20):
     labels = labels if labels is not None else [plan_label(r) for r in rows.to_dict("records")]
     ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=8)
     valid = int(df["step_time_s"].notna().sum())
+    fit = int(_feasible(df)["step_time_s"].notna().sum())
+    shown_fit = min(len(rows), fit)
+    what = f"Step-time breakdown of the {shown_fit} fastest of {fit} plans that fit" + (
+        f", then {len(rows) - shown_fit} out of memory" if len(rows) > shown_fit else "")
     ax.set_xlabel("plan (fastest first)" if valid > 1 else "plan")
     ax.set_ylabel("step time (s), exposed parts")
-    _title(ax, f"Step-time breakdown of the {len(rows)} fastest of {valid} plans" if valid > 1
-           else "Step-time breakdown", df)
+    _title(ax, what if valid > 1 else "Step-time breakdown", df)
     _outside_legend(ax)
     fig.tight_layout()
     return fig
@@ -182,7 +185,7 @@ def stages_of(result) -> tuple[list[dict], float]:
 def memory(result, ax=None, scenario=None):
     """Stacked bars of weights, gradients, optimizer, activations and other per pipeline
     stage, with the device capacity as a dashed line; one bar container per part. The
-    title names the model, cluster and batch from `scenario` (a Scenario) or the row."""
+    title names the plan, the model, cluster and batch from `scenario` (a Scenario) or the row."""
     stages, capacity = stages_of(result)
     fig, ax = _axes(ax, (max(5, 0.35 * len(stages) + 3), 4.5))
     x = np.arange(len(stages))
@@ -195,13 +198,16 @@ def memory(result, ax=None, scenario=None):
     ax.set_xticks(x, [str(i) for i in x] if len(stages) > 1 else ["peak stage"])
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel("memory per device (GiB)")
+    what = "Memory per pipeline stage"
+    if scenario is not None or "tp" in result:  # name the plan: a sweep's rows differ in it
+        what += f" of {plan_label(scenario.plan if scenario is not None else result)}"
     if scenario is not None:
         c = scenario.cluster
         where = (f"{scenario.model.name}, {c.nodes} x {c.node.name} ({c.devices} x {c.accelerator.name}), "
                  f"global batch {scenario.plan.global_batch}")
-        ax.set_title(f"Memory per pipeline stage\n{where}", fontsize=10)
+        ax.set_title(f"{what}\n{where}", fontsize=10)
     else:
-        _title(ax, "Memory per pipeline stage", dict(result) if "model" in result else None,
+        _title(ax, what, dict(result) if "model" in result else None,
                "" if "model" in result else f"{result.get('scenario') or 'scenario'}: {result.get('devices')} devices, "
                f"global batch {result.get('global_batch')}")
     _outside_legend(ax)
