@@ -240,6 +240,14 @@ LOG_SPAN = 30.0  # an axis whose positive values span more than this factor is l
 MAX_LABELS = 10  # frontier points labelled at most (spread along the frontier, both ends kept)
 
 
+def _log_axis(set_scale, axis) -> None:
+    """A logarithmic axis with plain tick labels at 1, 2 and 5 of each decade."""
+    set_scale("log")
+    axis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(ticker.NullFormatter())
+
+
 def _spread(n: int, k: int) -> list[int]:
     """k of the indices 0..n-1 evenly spread, the first and the last among them (all when n <= k)."""
     if n <= k:
@@ -279,10 +287,7 @@ def pareto(df: pd.DataFrame, ax=None, x: str | None = None, y: str | None = None
     for column, set_scale, axis in ((x, ax.set_xscale, ax.xaxis), (y, ax.set_yscale, ax.yaxis)):
         values = pts[column].to_numpy(dtype=float)
         if len(values) and values.min() > 0 and values.max() > LOG_SPAN * values.min():
-            set_scale("log")
-            axis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-            axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-            axis.set_minor_formatter(ticker.NullFormatter())
+            _log_axis(set_scale, axis)
     ax.set_xlabel(label(x))
     ax.set_ylabel(label(y))
     _title(ax, f"{label(x).split(' (')[0].capitalize()} vs {label(y).split(' (')[0]}", df)
@@ -442,7 +447,9 @@ METRIC_UNITS = {"hardware_tflops_per_device": "hardware TFLOP/s per device", "st
 def scatter(df: pd.DataFrame, ax=None, measured: str = "measured", predicted: str = "predicted",
             label: str | None = "id", metric: str = "metric"):
     """Predicted against measured values with the y = x line and +-20 % band; one panel per
-    metric (a `metric` column), each on its own axes with the metric's unit."""
+    metric (a `metric` column), each on its own axes with the metric's unit. The MAX_LABELS
+    points farthest from y = x (by the ratio) carry their `label`; a panel whose values span
+    more than LOG_SPAN is logarithmic on both axes (the band stays a band)."""
     _require(df, [measured, predicted], "scatter")
     pts = df.dropna(subset=[measured, predicted])
     metrics = list(dict.fromkeys(pts[metric])) if metric in pts.columns else [None]
@@ -459,13 +466,20 @@ def scatter(df: pd.DataFrame, ax=None, measured: str = "measured", predicted: st
         ax.scatter(sub[measured], sub[predicted], s=20, color="tab:blue", zorder=3, label="runs")
         lo = float(min(sub[measured].min(), sub[predicted].min())) if len(sub) else 0.0
         hi = float(max(sub[measured].max(), sub[predicted].max())) if len(sub) else 1.0
+        if 0 < lo and hi < 1.05 * lo:  # one run, or runs alike: the line and band over +-30 % of them
+            lo, hi = lo / 1.3, hi * 1.3
         line = np.array([lo, hi])
         ax.plot(line, line, color="black", linewidth=1, label="y = x")
         ax.fill_between(line, 0.8 * line, 1.2 * line, color="grey", alpha=0.2, label="±20 %")
         if label and label in sub.columns:
-            for r in sub.to_dict("records"):
+            miss = np.abs(np.log(sub[predicted].to_numpy(dtype=float) / sub[measured].to_numpy(dtype=float)))
+            for i in np.argsort(-miss, kind="stable")[:MAX_LABELS]:
+                r = sub.iloc[i]
                 ax.annotate(str(r[label]), (r[measured], r[predicted]), fontsize=6, xytext=(3, 3),
                             textcoords="offset points")
+        if lo > 0 and hi > LOG_SPAN * lo:
+            for set_scale, axis in ((ax.set_xscale, ax.xaxis), (ax.set_yscale, ax.yaxis)):
+                _log_axis(set_scale, axis)
         unit = METRIC_UNITS.get(m, str(m).replace("_", " ")) if m is not None else "value"
         ax.set_xlabel(f"measured {unit}")
         ax.set_ylabel(f"predicted {unit}")

@@ -193,6 +193,22 @@ def test_scatter_draws_one_panel_per_metric_with_its_unit():
     assert [len(a.collections[0].get_offsets()) for a in fig.axes] == [2, 2]
 
 
+def test_scatter_labels_the_ten_runs_farthest_from_y_equals_x_on_log_axes_when_wide():
+    # 14 runs from 0.1 to 100 s; run i is off by i % (its ratio 1 + i/100), so the ten
+    # farthest are runs 4..13
+    measured = np.logspace(-1, 2, 14)
+    df = pd.DataFrame({"id": [f"r{i}" for i in range(14)], "measured": measured,
+                       "predicted": measured * (1 + np.arange(14) / 100)})
+    ax = plots.scatter(df).axes[0]
+    assert sorted(t.get_text() for t in ax.texts) == sorted(f"r{i}" for i in range(4, 14))
+    assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
+
+
+def test_a_scatter_of_one_run_draws_its_band_around_it():
+    ax = plots.scatter(pd.DataFrame({"id": ["a"], "measured": [468.0], "predicted": [470.0]})).axes[0]
+    assert list(ax.lines[0].get_xdata()) == pytest.approx([468.0 / 1.3, 470.0 * 1.3])
+
+
 def test_accelerators_have_one_bar_per_accelerator_with_its_best_plan(accel_table):
     fig = plots.accelerators(accel_table)
     left, right = fig.axes
