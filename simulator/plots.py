@@ -427,7 +427,7 @@ def timeline(tl: pd.DataFrame, ax=None, max_tasks: int = 5000, title: str | None
     ax.set_xlabel("time in the step (s)")
     ax.set_ylabel("pipeline stage and stream")
     stages = len({s for s, _ in lanes})
-    what = f"{len(tl):,} tasks on {stages} pipeline stages"
+    what = f"{len(tl):,} tasks on {stages} pipeline stage{'s' if stages != 1 else ''}"
     if resolution:
         what += (f"; aggregated into {1e3 * resolution:.3g} ms bins, each drawn as the task kind busiest in it "
                  f"({len(bars):,} bars)")
