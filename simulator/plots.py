@@ -237,7 +237,7 @@ def _filled(df: pd.DataFrame, preferred: str, fallback: str) -> str:
 
 
 LOG_SPAN = 30.0  # an axis whose positive values span more than this factor is logarithmic
-MAX_LABELS = 10  # frontier points labelled at most (spread along the frontier, both ends kept)
+MAX_LABELS = 10  # points a plot labels at most: the Pareto frontier's, the scatter's worst runs
 
 
 def _log_axis(set_scale, axis) -> None:
@@ -299,7 +299,8 @@ def pareto(df: pd.DataFrame, ax=None, x: str | None = None, y: str | None = None
 # ------------------------------------------------------------------ TP x PP heatmap
 
 def _short(v: float) -> str:
-    """Three significant digits with a k, M or G suffix: 689k, 1.25M."""
+    """Three significant digits with a k, M or G suffix: 689k, 1.25M (999,999 is 1M)."""
+    v = float(f"{v:.3g}")
     for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(v) >= scale:
             return f"{v / scale:.3g}{suffix}"

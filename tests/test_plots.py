@@ -138,8 +138,8 @@ def test_heatmap_has_a_cell_per_tp_pp_and_crosses_where_no_plan_fits(table):
 
 
 def test_heatmap_cells_read_as_short_numbers_dark_on_the_light_end_of_the_scale(table):
-    assert [plots._short(v) for v in (689_012.0, 1.254e6, 2.5e9, 512.0, 0.5)] == ["689k", "1.25M", "2.5G", "512",
-                                                                               "0.5"]
+    assert [plots._short(v) for v in (689_012.0, 1.254e6, 999_999.0, 2.5e9, 512.0, 0.5)] == \
+        ["689k", "1.25M", "1M", "2.5G", "512", "0.5"]
     ax = plots.heatmap(table).axes[0]
     _, _, grid, _ = plots.heatmap_grid(table)
     texts = {(round(t.get_position()[1]), round(t.get_position()[0])): t for t in ax.texts}
