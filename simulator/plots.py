@@ -37,6 +37,7 @@ LABELS = {
     "peak_reserved_gib": "peak reserved per device (GiB)",
     "usd_per_million_tokens": "cost ($ per million tokens)", "cost_usd_per_step": "cost ($ per step)",
     "time_to_train_days": "time to train (days)", "cost_to_train_usd": "cost to train ($)",
+    "s_per_million_tokens": "time per million tokens (s)",
     "model_tflops_per_device": "model TFLOP/s per device", "hardware_tflops_per_device": "hardware TFLOP/s per device",
 }
 
@@ -263,10 +264,16 @@ def pareto(df: pd.DataFrame, ax=None, x: str | None = None, y: str | None = None
     MAX_LABELS, else MAX_LABELS spread along it). See pareto_front for min_gain.
 
     Defaults: time and cost to train when the table has them (training.tokens set), else
-    step time and $ per million tokens. On one cluster at one price cost is proportional
-    to time; the frontier is informative across node counts, accelerators or prices. An axis
+    step time and $ per million tokens, or the time per million tokens where the global batch
+    varies (a step of 4096 sequences is no slower than one of 256 for taking longer). On one
+    cluster at one price cost is proportional to time; the frontier is informative across
+    node counts, accelerators or prices. An axis
     whose values span more than LOG_SPAN is logarithmic: a large sweep's frontier sits in
     the corner of a linear plot."""
+    if x is None and _filled(df, "time_to_train_days", "") == "" and "tokens_per_s" in df.columns \
+            and df.get("global_batch", pd.Series(dtype=float)).nunique() > 1:
+        df = df.assign(s_per_million_tokens=1e6 / df["tokens_per_s"])
+        x = "s_per_million_tokens"
     x = x or _filled(df, "time_to_train_days", "step_time_s")
     y = y or _filled(df, "cost_to_train_usd", "usd_per_million_tokens")
     _require(df, [x, y], "pareto")

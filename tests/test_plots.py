@@ -126,6 +126,17 @@ def test_a_large_sweeps_pareto_is_logarithmic_and_labels_ten_frontier_points_end
     assert "global batch 256-768" in ax.get_title()
 
 
+def test_a_pareto_over_batch_sizes_compares_time_per_million_tokens_not_step_time():
+    # plan b takes twice a's step for four times a's batch: half the time per token, at a's cost
+    rows = [{"feasible": True, "global_batch": 256, "step_time_s": 10.0, "tokens_per_s": 1e5,
+             "usd_per_million_tokens": 2.0, "tp": 8, "pp": 1, "dp": 8, "model": "m", "node": "dgx-h100", "nodes": 8},
+            {"feasible": True, "global_batch": 1024, "step_time_s": 20.0, "tokens_per_s": 2e5,
+             "usd_per_million_tokens": 2.0, "tp": 8, "pp": 1, "dp": 8, "model": "m", "node": "dgx-h100", "nodes": 8}]
+    ax = plots.pareto(pd.DataFrame(rows)).axes[0]
+    assert ax.get_xlabel() == "time per million tokens (s)"
+    assert [tuple(p) for p in ax.collections[1].get_offsets()] == [(5.0, 2.0)]  # b alone: 1e6 / 2e5 s
+
+
 def test_heatmap_has_a_cell_per_tp_pp_and_crosses_where_no_plan_fits(table):
     fig = plots.heatmap(table)
     ax = fig.axes[0]
