@@ -270,11 +270,12 @@ def pareto(df: pd.DataFrame, ax=None, x: str | None = None, y: str | None = None
     node counts, accelerators or prices. An axis
     whose values span more than LOG_SPAN is logarithmic: a large sweep's frontier sits in
     the corner of a linear plot."""
-    if x is None and _filled(df, "time_to_train_days", "") == "" and "tokens_per_s" in df.columns \
-            and df.get("global_batch", pd.Series(dtype=float)).nunique() > 1:
-        df = df.assign(s_per_million_tokens=1e6 / df["tokens_per_s"])
-        x = "s_per_million_tokens"
-    x = x or _filled(df, "time_to_train_days", "step_time_s")
+    if x is None:
+        x = _filled(df, "time_to_train_days", "step_time_s")
+        if x == "step_time_s" and "tokens_per_s" in df.columns and "global_batch" in df.columns \
+                and df["global_batch"].nunique() > 1:
+            df = df.assign(s_per_million_tokens=1e6 / df["tokens_per_s"])
+            x = "s_per_million_tokens"
     y = y or _filled(df, "cost_to_train_usd", "usd_per_million_tokens")
     _require(df, [x, y], "pareto")
     pts = _feasible(df).dropna(subset=[x, y])

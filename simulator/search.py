@@ -49,7 +49,7 @@ from .model import ModelSpec, model_from_dict
 from .plan import PRECISIONS, Offload, Plan, check_precision, plan_from_dict, validate
 from .scenario import Scenario, Training
 from .stagesplit import PIPELINE_SPLITS, balanced_layout, plan_stage_layers, rank_layer_kinds
-from .table import plan_columns
+from .table import NESTED, plan_columns
 from .vector import evaluate_batch, PlanBatch, SIZES
 
 OBJECTIVES = {  # column, ascending
@@ -273,7 +273,7 @@ def _plan_columns(batch: PlanBatch, model: ModelSpec, cluster: Cluster) -> dict:
 def _result_columns(d: dict) -> dict:
     out = {}
     for key, value in d.items():
-        if key in ("memory_gib", "breakdown_s"):
+        if key in NESTED:
             out.update({f"{key}.{k}": v for k, v in value.items()})
         elif key not in ("scenario", "flop_convention", "memory_gib_by_stage", "devices", "global_batch", "seq_len",
                          "diagnostics"):

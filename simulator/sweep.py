@@ -489,7 +489,8 @@ def sweep(space: Space | Mapping | str | Path, *, workers: int | None = None, da
 
     store = _store(out, kinds, log) if out is not None else None
     if store is None:
-        return _run(space, items, axes, kinds, None, workers, dask, engine, vectorize, chunk_size, progress, on_chunk)
+        return _in_point_order(_run(space, items, axes, kinds, None, workers, dask, engine, vectorize, chunk_size,
+                                    progress, on_chunk), kinds)
     store.lock()
     try:
         digest = space_digest(space, engine)
@@ -508,7 +509,7 @@ def sweep(space: Space | Mapping | str | Path, *, workers: int | None = None, da
         # the kept rows as read back and this run's rows as stored: the table a reread gives
         frame = pd.concat([f for f in (kept, new) if f is not None], ignore_index=True)
         frame = frame.drop_duplicates("point_id", keep="last")
-        frame = table.normalize(frame.sort_values("point_index", kind="stable").reset_index(drop=True), kinds)
+        frame = _in_point_order(frame, kinds)
         store.finish(frame)
         return frame
     finally:
@@ -517,8 +518,8 @@ def sweep(space: Space | Mapping | str | Path, *, workers: int | None = None, da
 
 def _run(space, todo, axes, kinds, store, workers, dask, engine, vectorize, chunk_size, progress, on_chunk,
          total=None):
-    """Evaluate `todo` in chunks and return their rows as a table sorted by point_index; with a
-    `store`, rows also go to it as they arrive (flushed at least every FLUSH_S while results
+    """Evaluate `todo` in chunks and return their rows as one table (in the order chunks
+    finished); with a `store`, rows also go to it as they arrive (flushed at least every FLUSH_S while results
     arrive, and before each on_chunk call)."""
     import pandas as pd
     from tqdm import tqdm
@@ -562,5 +563,10 @@ def _run(space, todo, axes, kinds, store, workers, dask, engine, vectorize, chun
         bar.close()
         if hasattr(runner, "close"):
             runner.close()
-    frame = pd.concat(frames, ignore_index=True) if frames else table.frame([], kinds)
+    return pd.concat(frames, ignore_index=True) if frames else table.frame([], kinds)
+
+
+def _in_point_order(frame: pd.DataFrame, kinds: dict) -> pd.DataFrame:
+    """The table sorted by point_index, in the schema's dtypes."""
+    from . import table
     return table.normalize(frame.sort_values("point_index", kind="stable").reset_index(drop=True), kinds)

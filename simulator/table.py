@@ -98,6 +98,9 @@ _CELL_OK = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool) and 
             "bool": lambda v: isinstance(v, bool), "str": lambda v: isinstance(v, str)}
 
 
+NESTED = ("memory_gib", "breakdown_s")  # Result.to_dict()'s mappings, flattened to dotted columns
+
+
 def result_columns(columns: Mapping) -> dict:
     """Flatten `Result.to_dict()` values held column by column (vector.evaluate_columns: each
     key's values as a list, a nested mapping as a mapping of lists) into table columns."""
@@ -105,7 +108,7 @@ def result_columns(columns: Mapping) -> dict:
     for key, values in columns.items():
         if key in DROPPED:
             continue
-        if key in ("memory_gib", "breakdown_s"):
+        if key in NESTED:
             for k, v in values.items():
                 out[f"{key}.{k}"] = v
         elif key == "memory_gib_by_stage":
@@ -122,7 +125,7 @@ def result_columns(columns: Mapping) -> dict:
 
 def result_row(d: Mapping) -> dict:
     """Flatten a `Result.to_dict()`."""
-    one = {k: ({kk: [vv] for kk, vv in v.items()} if k in ("memory_gib", "breakdown_s") else [v])
+    one = {k: ({kk: [vv] for kk, vv in v.items()} if k in NESTED else [v])
            for k, v in d.items()}
     return {k: v[0] for k, v in result_columns(one).items()}
 
