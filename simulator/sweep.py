@@ -193,27 +193,30 @@ class _Store:
         return table.frame([], self.kinds)
 
     def keep_valid(self, df, index_of: dict, where: str):
-        """The rows of `df` that belong to this space and are complete; the others are named."""
+        """The rows of `df` that belong to this space and are complete (a point's last row where it
+        repeats); the others are named."""
         bad = ~(df["point_id"].isin(index_of) & df["feasible"].notna())
         expected = df["point_id"].map(index_of)
         bad |= expected.isna() | (df["point_index"].astype("Float64") != expected.astype("Float64")).fillna(True)
         if bad.any():
             self.log(f"{where}: {int(bad.sum())} row(s) do not match this space or lack fields; they are "
                      "dropped and recomputed")
-        return df[~bad]
+        return df[~bad].drop_duplicates("point_id", keep="last")
 
 
 _CELL = {"int": re.compile(r"^-?[0-9]+$"), "bool": re.compile(r"^(True|False)$")}
 
 
 class _CsvStore(_Store):
+    """Rows appended to one CSV file. `_sorted_rows` counts the rows on disk while they are in
+    point order without repeats (None once they are not): the final table is then the file as
+    it stands, and finish() leaves it."""
+
+    _sorted_rows: int | None = None
+    _last_index = -1
+
     def load(self, index_of: dict) -> pd.DataFrame | None:
         """The stored rows that are intact; damaged lines are named and dropped."""
-        import csv
-        import io
-
-        import pandas as pd
-
         from . import table
         if not self.out.exists():
             return None
@@ -222,6 +225,48 @@ class _CsvStore(_Store):
             raw = raw[: raw.rfind(b"\n") + 1]
             with open(self.out, "wb") as fh:
                 fh.write(raw)
+        df = self._typed(raw)
+        intact = df is not None
+        if df is None:
+            df = self._line_by_line(raw)
+        if df is None or not len(df):
+            return None
+        df = table.normalize(df, self.kinds)
+        kept = self.keep_valid(df, index_of, str(self.out))
+        if intact and len(kept) == len(df):
+            self._sorted_rows, self._last_index = 0, -1
+            self._track(kept)
+        return kept
+
+    def _typed(self, raw: bytes) -> pd.DataFrame | None:
+        """The rows of a file whose every line is complete and every cell of its column's kind,
+        parsed by pyarrow's CSV reader; None where any is not (or the header differs), for the
+        line-by-line reading to name the damaged lines."""
+        import io
+
+        import pandas as pd
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+
+        types = {"int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(), "str": pa.string()}
+        try:
+            read = pacsv.read_csv(
+                io.BytesIO(raw), parse_options=pacsv.ParseOptions(newlines_in_values=True),
+                convert_options=pacsv.ConvertOptions(
+                    column_types={col: types[kind] for col, kind in self.kinds.items()}, null_values=[""],
+                    strings_can_be_null=True, true_values=["True"], false_values=["False"]))
+        except (pa.ArrowException, ValueError):  # a short or long line, a cell not of its kind, not UTF-8
+            return None
+        if read.column_names != list(self.kinds):
+            return None
+        return read.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}.get)
+
+    def _line_by_line(self, raw: bytes) -> pd.DataFrame | None:
+        """The intact lines of a damaged file, each checked cell by cell; the others are named."""
+        import csv
+        import io
+
+        import pandas as pd
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -246,8 +291,7 @@ class _CsvStore(_Store):
                      f"{len(good)} row(s) kept")
         if not good:
             return None
-        df = pd.DataFrame(good, columns=header).replace("", None)
-        return self.keep_valid(table.normalize(df, self.kinds), index_of, str(self.out))
+        return pd.DataFrame(good, columns=header).replace("", None)
 
     def _cells_ok(self, cells: list[str]) -> bool:
         for cell, kind in zip(cells, self.kinds.values()):
@@ -262,13 +306,28 @@ class _CsvStore(_Store):
                 return False
         return True
 
+    def _track(self, rows: pd.DataFrame) -> None:
+        """Count `rows`, now on disk after the rows before them, while the file stays in point order."""
+        if self._sorted_rows is None or not len(rows):
+            return
+        index = rows["point_index"].to_numpy(dtype="int64")
+        if index[0] > self._last_index and (len(index) < 2 or (index[1:] > index[:-1]).all()):
+            self._sorted_rows += len(rows)
+            self._last_index = int(index[-1])
+        else:
+            self._sorted_rows = None
+
     def start(self, resume: bool, kept: pd.DataFrame | None) -> None:
         """Fresh: truncate to a header. Resume: rewrite (atomically) with the kept rows, so that
-        damaged or foreign lines are gone before new rows are appended."""
-        self.finish(kept if kept is not None else self.empty())
+        damaged or foreign lines are gone before new rows are appended; a file whose every line
+        was kept in point order is left as it is."""
+        if resume and kept is not None and self._sorted_rows == len(kept):
+            return
+        self._rewrite(kept if kept is not None else self.empty())
 
     def append(self, rows: pd.DataFrame, index: int) -> None:
         self._write(rows, mode="a", header=False)
+        self._track(rows)
 
     def _write(self, df: pd.DataFrame, mode: str, header: bool = True) -> None:
         text = df.to_csv(index=False, header=header, lineterminator="\n")
@@ -278,9 +337,17 @@ class _CsvStore(_Store):
             os.fsync(fh.fileno())
 
     def finish(self, df: pd.DataFrame) -> None:
+        """The final table in place of the file, unless the file already holds its rows in its order."""
+        if self._sorted_rows != len(df):
+            self._rewrite(df)
+
+    def _rewrite(self, df: pd.DataFrame) -> None:
+        """`df` in place of the file, atomically."""
         tmp = self.out.with_name(self.out.name + ".tmp")
         tmp.write_text(df.to_csv(index=False, lineterminator="\n"), encoding="utf-8")
         os.replace(tmp, self.out)
+        self._sorted_rows, self._last_index = 0, -1
+        self._track(df)
 
 
 class _ParquetStore(_Store):
@@ -498,8 +565,6 @@ def sweep(space: Space | Mapping | str | Path, *, workers: int | None = None, da
         if resume:
             store.check_space(digest)
             kept = store.load(index_of)
-            if kept is not None:
-                kept = kept.drop_duplicates("point_id", keep="last")
         store.write_meta(digest, len(items), engine)
         store.start(resume, kept)
         done = set(kept["point_id"]) if kept is not None else set()

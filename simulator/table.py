@@ -203,8 +203,13 @@ def _cells(values: list, kind: str):
     return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").astype("float64").array
 
 
+_TEXT = pd.Series([""]).dtype  # what a column of Python str becomes in a DataFrame
+
+
 def _kept(s: pd.Series, kind: str):
     """The column as it is where its dtype is already the table's for `kind`, else None."""
+    if kind == "str" and isinstance(s.dtype, pd.StringDtype) and s.dtype == _TEXT:
+        return s.fillna("").array
     if kind == "int" and (s.dtype.kind in "iu" or str(s.dtype) in ("Int64", "Int32")):
         return s.astype("Int64").array
     if kind == "bool" and (s.dtype == "boolean" or s.dtype == bool):

@@ -358,3 +358,39 @@ def test_the_returned_table_is_the_one_the_output_reads_back_as(tmp_path, suffix
     written = sweep(_space(), workers=1, progress=False, out=out)
     read_back = sweep(_space(), workers=1, progress=False, out=out, resume=True)  # nothing left to evaluate
     pd.testing.assert_frame_equal(read_back, written, check_exact=True)
+
+
+def test_resuming_a_finished_csv_leaves_the_file_as_it_is(tmp_path):
+    out = tmp_path / "o.csv"
+    written = sweep(_space(), workers=1, progress=False, out=out)
+    before = out.stat().st_ino, out.read_bytes()
+    read_back = sweep(_space(), workers=1, progress=False, out=out, resume=True)
+    assert (out.stat().st_ino, out.read_bytes()) == before  # not rewritten (a rewrite replaces the inode)
+    pd.testing.assert_frame_equal(read_back, written, check_exact=True)
+
+
+@pytest.mark.parametrize("disorder", ["shuffled", "repeated"])
+def test_a_resumed_csv_whose_rows_are_out_of_order_or_repeated_ends_in_point_order(tmp_path, disorder):
+    full = sweep(_space(), workers=1, progress=False, out=tmp_path / "full.csv")
+    header, *rows = (tmp_path / "full.csv").read_text().splitlines(keepends=True)
+    rows = rows[1::2] + rows[::2] if disorder == "shuffled" else rows[:5] + rows[4:]
+    out = tmp_path / "o.csv"
+    out.write_text(header + "".join(rows))
+    (tmp_path / "o.csv.llmsim.json").write_text((tmp_path / "full.csv.llmsim.json").read_text())
+    resumed = sweep(_space(), workers=1, progress=False, out=out, resume=True)
+    pd.testing.assert_frame_equal(resumed, full)
+    assert out.read_text() == (tmp_path / "full.csv").read_text()
+
+
+def test_an_intact_csv_is_read_as_its_lines_read_one_by_one_give(tmp_path):
+    """pyarrow's reader (intact files) against the line-by-line check (damaged ones), on rows
+    with empty cells (invalid points), booleans and quoted JSON."""
+    from simulator import table
+    out = tmp_path / "o.csv"
+    written = sweep(_space(), workers=1, progress=False, out=out)
+    assert written["step_time_s"].isna().any() and written["memory_gib_by_stage"].str.contains(",").any()
+    store = sweep_module._CsvStore(out, table.schema({n: table.axis_kind(v) for n, v in _space().axes}), print)
+    raw = out.read_bytes()
+    typed, lines = store._typed(raw), store._line_by_line(raw)
+    pd.testing.assert_frame_equal(table.normalize(typed, store.kinds), table.normalize(lines, store.kinds),
+                                  check_exact=True)
