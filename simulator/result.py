@@ -60,6 +60,22 @@ class Result:
     active_parameters: float = 0.0  # parameters one token uses (top-k routed experts; all of a dense model)
     whole_run: object = None  # wholerun.WholeRun: data pipeline, goodput, energy
 
+    def __repr__(self) -> str:
+        """A few lines for a notebook or a shell: whether the plan fits, its speed and memory, and
+        the run's time and cost where the scenario gives a token budget; every field is in to_dict()."""
+        fits = "fits" if self.feasible else f"does not fit: {self.reason}"
+        lines = [f"Result of {self.scenario!r} ({self.engine} engine): {fits}",
+                 f"  step {self.step_time_s:.4g} s, {self.tokens_per_s:,.0f} tokens/s, MFU {100 * self.mfu:.1f} %",
+                 f"  peak memory {self.peak_memory_bytes / GIB:.1f} GiB of {self.capacity_bytes / GIB:.1f} "
+                 f"(pipeline stage {self.peak_memory_stage})"]
+        e = self.economics
+        if self.feasible and e.time_to_train_s is not None:
+            cost = "" if e.cost_to_train_usd is None else f", {e.cost_to_train_usd:,.0f} USD"
+            tokens = e.training_tokens
+            tokens = f"{tokens / 1e12:.3g}T" if tokens >= 1e12 else f"{tokens / 1e9:.3g}B"
+            lines.append(f"  {tokens} tokens in {e.time_to_train_s / SECONDS_PER_DAY:.3g} days{cost}")
+        return "\n".join(lines + ["  (every field: .to_dict())"])
+
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len

@@ -129,3 +129,15 @@ def test_result_says_whether_its_profile_was_validated_against_runs_and_why(node
     assert (d["profile_validated"], d["profile_validation"]) == (profile["validated"], profile["reason"])
     said = f"{accelerator} is not validated against measured runs: {profile['reason']}" in render_result(d, s)
     assert said == (not profile["validated"])
+
+
+def test_a_result_shows_itself_in_a_few_lines_naming_fit_speed_memory_and_run():
+    result = evaluate(load_scenario("scenarios/quickstart.yaml"))
+    d, shown = result.to_dict(), repr(result).splitlines()
+    assert len(shown) == 5 and shown[0].endswith(": fits")
+    assert f"step {d['step_time_s']:.4g} s" in shown[1] and f"MFU {100 * d['mfu']:.1f} %" in shown[1]
+    assert f"peak memory {d['peak_memory_gib']:.1f} GiB of {d['memory_capacity_gib']:.1f}" in shown[2]
+    assert f"in {d['time_to_train_days']:.3g} days" in shown[3]
+    oom = evaluate(load_scenario("scenarios/quickstart.yaml", {"plan.tp": 1, "plan.dp": "auto", "plan.micro_batch": 8,
+                                                                "plan.recompute": "none"}))
+    assert f"does not fit: {oom.reason}" in repr(oom) and "days" not in repr(oom)
