@@ -208,12 +208,11 @@ _CELL = {"int": re.compile(r"^-?[0-9]+$"), "bool": re.compile(r"^(True|False)$")
 
 
 class _CsvStore(_Store):
-    """Rows appended to one CSV file. `_sorted_rows` counts the rows on disk while they are in
-    point order without repeats (None once they are not): the final table is then the file as
-    it stands, and finish() leaves it."""
+    """Rows appended to one CSV file. `_on_disk` holds the point_index of each row in the file,
+    in file order, where this store knows them (None where it does not): finish() then puts
+    the file's own lines in point order instead of formatting every cell again."""
 
-    _sorted_rows: int | None = None
-    _last_index = -1
+    _on_disk: list | None = None
 
     def load(self, index_of: dict) -> pd.DataFrame | None:
         """The stored rows that are intact; damaged lines are named and dropped."""
@@ -234,8 +233,7 @@ class _CsvStore(_Store):
         df = table.normalize(df, self.kinds)
         kept = self.keep_valid(df, index_of, str(self.out))
         if intact and len(kept) == len(df):
-            self._sorted_rows, self._last_index = 0, -1
-            self._track(kept)
+            self._on_disk = [kept["point_index"].to_numpy(dtype="int64")]
         return kept
 
     def _typed(self, raw: bytes) -> pd.DataFrame | None:
@@ -306,28 +304,18 @@ class _CsvStore(_Store):
                 return False
         return True
 
-    def _track(self, rows: pd.DataFrame) -> None:
-        """Count `rows`, now on disk after the rows before them, while the file stays in point order."""
-        if self._sorted_rows is None or not len(rows):
-            return
-        index = rows["point_index"].to_numpy(dtype="int64")
-        if index[0] > self._last_index and (len(index) < 2 or (index[1:] > index[:-1]).all()):
-            self._sorted_rows += len(rows)
-            self._last_index = int(index[-1])
-        else:
-            self._sorted_rows = None
-
     def start(self, resume: bool, kept: pd.DataFrame | None) -> None:
         """Fresh: truncate to a header. Resume: rewrite (atomically) with the kept rows, so that
         damaged or foreign lines are gone before new rows are appended; a file whose every line
         was kept in point order is left as it is."""
-        if resume and kept is not None and self._sorted_rows == len(kept):
+        if resume and kept is not None and self._on_disk is not None:
             return
         self._rewrite(kept if kept is not None else self.empty())
 
     def append(self, rows: pd.DataFrame, index: int) -> None:
         self._write(rows, mode="a", header=False)
-        self._track(rows)
+        if self._on_disk is not None:
+            self._on_disk.append(rows["point_index"].to_numpy(dtype="int64"))
 
     def _write(self, df: pd.DataFrame, mode: str, header: bool = True) -> None:
         text = df.to_csv(index=False, header=header, lineterminator="\n")
@@ -337,17 +325,32 @@ class _CsvStore(_Store):
             os.fsync(fh.fileno())
 
     def finish(self, df: pd.DataFrame) -> None:
-        """The final table in place of the file, unless the file already holds its rows in its order."""
-        if self._sorted_rows != len(df):
-            self._rewrite(df)
+        """The final table (sorted by point_index, no repeats) in place of the file: where the file
+        holds exactly its rows, one line each, those lines in point order (left as they are when
+        already in it); else every row formatted again."""
+        import numpy as np
+
+        index = np.concatenate(self._on_disk) if self._on_disk else np.zeros(0, dtype="int64")
+        order = np.argsort(index, kind="stable")
+        if self._on_disk is None or not np.array_equal(index[order], df["point_index"].to_numpy(dtype="int64")):
+            return self._rewrite(df)
+        if (order == np.arange(len(order))).all():
+            return
+        header, *lines = self.out.read_bytes().split(b"\n")[:-1]
+        if len(lines) != len(index):  # a text cell holds a line break: the lines are not the rows
+            return self._rewrite(df)
+        self._replace(b"\n".join([header, *(lines[i] for i in order), b""]))
 
     def _rewrite(self, df: pd.DataFrame) -> None:
-        """`df` in place of the file, atomically."""
+        """`df` in place of the file."""
+        self._replace(df.to_csv(index=False, lineterminator="\n").encode("utf-8"))
+        self._on_disk = [df["point_index"].to_numpy(dtype="int64")]
+
+    def _replace(self, data: bytes) -> None:
+        """The file's content replaced by `data`, atomically."""
         tmp = self.out.with_name(self.out.name + ".tmp")
-        tmp.write_text(df.to_csv(index=False, lineterminator="\n"), encoding="utf-8")
+        tmp.write_bytes(data)
         os.replace(tmp, self.out)
-        self._sorted_rows, self._last_index = 0, -1
-        self._track(df)
 
 
 class _ParquetStore(_Store):

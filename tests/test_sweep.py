@@ -394,3 +394,12 @@ def test_an_intact_csv_is_read_as_its_lines_read_one_by_one_give(tmp_path):
     typed, lines = store._typed(raw), store._line_by_line(raw)
     pd.testing.assert_frame_equal(table.normalize(typed, store.kinds), table.normalize(lines, store.kinds),
                                   check_exact=True)
+
+
+def test_a_csv_whose_cells_hold_line_breaks_ends_in_point_order(tmp_path):
+    out = tmp_path / "o.csv"
+    space = {**SPACE, "sweep": {"plan.tp": [1, 2], "plan.recompute": ["none", "a\nb"]}}
+    written = sweep(space, workers=1, progress=False, out=out)
+    assert out.read_text().count("\n") > len(written) + 1  # the invalid points' cells hold line breaks
+    assert list(pd.read_csv(out)["point_index"]) == [0, 1, 2, 3]
+    pd.testing.assert_frame_equal(sweep(space, workers=1, progress=False, out=out, resume=True), written)
