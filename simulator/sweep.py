@@ -244,18 +244,29 @@ class _CsvStore(_Store):
 
         import pandas as pd
         import pyarrow as pa
+        import pyarrow.compute as pc
         import pyarrow.csv as pacsv
 
-        types = {"int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(), "str": pa.string()}
+        # integers are read as text and held to the line-by-line check's pattern (pyarrow's own
+        # integer parser also takes " 7" and "0x7")
+        types = {"int": pa.string(), "float": pa.float64(), "bool": pa.bool_(), "str": pa.string()}
+        if raw.startswith(b"\n") or b"\n\n" in raw:  # a blank line (pyarrow would skip it)
+            return None
         try:
             read = pacsv.read_csv(
                 io.BytesIO(raw), parse_options=pacsv.ParseOptions(newlines_in_values=True),
                 convert_options=pacsv.ConvertOptions(
                     column_types={col: types[kind] for col, kind in self.kinds.items()}, null_values=[""],
                     strings_can_be_null=True, true_values=["True"], false_values=["False"]))
+            if read.column_names != list(self.kinds):
+                return None
+            for i, (col, kind) in enumerate(self.kinds.items()):
+                if kind == "int":
+                    cells = read.column(i)
+                    if pc.all(pc.match_substring_regex(cells, _CELL["int"].pattern)).as_py() is False:
+                        return None  # (None where every cell is empty)
+                    read = read.set_column(i, col, pc.cast(cells, pa.int64()))
         except (pa.ArrowException, ValueError):  # a short or long line, a cell not of its kind, not UTF-8
-            return None
-        if read.column_names != list(self.kinds):
             return None
         return read.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}.get)
 
