@@ -205,6 +205,8 @@ class _Store:
 
 
 _CELL = {"int": re.compile(r"^-?[0-9]+$"), "bool": re.compile(r"^(True|False)$")}
+# a float as pandas writes it (repr; NaN as an empty cell): a subset of what float() reads
+_WRITTEN_FLOAT = r"^-?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|inf)$"
 
 
 class _CsvStore(_Store):
@@ -247,9 +249,11 @@ class _CsvStore(_Store):
         import pyarrow.compute as pc
         import pyarrow.csv as pacsv
 
-        # integers are read as text and held to the line-by-line check's pattern (pyarrow's own
-        # integer parser also takes " 7" and "0x7")
-        types = {"int": pa.string(), "float": pa.float64(), "bool": pa.bool_(), "str": pa.string()}
+        # numbers are read as text and held to the patterns the table is written in before
+        # pyarrow converts them: its own parsers also take " 7" and "0x7" as integers and
+        # "nan(1)" as a float, which the line-by-line check refuses
+        types = {"int": pa.string(), "float": pa.string(), "bool": pa.bool_(), "str": pa.string()}
+        numbers = {"int": (_CELL["int"].pattern, pa.int64()), "float": (_WRITTEN_FLOAT, pa.float64())}
         if raw.startswith(b"\n") or b"\n\n" in raw:  # a blank line (pyarrow would skip it)
             return None
         try:
@@ -261,11 +265,12 @@ class _CsvStore(_Store):
             if read.column_names != list(self.kinds):
                 return None
             for i, (col, kind) in enumerate(self.kinds.items()):
-                if kind == "int":
+                if kind in numbers:
+                    pattern, dtype = numbers[kind]
                     cells = read.column(i)
-                    if pc.all(pc.match_substring_regex(cells, _CELL["int"].pattern)).as_py() is False:
+                    if pc.all(pc.match_substring_regex(cells, pattern)).as_py() is False:
                         return None  # (None where every cell is empty)
-                    read = read.set_column(i, col, pc.cast(cells, pa.int64()))
+                    read = read.set_column(i, col, pc.cast(cells, dtype))
         except (pa.ArrowException, ValueError):  # a short or long line, a cell not of its kind, not UTF-8
             return None
         return read.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}.get)

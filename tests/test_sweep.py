@@ -216,15 +216,16 @@ def test_a_second_sweep_into_the_same_output_is_refused(tmp_path):
     sweep(_space(), workers=1, progress=False, out=out)  # free again
 
 
-@pytest.mark.parametrize("damage", ["fields", "garbage", "type", "hex", "blank"])
+@pytest.mark.parametrize("damage", ["fields", "garbage", "type", "hex", "blank", "nan"])
 def test_damaged_csv_rows_are_named_dropped_and_recomputed(tmp_path, damage):
     full = sweep(_space(), workers=1, progress=False, out=tmp_path / "full.csv")
     out = tmp_path / "d.csv"
     lines = (tmp_path / "full.csv").read_text().splitlines(keepends=True)
     cells = lines[5].split(",")
+    step = lines[0].split(",").index("step_time_s")
     lines[5] = {"fields": ",".join(cells[:10]) + "\n", "garbage": "\x00\x01 not a row\n",
                 "type": ",".join(["x7"] + cells[1:]), "hex": ",".join([hex(int(cells[0]))] + cells[1:]),
-                "blank": "\n"}[damage]
+                "blank": "\n", "nan": ",".join(["nan(1)" if i == step else c for i, c in enumerate(cells)])}[damage]
     out.write_text("".join(lines))
     (tmp_path / "d.csv.llmsim.json").write_text((tmp_path / "full.csv.llmsim.json").read_text())
     messages = []

@@ -1,0 +1,88 @@
+"""Hypothesis over damaged CSV outputs: whatever lines a crash, a disk or a hand left torn,
+malformed, repeated, reordered, missing or blank, `--resume` gives the uninterrupted sweep's
+table and writes its file byte for byte. Kept small for CI; HYPOTHESIS_PROFILE=long runs more."""
+
+import csv
+import io
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simulator import table
+from simulator.space import space_from_dict
+from simulator.sweep import sweep
+
+BASE = {"model": {"preset": "megatron-gpt-1.7b"}, "cluster": {"node": "dgx-a100", "nodes": 2},
+        "plan": {"global_batch": 64, "dp": "auto"}, "training": {"tokens": 1.0e+10}}
+SPACE = {"base": BASE, "sweep": {"plan.tp": [1, 2, 4, 8], "plan.pp": [1, 2, 3, 4], "plan.recompute": ["none", "full"]}}
+KINDS = table.schema({n: table.axis_kind(v) for n, v in space_from_dict(SPACE).axes})
+TYPED = [i for i, kind in enumerate(KINDS.values()) if kind != "str"]
+# cells of no column's kind, or of a typed column's kind written otherwise
+BAD = ["x", "1.5.2", "0x1f", " 7", "+3", "true", "TRUE", "1e", "--1", "nan()"]
+DAMAGE = st.tuples(st.sampled_from(["torn", "cell", "drop", "repeat", "swap", "blank", "foreign"]),
+                   st.integers(0, 10**6), st.integers(0, 10**6), st.sampled_from(BAD))
+EXAMPLES = 300 if os.environ.get("HYPOTHESIS_PROFILE") == "long" else 20
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished") / "full.csv"
+    full = sweep(SPACE, workers=1, progress=False, out=out)
+    return full, out.read_bytes(), out.with_name("full.csv.llmsim.json").read_bytes()
+
+
+def is_float(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def damaged(text: str, damages) -> str:
+    header, *rows = text.splitlines(keepends=True)
+    for kind, a, b, bad in damages:
+        if not rows:
+            break
+        i, j = a % len(rows), b % len(rows)
+        if kind == "torn":
+            rows[i] = rows[i][: b % len(rows[i])] + "\n"
+        elif kind in ("cell", "foreign"):
+            cells = next(csv.reader([rows[i]]))
+            if len(cells) != len(KINDS):
+                continue
+            column = 1 if kind == "foreign" else TYPED[b % len(TYPED)]
+            if kind == "cell" and list(KINDS.values())[column] == "float" and is_float(bad):
+                continue  # " 7" is a float: a changed value, not a damaged one
+            cells[column] = "0" * 64 if kind == "foreign" else bad
+            line = io.StringIO()
+            csv.writer(line, lineterminator="\n").writerow(cells)
+            rows[i] = line.getvalue()
+        elif kind == "drop":
+            del rows[i]
+        elif kind == "repeat":
+            rows.insert(j, rows[i])
+        elif kind == "swap":
+            rows[i], rows[j] = rows[j], rows[i]
+        else:
+            rows.insert(i, "\n")
+    return header + "".join(rows)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(st.lists(DAMAGE, min_size=1, max_size=4))
+def test_a_resume_of_a_damaged_csv_gives_the_uninterrupted_table_and_file(finished, damages):
+    full, text, record = finished
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "o.csv"
+        out.write_text(damaged(text.decode(), damages))
+        out.with_name("o.csv.llmsim.json").write_bytes(record)
+        resumed = sweep(SPACE, workers=1, progress=False, out=out, resume=True, log=lambda message: None)
+        pd.testing.assert_frame_equal(resumed, full, check_exact=True)
+        assert out.read_bytes() == text
