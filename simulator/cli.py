@@ -16,7 +16,6 @@ from pathlib import Path
 from . import fields as F
 from .errors import InputError
 from .report import fmt_table as _fmt_table
-from .report import human_time as _human_time
 
 # Every scenario field settable from the command line: flag -> dotted field.
 FIELD_FLAGS = {
@@ -665,6 +664,7 @@ def _search_options(args):
 
 def cmd_search(args) -> int:
     from .scenario import Training
+    from .report import render_search
     from .search import precisions, search
 
     global_batch = _int_flag(args.global_batch, "--global-batch")
@@ -689,42 +689,8 @@ def cmd_search(args) -> int:
                           "plans": json.loads(df.to_json(orient="records")),
                           "diagnostics": {"seconds": result.seconds}}, indent=2))
         return 0
-    print(f"{result.enumerated:,} plans enumerated, {result.valid:,} valid, {result.feasible:,} fit in memory; "
-          f"ranked by {args.objective} ({result.ranked_by})")
-    for note in result.notes:
-        print("note: " + note)
-    several = len(precisions(options)) > 1  # precisions ranked side by side
-    rows = [(r.rank, *((r.precision,) if several else ()), r.tp, r.pp, r.dp, _cp_cell(r),
-             f"{r.ep}/{r.etp}", r.vpp, _split_cell(r), r.micro_batch, r.schedule,
-             "y" if r.sequence_parallel else "n",
-             r.recompute, r.zero_stage if r.dp_replicate == 1 else f"{r.zero_stage}, {r.dp_replicate} replicas",
-             "/".join(x for x in (r.offload_optimizer, r.offload_params,
-                                                               r.offload_activations)),
-             _human_time(r.step_time_s), f"{r.tokens_per_s:,.0f}", f"{100 * r.mfu:.1f}%",
-             f"{r.peak_memory_gib:.1f}", f"{r.usd_per_million_tokens:.3g}", r.equivalent_plans)
-            for r in df.itertuples(index=False)]
-    if len(df) and (df["equivalent_plans"] > 1).any():
-        print("note: 'same as' counts the enumerated plans with these identical numbers (the first one is shown)")
-    print(_fmt_table(rows, ("#", *(("precision",) if several else ()), "tp", "pp", "dp", "cp", "ep/etp", "vpp",
-                            "layers", "mb", "schedule", "sp", "recompute", "zero", "offload opt/par/act", "step",
-                            "tokens/s", "MFU", "GiB", "$/M tok", "same as")))
+    print(render_search(result, precision_column=len(precisions(options)) > 1))
     return 0
-
-
-def _split_cell(row) -> str:
-    """The search table's layers per virtual stage: 'even', or the split run-length coded."""
-    from .report import layers_cell
-
-    return "even" if row.pipeline_split == "even" else layers_cell(json.loads(row.stage_layers))
-
-
-def _cp_cell(row) -> str | int:
-    """The search table's cp: the degree, with the implementation where it is not the ring
-    ('8 ulysses-ring/2': all-to-alls in groups of 2, the ring over 4 of them)."""
-    if row.cp == 1 or row.cp_attention == "ring":
-        return row.cp
-    group = f"/{row.cp_ulysses}" if row.cp_attention == "ulysses-ring" else ""
-    return f"{row.cp} {row.cp_attention}{group}"
 
 
 def cmd_plot(args) -> int:

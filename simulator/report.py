@@ -10,6 +10,7 @@ that does not fit are never shown as if they were results.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from dataclasses import fields, is_dataclass, replace
 
@@ -413,3 +414,45 @@ def render_compare(names: list[str], rows: list[dict], highlight: bool = False,
     lines = text.split("\n")
     out = lines[:2] + [f"\033[1m{line}\033[0m" if d else line for line, d in zip(lines[2:], differing)]
     return "\n".join(out) + "\n\n* differs (bold)"
+
+
+def _cp_cell(row) -> str | int:
+    """The search table's cp: the degree, with the implementation where it is not the ring
+    ('8 ulysses-ring/2': all-to-alls in groups of 2, the ring over 4 of them)."""
+    if row.cp == 1 or row.cp_attention == "ring":
+        return row.cp
+    group = f"/{row.cp_ulysses}" if row.cp_attention == "ulysses-ring" else ""
+    return f"{row.cp} {row.cp_attention}{group}"
+
+
+def _split_cell(row) -> str:
+    """The search table's layers per virtual stage: 'even', or the split run-length coded."""
+    return "even" if row.pipeline_split == "even" else layers_cell(json.loads(row.stage_layers))
+
+
+def render_search(result, precision_column: bool | None = None) -> str:
+    """A search.SearchResult as `llmsim search` prints it: what was searched, the notes and the
+    ranked plans; a precision column where precisions were ranked side by side (default: where
+    the plans shown differ in it)."""
+    df = result.table
+    if precision_column is None:
+        precision_column = len(df) > 0 and df["precision"].nunique() > 1
+    lines = [f"{result.enumerated:,} plans enumerated, {result.valid:,} valid, {result.feasible:,} fit in memory; "
+             f"ranked by {result.objective} ({result.ranked_by})"]
+    lines += ["note: " + note for note in result.notes]
+    if not len(df):
+        return "\n".join(lines)
+    rows = [(r.rank, *((r.precision,) if precision_column else ()), r.tp, r.pp, r.dp, _cp_cell(r),
+             f"{r.ep}/{r.etp}", r.vpp, _split_cell(r), r.micro_batch, r.schedule,
+             "y" if r.sequence_parallel else "n",
+             r.recompute, r.zero_stage if r.dp_replicate == 1 else f"{r.zero_stage}, {r.dp_replicate} replicas",
+             "/".join((r.offload_optimizer, r.offload_params, r.offload_activations)),
+             human_time(r.step_time_s), f"{r.tokens_per_s:,.0f}", f"{100 * r.mfu:.1f}%",
+             f"{r.peak_memory_gib:.1f}", f"{r.usd_per_million_tokens:.3g}", r.equivalent_plans)
+            for r in df.itertuples(index=False)]
+    if (df["equivalent_plans"] > 1).any():
+        lines.append("note: 'same as' counts the enumerated plans with these identical numbers (the first one is shown)")
+    lines.append(fmt_table(rows, ("#", *(("precision",) if precision_column else ()), "tp", "pp", "dp", "cp",
+                                  "ep/etp", "vpp", "layers", "mb", "schedule", "sp", "recompute", "zero",
+                                  "offload opt/par/act", "step", "tokens/s", "MFU", "GiB", "$/M tok", "same as")))
+    return "\n".join(lines)

@@ -138,6 +138,12 @@ class SearchResult:
     ranked_by: str
     seconds: float
     notes: list = field(default_factory=list)
+    objective: str = "throughput"
+
+    def __repr__(self) -> str:
+        """The ranked plans as `llmsim search` prints them (every column: `.table`)."""
+        from .report import render_search
+        return render_search(self)
 
 
 def _divisors(n: int, limit: int | None = None) -> list[int]:
@@ -442,7 +448,7 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
     if valid == 0:
         why = f"refused: {refusal}" if refusal else "check that the global batch is a multiple of some micro_batch*dp"
         return SearchResult(pd.DataFrame(), tried, 0, 0, "analytic", time.perf_counter() - start,
-                            [*notes, f"no valid plan: {why}"])
+                            [*notes, f"no valid plan: {why}"], objective)
     searched = {b.precision for b, _ in groups}
     notes += [f"no valid plan in {p}" + (f": {refusals[p]}" if refusals[p] else "")
               for p in precisions(options) if p not in searched]
@@ -473,4 +479,4 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
         table["stage_layers"] = [json.dumps(plan_stage_layers(model, _scenario_of(r, model, cluster, training,
                                                                                   fixed).plan))
                                  for r in table.itertuples(index=False)]
-    return SearchResult(table, tried, valid, feasible, ranked_by, time.perf_counter() - start, notes)
+    return SearchResult(table, tried, valid, feasible, ranked_by, time.perf_counter() - start, notes, objective)

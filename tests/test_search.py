@@ -306,3 +306,16 @@ def test_an_unknown_pipeline_split_is_refused_naming_the_option():
     with pytest.raises(InputError) as err:
         search(MODEL, CLUSTER, 16, options=replace(OPTS, pipeline_splits=("even", "uneven")))
     assert err.value.field == "search.pipeline_splits"
+
+
+def test_a_search_result_shows_itself_as_llmsim_search_prints_it():
+    result = search("llama-3.1-8b", {"node": "dgx-h100", "nodes": 8}, 512, top=3, engine="analytic",
+                    objective="cost")
+    shown = repr(result).splitlines()
+    assert shown[0] == (f"{result.enumerated:,} plans enumerated, {result.valid:,} valid, {result.feasible:,} fit in "
+                        "memory; ranked by cost (analytic)")
+    assert [line.split()[0] for line in shown[-3:]] == ["1", "2", "3"]
+    cli = subprocess.run([sys.executable, "-m", "simulator.cli", "search", "--model", "llama-3.1-8b", "--cluster",
+                          "dgx-h100", "--nodes", "8", "--global-batch", "512", "--top", "3", "--engine", "analytic",
+                          "--objective", "cost"], capture_output=True, text=True, check=True)
+    assert cli.stdout.splitlines() == shown
