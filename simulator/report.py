@@ -451,7 +451,8 @@ def render_search(result, precision_column: bool | None = None) -> str:
              f"{r.peak_memory_gib:.1f}", f"{r.usd_per_million_tokens:.3g}", r.equivalent_plans)
             for r in df.itertuples(index=False)]
     if (df["equivalent_plans"] > 1).any():
-        lines.append("note: 'same as' counts the enumerated plans with these identical numbers (the first one is shown)")
+        lines.append("note: 'same as' counts the enumerated plans with these identical numbers "
+                     "(the first one is shown)")
     lines.append(fmt_table(rows, ("#", *(("precision",) if precision_column else ()), "tp", "pp", "dp", "cp",
                                   "ep/etp", "vpp", "layers", "mb", "schedule", "sp", "recompute", "zero",
                                   "offload opt/par/act", "step", "tokens/s", "MFU", "GiB", "$/M tok", "same as")))

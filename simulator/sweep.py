@@ -322,8 +322,8 @@ class _CsvStore(_Store):
 
     def start(self, resume: bool, kept: pd.DataFrame | None) -> None:
         """Fresh: truncate to a header. Resume: rewrite (atomically) with the kept rows, so that
-        damaged or foreign lines are gone before new rows are appended; a file whose every line
-        was kept in point order is left as it is."""
+        damaged, foreign or repeated lines are gone before new rows are appended; a file whose
+        every line was kept is left as it is."""
         if resume and kept is not None and self._on_disk is not None:
             return
         self._rewrite(kept if kept is not None else self.empty())
@@ -346,9 +346,11 @@ class _CsvStore(_Store):
         already in it); else every row formatted again."""
         import numpy as np
 
-        index = np.concatenate(self._on_disk) if self._on_disk else np.zeros(0, dtype="int64")
+        if self._on_disk is None:
+            return self._rewrite(df)
+        index = np.concatenate(self._on_disk)
         order = np.argsort(index, kind="stable")
-        if self._on_disk is None or not np.array_equal(index[order], df["point_index"].to_numpy(dtype="int64")):
+        if not np.array_equal(index[order], df["point_index"].to_numpy(dtype="int64")):
             return self._rewrite(df)
         if (order == np.arange(len(order))).all():
             return

@@ -208,7 +208,7 @@ _TEXT = pd.Series([""]).dtype  # what a column of Python str becomes in a DataFr
 
 def _kept(s: pd.Series, kind: str):
     """The column as it is where its dtype is already the table's for `kind`, else None."""
-    if kind == "str" and isinstance(s.dtype, pd.StringDtype) and s.dtype == _TEXT:
+    if kind == "str" and isinstance(s.dtype, pd.StringDtype) and s.dtype == _TEXT:  # (object: any cells)
         return s.fillna("").array
     if kind == "int" and (s.dtype.kind in "iu" or str(s.dtype) in ("Int64", "Int32")):
         return s.astype("Int64").array
