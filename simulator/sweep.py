@@ -354,20 +354,21 @@ class _CsvStore(_Store):
             return self._rewrite(df)
         if (order == np.arange(len(order))).all():
             return
-        header, *lines = self.out.read_bytes().split(b"\n")[:-1]
-        if len(lines) != len(index):  # a text cell holds a line break: the lines are not the rows
+        lines = self.out.read_bytes().split(b"\n")  # the header, the rows, and b"" after the last
+        if len(lines) != len(index) + 2:  # a text cell holds a line break: the lines are not the rows
             return self._rewrite(df)
-        self._replace(b"\n".join([header, *(lines[i] for i in order), b""]))
+        self._replace(itertools.chain([lines[0] + b"\n"], (lines[i + 1] + b"\n" for i in order)))
 
     def _rewrite(self, df: pd.DataFrame) -> None:
         """`df` in place of the file."""
-        self._replace(df.to_csv(index=False, lineterminator="\n").encode("utf-8"))
+        self._replace([df.to_csv(index=False, lineterminator="\n").encode("utf-8")])
         self._on_disk = [df["point_index"].to_numpy(dtype="int64")]
 
-    def _replace(self, data: bytes) -> None:
-        """The file's content replaced by `data`, atomically."""
+    def _replace(self, chunks: Iterable[bytes]) -> None:
+        """The file's content replaced by `chunks`, atomically."""
         tmp = self.out.with_name(self.out.name + ".tmp")
-        tmp.write_bytes(data)
+        with open(tmp, "wb") as fh:
+            fh.writelines(chunks)
         os.replace(tmp, self.out)
 
 
