@@ -14,6 +14,7 @@ The backend is left to matplotlib (inline in notebooks, Agg without a display).
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Mapping
 
@@ -80,7 +81,8 @@ def context(df) -> str:
         if devices is not None and accelerator is not None and "values" not in str(accelerator):
             cluster += f" ({devices} x {accelerator})"
     elif "nodes" in df.columns and df["nodes"].notna().any():
-        kinds, sizes = df["node"].dropna().nunique(), df["nodes"].dropna()
+        kinds = df["node"].dropna().nunique() if "node" in df.columns else 1
+        sizes = df["nodes"].dropna()
         cluster = (f"{kinds} node types, " if kinds > 1 else f"{node}, ") + (
             f"{int(sizes.min())}-{int(sizes.max())} nodes" if sizes.nunique() > 1 else f"{int(sizes.iloc[0])} nodes")
     else:
@@ -174,13 +176,35 @@ def stages_of(result) -> tuple[list[dict], float]:
     get = result.get
     stages = get("memory_gib_by_stage")
     if isinstance(stages, str):
-        stages = json.loads(stages) if stages.strip() else []
+        try:
+            stages = json.loads(stages) if stages.strip() else []
+        except ValueError:
+            raise InputError("memory_gib_by_stage", stages[:60], "expected a JSON list of per-stage memory "
+                             "mappings (GiB by part)") from None
     if not isinstance(stages, list) or not stages:
         peak = get("memory_gib")
         if peak is None:
             peak = {k: get(f"memory_gib.{k}") for k in MEMORY_KEYS}
         stages = [peak]
-    return stages, float(get("memory_capacity_gib"))
+    if not all(isinstance(st, Mapping) for st in stages):
+        raise InputError("memory_gib_by_stage", json.dumps(stages)[:60], "expected a list of mappings of "
+                         + ", ".join(MEMORY_KEYS) + " to GiB")
+    stages = [{k: _gib(st.get(k), f"memory GiB of {k}", missing=0.0) for k in MEMORY_KEYS} for st in stages]
+    if not any(v for st in stages for v in st.values()):
+        raise InputError("RESULTS", "no memory", "the row has no memory_gib_by_stage, memory_gib or memory_gib.* values")
+    return stages, _gib(get("memory_capacity_gib"), "memory_capacity_gib")
+
+
+def _gib(value, field: str, missing=None) -> float:
+    """A memory cell in GiB as a float; empty gives `missing` (refused when None)."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        if missing is None:
+            raise InputError(field, "empty", "expected a number of GiB")
+        return missing
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(value) or value < 0:
+        raise InputError(field, value, "expected a number of GiB >= 0")
+    return float(value)
 
 
 def memory(result, ax=None, scenario=None):
@@ -192,7 +216,7 @@ def memory(result, ax=None, scenario=None):
     x = np.arange(len(stages))
     bottom = np.zeros(len(stages))
     for key in MEMORY_KEYS:
-        values = np.array([float(s[key] or 0.0) for s in stages])
+        values = np.array([s[key] for s in stages])
         ax.bar(x, values, bottom=bottom, label=key)
         bottom += values
     ax.axhline(capacity, color="black", linestyle="--", linewidth=1, label=f"capacity {capacity:.0f} GiB")
@@ -551,28 +575,85 @@ def read_results(path: str | Path):
         if not path.is_file():
             raise InputError("RESULTS", str(path), "file not found (or not a regular file)")
         try:
-            return pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
+            df = pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
         except Exception as exc:  # pandas and pyarrow raise many kinds for damaged files
             raise InputError("RESULTS", str(path), f"cannot read the table ({type(exc).__name__})") from None
+        return checked_table(df, path)
     if path.suffix == ".json":
         data = parse_json(read_text(path, "RESULTS", max_bytes=256 * 2**20), f"RESULTS {path}")
         if isinstance(data, dict) and isinstance(data.get("rows"), list):
-            return pd.DataFrame(data["rows"])
+            return checked_table(pd.DataFrame(data["rows"]), path)
         if isinstance(data, dict) and isinstance(data.get("plans"), list):
-            return pd.DataFrame(data["plans"])
+            return checked_table(pd.DataFrame(data["plans"]), path)
         if isinstance(data, dict) and isinstance(data.get("traceEvents"), list):  # evaluate --trace
             from .trace import trace_timeline
             return trace_timeline(data)
         if isinstance(data, list):
-            return pd.DataFrame(data)
+            return checked_table(pd.DataFrame(data), path)
         return data
     raise InputError("RESULTS", str(path), "expected a .csv, .parquet or .json file")
 
 
+# besides a sweep's or search's columns (table.schema): a validation row's numbers
+# (`validate --json` rows) and the columns plots group and label by
+CHECKED_COLUMNS = {"measured": "float", "predicted": "float", "error_pct": "float", "metric": "label", "id": "label",
+                   "model": "label", "node": "label", "accelerator": "label", "scenario": "label", "source": "label"}
+
+
+def checked_table(df: pd.DataFrame, path) -> pd.DataFrame:
+    """The table with each column llmsim writes (table.schema) in its kind: numbers finite,
+    integers whole, booleans True or False, empty cells missing. A cell that is not is refused
+    with its column, row and value; a column already of its kind is kept as it is."""
+    from .table import schema
+
+    kinds = {**schema(), **CHECKED_COLUMNS}
+    out = {}
+    for col in df.columns:
+        kind, values = kinds.get(col), df[col]
+        out[col] = values
+        if kind == "label":
+            nested = values.map(lambda v: isinstance(v, (list, dict)))
+            if nested.any():
+                bad = int(np.flatnonzero(nested.to_numpy())[0])
+                raise InputError(f"RESULTS {col}", values.iloc[bad], f"expected a text label (row {bad} of {path})")
+            continue
+        if kind in ("float", "int"):
+            if values.dtype.kind in "iu":
+                continue
+            numbers = values if values.dtype.kind == "f" else pd.to_numeric(
+                values.map(lambda v: None if isinstance(v, (bool, np.bool_)) else v), errors="coerce").astype(float)
+            whole = (numbers % 1 == 0) if kind == "int" else True
+            ok = values.isna() | (np.isfinite(numbers) & whole)
+            allowed, converted = ("an integer" if kind == "int" else "a finite number"), numbers
+        elif kind == "bool":
+            if values.dtype == bool:
+                continue
+            converted = values.map(lambda v: {"true": True, "false": False}.get(v.lower()) if isinstance(v, str)
+                                   else bool(v) if isinstance(v, (bool, np.bool_)) else None)
+            ok, allowed = values.isna() | converted.notna(), "True or False"
+            converted = converted.where(values.notna())
+        else:
+            continue
+        if not ok.all():
+            bad = int(np.flatnonzero(~ok.to_numpy())[0])
+            raise InputError(f"RESULTS {col}", values.iloc[bad], f"expected {allowed} (row {bad} of {path})")
+        out[col] = converted
+    return pd.DataFrame(out, index=df.index)
+
+
 def plot_file(results: str | Path, kind: str, out: str | Path, row: int | None = None):
-    """Draw `kind` from a results file and save it as PNG; returns the Figure."""
+    """Draw `kind` from a results file and save it as PNG; returns the Figure. Matplotlib's and
+    numpy's warnings (a layout that cannot fit long labels, an axis over 1e308) are not
+    printed: the picture is drawn as well as it can be."""
     if kind not in KINDS:
         raise InputError("--kind", kind, "expected one of " + ", ".join(KINDS))
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _plot_file(results, kind, out, row)
+
+
+def _plot_file(results, kind: str, out, row):
     data = read_results(results)
     if kind == "memory":
         if isinstance(data, pd.DataFrame):
@@ -590,11 +671,19 @@ def plot_file(results: str | Path, kind: str, out: str | Path, row: int | None =
             raise InputError("RESULTS", str(results), "--kind memory needs a results table or an evaluate --json")
         fig = memory(data)
     elif kind == "breakdown" and isinstance(data, Mapping) and "breakdown_s" in data:  # one evaluate --json
-        from .table import result_row
+        from .table import NESTED, result_row
 
         if not data.get("feasible"):
             raise InputError("RESULTS", str(results), "the plan does not fit: it has no step time to break down")
-        fig = breakdown(pd.DataFrame([result_row(data)]), labels=[data.get("scenario") or "plan"])
+        row = {}
+        for key, value in data.items():
+            try:
+                if key in NESTED and not isinstance(value, Mapping):
+                    raise TypeError
+                row.update(result_row({key: value}))
+            except (TypeError, KeyError, IndexError, AttributeError, ValueError):
+                raise InputError(f"RESULTS {key}", value, "not as evaluate --json writes it") from None
+        fig = breakdown(checked_table(pd.DataFrame([row]), results), labels=[data.get("scenario") or "plan"])
     else:
         if not isinstance(data, pd.DataFrame):
             raise InputError("RESULTS", str(results), f"--kind {kind} needs a table (.csv, .parquet or a JSON list)")

@@ -3,16 +3,19 @@ never a traceback or an internal error, and never takes more than 10 s. Run in-p
 kept small for CI; HYPOTHESIS_PROFILE=long runs more examples."""
 
 import contextlib
+import csv
 import io
 import os
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simulator.cli import main
+from simulator.sweep import sweep
 
 TORCHTITAN = Path(__file__).parent / "data" / "imports" / "torchtitan-llama3_70b.toml"
 
@@ -173,3 +176,37 @@ def test_any_megatron_config_value_is_a_result_or_one_line(tmp_path_factory, cha
     except (ValueError, OverflowError):
         return
     _check(*_run(["evaluate", "--from", "megatron", str(folder / "c.yaml"), "--node", "dgx-h100", "--nodes", "8"]))
+
+
+PLOT_KINDS = ["pareto", "heatmap", "breakdown", "memory", "scatter", "timeline", "accelerators"]
+CELLS = st.one_of(st.sampled_from(["", "abc", "nan", "inf", "-inf", "-1", "0", "1e308", "True", "[]", "{bad", "null",
+                                   "[1,2]", '[{"weights": "x"}]', '[{"weights": -1}]', "[null]", "1.5", "0x1f"]),
+                  st.text(max_size=8))
+
+
+@pytest.fixture(scope="module")
+def sweep_table(tmp_path_factory):
+    """A small sweep's CSV: feasible, out-of-memory and invalid rows."""
+    out = tmp_path_factory.mktemp("plots") / "t.csv"
+    sweep({"base": {**BASE, "cluster": {"node": "dgx-a100", "nodes": 2}, "plan": {"global_batch": 64, "dp": "auto"}},
+           "sweep": {"plan.tp": [1, 2, 4], "plan.pp": [1, 2, 3], "plan.micro_batch": [1, 2]}},
+          workers=1, progress=False, out=out)
+    return out.read_text()
+
+
+@given(cells=st.lists(st.tuples(st.integers(0, 17), st.integers(0, 200), CELLS), min_size=1, max_size=6),
+       dropped=st.lists(st.integers(0, 200), max_size=4), kind=st.sampled_from(PLOT_KINDS))
+def test_plot_of_any_damaged_table_is_a_picture_or_one_line(tmp_path_factory, sweep_table, cells, dropped, kind):
+    header, *rows = list(csv.reader(io.StringIO(sweep_table)))
+    for row, column, value in cells:
+        rows[row][column % len(header)] = value
+    keep = [i for i in range(len(header)) if i not in {d % len(header) for d in dropped}]
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerows([[r[i] for i in keep] for r in [header, *rows]])
+    path = tmp_path_factory.mktemp("fuzz") / "t.csv"
+    path.write_text(text.getvalue(), encoding="utf-8")
+    rc, out, err, seconds = _run(["plot", str(path), "--kind", kind, "-o", str(path.with_suffix(".png"))])
+    _check(rc, out, err, seconds)
+    if rc == 0:
+        assert not err  # no warnings beside the picture

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator import evaluate, load_scenario
+from simulator import InputError, evaluate, load_scenario
 from simulator import plots
 from simulator.result import BREAKDOWN_KEYS
 from simulator.space import space_from_dict
@@ -277,3 +277,20 @@ def test_cli_plot_into_a_missing_folder_creates_it(table, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "simulator.cli", "plot", str(src), "--kind", "memory", "--row",
                            "99999", "-o", str(out)], capture_output=True, text=True)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "--row" in proc.stderr
+
+
+def test_a_table_cell_not_of_its_columns_kind_is_refused_naming_column_row_and_value(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("point_index,feasible,tp,step_time_s,peak_memory_gib\n0,True,2,1.5,30\n1,True,4,abc,31\n")
+    with pytest.raises(InputError, match=r"RESULTS step_time_s: got 'abc'; expected a finite number \(row 1 of"):
+        plots.plot_file(path, "breakdown", tmp_path / "b.png")
+    path.write_text("point_index,feasible,tp,step_time_s,peak_memory_gib\n0,yes,2,1.5,30\n")
+    with pytest.raises(InputError, match=r"RESULTS feasible: got 'yes'; expected True or False \(row 0"):
+        plots.plot_file(path, "breakdown", tmp_path / "b.png")
+
+
+def test_a_memory_plot_of_a_row_without_memory_is_refused(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("point_index,feasible,step_time_s,memory_capacity_gib\n0,True,1.0,80\n")
+    with pytest.raises(InputError, match="no memory_gib_by_stage, memory_gib or memory_gib"):
+        plots.plot_file(path, "memory", tmp_path / "m.png")
