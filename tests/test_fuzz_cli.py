@@ -178,6 +178,25 @@ def test_any_megatron_config_value_is_a_result_or_one_line(tmp_path_factory, cha
     _check(*_run(["evaluate", "--from", "megatron", str(folder / "c.yaml"), "--node", "dgx-h100", "--nodes", "8"]))
 
 
+TOML_VALUES = st.sampled_from(['"x"', "0", "-1", "8", "1.5", "1e400", "nan", "true", "false", "[]", '["a", "b"]', "[1, 2]",
+                               "{a = 1}", '"float8"', '["float8"]', '"rowwise"', '"Interleaved1F1B"', '"full"',
+                               '"selective"', '"op"', '"alltoall"', '"block_causal"', '"never"', '""', '"8B"'])
+
+
+@given(changes=st.lists(st.tuples(st.integers(0, 10**6), TOML_VALUES), min_size=1, max_size=4),
+       source=st.sampled_from(sorted(p.name for p in IMPORTS.glob("torchtitan-*.toml"))))
+def test_any_torchtitan_config_value_is_a_result_or_one_line(tmp_path_factory, changes, source):
+    """A torchtitan TOML job config whose values (any `key = value` line) are replaced, imported and evaluated."""
+    lines = (IMPORTS / source).read_text().splitlines()
+    settable = [i for i, line in enumerate(lines) if "=" in line and not line.lstrip().startswith(("#", "["))]
+    for pick, value in changes:
+        i = settable[pick % len(settable)]
+        lines[i] = lines[i].split("=", 1)[0] + "= " + value
+    path = tmp_path_factory.mktemp("fuzz") / "c.toml"
+    path.write_text("\n".join(lines) + "\n")
+    _check(*_run(["evaluate", "--from", "torchtitan", str(path), "--node", "dgx-h100", "--nodes", "8"]))
+
+
 PLOT_KINDS = ["pareto", "heatmap", "breakdown", "memory", "scatter", "timeline", "accelerators"]
 CELLS = st.one_of(st.sampled_from(["", "abc", "nan", "inf", "-inf", "-1", "0", "1e308", "True", "[]", "{bad", "null",
                                    "[1,2]", '[{"weights": "x"}]', '[{"weights": -1}]', "[null]", "1.5", "0x1f"]),

@@ -45,6 +45,16 @@ def test_every_torchtitan_key_is_mapped_ignored_or_unmapped(name):
     scenario_from_dict(imported.scenario)  # a valid scenario
 
 
+@pytest.mark.parametrize("old, new, key", [
+    ('flavor = "8B"\n', 'flavor = ["8B", "70B"]\n', "model.flavor"),
+    ("[training]\n", '[training]\nmixed_precision_param = ["bfloat16"]\n', "training.mixed_precision_param"),
+    ("[model]\n", "[model]\nconverters = [1, 2]\n", "model.converters")])
+def test_a_torchtitan_value_of_the_wrong_shape_is_refused_naming_the_key(tmp_path, old, new, key):
+    (tmp_path / "c.toml").write_text((DATA / "torchtitan-llama3_8b.toml").read_text().replace(old, new, 1))
+    with pytest.raises(InputError, match=f"torchtitan {key}"):
+        import_config("torchtitan", tmp_path / "c.toml", {"cluster.node": "dgx-h100", "cluster.nodes": 8})
+
+
 def test_torchtitan_deepseek_v3_as_shipped_evaluates_eager_with_op_level_ac():
     # its eager latent attention and MoE layers under op-level AC; without expert parallelism
     # every rank gathers every layer's 256 experts: out of memory, said so

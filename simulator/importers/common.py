@@ -116,6 +116,21 @@ class Account:
             return int(value)
         return float(value)
 
+    def text(self, key: str, default: str | None = None) -> str | None:
+        """A text value (numbers and booleans as written); a list or table is refused."""
+        value = self.get(key, default)
+        if isinstance(value, (list, dict)):
+            self.refuse(key, "expected one value, not a list or table")
+        return value if value is None or isinstance(value, str) else str(value)
+
+    def texts(self, key: str, default: list | None = None) -> list[str]:
+        """A list of text values (one text value is a list of one)."""
+        value = self.get(key, default if default is not None else [])
+        values = value if isinstance(value, list) else [value]
+        if isinstance(value, dict) or not all(isinstance(v, str) for v in values):
+            self.refuse(key, "expected a list of names")
+        return values
+
     def map(self, key: str, dotted: str, value) -> None:
         """Source `key` sets scenario field `dotted` to `value`."""
         set_field(self.scenario, dotted, value)

@@ -117,7 +117,7 @@ def _toml(path) -> dict:
 
 def read(path: str | Path) -> Imported:
     a = Account(_toml(path), "torchtitan")
-    name, flavor = a.get("model.name"), a.get("model.flavor")
+    name, flavor = a.text("model.name"), a.text("model.flavor")
     if (name, flavor) not in PRESETS:
         a.refuse("model.flavor", f"no llmsim preset for torchtitan model {name!r} flavor {flavor!r}; known: "
                  + ", ".join(f"{n} {f}" for n, f in PRESETS) + " (give model fields in a scenario instead)")
@@ -136,9 +136,8 @@ def read(path: str | Path) -> Imported:
     a.map("model.name", "plan.projections", "separate")
     a.scenario["name"] = f"torchtitan-{name}-{flavor}"
 
-    converters = a.get("model.converters", [])
-    converters = [converters] if isinstance(converters, str) else list(converters)
-    precision = PRECISIONS.get(a.get("training.mixed_precision_param", "bfloat16"))
+    converters = a.texts("model.converters")
+    precision = PRECISIONS.get(a.text("training.mixed_precision_param", "bfloat16"))
     if precision is None:
         a.refuse("training.mixed_precision_param", "expected bfloat16, float16 or float32")
     a.map("training.mixed_precision_param", "plan.precision", precision)
@@ -146,10 +145,10 @@ def read(path: str | Path) -> Imported:
         a.map("training.mixed_precision_param", "plan.fp32_params", True)
     _float8(a, converters)
     _attention(a)
-    reduce = PRECISIONS.get(a.get("training.mixed_precision_reduce", "float32"))
+    reduce = PRECISIONS.get(a.text("training.mixed_precision_reduce", "float32"))
     a.map("training.mixed_precision_reduce", "plan.grad_precision", reduce if reduce in ("fp32", "bf16") else "fp32")
 
-    opt = str(a.get("optimizer.name", "AdamW"))
+    opt = a.text("optimizer.name", "AdamW")
     if opt not in ("AdamW", "Adam"):
         a.refuse("optimizer.name", "Adam or AdamW (torchtitan's DistMuon is not modelled; Muon is as Megatron-Core "
                  "runs it, from Megatron-LM and Megatron-Bridge configs)")
@@ -166,7 +165,7 @@ def read(path: str | Path) -> Imported:
     a.map("parallelism.context_parallel_degree", "plan.cp", cp)
     rotate = "parallelism.context_parallel_rotate_method"
     if cp > 1:  # PyTorch's context_parallel rotates K and V by all-gather unless told (cpattention.py)
-        method = a.get(rotate, "allgather")
+        method = a.text(rotate, "allgather")
         if method not in ("allgather", "alltoall"):
             a.refuse(rotate, "expected allgather or alltoall")
         a.map(rotate, "plan.cp_attention", f"torch-{method}")
@@ -186,18 +185,18 @@ def read(path: str | Path) -> Imported:
         a.map("parallelism.enable_async_tensor_parallel", "plan.tp_overlap", "async-tp")
 
     policy = "parallelism.fsdp_reshard_after_forward"
-    reshard = {"default": pp == 1, "always": True, "never": False}.get(str(a.get(policy, "default")))
+    reshard = {"default": pp == 1, "always": True, "never": False}.get(a.text(policy, "default"))
     if reshard is None:
         a.refuse(policy, "expected default, always or never")
     compile_key = "compile.enable" if a.has("compile.enable") else "training.compile"
     # [compile] components (default model and loss, torchtitan/config/job_config.py Compile):
     # the layers' kernels are fused only where the model is among them
-    components = a.get("compile.components", ["model", "loss"])
+    components = a.texts("compile.components", ["model", "loss"])
     a.map(compile_key, "plan.compile", bool(a.get(compile_key, False)) and "model" in components)
     a.used("compile.components")
     # its RMSNorm run eager: its own op by op (model.norm_type, until pytorch/torchtitan#1115) or
     # its Triton kernel, or torch's nn.RMSNorm since, one kernel on CUDA from torch 2.8 (fusion.py)
-    norm = str(a.get("model.norm_type", "nn.RMSNorm"))
+    norm = a.text("model.norm_type", "nn.RMSNorm")
     if norm not in NORM_TYPES:
         a.refuse("model.norm_type", "rmsnorm or fused_rmsnorm (llmsim's presets of torchtitan's models use RMSNorm)")
     a.map("model.norm_type" if a.has("model.norm_type") else "model.name", "plan.eager_norm", NORM_TYPES[norm])
@@ -221,7 +220,7 @@ def read(path: str | Path) -> Imported:
               "plan.dp", dp)
 
     if pp > 1:
-        schedule = str(a.get("parallelism.pipeline_parallel_schedule", "1F1B"))
+        schedule = a.text("parallelism.pipeline_parallel_schedule", "1F1B")
         if schedule not in SCHEDULES:
             a.refuse("parallelism.pipeline_parallel_schedule", "modelled: " + ", ".join(SCHEDULES))
         a.map("parallelism.pipeline_parallel_schedule", "plan.schedule", SCHEDULES[schedule])
@@ -257,11 +256,11 @@ def read(path: str | Path) -> Imported:
         a.derive("training.steps", "training.tokens", f"{steps} x global_batch x seq_len",
                  lambda c: float(steps * c["global_batch"] * c["seq_len"]))
 
-    mode = str(a.get("activation_checkpoint.mode", "selective"))
+    mode = a.text("activation_checkpoint.mode", "selective")
     if mode not in ("none", "selective", "full"):
         a.refuse("activation_checkpoint.mode", "expected none, selective or full")
     if mode == "selective":
-        option = str(a.get("activation_checkpoint.selective_ac_option", "2"))
+        option = a.text("activation_checkpoint.selective_ac_option", "2")
         if option != "op":
             a.refuse("activation_checkpoint.selective_ac_option", "layer-wise recomputation (every N-th layer) "
                      "is not modelled; use 'op' or mode 'full'")
@@ -319,7 +318,7 @@ def _experts(a: Account, name: str, moe: bool, tp: int) -> None:
     ep, etp = a.number(keys[0], 1), a.number(keys[1], 1)
     if etp not in (1, tp):
         a.refuse(keys[1], f"1 or the TP degree {tp} (torchtitan allows no other)")
-    if str(a.get(keys[2], "standard")) != "standard":
+    if a.text(keys[2], "standard") != "standard":
         a.refuse(keys[2], "standard: torchtitan's DeepEP MoE layer (models/moe/moe_deepep.py) is not modelled")
     a.map(keys[0], "plan.ep", ep)
     # without EP the experts are split over the TP ranks whatever the key says (apply_moe_ep_tp)
@@ -343,7 +342,7 @@ def _attention(a: Account) -> None:
     batch, the documents cut at the data's EOS tokens). A causal mask is what llmsim computes.
     The documents' lengths are the data's, so the user is told to give them; FlexAttention's
     kernel has no measured rate in a profile, which the report says."""
-    mask = a.get("model.attn_mask_type", "causal")
+    mask = a.text("model.attn_mask_type", "causal")
     if mask == "causal":
         a.used("model.attn_mask_type")
     elif mask == "block_causal":
@@ -374,7 +373,7 @@ def _float8(a: Account, converters: list) -> None:
         a.used("model.converters")
         return
     a.map("model.converters", "plan.precision", "fp8")
-    recipe = str(a.get(f"{section}.recipe_name", "tensorwise"))
+    recipe = a.text(f"{section}.recipe_name", "tensorwise")
     if recipe not in ("tensorwise", "rowwise"):
         a.refuse(f"{section}.recipe_name", "llmsim models torchao's tensorwise and rowwise recipes")
     a.map(f"{section}.recipe_name", "plan.fp8_recipe", recipe)
@@ -382,10 +381,8 @@ def _float8(a: Account, converters: list) -> None:
         a.map(f"{section}.enable_fsdp_float8_all_gather", "plan.fp8_fsdp_all_gather", True)
         if a.get(f"{section}.precompute_float8_dynamic_scale_for_fsdp", False):
             a.used(f"{section}.precompute_float8_dynamic_scale_for_fsdp")
-    filtered = a.get(f"{section}.filter_fqns")
-    if filtered is not None:
-        filtered = [filtered] if isinstance(filtered, str) else list(filtered)
-        if filtered == ["output"]:
+    if a.has(f"{section}.filter_fqns"):
+        if a.texts(f"{section}.filter_fqns") == ["output"]:
             a.used(f"{section}.filter_fqns")
         else:
             a.unmapped(f"{section}.filter_fqns", "llmsim converts every linear of the layers and keeps the lm_head "
