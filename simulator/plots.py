@@ -445,6 +445,10 @@ def timeline(tl: pd.DataFrame, ax=None, max_tasks: int = 5000, title: str | None
     task kind (the name up to the first ':' or digit). Beyond `max_tasks` tasks, each lane is
     drawn in time bins coloured by their busiest kind (aggregate_timeline), and the title says so."""
     _require(tl, TIMELINE_COLUMNS, "timeline")
+    empty = tl[list(TIMELINE_COLUMNS)].isna().any(axis=1).to_numpy()
+    if empty.any():
+        raise InputError("plot --kind timeline", f"row {int(np.flatnonzero(empty)[0])}",
+                         "every task needs its " + ", ".join(TIMELINE_COLUMNS))
     bars, resolution = aggregate_timeline(tl, max_tasks)
     lanes = sorted({(int(s), str(k)) for s, k in zip(bars["stage"], bars["stream"])})
     fig, ax = _axes(ax, (11, min(0.3 * len(lanes) + 2, 30)))
@@ -595,9 +599,11 @@ def read_results(path: str | Path):
 
 
 # besides a sweep's or search's columns (table.schema): a validation row's numbers
-# (`validate --json` rows) and the columns plots group and label by
+# (`validate --json` rows), a timeline's tasks and the columns plots group and label by
 CHECKED_COLUMNS = {"measured": "float", "predicted": "float", "error_pct": "float", "metric": "label", "id": "label",
-                   "model": "label", "node": "label", "accelerator": "label", "scenario": "label", "source": "label"}
+                   "model": "label", "node": "label", "accelerator": "label", "scenario": "label", "source": "label",
+                   "stage": "int", "stream": "label", "name": "label", "category": "label", "start_s": "float",
+                   "end_s": "float", "duration_s": "float"}
 
 
 def checked_table(df: pd.DataFrame, path) -> pd.DataFrame:

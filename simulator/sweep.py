@@ -175,7 +175,7 @@ class _Store:
             stored = json.loads(self.meta.read_text(encoding="utf-8")).get("space_sha256")
         except (OSError, ValueError, AttributeError):
             stored = None
-        if stored is None:
+        if not isinstance(stored, str):  # absent, or not as write_meta writes it
             raise InputError("--resume", str(self.out), f"no space record ({self.meta.name}) beside it, so its rows "
                              "cannot be verified; rerun without --resume")
         if stored != digest:

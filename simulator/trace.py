@@ -12,6 +12,7 @@ Open the file at https://ui.perfetto.dev (Open trace file) or chrome://tracing.
 from __future__ import annotations
 
 import json
+import math
 
 from .engine import Execution, execute
 from .errors import InputError
@@ -109,12 +110,38 @@ def trace_timeline(trace: dict):
     Chrome trace written by `chrome_trace`: the inverse of its complete ("X") events."""
     import pandas as pd
 
-    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"]
+    events = [_event(i, e) for i, e in enumerate(trace["traceEvents"])]
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
                if e.get("ph") == "M" and e.get("name") == "thread_name"}
     rows = [(e["name"], e["pid"], threads.get((e["pid"], e["tid"]), str(e["tid"])), e["ts"] / US,
-             (e["ts"] + e["dur"]) / US, e["dur"] / US, e.get("cat", "")) for e in trace["traceEvents"]
+             (e["ts"] + e["dur"]) / US, e["dur"] / US, str(e.get("cat", ""))) for e in events
             if e.get("ph") == "X"]
     return pd.DataFrame(rows, columns=["name", "stage", "stream", "start_s", "end_s", "duration_s", "category"])
+
+
+def _event(i: int, e) -> dict:
+    """Trace event `i` if it holds what trace_timeline reads (a thread's name; a complete
+    event's name, process, thread, start and duration in microseconds), else an InputError."""
+    def refuse(what):
+        raise InputError(f"traceEvents[{i}]", e, f"expected {what}")
+
+    if not isinstance(e, dict):
+        refuse("an event object")
+    ph, name = e.get("ph"), e.get("name")
+    if ph not in ("M", "X") or (ph == "M" and name != "thread_name"):
+        return e
+    ids = [e.get("pid"), e.get("tid")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in ids):
+        refuse("integer pid and tid")
+    if ph == "M":
+        if not isinstance(e.get("args"), dict) or not isinstance(e["args"].get("name"), str):
+            refuse("args.name, the thread's name")
+        return e
+    times = [e.get("ts"), e.get("dur")]
+    if not isinstance(name, str) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                            and math.isfinite(v) for v in times) or times[1] < 0:
+        refuse("a complete event (ph X) with a name, ts and dur >= 0 in microseconds")
+    return e
 
 
 def write_trace(scenario, path: str) -> dict:

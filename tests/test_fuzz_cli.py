@@ -213,12 +213,24 @@ def sweep_table(tmp_path_factory):
     return out.read_text()
 
 
-@given(cells=st.lists(st.tuples(st.integers(0, 17), st.integers(0, 200), CELLS), min_size=1, max_size=6),
-       dropped=st.lists(st.integers(0, 200), max_size=4), kind=st.sampled_from(PLOT_KINDS))
-def test_plot_of_any_damaged_table_is_a_picture_or_one_line(tmp_path_factory, sweep_table, cells, dropped, kind):
-    header, *rows = list(csv.reader(io.StringIO(sweep_table)))
+@pytest.fixture(scope="module")
+def timeline_table():
+    """The graph engine's timeline of a small plan, as `plot --kind timeline` reads it from CSV."""
+    from simulator import load_scenario
+    from simulator.evaluate import compile_scenario
+    from simulator.trace import chrome_trace, execute, trace_timeline
+
+    scenario = load_scenario("quickstart", {"plan.global_batch": 64, "cluster.nodes": 1, "plan.dp": "auto"})
+    return trace_timeline(chrome_trace(execute(compile_scenario(scenario)), scenario.name)).to_csv(index=False)
+
+
+@given(cells=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 200), CELLS), min_size=1, max_size=6),
+       dropped=st.lists(st.integers(0, 200), max_size=4), kind=st.sampled_from(PLOT_KINDS), timeline=st.booleans())
+def test_plot_of_any_damaged_table_is_a_picture_or_one_line(tmp_path_factory, sweep_table, timeline_table, cells,
+                                                            dropped, kind, timeline):
+    header, *rows = list(csv.reader(io.StringIO(timeline_table if timeline else sweep_table)))
     for row, column, value in cells:
-        rows[row][column % len(header)] = value
+        rows[row % len(rows)][column % len(header)] = value
     keep = [i for i in range(len(header)) if i not in {d % len(header) for d in dropped}]
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")

@@ -294,3 +294,17 @@ def test_a_memory_plot_of_a_row_without_memory_is_refused(tmp_path):
     path.write_text("point_index,feasible,step_time_s,memory_capacity_gib\n0,True,1.0,80\n")
     with pytest.raises(InputError, match="no memory_gib_by_stage, memory_gib or memory_gib"):
         plots.plot_file(path, "memory", tmp_path / "m.png")
+
+
+def test_a_timeline_task_without_its_times_or_a_trace_event_without_its_fields_is_refused(tmp_path):
+    path = tmp_path / "tl.csv"
+    path.write_text("name,stage,stream,start_s,end_s\nF0,0,compute,0.0,0.1\nB0,0,compute,,0.3\n")
+    with pytest.raises(InputError, match="plot --kind timeline: got 'row 1'; every task needs its stage"):
+        plots.plot_file(path, "timeline", tmp_path / "t.png")
+    path.write_text("name,stage,stream,start_s,end_s\nF0,x,compute,0.0,0.1\n")
+    with pytest.raises(InputError, match=r"RESULTS stage: got 'x'; expected an integer \(row 0"):
+        plots.plot_file(path, "timeline", tmp_path / "t.png")
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "F0", "pid": 0, "tid": 0, "ts": 0.0}]}))
+    with pytest.raises(InputError, match=r"traceEvents\[0\]: got .*; expected a complete event"):
+        plots.plot_file(trace, "timeline", tmp_path / "t.png")

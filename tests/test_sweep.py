@@ -196,10 +196,14 @@ def test_resume_refuses_a_changed_space(tmp_path):
         sweep(reordered, workers=1, progress=False, out=out, resume=True)
 
 
-def test_resume_without_a_space_record_is_refused(tmp_path):
+@pytest.mark.parametrize("record", [None, '{"space_sha256": 5}', '{"space_sha256": {"a": 1}}', "[1]", "{"])
+def test_resume_without_a_readable_space_record_is_refused(tmp_path, record):
     out = tmp_path / "o.csv"
     sweep(_space(), workers=1, progress=False, out=out)
-    (tmp_path / "o.csv.llmsim.json").unlink()
+    if record is None:
+        (tmp_path / "o.csv.llmsim.json").unlink()
+    else:
+        (tmp_path / "o.csv.llmsim.json").write_text(record)
     with pytest.raises(InputError, match="cannot be verified"):
         sweep(_space(), workers=1, progress=False, out=out, resume=True)
 
