@@ -117,7 +117,7 @@ class Account:
         return float(value)
 
     def text(self, key: str, default: str | None = None) -> str | None:
-        """A text value (numbers and booleans as written); a list or table is refused."""
+        """A text value (numbers and booleans as written); a list is refused."""
         value = self.get(key, default)
         if isinstance(value, (list, dict)):
             self.refuse(key, "expected one value, not a list or table")
@@ -127,7 +127,7 @@ class Account:
         """A list of text values (one text value is a list of one)."""
         value = self.get(key, default if default is not None else [])
         values = value if isinstance(value, list) else [value]
-        if isinstance(value, dict) or not all(isinstance(v, str) for v in values):
+        if not all(isinstance(v, str) for v in values):
             self.refuse(key, "expected a list of names")
         return values
 
