@@ -14,6 +14,7 @@ The backend is left to matplotlib (inline in notebooks, Agg without a display).
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 from typing import Mapping
@@ -24,6 +25,7 @@ from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from . import fields as F  # noqa: E402
 from .errors import InputError  # noqa: E402
 from .result import BREAKDOWN_KEYS, MEMORY_KEYS  # noqa: E402
 
@@ -181,30 +183,26 @@ def stages_of(result) -> tuple[list[dict], float]:
         except ValueError:
             raise InputError("memory_gib_by_stage", stages[:60], "expected a JSON list of per-stage memory "
                              "mappings (GiB by part)") from None
+    where = "memory_gib_by_stage"
     if not isinstance(stages, list) or not stages:
-        peak = get("memory_gib")
+        where, peak = "memory_gib", get("memory_gib")
         if peak is None:
             peak = {k: get(f"memory_gib.{k}") for k in MEMORY_KEYS}
         stages = [peak]
     if not all(isinstance(st, Mapping) for st in stages):
-        raise InputError("memory_gib_by_stage", json.dumps(stages)[:60], "expected a list of mappings of "
-                         + ", ".join(MEMORY_KEYS) + " to GiB")
-    stages = [{k: _gib(st.get(k), f"memory GiB of {k}", missing=0.0) for k in MEMORY_KEYS} for st in stages]
+        raise InputError(where, json.dumps(stages)[:60], "expected mappings of " + ", ".join(MEMORY_KEYS) + " to GiB")
+    stages = [{k: _gib(st, k, where, 0.0) for k in MEMORY_KEYS} for st in stages]
     if not any(v for st in stages for v in st.values()):
         raise InputError("RESULTS", "no memory", "the row has no memory_gib_by_stage, memory_gib or memory_gib.* values")
-    return stages, _gib(get("memory_capacity_gib"), "memory_capacity_gib")
+    return stages, _gib(result, "memory_capacity_gib", "")
 
 
-def _gib(value, field: str, missing=None) -> float:
-    """A memory cell in GiB as a float; empty gives `missing` (refused when None)."""
-    if value is None or (isinstance(value, float) and np.isnan(value)):
-        if missing is None:
-            raise InputError(field, "empty", "expected a number of GiB")
-        return missing
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(value) or value < 0:
-        raise InputError(field, value, "expected a number of GiB >= 0")
-    return float(value)
+def _gib(data: Mapping, key: str, field: str, *default) -> float:
+    """A memory cell in GiB, >= 0 (fields.number); an empty one (None, or NaN as a table holds
+    it) is the `default` given, else refused."""
+    value = data.get(key)
+    return F.number({key: None if isinstance(value, float) and np.isnan(value) else value}, key, field, *default,
+                    minimum=0.0, strict_min=False, maximum=math.inf)
 
 
 def memory(result, ax=None, scenario=None):
@@ -265,8 +263,11 @@ LOG_SPAN = 30.0  # an axis whose positive values span more than this factor is l
 MAX_LABELS = 10  # points a plot labels at most: the Pareto frontier's, the scatter's worst runs
 
 
-def _log_axis(set_scale, axis) -> None:
-    """A logarithmic axis with plain tick labels at 1, 2 and 5 of each decade."""
+def _log_axis(set_scale, axis, lo: float, hi: float) -> None:
+    """The axis of values from lo to hi logarithmic where they are positive and span more than
+    LOG_SPAN, with plain tick labels at 1, 2 and 5 of each decade."""
+    if not (lo > 0 and hi > LOG_SPAN * lo):
+        return
     set_scale("log")
     axis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
@@ -318,8 +319,8 @@ def pareto(df: pd.DataFrame, ax=None, x: str | None = None, y: str | None = None
                         textcoords="offset points", rotation=30, rotation_mode="anchor")
     for column, set_scale, axis in ((x, ax.set_xscale, ax.xaxis), (y, ax.set_yscale, ax.yaxis)):
         values = pts[column].to_numpy(dtype=float)
-        if len(values) and values.min() > 0 and values.max() > LOG_SPAN * values.min():
-            _log_axis(set_scale, axis)
+        if len(values):
+            _log_axis(set_scale, axis, values.min(), values.max())
     ax.set_xlabel(label(x))
     ax.set_ylabel(label(y))
     _title(ax, f"{label(x).split(' (')[0].capitalize()} vs {label(y).split(' (')[0]}", df)
@@ -514,9 +515,8 @@ def scatter(df: pd.DataFrame, ax=None, measured: str = "measured", predicted: st
                 r = sub.iloc[i]
                 ax.annotate(str(r[label]), (r[measured], r[predicted]), fontsize=6, xytext=(3, 3),
                             textcoords="offset points")
-        if lo > 0 and hi > LOG_SPAN * lo:
-            for set_scale, axis in ((ax.set_xscale, ax.xaxis), (ax.set_yscale, ax.yaxis)):
-                _log_axis(set_scale, axis)
+        for set_scale, axis in ((ax.set_xscale, ax.xaxis), (ax.set_yscale, ax.yaxis)):
+            _log_axis(set_scale, axis, lo, hi)
         unit = METRIC_UNITS.get(m, str(m).replace("_", " ")) if m is not None else "value"
         ax.set_xlabel(f"measured {unit}")
         ax.set_ylabel(f"predicted {unit}")
@@ -677,15 +677,13 @@ def _plot_file(results, kind: str, out, row):
             raise InputError("RESULTS", str(results), "--kind memory needs a results table or an evaluate --json")
         fig = memory(data)
     elif kind == "breakdown" and isinstance(data, Mapping) and "breakdown_s" in data:  # one evaluate --json
-        from .table import NESTED, result_row
+        from .table import result_row
 
         if not data.get("feasible"):
             raise InputError("RESULTS", str(results), "the plan does not fit: it has no step time to break down")
         row = {}
         for key, value in data.items():
             try:
-                if key in NESTED and not isinstance(value, Mapping):
-                    raise TypeError
                 row.update(result_row({key: value}))
             except (TypeError, KeyError, IndexError, AttributeError, ValueError):
                 raise InputError(f"RESULTS {key}", value, "not as evaluate --json writes it") from None

@@ -593,10 +593,9 @@ def sweep(space: Space | Mapping | str | Path, *, workers: int | None = None, da
         todo = [it for it in items if it[1] not in done]
         new = _run(space, todo, axes, kinds, store, workers, dask, engine, vectorize, chunk_size, progress,
                    on_chunk, total=len(items))
-        # the kept rows as read back and this run's rows as stored: the table a reread gives
-        frame = pd.concat([f for f in (kept, new) if f is not None], ignore_index=True)
-        frame = frame.drop_duplicates("point_id", keep="last")
-        frame = _in_point_order(frame, kinds)
+        # the kept rows as read back (one per point: keep_valid) and this run's rows as stored,
+        # of the other points: the table a reread gives
+        frame = _in_point_order(pd.concat([f for f in (kept, new) if f is not None], ignore_index=True), kinds)
         store.finish(frame)
         return frame
     finally:
