@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .bcast import amin, as_float, maximum, where
 from .dataparallel import bucketed_overlap_s
 from .layout import Layout, StageLayout
 from .memory import MEMORY_KEYS, StageMemory
@@ -50,14 +51,14 @@ def _reduce_tail_s(layout: Layout, reduce_s, grad_pass_s, buckets, times: StageT
     v = layout.v
     f, b, w = times.f[i] / v, times.b[i] / v, times.w[i] / v
     r = reduce_s / v
-    k = np.asarray(buckets, dtype=float)
+    k = as_float(buckets)
     tails = layout.schedule.grad_tail(layout.p, layout.m, v, stage)
     ends = [-(n_f * f + n_b * (b + w) + n_i * b + n_w * w) for n_f, n_b, n_i, n_w in tails]
     queue = -np.inf
-    for c in sorted(range(len(ends)), key=lambda c: float(np.min(ends[c]))):
-        first = np.maximum(queue, ends[c] - grad_pass_s + grad_pass_s / k) + r * (k - 1) / k
-        queue = np.where(c < np.asarray(v), np.maximum(first, ends[c]) + r / k, queue)
-    return np.maximum(0.0, queue) * (np.asarray(reduce_s) > 0)
+    for c in sorted(range(len(ends)), key=lambda c: float(amin(ends[c]))):
+        first = maximum(queue, ends[c] - grad_pass_s + grad_pass_s / k) + r * (k - 1) / k
+        queue = where(c < v, maximum(first, ends[c]) + r / k, queue)
+    return maximum(0.0, queue) * (reduce_s > 0)
 
 
 def _stage_sums(per_rep, rep):
@@ -126,6 +127,12 @@ def _dp_exposed_s(layout: Layout, r: StageLayout, times: StageTimes, i: int, sla
     return exposed, np.maximum(0.0, slack_end - tail)
 
 
+def _stands_for_none(counted) -> bool:
+    """Whether a scalar plan's representative counts zero times (p = 1 or 2), so that what it
+    adds is zero and need not be worked out."""
+    return not np.ndim(counted) and not counted
+
+
 def _end_of_step(layout: Layout, times: StageTimes, counted) -> tuple:
     """(dp_comm, optimizer, other) seconds past the pipeline: each stage ends with its exposed
     data-parallel traffic and then its optimizer step with the per-step framework work
@@ -136,6 +143,10 @@ def _end_of_step(layout: Layout, times: StageTimes, counted) -> tuple:
     dp, opt, other = [], [], []
     slack = ends_before_last_s(layout, times)
     for i, (r, c) in enumerate(zip(layout.stages, counted)):
+        if _stands_for_none(c):
+            for part in (dp, opt, other):
+                part.append(0.0)
+            continue
         exposed, spare = _dp_exposed_s(layout, r, times, i, slack[i])
         total = r.optimizer_s + r.framework_step_s
         share = np.where(total > 0, np.maximum(0.0, total - spare) / np.where(total > 0, total, 1.0), 0.0)
@@ -170,6 +181,7 @@ def step_breakdown(layout: Layout) -> dict:
     period = pick([times.total(i) for i in range(len(reps))])
     dp, optimizer, other = _end_of_step(layout, times, counted)
     offload = np.maximum.reduce(np.broadcast_arrays(*[
+        0.0 if _stands_for_none(c) else
         np.where(c, exposed_offload_s(r.offload, layout.v, m,
                                       layout.schedule.offloaded_chunks(layout.p, m, layout.v, r.stage)
                                       if layout.offloads_activations else (0.0, 0.0),

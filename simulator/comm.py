@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .bcast import as_float, maximum, minimum, where
 from .hardware import Cluster, Link
 
 
@@ -48,8 +49,8 @@ def placement(sizes: dict, dims, order: str, domain: int) -> Placement:
         stride = stride * sizes[name]
     for d in dims:
         n = n * sizes[d]
-    per_domain = np.where(np.asarray(stride) <= domain, np.maximum(1, domain // np.asarray(stride)), 1)
-    local = np.minimum(n, per_domain)
+    per_domain = where(stride <= domain, maximum(1, domain // stride), 1)
+    local = minimum(n, per_domain)
     return Placement(size=n, local=local, domains=np.ceil(n / local))
 
 
@@ -64,22 +65,25 @@ def scaleup_for(cluster: Cluster, members):
     if not up.full_mesh:
         return up
     peers = max(cluster.node.scaleup_domain - 1, 1)
-    share = np.minimum(1.0, np.maximum(np.asarray(members, dtype=float) - 1, 1) / peers)
+    share = minimum(1.0, maximum(as_float(members) - 1, 1.0) / peers)
     return replace(up, bytes_per_s=up.bytes_per_s * share)
 
 
+_RING_FACTOR = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}
+
+
 def _ring(kind: str, nbytes, n, link: Link):
-    n = np.asarray(n, dtype=float)
-    factor = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}[kind]
+    n = as_float(n)
+    factor = _RING_FACTOR[kind]
     steps = factor * (n - 1)
-    t = steps * link.latency_s + factor * (n - 1) / np.maximum(n, 1) * nbytes / link.bus_bytes_per_s
-    return np.where(n > 1, t, 0.0)
+    t = steps * link.latency_s + factor * (n - 1) / maximum(n, 1.0) * nbytes / link.bus_bytes_per_s
+    return where(n > 1, t, 0.0)
 
 
 def _tree_all_reduce(nbytes, n, link: Link):
-    n = np.asarray(n, dtype=float)
-    t = 2 * np.ceil(np.log2(np.maximum(n, 1))) * link.latency_s + 2 * nbytes / link.bus_bytes_per_s
-    return np.where(n > 1, t, 0.0)
+    n = as_float(n)
+    t = 2 * np.ceil(np.log2(maximum(n, 1.0))) * link.latency_s + 2 * nbytes / link.bus_bytes_per_s
+    return where(n > 1, t, 0.0)
 
 
 def _nvls_all_reduce(nbytes, n, link: Link):
@@ -90,8 +94,7 @@ def _nvls_all_reduce(nbytes, n, link: Link):
     nv = link.nvls
     if nv is None:
         return np.inf
-    n = np.asarray(n, dtype=float)
-    return np.where(n >= nv.min_devices, nv.latency_s + nbytes / (link.bytes_per_s * nv.efficiency), np.inf)
+    return where(as_float(n) >= nv.min_devices, nv.latency_s + nbytes / (link.bytes_per_s * nv.efficiency), np.inf)
 
 
 def collective_time(kind: str, nbytes, group: Placement, cluster: Cluster):
@@ -102,14 +105,14 @@ def collective_time(kind: str, nbytes, group: Placement, cluster: Cluster):
     g, k = group.local, group.domains
     up, out = scaleup_for(cluster, g), cluster.scaleout
     if kind == "all_reduce":
-        flat_up = np.minimum(np.minimum(_ring(kind, nbytes, g, up), _tree_all_reduce(nbytes, g, up)),
-                             _nvls_all_reduce(nbytes, g, up))
-        across = np.minimum(_ring(kind, nbytes / g, k, out), _tree_all_reduce(nbytes / g, k, out))
+        flat_up = minimum(minimum(_ring(kind, nbytes, g, up), _tree_all_reduce(nbytes, g, up)),
+                          _nvls_all_reduce(nbytes, g, up))
+        across = minimum(_ring(kind, nbytes / g, k, out), _tree_all_reduce(nbytes / g, k, out))
         hier = _ring("reduce_scatter", nbytes, g, up) + across + _ring("all_gather", nbytes, g, up)
     else:
         flat_up = _ring(kind, nbytes, g, up)
         hier = _ring(kind, nbytes, g, up) + _ring(kind, nbytes / g, k, out)
-    return np.where(k > 1, hier, flat_up)
+    return where(k > 1, hier, flat_up)
 
 
 def send_recv_time(nbytes, crosses_domain, cluster: Cluster):
@@ -117,7 +120,7 @@ def send_recv_time(nbytes, crosses_domain, cluster: Cluster):
     up, out = scaleup_for(cluster, 2), cluster.scaleout
     t_up = up.latency_s + nbytes / up.bus_bytes_per_s
     t_out = out.latency_s + nbytes / out.bus_bytes_per_s
-    return np.where(crosses_domain, t_out, t_up)
+    return where(crosses_domain, t_out, t_up)
 
 
 def all_to_all_time(nbytes, group: Placement, cluster: Cluster):

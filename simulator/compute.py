@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .attentiontiles import executed_fraction
+from .bcast import as_float, maximum, where
 from .hardware import Accelerator, Efficiency
 from .workload import ATTENTION, MATMUL, Op, gemm_traffic
 
@@ -61,7 +62,7 @@ def _work_time(work, rate: float, eff: Efficiency, kernels=1):
     t = (work + kernels * eff.half) / (rate * eff.max)
     if eff.spill is not None:
         t = t + np.maximum(np.asarray(work) - eff.spill, 0.0) * (1.0 / eff.spill_max - 1.0 / eff.max) / rate
-    return np.where(np.asarray(work) > 0, t, 0.0)
+    return where(work > 0, t, 0.0)
 
 
 # Kernel class of each memory-bound workload operator, for a profile's optional
@@ -134,8 +135,8 @@ def op_times(op: Op, acc: Accelerator, precision: str) -> OpTimes:
     if acc.op_overhead_s:
         work = op.flops + op.fwd_bytes + op.bwd_input_bytes + op.bwd_weight_bytes
         o = np.where(work > 0, o, 0.0) if np.ndim(work) else (o if work > 0 else 0.0)
-    return OpTimes(np.maximum(flops_s[0], bytes_s[0]) + o, np.maximum(flops_s[1], bytes_s[1]) + o,
-                   np.maximum(flops_s[2], bytes_s[2]))
+    return OpTimes(maximum(flops_s[0], bytes_s[0]) + o, maximum(flops_s[1], bytes_s[1]) + o,
+                   maximum(flops_s[2], bytes_s[2]))
 
 
 def _reduced(op: Op, flops_s: list, k_half: float) -> list:
@@ -149,7 +150,7 @@ def _reduced(op: Op, flops_s: list, k_half: float) -> list:
     if s is None or k_half <= 0:
         return flops_s
     dims = (s.d_in, s.d_out, s.tokens / s.matrices if s.grouped else s.tokens)
-    return [t * (np.asarray(k, dtype=float) + k_half) / np.asarray(k, dtype=float) for t, k in zip(flops_s, dims)]
+    return [t * (k + k_half) / k for t, k in zip(flops_s, map(as_float, dims))]
 
 
 def _attention_calls(op: Op, acc: Accelerator):

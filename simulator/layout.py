@@ -261,10 +261,20 @@ def compile_layout(model, cluster, plan) -> Layout:
     mean_band = window_pair_fraction(model)
     mean_key = _band_key(mean_band)
     banded = {mean_key: base}
+    # a plan's representatives that are one stage holding the same layers (p = 1 or 2: the
+    # copies that count zero times) are compiled once; a batch's differ from plan to plan
+    compiled = {}
     for stage, count, layers, n_moe, sliding in zip(reps_of.indices, reps_of.counts, reps_of.layers, moe_layers,
                                                     sliding_layers):
         band = mean_band if sliding is None else window_pair_fraction(model, np.maximum(layers, 1), sliding)
         key = _band_key(band)
+        same = (key, *map(_band_key, (stage, layers, n_moe))) if np.ndim(p) == 0 else None
+        if same in compiled:
+            rep, rerun_layers = compiled[same]
+            reps.append(replace(rep, count=count))
+            total_rerun_layers = total_rerun_layers + count * rerun_layers
+            continue
+        rerun_layers = 0.0
         if key not in banded:
             banded[key] = layer_kinds(replace(shard, window_fraction=band))
         kind = banded[key]
@@ -339,6 +349,8 @@ def compile_layout(model, cluster, plan) -> Layout:
             framework_step_s=framework_ops.step_seconds(model, plan, cluster, per, params, shard_group, layers, has_emb,
                                                         has_head, head_copy, n_moe),
             optimizer_workspace_bytes=workspace))
+        if same is not None:
+            compiled[same] = reps[-1], rerun_layers
     model_flops = model_flops_per_sequence(model, plan.moe) * plan.global_batch
     if not mixed:
         one = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=plan.flash_attention)

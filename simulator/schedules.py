@@ -30,6 +30,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from .bcast import amax, minimum, where
 from .errors import InputError
 
 FWD, BWD, BWD_INPUT, WGT = "F", "B", "I", "W"
@@ -67,7 +68,7 @@ class StageTimes:
     def pick(self, values: tuple):
         out = values[-1]
         for i in range(len(values) - 2, -1, -1):
-            out = np.where(np.asarray(self.critical) == i, values[i], out)
+            out = where(self.critical == i, values[i], out)
         return out
 
     def total(self, i):
@@ -144,7 +145,7 @@ class Schedule:
         """Per chunk, the passes (F, B, I, W) a stage runs after the last pass producing that
         chunk's gradients, where its reduction starts. Loop placement: in the cooldown of
         Megatron-LM's interleaved order chunk c's last backward is followed by c·p others."""
-        return [(0, c * np.asarray(p) * (np.asarray(v) > c), 0, 0) for c in range(int(np.max(v)))]
+        return [(0, c * p * (v > c), 0, 0) for c in range(int(amax(v)))]
 
     def drain_tail(self, p, m, v, stage) -> tuple:
         """(F, B, I, W) passes a stage runs after its last backward pass (B, or I where the
@@ -302,7 +303,7 @@ class OneFOneB(Schedule):
         return out
 
     def in_flight(self, p, m, v, stage):
-        n = np.minimum(np.asarray(p) - stage, m)
+        n = minimum(p - stage, m)
         return n, n
 
     def offloaded_chunks(self, p, m, v, stage):
@@ -355,12 +356,11 @@ class Interleaved(Schedule):
         return out
 
     def in_flight(self, p, m, v, stage):
-        p, v = np.asarray(p), np.asarray(v)
-        warm = np.minimum(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
+        warm = minimum(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
         # chunk 0 (the embedding's) of the first `warm` virtual micro-batches: p of every p·v
-        first = (warm // (p * v)) * p + np.minimum(warm % (p * v), p)
-        one = np.minimum(p - stage, m)
-        return np.where(v == 1, one, warm), np.where(v == 1, one, first)
+        first = (warm // (p * v)) * p + minimum(warm % (p * v), p)
+        one = minimum(p - stage, m)
+        return where(v == 1, one, warm), where(v == 1, one, first)
 
     def offloaded_chunks(self, p, m, v, stage):
         p, v, stage = np.asarray(p), np.asarray(v), np.asarray(stage)
