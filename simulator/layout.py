@@ -32,7 +32,8 @@ from .fusion import eager_ops
 from .tpoverlap import overlapped_tp_s
 from .dims import Groups, expert_zero_group_size, grad_group_size, groups, zero_group_size
 from .layermix import compile_mix, layer_operators, mixed_stage, needs_layer_mix, padding_flops_per_micro_batch
-from .memory import ActivationSizes, StageMemory, activation_sizes, buffer_bytes, peak_activation_bytes
+from .memory import ActivationSizes, StageMemory, buffer_bytes, layer_activations, peak_activation_bytes, \
+    stage_activations
 from .offload import OffloadCosts, offload_costs, resident_chunks_with_offload
 from .recompute import chunk_checkpoint, layer_checkpoint, rerun_flops, tp_rerun_fraction
 from .passes import OpsTime, PassTimes, ops_time, pass_times, pp_hop_s, tp_layer_comm_s
@@ -241,6 +242,7 @@ def compile_layout(model, cluster, plan) -> Layout:
         layer_gather = fp8.gather_bytes_per_param(per, linear_params, layer_params, plan)
         buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, layer_params, plan, layer_gather,
                                per.grad)
+        layer_acts, bf16_acts = layer_activations(model, shard, plan, layer, head), None
     else:  # experts or MLA: two layer kinds (layermix.py)
         buffers = base.buffer_bytes
     if host_s > 0:
@@ -295,11 +297,13 @@ def compile_layout(model, cluster, plan) -> Layout:
             linears = (layers - n16) * linear_params  # FP8 linears' weights
             states = fp8.with_weight_copies(states, linears, plan, per, cluster.accelerator)
             gather_per_param = fp8.gather_bytes_per_param(per, linears, params, plan)
-            acts = activation_sizes(model, shard, plan, layers / v, has_emb, has_head, layer, head)
+            acts = stage_activations(layer_acts, plan, layers / v, has_emb, has_head)
             stage_layer_gather, stage_buffers = layer_gather, buffers
             if bf16_plan is not None:
-                acts = _mean_activations(acts, activation_sizes(model, shard, bf16_plan, layers / v, has_emb, has_head,
-                                                                bf16_banded[mean_key].ops, head), share)
+                if bf16_acts is None:
+                    bf16_acts = layer_activations(model, shard, bf16_plan, bf16_banded[mean_key].ops, head)
+                acts = _mean_activations(acts, stage_activations(bf16_acts, bf16_plan, layers / v, has_emb, has_head),
+                                         share)
                 # a BF16 layer's weights are gathered in BF16: ZeRO-3's buffers hold the larger layer
                 stage_layer_gather = np.where(n16 > 0, per.weight, layer_gather)
                 stage_buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, layer_params, plan,

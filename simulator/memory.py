@@ -63,24 +63,55 @@ class ActivationSizes:
     cached_free_bytes: object = 0.0  # reserved by the caching allocator beyond the peak's live bytes
 
 
-def activation_sizes(model, shard: Shard, plan, layers_per_chunk, has_embedding, has_head, ops=None,
-                     head=None, experts=None) -> ActivationSizes:
+@dataclass(frozen=True)
+class LayerActivations:
+    """Per micro-batch bytes of one layer kind, the embedding and the head, whatever a stage
+    holds of them (layer_activations; stage_activations composes a stage's)."""
+
+    checkpoint: object  # recompute.LayerCheckpoint of the layer
+    plain_bytes: object  # what the layer keeps without recomputation
+    embedding_bytes: object
+    head_held_bytes: object  # the head's saved tensors and the loss's backward transient
+    transient_bytes: object  # the CP ring's buffers during a layer's backward
+    rerun_gradient_bytes: object  # under full recomputation (rerun_gradient_bytes), else 0
+    loss_free_bytes: object  # the loss's free block (allocator.py)
+
+
+def layer_activations(model, shard: Shard, plan, ops=None, head=None, experts=None) -> LayerActivations:
     """`head`: the head's operators (default workload.head_ops); `experts`: an MoE layer's
     moe.ExpertShard, with its `ops`."""
     ops = layer_ops(model, shard) if ops is None else ops
-    layer = layer_checkpoint(model, shard, plan.recompute, ops, plan.recompute_modules, experts)
-    chunk = chunk_checkpoint(plan, layer, sum(op.saved_bytes for op in ops), layers_per_chunk)
-    emb = np.asarray(has_embedding) * sum(op.saved_bytes for op in embedding_ops(model, shard))
     head = head_ops(model, shard) if head is None else head
-    held = sum(op.saved_bytes for op in head) + loss_backward_transient_bytes(model, shard)
+    return LayerActivations(
+        layer_checkpoint(model, shard, plan.recompute, ops, plan.recompute_modules, experts),
+        sum(op.saved_bytes for op in ops), sum(op.saved_bytes for op in embedding_ops(model, shard)),
+        sum(op.saved_bytes for op in head) + loss_backward_transient_bytes(model, shard),
+        cpattention.transient_bytes(model, shard, plan.cp_attention),
+        rerun_gradient_bytes(model, shard, ops) if plan.recompute == "full" else 0.0,
+        allocator.loss_free_bytes(model, shard, plan))
+
+
+def stage_activations(layer: LayerActivations, plan, layers_per_chunk, has_embedding, has_head) -> ActivationSizes:
+    """The activation bytes of a stage's device holding `layers_per_chunk` layers of the kind
+    per model chunk, the embedding and the head where flagged."""
+    chunk = chunk_checkpoint(plan, layer.checkpoint, layer.plain_bytes, layers_per_chunk)
+    emb = np.asarray(has_embedding) * layer.embedding_bytes
+    held = layer.head_held_bytes
     # a layer's backward holds what recomputation rebuilt and the CP ring's buffers
-    rebuilt = chunk.rebuilt_bytes + cpattention.transient_bytes(model, shard, plan.cp_attention)
+    rebuilt = chunk.rebuilt_bytes + layer.transient_bytes
     if plan.recompute == "full":
-        rebuilt = rebuilt + np.where(np.asarray(chunk.rebuilt_bytes) > 0, rerun_gradient_bytes(model, shard, ops), 0.0)
+        rebuilt = rebuilt + np.where(np.asarray(chunk.rebuilt_bytes) > 0, layer.rerun_gradient_bytes, 0.0)
     extra = np.where(has_head, np.maximum(rebuilt, held), rebuilt)
     # reserved only grows: the loss's free block stays reserved through the layers' backward
-    reserved = np.where(has_head, np.maximum(rebuilt, held + allocator.loss_free_bytes(model, shard, plan)), rebuilt)
+    reserved = np.where(has_head, np.maximum(rebuilt, held + layer.loss_free_bytes), rebuilt)
     return ActivationSizes(chunk.saved_bytes, emb, extra, reserved - extra)
+
+
+def activation_sizes(model, shard: Shard, plan, layers_per_chunk, has_embedding, has_head, ops=None,
+                     head=None, experts=None) -> ActivationSizes:
+    """A stage's activation bytes (stage_activations of layer_activations)."""
+    return stage_activations(layer_activations(model, shard, plan, ops, head, experts), plan, layers_per_chunk,
+                             has_embedding, has_head)
 
 
 def peak_activation_bytes(sizes: ActivationSizes, resident_chunks, in_flight_embedding):
