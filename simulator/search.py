@@ -7,8 +7,8 @@ do not read the settings and its rules about settings (offload needs ZeRO) do no
 the shape, so each shape and each setting is checked once with `validate` and the valid
 plans are the product of the valid shapes and the valid settings. Left out as duplicates:
 sequence parallelism at tp = 1 (it needs tp > 1), the interleaved schedule with one
-chunk (vpp = 1 is 1F1B) and, with flash attention, selective recomputation (it re-runs
-nothing). Sizes range over divisors; micro_batch, vpp and cp have caps (SearchOptions).
+chunk (vpp = 1 is 1F1B) and, with flash attention (held off by plan_options'
+flash_attention: false), selective recomputation (it re-runs nothing). Sizes range over divisors; micro_batch, vpp and cp have caps (SearchOptions).
 Hybrid sharding (plan.dp_replicate) is tried at the replica counts SearchOptions names, each
 shape with replicas only under ZeRO stages >= 1 (its settings are checked per shape group),
 and shapes with CP at each CP implementation it names (plan.cp_attention; ulysses-ring at
@@ -125,6 +125,17 @@ def fixed_plan_fields(opts: SearchOptions) -> dict:
                              "--pipeline-split, --max-tp, --max-pp, --no-offload)")
     plan = plan_from_dict({"dp": 1, "global_batch": 1, **raw})
     return {key: getattr(plan, key) for key in raw}
+
+
+def _held_flash_attention(opts: SearchOptions) -> SearchOptions:
+    """Options whose plan_options' `flash_attention` (`--set plan.flash_attention=false`)
+    became the search's own flash_attention, which it holds on every plan (and with which it
+    drops selective recomputation)."""
+    raw = dict(opts.plan_options)
+    if "flash_attention" not in raw:
+        return opts
+    flash = plan_from_dict({"dp": 1, "global_batch": 1, "flash_attention": raw.pop("flash_attention")})
+    return replace(opts, flash_attention=flash.flash_attention, plan_options=tuple(raw.items()))
 
 
 @dataclass
@@ -436,13 +447,15 @@ def search(model: ModelSpec | dict | str, cluster: Cluster | dict, global_batch:
         if not isinstance(model, ModelSpec) else model
     cluster = cluster_from_dict(cluster) if not isinstance(cluster, Cluster) else cluster
 
+    options = _held_flash_attention(options)
     fixed = fixed_plan_fields(options)
     for precision in precisions(options):
         if precision not in PRECISIONS:
             raise InputError("--precision", precision, "expected one of " + ", ".join(PRECISIONS))
         check_precision(precision, cluster.accelerator)
     groups, tried, refusals = _evaluate_groups(model, cluster, global_batch, options, training, reasons=False)
-    notes = [f"every plan: {', '.join(_flat(dict(options.plan_options)))}"] if fixed else []
+    held = {**dict(options.plan_options), **({} if options.flash_attention else {"flash_attention": False})}
+    notes = [f"every plan: {', '.join(_flat(held))}"] if held else []
     valid = sum(len(b) for b, _ in groups)
     refusal = next((r for r in reversed(refusals.values()) if r), "")
     if valid == 0:

@@ -154,6 +154,22 @@ def test_ranked_plans_with_fixed_plan_fields_carry_the_numbers_of_those_plans():
         assert math.isclose(row.peak_memory_gib, want["peak_memory_gib"], rel_tol=1e-12)
 
 
+def test_flash_attention_held_off_on_every_plan_adds_selective_recomputation():
+    # without flash attention selective recomputation re-runs the attention core: a third
+    # recompute mode beside none and full for every shape and setting
+    model, cluster = model_from_dict(MODEL), cluster_from_dict(CLUSTER)
+    flash = search(model, cluster, 16, top=5, engine="analytic", options=OPTS)
+    eager = search(model, cluster, 16, top=5, engine="analytic",
+                   options=replace(OPTS, plan_options=(("flash_attention", False),)))
+    assert 2 * eager.enumerated == 3 * flash.enumerated
+    assert eager.notes[0] == "every plan: flash_attention=False"
+    assert len(eager.table) and not eager.table.flash_attention.any()
+    for row in eager.table.itertuples(index=False):
+        plan = replace(_scenario_of(row, model, cluster, Training()).plan, flash_attention=False)
+        want = evaluate(Scenario(model, cluster, plan, Training()), engine="analytic").to_dict()
+        assert math.isclose(row.step_time_s, want["step_time_s"], rel_tol=1e-12)
+
+
 @pytest.mark.parametrize("options, field", [
     ((("tp", 2),), "search plan.tp"),  # the search varies it
     ((("offload", {"optimizer": "cpu"}),), "search plan.offload"),
