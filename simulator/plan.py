@@ -442,7 +442,13 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster, options: bool = Tru
     if plan.global_batch % (plan.micro_batch * plan.dp):
         raise InputError("plan.global_batch", plan.global_batch,
                          f"must be a multiple of micro_batch*dp = {plan.micro_batch * plan.dp}")
-    schedule = plan_schedule(plan)  # the schedule's own rules; an explicit order parsed and checked
+    try:
+        schedule = plan_schedule(plan)  # the schedule's own rules; an explicit order parsed and checked
+    except InputError as e:
+        if e.field != "plan.global_batch":
+            raise
+        # a schedule counts micro-batches per replica; the user gave the global batch
+        raise InputError(e.field, plan.global_batch, e.allowed) from None
     check_split(plan, model, schedule)  # layers per pipeline stage: even, first/last counts, balanced or a layout
     check_layer_mix_options(plan, model)
     check_bf16_layers(plan, model, schedule)

@@ -207,30 +207,39 @@ def _generic_in_flight(schedule: Schedule, p, m, v, stage):
                             p, m, v, stage) for k in (0, 1))
 
 
-@lru_cache(maxsize=4096)
-def _peak_cached(name: str, p: int, m: int, v: int, stage: int) -> tuple[int, int]:
-    s = SCHEDULES[name]
-    return peak_in_flight(s.orders(p, m, v)[stage], 0 if stage == s.embedding_stage(p) else None)
+def _periodic_counts(count):
+    """count(order, name, p, v, stage), pass counts read off one stage's order of a named
+    schedule, for m micro-batches from orders of at most 5p: past 2p micro-batches the orders
+    repeat every p (as _periodic_makespan takes them), so counts at m0, m0 + p and m0 + 2p
+    (m0 = m less a multiple of p) that change by the same step give the count at m; where they
+    do not, the whole order is read. Cached per shape."""
+    @lru_cache(maxsize=4096)
+    def counts(name: str, p: int, m: int, v: int, stage: int):
+        def at(k):
+            return count(cached_orders(name, p, k, v)[stage], name, p, v, stage)
+
+        if m <= 5 * p:
+            return at(m)
+        m0 = 2 * p + (m - 2 * p) % p
+        first = at(m0)
+        a, b, c = (np.array(x) for x in (first, at(m0 + p), at(m0 + 2 * p)))
+        if not np.array_equal(c - b, b - a):
+            return at(m)
+        out = (a + (m - m0) // p * (b - a)).tolist()
+        return [tuple(row) for row in out] if isinstance(first, list) else tuple(out)
+    return counts
+
+
+_peak_cached = _periodic_counts(
+    lambda order, name, p, v, stage: peak_in_flight(order, 0 if stage == SCHEDULES[name].embedding_stage(p) else None))
+_grad_tail_cached = _periodic_counts(lambda order, name, p, v, stage: grad_tail_in_order(order, v))
+_drain_tail_cached = _periodic_counts(lambda order, name, p, v, stage: drain_tail_in_order(order))
+_offloaded_cached = _periodic_counts(lambda order, name, p, v, stage: offloaded_in_order(order))
 
 
 @lru_cache(maxsize=4096)
 def _forward_moments_cached(name: str, p: int, m: int, v: int, stage: int) -> np.ndarray:
     return forward_moments_in_order(cached_orders(name, p, m, v)[stage], v)
-
-
-@lru_cache(maxsize=4096)
-def _grad_tail_cached(name: str, p: int, m: int, v: int, stage: int) -> list:
-    return grad_tail_in_order(cached_orders(name, p, m, v)[stage], v)
-
-
-@lru_cache(maxsize=4096)
-def _drain_tail_cached(name: str, p: int, m: int, v: int, stage: int) -> tuple:
-    return drain_tail_in_order(cached_orders(name, p, m, v)[stage])
-
-
-@lru_cache(maxsize=4096)
-def _offloaded_cached(name: str, p: int, m: int, v: int, stage: int) -> tuple[int, int]:
-    return offloaded_in_order(cached_orders(name, p, m, v)[stage])
 
 
 def _per_shape(fn, p, m, v, stage):

@@ -11,8 +11,8 @@ from simulator import evaluate
 from simulator.engine import run, simulate
 from simulator.errors import InputError
 from simulator.graph import uniform_graph
-from simulator.schedules import SCHEDULES, StageTimes, drain_tail_in_order, offloaded_in_order, parse_explicit, peak_in_flight, \
-    pipeline_makespan, stage_times
+from simulator.schedules import SCHEDULES, StageTimes, drain_tail_in_order, grad_tail_in_order, offloaded_in_order, \
+    parse_explicit, peak_in_flight, pipeline_makespan, stage_times
 
 
 def step(schedule, p, m, v=1, f=1.0, b=2.0, w=0.0):
@@ -87,7 +87,10 @@ def test_dualpipe_v_holds_2p_plus_1_chunks(p, m):
     assert [peak_in_flight(o)[0] for o in orders] == [2 * p + 1] * p
 
 
-SHAPES = [(1, 1), (1, 3), (2, 1), (2, 2), (2, 5), (4, 4), (4, 8), (4, 3), (3, 12), (8, 16), (8, 5)]
+# the last seven run past 5p micro-batches, where counts are read off orders of 2p-5p
+# micro-batches and extrapolated over their period p (schedules._periodic_counts)
+SHAPES = [(1, 1), (1, 3), (2, 1), (2, 2), (2, 5), (4, 4), (4, 8), (4, 3), (3, 12), (8, 16), (8, 5),
+          (1, 7), (2, 11), (2, 14), (3, 17), (3, 18), (4, 24), (5, 31)]
 
 
 def schedule_and_orders(name, p, m):
@@ -125,6 +128,15 @@ def test_drain_tails_equal_the_orders(name, p, m):
     s, v, orders = schedule_and_orders(name, p, m)
     for stage in range(p):
         assert tuple(float(x) for x in s.drain_tail(p, m, v, stage)) == drain_tail_in_order(orders[stage])
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@pytest.mark.parametrize("p,m", SHAPES)
+def test_gradient_tails_equal_the_orders(name, p, m):
+    s, v, orders = schedule_and_orders(name, p, m)
+    for stage in range(p):
+        got = [tuple(int(x) for x in chunk) for chunk in s.grad_tail(p, m, v, stage)]
+        assert got == grad_tail_in_order(orders[stage], v)
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v"])
@@ -229,6 +241,13 @@ def test_scenario_schedule_ops_of_the_wrong_shape_are_an_input_error(scenario):
 def test_v_schedules_need_two_micro_batches_per_stage(scenario, name):
     with pytest.raises(InputError, match="micro-batches"):
         scenario(cluster={"node": "dgx-a100", "nodes": 1}, tp=2, pp=4, global_batch=4, schedule=name)
+
+
+def test_interleaving_refuses_a_global_batch_by_its_value(scenario):
+    # dp = 2: 6 micro-batches per replica, not a multiple of pp = 4
+    with pytest.raises(InputError, match=r"micro-batches per replica \(6\)") as e:
+        scenario(cluster={"node": "dgx-a100", "nodes": 2}, tp=2, pp=4, global_batch=12, schedule="interleaved", vpp=2)
+    assert (e.value.field, e.value.value) == ("plan.global_batch", 12)
 
 
 @pytest.mark.parametrize("name", ["zb-v", "dualpipe-v"])
