@@ -8,7 +8,8 @@ the shape, so each shape and each setting is checked once with `validate` and th
 plans are the product of the valid shapes and the valid settings. Left out as duplicates:
 sequence parallelism at tp = 1 (it needs tp > 1), the interleaved schedule with one
 chunk (vpp = 1 is 1F1B) and, with flash attention (held off by plan_options'
-flash_attention: false), selective recomputation (it re-runs nothing). Sizes range over divisors; micro_batch, vpp and cp have caps (SearchOptions).
+flash_attention: false), selective recomputation (it re-runs nothing). Sizes range over
+divisors; micro_batch, vpp and cp have caps (SearchOptions).
 Hybrid sharding (plan.dp_replicate) is tried at the replica counts SearchOptions names, each
 shape with replicas only under ZeRO stages >= 1 (its settings are checked per shape group),
 and shapes with CP at each CP implementation it names (plan.cp_attention; ulysses-ring at
