@@ -195,9 +195,9 @@ class _Store:
     def keep_valid(self, df, index_of: dict, where: str):
         """The rows of `df` that belong to this space and are complete (a point's last row where it
         repeats); the others are named."""
-        bad = ~(df["point_id"].isin(index_of) & df["feasible"].notna())
-        expected = df["point_id"].map(index_of)
-        bad |= expected.isna() | (df["point_index"].astype("Float64") != expected.astype("Float64")).fillna(True)
+        expected = df["point_id"].map(index_of)  # NaN: not a point of this space
+        bad = df["feasible"].isna() | expected.isna() | \
+            (df["point_index"].astype("Float64") != expected.astype("Float64")).fillna(True)
         if bad.any():
             self.log(f"{where}: {int(bad.sum())} row(s) do not match this space or lack fields; they are "
                      "dropped and recomputed")
@@ -373,6 +373,16 @@ class _CsvStore(_Store):
 
 
 class _ParquetStore(_Store):
+    """Rows written as Parquet parts beside OUT, gathered into OUT in point order at the end.
+    `_whole`: OUT was read back alone, with this space's columns, and every row was kept (a
+    finished output resumed): it then stays in place, not copied into a part, and is
+    rewritten at the end only where rows were added or are out of order."""
+
+    _whole = False
+    _in_order = False
+    _appended = 0
+    _columns_of_out = None
+
     @property
     def parts(self) -> Path:
         return self.out.with_name(self.out.name + ".parts")
@@ -385,7 +395,10 @@ class _ParquetStore(_Store):
 
         from . import table
         try:
-            return table.normalize(pd.read_parquet(path), self.kinds)
+            df = pd.read_parquet(path)
+            if path == self.out:
+                self._columns_of_out = list(df.columns)
+            return table.normalize(df, self.kinds)
         except Exception as exc:  # pyarrow raises many kinds for damaged files
             self.log(f"{path}: unreadable Parquet ({type(exc).__name__}); its rows are recomputed")
             return None
@@ -399,24 +412,29 @@ class _ParquetStore(_Store):
         frames = [f for f in (self._read(p) for p in paths) if f is not None and len(f)]
         if not frames:
             return None
-        df = table.normalize(pd.concat(frames, ignore_index=True), self.kinds)
-        return self.keep_valid(df, index_of, str(self.out))
+        df = table.normalize(pd.concat(frames, ignore_index=True), self.kinds) if len(frames) > 1 else frames[0]
+        kept = self.keep_valid(df, index_of, str(self.out))
+        self._whole = paths == [self.out] and len(kept) == len(df) and self._columns_of_out == list(self.kinds)
+        self._in_order = bool(kept["point_index"].is_monotonic_increasing)
+        return kept
 
     def start(self, resume: bool, kept: pd.DataFrame | None) -> None:
         """Fresh: remove old output and parts. Resume: the kept rows become one part, written
-        before the old parts and OUT (damaged ones included) are removed."""
+        before the old parts and OUT (damaged ones included) are removed; an OUT kept whole
+        stays as it is."""
         self.parts.mkdir(exist_ok=True)
         self.run = uuid.uuid4().hex[:8]
-        if kept is not None and len(kept):
+        if kept is not None and len(kept) and not self._whole:
             self._write_part(kept, f"part-{self.run}-kept")
         for old in self.parts.iterdir():
             if not old.name.startswith(f"part-{self.run}-"):
                 old.unlink()
-        if self.out.exists():
+        if self.out.exists() and not self._whole:
             self.out.unlink()
 
     def append(self, rows: pd.DataFrame, index: int) -> None:
         self._write_part(rows, f"part-{self.run}-{index:08d}")
+        self._appended += 1
 
     def _write_part(self, df: pd.DataFrame, stem: str) -> None:
         tmp = self.parts / f".{stem}.tmp"
@@ -424,9 +442,10 @@ class _ParquetStore(_Store):
         os.replace(tmp, self.parts / f"{stem}.parquet")
 
     def finish(self, df: pd.DataFrame) -> None:
-        tmp = self.out.with_name(self.out.name + ".tmp")
-        df.to_parquet(tmp, index=False)
-        os.replace(tmp, self.out)
+        if not (self._whole and not self._appended and self._in_order):
+            tmp = self.out.with_name(self.out.name + ".tmp")
+            df.to_parquet(tmp, index=False)
+            os.replace(tmp, self.out)
         shutil.rmtree(self.parts, ignore_errors=True)
 
 
@@ -595,7 +614,10 @@ def sweep(space: Space | Mapping | str | Path, *, workers: int | None = None, da
                    on_chunk, total=len(items))
         # the kept rows as read back (one per point: keep_valid) and this run's rows as stored,
         # of the other points: the table a reread gives
-        frame = _in_point_order(pd.concat([f for f in (kept, new) if f is not None], ignore_index=True), kinds)
+        if kept is not None and not len(new) and kept["point_index"].is_monotonic_increasing:
+            frame = kept.reset_index(drop=True)  # a finished output: as read back (normalized), in order
+        else:
+            frame = _in_point_order(pd.concat([f for f in (kept, new) if f is not None], ignore_index=True), kinds)
         store.finish(frame)
         return frame
     finally:

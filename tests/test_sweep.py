@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -366,13 +367,25 @@ def test_the_returned_table_is_the_one_the_output_reads_back_as(tmp_path, suffix
     pd.testing.assert_frame_equal(read_back, written, check_exact=True)
 
 
-def test_resuming_a_finished_csv_leaves_the_file_as_it_is(tmp_path):
-    out = tmp_path / "o.csv"
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_resuming_a_finished_output_leaves_the_file_as_it_is(tmp_path, suffix):
+    out = tmp_path / f"o{suffix}"
     written = sweep(_space(), workers=1, progress=False, out=out)
     before = out.stat().st_ino, out.read_bytes()
     read_back = sweep(_space(), workers=1, progress=False, out=out, resume=True)
     assert (out.stat().st_ino, out.read_bytes()) == before  # not rewritten (a rewrite replaces the inode)
     pd.testing.assert_frame_equal(read_back, written, check_exact=True)
+
+
+def test_a_resumed_parquet_whose_rows_are_out_of_order_or_foreign_is_rewritten_in_point_order(tmp_path):
+    full = sweep(_space(), workers=1, progress=False, out=tmp_path / "full.parquet")
+    for name, rows in (("shuffled", full.iloc[::-1]), ("foreign", full.assign(point_index=full.point_index + 1))):
+        out = tmp_path / f"{name}.parquet"
+        rows.to_parquet(out, index=False)
+        shutil.copy(tmp_path / "full.parquet.llmsim.json", tmp_path / f"{name}.parquet.llmsim.json")
+        got = sweep(_space(), workers=1, progress=False, out=out, resume=True, log=lambda message: None)
+        pd.testing.assert_frame_equal(got, full, check_exact=True)
+        assert out.read_bytes() == (tmp_path / "full.parquet").read_bytes()
 
 
 @pytest.mark.parametrize("disorder", ["shuffled", "repeated"])
