@@ -1,6 +1,8 @@
-"""Hypothesis over damaged CSV outputs: whatever lines a crash, a disk or a hand left torn,
-malformed, repeated, reordered, missing or blank, `--resume` gives the uninterrupted sweep's
-table and writes its file byte for byte. Kept small for CI; HYPOTHESIS_PROFILE=long runs more."""
+"""Hypothesis over damaged outputs: whatever lines of a CSV a crash, a disk or a hand left torn,
+malformed, repeated, reordered, missing or blank, and whatever rows of a Parquet output were
+lost, repeated, reordered or foreign (with an interrupted run's part beside it, or the file
+cut short), `--resume` gives the uninterrupted sweep's table and writes its file byte for
+byte. Kept small for CI; HYPOTHESIS_PROFILE=long runs more."""
 
 import csv
 import io
@@ -86,3 +88,56 @@ def test_a_resume_of_a_damaged_csv_gives_the_uninterrupted_table_and_file(finish
         resumed = sweep(SPACE, workers=1, progress=False, out=out, resume=True, log=lambda message: None)
         pd.testing.assert_frame_equal(resumed, full, check_exact=True)
         assert out.read_bytes() == text
+
+
+@pytest.fixture(scope="module")
+def finished_parquet(tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished") / "full.parquet"
+    full = sweep(SPACE, workers=1, progress=False, out=out)
+    return full, out.read_bytes(), out.with_name("full.parquet.llmsim.json").read_bytes()
+
+
+PARQUET_DAMAGE = st.tuples(st.sampled_from(["drop", "repeat", "swap", "foreign", "part", "torn"]),
+                           st.integers(0, 10**6), st.integers(0, 10**6))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(st.lists(PARQUET_DAMAGE, min_size=1, max_size=4))
+def test_a_resume_of_a_damaged_parquet_gives_the_uninterrupted_table_and_file(finished_parquet, damages):
+    # rows dropped, repeated, out of order or of another point; a stray part beside OUT (an
+    # interrupted run's); OUT cut short (unreadable: every row recomputed)
+    full, data, record = finished_parquet
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "o.parquet"
+        rows, parts, torn = full.copy(), [], None
+        for kind, a, b in damages:
+            i, j = a % len(rows), b % len(rows)
+            if kind == "drop":
+                rows = rows.drop(rows.index[i])
+            elif kind == "repeat":
+                rows = pd.concat([rows, rows.iloc[[i]]])
+            elif kind == "swap":
+                order = list(range(len(rows)))
+                order[i], order[j] = order[j], order[i]
+                rows = rows.iloc[order]
+            elif kind == "foreign":
+                rows.loc[rows.index[i], "point_index"] = len(full) + 1
+            elif kind == "part":
+                parts.append(full.iloc[[i, j]])
+            else:
+                torn = b
+            if not len(rows):
+                break
+        rows.to_parquet(out, index=False)
+        if torn is not None:
+            out.write_bytes(out.read_bytes()[: torn % out.stat().st_size])
+        for k, part in enumerate(parts):
+            folder_of_parts = out.with_name("o.parquet.parts")
+            folder_of_parts.mkdir(exist_ok=True)
+            part.to_parquet(folder_of_parts / f"part-old-{k:08d}.parquet", index=False)
+        out.with_name("o.parquet.llmsim.json").write_bytes(record)
+        resumed = sweep(SPACE, workers=1, progress=False, out=out, resume=True, log=lambda message: None)
+        pd.testing.assert_frame_equal(resumed, full, check_exact=True)
+        assert out.read_bytes() == data
+        assert not out.with_name("o.parquet.parts").exists()
