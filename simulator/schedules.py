@@ -818,8 +818,9 @@ def _makespans(schedule: Schedule, t: StageTimes, p, m, v, known=lambda index: N
             out[idx] = done
             continue
         pp, mm, vv = (int(np.broadcast_to(np.asarray(x), shape)[idx]) for x in (p, m, v))
-        # past 4p micro-batches every plan of a pipeline shape runs the same three short orders
-        groups.setdefault((pp, vv, mm if mm <= 4 * pp else None), []).append((idx, mm))
+        # past 4p micro-batches the plans of a pipeline shape whose counts agree modulo p run
+        # the same three short orders
+        groups.setdefault((pp, vv, mm if mm <= 4 * pp else ("mod", mm % pp)), []).append((idx, mm))
     for (pp, vv, _), members in groups.items():
         indices, ms = [i for i, _ in members], np.array([mm for _, mm in members])
         steps = _periodic_makespan(schedule, _stage_arrays(t, indices, pp, vv), pp, ms, vv)
@@ -837,14 +838,16 @@ def _stage_arrays(t: StageTimes, indices: list, p: int, v: int) -> tuple:
 def _periodic_makespan(schedule: Schedule, times: tuple, p: int, m, v: int) -> np.ndarray:
     """pipeline_makespan of the schedule's order for m micro-batches, for one plan (`times`:
     (f, b, w) per stage) or plans of one pipeline shape (arrays of stages x plans; `m` one count,
-    or an array of counts all of one count up to 4p); past 2p + p micro-batches from two
-    executions of the periodic order (affine in m), checked against a third per plan."""
+    or an array of counts all of one count up to 4p, else all alike modulo p); past 4p
+    micro-batches from two executions of the periodic order at counts congruent to m modulo p
+    (affine in m), checked against a third per plan."""
     def run(k, columns=slice(None)):
         return _run_passes(_compiled_order(schedule.name, p, k, v), *(np.asarray(x)[..., columns] for x in times))
 
-    m0 = 2 * p
-    if np.max(m) <= m0 + 2 * p:
+    if np.max(m) <= 4 * p:
         return run(int(np.max(m)))
+    # the order's tail depends on m modulo p: extrapolated from counts that end alike
+    m0 = 2 * p + (int(np.min(m)) - 2 * p) % p
     t0, t1, t2 = run(m0), run(m0 + p), run(m0 + 2 * p)
     affine = np.abs((t2 - t1) - (t1 - t0)) <= 1e-9 * t2
     out = t0 + (m - m0) / p * (t1 - t0)
