@@ -839,8 +839,9 @@ def _periodic_makespan(schedule: Schedule, times: tuple, p: int, m, v: int) -> n
     """pipeline_makespan of the schedule's order for m micro-batches, for one plan (`times`:
     (f, b, w) per stage) or plans of one pipeline shape (arrays of stages x plans; `m` one count,
     or an array of counts all of one count up to 4p, else all alike modulo p); past 4p
-    micro-batches from two executions of the periodic order at counts congruent to m modulo p
-    (affine in m), checked against a third per plan."""
+    micro-batches from two executions of the periodic order at counts congruent to m modulo p,
+    each stage's end affine in m (checked against a third per plan), the step the latest: a
+    stage whose end grows faster overtakes the one that ended last in the short orders."""
     def run(k, columns=slice(None)):
         return _run_passes(_compiled_order(schedule.name, p, k, v), *(np.asarray(x)[..., columns] for x in times))
 
@@ -848,9 +849,9 @@ def _periodic_makespan(schedule: Schedule, times: tuple, p: int, m, v: int) -> n
         return run(int(np.max(m)))
     # the order's tail depends on m modulo p: extrapolated from counts that end alike
     m0 = 2 * p + (int(np.min(m)) - 2 * p) % p
-    t0, t1, t2 = run(m0), run(m0 + p), run(m0 + 2 * p)
-    affine = np.abs((t2 - t1) - (t1 - t0)) <= 1e-9 * t2
-    out = t0 + (m - m0) / p * (t1 - t0)
+    e0, e1, e2 = (_stage_ends(_compiled_order(schedule.name, p, k, v), *times) for k in (m0, m0 + p, m0 + 2 * p))
+    affine = np.all(np.abs((e2 - e1) - (e1 - e0)) <= 1e-9 * e2.max(axis=0), axis=0)
+    out = (e0 + (m - m0) / p * (e1 - e0)).max(axis=0)
     if np.all(affine):
         return out
     if np.ndim(out) == 0:
@@ -914,6 +915,12 @@ def compile_order(schedule: Schedule, orders, p: int, v: int) -> tuple:
 def _run_passes(passes: tuple, f, b, w, send_s: float = 0.0):
     """The makespan of compiled `passes` (compile_order) with per-stage pass times f, b, w:
     numbers per stage, or arrays of stages x plans (every plan executed at once)."""
+    return _stage_ends(passes, f, b, w, send_s).max(axis=0)
+
+
+def _stage_ends(passes: tuple, f, b, w, send_s: float = 0.0) -> np.ndarray:
+    """When each stage finishes its last pass (_run_passes' makespan is the latest): an array
+    of stages, or of stages x plans."""
     f, b, w = (np.asarray(x, dtype=float) for x in (f, b, w))
     if f.ndim == 1:  # one plan: Python floats outrun numpy scalars
         durations = np.stack([f, b + w, b, w]).tolist()
@@ -924,7 +931,7 @@ def _run_passes(passes: tuple, f, b, w, send_s: float = 0.0):
                 ready = end[dep] + send_s if cross else end[dep]
                 start = ready if ready > start else start
             free[i] = end[n] = start + durations[row][i]
-        return max(free)
+        return np.array(free)
     durations = np.stack([f, b + w, b, w])
     free = np.zeros_like(f)
     end = np.empty((len(passes),) + f.shape[1:])
@@ -934,7 +941,7 @@ def _run_passes(passes: tuple, f, b, w, send_s: float = 0.0):
             np.maximum(stage, end[dep] + send_s if cross and send_s else end[dep], out=stage)
         stage += durations[row, i]
         end[n] = stage
-    return free.max(axis=0)
+    return free
 
 
 def pipeline_makespan(schedule: Schedule, orders: list[list[tuple]], p: int, v: int, f, b, w,
