@@ -840,8 +840,9 @@ def _periodic_makespan(schedule: Schedule, times: tuple, p: int, m, v: int) -> n
     (f, b, w) per stage) or plans of one pipeline shape (arrays of stages x plans; `m` one count,
     or an array of counts all of one count up to 4p, else all alike modulo p); past 4p
     micro-batches from two executions of the periodic order at counts congruent to m modulo p,
-    each stage's end affine in m (checked against a third per plan), the step the latest: a
-    stage whose end grows faster overtakes the one that ended last in the short orders."""
+    each stage's end affine in m (checked against a third per plan, and against the work of a
+    period), the step the latest: a stage whose end grows faster overtakes the one that ended
+    last in the short orders. A plan whose stages have not settled is executed whole."""
     def run(k, columns=slice(None)):
         return _run_passes(_compiled_order(schedule.name, p, k, v), *(np.asarray(x)[..., columns] for x in times))
 
@@ -850,7 +851,12 @@ def _periodic_makespan(schedule: Schedule, times: tuple, p: int, m, v: int) -> n
     # the order's tail depends on m modulo p: extrapolated from counts that end alike
     m0 = 2 * p + (int(np.min(m)) - 2 * p) % p
     e0, e1, e2 = (_stage_ends(_compiled_order(schedule.name, p, k, v), *times) for k in (m0, m0 + p, m0 + 2 * p))
-    affine = np.all(np.abs((e2 - e1) - (e1 - e0)) <= 1e-9 * e2.max(axis=0), axis=0)
+    # settled: each stage's end grows alike from period to period, and by no less than the p
+    # micro-batches' passes it runs in one (a stage growing by less is eating up slack its
+    # waits gave it in the first periods; once that is spent, it paces the step)
+    work = p * v * (np.asarray(times[0]) + np.asarray(times[1]) + np.asarray(times[2]))
+    affine = np.all((np.abs((e2 - e1) - (e1 - e0)) <= 1e-9 * e2.max(axis=0)) & (e1 - e0 >= work * (1 - 1e-9)),
+                    axis=0)
     out = (e0 + (m - m0) / p * (e1 - e0)).max(axis=0)
     if np.all(affine):
         return out

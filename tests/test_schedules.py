@@ -177,6 +177,17 @@ def test_a_step_extrapolated_past_4p_takes_the_stage_whose_end_grows_fastest():
     assert float(s.pipeline_s(times, 3, 16, 2)) == pytest.approx(executed, rel=1e-12)
 
 
+def test_a_stage_eating_up_its_slack_is_not_extrapolated():
+    # 1F1B on 4 unequal stages: from 8 to 16 micro-batches every stage's end grows by 11.2 per
+    # 4, less than stage 0's 4 x (1.7 + 1.2) = 11.6 of passes: it runs on slack its waits gave
+    # it, then paces the step; extrapolated, 44 micro-batches came out 1.0 % short
+    s = SCHEDULES["1f1b"]
+    f, b = [1.7, 0.6, 0.5, 1.1], [1.2, 0.7, 1.1, 1.7]
+    times = stage_times(f, b, [0.0] * 4, [1] * 4, (0, 1, 2, 3))
+    executed = pipeline_makespan(s, s.orders(4, 44, 1), 4, 1, f, b, [0.0] * 4)
+    assert float(s.pipeline_s(times, 4, 44, 1)) == pytest.approx(executed, rel=1e-12)
+
+
 @pytest.mark.parametrize("p,m", [(4, 2), (4, 3), (8, 5)])
 def test_zb_h1_with_fewer_micro_batches_than_stages_is_its_order_executed_on_unequal_stages(p, m):
     """A first stage with the embedding and a last one with the loss: which W passes fill the
