@@ -18,7 +18,7 @@ import numpy as np
 
 from .dataparallel import DPCosts, buckets, dp_costs
 from .dims import expert_grad_group_size, grad_group_size
-from .memory import ActivationSizes, activation_sizes, buffer_bytes
+from .memory import ActivationSizes, buffer_bytes, layer_activations, stage_activations
 from .moe import (EXPERT_GEMMS, SHARED_EXPERTS, dispatch_comm_s, exposed_dispatch_s, layer_params_split,
                   moe_buffer_bytes, padding_share, plan_experts)
 from . import cpattention, deepep, fp8, fsdp, mtp, projections
@@ -219,11 +219,21 @@ def _kind_passes(t: OpsTime, rerun: tuple, n, emb_t, head_t, has_emb, has_head, 
                       tp_rerun, checkpoint.cp_rerun, ep_s, checkpoint.ep_rerun)
 
 
+def mix_activations(mix: LayerMix, model, shard, plan, head) -> tuple:
+    """(dense layer's, MoE layer's or None) memory.LayerActivations, once per compile: what
+    mixed_stage composes each stage's activation bytes from."""
+    dense = layer_activations(model, shard, plan, mix.dense_ops, head)
+    if mix.moe_ops is None:
+        return dense, None
+    return dense, layer_activations(model, shard, plan, mix.moe_ops, head, plan_experts(plan))
+
+
 def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, zero_group, expert_zero_group,
-                layers, n_moe, v, has_emb, has_head, head_copy, emb_t, head_t, head) -> MixedStage:
+                layers, n_moe, v, has_emb, has_head, head_copy, emb_t, head_t, layer_acts) -> MixedStage:
     """A representative stage of a model with experts, MLA or multi-token prediction (whose
     depths run on the head stage, each a layer of the last layer's kind: mtp.py): `layers`
-    decoder layers on a device, `n_moe` of them MoE (stagesplit.representatives)."""
+    decoder layers on a device, `n_moe` of them MoE (stagesplit.representatives);
+    `layer_acts`: mix_activations."""
     depths = np.asarray(has_head) * model.mtp_layers
     n_dense, n_moe = mtp.with_depths(model, layers - n_moe, n_moe, depths)
     dense = stage_params(model, plan.tp, 0.0, has_emb, has_head, head_copy) + n_dense * mix.dense_params \
@@ -256,13 +266,12 @@ def mixed_stage(mix: LayerMix, model, cluster, plan, shard, groups, per, zero_gr
     count = buckets(dense / v, grad_group_size(plan)) + np.where(routed > 0, buckets(routed / v,
                                                                                       expert_grad_group_size(plan)), 0)
     shard_group = (dense + routed) / (dense / zero_group + routed / expert_zero_group)
-    d_acts = activation_sizes(model, shard, plan, n_dense / v, has_emb, has_head, mix.dense_ops, head)
+    d_acts = stage_activations(layer_acts[0], plan, n_dense / v, has_emb, has_head)
     passes = _kind_passes(mix.dense_t, mix.dense_rerun, n_dense, emb_t, head_t, has_emb, has_head, mix.dense_tp_s,
                           mix.dense_cp_s, (0.0, 0.0), plan, v)
     acts = d_acts
     if mix.moe_ops is not None:
-        m_acts = activation_sizes(model, shard, plan, n_moe / v, has_emb, has_head, mix.moe_ops, head,
-                                  plan_experts(plan))
+        m_acts = stage_activations(layer_acts[1], plan, n_moe / v, has_emb, has_head)
         # the layer rebuilt by full recomputation is one of the kinds the stage holds
         def either(d, m):
             return np.where(n_moe > 0, np.where(n_dense > 0, np.maximum(d, m), m), d)

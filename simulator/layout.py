@@ -31,7 +31,8 @@ from .compute import memory_bound_time
 from .fusion import eager_ops
 from .tpoverlap import overlapped_tp_s
 from .dims import Groups, expert_zero_group_size, grad_group_size, groups, zero_group_size
-from .layermix import compile_mix, layer_operators, mixed_stage, needs_layer_mix, padding_flops_per_micro_batch
+from .layermix import compile_mix, layer_operators, mix_activations, mixed_stage, needs_layer_mix, \
+    padding_flops_per_micro_batch
 from .memory import ActivationSizes, StageMemory, buffer_bytes, layer_activations, peak_activation_bytes, \
     stage_activations
 from .offload import OffloadCosts, offload_costs, resident_chunks_with_offload
@@ -243,8 +244,8 @@ def compile_layout(model, cluster, plan) -> Layout:
         buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, layer_params, plan, layer_gather,
                                per.grad)
         layer_acts, bf16_acts = layer_activations(model, shard, plan, layer, head), None
-    else:  # experts or MLA: two layer kinds (layermix.py)
-        buffers = base.buffer_bytes
+    else:  # experts or MLA: two layer kinds (layermix.py), their activation bytes per attention band
+        buffers, mixed_acts = base.buffer_bytes, {}
     if host_s > 0:
         head_t = hostbound.host_bound(head_t, head, host_s)
         emb_t = hostbound.host_bound(emb_t, embedding_ops(model, shard), host_s)
@@ -320,8 +321,10 @@ def compile_layout(model, cluster, plan) -> Layout:
                                                                           stage_layer_gather, per.grad)
             n_buckets, shard_group = buckets(params / v, grad_group_size(plan)), zero_group
         else:  # dense-MLP and MoE layers, MLA (layermix.py)
+            if key not in mixed_acts:
+                mixed_acts[key] = mix_activations(kind, model, shard, plan, head)
             x = mixed_stage(kind, model, cluster, plan, shard, g, per, zero_group, expert_zero_group_size(plan), layers,
-                            n_moe, v, has_emb, has_head, head_copy, emb_t, head_t, head)
+                            n_moe, v, has_emb, has_head, head_copy, emb_t, head_t, mixed_acts[key])
             params, states, acts, passes, dp = x.params, x.states, x.activations, x.passes, x.dp
             n_buckets, shard_group, linears = x.buckets, x.shard_group, x.linears
             stage_buffers = buffers + x.gathered_bytes
