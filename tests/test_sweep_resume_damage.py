@@ -28,14 +28,25 @@ TYPED = [i for i, kind in enumerate(KINDS.values()) if kind != "str"]
 BAD = ["x", "1.5.2", "0x1f", " 7", "+3", "true", "TRUE", "1e", "--1", "nan()"]
 DAMAGE = st.tuples(st.sampled_from(["torn", "cell", "drop", "repeat", "swap", "blank", "foreign"]),
                    st.integers(0, 10**6), st.integers(0, 10**6), st.sampled_from(BAD))
-EXAMPLES = 300 if os.environ.get("HYPOTHESIS_PROFILE") == "long" else 20
+RUNS = settings(max_examples=300 if os.environ.get("HYPOTHESIS_PROFILE") == "long" else 20, deadline=None,
+                derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+
+
+def _finished(tmp_path_factory, suffix: str):
+    """(table, file bytes, space record bytes) of the uninterrupted sweep into a `suffix` file."""
+    out = tmp_path_factory.mktemp("finished") / f"full{suffix}"
+    full = sweep(SPACE, workers=1, progress=False, out=out)
+    return full, out.read_bytes(), out.with_name(out.name + ".llmsim.json").read_bytes()
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-    out = tmp_path_factory.mktemp("finished") / "full.csv"
-    full = sweep(SPACE, workers=1, progress=False, out=out)
-    return full, out.read_bytes(), out.with_name("full.csv.llmsim.json").read_bytes()
+    return _finished(tmp_path_factory, ".csv")
+
+
+@pytest.fixture(scope="module")
+def finished_parquet(tmp_path_factory):
+    return _finished(tmp_path_factory, ".parquet")
 
 
 def is_float(cell: str) -> bool:
@@ -76,40 +87,38 @@ def damaged(text: str, damages) -> str:
     return header + "".join(rows)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
-@given(st.lists(DAMAGE, min_size=1, max_size=4))
-def test_a_resume_of_a_damaged_csv_gives_the_uninterrupted_table_and_file(finished, damages):
-    full, text, record = finished
+def check_resume(finished, suffix: str, damage) -> None:
+    """`damage(out)` writes a damaged output with the finished sweep's space record beside it:
+    resumed, it must give the finished table and file byte for byte, and no parts."""
+    full, data, record = finished
     with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "o.csv"
-        out.write_text(damaged(text.decode(), damages))
-        out.with_name("o.csv.llmsim.json").write_bytes(record)
+        out = Path(folder) / f"o{suffix}"
+        damage(out)
+        out.with_name(out.name + ".llmsim.json").write_bytes(record)
         resumed = sweep(SPACE, workers=1, progress=False, out=out, resume=True, log=lambda message: None)
         pd.testing.assert_frame_equal(resumed, full, check_exact=True)
-        assert out.read_bytes() == text
+        assert out.read_bytes() == data
+        assert not out.with_name(out.name + ".parts").exists()
 
 
-@pytest.fixture(scope="module")
-def finished_parquet(tmp_path_factory):
-    out = tmp_path_factory.mktemp("finished") / "full.parquet"
-    full = sweep(SPACE, workers=1, progress=False, out=out)
-    return full, out.read_bytes(), out.with_name("full.parquet.llmsim.json").read_bytes()
+@RUNS
+@given(st.lists(DAMAGE, min_size=1, max_size=4))
+def test_a_resume_of_a_damaged_csv_gives_the_uninterrupted_table_and_file(finished, damages):
+    check_resume(finished, ".csv", lambda out: out.write_text(damaged(finished[1].decode(), damages)))
 
 
 PARQUET_DAMAGE = st.tuples(st.sampled_from(["drop", "repeat", "swap", "foreign", "part", "torn"]),
                            st.integers(0, 10**6), st.integers(0, 10**6))
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@RUNS
 @given(st.lists(PARQUET_DAMAGE, min_size=1, max_size=4))
 def test_a_resume_of_a_damaged_parquet_gives_the_uninterrupted_table_and_file(finished_parquet, damages):
     # rows dropped, repeated, out of order or of another point; a stray part beside OUT (an
     # interrupted run's); OUT cut short (unreadable: every row recomputed)
-    full, data, record = finished_parquet
-    with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "o.parquet"
+    full = finished_parquet[0]
+
+    def damage(out):
         rows, parts, torn = full.copy(), [], None
         for kind, a, b in damages:
             i, j = a % len(rows), b % len(rows)
@@ -133,11 +142,8 @@ def test_a_resume_of_a_damaged_parquet_gives_the_uninterrupted_table_and_file(fi
         if torn is not None:
             out.write_bytes(out.read_bytes()[: torn % out.stat().st_size])
         for k, part in enumerate(parts):
-            folder_of_parts = out.with_name("o.parquet.parts")
-            folder_of_parts.mkdir(exist_ok=True)
-            part.to_parquet(folder_of_parts / f"part-old-{k:08d}.parquet", index=False)
-        out.with_name("o.parquet.llmsim.json").write_bytes(record)
-        resumed = sweep(SPACE, workers=1, progress=False, out=out, resume=True, log=lambda message: None)
-        pd.testing.assert_frame_equal(resumed, full, check_exact=True)
-        assert out.read_bytes() == data
-        assert not out.with_name("o.parquet.parts").exists()
+            folder = out.with_name(out.name + ".parts")
+            folder.mkdir(exist_ok=True)
+            part.to_parquet(folder / f"part-old-{k:08d}.parquet", index=False)
+
+    check_resume(finished_parquet, ".parquet", damage)
