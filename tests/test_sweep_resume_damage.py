@@ -64,7 +64,10 @@ def damaged(text: str, damages) -> str:
             break
         i, j = a % len(rows), b % len(rows)
         if kind == "torn":
-            rows[i] = rows[i][: b % len(rows[i])] + "\n"
+            cut = rows[i][: b % len(rows[i])] + "\n"
+            if len(next(csv.reader([cut]))) == len(KINDS):
+                continue  # cut inside the last cell, a text one: a changed value, not a damaged line
+            rows[i] = cut
         elif kind in ("cell", "foreign"):
             cells = next(csv.reader([rows[i]]))
             if len(cells) != len(KINDS):
@@ -133,7 +136,7 @@ def test_a_resume_of_a_damaged_parquet_gives_the_uninterrupted_table_and_file(fi
             elif kind == "foreign":
                 rows.loc[rows.index[i], "point_index"] = len(full) + 1
             elif kind == "part":
-                parts.append(full.iloc[[i, j]])
+                parts.append(full.iloc[[a % len(full), b % len(full)]])
             else:
                 torn = b
             if not len(rows):
