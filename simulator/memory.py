@@ -107,13 +107,6 @@ def stage_activations(layer: LayerActivations, plan, layers_per_chunk, has_embed
     return ActivationSizes(chunk.saved_bytes, emb, extra, reserved - extra)
 
 
-def activation_sizes(model, shard: Shard, plan, layers_per_chunk, has_embedding, has_head, ops=None,
-                     head=None, experts=None) -> ActivationSizes:
-    """A stage's activation bytes (stage_activations of layer_activations)."""
-    return stage_activations(layer_activations(model, shard, plan, ops, head, experts), plan, layers_per_chunk,
-                             has_embedding, has_head)
-
-
 def peak_activation_bytes(sizes: ActivationSizes, resident_chunks, in_flight_embedding):
     """A stage's peak activation bytes for the chunks resident at its peak."""
     emb = np.minimum(in_flight_embedding, resident_chunks)

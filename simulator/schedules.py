@@ -207,25 +207,34 @@ def _generic_in_flight(schedule: Schedule, p, m, v, stage):
                             p, m, v, stage) for k in (0, 1))
 
 
+def _periods(p: int, m: int) -> tuple[int, int, int] | None:
+    """Three micro-batch counts a period apart whose orders end as the order of m does, or None
+    where m <= 4p (that order is read whole): past 2p micro-batches the orders repeat every p,
+    their tails as m modulo p, so the counts are 2p + (m - 2p) mod p and one and two periods on."""
+    if m <= 4 * p:
+        return None
+    m0 = 2 * p + (m - 2 * p) % p
+    return m0, m0 + p, m0 + 2 * p
+
+
 def _periodic_counts(count):
     """count(order, name, p, v, stage), pass counts read off one stage's order of a named
-    schedule, for m micro-batches from orders of at most 5p: past 2p micro-batches the orders
-    repeat every p (as _periodic_makespan takes them), so counts at m0, m0 + p and m0 + 2p
-    (m0 = m less a multiple of p) that change by the same step give the count at m; where they
-    do not, the whole order is read. Cached per shape."""
+    schedule, for m micro-batches: the counts of the orders of _periods(p, m) where they change
+    by the same step from one to the next, extrapolated to m (else the whole order is read).
+    Cached per shape."""
     @lru_cache(maxsize=4096)
     def counts(name: str, p: int, m: int, v: int, stage: int):
         def at(k):
             return count(cached_orders(name, p, k, v)[stage], name, p, v, stage)
 
-        if m <= 5 * p:
+        periods = _periods(p, m)
+        if periods is None:
             return at(m)
-        m0 = 2 * p + (m - 2 * p) % p
-        first = at(m0)
-        a, b, c = (np.array(x) for x in (first, at(m0 + p), at(m0 + 2 * p)))
+        first = at(periods[0])
+        a, b, c = (np.array(x) for x in (first, at(periods[1]), at(periods[2])))
         if not np.array_equal(c - b, b - a):
             return at(m)
-        out = (a + (m - m0) // p * (b - a)).tolist()
+        out = (a + (m - periods[0]) // p * (b - a)).tolist()
         return [tuple(row) for row in out] if isinstance(first, list) else tuple(out)
     return counts
 
@@ -818,9 +827,9 @@ def _makespans(schedule: Schedule, t: StageTimes, p, m, v, known=lambda index: N
             out[idx] = done
             continue
         pp, mm, vv = (int(np.broadcast_to(np.asarray(x), shape)[idx]) for x in (p, m, v))
-        # past 4p micro-batches the plans of a pipeline shape whose counts agree modulo p run
-        # the same three short orders
-        groups.setdefault((pp, vv, mm if mm <= 4 * pp else ("mod", mm % pp)), []).append((idx, mm))
+        # plans of a pipeline shape extrapolated from the same three short orders run together
+        periods = _periods(pp, mm)
+        groups.setdefault((pp, vv, mm if periods is None else periods), []).append((idx, mm))
     for (pp, vv, _), members in groups.items():
         indices, ms = [i for i, _ in members], np.array([mm for _, mm in members])
         steps = _periodic_makespan(schedule, _stage_arrays(t, indices, pp, vv), pp, ms, vv)
@@ -839,18 +848,18 @@ def _periodic_makespan(schedule: Schedule, times: tuple, p: int, m, v: int) -> n
     """pipeline_makespan of the schedule's order for m micro-batches, for one plan (`times`:
     (f, b, w) per stage) or plans of one pipeline shape (arrays of stages x plans; `m` one count,
     or an array of counts all of one count up to 4p, else all alike modulo p); past 4p
-    micro-batches from two executions of the periodic order at counts congruent to m modulo p,
-    each stage's end affine in m (checked against a third per plan, and against the work of a
-    period), the step the latest: a stage whose end grows faster overtakes the one that ended
-    last in the short orders. A plan whose stages have not settled is executed whole."""
-    def run(k, columns=slice(None)):
-        return _run_passes(_compiled_order(schedule.name, p, k, v), *(np.asarray(x)[..., columns] for x in times))
+    micro-batches from the executions of the orders of _periods(p, m), each stage's end affine
+    in m (checked against a third per plan, and against the work of a period), the step the
+    latest: a stage whose end grows faster overtakes the one that ended last in the short
+    orders. A plan whose stages have not settled is executed whole."""
+    def run(k, columns=slice(None)):  # each stage's end
+        return _stage_ends(_compiled_order(schedule.name, p, k, v), *(np.asarray(x)[..., columns] for x in times))
 
-    if np.max(m) <= 4 * p:
-        return run(int(np.max(m)))
-    # the order's tail depends on m modulo p: extrapolated from counts that end alike
-    m0 = 2 * p + (int(np.min(m)) - 2 * p) % p
-    e0, e1, e2 = (_stage_ends(_compiled_order(schedule.name, p, k, v), *times) for k in (m0, m0 + p, m0 + 2 * p))
+    periods = _periods(p, int(np.max(m)))
+    if periods is None:
+        return run(int(np.max(m))).max(axis=0)
+    m0 = periods[0]
+    e0, e1, e2 = (run(k) for k in periods)
     # settled: each stage's end grows alike from period to period, and by no less than the p
     # micro-batches' passes it runs in one (a stage growing by less is eating up slack its
     # waits gave it in the first periods; once that is spent, it paces the step)
@@ -861,11 +870,11 @@ def _periodic_makespan(schedule: Schedule, times: tuple, p: int, m, v: int) -> n
     if np.all(affine):
         return out
     if np.ndim(out) == 0:
-        return run(int(m))
+        return run(int(m)).max(axis=0)
     out = np.array(out, dtype=float)
     for k in np.unique(np.asarray(m)[~affine]):  # plans whose order does not repeat: executed whole
         columns = ~affine & (np.asarray(m) == k)
-        out[columns] = run(int(k), columns)
+        out[columns] = run(int(k), columns).max(axis=0)
     return out
 
 

@@ -83,7 +83,7 @@ def test_a_fully_recomputed_layers_backward_holds_its_mlp_gradients_beside_its_a
     """Beyond the re-run layer's activations: the layer output's gradient on the sequence shard
     (s·b/t x h) and, at the MLP activation, the gradient of its input (4h/t wide for GELU);
     bf16, t = 2 with sequence parallelism, no head on the stage."""
-    from simulator.memory import activation_sizes
+    from simulator.memory import layer_activations, stage_activations
     from simulator.plan import Plan
     from simulator.workload import layer_ops
 
@@ -91,10 +91,10 @@ def test_a_fully_recomputed_layers_backward_holds_its_mlp_gradients_beside_its_a
     shard = Shard(micro_batch=B, seq_len=S, tp=t, sp=True, flash_attention=True)
     full = Plan(tp=t, sequence_parallel=True, recompute="full")
     rebuilt = sum(op.saved_bytes for op in layer_ops(model, shard))
-    extra = activation_sizes(model, shard, full, 4, False, False).extra_bytes
+    extra = stage_activations(layer_activations(model, shard, full), full, 4, False, False).extra_bytes
     assert float(extra) - rebuilt == pytest.approx(2 * (S * B / t * H + S * B * 4 * H / t))
     none = Plan(tp=t, sequence_parallel=True)
-    assert float(activation_sizes(model, shard, none, 4, False, False).extra_bytes) == 0.0
+    assert float(stage_activations(layer_activations(model, shard, none), none, 4, False, False).extra_bytes) == 0.0
 
 
 def test_sequential_experts_hold_one_experts_activation_gradient_at_a_time():

@@ -88,8 +88,8 @@ def test_dualpipe_v_holds_2p_plus_1_chunks(p, m):
     assert [peak_in_flight(o)[0] for o in orders] == [2 * p + 1] * p
 
 
-# the last seven run past 5p micro-batches, where counts are read off orders of 2p-5p
-# micro-batches and extrapolated over their period p (schedules._periodic_counts)
+# the last seven run past 4p micro-batches, where counts are read off orders of 2p-5p
+# micro-batches and extrapolated over their period p (schedules._periods)
 SHAPES = [(1, 1), (1, 3), (2, 1), (2, 2), (2, 5), (4, 4), (4, 8), (4, 3), (3, 12), (8, 16), (8, 5),
           (1, 7), (2, 11), (2, 14), (3, 17), (3, 18), (4, 24), (5, 31)]
 
