@@ -142,6 +142,15 @@ class Result:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
 
+_STAGE_JSON = "{" + ", ".join(f'"{k}": %s' for k in MEMORY_KEYS) + "}"
+
+
+def stage_memory_json(numbers) -> str:
+    """The JSON text of one stage's memory_gib_by_stage mapping from its numbers as JSON text
+    (MEMORY_KEYS order), as json.dumps writes it."""
+    return _STAGE_JSON % tuple(numbers)
+
+
 def _days(seconds):
     return None if seconds is None else seconds / SECONDS_PER_DAY
 

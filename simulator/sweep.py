@@ -57,15 +57,18 @@ def space_digest(space: Space, engine: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+_json_text = json.JSONEncoder(sort_keys=True, default=str).encode  # json.dumps(x, sort_keys=True, default=str)
+
+
 def _base_text(base: dict) -> str:
-    return json.dumps(base, sort_keys=True, default=str)
+    return _json_text(base)
 
 
 def point_id(base: dict | str, point: dict, engine: str) -> str:
     """A stable key of one point: hash of the base scenario (or its _base_text), the point's
     values and the engine."""
     base_text = base if isinstance(base, str) else _base_text(base)
-    text = "\n".join((base_text, json.dumps(point, sort_keys=True, default=str), engine))
+    text = "\n".join((base_text, _json_text(point), engine))
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
@@ -96,38 +99,84 @@ def _merge(base: dict, point: dict) -> dict:
     return out
 
 
+def _merger(base: dict, names) -> Callable[[dict], dict]:
+    """_merge(base, ·) for points of the fields `names`, with the paths split and the mappings
+    to copy found once (a sweep merges every point's fields into the base). Where a field
+    lies inside another, or runs through something in the base that is not a mapping, it is
+    _merge itself."""
+    split = [name.split(".") for name in names]
+    parents = sorted({tuple(parts[:i]) for parts in split for i in range(1, len(parts))}, key=len)
+
+    def at(path):
+        node = base
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else node
+        return node
+
+    if any(name.startswith(other + ".") for name in names for other in names) or \
+            not all(isinstance(at(path), (dict, type(None))) for path in parents):
+        return partial(_merge, base)
+    copies = [(path[:-1], path[-1], path) for path in parents]
+    leaves = [(tuple(parts[:-1]), parts[-1], name) for parts, name in zip(split, names)]
+
+    def merge(point: dict) -> dict:
+        nodes = {(): dict(base)}
+        for up, key, path in copies:
+            child = nodes[up].get(key)
+            nodes[path] = nodes[up][key] = {} if child is None else dict(child)
+        for parent, key, name in leaves:
+            nodes[parent][key] = point[name]
+        return nodes[()]
+    return merge
+
+
 def evaluate_chunk(items: list, base: dict, axes: dict, engine: str = "analytic",
                    vectorize: bool = True) -> pd.DataFrame:
-    """The table's rows (table.frame) for [(point_index, point_id, point), ...]; runs in a
-    worker, so that building the table's columns runs in parallel too."""
+    """The table's rows (table.columns_frame) for [(point_index, point_id, point), ...]; runs
+    in a worker, so that building the table's columns runs in parallel too. The table is built
+    column by column: a vectorised batch's results are columns already."""
     from . import table
     from .evaluate import evaluate
     from .scenario import scenario_from_dict
 
-    rows, valid, cache = [], [], {}
-    for index, pid, point in items:
-        row = {"point_index": index, "point_id": pid}
-        row.update({k: table.axis_cell(point[k], kind) for k, kind in axes.items()})
-        data = _merge(base, point)
+    n = len(items)
+    columns = {"point_index": [index for index, _, _ in items], "point_id": [pid for _, pid, _ in items]}
+    for k, kind in axes.items():
+        columns[k] = [table.axis_cell(point[k], kind) for _, _, point in items]
+    plans, valid, errors, cache = [], [], [], {}
+    merge = _merger(base, list(axes))
+    for position, (_, _, point) in enumerate(items):
+        data = merge(point)
         try:
             scenario = scenario_from_dict(data, cache)
         except InputError as exc:
-            row.update(table.raw_plan_row(data))
-            row.update(table.error_row(str(exc)))
+            plans.append(table.raw_plan_row(data))
+            errors.append((position, str(exc)))
         else:
-            row.update(table.plan_row(scenario))
-            valid.append((row, scenario))
-        rows.append(row)
+            plans.append(table.plan_row(scenario))
+            valid.append((position, scenario))
+    for column in table.PLAN_COLUMNS:
+        columns[column] = [row[column] for row in plans]
+
+    def place(positions: list, results: dict) -> None:
+        for key, values in results.items():
+            column = columns.setdefault(key, [None] * n)
+            for position, value in zip(positions, values):
+                column[position] = value
+
     if valid and vectorize and engine == "analytic":
         from .vector import evaluate_columns
 
-        for members, columns in evaluate_columns([s for _, s in valid]):
-            for i, result in zip(members, table.result_rows(columns)):
-                valid[i][0].update(result)
+        for members, results in evaluate_columns([s for _, s in valid], by_stage="json"):
+            place([valid[i][0] for i in members], table.result_columns(results))
     else:
-        for row, scenario in valid:
-            row.update(table.result_row(evaluate(scenario, engine=engine).to_dict()))
-    return table.frame(rows, table.schema(axes))
+        for position, scenario in valid:
+            result = table.result_row(evaluate(scenario, engine=engine).to_dict())
+            place([position], {k: [v] for k, v in result.items()})
+    if errors:
+        positions, messages = zip(*errors)
+        place(list(positions), {"feasible": [False] * len(errors), "reason": list(messages)})
+    return table.columns_frame(columns, n, table.schema(axes))
 
 
 # ------------------------------------------------------------------ stores
@@ -468,12 +517,10 @@ def _group_chunks(items: list, size: int) -> list[list]:
     adjacent, and each such run lies whole in one chunk where it fits: the vectorised engine
     then evaluates a run as one batch. A run longer than `size` is cut into equal pieces.
     (The table is sorted by point_index.)"""
-    def key(item):
-        _, _, point = item
-        return [repr(v) for k, v in point.items() if k not in _SIZE_FIELDS]
+    keyed = sorted(([repr(v) for k, v in item[2].items() if k not in _SIZE_FIELDS], item[0], item) for item in items)
     chunks, current = [], []
-    for _, run in itertools.groupby(sorted(items, key=lambda it: (key(it), it[0])), key=key):
-        run = list(run)
+    for _, run in itertools.groupby(keyed, key=lambda keyed_item: keyed_item[0]):
+        run = [item for _, _, item in run]
         if len(current) + len(run) > size and current:
             chunks.append(current)
             current = []

@@ -10,6 +10,7 @@ memory, read back from CSV or from Parquet compare equal.
 from __future__ import annotations
 
 import json
+from operator import attrgetter
 from typing import Any, Mapping
 
 import numpy as np
@@ -55,19 +56,19 @@ DROPPED = ("scenario", "flop_convention", "devices", "global_batch", "seq_len", 
            "interval_rows", "profile_validated", "profile_validation")  # per accelerator: `llmsim hardware list`
 
 
+_SCENARIO_COLUMNS = ("model", "accelerator", "node", "nodes", "devices")
+_PLAN_FIELDS = tuple(c for c in PLAN_COLUMNS if c not in _SCENARIO_COLUMNS)
+_plan_fields = attrgetter(*(f"offload.{c[len('offload_'):]}" if c.startswith("offload_") else c
+                            for c in _PLAN_FIELDS))
+
+
 def plan_columns(model, cluster, plan) -> dict:
     """The resolved description of a valid plan (a Plan, or a batch of plans with array sizes)."""
     out = {"model": model.name, "accelerator": cluster.accelerator.name, "node": cluster.node.name,
            "nodes": cluster.nodes, "devices": cluster.devices}
-    for column in PLAN_COLUMNS:
-        if column in out:
-            continue
-        if column.startswith("offload_"):
-            out[column] = getattr(plan.offload, column[len("offload_"):])
-        elif column == "pipeline_layout":
-            out[column] = None if plan.pipeline_layout is None else json.dumps(list(plan.pipeline_layout))
-        else:
-            out[column] = getattr(plan, column)
+    out.update(zip(_PLAN_FIELDS, _plan_fields(plan)))
+    if plan.pipeline_layout is not None:
+        out["pipeline_layout"] = json.dumps(list(plan.pipeline_layout))
     return out
 
 
@@ -103,7 +104,8 @@ NESTED = ("memory_gib", "breakdown_s")  # Result.to_dict()'s mappings, flattened
 
 def result_columns(columns: Mapping) -> dict:
     """Flatten `Result.to_dict()` values held column by column (vector.evaluate_columns: each
-    key's values as a list, a nested mapping as a mapping of lists) into table columns."""
+    key's values as a list, a nested mapping as a mapping of lists) into table columns; the
+    per-stage memory becomes JSON text (where it is not already)."""
     out = {}
     for key, values in columns.items():
         if key in DROPPED:
@@ -112,7 +114,7 @@ def result_columns(columns: Mapping) -> dict:
             for k, v in values.items():
                 out[f"{key}.{k}"] = v
         elif key == "memory_gib_by_stage":
-            out[key] = [json.dumps(v) if v is not None else None for v in values]
+            out[key] = [v if v is None or type(v) is str else json.dumps(v) for v in values]
         elif key in INTERVALS:
             pairs = [v if v is not None else (None, None) for v in values]
             out[f"{key}.low"], out[f"{key}.high"] = [p[0] for p in pairs], [p[1] for p in pairs]
@@ -128,17 +130,6 @@ def result_row(d: Mapping) -> dict:
     one = {k: ({kk: [vv] for kk, vv in v.items()} if k in NESTED else [v])
            for k, v in d.items()}
     return {k: v[0] for k, v in result_columns(one).items()}
-
-
-def result_rows(columns: Mapping) -> list[dict]:
-    """result_row() of each plan of evaluate_columns' columns."""
-    flat = result_columns(columns)
-    keys = list(flat)
-    return [dict(zip(keys, values)) for values in zip(*flat.values())]
-
-
-def error_row(message: str) -> dict:
-    return {"feasible": False, "reason": message}
 
 
 def axis_kind(values) -> str:
@@ -187,19 +178,23 @@ def _missing(v) -> bool:
     return v is None or v is pd.NA or (isinstance(v, float) and v != v)
 
 
+_NONE = type(None)
+
+
 def _cells(values: list, kind: str):
     """One column's cells (Python values) in the table's dtype for `kind`: text as Python str
     ('' when missing), booleans and integers nullable (integers never through float64)."""
+    types = set(map(type, values))
     if kind == "str":
+        if types <= {str, _NONE}:
+            return [v if v is not None else "" for v in values] if _NONE in types else values
         return [v if type(v) is str else "" if _missing(v) else str(v) for v in values]
     if kind == "bool":
-        return pd.array([_to_bool(v) for v in values], dtype="boolean")
-    if kind == "int":
-        if all(type(v) is int and INT64[0] <= v <= INT64[1] or v is None for v in values):
-            return pd.array(values, dtype="Int64")
-        return pd.array([_exact_int(v) for v in values], dtype="Int64")
-    if all(type(v) is float or v is None for v in values):
-        return np.array([np.nan if v is None else v for v in values], dtype="float64")
+        return pd.array(values if types <= {bool, _NONE} else [_to_bool(v) for v in values], dtype="boolean")
+    if kind == "int":  # (a Python int beyond int64 raises OverflowError either way)
+        return pd.array(values if types <= {int, _NONE} else [_exact_int(v) for v in values], dtype="Int64")
+    if types <= {float, _NONE}:
+        return np.array(values, dtype="float64")  # None becomes NaN
     return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").astype("float64").array
 
 
@@ -219,11 +214,16 @@ def _kept(s: pd.Series, kind: str):
     return None
 
 
+def columns_frame(columns: Mapping[str, list], n: int, kinds: Mapping[str, str]) -> pd.DataFrame:
+    """Columns of `n` cells (Python objects; a missing column is empty) as a normalized table."""
+    return pd.DataFrame({col: _cells(columns[col] if col in columns else [None] * n, kind)
+                         for col, kind in kinds.items()}, index=range(n))
+
+
 def frame(rows: list[Mapping], kinds: Mapping[str, str]) -> pd.DataFrame:
     """Rows (mappings) as a normalized table, each column built from its cells as Python
     objects (pd.DataFrame(rows) would take an integer column with empty cells through float64)."""
-    return pd.DataFrame({col: _cells([r.get(col) for r in rows], kind) for col, kind in kinds.items()},
-                        index=range(len(rows)))
+    return columns_frame({col: [r.get(col) for r in rows] for col in kinds}, len(rows), kinds)
 
 
 def normalize(df: pd.DataFrame, kinds: Mapping[str, str]) -> pd.DataFrame:

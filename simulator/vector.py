@@ -10,13 +10,16 @@ second copy of a formula here.
 Memory: the peak stage and bytes, as evaluate() takes them (analytic.peak_memory: from the
 representatives, or every stage where PyTorch's pipeline buffers make a middle stage hold
 more than its representative). The per-stage list (`memory_gib_by_stage`) is computed on
-request (`by_stage=True`, as sweeps do), with the stage index as a second array axis.
+request (`by_stage=True`; sweeps take its JSON text, `by_stage="json"`), with the stage index
+as a second array axis.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass, fields
+from operator import attrgetter
 
 import numpy as np
 
@@ -29,11 +32,12 @@ from .layout import Layout, compile_layout
 from .memory import MEMORY_KEYS
 from .model import ModelSpec
 from .plan import SIZES, Plan
-from .result import GIB, Result
+from .result import GIB, Result, stage_memory_json
 from .scenario import Scenario, Training
 from .wholerun import run_economics, with_data_stall
 
 CATEGORICAL = tuple(f.name for f in fields(Plan) if f.name not in SIZES)
+_categorical = attrgetter(*CATEGORICAL)
 
 
 @dataclass(frozen=True)
@@ -62,24 +66,39 @@ def plan_batch(plans: list[Plan]) -> PlanBatch:
     return PlanBatch(**sizes, **cats)
 
 
-def memory_by_stage_batch(layout: Layout, n: int, unit: float = 1.0) -> list[list[dict]]:
+def memory_by_stage_batch(layout: Layout, n: int, unit: float = 1.0, text: bool = False) -> list:
     """Per plan, the memory (bytes / unit, by part) of each of its pipeline stages, computed
-    for all stages of all plans at once (stage index along a second array axis)."""
+    for all stages of all plans at once (stage index along a second array axis): a list of
+    mappings, or with text=True its JSON text."""
     pp = np.asarray(layout.p).tolist()
-    parts, _ = analytic.stage_memory_grid(layout, n)
-    per_plan = [(parts[k] / unit).T.tolist() for k in MEMORY_KEYS]
-    return [[dict(zip(MEMORY_KEYS, values)) for values in zip(*(part[j][:pp[j]] for part in per_plan))]
-            for j in range(n)]
+    parts, valid = analytic.stage_memory_grid(layout, n)
+    grid = np.stack([parts[k] / unit for k in MEMORY_KEYS], axis=-1).transpose(1, 0, 2)  # (plans, stages, parts)
+    if not text:
+        per_plan = grid.tolist()
+        return [[dict(zip(MEMORY_KEYS, values)) for values in per_plan[j][:pp[j]]] for j in range(n)]
+    stages = np.ascontiguousarray(grid[np.asarray(valid).T])  # every plan's stages, plan after plan
+    # a sweep's plans share most numbers (1 in ~60 distinct) and stages (1 in ~7): each is
+    # written once, bit for bit (-0.0 is not 0.0 to json)
+    values, number = np.unique(stages.view(np.int64), return_inverse=True)
+    # one json.dumps for them all (no number's text holds ", ")
+    numbers = np.array(json.dumps(values.view(np.float64).tolist())[1:-1].split(", "), dtype=object)
+    _, first, stage = np.unique(stages.view(np.dtype((np.void, stages.itemsize * len(MEMORY_KEYS)))),
+                                return_index=True, return_inverse=True)
+    texts = [stage_memory_json(row) for row in numbers[number.reshape(stages.shape)[first.ravel()]].tolist()]
+    texts = np.array(texts, dtype=object)[stage.ravel()].tolist()
+    ends = np.cumsum(pp).tolist()
+    return ["[" + ", ".join(texts[end - p:end]) + "]" for p, end in zip(pp, ends)]
 
 
 def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training: Training = Training(),
                    price_usd_per_device_hour: float | None = None, name: str = "", reasons: bool = True,
-                   by_stage: bool = False) -> dict:
+                   by_stage: bool | str = False) -> dict:
     """The Result.to_dict() contract with an array per key.
 
     Plans must be valid (plan.validate); out-of-memory ones are feasible=False with a reason
     (reasons=False leaves the text out, for searches that drop those plans).
-    `memory_gib_by_stage` is a list per plan with by_stage=True, else None.
+    `memory_gib_by_stage` is a list per plan with by_stage=True, its JSON text with
+    by_stage="json", else None.
     """
     n = len(plan)
     layout = compile_layout(model, capped_cluster(cluster, training.power), plan)
@@ -125,21 +144,21 @@ def evaluate_batch(model: ModelSpec, cluster: Cluster, plan: PlanBatch, training
     d["memory_gib_by_stage"] = None
     if by_stage:
         d["memory_gib_by_stage"] = np.empty(n, dtype=object)
-        for j, stages in enumerate(memory_by_stage_batch(layout, n, unit=GIB)):
+        for j, stages in enumerate(memory_by_stage_batch(layout, n, unit=GIB, text=by_stage == "json")):
             d["memory_gib_by_stage"][j] = stages
     return d
 
 
 def _scenario_key(s: Scenario, cluster_key) -> tuple:
     """Scenarios with equal keys share a batch."""
-    cats = tuple(getattr(s.plan, name) for name in CATEGORICAL)
-    return (s.model, cluster_key, cats, s.training, s.name, s.plan.sp)
+    return (s.model, cluster_key, _categorical(s.plan), s.training, s.name, s.plan.sp)
 
 
-def evaluate_columns(scenarios: list[Scenario]) -> list[tuple[list[int], dict]]:
+def evaluate_columns(scenarios: list[Scenario], by_stage: bool | str = True) -> list[tuple[list[int], dict]]:
     """The analytic engine's Result.to_dict() of the scenarios, computed group by group with
     numpy: per group, the indices of its scenarios and each key's values as a list in that
-    order (a nested mapping such as `memory_gib` as a mapping of lists). Clusters
+    order (a nested mapping such as `memory_gib` as a mapping of lists; `memory_gib_by_stage` as
+    evaluate_batch gives it for `by_stage`). Clusters
     (unhashable) are compared by content, once per distinct object: scenarios parsed one by
     one batch together as those parsed with a shared cache do."""
     groups = defaultdict(list)
@@ -153,7 +172,7 @@ def evaluate_columns(scenarios: list[Scenario]) -> list[tuple[list[int], dict]]:
         s0 = scenarios[members[0]]
         batch = plan_batch([scenarios[i].plan for i in members])
         d = evaluate_batch(s0.model, s0.cluster, batch, s0.training, s0.price_usd_per_device_hour, s0.name,
-                           by_stage=True)
+                           by_stage=by_stage)
         d.update(interval_fields(d["step_time_s"], batch.global_batch * s0.model.seq_len, s0.cluster.accelerator,
                                  "analytic"))
         runs = residuals_for(s0.cluster.accelerator, "analytic")

@@ -1,5 +1,6 @@
 """Sweeps: rows equal single evaluations, bad points are rows, resume, processes, Dask."""
 
+import copy
 import json
 import math
 import os
@@ -11,6 +12,8 @@ import importlib
 
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simulator import InputError, apply_overrides, evaluate, scenario_from_dict
 from simulator.space import space_from_dict
@@ -422,3 +425,29 @@ def test_a_csv_whose_cells_hold_line_breaks_ends_in_point_order(tmp_path):
     assert out.read_text().count("\n") > len(written) + 1  # the invalid points' cells hold line breaks
     assert list(pd.read_csv(out)["point_index"]) == [0, 1, 2, 3]
     pd.testing.assert_frame_equal(sweep(space, workers=1, progress=False, out=out, resume=True), written)
+
+
+_KEYS = st.sampled_from(["plan", "cluster", "tp", "offload"])
+_LEAVES = st.one_of(st.none(), st.integers(-3, 3), st.sampled_from(["x", "auto"]))
+_TREES = st.recursive(_LEAVES, lambda inner: st.dictionaries(_KEYS, inner, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(base=st.dictionaries(_KEYS, _TREES, max_size=4),
+       fields=st.lists(st.lists(_KEYS, min_size=1, max_size=3).map(".".join), unique=True, max_size=4),
+       data=st.data())
+def test_a_points_fields_merge_into_the_base_as_apply_overrides_sets_them(base, fields, data):
+    """Fields inside others, paths through numbers or text, missing or empty sections: the
+    sweep's merge gives apply_overrides' mapping, or its error, and leaves the base as it was."""
+    point = {name: data.draw(_TREES) for name in fields}
+    before = copy.deepcopy(base)
+    try:
+        want = apply_overrides(base, point)
+    except InputError as exc:
+        want = str(exc)
+    try:
+        got = sweep_module._merger(base, fields)(point)
+    except InputError as exc:
+        got = str(exc)
+    assert got == want
+    assert base == before

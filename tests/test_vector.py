@@ -1,5 +1,6 @@
 """The vectorised analytic path gives the same results as evaluate(), plan by plan."""
 
+import json
 import math
 import random
 
@@ -219,3 +220,36 @@ def test_vectorised_context_parallel_attention_calls_equal_scalar_evaluate(node,
                  for cp in (1, 2, 4)]
     for s, got in zip(scenarios, evaluate_many(scenarios)):
         assert _close(evaluate(s, engine="analytic").to_dict()["step_time_s"], got["step_time_s"]), s.plan
+
+
+def test_per_stage_memory_text_is_the_json_of_the_per_stage_mappings(sample):
+    from simulator.vector import evaluate_columns
+
+    scenarios, _ = sample
+    mappings = evaluate_columns(scenarios, by_stage=True)
+    texts = evaluate_columns(scenarios, by_stage="json")
+    for (members, as_mappings), (same, as_text) in zip(mappings, texts):
+        assert members == same
+        assert as_text["memory_gib_by_stage"] == [json.dumps(v) for v in as_mappings["memory_gib_by_stage"]]
+
+
+def test_per_stage_memory_text_writes_signed_zeros_and_non_finite_numbers_as_json_does(monkeypatch):
+    """The text is written once per distinct number: -0.0 and 0.0 (equal as numbers) stay apart."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from simulator import analytic, vector
+    from simulator.memory import MEMORY_KEYS
+
+    numbers = [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-300, 2.5, 1 / 3]
+    p = np.array([1, 3, 2])
+    grid = {k: np.array([[numbers[(5 * i + 3 * stage + plan) % 8] for plan in range(3)] for stage in range(3)])
+            for i, k in enumerate(MEMORY_KEYS)}
+    monkeypatch.setattr(analytic, "stage_memory_grid",
+                        lambda layout, n: (grid, np.arange(3)[:, None] < p))
+    texts = vector.memory_by_stage_batch(SimpleNamespace(p=p), 3, text=True)
+    mappings = vector.memory_by_stage_batch(SimpleNamespace(p=p), 3)
+    assert texts == [json.dumps(m) for m in mappings]
+    text = " ".join(texts)
+    assert all(f" {x}," in text or f" {x}}}" in text for x in ("0.0", "-0.0", "NaN", "Infinity", "-Infinity"))
