@@ -7,7 +7,7 @@ changes it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 
 from . import deepep, fields as F, titanmoe
 from .errors import InputError
@@ -206,6 +206,7 @@ class Plan:
 
 
 PLAN_KEYS = tuple(f.name for f in fields(Plan))
+_FIELDS = frozenset(PLAN_KEYS)
 # The plan's sizes: what differs between plans of one vectorised batch (vector.py) and
 # between the points of a sweep's run (sweep.py); every other field is a setting.
 SIZES = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "global_batch")
@@ -219,7 +220,24 @@ def plan_from_dict(data, devices: int | None = None, cache: dict | None = None) 
     F.reject_unknown(data, PLAN_KEYS, "plan")
     sizes = _sizes(data, devices)
     settings = F.parsed(cache, "plan", {k: v for k, v in data.items() if k not in SIZES}, _settings)
-    return Plan(**sizes, **settings)
+    return new_plan(**sizes, **settings)
+
+
+_DEFAULTS = {f.name: f.default for f in fields(Plan) if f.default is not MISSING}
+_REQUIRED = _FIELDS - _DEFAULTS.keys()
+
+
+def new_plan(**values) -> Plan:
+    """Plan(**values), its fields set at once: the generated __init__ of a frozen dataclass
+    sets each of its 56 fields through object.__setattr__ (17 us a plan, most of reading a
+    sweep point's plan or enumerating a search's shapes). Plan has no __post_init__ and no
+    default factory; a field it does not have, or a size left out, goes to Plan() for its
+    TypeError."""
+    if not _REQUIRED <= values.keys() <= _FIELDS:
+        return Plan(**values)
+    plan = object.__new__(Plan)
+    vars(plan).update(_DEFAULTS, **values)
+    return plan
 
 
 def _sizes(data, devices: int | None) -> dict:

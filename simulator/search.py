@@ -47,7 +47,7 @@ from .errors import InputError
 from .evaluate import evaluate
 from .hardware import Cluster, cluster_from_dict
 from .model import ModelSpec, model_from_dict
-from .plan import PRECISIONS, Offload, Plan, check_precision, plan_from_dict, validate
+from .plan import PRECISIONS, Offload, Plan, check_precision, new_plan, plan_from_dict, validate
 from .scenario import Scenario, Training
 from .stagesplit import PIPELINE_SPLITS, balanced_layout, plan_stage_layers, rank_layer_kinds
 from .table import NESTED, plan_columns
@@ -194,11 +194,11 @@ def _shapes(model: ModelSpec, cluster: Cluster, global_batch: int, opts: SearchO
                                         _cp_methods(cp, opts, model)):
                                     tried += 1
                                     # a shape with replicas is checked at ZeRO-1, the least stage it needs
-                                    plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch=mb,
-                                                global_batch=global_batch, schedule=schedule, sequence_parallel=sp,
-                                                precision=opts.precision, flash_attention=opts.flash_attention,
-                                                dp_replicate=r, zero_stage=int(r > 1), cp_attention=attention,
-                                                cp_ulysses=ulysses, pipeline_split=split, **fixed)
+                                    plan = new_plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, micro_batch=mb,
+                                                    global_batch=global_batch, schedule=schedule, sequence_parallel=sp,
+                                                    precision=opts.precision, flash_attention=opts.flash_attention,
+                                                    dp_replicate=r, zero_stage=int(r > 1), cp_attention=attention,
+                                                    cp_ulysses=ulysses, pipeline_split=split, **fixed)
                                     try:  # the options that need a setting are checked with it (_settings)
                                         validate(plan, model, cluster, options=False)
                                     except InputError as e:

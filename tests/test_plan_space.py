@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from hypothesis import given, settings, strategies as st
 
 from simulator import InputError, evaluate, scenario_from_dict
@@ -43,3 +45,30 @@ def test_accepted_plans_evaluate_to_finite_results(plan, preset, nodes):
         assert not d["feasible"] and d["reason"].startswith("out of memory")
     elif not d["feasible"]:
         assert d["reason"].startswith("out of host memory")
+
+
+@given(plans)
+@settings(max_examples=50, deadline=None, derandomize=True, database=None)
+def test_a_plan_read_from_its_section_is_the_dataclass_built_from_its_fields(plan):
+    """plan_from_dict sets the fields without Plan's __init__: the same plan, every field set."""
+    from dataclasses import fields
+
+    from simulator.plan import Plan, plan_from_dict
+
+    got = plan_from_dict({**plan, "dp": 2}, cache={})
+    built = Plan(**{f.name: getattr(got, f.name) for f in fields(Plan)})
+    assert set(vars(got)) == {f.name for f in fields(Plan)}
+    assert got == built and hash(got) == hash(built) and repr(got) == repr(built)
+
+
+def test_a_plan_built_from_some_fields_takes_the_dataclass_defaults_for_the_rest():
+    from dataclasses import MISSING, fields
+
+    from simulator.plan import Plan, new_plan
+
+    assert all(f.default_factory is MISSING for f in fields(Plan))  # new_plan shares each default as Plan() does
+    some = dict(tp=2, pp=4, dp=8, micro_batch=2, global_batch=512, schedule="zb-h1", zero_stage=1)
+    got = new_plan(**some)
+    assert got == Plan(**some) and set(vars(got)) == {f.name for f in fields(Plan)}
+    with pytest.raises(TypeError, match="unexpected keyword argument 'pipeline_stages'"):
+        new_plan(**some, pipeline_stages=4)

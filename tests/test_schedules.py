@@ -300,3 +300,18 @@ def test_v_schedules_put_the_head_and_the_embedding_on_stage_0(scenario, name):
 def test_stage_times_pick_the_slowest_counted_stage():
     t = stage_times([1.0, 5.0, 2.0], [1.0, 5.0, 2.0], [0.0, 0.0, 0.0], [1, 0, 1])
     assert isinstance(t, StageTimes) and t.critical == 2  # the middle stands for no stage
+
+
+@pytest.mark.parametrize("plans", [1, 3, 12, 13, 40])
+def test_plans_of_one_pipeline_shape_end_each_stage_as_each_plan_alone(plans):
+    """Few plans run one by one as floats, many as arrays: each plan's stage ends are its own."""
+    from simulator.schedules import _compiled_order, _stage_ends
+
+    rng = np.random.default_rng(plans)
+    for name, p, m, v in (("zb-h1", 6, 4, 1), ("1f1b", 4, 9, 1), ("interleaved", 4, 8, 2), ("zb-v", 3, 7, 2)):
+        passes = _compiled_order(name, p, m, v)
+        f, b, w = (rng.uniform(0.5, 2.0, (p, plans)) for _ in range(3))
+        together = _stage_ends(passes, f, b, w, 0.01)
+        alone = [_stage_ends(passes, f[:, j], b[:, j], w[:, j], 0.01) for j in range(plans)]
+        assert together.shape == (p, plans)
+        assert all(np.array_equal(together[:, j], alone[j]) for j in range(plans)), name
