@@ -179,6 +179,19 @@ def evaluate_chunk(items: list, base: dict, axes: dict, engine: str = "analytic"
     return table.columns_frame(columns, n, table.schema(axes))
 
 
+def _csv_text(rows: pd.DataFrame, header: bool = False) -> str:
+    """A table's rows as a CSV output holds them."""
+    return rows.to_csv(index=False, header=header, lineterminator="\n")
+
+
+def evaluate_chunk_csv(items: list, **options) -> tuple:
+    """evaluate_chunk's table and its rows as CSV lines: formatted in the worker, in parallel,
+    not by the one process that writes the file (a cell's text does not depend on the other
+    rows, so a flush's chunks joined are the lines of those chunks concatenated)."""
+    rows = evaluate_chunk(items, **options)
+    return rows, _csv_text(rows)
+
+
 # ------------------------------------------------------------------ stores
 
 class _Store:
@@ -377,17 +390,14 @@ class _CsvStore(_Store):
             return
         self._rewrite(kept if kept is not None else self.empty())
 
-    def append(self, rows: pd.DataFrame, index: int) -> None:
-        self._write(rows, mode="a", header=False)
-        if self._on_disk is not None:
-            self._on_disk.append(rows["point_index"].to_numpy(dtype="int64"))
-
-    def _write(self, df: pd.DataFrame, mode: str, header: bool = True) -> None:
-        text = df.to_csv(index=False, header=header, lineterminator="\n")
-        with open(self.out, mode, encoding="utf-8") as fh:
-            fh.write(text)
+    def append(self, rows: pd.DataFrame, index: int, text: str | None = None) -> None:
+        """`rows` at the end of the file; `text`: their lines where a worker wrote them (_csv_text)."""
+        with open(self.out, "a", encoding="utf-8") as fh:
+            fh.write(_csv_text(rows) if text is None else text)
             fh.flush()
             os.fsync(fh.fileno())
+        if self._on_disk is not None:
+            self._on_disk.append(rows["point_index"].to_numpy(dtype="int64"))
 
     def finish(self, df: pd.DataFrame) -> None:
         """The final table (sorted by point_index, no repeats) in place of the file: where the file
@@ -410,7 +420,7 @@ class _CsvStore(_Store):
 
     def _rewrite(self, df: pd.DataFrame) -> None:
         """`df` in place of the file."""
-        self._replace([df.to_csv(index=False, lineterminator="\n").encode("utf-8")])
+        self._replace([_csv_text(df, header=True).encode("utf-8")])
         self._on_disk = [df["point_index"].to_numpy(dtype="int64")]
 
     def _replace(self, chunks: Iterable[bytes]) -> None:
@@ -481,7 +491,7 @@ class _ParquetStore(_Store):
         if self.out.exists() and not self._whole:
             self.out.unlink()
 
-    def append(self, rows: pd.DataFrame, index: int) -> None:
+    def append(self, rows: pd.DataFrame, index: int, text: str | None = None) -> None:
         self._write_part(rows, f"part-{self.run}-{index:08d}")
         self._appended += 1
 
@@ -685,16 +695,20 @@ def _run(space, todo, axes, kinds, store, workers, dask, engine, vectorize, chun
     total = len(todo) if total is None else total
     size = chunk_size or _chunk_size(engine, vectorize, len(todo), workers)
     chunks = _group_chunks(todo, size)
-    fn = partial(evaluate_chunk, base=space.base, axes=axes, engine=engine, vectorize=vectorize)
+    # a CSV output's lines are formatted by the workers (evaluate_chunk_csv)
+    as_text = isinstance(store, _CsvStore)
+    fn = partial(evaluate_chunk_csv if as_text else evaluate_chunk, base=space.base, axes=axes, engine=engine,
+                 vectorize=vectorize)
     runner = _run_dask(fn, chunks, dask, workers) if dask else _LocalRunner(fn, chunks, workers)
     frames: list[pd.DataFrame] = []
-    pending: list[pd.DataFrame] = []
+    pending: list[tuple] = []  # (rows, their CSV lines or None)
     flushed_at, parts = time.monotonic(), 0
 
     def flush():
         nonlocal flushed_at, parts
         if pending:
-            store.append(pd.concat(pending, ignore_index=True), parts)
+            rows = pd.concat([chunk for chunk, _ in pending], ignore_index=True)
+            store.append(rows, parts, "".join(text for _, text in pending) if as_text else None)
             parts += 1
             pending.clear()
         flushed_at = time.monotonic()
@@ -702,12 +716,13 @@ def _run(space, todo, axes, kinds, store, workers, dask, engine, vectorize, chun
     bar = tqdm(total=total, initial=total - len(todo), file=sys.stderr, disable=not progress, unit="pt",
                desc=space.name or "sweep")
     try:
-        for n, chunk in enumerate(runner):
+        for n, result in enumerate(runner):
+            chunk, text = result if as_text else (result, None)
             frames.append(chunk)
             if store is not None:
-                pending.append(chunk)
+                pending.append((chunk, text))
             if store is not None and (on_chunk is not None or time.monotonic() - flushed_at >= FLUSH_S
-                                      or sum(map(len, pending)) >= 8192):
+                                      or sum(len(c) for c, _ in pending) >= 8192):
                 flush()
             bar.update(len(chunk))
             if on_chunk is not None:

@@ -274,9 +274,9 @@ def test_rows_reach_the_output_at_least_every_flush_interval(tmp_path, monkeypat
     monkeypatch.setattr(sweep_module, "time", Clock)
     append = sweep_module._CsvStore.append
 
-    def spy(self, rows, index):
+    def spy(self, rows, index, text=None):
         writes.append(now[0])
-        return append(self, rows, index)
+        return append(self, rows, index, text)
     monkeypatch.setattr(sweep_module._CsvStore, "append", spy)
     sweep(_space(), workers=1, progress=False, out=tmp_path / "o.csv", chunk_size=8)
     gaps = [b - a for a, b in zip([0.0] + writes, writes)]
@@ -312,6 +312,12 @@ def test_integers_beyond_int64_are_kept_exactly_as_text(tmp_path):
 def test_local_processes_give_the_in_process_table():
     pd.testing.assert_frame_equal(sweep(_space(), workers=2, progress=False),
                                   sweep(_space(), workers=1, progress=False))
+
+
+def test_a_csv_written_by_worker_processes_is_the_returned_table_as_csv(tmp_path):
+    """The workers format the lines of their chunks; the file is the table written whole."""
+    table = sweep(_space(), workers=2, progress=False, out=tmp_path / "o.csv", chunk_size=5)
+    assert (tmp_path / "o.csv").read_text() == table.to_csv(index=False, lineterminator="\n")
 
 
 def test_dask_local_cluster_gives_the_in_process_table(tmp_path):
