@@ -72,38 +72,14 @@ def point_id(base: dict | str, point: dict, engine: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
-def _merge(base: dict, point: dict) -> dict:
-    """apply_overrides(base, point) without a deep copy: only the mappings on the overridden
-    paths are copied (the parsers never modify their input). Falls back to apply_overrides,
-    and its error, when a path runs through something that is not a mapping."""
+def _merger(base: dict, names) -> Callable[[dict], dict]:
+    """apply_overrides(base, ·) for points of the fields `names`, without a deep copy: only the
+    mappings on the fields' paths are copied (the parsers never modify their input), the paths
+    split and those mappings found once (a sweep merges every point's fields into the base).
+    Where a field lies inside another, or runs through something in the base that is not a
+    mapping, it is apply_overrides itself (and its error)."""
     from .scenario import apply_overrides
 
-    out = dict(base)
-    copied: set = set()
-    for dotted, value in point.items():
-        parts = dotted.split(".")
-        node = out
-        for i, part in enumerate(parts[:-1]):
-            path = tuple(parts[: i + 1])
-            child = node.get(part)
-            if child is None:
-                child = {}
-            elif not isinstance(child, dict):
-                return apply_overrides(base, point)
-            elif path not in copied:
-                child = dict(child)
-            copied.add(path)
-            node[part] = child
-            node = child
-        node[parts[-1]] = value
-    return out
-
-
-def _merger(base: dict, names) -> Callable[[dict], dict]:
-    """_merge(base, ·) for points of the fields `names`, with the paths split and the mappings
-    to copy found once (a sweep merges every point's fields into the base). Where a field
-    lies inside another, or runs through something in the base that is not a mapping, it is
-    _merge itself."""
     split = [name.split(".") for name in names]
     parents = sorted({tuple(parts[:i]) for parts in split for i in range(1, len(parts))}, key=len)
 
@@ -115,7 +91,7 @@ def _merger(base: dict, names) -> Callable[[dict], dict]:
 
     if any(name.startswith(other + ".") for name in names for other in names) or \
             not all(isinstance(at(path), (dict, type(None))) for path in parents):
-        return partial(_merge, base)
+        return partial(apply_overrides, base)
     copies = [(path[:-1], path[-1], path) for path in parents]
     leaves = [(tuple(parts[:-1]), parts[-1], name) for parts, name in zip(split, names)]
 
