@@ -503,10 +503,12 @@ def _group_chunks(items: list, size: int) -> list[list]:
     adjacent, and each such run lies whole in one chunk where it fits: the vectorised engine
     then evaluates a run as one batch. A run longer than `size` is cut into equal pieces.
     (The table is sorted by point_index.)"""
-    keyed = sorted(([repr(v) for k, v in item[2].items() if k not in _SIZE_FIELDS], item[0], item) for item in items)
+    runs: dict = {}  # the runs by their other fields (each value's repr), in the order of the items
+    for item in items:
+        runs.setdefault(tuple(repr(v) for k, v in item[2].items() if k not in _SIZE_FIELDS), []).append(item)
     chunks, current = [], []
-    for _, run in itertools.groupby(keyed, key=lambda keyed_item: keyed_item[0]):
-        run = [item for _, _, item in run]
+    for key in sorted(runs):
+        run = sorted(runs[key], key=lambda item: item[0])
         if len(current) + len(run) > size and current:
             chunks.append(current)
             current = []
