@@ -107,16 +107,19 @@ def _merger(base: dict, names) -> Callable[[dict], dict]:
 
 
 def evaluate_chunk(items: list, base: dict, axes: dict, engine: str = "analytic",
-                   vectorize: bool = True) -> pd.DataFrame:
-    """The table's rows (table.columns_frame) for [(point_index, point_id, point), ...]; runs
-    in a worker, so that building the table's columns runs in parallel too. The table is built
-    column by column: a vectorised batch's results are columns already."""
+                   vectorize: bool = True, base_text: str | None = None) -> pd.DataFrame:
+    """The table's rows (table.columns_frame) for [(point_index, point_id, point), ...] (a
+    point_id None is worked out here, from the base's _base_text); runs in a worker, so that
+    building the table's columns runs in parallel too. The table is built column by column: a
+    vectorised batch's results are columns already."""
     from . import table
     from .evaluate import evaluate
     from .scenario import scenario_from_dict
 
     n = len(items)
-    columns = {"point_index": [index for index, _, _ in items], "point_id": [pid for _, pid, _ in items]}
+    base_text = base_text or _base_text(base)
+    columns = {"point_index": [index for index, _, _ in items],
+               "point_id": [pid or point_id(base_text, point, engine) for _, pid, point in items]}
     for k, kind in axes.items():
         columns[k] = [table.axis_cell(point[k], kind) for _, _, point in items]
     plans, valid, errors, cache = [], [], [], {}
@@ -627,8 +630,9 @@ def sweep(space: Space | Mapping | str | Path, *, workers: int | None = None, da
     axes = {name: table.axis_kind(values) for name, values in space.axes}
     kinds = table.schema(axes)
     base_text = _base_text(space.base)
-    items = [(i, point_id(base_text, p, engine), p) for i, p in enumerate(points)]
-    index_of = {pid: i for i, pid, _ in items}
+    # a point's id is worked out where the point is evaluated, in parallel (None here), unless
+    # the stored rows must be matched to the points first
+    items = [(i, point_id(base_text, p, engine) if resume else None, p) for i, p in enumerate(points)]
 
     store = _store(out, kinds, log) if out is not None else None
     if store is None:
@@ -640,7 +644,7 @@ def sweep(space: Space | Mapping | str | Path, *, workers: int | None = None, da
         kept = None
         if resume:
             store.check_space(digest)
-            kept = store.load(index_of)
+            kept = store.load({pid: i for i, pid, _ in items})
         store.write_meta(digest, len(items), engine)
         store.start(resume, kept)
         done = set(kept["point_id"]) if kept is not None else set()
@@ -676,7 +680,7 @@ def _run(space, todo, axes, kinds, store, workers, dask, engine, vectorize, chun
     # a CSV output's lines are formatted by the workers (evaluate_chunk_csv)
     as_text = isinstance(store, _CsvStore)
     fn = partial(evaluate_chunk_csv if as_text else evaluate_chunk, base=space.base, axes=axes, engine=engine,
-                 vectorize=vectorize)
+                 vectorize=vectorize, base_text=_base_text(space.base))
     runner = _run_dask(fn, chunks, dask, workers) if dask else _LocalRunner(fn, chunks, workers)
     frames: list[pd.DataFrame] = []
     pending: list[tuple] = []  # (rows, their CSV lines or None)

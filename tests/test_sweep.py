@@ -320,6 +320,13 @@ def test_a_csv_written_by_worker_processes_is_the_returned_table_as_csv(tmp_path
     assert (tmp_path / "o.csv").read_text() == table.to_csv(index=False, lineterminator="\n")
 
 
+def test_each_row_carries_the_id_of_its_point_worked_out_where_it_was_evaluated():
+    from simulator.sweep import point_id
+
+    table = sweep(_space(), workers=2, progress=False, chunk_size=5)
+    assert table["point_id"].tolist() == [point_id(BASE, p, "analytic") for p in _space().points()]
+
+
 def test_dask_local_cluster_gives_the_in_process_table(tmp_path):
     df = sweep(_space(), workers=1, dask="local", progress=False, out=tmp_path / "d.parquet")
     pd.testing.assert_frame_equal(df, sweep(_space(), workers=1, progress=False))
