@@ -231,8 +231,8 @@ def new_plan(**values) -> Plan:
     """Plan(**values), its fields set at once: the generated __init__ of a frozen dataclass
     sets each of its 56 fields through object.__setattr__ (17 us a plan, most of reading a
     sweep point's plan or enumerating a search's shapes). Plan has no __post_init__ and no
-    default factory; a field it does not have, or a size left out, goes to Plan() for its
-    TypeError."""
+    default factory; values naming a field it does not have, or leaving out one without a
+    default, go to Plan() for its TypeError."""
     if not _REQUIRED <= values.keys() <= _FIELDS:
         return Plan(**values)
     plan = object.__new__(Plan)
