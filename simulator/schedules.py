@@ -940,9 +940,8 @@ def _stage_ends(passes: tuple, f, b, w, send_s: float = 0.0) -> np.ndarray:
     """When each stage finishes its last pass (_run_passes' makespan is the latest): an array
     of stages, or of stages x plans."""
     f, b, w = (np.asarray(x, dtype=float) for x in (f, b, w))
-    if f.ndim == 2 and f.shape[1] <= _FEW_PLANS:  # plan by plan: a pass costs ~4 numpy calls on arrays
-        return np.array([_stage_ends(passes, f[:, j], b[:, j], w[:, j], send_s) for j in range(f.shape[1])]).T \
-            if f.shape[1] else np.zeros_like(f)
+    if f.ndim == 2 and 0 < f.shape[1] <= _FEW_PLANS:  # plan by plan: a pass costs ~4 numpy calls on arrays
+        return np.array([_stage_ends(passes, f[:, j], b[:, j], w[:, j], send_s) for j in range(f.shape[1])]).T
     if f.ndim == 1:  # one plan: Python floats outrun numpy scalars
         durations = np.stack([f, b + w, b, w]).tolist()
         free, end = [0.0] * len(f), [0.0] * len(passes)

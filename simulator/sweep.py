@@ -107,17 +107,17 @@ def _merger(base: dict, names) -> Callable[[dict], dict]:
 
 
 def evaluate_chunk(items: list, base: dict, axes: dict, engine: str = "analytic",
-                   vectorize: bool = True, base_text: str | None = None) -> pd.DataFrame:
+                   vectorize: bool = True) -> pd.DataFrame:
     """The table's rows (table.columns_frame) for [(point_index, point_id, point), ...] (a
-    point_id None is worked out here, from the base's _base_text); runs in a worker, so that
-    building the table's columns runs in parallel too. The table is built column by column: a
-    vectorised batch's results are columns already."""
+    point_id None is worked out here); runs in a worker, so that building the table's columns
+    runs in parallel too. The table is built column by column: a vectorised batch's results
+    are columns already."""
     from . import table
     from .evaluate import evaluate
     from .scenario import scenario_from_dict
 
     n = len(items)
-    base_text = base_text or _base_text(base)
+    base_text = _base_text(base)
     columns = {"point_index": [index for index, _, _ in items],
                "point_id": [pid or point_id(base_text, point, engine) for _, pid, point in items]}
     for k, kind in axes.items():
@@ -680,7 +680,7 @@ def _run(space, todo, axes, kinds, store, workers, dask, engine, vectorize, chun
     # a CSV output's lines are formatted by the workers (evaluate_chunk_csv)
     as_text = isinstance(store, _CsvStore)
     fn = partial(evaluate_chunk_csv if as_text else evaluate_chunk, base=space.base, axes=axes, engine=engine,
-                 vectorize=vectorize, base_text=_base_text(space.base))
+                 vectorize=vectorize)
     runner = _run_dask(fn, chunks, dask, workers) if dask else _LocalRunner(fn, chunks, workers)
     frames: list[pd.DataFrame] = []
     pending: list[tuple] = []  # (rows, their CSV lines or None)
