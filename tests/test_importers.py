@@ -20,7 +20,7 @@ from simulator.evaluate import compile_scenario
 from simulator.importers import import_config
 from simulator.importers.common import flatten
 from simulator.importers.launch_script import script_words
-from simulator.importers.torchtitan import split_layers
+from simulator.importers.torchtitan import split_layers, split_layers_2024
 
 DATA = Path(__file__).parent / "data" / "imports"
 HF = Path(__file__).parent / "data" / "hf"
@@ -35,7 +35,8 @@ def _accounted(imported) -> list:
 
 
 @pytest.mark.parametrize("name", ["torchtitan-llama3_8b.toml", "torchtitan-llama3_70b.toml",
-                                  "torchtitan-llama3_405b.toml", "torchtitan-deepseek_v3_671b.toml"])
+                                  "torchtitan-llama3_405b.toml", "torchtitan-deepseek_v3_671b.toml",
+                                  "torchtitan-llama3_405b-202412.toml"])
 def test_every_torchtitan_key_is_mapped_ignored_or_unmapped(name):
     imported = import_config("torchtitan", DATA / name, {"cluster.node": "dgx-h100", "cluster.nodes": 8})
     keys = set(flatten(tomllib.loads((DATA / name).read_text())))
@@ -88,6 +89,88 @@ def test_torchtitan_llama3_405b_maps_float8_its_fsdp_all_gather_and_async_tp():
         "fp8_recipe": "tensorwise", "fp8_fsdp_all_gather": True, "zero_stage": 3}
     assert not {m["key"] for m in imported.unmapped} & {"float8.enable_fsdp_float8_all_gather",
                                                         "float8.precompute_float8_dynamic_scale_for_fsdp"}
+
+
+# torchtitan's 405B config of Dec 2024 (@9dec370, parallelism in [training] and [experimental],
+# Float8 by float8.enable_float8_linear) and of 2025 (@01424cb, [parallelism], converters): the same job
+TITAN_405B_2024 = "torchtitan-llama3_405b-202412.toml"
+
+
+def test_torchtitan_config_of_dec_2024_reads_as_its_2025_twin():
+    cluster = {"cluster.node": "dgx-h100", "cluster.nodes": 16}
+    old = import_config("torchtitan", DATA / TITAN_405B_2024, cluster).scenario["plan"]
+    new = import_config("torchtitan", DATA / "torchtitan-llama3_405b.toml", cluster).scenario["plan"]
+    # the norm is the one field the two files set differently: model.norm_type "rmsnorm" (torch
+    # ops one by one) against the later default nn.RMSNorm; SDPA's kernel is that of each one's torch
+    assert old.pop("eager_norm") == "composite" and new.pop("eager_norm") == "fused"
+    assert old.pop("attention_kernel") == "flash2" and "attention_kernel" not in new
+    assert old == new
+
+
+def _titan_2024(tmp_path, *edits, nodes=64):
+    text = (DATA / TITAN_405B_2024).read_text()
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new, 1)
+    (tmp_path / "c.toml").write_text(text)
+    return import_config("torchtitan", tmp_path / "c.toml", {"cluster.node": "dgx-h100", "cluster.nodes": nodes})
+
+
+# Table 5 of torchtitan's Dec 2024 benchmarks: the 405B config with 8 pipeline stages, 32 sequences
+# per data-parallel rank
+TABLE_5 = (("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 8"), ("batch_size = 2", "batch_size = 32"))
+
+
+@pytest.mark.parametrize("schedule, row", [
+    ('"1F1B"', "tt_t5_405B_512gpu_1F1B"),
+    ('"Interleaved1F1B"\npipeline_parallel_microbatches = 8', "tt_t5_405B_512gpu_Interleaved1F1B")])
+def test_torchtitan_dec_2024_pipeline_config_imports_as_its_published_row(tmp_path, schedule, row):
+    """The published row's scenario was written by hand from the benchmark's text and the code
+    of that commit (scenarios/published/supplement-more-runs.yaml): micro-batches of 4 (the local
+    batch over the PP degree, the default count then), the split of that time (15, 16 x 6, 15
+    over 8 stages; 7, 8 x 14, 7 over 16), every stage's outputs kept, FSDP2 not resharding
+    between forward and backward; the config adds nothing it does not say."""
+    from simulator.stagesplit import plan_stage_layers
+    from simulator.validation.runs import load_runs
+    imported = _titan_2024(tmp_path, *TABLE_5, ("pipeline_parallel_degree = 8\n",
+                                               f"pipeline_parallel_degree = 8\npipeline_parallel_schedule = {schedule}\n"))
+    ours = scenario_from_dict({**imported.scenario, "cluster": {"node": "dgx-h100", "nodes": 64,
+                                                                "accelerator": "h100-sxm-96gb-500w"}})
+    published = next(r for r in load_runs() if r.id == row).build()
+    assert plan_stage_layers(ours.model, ours.plan) == plan_stage_layers(published.model, published.plan)
+    differ = {f.name for f in dataclasses.fields(ours.plan) if getattr(ours.plan, f.name) != getattr(published.plan, f.name)}
+    # the same stages said two ways; the CP kernel of a plan without CP
+    assert differ <= {"pipeline_layout", "first_stage_layers", "last_stage_layers", "cp_attention"}
+    assert (ours.plan.micro_batch, ours.plan.pp_outputs, ours.plan.fp8_fsdp_all_gather) == (4, "every-stage", True)
+
+
+def test_torchtitan_dec_2024_interleaved_schedule_needs_its_micro_batch_count(tmp_path):
+    # the default count was the PP degree until torchtitan@90567fc98 and the number of stages after
+    with pytest.raises(InputError, match="torchtitan experimental.pipeline_parallel_microbatches: .*90567fc98"):
+        _titan_2024(tmp_path, *TABLE_5, ("pipeline_parallel_degree = 8\n",
+                                         'pipeline_parallel_degree = 8\npipeline_parallel_schedule = "Interleaved1F1B"\n'))
+
+
+@pytest.mark.parametrize("edit, key", [
+    (("[experimental]\n", "[experimental]\npipeline_parallel_microbatches = 5\n"),
+     "experimental.pipeline_parallel_microbatches"),  # 32 sequences do not split into 5
+    (("[float8]\n", '[float8]\nscaling_type_weight = "delayed"\n'), "float8.scaling_type_weight"),
+    (("[experimental]\n", '[experimental]\npipeline_parallel_schedule_csv = "s.csv"\n'),
+     "experimental.pipeline_parallel_schedule_csv"),
+    (("[checkpoint]\n", "[parallelism]\ncontext_parallel_degree = 2\n\n[checkpoint]\n"),
+     "training.data_parallel_replicate_degree")])  # both layouts in one config
+def test_torchtitan_dec_2024_config_refuses_what_llmsim_cannot_say(tmp_path, edit, key):
+    with pytest.raises(InputError, match=f"torchtitan {key}"):
+        _titan_2024(tmp_path, *TABLE_5, edit)
+
+
+def test_torchtitan_split_before_2025_04_gives_the_last_stage_the_remainder():
+    # torchtitan@9dec370 generate_split_points: first stage layers // stages, middle ones one
+    # more while the remainder lasts; 126 layers: 15 + 6 x 16 + 15, 7 + 14 x 8 + 7; 32 over 3: 10, 11, 11
+    assert split_layers_2024(126, 8) == [15] + [16] * 6 + [15]
+    assert split_layers_2024(126, 16) == [7] + [8] * 14 + [7]
+    assert split_layers_2024(32, 3) == [10, 11, 11]
+    assert split_layers_2024(10, 4) == [2, 3, 3, 2]
 
 
 def _torchtitan_edited(tmp_path, edits=(), name="torchtitan-deepseek_v3_671b.toml", nodes=32):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 from .. import fields as F
 from ..errors import InputError
@@ -74,14 +74,22 @@ def set_field(scenario: dict, dotted: str, value) -> None:
 class Account:
     """Reads a flattened source and records what became of each key."""
 
-    def __init__(self, source: Mapping, where: str):
+    def __init__(self, source: Mapping, where: str, aliases: Mapping[str, str] | None = None):
+        """`aliases`: key -> the name this source's layout gives it (an older release's), read
+        and reported under that name."""
         self.flat = flatten(source)
         self.where = where
+        self.aliases = dict(aliases or {})
         self.scenario: dict = {}
         self.result = Imported(self.scenario)
         self._seen: set = set()
 
+    def name(self, key: str) -> str:
+        """The key as this source names it."""
+        return self.aliases.get(key, key)
+
     def has(self, key: str) -> bool:
+        key = self.name(key)
         return key in self.flat and self._read(key) is not None
 
     def get(self, key: str, default=None):
@@ -89,6 +97,7 @@ class Account:
         return default if value is None else value
 
     def _read(self, key: str):
+        key = self.name(key)
         value = self.flat.get(key)
         if isinstance(value, Conflicting):
             self.refuse(key, "given more than once with different values (both branches of a shell "
@@ -133,6 +142,7 @@ class Account:
 
     def map(self, key: str, dotted: str, value) -> None:
         """Source `key` sets scenario field `dotted` to `value`."""
+        key = self.name(key)
         set_field(self.scenario, dotted, value)
         self.result.mapped.append({"key": key, "value": self.flat.get(key, "(absent: default)"),
                                    "field": f"{dotted}={value}"})
@@ -141,6 +151,7 @@ class Account:
     def derive(self, key: str, dotted: str, how: str, fn) -> None:
         """Source `key` sets `dotted` to fn(context) once the cluster and model are known
         (Imported.resolve); `how` says how, for the report."""
+        key = self.name(key)
         self.result.deferred[dotted] = fn
         self.result.mapped.append({"key": key, "value": self.flat.get(key, "(absent: default)"),
                                    "field": f"{dotted}={how}"})
@@ -148,29 +159,31 @@ class Account:
 
     def used(self, *keys: str) -> None:
         """Keys read to derive a mapped field (recorded with the field they went into, or here as such)."""
-        for key in keys:
+        for key in map(self.name, keys):
             if key in self.flat and key not in self._seen:
                 self.result.mapped.append({"key": key, "value": self.flat[key], "field": "(read with the above)"})
                 self._seen.add(key)
 
     def unmapped(self, key: str, why: str) -> None:
+        key = self.name(key)
         if key in self.flat and key not in self._seen:
             self.result.unmapped.append({"key": key, "value": self.flat[key], "why": why})
             self._seen.add(key)
 
     def ignore(self, *keys: str) -> None:
         """Keys that have no effect on this config (listed as ignored)."""
-        for key in keys:
+        for key in map(self.name, keys):
             if key in self.flat and key not in self._seen:
                 self.result.ignored.append({"key": key, "value": self.flat[key]})
                 self._seen.add(key)
 
     def absent(self, key: str, why: str) -> None:
         """A key the source does not give whose default llmsim had to assume (said in the report)."""
-        self.result.unmapped.append({"key": key, "value": "(absent)", "why": why})
+        self.result.unmapped.append({"key": self.name(key), "value": "(absent)", "why": why})
 
     def refuse(self, key: str, why: str):
-        raise InputError(f"{self.where} {key}", self.flat.get(key), why)
+        key = self.name(key)
+        raise InputError(f"{self.where} {key}", self.flat.get(key, "(absent)"), why)
 
     def finish(self, ignored: Iterable[str], reasons: Mapping[str, str] | None = None) -> Imported:
         """Every key not yet accounted for: `ignored` (fnmatch patterns) or unmapped (with the

@@ -39,6 +39,12 @@ under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
 - [model] attn_mask_type causal is what llmsim computes; block_causal (attention inside each
   packed document) and use_flex_attn (FlexAttention's kernel) are reported unmapped with what
   to give (model.document_tokens) and what the attention is priced at.
+- Configs of Dec 2024 to Mar 2025 (torchtitan@9dec370, the code of its Dec 2024 benchmarks):
+  the parallelism keys in [training] and [experimental] (LEGACY_KEYS, read under those names),
+  Float8 by float8.enable_float8_linear with per-tensor scaling_type_* (dynamic only), the
+  norm's default rmsnorm. Their pipeline counts micro-batches (pipeline_parallel_microbatches,
+  also in [parallelism] until @5e2033c75), splits the layers as split_layers_2024 and, on the
+  torch of that time, keeps every stage's outputs; their SDPA runs FlashAttention-2.
 - [activation_checkpoint] mode none|selective|full; selective with selective_ac_option "op"
   is torchtitan's op-level policy (plan.recompute op-selective); an integer (every N-th
   layer) is refused.
@@ -49,9 +55,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import InputError
+from ..hardware import load_accelerator
 from ..stagesplit import balanced_layout
 from ..yamlio import read_text
-from .common import Account, Imported
+from .common import Account, Imported, flatten
 
 PRESETS = {("llama3", "8B"): "llama-3.1-8b", ("llama3", "70B"): "llama-3.1-70b",
            ("llama3", "405B"): "llama-3.1-405b"}
@@ -83,7 +90,7 @@ PRECISIONS = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
 IGNORED = ("job.*", "profiling.*", "metrics.*", "checkpoint.*", "optimizer.lr", "optimizer.eps",
            "optimizer.weight_decay", "optimizer.beta*", "optimizer.implementation", "lr_scheduler.*",
            "training.max_norm", "training.dataset", "training.dataset_path", "training.seed", "training.deterministic",
-           "training.gc_freq", "validation.*", "model.tokenizer_path", "model.hf_assets_path", "comm.*",
+           "training.gc_freq", "training.warmup_steps", "validation.*", "model.tokenizer_path", "model.hf_assets_path", "comm.*",
            "experimental.*", "fault_tolerance.*", "memory_estimation.*")
 REASONS = {
     "compile.*": "llmsim runs the loss as the same kernels whether compiled or not",
@@ -101,6 +108,34 @@ REFACTORED = ("expected the TOML job config of torchtitan v0.2.2 or earlier (its
               "checkpointing, converters or token dispatcher, are not read); give the plan as a scenario")
 
 
+# Before pytorch/torchtitan@785c34c99 (2025-03-18) the parallelism keys sat in [training] and
+# [experimental] (torchtitan@9dec370 torchtitan/config_manager.py, the code of torchtitan's Dec
+# 2024 benchmarks); that commit moved them into [parallelism] under the same names. A config in
+# that layout is read under its own names, with the defaults of its time (_legacy_layout).
+LEGACY_KEYS = {f"parallelism.{k}": f"training.{k}" for k in (
+    "data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
+    "disable_loss_parallel", "fsdp_reshard_after_forward")}
+LEGACY_KEYS.update({f"parallelism.{k}": f"experimental.{k}" for k in (
+    "enable_async_tensor_parallel", "enable_compiled_autograd", "pipeline_parallel_degree",
+    "pipeline_parallel_split_points", "pipeline_parallel_schedule", "pipeline_parallel_schedule_csv",
+    "pipeline_parallel_microbatches", "context_parallel_degree", "context_parallel_rotate_method")})
+# torchao's Float8 linears were switched on by this key before model.converters
+# (pytorch/torchtitan@57387af0e, 2025-02-15)
+LEGACY_FLOAT8 = "float8.enable_float8_linear"
+
+
+def _legacy_layout(data: dict) -> bool:
+    """Whether the config is in torchtitan's layout before @785c34c99 (LEGACY_KEYS); one that
+    mixes both layouts is refused, as no release read both."""
+    flat = flatten(data)
+    old = [k for k in (*LEGACY_KEYS.values(), LEGACY_FLOAT8) if k in flat]
+    new = [k for k in flat if k.startswith("parallelism.")]
+    if old and new:
+        raise InputError(f"torchtitan {old[0]}", flat[old[0]], f"the layout before [parallelism] "
+                         f"(pytorch/torchtitan@785c34c99), where this config also has {new[0]}: use one layout")
+    return bool(old)
+
+
 def _toml(path) -> dict:
     try:
         import tomllib
@@ -116,7 +151,9 @@ def _toml(path) -> dict:
 
 
 def read(path: str | Path) -> Imported:
-    a = Account(_toml(path), "torchtitan")
+    data = _toml(path)
+    legacy = _legacy_layout(data)
+    a = Account(data, "torchtitan", LEGACY_KEYS if legacy else None)
     name, flavor = a.text("model.name"), a.text("model.flavor")
     if (name, flavor) not in PRESETS:
         a.refuse("model.flavor", f"no llmsim preset for torchtitan model {name!r} flavor {flavor!r}; known: "
@@ -145,6 +182,13 @@ def read(path: str | Path) -> Imported:
         a.map("training.mixed_precision_param", "plan.fp32_params", True)
     _float8(a, converters)
     _attention(a)
+    # a number of micro-batches, not their size: torchtitan before @5e2033c75 (2025-04-07)
+    count_era = legacy or a.has("parallelism.pipeline_parallel_microbatches")
+    if count_era:
+        # the torch of these configs (before 2.9: cuDNN attention is SDPA's H100 default since
+        # pytorch/pytorch PR #162073, Sep 2025) runs SDPA's FlashAttention-2 backend
+        a.derive("model.name", "plan.attention_kernel", "SDPA's FlashAttention-2 where the profile has its rate",
+                 lambda c: "flash2" if _has_flash2(c["accelerator"]) else "fused")
     reduce = PRECISIONS.get(a.text("training.mixed_precision_reduce", "float32"))
     a.map("training.mixed_precision_reduce", "plan.grad_precision", reduce if reduce in ("fp32", "bf16") else "fp32")
 
@@ -196,7 +240,7 @@ def read(path: str | Path) -> Imported:
     a.used("compile.components")
     # its RMSNorm run eager: its own op by op (model.norm_type, until pytorch/torchtitan#1115) or
     # its Triton kernel, or torch's nn.RMSNorm since, one kernel on CUDA from torch 2.8 (fusion.py)
-    norm = a.text("model.norm_type", "nn.RMSNorm")
+    norm = a.text("model.norm_type", "rmsnorm" if legacy else "nn.RMSNorm")  # torchtitan@9dec370's default
     if norm not in NORM_TYPES:
         a.refuse("model.norm_type", "rmsnorm or fused_rmsnorm (llmsim's presets of torchtitan's models use RMSNorm)")
     a.map("model.norm_type" if a.has("model.norm_type") else "model.name", "plan.eager_norm", NORM_TYPES[norm])
@@ -219,27 +263,34 @@ def read(path: str | Path) -> Imported:
         a.map("parallelism.data_parallel_shard_degree" if shard != 1 else "parallelism.data_parallel_replicate_degree",
               "plan.dp", dp)
 
-    if pp > 1:
-        schedule = a.text("parallelism.pipeline_parallel_schedule", "1F1B")
-        if schedule not in SCHEDULES:
-            a.refuse("parallelism.pipeline_parallel_schedule", "modelled: " + ", ".join(SCHEDULES))
-        a.map("parallelism.pipeline_parallel_schedule", "plan.schedule", SCHEDULES[schedule])
-        # torch.distributed.pipelining's buffers; torchtitan's step(return_outputs=False) keeps
-        # no outputs past their backward (pipebuffers.py)
-        a.map("parallelism.pipeline_parallel_degree", "plan.pp_impl", "torch")
-        a.map("parallelism.pipeline_parallel_degree", "plan.pp_outputs", "in-flight")
-        micro = a.number("parallelism.pipeline_parallel_microbatch_size", 1)
-        a.map("parallelism.pipeline_parallel_microbatch_size", "plan.micro_batch", micro)
-        _pipeline_split(a, schedule, pp)
-    else:
-        a.used("parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_split_points",
-               "parallelism.module_fqns_per_model_part", "parallelism.pipeline_parallel_first_stage_less_layers",
-               "parallelism.pipeline_parallel_last_stage_less_layers")
-        a.ignore("parallelism.pipeline_parallel_schedule")  # no pipeline: no schedule
     local = a.number("training.local_batch_size", None)
     local_key = "training.local_batch_size"
     if local is None:
         local, local_key = a.number("training.batch_size", 8), "training.batch_size"
+    if pp > 1:
+        schedule = a.text("parallelism.pipeline_parallel_schedule", "1F1B")
+        if schedule not in SCHEDULES:
+            a.refuse("parallelism.pipeline_parallel_schedule", "modelled: " + ", ".join(SCHEDULES))
+        if a.has("parallelism.pipeline_parallel_schedule_csv"):
+            a.refuse("parallelism.pipeline_parallel_schedule_csv", "a schedule read from a CSV file is not modelled: "
+                     "give one of " + ", ".join(SCHEDULES))
+        a.map("parallelism.pipeline_parallel_schedule", "plan.schedule", SCHEDULES[schedule])
+        a.map("parallelism.pipeline_parallel_degree", "plan.pp_impl", "torch")
+        # torch.distributed.pipelining's buffers (pipebuffers.py): torchtitan's
+        # step(return_outputs=False) keeps no output past its backward; before, on the torch of
+        # the count era (2.7 and before: pytorch/pytorch#153383) every stage kept its outputs
+        a.map("parallelism.pipeline_parallel_degree", "plan.pp_outputs", "every-stage" if count_era else "in-flight")
+        if count_era:
+            _microbatch_count(a, schedule, pp, local)
+        else:
+            micro = a.number("parallelism.pipeline_parallel_microbatch_size", 1)
+            a.map("parallelism.pipeline_parallel_microbatch_size", "plan.micro_batch", micro)
+        _pipeline_split(a, schedule, pp, count_era)
+    else:
+        a.used("parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_split_points",
+               "parallelism.module_fqns_per_model_part", "parallelism.pipeline_parallel_first_stage_less_layers",
+               "parallelism.pipeline_parallel_last_stage_less_layers", "parallelism.pipeline_parallel_microbatches")
+        a.ignore("parallelism.pipeline_parallel_schedule")  # no pipeline: no schedule
     if pp == 1:
         a.map(local_key, "plan.micro_batch", local)
     global_batch = a.number("training.global_batch_size", -1)
@@ -360,7 +411,16 @@ def _attention(a: Account) -> None:
 def _float8(a: Account, converters: list) -> None:
     """Float8 linears: precision fp8 with torchao's tensorwise (unless named) or rowwise recipe,
     and FP8 all-gathers of the FSDP shards. llmsim converts every linear of the layers and
-    keeps the lm_head in BF16 (fp8.py): a filter other than the lm_head's (`output`) is said."""
+    keeps the lm_head in BF16 (fp8.py): a filter other than the lm_head's (`output`) is said.
+    Before model.converters, float8.enable_float8_linear switched them on (LEGACY_FLOAT8), its
+    scaling chosen per tensor by float8.scaling_type_input/_weight/_grad_output (torchtitan@9dec370
+    config_manager.py), of which torchao's dynamic scaling, the default, is modelled."""
+    switch = "model.converters"
+    if a.get(LEGACY_FLOAT8, False):
+        converters = converters if "float8" in converters else [*converters, "float8"]
+        switch = LEGACY_FLOAT8
+    else:
+        a.used(LEGACY_FLOAT8)
     others = [c for c in converters if c not in FLOAT8_CONVERTERS]
     if others:
         a.refuse("model.converters", "only torchao's Float8 linears are modelled (float8 or "
@@ -368,11 +428,17 @@ def _float8(a: Account, converters: list) -> None:
     section = FLOAT8_CONVERTERS[converters[0]] if converters else None
     # the sections of unused converters change nothing (the MoE configs carry
     # [quantize.grouped_mm.float8] and [quantize.linear.mx] beside a commented-out converter)
-    a.ignore(*(k for k in a.flat if k.startswith(("float8.", "quantize.")) and not k.startswith(f"{section}.")))
+    a.ignore(*(k for k in a.flat if k.startswith(("float8.", "quantize.")) and not k.startswith(f"{section}.")
+               and k != LEGACY_FLOAT8))
     if not converters:
         a.used("model.converters")
         return
-    a.map("model.converters", "plan.precision", "fp8")
+    a.map(switch, "plan.precision", "fp8")
+    for tensor in ("input", "weight", "grad_output"):
+        key = f"{section}.scaling_type_{tensor}"
+        if a.text(key, "dynamic") != "dynamic":
+            a.refuse(key, "dynamic: torchao's delayed scaling is not modelled")
+        a.used(key)
     recipe = a.text(f"{section}.recipe_name", "tensorwise")
     if recipe not in ("tensorwise", "rowwise"):
         a.refuse(f"{section}.recipe_name", "llmsim models torchao's tensorwise and rowwise recipes")
@@ -387,6 +453,44 @@ def _float8(a: Account, converters: list) -> None:
         else:
             a.unmapped(f"{section}.filter_fqns", "llmsim converts every linear of the layers and keeps the lm_head "
                                                  "(output) in BF16, whatever the filter")
+
+
+def _has_flash2(accelerator: str) -> bool:
+    acc = load_accelerator(accelerator)
+    return acc.attention_flash2 is not None or acc.attention_is_flash2
+
+
+def _microbatch_count(a: Account, schedule: str, pp: int, local: int) -> None:
+    """plan.micro_batch from pipeline_parallel_microbatches, the number of micro-batches each
+    rank's local batch was split into before pytorch/torchtitan@5e2033c75 (2025-04-07). Its
+    default was the PP degree (torchtitan@9dec370 pipelining_utils.py build_pipeline_schedule)
+    and, from @90567fc98 (2025-01-07), the number of stages: the same for single-stage
+    schedules; for the others the config does not say which, so it is asked for."""
+    key = "parallelism.pipeline_parallel_microbatches"
+    count = a.number(key, None)
+    if count is None:
+        if schedule not in SINGLE_STAGE:
+            a.refuse(key, f"the number of micro-batches for {schedule}: its default was the PP degree until "
+                          "pytorch/torchtitan@90567fc98 (2025-01-07) and the number of stages since, and the "
+                          "config does not say which release ran it")
+        count = pp
+    if count < 1 or local % count:
+        a.refuse(key, f"a number of micro-batches that divides the local batch of {local}")
+    a.map(key, "plan.micro_batch", local // count)
+
+
+def split_layers_2024(layers: int, stages: int) -> list[int]:
+    """Transformer layers of each virtual stage as torchtitan split them when no split points
+    were given, before pytorch/torchtitan@f64cf3c18 (2025-04-15; torchtitan@9dec370
+    torchtitan/parallelisms/pipelining_utils.py generate_split_points): the first stage takes
+    layers // stages, each middle stage one more while the remainder lasts, the last stage the
+    rest; the embedding and the output weigh nothing."""
+    base, extra = divmod(layers, stages)
+    sizes = [base]
+    for _ in range(stages - 2):
+        sizes.append(base + (extra > 0))
+        extra -= extra > 0
+    return sizes + [layers - sum(sizes)]
 
 
 def split_layers(layers: int, pp: int, single_stage: bool, layers_per_stage: int | None,
@@ -422,10 +526,11 @@ def _stage_layers_of_parts(parts) -> list[int]:
     return [sum(1 for name in part if str(name).startswith("layers.")) for part in parts]
 
 
-def _pipeline_split(a: Account, schedule: str, pp: int) -> None:
+def _pipeline_split(a: Account, schedule: str, pp: int, count_era: bool) -> None:
     """plan.pipeline_layout (and plan.vpp for Interleaved1F1B) from torchtitan's split of the
     layers into stages: its explicit model parts or split points, or its default split
-    (split_layers). Single-stage schedules hold one stage per rank, the V shapes two, the
+    (split_layers; split_layers_2024 for the configs that count micro-batches, which predate
+    today's split). Single-stage schedules hold one stage per rank, the V shapes two, the
     interleaved schedule two or more."""
     per_stage_key, points_key = ("parallelism.pipeline_parallel_layers_per_stage",
                                  "parallelism.pipeline_parallel_split_points")
@@ -455,6 +560,15 @@ def _pipeline_split(a: Account, schedule: str, pp: int) -> None:
 
         def sizes(c):
             return [hi - lo for lo, hi in zip([0] + cuts, cuts + [c["layers"]])]
+    elif count_era:  # no layers_per_stage nor stage weights yet
+        key, how = points_key, "torchtitan's default split before 2025-04-15 (the last stage takes the remainder)"
+
+        def sizes(c):
+            stages = pp * (1 if single else 2)
+            if stages > c["layers"]:
+                raise InputError(f"torchtitan {a.name('parallelism.pipeline_parallel_degree')}", pp,
+                                 f"{stages} stages for {c['layers']} layers (torchtitan refuses it too)")
+            return split_layers_2024(c["layers"], stages)
     else:
         key, how = per_stage_key, "torchtitan's default split (the embedding and the output weigh layers too)"
         layers_per_stage = a.number(per_stage_key, None)
@@ -470,7 +584,7 @@ def _pipeline_split(a: Account, schedule: str, pp: int) -> None:
         needs = {True: "one", False: "two" if schedule in V_SHAPED else "two or more"}[single]
         if spare or (single and per_rank != 1) or (schedule in V_SHAPED and per_rank != 2) or \
                 (not single and per_rank < 2):
-            raise InputError(f"torchtitan {key}", a.flat.get(key, "(default)"),
+            raise InputError(f"torchtitan {a.name(key)}", a.flat.get(a.name(key), "(default)"),
                              f"gives {len(out)} stages over {pp} ranks; {schedule} places {needs} per rank")
         return out
 
