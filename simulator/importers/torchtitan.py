@@ -44,7 +44,9 @@ under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
   Float8 by float8.enable_float8_linear with per-tensor scaling_type_* (dynamic only), the
   norm's default rmsnorm. Their pipeline counts micro-batches (pipeline_parallel_microbatches,
   also in [parallelism] until @5e2033c75), splits the layers as split_layers_2024 and, on the
-  torch of that time, keeps every stage's outputs; their SDPA runs FlashAttention-2.
+  torch of that time, keeps every stage's outputs; their SDPA runs FlashAttention-2. What a
+  later config cannot say is reported as assumed: torch 2.9 or later (SDPA's cuDNN attention)
+  and, under PP, torchtitan v0.2.1 or later (no stage's output kept past its backward).
 - [activation_checkpoint] mode none|selective|full; selective with selective_ac_option "op"
   is torchtitan's op-level policy (plan.recompute op-selective); an integer (every N-th
   layer) is refused.
@@ -184,11 +186,14 @@ def read(path: str | Path) -> Imported:
     _attention(a)
     # a number of micro-batches, not their size: torchtitan before @5e2033c75 (2025-04-07)
     count_era = legacy or a.has("parallelism.pipeline_parallel_microbatches")
-    if count_era:
-        # the torch of these configs (before 2.9: cuDNN attention is SDPA's H100 default since
-        # pytorch/pytorch PR #162073, Sep 2025) runs SDPA's FlashAttention-2 backend
+    # SDPA's kernel is the torch release's choice: FlashAttention-2 before torch 2.9, cuDNN's
+    # attention on H100 since (pytorch/pytorch PR #162073, Sep 2025)
+    if count_era:  # configs of early 2025 ran the torch of then
         a.derive("model.name", "plan.attention_kernel", "SDPA's FlashAttention-2 where the profile has its rate",
                  lambda c: "flash2" if _has_flash2(c["accelerator"]) else "fused")
+    else:
+        a.absent("torch release", "taken as 2.9 or later, whose SDPA runs cuDNN's attention on H100 (the profile's "
+                 "fused attention); earlier torch ran FlashAttention-2: --set plan.attention_kernel=flash2")
     reduce = PRECISIONS.get(a.text("training.mixed_precision_reduce", "float32"))
     a.map("training.mixed_precision_reduce", "plan.grad_precision", reduce if reduce in ("fp32", "bf16") else "fp32")
 
@@ -280,6 +285,10 @@ def read(path: str | Path) -> Imported:
         # step(return_outputs=False) keeps no output past its backward; before, on the torch of
         # the count era (2.7 and before: pytorch/pytorch#153383) every stage kept its outputs
         a.map("parallelism.pipeline_parallel_degree", "plan.pp_outputs", "every-stage" if count_era else "in-flight")
+        if not count_era:  # the config does not say which release ran it
+            a.absent("torchtitan release", "taken as v0.2.1 or later, whose pipeline keeps no stage's output past its "
+                     "backward (@e5ef99aab: step(return_outputs=False)); under v0.1.0-v0.2.0 the "
+                     "last stage kept every micro-batch's logits to the step's end: --set plan.pp_outputs=last-stage")
         if count_era:
             _microbatch_count(a, schedule, pp, local)
         else:
