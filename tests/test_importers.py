@@ -621,17 +621,19 @@ def test_torchtitan_layerwise_recompute_is_refused(tmp_path):
 NEMO_ROWS = {
     "nemo-llama3.1_8b.yaml": ("dgxc-llama31-8b-bf16-8gpu", dict(
         layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256, seq_len=8192, activation="swiglu",
-        tied_embeddings=False, tp=1, pp=1, cp=2, vpp=1, schedule="1f1b", micro_batch=1, global_batch=128,
+        tied_embeddings=False, dropout=False, tp=1, pp=1, cp=2, vpp=1, schedule="1f1b", micro_batch=1, global_batch=128,
         sequence_parallel=False, recompute="none", zero_stage=1, precision="bf16", tp_comm_overlap=False,
         dp_overlap=True, grad_precision="bf16", fp8_params=False, nodes=1, dp=4)),
     "nemo-llama3.1_70b.yaml": ("dgxc-llama31-70b-bf16-64gpu", dict(
         layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=128512, seq_len=8192, activation="swiglu",
-        tied_embeddings=False, tp=4, pp=4, cp=2, vpp=5, schedule="interleaved", micro_batch=1, global_batch=128,
+        tied_embeddings=False, dropout=False, tp=4, pp=4, cp=2, vpp=5, schedule="interleaved", micro_batch=1,
+        global_batch=128,
         sequence_parallel=True, recompute="none", zero_stage=1, precision="bf16", tp_comm_overlap=True,
         dp_overlap=True, grad_precision="bf16", fp8_params=False, nodes=8, dp=2)),
     "nemo-gpt3_175b_hydra.yaml": ("dgxc-gpt3-175b-fp8-128gpu", dict(
         layers=96, hidden=12288, heads=96, kv_heads=96, ffn_hidden=49152, vocab=50688, seq_len=2048, activation="gelu",
-        tied_embeddings=True, tp=4, pp=8, cp=1, vpp=12, schedule="interleaved", micro_batch=1, global_batch=256,
+        tied_embeddings=True, dropout=True, tp=4, pp=8, cp=1, vpp=12, schedule="interleaved", micro_batch=1,
+        global_batch=256,
         sequence_parallel=True, recompute="none", zero_stage=1, precision="fp8", tp_comm_overlap=True,
         dp_overlap=True, grad_precision="bf16", fp8_params=True, nodes=16, dp=4)),
 }
@@ -655,7 +657,7 @@ def test_nemo_configs_import_as_the_validation_rows_of_the_same_runs(name):
     imported = import_config("megatron", DATA / name, {"cluster.node": "dgx-h100"})
     s = scenario_from_dict(imported.scenario)
     got = {**{k: getattr(s.model, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
-                                                 "seq_len", "activation", "tied_embeddings")},
+                                                 "seq_len", "activation", "tied_embeddings", "dropout")},
            **{k: getattr(s.plan, k) for k in ("tp", "pp", "cp", "vpp", "schedule", "micro_batch", "global_batch",
                                                 "sequence_parallel", "recompute", "zero_stage", "precision",
                                                 "tp_comm_overlap", "dp_overlap", "grad_precision", "fp8_params",
@@ -664,6 +666,46 @@ def test_nemo_configs_import_as_the_validation_rows_of_the_same_runs(name):
     assert got == want
     keys = set(flatten(yaml.safe_load((DATA / name).read_text())))
     assert keys <= set(_accounted(imported))
+
+
+def test_megatron_2021_gpt3_script_imports_as_the_readme_row_of_the_same_run():
+    """Megatron-LM's own GPT-3 175B example of Jan 2021 (its arguments in a shell variable run
+    through `sh -c`; --checkpoint-activations; dropout at Megatron's 0.1 default; no flash
+    attention then) is the README's published run, whose row was written by hand. Its commit
+    predates the scatter/gather of pipeline sends, which the script cannot say: the import
+    notes it, and told so gives the row's plan and prediction."""
+    from simulator.validation.runs import load_runs
+    imported = import_config("megatron", DATA / "megatron-pretrain_gpt3_175B-2021.sh",
+                             {"cluster.node": "dgx-a100", "cluster.nodes": 128})
+    assert any(u["key"] == "no-scatter-gather-tensors-in-pipeline" for u in imported.unmapped)
+    ours = scenario_from_dict({**imported.scenario, "plan": {**imported.scenario["plan"], "pp_scatter_gather": False}})
+    published = next(r for r in load_runs() if r.id == "megatron_readme_gpt3_175B_1024gpu").build()
+    assert (ours.plan.recompute, ours.plan.flash_attention, ours.model.dropout) == ("full", False, True)
+    assert ours.plan == published.plan and dataclasses.replace(ours.model, name=published.model.name) == published.model
+
+
+@pytest.mark.parametrize("args, recompute, method, layers", [
+    (["--checkpoint-activations"], "full", "uniform", 1),  # Megatron-LM 2021: every layer
+    (["--checkpoint-activations", "--checkpoint-num-layers", "2"], "full", "uniform", 2),
+    (["--checkpoint-activations", "--activations-checkpoint-method", "block",  # Aug 2021 - 2022
+      "--activations-checkpoint-num-layers", "4"], "full", "block", 4),
+    (["--activations-checkpoint-method", "uniform"], "full", "uniform", 1),
+    (["--recompute-activations"], "selective", None, None)])
+def test_megatron_recompute_arguments_of_each_era(args, recompute, method, layers):
+    plan = import_config("megatron", None, {"cluster.node": "dgx-a100"}, argv=[*MEGATRON_ARGV, *args]).scenario["plan"]
+    assert (plan["recompute"], plan.get("recompute_method"), plan.get("recompute_num_layers")) == (recompute, method, layers)
+
+
+@pytest.mark.parametrize("args, dropout", [([], True), (["--attention-dropout", "0.0", "--hidden-dropout", "0"], False),
+                                           (["--attention-dropout", "0.05"], True)])
+def test_megatron_dropout_is_its_attention_and_hidden_rates_default_0_1(args, dropout):
+    model = import_config("megatron", None, {"cluster.node": "dgx-a100"}, argv=[*MEGATRON_ARGV, *args]).scenario["model"]
+    assert model["dropout"] is dropout
+
+
+def test_megatron_dropout_on_the_attention_alone_is_refused():
+    with pytest.raises(InputError, match="megatron hidden-dropout"):
+        import_config("megatron", None, {"cluster.node": "dgx-a100"}, argv=[*MEGATRON_ARGV, "--hidden-dropout", "0"])
 
 
 def test_megatron_and_nemo_imports_run_megatrons_vocab_parallel_cross_entropy():

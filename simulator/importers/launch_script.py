@@ -33,7 +33,8 @@ STORE_TRUE = {"fp16", "bf16", "swiglu", "sequence-parallel", "use-distributed-op
               "moe-use-legacy-grouped-gemm", "moe-router-pre-softmax", "moe-per-layer-logging",
               "moe-shared-expert-gate", "moe-apply-probs-on-input", "quick-geglu", "squared-relu",
               "account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split",
-              "moe-extended-tp"}
+              "moe-extended-tp", "checkpoint-activations", "distribute-checkpointed-activations",
+              "distribute-saved-activations"}
 
 
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
@@ -60,8 +61,10 @@ def script_words(text: str) -> list[str]:
         if m and not m.group(2).startswith("("):
             env[m.group(1)] = _substitute(m.group(2), env)
             continue
-        out.extend(_substitute(word, env).split() if word.startswith("--") and " " in word else
-                   [_substitute(word, env)])
+        word = _substitute(word, env)
+        # a variable holding the arguments (`options="--tp 8 ..."`, `sh -c "python x.py ${options}"`,
+        # Megatron-LM's own examples of 2021) is split into them, as the shell running it does
+        out.extend(word.split() if word.startswith("--") or " --" in word else [word])
     return out
 
 

@@ -17,7 +17,11 @@ tensorwise (TransformerEngine's per-tensor current scaling: fp8_recipe current) 
 (plan.bf16_layers_at_start/end).
 --use-megatron-fsdp shards by --data-parallel-sharding-strategy (ZeRO-0 to 3) and
 --use-torch-fsdp2 is ZeRO-3, both in FSDP units. Full recomputation keeps its method and layer
-count; selective recomputation keeps its --recompute-modules (recompute.py MODULES).
+count; selective recomputation keeps its --recompute-modules (recompute.py MODULES); the
+arguments of before 2022 (--checkpoint-activations, --activations-checkpoint-method:
+OLD_RECOMPUTE_ARGS) are full recomputation and mark a Megatron whose attention is unfused
+without --use-flash-attn. Dropout is on (model.dropout) unless --attention-dropout and
+--hidden-dropout (NeMo: attention_dropout, hidden_dropout) are 0: both default to 0.1.
 Mixture-of-Experts, latent attention and MTP keys: megatron_moe.py. --kv-channels is the head
 width. torchrun's --nproc_per_node and --nnodes give the cluster's shape.
 
@@ -52,8 +56,8 @@ IGNORED_ARGS = ("lr*", "min-lr", "decoupled-*", "weight-decay", "adam-*", "clip-
                 "mock-data", "profile*", "master_addr", "master_port", "node_rank", "use-mcore-models",
                 "max-position-embeddings", "tiktoken-pattern", "no-create-attention-mask-in-dataloader",
                 "no-mmap-bin-files", "manual-gc*", "calculate-per-token-loss", "empty-unused-memory-level",
-                "lr-*", "train-samples", "rotary-*", "apply-layernorm-1p", "tokenizer-type", "attention-dropout",
-                "hidden-dropout", "fp8-amax-*", "make-vocab-size-divisible-by")
+                "lr-*", "train-samples", "rotary-*", "apply-layernorm-1p", "tokenizer-type", "fp8-amax-*", "make-vocab-size-divisible-by",
+                "container-*", "output")  # the last two: srun's, beside Megatron-LM's own in a launch script
 ARG_REASONS = {"rampup-batch-size": "the batch-size ramp-up of the first steps is not modelled",
                "overlap-param-gather": "parameter all-gather overlap is not modelled separately"}
 
@@ -107,8 +111,17 @@ def read_cp_comm_type(a: Account, key: str, sizes_key: str) -> None:
     a.map(sizes_key, "plan.cp_ulysses", int(sizes[0]))
 
 
+# Megatron-LM's recomputation arguments before --recompute-granularity (2022): --checkpoint-activations
+# re-ran every layer in chunks of --checkpoint-num-layers (@152aab304d megatron/arguments.py, 2021),
+# from Aug 2021 (@c1e0689d92) as --activations-checkpoint-method uniform|block with
+# --activations-checkpoint-num-layers; Megatron-DeepSpeed kept them. Read under their names.
+OLD_RECOMPUTE_ARGS = (("recompute-method", "activations-checkpoint-method"),
+                      ("recompute-num-layers", "activations-checkpoint-num-layers"),
+                      ("recompute-num-layers", "checkpoint-num-layers"))
+
+
 def read_args(args: dict) -> Imported:
-    a = Account(args, "megatron")
+    a = Account(args, "megatron", {new: old for new, old in OLD_RECOMPUTE_ARGS if old in args})
     layers = number_of(a, "num-layers")
     hidden = number_of(a, "hidden-size")
     heads = number_of(a, "num-attention-heads")
@@ -149,6 +162,7 @@ def read_args(args: dict) -> Imported:
     read_qkv_bias(a, "add-qkv-bias", bool(a.get("disable-bias-linear", False)))
     a.map("untie-embeddings-and-output-weights", "model.tied_embeddings",
           not a.get("untie-embeddings-and-output-weights", False))
+    read_dropout(a, "attention-dropout", "hidden-dropout")
 
     tp = number_of(a, "tensor-model-parallel-size", 1)
     pp = number_of(a, "pipeline-model-parallel-size", 1)
@@ -222,10 +236,19 @@ def read_args(args: dict) -> Imported:
         a.used("num-distributed-optimizer-instances")
     a.map("overlap-grad-reduce", "plan.dp_overlap", bool(a.get("overlap-grad-reduce", False)))
     a.map("tp-comm-overlap", "plan.tp_comm_overlap", bool(a.get("tp-comm-overlap", False)))
-    backend = str(a.get("attention-backend", "auto"))
+    # the recomputation arguments of before 2022 (OLD_RECOMPUTE_ARGS; Megatron-LM refuses
+    # --checkpoint-activations since, Megatron-DeepSpeed kept them) mark a Megatron without
+    # --attention-backend, whose attention is unfused (baddbmm and the fused softmax) unless
+    # --use-flash-attn (Megatron-LM@152aab304d megatron/model/transformer.py ParallelSelfAttention)
+    legacy = bool(a.get("checkpoint-activations")) or "activations-checkpoint-method" in a.flat
+    backend = str(a.get("attention-backend", "unfused" if legacy else "auto"))
     a.map("attention-backend", "plan.flash_attention", backend in ("auto", "flash", "fused") or
           bool(a.get("use-flash-attn")))
     a.used("use-flash-attn")
+    if legacy and not a.has("no-scatter-gather-tensors-in-pipeline"):
+        a.absent("no-scatter-gather-tensors-in-pipeline", "pipeline sends split over the TP ranks, as Megatron-LM "
+                 "from @27fc468964 (Feb 2021); before, each TP rank sent the whole activation: "
+                 "--set plan.pp_scatter_gather=false")
     # Megatron's vocab-parallel cross-entropy, fused or not: the same in-place steps (loss.py)
     a.map("cross-entropy-loss-fusion", "plan.loss", "vocab-parallel")
     _recompute_args(a)
@@ -536,14 +559,32 @@ def read_head_dim(a: Account, key: str, mla: bool, number) -> None:
         a.map(key, "model.head_dim", number(a, key))
 
 
+def read_dropout(a: Account, attention_key: str, hidden_key: str) -> None:
+    """model.dropout from Megatron's two rates: attention_dropout on the attention probabilities
+    and hidden_dropout on the residual branches and the embedding output, 0.1 each unless set
+    (Megatron-LM@152aab304d megatron/arguments.py --attention-dropout, --hidden-dropout;
+    Megatron-Core@d98e8a64dd transformer_config.py). llmsim's dropout is all of them or none
+    (workload.py), so one rate zero and the other not is refused."""
+    attention = a.number(attention_key, 0.1, integer=False)
+    hidden = a.number(hidden_key, 0.1, integer=False)
+    if bool(attention) != bool(hidden):
+        a.refuse(hidden_key, f"{'non-zero' if attention else '0'} as {attention_key} (llmsim's dropout is on the "
+                             "attention probabilities, the residual branches and the embedding together)")
+    a.map(attention_key, "model.dropout", bool(attention))
+    a.used(hidden_key)
+
+
 def _recompute_args(a: Account) -> None:
-    """--recompute-activations is selective recomputation (the older flag)."""
-    granularity = a.get("recompute-granularity")
+    """--recompute-activations is selective recomputation (the older flag); the older still,
+    --checkpoint-activations or an --activations-checkpoint-method (OLD_RECOMPUTE_ARGS), full."""
+    granularity, key = a.get("recompute-granularity"), "recompute-granularity"
     if a.get("recompute-activations"):
-        granularity = granularity or "selective"
-    read_recompute(a, megatron_key, granularity,
-                   "recompute-granularity" if a.has("recompute-granularity") else "recompute-activations")
-    a.used("recompute-activations")
+        granularity, key = granularity or "selective", "recompute-activations"
+    elif a.get("checkpoint-activations") or "activations-checkpoint-method" in a.flat:
+        granularity = granularity or "full"
+        key = "checkpoint-activations" if a.get("checkpoint-activations") else "activations-checkpoint-method"
+    read_recompute(a, megatron_key, granularity, "recompute-granularity" if a.has("recompute-granularity") else key)
+    a.used("recompute-activations", "checkpoint-activations")
 
 
 def read_recompute(a: Account, key, granularity, granularity_key: str) -> None:
@@ -592,7 +633,7 @@ NEMO_IGNORED = ("run.*", "exp_manager.*", "hydra.*", "trainer.accelerator", "tra
                 "trainer.use_distributed_sampler", "trainer.max_epochs", "trainer.max_time", "trainer.log_*",
                 "trainer.val_check_interval", "trainer.limit_*", "trainer.num_sanity_val_steps",
                 "trainer.gradient_clip_val", "model.init_method_std", "model.use_scaled_init_method",
-                "model.*dropout", "model.apply_query_key_layer_scaling", "model.layernorm_epsilon",
+                "model.apply_query_key_layer_scaling", "model.layernorm_epsilon",
                 "model.do_layer_norm_weight_decay", "model.pre_process", "model.post_process", "model.headscale",
                 "model.transformer_block_type", "model.openai_gelu", "model.normalize_attention_scores",
                 "model.rotary_base", "model.attention_type", "model.tokenizer.*",
@@ -656,6 +697,11 @@ def read_nemo(data: dict) -> Imported:
     a.map(m("bias"), "model.bias", bool(a.get(m("bias"), True)))
     a.map(m("share_embeddings_and_output_weights"), "model.tied_embeddings",
           bool(a.get(m("share_embeddings_and_output_weights"), True)))
+    read_dropout(a, m("attention_dropout"), m("hidden_dropout"))
+    if a.number(m("ffn_dropout"), 0.0, integer=False):
+        a.unmapped(m("ffn_dropout"), "dropout inside the MLP is not modelled (model.dropout is Megatron's on the "
+                                     "attention probabilities, the residual branches and the embedding)")
+    a.used(m("ffn_dropout"))
     tp = a.number(m("tensor_model_parallel_size"), 1)
     tokenizer = a.get(m("tokenizer.type"))
     if tokenizer not in TOKENIZER_VOCAB:

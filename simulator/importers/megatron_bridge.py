@@ -19,7 +19,7 @@ from __future__ import annotations
 from . import megatron_moe as moe
 from .common import Account, Imported, padded_vocab
 from .megatron import (adam_states, fsdp_grad_precision, megatron_fsdp, nemo_key, number_of, read_cp_comm_type,
-                       read_bf16_layers, read_fp4, read_fp8_recipe, read_head_dim, read_muon, read_qk_norm,
+                       read_bf16_layers, read_dropout, read_fp4, read_fp8_recipe, read_head_dim, read_muon, read_qk_norm,
                        read_qkv_bias, read_recompute, read_rotary_fraction, read_window)
 from .megatron_pipeline import read_stage_split
 
@@ -43,7 +43,7 @@ MODEL_IGNORED = tuple(f"model.{k}" for k in (
     "cross_entropy_fusion_impl", "should_pad_vocab", "max_position_embeddings", "original_max_position_embeddings",
     "num_layers_at_end_in_bf16", "num_layers_at_start_in_bf16", "first_last_layers_bf16",
     "apply_query_key_layer_scaling",
-    "attention_dropout", "hidden_dropout", "gradient_accumulation_fusion", "config_logger_dir",
+    "gradient_accumulation_fusion", "config_logger_dir",
     "use_te_rng_tracker", "use_mamba_mem_eff_path")) + tuple(
     f"mixed_precision.{k}" for k in ("fp8_amax_*", "fp8_margin", "fp8_wgrad", "fp8_interval", "hysteresis",
                                      "initial_loss_scale", "loss_scale*", "min_loss_scale", "params_dtype",
@@ -137,6 +137,7 @@ def read_bridge(data: dict) -> Imported:
     read_qkv_bias(a, m("add_qkv_bias"), not bias)
     a.map(m("share_embeddings_and_output_weights"), "model.tied_embeddings",
           bool(a.get(m("share_embeddings_and_output_weights"), True)))
+    read_dropout(a, m("attention_dropout"), m("hidden_dropout"))
     tp = number_of(a, m("tensor_model_parallel_size"), 1)
     pp = number_of(a, m("pipeline_model_parallel_size"), 1)
     vocab = number_of(a, m("vocab_size"))
