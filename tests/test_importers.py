@@ -19,7 +19,7 @@ from simulator.model import model_from_dict
 from simulator.evaluate import compile_scenario
 from simulator.importers import import_config
 from simulator.importers.common import flatten
-from simulator.importers.launch_script import script_words
+from simulator.importers.launch_script import parse_args, script_words
 from simulator.importers.torchtitan import split_layers, split_layers_2024
 
 DATA = Path(__file__).parent / "data" / "imports"
@@ -227,6 +227,20 @@ def test_torchtitan_dec_2024_config_refuses_what_llmsim_cannot_say(tmp_path, set
     _, nodes, table_5 = TITAN_2024_ROWS["tt_t5_405B_512gpu_1F1B"]
     with pytest.raises(InputError, match=f"torchtitan {key}"):
         _titan_2024(tmp_path, "405b", nodes, {**table_5, **settings})
+
+
+@pytest.mark.parametrize("settings, key", [
+    # torchft: the replicas' all-reduce runs over its own process group (gloo by default)
+    ({"fault_tolerance.enable": "true", "fault_tolerance.group_size": "2"}, "fault_tolerance.enable"),
+    ({"training.enable_cpu_offload": "true"}, "training.enable_cpu_offload"),  # torch's Adam on the CPU
+    ({"training.dtype": '"bfloat16"'}, "training.dtype"),  # no fp32 copy, bf16 Adam moments
+    ({"parallelism.tensor_parallel_degree": "8", "parallelism.enable_async_tensor_parallel": "true"},
+     "parallelism.enable_async_tensor_parallel")])  # a compile pass, and this config is eager
+def test_torchtitan_what_llmsim_cannot_say_is_refused(tmp_path, settings, key):
+    f = tmp_path / "c.toml"
+    f.write_text(_set_keys((DATA / "torchtitan-llama3_8b.toml").read_text(), settings))
+    with pytest.raises(InputError, match=f"torchtitan {key}"):
+        import_config("torchtitan", f, {"cluster.node": "dgx-h100"})
 
 
 def test_torchtitan_split_before_2025_04_gives_the_last_stage_the_remainder():
@@ -1150,6 +1164,15 @@ def test_megatron_script_arithmetic_and_case_patterns():
                              argv=script_words(script))
     assert _plan(imported, "tp", "pp", "micro_batch") == {"tp": 2, "pp": 2, "micro_batch": 1}  # 16/2/3 = 2
     assert "data)" not in set(_accounted(imported))
+
+
+def test_megatron_script_arguments_in_a_variable_are_split_as_the_shell_runs_them():
+    # Megatron-LM's 2021 examples: options="...", run_cmd="python pretrain_gpt.py ${options}",
+    # sh -c "${run_cmd}"; a literal quoted message stays one word
+    script = "\n".join(['options=" --tensor-model-parallel-size 8 \\', '   --pipeline-model-parallel-size 2 "',
+                         'echo "with --fp16 and --micro-batch-size 9"',
+                         'run_cmd="python -u pretrain_gpt.py $@ ${options}"', 'srun sh -c "${run_cmd}"'])
+    assert parse_args(script_words(script)) == {"tensor-model-parallel-size": "8", "pipeline-model-parallel-size": "2"}
 
 
 def test_megatron_bridge_run_config_is_the_run_it_describes():

@@ -61,10 +61,12 @@ def script_words(text: str) -> list[str]:
         if m and not m.group(2).startswith("("):
             env[m.group(1)] = _substitute(m.group(2), env)
             continue
-        word = _substitute(word, env)
+        expanded = _substitute(word, env)
         # a variable holding the arguments (`options="--tp 8 ..."`, `sh -c "python x.py ${options}"`,
-        # Megatron-LM's own examples of 2021) is split into them, as the shell running it does
-        out.extend(word.split() if word.startswith("--") or " --" in word else [word])
+        # Megatron-LM's own examples of 2021) is split into them, as the shell running it does;
+        # a literal quoted text (an echo's message) stays one word
+        split = expanded.startswith("--") or "$" in word and " --" in expanded
+        out.extend(expanded.split() if split else [expanded])
     return out
 
 

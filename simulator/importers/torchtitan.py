@@ -197,6 +197,17 @@ def read(path: str | Path) -> Imported:
     reduce = PRECISIONS.get(a.text("training.mixed_precision_reduce", "float32"))
     a.map("training.mixed_precision_reduce", "plan.grad_precision", reduce if reduce in ("fp32", "bf16") else "fp32")
 
+    if a.text("training.dtype", "float32") != "float32":  # torchtitan v0.2: full bf16 training
+        a.refuse("training.dtype", "float32: parameters, gradients and Adam states all in bfloat16 with no fp32 "
+                 "copy are not modelled (llmsim's bf16 optimizer states keep a bf16 master copy: NeMo's)")
+    a.used("training.dtype")
+    if a.get("training.enable_cpu_offload", False):
+        a.refuse("training.enable_cpu_offload", "false: FSDP2's CPU offload (the shards and gradients in host memory, "
+                 "torch's optimizer stepping on the CPU) is not modelled; llmsim's plan.offload is DeepSpeed's")
+    a.used("training.enable_cpu_offload")
+    if a.get("fault_tolerance.enable", False):
+        a.refuse("fault_tolerance.enable", "false: torchft's replica groups (their gradient all-reduce over its own "
+                 "process group, gloo by default, and semi-sync training) are not modelled")
     opt = a.text("optimizer.name", "AdamW")
     if opt not in ("AdamW", "Adam"):
         a.refuse("optimizer.name", "Adam or AdamW (torchtitan's DistMuon is not modelled; Muon is as Megatron-Core "
@@ -241,7 +252,13 @@ def read(path: str | Path) -> Imported:
     # [compile] components (default model and loss, torchtitan/config/job_config.py Compile):
     # the layers' kernels are fused only where the model is among them
     components = a.texts("compile.components", ["model", "loss"])
-    a.map(compile_key, "plan.compile", bool(a.get(compile_key, False)) and "model" in components)
+    compiled = bool(a.get(compile_key, False)) and "model" in components
+    a.map(compile_key, "plan.compile", compiled)
+    if tp > 1 and a.get("parallelism.enable_async_tensor_parallel", False) and not compiled:
+        # async TP is a torch.compile pass (torchtitan@9dec370 parallelize_llama.py, v0.2.2
+        # distributed/tensor_parallel.py maybe_enable_async_tp: "Async TP requires ...")
+        a.refuse("parallelism.enable_async_tensor_parallel", "false without the model compiled: torchtitan refuses "
+                 "async TP without torch.compile")
     a.used("compile.components")
     # its RMSNorm run eager: its own op by op (model.norm_type, until pytorch/torchtitan#1115) or
     # its Triton kernel, or torch's nn.RMSNorm since, one kernel on CUDA from torch 2.8 (fusion.py)
