@@ -167,7 +167,8 @@ def test_torchtitan_dec_2024_config_imports_as_its_published_row(tmp_path, row):
     ours = scenario_from_dict({**imported.scenario, "cluster": {"node": "dgx-h100", "nodes": nodes,
                                                                 "accelerator": "h100-sxm-96gb-500w"}})
     published = next(r for r in load_runs() if r.id == row).build()
-    differ = {f.name for f in dataclasses.fields(ours.plan) if getattr(ours.plan, f.name) != getattr(published.plan, f.name)}
+    differ = {f.name for f in dataclasses.fields(ours.plan)
+              if getattr(ours.plan, f.name) != getattr(published.plan, f.name)}
     inert = {"pipeline_layout", "first_stage_layers", "last_stage_layers"} | \
         ({"pp_impl", "pp_outputs"} if ours.plan.pp == 1 else set()) | ({"cp_attention"} if ours.plan.cp == 1 else set())
     assert differ <= inert
@@ -715,6 +716,12 @@ def test_megatron_recompute_arguments_of_each_era(args, recompute, method, layer
 def test_megatron_dropout_is_its_attention_and_hidden_rates_default_0_1(args, dropout):
     model = import_config("megatron", None, {"cluster.node": "dgx-a100"}, argv=[*MEGATRON_ARGV, *args]).scenario["model"]
     assert model["dropout"] is dropout
+
+
+def test_megatron_fp32_residual_stream_is_noted_as_not_modelled():
+    imported = import_config("megatron", None, {"cluster.node": "dgx-a100"},
+                             argv=[*MEGATRON_ARGV, "--fp32-residual-connection"])
+    assert [u["key"] for u in imported.unmapped] == ["fp32-residual-connection"]
 
 
 def test_megatron_dropout_on_the_attention_alone_is_refused():

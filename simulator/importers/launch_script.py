@@ -1,8 +1,9 @@
 """A Megatron-LM launch script or argument list read as {argument: value}.
 
 A script is read as its shell words: `NAME=value` assignments are substituted into `$NAME` /
-`${NAME}` (with `${NAME:-default}`), integer arithmetic `$((...))` is expanded as bash does, and
-`;` ends a command. Everything that is not a `--flag` and its values (array syntax, torchrun,
+`${NAME}` (with `${NAME:-default}`), integer arithmetic `$((...))` is expanded as bash does, an
+expansion holding `--flags` is split into words as the shell running it splits it, and `;`
+ends a command. Everything that is not a `--flag` and its values (array syntax, torchrun,
 the script path, the script's own `case` patterns such as `--data)`) is skipped. No branch of
 an `if` is evaluated: both are read, so a flag they give with different values is kept as
 Conflicting and refused where the importer reads it.
@@ -34,7 +35,7 @@ STORE_TRUE = {"fp16", "bf16", "swiglu", "sequence-parallel", "use-distributed-op
               "moe-shared-expert-gate", "moe-apply-probs-on-input", "quick-geglu", "squared-relu",
               "account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split",
               "moe-extended-tp", "checkpoint-activations", "distribute-checkpointed-activations",
-              "distribute-saved-activations"}
+              "distribute-saved-activations", "fp32-residual-connection"}
 
 
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")

@@ -56,7 +56,8 @@ IGNORED_ARGS = ("lr*", "min-lr", "decoupled-*", "weight-decay", "adam-*", "clip-
                 "mock-data", "profile*", "master_addr", "master_port", "node_rank", "use-mcore-models",
                 "max-position-embeddings", "tiktoken-pattern", "no-create-attention-mask-in-dataloader",
                 "no-mmap-bin-files", "manual-gc*", "calculate-per-token-loss", "empty-unused-memory-level",
-                "lr-*", "train-samples", "rotary-*", "apply-layernorm-1p", "tokenizer-type", "fp8-amax-*", "make-vocab-size-divisible-by",
+                "lr-*", "train-samples", "rotary-*", "apply-layernorm-1p", "tokenizer-type", "fp8-amax-*",
+                "make-vocab-size-divisible-by",
                 "container-*", "output")  # the last two: srun's, beside Megatron-LM's own in a launch script
 ARG_REASONS = {"rampup-batch-size": "the batch-size ramp-up of the first steps is not modelled",
                "overlap-param-gather": "parameter all-gather overlap is not modelled separately"}
@@ -163,6 +164,7 @@ def read_args(args: dict) -> Imported:
     a.map("untie-embeddings-and-output-weights", "model.tied_embeddings",
           not a.get("untie-embeddings-and-output-weights", False))
     read_dropout(a, "attention-dropout", "hidden-dropout")
+    read_fp32_residual(a, "fp32-residual-connection")
 
     tp = number_of(a, "tensor-model-parallel-size", 1)
     pp = number_of(a, "pipeline-model-parallel-size", 1)
@@ -574,6 +576,15 @@ def read_dropout(a: Account, attention_key: str, hidden_key: str) -> None:
     a.used(hidden_key)
 
 
+def read_fp32_residual(a: Account, key: str) -> None:
+    """fp32_residual_connection keeps the residual stream in fp32 (Megatron-Core
+    transformer_config.py): noted where on, as llmsim counts it in the activations' 16 bits."""
+    if a.get(key):
+        a.unmapped(key, "the residual stream in fp32 is not modelled (counted in 16 bits: activations and memory "
+                        "predicted low)")
+    a.used(key)
+
+
 def _recompute_args(a: Account) -> None:
     """--recompute-activations is selective recomputation (the older flag); the older still,
     --checkpoint-activations or an --activations-checkpoint-method (OLD_RECOMPUTE_ARGS), full."""
@@ -644,7 +655,7 @@ NEMO_IGNORED = ("run.*", "exp_manager.*", "hydra.*", "trainer.accelerator", "tra
                 "model.optim.betas", "model.optim.sched.*", "model.max_position_embeddings", "model.deterministic_mode",
                 "model.sync_batch_comm", "model.mcore_gpt", "model.transformer_engine", "model.fp8_*",
                 "model.make_vocab_size_divisible_by", "model.rampup_batch_size", "model.resume_from_checkpoint",
-                "model.persist_layer_norm", "model.fp32_residual_connection", "model.fp16_lm_cross_entropy",
+                "model.persist_layer_norm", "model.fp16_lm_cross_entropy",
                 "model.megatron_amp_O2", "model.num_micro_batches_with_partial_activation_checkpoints",
                 "model.activations_checkpoint_layers_per_pipeline", "model.fsdp_*", "model.ub_tp_comm_overlap_cfg.*",
                 "model.tp_comm_atomic_*", "model.sharp", "model.nemo_path")
@@ -698,6 +709,7 @@ def read_nemo(data: dict) -> Imported:
     a.map(m("share_embeddings_and_output_weights"), "model.tied_embeddings",
           bool(a.get(m("share_embeddings_and_output_weights"), True)))
     read_dropout(a, m("attention_dropout"), m("hidden_dropout"))
+    read_fp32_residual(a, m("fp32_residual_connection"))
     if a.number(m("ffn_dropout"), 0.0, integer=False):
         a.unmapped(m("ffn_dropout"), "dropout inside the MLP is not modelled (model.dropout is Megatron's on the "
                                      "attention probabilities, the residual branches and the embedding)")

@@ -19,8 +19,8 @@ from __future__ import annotations
 from . import megatron_moe as moe
 from .common import Account, Imported, padded_vocab
 from .megatron import (adam_states, fsdp_grad_precision, megatron_fsdp, nemo_key, number_of, read_cp_comm_type,
-                       read_bf16_layers, read_dropout, read_fp4, read_fp8_recipe, read_head_dim, read_muon, read_qk_norm,
-                       read_qkv_bias, read_recompute, read_rotary_fraction, read_window)
+                       read_bf16_layers, read_dropout, read_fp4, read_fp8_recipe, read_head_dim, read_muon,
+                       read_qk_norm, read_qkv_bias, read_recompute, read_rotary_fraction, read_window)
 from .megatron_pipeline import read_stage_split
 
 SECTIONS_IGNORED = ("checkpoint.*", "dataset.*", "dist.*", "logger.*", "profiling.*", "rerun_state_machine.*",

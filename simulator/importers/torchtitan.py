@@ -92,8 +92,8 @@ PRECISIONS = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
 IGNORED = ("job.*", "profiling.*", "metrics.*", "checkpoint.*", "optimizer.lr", "optimizer.eps",
            "optimizer.weight_decay", "optimizer.beta*", "optimizer.implementation", "lr_scheduler.*",
            "training.max_norm", "training.dataset", "training.dataset_path", "training.seed", "training.deterministic",
-           "training.gc_freq", "training.warmup_steps", "validation.*", "model.tokenizer_path", "model.hf_assets_path", "comm.*",
-           "experimental.*", "fault_tolerance.*", "memory_estimation.*")
+           "training.gc_freq", "training.warmup_steps", "validation.*", "model.tokenizer_path", "model.hf_assets_path",
+           "comm.*", "experimental.*", "fault_tolerance.*", "memory_estimation.*")
 REASONS = {
     "compile.*": "llmsim runs the loss as the same kernels whether compiled or not",
     "float8.*": "not modelled (scales computed at every all-gather, without precomputation)",
