@@ -280,11 +280,17 @@ def _scenario_data(args) -> tuple[dict, list[str]]:
 
         kind, path = args.source
         imported = import_config(kind, path, overrides)
-        return imported.scenario, [f"llmsim: note: {kind} {n['key']} = {n['value']!r} is not modelled: {n['why']}"
-                                   for n in imported.unmapped]
+        return imported.scenario, [f"llmsim: note: {kind} {_unmapped_text(n)}" for n in imported.unmapped]
     if args.scenario is None:
         raise InputError("scenario", None, "give a scenario file (or a shipped name) or --from KIND FILE")
     return _renamed(apply_overrides(read_scenario(args.scenario), overrides), overrides), []
+
+
+def _unmapped_text(note, verb: str = " is not modelled") -> str:
+    """An importer's note on a key it could not map, or on what the config does not say."""
+    if note["value"] == "(absent)":
+        return f"{note['key']} (not in the config): {note['why']}"
+    return f"{note['key']} = {note['value']!r}{verb}: {note['why']}"
 
 
 def _write_target(path: str, flag: str) -> Path:
@@ -376,7 +382,7 @@ def cmd_import(args) -> int:
         for m in imported.mapped:
             print(f"#   mapped    {m['key']} = {m['value']!r} -> {m['field']}")
         for m in imported.unmapped:
-            print(f"#   UNMAPPED  {m['key']} = {m['value']!r}: {m['why']}")
+            print(f"#   UNMAPPED  {_unmapped_text(m, '')}")
         for m in imported.ignored:
             print(f"#   ignored   {m['key']}")
         if args.out is None:

@@ -182,7 +182,8 @@ def test_torchtitan_dec_2024_config_imports_as_its_published_row(tmp_path, row):
 # 8B on 64 GPUs, op-level SAC, local batch 12; both FSDP x TP 8, compiled
 TITAN_2025_RUNS = {"70B": ("70b", 32, {"training.local_batch_size": "16", "activation_checkpoint.mode": "'full'"}),
                    "8B": ("8b", 8, {"training.local_batch_size": "12"})}
-TITAN_2025_QUANT = {"bf16": {}, "float8-tensorwise": {"model.converters": '"float8"', "float8.recipe_name": '"tensorwise"'},
+TITAN_2025_QUANT = {"bf16": {},
+                    "float8-tensorwise": {"model.converters": '"float8"', "float8.recipe_name": '"tensorwise"'},
                     "float8-rowwise": {"model.converters": '"float8"', "float8.recipe_name": '"rowwise"'}}
 
 
@@ -196,7 +197,9 @@ def test_torchtitan_jun_2025_config_imports_as_its_published_row(tmp_path, size,
     from simulator.validation.runs import load_runs
     model, nodes, settings = TITAN_2025_RUNS[size]
     settings = {**settings, "training.compile": "true", "parallelism.tensor_parallel_degree": "8",
-                **TITAN_2025_QUANT[quant], **({"parallelism.enable_async_tensor_parallel": "true"} if tp == "asyncTP" else {})}
+                **TITAN_2025_QUANT[quant]}
+    if tp == "asyncTP":
+        settings["parallelism.enable_async_tensor_parallel"] = "true"
     (tmp_path / "c.toml").write_text(_set_keys((DATA / f"torchtitan-llama3_{model}-202506.toml").read_text(), settings))
     imported = import_config("torchtitan", tmp_path / "c.toml", {"cluster.node": "dgx-h100", "cluster.nodes": nodes,
                                                                  "plan.attention_kernel": "flash2"})
@@ -708,13 +711,15 @@ def test_megatron_2021_gpt3_script_imports_as_the_readme_row_of_the_same_run():
     (["--recompute-activations"], "selective", None, None)])
 def test_megatron_recompute_arguments_of_each_era(args, recompute, method, layers):
     plan = import_config("megatron", None, {"cluster.node": "dgx-a100"}, argv=[*MEGATRON_ARGV, *args]).scenario["plan"]
-    assert (plan["recompute"], plan.get("recompute_method"), plan.get("recompute_num_layers")) == (recompute, method, layers)
+    assert (plan["recompute"], plan.get("recompute_method"), plan.get("recompute_num_layers")) == \
+        (recompute, method, layers)
 
 
 @pytest.mark.parametrize("args, dropout", [([], True), (["--attention-dropout", "0.0", "--hidden-dropout", "0"], False),
                                            (["--attention-dropout", "0.05"], True)])
 def test_megatron_dropout_is_its_attention_and_hidden_rates_default_0_1(args, dropout):
-    model = import_config("megatron", None, {"cluster.node": "dgx-a100"}, argv=[*MEGATRON_ARGV, *args]).scenario["model"]
+    imported = import_config("megatron", None, {"cluster.node": "dgx-a100"}, argv=[*MEGATRON_ARGV, *args])
+    model = imported.scenario["model"]
     assert model["dropout"] is dropout
 
 
@@ -1053,6 +1058,8 @@ def test_evaluate_from_a_torchtitan_config_reports_what_it_does_not_model(tmp_pa
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["feasible"] is True
     assert "model.use_flex_attn" in proc.stderr and "not modelled" in proc.stderr
+    # what the config does not say is noted as such, with what was assumed
+    assert "llmsim: note: torchtitan torch release (not in the config): taken as 2.9 or later" in proc.stderr
 
 
 def test_import_writes_a_scenario_that_evaluates(tmp_path):
