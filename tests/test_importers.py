@@ -734,6 +734,27 @@ def test_megatron_dropout_on_the_attention_alone_is_refused():
         import_config("megatron", None, {"cluster.node": "dgx-a100"}, argv=[*MEGATRON_ARGV, "--hidden-dropout", "0"])
 
 
+def test_nemo_o1_keeps_fp32_parameters_as_the_master_copy(tmp_path):
+    # megatron_amp_O2 false: the module in fp32 under autocast, its parameters the optimizer's
+    # master copy (NeMo megatron_base_model.py: model_dtype fp32, store_params false)
+    data = yaml.safe_load((DATA / "nemo-llama3.1_8b.yaml").read_text())
+    data["model"]["megatron_amp_O2"] = False
+    (tmp_path / "o1.yaml").write_text(yaml.safe_dump(data))
+    o1 = import_config("megatron", tmp_path / "o1.yaml", {"cluster.node": "dgx-h100"}).scenario["plan"]
+    o2 = import_config("megatron", DATA / "nemo-llama3.1_8b.yaml", {"cluster.node": "dgx-h100"}).scenario["plan"]
+    assert o1["fp32_params"] is True and "fp32_params" not in o2
+
+
+@pytest.mark.parametrize("key, value", [("num_micro_batches_with_partial_activation_checkpoints", 4),
+                                        ("activations_checkpoint_layers_per_pipeline", 2)])
+def test_nemo_partial_activation_checkpointing_is_refused(tmp_path, key, value):
+    data = yaml.safe_load((DATA / "nemo-llama3.1_70b.yaml").read_text())
+    data["model"][key] = value
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(InputError, match=f"nemo model.{key}"):
+        import_config("megatron", tmp_path / "p.yaml", {"cluster.node": "dgx-h100"})
+
+
 def test_megatron_and_nemo_imports_run_megatrons_vocab_parallel_cross_entropy():
     nemo = import_config("megatron", DATA / "nemo-llama3.1_70b.yaml", {"cluster.node": "dgx-h100"})
     script = import_config("megatron", DATA / "megatron-train_gpt3_175b_distributed.sh",

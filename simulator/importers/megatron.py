@@ -32,6 +32,8 @@ different values (both branches of an `if` are read).
 NeMo YAML keys are the launcher's (`trainer`, `model`, `model.optim`), as in NVIDIA's
 dgxc-benchmarking configs; optim distributed_fused_adam accumulates into a full bf16 gradient
 buffer and reduce-scatters once per step (ZeRO-1 timing; see shared/validation/nemo-dgxc-h100.md).
+megatron_amp_O2 false (O1, NeMo's default) keeps the module's fp32 parameters as the master
+copy (plan.fp32_params).
 """
 
 from __future__ import annotations
@@ -655,10 +657,8 @@ NEMO_IGNORED = ("run.*", "exp_manager.*", "hydra.*", "trainer.accelerator", "tra
                 "model.optim.betas", "model.optim.sched.*", "model.max_position_embeddings", "model.deterministic_mode",
                 "model.sync_batch_comm", "model.mcore_gpt", "model.transformer_engine", "model.fp8_*",
                 "model.make_vocab_size_divisible_by", "model.rampup_batch_size", "model.resume_from_checkpoint",
-                "model.persist_layer_norm", "model.fp16_lm_cross_entropy",
-                "model.megatron_amp_O2", "model.num_micro_batches_with_partial_activation_checkpoints",
-                "model.activations_checkpoint_layers_per_pipeline", "model.fsdp_*", "model.ub_tp_comm_overlap_cfg.*",
-                "model.tp_comm_atomic_*", "model.sharp", "model.nemo_path")
+                "model.persist_layer_norm", "model.fp16_lm_cross_entropy", "model.fsdp_*",
+                "model.ub_tp_comm_overlap_cfg.*", "model.tp_comm_atomic_*", "model.nemo_path")
 NEMO_REASONS = {"model.*fusion": "kernel fusion is not modelled (efficiencies are the profile's)",
                 "model.grad_*": "gradient-reduction bucketing details are not modelled",
                 "model.gradient_as_bucket_view": "gradient-reduction bucketing details are not modelled",
@@ -759,11 +759,26 @@ def read_nemo(data: dict) -> Imported:
     read_recompute(a, lambda field: nemo1.get(field, nemo_key(field)), granularity,
                    m("activations_checkpoint_granularity"))
     a.used(m("activations_checkpoint_method"), m("activations_checkpoint_num_layers"))
+    for partial in ("num_micro_batches_with_partial_activation_checkpoints",
+                    "activations_checkpoint_layers_per_pipeline"):  # NeMo 1's partial checkpointing
+        if a.get(m(partial)) is not None:
+            a.refuse(m(partial), "null: checkpointing only some micro-batches' layers is not modelled")
+        a.used(m(partial))
+    if a.get(m("sharp")):
+        a.unmapped(m("sharp"), "SHARP's in-network reductions are not modelled (the data-parallel all-reduce is "
+                               "timed over NCCL rings and trees)")
+    a.used(m("sharp"))
     optimizer = str(a.get(m("optim.name"), "fused_adam"))
     if optimizer not in ("fused_adam", "distributed_fused_adam", "adam", "adamw", "mcore_distributed_optim"):
         a.refuse(m("optim.name"), "llmsim models Adam's optimizer states only")
     a.map(m("optim.name"), "plan.zero_stage", 0 if optimizer in ("fused_adam", "adam", "adamw") else 1)
     a.map(m("optim.overlap_grad_sync"), "plan.dp_overlap", bool(a.get(m("optim.overlap_grad_sync"), False)))
+    # megatron_amp_O2 false (NeMo's O1, its default): the module stays fp32 under autocast and its
+    # parameters are the optimizer's master copy (NeMo megatron_base_model.py setup_optimization:
+    # model_dtype fp32, store_params false), llmsim's fp32_params
+    if not a.get(m("megatron_amp_O2"), False) and precision in ("bf16", "fp16") and not a.get(m("fp8")):
+        a.map(m("megatron_amp_O2"), "plan.fp32_params", True)
+    a.used(m("megatron_amp_O2"))
     grads = str(a.get(m("optim.grad_sync_dtype"), "fp32"))
     a.map(m("optim.grad_sync_dtype"), "plan.grad_precision", "bf16" if grads in ("bf16", "bfloat16") else "fp32")
     a.map(m("ub_tp_comm_overlap"), "plan.tp_comm_overlap", bool(a.get(m("ub_tp_comm_overlap"), False)))
