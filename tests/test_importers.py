@@ -723,6 +723,18 @@ def test_megatron_dropout_is_its_attention_and_hidden_rates_default_0_1(args, dr
     assert model["dropout"] is dropout
 
 
+@pytest.mark.parametrize("args, grads", [
+    (["--fp16"], "fp16"),  # the parameters' own .grad, all-reduced as they are
+    (["--fp16", "--accumulate-allreduce-grads-in-fp32"], "fp32"),
+    (["--fp16", "--fp32-allreduce"], "fp32"),  # 2021
+    (["--bf16"], "fp32"),  # Megatron-LM forces fp32 accumulation for bf16
+    (["--bf16", "--grad-reduce-in-bf16"], "bf16")])
+def test_megatron_gradient_precision_follows_megatrons_defaults(args, grads):
+    argv = [a for a in MEGATRON_ARGV if a != "--bf16"] + args
+    plan = import_config("megatron", None, {"cluster.node": "dgx-a100"}, argv=argv).scenario["plan"]
+    assert plan["grad_precision"] == grads
+
+
 def test_megatron_fp32_residual_stream_is_noted_as_not_modelled():
     imported = import_config("megatron", None, {"cluster.node": "dgx-a100"},
                              argv=[*MEGATRON_ARGV, "--fp32-residual-connection"])

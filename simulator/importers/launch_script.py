@@ -35,7 +35,7 @@ STORE_TRUE = {"fp16", "bf16", "swiglu", "sequence-parallel", "use-distributed-op
               "moe-shared-expert-gate", "moe-apply-probs-on-input", "quick-geglu", "squared-relu",
               "account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split",
               "moe-extended-tp", "checkpoint-activations", "distribute-checkpointed-activations",
-              "distribute-saved-activations", "fp32-residual-connection"}
+              "distribute-saved-activations", "fp32-residual-connection", "fp32-allreduce"}
 
 
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")

@@ -488,9 +488,18 @@ def read_bf16_layers(a: Account, flag: str, start: str, end: str, precision: str
 
 
 def _grad_precision(a: Account, precision: str) -> None:
-    """The precision gradients are kept and reduced in: fp32 unless --grad-reduce-in-bf16; under
-    Megatron-FSDP, fsdp_grad_precision."""
+    """The precision gradients are kept and reduced in: under --fp16 the parameters' own fp16
+    unless --accumulate-allreduce-grads-in-fp32 (or, in 2021, --fp32-allreduce): Megatron-LM
+    forces fp32 accumulation for bf16 only (megatron/training/arguments.py validate_args
+    @d98e8a64dd; @152aab304d megatron/model/distributed.py allreduce_params); otherwise fp32
+    unless --grad-reduce-in-bf16; under Megatron-FSDP, fsdp_grad_precision."""
     if not a.get("use-megatron-fsdp"):
+        if precision == "fp16":
+            fp32 = a.get("accumulate-allreduce-grads-in-fp32") or a.get("fp32-allreduce")
+            a.map("fp32-allreduce" if a.get("fp32-allreduce") else "accumulate-allreduce-grads-in-fp32",
+                  "plan.grad_precision", "fp32" if fp32 else "fp16")
+            a.used("grad-reduce-in-bf16")
+            return
         a.map("grad-reduce-in-bf16", "plan.grad_precision", "bf16" if a.get("grad-reduce-in-bf16") else "fp32")
         return
     fsdp_grad_precision(a, precision, "megatron-fsdp-main-grads-dtype", "megatron-fsdp-grad-comm-dtype")
