@@ -288,7 +288,9 @@ def _scenario_data(args) -> tuple[dict, list[str]]:
 
 def _unmapped_text(note, verb: str = " is not modelled") -> str:
     """An importer's note on a key it could not map, or on what the config does not say."""
-    if note["value"] == "(absent)":
+    from .importers.common import ABSENT
+
+    if note["value"] == ABSENT:
         return f"{note['key']} (not in the config): {note['why']}"
     return f"{note['key']} = {note['value']!r}{verb}: {note['why']}"
 

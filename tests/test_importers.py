@@ -121,10 +121,30 @@ def _set_keys(text: str, settings: dict) -> str:
     return text
 
 
+def _titan(tmp_path, name: str, settings: dict, nodes: int = 1, **overrides):
+    """The torchtitan fixture `name` with `settings` (_set_keys), imported."""
+    (tmp_path / "c.toml").write_text(_set_keys((DATA / name).read_text(), settings))
+    return import_config("torchtitan", tmp_path / "c.toml", {"cluster.node": "dgx-h100", "cluster.nodes": nodes,
+                                                             **overrides})
+
+
 def _titan_2024(tmp_path, model: str, nodes: int, settings: dict):
     """torchtitan@9dec370's config of `model` with `settings`, imported."""
-    (tmp_path / "c.toml").write_text(_set_keys((DATA / f"torchtitan-llama3_{model}-202412.toml").read_text(), settings))
-    return import_config("torchtitan", tmp_path / "c.toml", {"cluster.node": "dgx-h100", "cluster.nodes": nodes})
+    return _titan(tmp_path, f"torchtitan-llama3_{model}-202412.toml", settings, nodes)
+
+
+def _assert_imports_as_row(imported, nodes: int, row: str, inert: set) -> None:
+    """The imported plan is the published row's but for `inert` fields (on the row's 500 W
+    H100s), and so is the prediction, bit for bit, under both engines."""
+    from simulator.validation.runs import load_runs
+    ours = scenario_from_dict({**imported.scenario, "cluster": {"node": "dgx-h100", "nodes": nodes,
+                                                                "accelerator": "h100-sxm-96gb-500w"}})
+    published = next(r for r in load_runs() if r.id == row).build()
+    assert {f.name for f in dataclasses.fields(ours.plan)
+            if getattr(ours.plan, f.name) != getattr(published.plan, f.name)} <= inert
+    for engine in ("analytic", "graph"):
+        a, b = evaluate(ours, engine), evaluate(published, engine)
+        assert (a.step_time_s, a.peak_reserved_bytes) == (b.step_time_s, b.peak_reserved_bytes)
 
 
 # torchtitan's Dec 2024 benchmarks (benchmarks/llama3_h100_202412_torchtitan.md, torchtitan@9dec370):
@@ -161,20 +181,12 @@ def test_torchtitan_dec_2024_config_imports_as_its_published_row(tmp_path, row):
     importer, give the same plans (pipeline stages as first/last counts or as a layout; the
     pipeline runtime and the CP ring named where there is no pipeline or CP) and so the same
     prediction."""
-    from simulator.validation.runs import load_runs
     model, nodes, settings = TITAN_2024_ROWS[row]
     imported = _titan_2024(tmp_path, model, nodes, settings)
-    ours = scenario_from_dict({**imported.scenario, "cluster": {"node": "dgx-h100", "nodes": nodes,
-                                                                "accelerator": "h100-sxm-96gb-500w"}})
-    published = next(r for r in load_runs() if r.id == row).build()
-    differ = {f.name for f in dataclasses.fields(ours.plan)
-              if getattr(ours.plan, f.name) != getattr(published.plan, f.name)}
+    plan = imported.scenario["plan"]
     inert = {"pipeline_layout", "first_stage_layers", "last_stage_layers"} | \
-        ({"pp_impl", "pp_outputs"} if ours.plan.pp == 1 else set()) | ({"cp_attention"} if ours.plan.cp == 1 else set())
-    assert differ <= inert
-    for engine in ("analytic", "graph"):
-        a, b = evaluate(ours, engine), evaluate(published, engine)
-        assert (a.step_time_s, a.peak_reserved_bytes) == (b.step_time_s, b.peak_reserved_bytes)
+        ({"pp_impl", "pp_outputs"} if plan["pp"] == 1 else set()) | ({"cp_attention"} if plan["cp"] == 1 else set())
+    _assert_imports_as_row(imported, nodes, row, inert)
 
 
 # torchtitan's Jun 2025 async TP benchmarks (benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md,
@@ -194,24 +206,15 @@ def test_torchtitan_jun_2025_config_imports_as_its_published_row(tmp_path, size,
     """As the Dec 2024 rows: that commit's configs with the table's settings give the rows'
     hand-written plans, once told the torch of the run (SDPA's FlashAttention-2 before torch
     2.9; the config cannot say) and but for the eager norm, which compiled blocks do not run."""
-    from simulator.validation.runs import load_runs
     model, nodes, settings = TITAN_2025_RUNS[size]
     settings = {**settings, "training.compile": "true", "parallelism.tensor_parallel_degree": "8",
                 **TITAN_2025_QUANT[quant]}
     if tp == "asyncTP":
         settings["parallelism.enable_async_tensor_parallel"] = "true"
-    (tmp_path / "c.toml").write_text(_set_keys((DATA / f"torchtitan-llama3_{model}-202506.toml").read_text(), settings))
-    imported = import_config("torchtitan", tmp_path / "c.toml", {"cluster.node": "dgx-h100", "cluster.nodes": nodes,
-                                                                 "plan.attention_kernel": "flash2"})
-    ours = scenario_from_dict({**imported.scenario, "cluster": {"node": "dgx-h100", "nodes": nodes,
-                                                                "accelerator": "h100-sxm-96gb-500w"}})
-    published = next(r for r in load_runs() if r.id == f"tt_asynctp_{size}_{quant}_{tp}").build()
-    assert ours.plan.compile
-    assert {f.name for f in dataclasses.fields(ours.plan)
-            if getattr(ours.plan, f.name) != getattr(published.plan, f.name)} <= {"eager_norm"}
-    for engine in ("analytic", "graph"):
-        a, b = evaluate(ours, engine), evaluate(published, engine)
-        assert (a.step_time_s, a.peak_reserved_bytes) == (b.step_time_s, b.peak_reserved_bytes)
+    imported = _titan(tmp_path, f"torchtitan-llama3_{model}-202506.toml", settings, nodes,
+                      **{"plan.attention_kernel": "flash2"})
+    assert imported.scenario["plan"]["compile"]
+    _assert_imports_as_row(imported, nodes, f"tt_asynctp_{size}_{quant}_{tp}", {"eager_norm"})
 
 
 def test_torchtitan_dec_2024_interleaved_schedule_needs_its_micro_batch_count(tmp_path):
@@ -241,10 +244,8 @@ def test_torchtitan_dec_2024_config_refuses_what_llmsim_cannot_say(tmp_path, set
     ({"parallelism.tensor_parallel_degree": "8", "parallelism.enable_async_tensor_parallel": "true"},
      "parallelism.enable_async_tensor_parallel")])  # a compile pass, and this config is eager
 def test_torchtitan_what_llmsim_cannot_say_is_refused(tmp_path, settings, key):
-    f = tmp_path / "c.toml"
-    f.write_text(_set_keys((DATA / "torchtitan-llama3_8b.toml").read_text(), settings))
     with pytest.raises(InputError, match=f"torchtitan {key}"):
-        import_config("torchtitan", f, {"cluster.node": "dgx-h100"})
+        _titan(tmp_path, "torchtitan-llama3_8b.toml", settings)
 
 
 def test_torchtitan_split_before_2025_04_gives_the_last_stage_the_remainder():

@@ -71,6 +71,10 @@ def set_field(scenario: dict, dotted: str, value) -> None:
     node[parts[-1]] = value
 
 
+# the value recorded for a key the source does not give (Account.absent, refuse)
+ABSENT = "(absent)"
+
+
 class Account:
     """Reads a flattened source and records what became of each key."""
 
@@ -179,11 +183,11 @@ class Account:
 
     def absent(self, key: str, why: str) -> None:
         """A key the source does not give whose default llmsim had to assume (said in the report)."""
-        self.result.unmapped.append({"key": self.name(key), "value": "(absent)", "why": why})
+        self.result.unmapped.append({"key": self.name(key), "value": ABSENT, "why": why})
 
     def refuse(self, key: str, why: str):
         key = self.name(key)
-        raise InputError(f"{self.where} {key}", self.flat.get(key, "(absent)"), why)
+        raise InputError(f"{self.where} {key}", self.flat.get(key, ABSENT), why)
 
     def finish(self, ignored: Iterable[str], reasons: Mapping[str, str] | None = None) -> Imported:
         """Every key not yet accounted for: `ignored` (fnmatch patterns) or unmapped (with the

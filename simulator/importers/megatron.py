@@ -244,7 +244,7 @@ def read_args(args: dict) -> Imported:
     # --checkpoint-activations since, Megatron-DeepSpeed kept them) mark a Megatron without
     # --attention-backend, whose attention is unfused (baddbmm and the fused softmax) unless
     # --use-flash-attn (Megatron-LM@152aab304d megatron/model/transformer.py ParallelSelfAttention)
-    legacy = bool(a.get("checkpoint-activations")) or "activations-checkpoint-method" in a.flat
+    legacy = _old_recompute_key(a) is not None
     backend = str(a.get("attention-backend", "unfused" if legacy else "auto"))
     a.map("attention-backend", "plan.flash_attention", backend in ("auto", "flash", "fused") or
           bool(a.get("use-flash-attn")))
@@ -596,15 +596,23 @@ def read_fp32_residual(a: Account, key: str) -> None:
     a.used(key)
 
 
+def _old_recompute_key(a: Account) -> str | None:
+    """The argument that switches full recomputation on in a Megatron of before 2022
+    (OLD_RECOMPUTE_ARGS: --checkpoint-activations or --activations-checkpoint-method, read by
+    its own name, not its alias), or None."""
+    if a.get("checkpoint-activations"):
+        return "checkpoint-activations"
+    return "activations-checkpoint-method" if "activations-checkpoint-method" in a.flat else None
+
+
 def _recompute_args(a: Account) -> None:
     """--recompute-activations is selective recomputation (the older flag); the older still,
     --checkpoint-activations or an --activations-checkpoint-method (OLD_RECOMPUTE_ARGS), full."""
     granularity, key = a.get("recompute-granularity"), "recompute-granularity"
     if a.get("recompute-activations"):
         granularity, key = granularity or "selective", "recompute-activations"
-    elif a.get("checkpoint-activations") or "activations-checkpoint-method" in a.flat:
-        granularity = granularity or "full"
-        key = "checkpoint-activations" if a.get("checkpoint-activations") else "activations-checkpoint-method"
+    elif _old_recompute_key(a) is not None:
+        granularity, key = granularity or "full", _old_recompute_key(a)
     read_recompute(a, megatron_key, granularity, "recompute-granularity" if a.has("recompute-granularity") else key)
     a.used("recompute-activations", "checkpoint-activations")
 

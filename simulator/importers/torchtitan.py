@@ -60,7 +60,7 @@ from ..errors import InputError
 from ..hardware import load_accelerator
 from ..stagesplit import balanced_layout
 from ..yamlio import read_text
-from .common import Account, Imported, flatten
+from .common import Account, Imported
 
 PRESETS = {("llama3", "8B"): "llama-3.1-8b", ("llama3", "70B"): "llama-3.1-70b",
            ("llama3", "405B"): "llama-3.1-405b"}
@@ -126,10 +126,9 @@ LEGACY_KEYS.update({f"parallelism.{k}": f"experimental.{k}" for k in (
 LEGACY_FLOAT8 = "float8.enable_float8_linear"
 
 
-def _legacy_layout(data: dict) -> bool:
-    """Whether the config is in torchtitan's layout before @785c34c99 (LEGACY_KEYS); one that
-    mixes both layouts is refused, as no release read both."""
-    flat = flatten(data)
+def _legacy_layout(flat: dict) -> bool:
+    """Whether the (flattened) config is in torchtitan's layout before @785c34c99 (LEGACY_KEYS);
+    one that mixes both layouts is refused, as no release read both."""
     old = [k for k in (*LEGACY_KEYS.values(), LEGACY_FLOAT8) if k in flat]
     new = [k for k in flat if k.startswith("parallelism.")]
     if old and new:
@@ -153,9 +152,10 @@ def _toml(path) -> dict:
 
 
 def read(path: str | Path) -> Imported:
-    data = _toml(path)
-    legacy = _legacy_layout(data)
-    a = Account(data, "torchtitan", LEGACY_KEYS if legacy else None)
+    a = Account(_toml(path), "torchtitan")
+    legacy = _legacy_layout(a.flat)
+    if legacy:
+        a.aliases = dict(LEGACY_KEYS)
     name, flavor = a.text("model.name"), a.text("model.flavor")
     if (name, flavor) not in PRESETS:
         a.refuse("model.flavor", f"no llmsim preset for torchtitan model {name!r} flavor {flavor!r}; known: "
@@ -454,8 +454,7 @@ def _float8(a: Account, converters: list) -> None:
     section = FLOAT8_CONVERTERS[converters[0]] if converters else None
     # the sections of unused converters change nothing (the MoE configs carry
     # [quantize.grouped_mm.float8] and [quantize.linear.mx] beside a commented-out converter)
-    a.ignore(*(k for k in a.flat if k.startswith(("float8.", "quantize.")) and not k.startswith(f"{section}.")
-               and k != LEGACY_FLOAT8))
+    a.ignore(*(k for k in a.flat if k.startswith(("float8.", "quantize.")) and not k.startswith(f"{section}.")))
     if not converters:
         a.used("model.converters")
         return
