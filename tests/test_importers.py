@@ -3,6 +3,7 @@ their authors ran, and every key of the source is accounted for."""
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 try:
@@ -1330,3 +1331,56 @@ def test_zero_layers_per_virtual_stage_is_one_input_error():
     with pytest.raises(InputError, match="num-layers-per-virtual-pipeline-stage"):
         import_config("megatron", None, {"cluster.node": "dgx-h100"},
                       argv=[*MEGATRON_ARGV, "--num-layers-per-virtual-pipeline-stage", "0"])
+
+
+# examples/sc21/run_table_1.sh @de7dc40f88: the sizes each case gives CONFIG.sh's MEGATRON_PARAMS
+SC21_TABLE_1 = {"narayanan21_t1_1.7B": dict(TP=1, PP=1, MBS=16, GBS=512, NLS=24, HS=2304, NAH=24, DDP="torch",
+                                            NNODES=4, MEGATRON_EXTRA_PARAMS="--checkpoint-activations"),
+                "narayanan21_t1_39B": dict(TP=8, PP=2, MBS=4, GBS=1536, NLS=48, HS=8192, NAH=64, DDP="local",
+                                           NNODES=64, MEGATRON_EXTRA_PARAMS="--checkpoint-activations")}
+
+
+def _sc21_argv(case: dict) -> list[str]:
+    """pretrain_gpt.py's arguments as SRUN.sh passes them: CONFIG.sh's MEGATRON_PARAMS with the
+    case's values (the data and tokenizer paths, which the fixture leaves as placeholders, as
+    words)."""
+    params = re.search(r'MEGATRON_PARAMS="(.*?)"', (DATA / "megatron-sc21-CONFIG.sh").read_text(), re.S).group(1)
+    words = re.sub(r"\$\{(\w+)\}", lambda m: str(case.get(m.group(1), m.group(1).lower())), params).split()
+    return [w.replace("\\", "") for w in words if w != "\\"]
+
+
+@pytest.mark.parametrize("row", sorted(SC21_TABLE_1))
+def test_megatron_sc21_table_1_scripts_import_as_the_published_rows_plans(row):
+    """The authors' scripts of Narayanan et al.'s Table 1 (torch's DDP up to 18B, overlapping
+    the all-reduce with the backward pass; Megatron's local DDP after it from 39B; fp16 all-reduced
+    as the parameters' own .grad) give the plan the row was written with by hand."""
+    from simulator.validation.runs import load_runs
+    case = SC21_TABLE_1[row]
+    imported = import_config("megatron", None, {"cluster.node": "dgx-a100", "cluster.nodes": case["NNODES"]},
+                             argv=_sc21_argv(case))
+    ours = scenario_from_dict(imported.scenario)
+    published = next(r for r in load_runs() if r.id == row).build()
+    assert ours.plan == published.plan
+    assert (ours.plan.dp_overlap, ours.plan.grad_precision) == (case["DDP"] == "torch", "fp16")
+
+
+@pytest.mark.parametrize("args, why", [
+    (["--bf16"], "asserts --DDP-impl local"),  # bf16 forces fp32 accumulation, which asserts the local DDP
+    (["--fp16", "--use-distributed-optimizer"], "asserts --DDP-impl local"),
+    (["--fp16", "--pipeline-model-parallel-size", "2"], "every micro-batch")])
+def test_megatron_torch_ddp_where_megatron_or_llmsim_cannot_run_it_is_refused(args, why):
+    argv = [a for a in MEGATRON_ARGV if a not in ("--bf16", "--use-distributed-optimizer")]
+    with pytest.raises(InputError, match=why):
+        import_config("megatron", None, {"cluster.node": "dgx-a100"}, argv=[*argv, "--DDP-impl", "torch", *args])
+
+
+def test_megatron_ddp_implementation_other_than_local_or_torch_is_refused():
+    with pytest.raises(InputError, match="local or torch"):
+        import_config("megatron", None, {"cluster.node": "dgx-a100"}, argv=[*MEGATRON_ARGV, "--DDP-impl", "apex"])
+
+
+def test_megatron_2021_fp32_allreduce_does_nothing_under_torch_ddp():
+    argv = [a for a in MEGATRON_ARGV if a not in ("--bf16", "--use-distributed-optimizer")]
+    plan = import_config("megatron", None, {"cluster.node": "dgx-a100"},
+                         argv=[*argv, "--fp16", "--fp32-allreduce", "--DDP-impl", "torch"]).scenario["plan"]
+    assert (plan["grad_precision"], plan["dp_overlap"]) == ("fp16", True)

@@ -238,7 +238,7 @@ def read_args(args: dict) -> Imported:
         a.map("num-distributed-optimizer-instances", "plan.dp_replicate", instances)
     else:
         a.used("num-distributed-optimizer-instances")
-    a.map("overlap-grad-reduce", "plan.dp_overlap", bool(a.get("overlap-grad-reduce", False)))
+    _dp_overlap(a, precision, pp)
     a.map("tp-comm-overlap", "plan.tp_comm_overlap", bool(a.get("tp-comm-overlap", False)))
     # the recomputation arguments of before 2022 (OLD_RECOMPUTE_ARGS; Megatron-LM refuses
     # --checkpoint-activations since, Megatron-DeepSpeed kept them) mark a Megatron without
@@ -267,6 +267,39 @@ def read_args(args: dict) -> Imported:
     elif a.has("train-samples"):
         a.map("train-samples", "training.tokens", float(number_of(a, "train-samples") * seq))
     return a.finish(IGNORED_ARGS + moe.ignored(megatron_key), {**ARG_REASONS, **moe.reasons(megatron_key)})
+
+
+def _dp_overlap(a: Account, precision: str, pp: int) -> None:
+    """Whether the gradient reduction overlaps the backward pass. Megatron-LM before
+    @3fb3e95ec6 (Aug 2023) chose its data-parallel wrapper with --DDP-impl: `local` (the
+    default) all-reduces after the backward pass; `torch` wraps the model in torch's DDP, whose
+    reducer all-reduces each bucket as its gradients are ready, every micro-batch but the last
+    run under no_sync (Megatron-LM@de7dc40f88 megatron/training.py get_model, megatron/
+    schedules.py forward_backward_no_pipelining): plan.dp_overlap, with Megatron-Core's buckets
+    standing for torch's 25 MB ones. Refused where Megatron-LM asserts the local DDP (fp32
+    gradient accumulation, which bf16 forces, and the distributed optimizer: arguments.py
+    validate_args @3fb3e95ec6^) and under pipelining, whose schedules entered no no_sync before
+    @d2de701ea9 (May 2023), so torch's DDP reduced every micro-batch's gradients (@de7dc40f88
+    schedules.py; the no-pipelining schedule has used no_sync since @65eeb427db, Feb 2021).
+    Without pipelining the release is assumed and said."""
+    impl = str(a.get("DDP-impl", "local"))
+    if impl not in ("local", "torch"):
+        a.refuse("DDP-impl", "local or torch")
+    if impl == "local":
+        a.map("overlap-grad-reduce", "plan.dp_overlap", bool(a.get("overlap-grad-reduce", False)))
+        a.used("DDP-impl")
+        return
+    if precision == "bf16" or a.get("accumulate-allreduce-grads-in-fp32") or a.get("use-distributed-optimizer"):
+        a.refuse("DDP-impl", "Megatron-LM asserts --DDP-impl local with bf16, fp32 gradient accumulation or "
+                 "the distributed optimizer")
+    if pp > 1:
+        a.refuse("DDP-impl", "under pipelining torch's DDP all-reduced every micro-batch's gradients in "
+                 "Megatron-LM before @d2de701ea9 (May 2023), which llmsim does not model, and the config does not "
+                 "say its release; --DDP-impl local reduces once after the backward pass")
+    a.map("DDP-impl", "plan.dp_overlap", True)
+    a.used("overlap-grad-reduce")
+    a.absent("Megatron-LM release", "taken as @65eeb427db (Feb 2021) or later, whose schedule runs all micro-batches "
+             "but the last under torch DDP's no_sync; before it, every micro-batch's gradients were all-reduced")
 
 
 # Megatron-FSDP's --data-parallel-sharding-strategy (arguments.py, default optim_grads_params)
@@ -495,7 +528,9 @@ def _grad_precision(a: Account, precision: str) -> None:
     unless --grad-reduce-in-bf16; under Megatron-FSDP, fsdp_grad_precision."""
     if not a.get("use-megatron-fsdp"):
         if precision == "fp16":
-            fp32 = a.get("accumulate-allreduce-grads-in-fp32") or a.get("fp32-allreduce")
+            # 2021's --fp32-allreduce acted in the local DDP only (@152aab304d training.py train_step)
+            fp32 = a.get("accumulate-allreduce-grads-in-fp32") or (
+                a.get("fp32-allreduce") and str(a.get("DDP-impl", "local")) == "local")
             a.map("fp32-allreduce" if a.get("fp32-allreduce") else "accumulate-allreduce-grads-in-fp32",
                   "plan.grad_precision", "fp32" if fp32 else "fp16")
             a.used("grad-reduce-in-bf16")
