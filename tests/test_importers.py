@@ -1081,6 +1081,42 @@ def test_deepspeed_auto_values_are_refused(tmp_path):
         import_config("deepspeed", f, {"model.preset": "megatron-gpt-1.7b", "cluster.node": "dgx-a100"})
 
 
+def _deepspeed(tmp_path, **config):
+    f = tmp_path / "ds.json"
+    f.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "train_batch_size": 16, **config}))
+    return import_config("deepspeed", f, {"model.preset": "megatron-gpt-1.7b", "cluster.node": "dgx-a100"})
+
+
+@pytest.mark.parametrize("config, plan", [
+    # without ZeRO the engine all-reduces the model dtype's gradients after the backward pass
+    ({"fp16": {"enabled": True}}, (0, "fp16", False)),
+    ({}, (0, "fp32", False)),
+    # bf16 without ZeRO accumulates in fp32: the BF16_Optimizer, ZeRO-1 in all but name
+    ({"bf16": {"enabled": True}}, (1, "fp32", False)),
+    ({"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}, "data_types": {"grad_accum_dtype": "fp32"}},
+     (1, "fp32", False)),
+    # ZeRO reduces the model dtype's gradients, overlapped by overlap_comm: on by default for stage 3 only
+    ({"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}, (1, "bf16", False)),
+    ({"bf16": {"enabled": True}, "zero_optimization": {"stage": 2, "overlap_comm": True}}, (2, "bf16", True)),
+    ({"fp16": {"enabled": True}, "zero_optimization": {"stage": 3}}, (3, "fp16", True)),
+    ({"fp16": {"enabled": True}, "zero_optimization": {"stage": 3, "overlap_comm": False}}, (3, "fp16", False))])
+def test_deepspeed_gradients_as_its_engine_picks_the_optimizer_wrapper(tmp_path, config, plan):
+    assert tuple(_plan(_deepspeed(tmp_path, **config), "zero_stage", "grad_precision", "dp_overlap").values()) == plan
+
+
+@pytest.mark.parametrize("config, key", [
+    ({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "bf16"}}, "grad_accum_dtype"),  # DeepSpeed raises
+    ({"bf16": {"enabled": True}, "communication_data_type": "fp32"}, "communication_data_type"),
+    ({"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}, "data_types": {"grad_accum_dtype": "fp32"}},
+     "grad_accum_dtype"),  # kept in fp32, reduced in bf16
+    ({"fp16": {"enabled": True}, "zero_optimization": {"stage": 2}, "communication_data_type": "fp32"},
+     "communication_data_type"),
+    ({"fp16": {"enabled": True}, "communication_data_type": "int8"}, "communication_data_type")])
+def test_deepspeed_gradients_kept_and_reduced_in_different_precisions_are_refused(tmp_path, config, key):
+    with pytest.raises(InputError, match=key):
+        _deepspeed(tmp_path, **config)
+
+
 def _cli(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "simulator.cli", *args], capture_output=True, text=True, cwd=cwd)
 

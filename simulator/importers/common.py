@@ -144,12 +144,12 @@ class Account:
             self.refuse(key, "expected a list of names")
         return values
 
-    def map(self, key: str, dotted: str, value) -> None:
-        """Source `key` sets scenario field `dotted` to `value`."""
+    def map(self, key: str, dotted: str, value, why: str | None = None) -> None:
+        """Source `key` sets scenario field `dotted` to `value` (`why`, where it is not plain, for the report)."""
         key = self.name(key)
         set_field(self.scenario, dotted, value)
         self.result.mapped.append({"key": key, "value": self.flat.get(key, "(absent: default)"),
-                                   "field": f"{dotted}={value}"})
+                                   "field": f"{dotted}={value}" + (f" ({why})" if why else "")})
         self._seen.add(key)
 
     def derive(self, key: str, dotted: str, how: str, fn) -> None:

@@ -5,7 +5,8 @@ zero/config.py): train_batch_size = train_micro_batch_size_per_gpu x
 gradient_accumulation_steps x data-parallel size (any two give the third with the cluster);
 zero_optimization.stage; offload_optimizer.device / offload_param.device none|cpu|nvme
 (and the older zero_optimization.cpu_offload = optimizer offload to cpu); fp16 / bf16
-enabled; DeepSpeed keeps 16-bit gradients (grad_precision bf16 for bf16 and fp16 for fp16).
+enabled; the gradients' precision and overlap as DeepSpeed's engine picks its optimizer wrapper
+(_gradients).
 A DeepSpeed config has no model: give --preset (or --hf-config, model fields) with the
 cluster, and --global-batch (--micro-batch) when the config leaves the batch sizes to the HF
 Trainer. Values "auto" (filled by the HF Trainer) are refused: the number is not in the file.
@@ -25,7 +26,6 @@ IGNORED = ("steps_per_print", "wall_clock_breakdown", "optimizer.params.*", "sch
            "zero_optimization.stage3_gather_*", "tensorboard.*", "wandb.*", "csv_monitor.*", "flops_profiler.*",
            "prescale_gradients", "zero_optimization.offload_param.max_in_cpu", "comms_logger.*")
 REASONS = {"zero_optimization.*bucket*": "collective bucketing is not modelled",
-           "zero_optimization.overlap_comm": "DeepSpeed's comm overlap is modelled by plan.dp_overlap (default on)",
            "zero_optimization.contiguous_gradients": "buffer layout is not modelled",
            "zero_optimization.stage3_*": "ZeRO-3 prefetch and persistence thresholds are not modelled",
            "zero_optimization.sub_group_size": "not modelled",
@@ -63,7 +63,6 @@ def read(path: str | Path) -> Imported:
     a.used("gradient_accumulation_steps")  # neither batch size given (the HF Trainer fills them): --global-batch
 
     stage = a.number("zero_optimization.stage", 0)
-    a.map("zero_optimization.stage", "plan.zero_stage", stage)
     if stage == 3:  # DeepSpeed releases every gathered parameter after use, the embeddings too
         a.map("zero_optimization.stage", "plan.zero3_impl", "deepspeed")
     if a.number("zero_optimization.mics_shard_size", -1) > 0:
@@ -87,10 +86,79 @@ def read(path: str | Path) -> Imported:
     precision = "bf16" if bf16 else "fp16" if fp16 else "fp32"
     a.map("bf16.enabled" if bf16 else "fp16.enabled", "plan.precision", precision)
     a.used("bf16.enabled", "fp16.enabled")
-    a.scenario["plan"]["grad_precision"] = precision if precision != "fp32" else "fp32"
+    _gradients(a, stage, precision)
     opt = str(a.get("optimizer.type", "Adam"))
     if opt.lower() not in ("adam", "adamw", "fusedadam", "cpuadam"):
         a.refuse("optimizer.type", "Adam, AdamW, FusedAdam or CPUAdam (Muon is modelled as Megatron-Core runs it, "
                  "from Megatron-LM and Megatron-Bridge configs)")
     a.used("optimizer.type")
     return a.finish(IGNORED, REASONS)
+
+
+# DeepSpeed's spellings of a data type (deepspeed/runtime/config.py DtypeEnum)
+DTYPES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16", "bf16": "bf16",
+          "bfloat16": "bf16", "torch.bfloat16": "bf16", "fp32": "fp32", "float32": "fp32", "float": "fp32",
+          "torch.float32": "fp32"}
+
+
+def _dtype(a: Account, key: str, default: str) -> str:
+    value = a.get(key)
+    if value is None:
+        return default
+    if str(value).lower() not in DTYPES:
+        a.refuse(key, "fp16, bf16 or fp32")
+    return DTYPES[str(value).lower()]
+
+
+def _gradients(a: Account, stage: int, precision: str) -> None:
+    """The precision gradients are kept and reduced in, and whether the reduction overlaps the
+    backward pass, as DeepSpeed's engine runs them (microsoft/DeepSpeed@38327e07f
+    deepspeed/runtime/engine.py get_data_types, _do_optimizer_sanity_check,
+    communication_data_type; zero/config.py overlap_comm_valid):
+    - gradients accumulate in data_types.grad_accum_dtype, by default the model's dtype, fp32 for
+      bf16 without ZeRO; they are reduced in communication_data_type, by default the model's;
+    - bf16 accumulating in fp32 without ZeRO (or with ZeRO-1 without CPU offload) runs the
+      BF16_Optimizer (runtime/bf16_optimizer.py): a full fp32 gradient buffer, all-reduced in
+      bf16 after the backward pass, the fp32 master and Adam states partitioned over the
+      data-parallel ranks, the updated bf16 weights all-gathered. That is plan.zero_stage 1 with
+      fp32 gradients: the same memory, and its 4-byte reduce-scatter moves the bytes of the
+      2-byte all-reduce (the weights' all-gather alike);
+    - without ZeRO the engine all-reduces after the backward pass (allreduce_gradients at the
+      accumulation boundary); ZeRO overlaps its reductions with the backward pass by
+      zero_optimization.overlap_comm, by default on for stage 3 only.
+    llmsim keeps and reduces gradients in one precision: configs that keep them in one and
+    reduce them in another are refused."""
+    accum = _dtype(a, "data_types.grad_accum_dtype", "fp32" if precision == "bf16" and stage == 0 else precision)
+    sent = _dtype(a, "communication_data_type", precision)
+    offload = str(a.get("zero_optimization.offload_optimizer.device", "none")) != "none" or \
+        bool(a.get("zero_optimization.cpu_offload"))
+    if precision == "bf16" and accum == "fp32" and (stage == 0 or (stage == 1 and not offload)):
+        if sent != "bf16":
+            a.refuse("communication_data_type", f"DeepSpeed's BF16_Optimizer (bf16 accumulating in fp32) all-reduces "
+                                                f"its fp32 gradients in {sent}, which llmsim does not model (bf16 is)")
+        a.map("zero_optimization.stage", "plan.zero_stage", 1, "DeepSpeed's BF16_Optimizer: Adam's states "
+              "partitioned, fp32 gradients all-reduced in bf16 after the backward pass, the weights all-gathered")
+        a.map("data_types.grad_accum_dtype", "plan.grad_precision", "fp32")
+        a.map("zero_optimization.stage", "plan.dp_overlap", False)
+        a.used("communication_data_type")
+        a.ignore("zero_optimization.overlap_comm")
+        return
+    a.map("zero_optimization.stage", "plan.zero_stage", stage)
+    if stage == 0 and precision == "bf16":
+        a.refuse("data_types.grad_accum_dtype", "DeepSpeed refuses bf16 gradient accumulation without ZeRO (outside "
+                                                "its pipeline engine)")
+    if accum != precision:
+        a.refuse("data_types.grad_accum_dtype", f"gradients accumulated in {accum} and reduced in {precision}: "
+                                                "llmsim keeps and reduces them in one precision")
+    if sent != accum:
+        a.refuse("communication_data_type", f"gradients kept in {accum} and reduced in {sent}: llmsim keeps and "
+                                            "reduces them in one precision")
+    a.map("data_types.grad_accum_dtype", "plan.grad_precision", accum)
+    a.used("communication_data_type")
+    if stage == 0:
+        a.map("zero_optimization.stage", "plan.dp_overlap", False)
+        a.unmapped("zero_optimization.overlap_comm", "applies to ZeRO stages 1-3; without ZeRO the engine all-reduces "
+                                                     "after the backward pass")
+    else:
+        a.map("zero_optimization.overlap_comm", "plan.dp_overlap", bool(a.get("zero_optimization.overlap_comm",
+                                                                              stage == 3)))
