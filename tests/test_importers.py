@@ -1420,3 +1420,31 @@ def test_megatron_2021_fp32_allreduce_does_nothing_under_torch_ddp():
     plan = import_config("megatron", None, {"cluster.node": "dgx-a100"},
                          argv=[*argv, "--fp16", "--fp32-allreduce", "--DDP-impl", "torch"]).scenario["plan"]
     assert (plan["grad_precision"], plan["dp_overlap"]) == ("fp16", True)
+
+
+@pytest.mark.parametrize("reduce, grads", [('"float32"', "fp32"), ('"bfloat16"', "bf16"), ('"float16"', "fp16")])
+def test_torchtitan_gradients_are_reduced_in_fsdps_reduce_dtype(tmp_path, reduce, grads):
+    imported = _titan(tmp_path, "torchtitan-llama3_8b.toml", {"training.mixed_precision_reduce": reduce})
+    assert imported.scenario["plan"]["grad_precision"] == grads
+
+
+def test_torchtitan_reduce_dtype_of_another_name_is_refused(tmp_path):
+    with pytest.raises(InputError, match="mixed_precision_reduce"):
+        _titan(tmp_path, "torchtitan-llama3_8b.toml", {"training.mixed_precision_reduce": '"fp32"'})
+
+
+@pytest.mark.parametrize("dtype, grads", [("bf16", "bf16"), ("fp32", "fp32"), ("fp16", "fp16")])
+def test_nemo_gradients_are_synchronised_in_grad_sync_dtype(tmp_path, dtype, grads):
+    data = yaml.safe_load((DATA / "nemo-llama3.1_8b.yaml").read_text())
+    data["model"]["optim"]["grad_sync_dtype"] = dtype
+    (tmp_path / "n.yaml").write_text(yaml.safe_dump(data))
+    plan = import_config("megatron", tmp_path / "n.yaml", {"cluster.node": "dgx-h100"}).scenario["plan"]
+    assert plan["grad_precision"] == grads
+
+
+def test_nemo_grad_sync_dtype_of_another_name_is_refused(tmp_path):
+    data = yaml.safe_load((DATA / "nemo-llama3.1_8b.yaml").read_text())
+    data["model"]["optim"]["grad_sync_dtype"] = "half-ish"
+    (tmp_path / "n.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(InputError, match="grad_sync_dtype"):
+        import_config("megatron", tmp_path / "n.yaml", {"cluster.node": "dgx-h100"})

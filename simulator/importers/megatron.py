@@ -831,8 +831,11 @@ def read_nemo(data: dict) -> Imported:
     if not a.get(m("megatron_amp_O2"), False) and precision in ("bf16", "fp16") and not a.get(m("fp8")):
         a.map(m("megatron_amp_O2"), "plan.fp32_params", True)
     a.used(m("megatron_amp_O2"))
-    grads = str(a.get(m("optim.grad_sync_dtype"), "fp32"))
-    a.map(m("optim.grad_sync_dtype"), "plan.grad_precision", "bf16" if grads in ("bf16", "bfloat16") else "fp32")
+    grads = {"fp32": "fp32", "float32": "fp32", "32": "fp32", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16",
+             "float16": "fp16", "16": "fp16"}.get(str(a.get(m("optim.grad_sync_dtype"), "fp32")))
+    if grads is None:
+        a.refuse(m("optim.grad_sync_dtype"), "expected fp32, bf16 or fp16")
+    a.map(m("optim.grad_sync_dtype"), "plan.grad_precision", grads)
     a.map(m("ub_tp_comm_overlap"), "plan.tp_comm_overlap", bool(a.get(m("ub_tp_comm_overlap"), False)))
     a.map(m("use_flash_attention"), "plan.flash_attention", bool(a.get(m("use_flash_attention"), True)))
     a.map(m("cross_entropy_loss_fusion"), "plan.loss", "vocab-parallel")  # Megatron-Core's loss, fused or not

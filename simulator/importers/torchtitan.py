@@ -195,7 +195,9 @@ def read(path: str | Path) -> Imported:
         a.absent("torch release", "taken as 2.9 or later, whose SDPA runs cuDNN's attention on H100 (the profile's "
                  "fused attention); earlier torch ran FlashAttention-2: --set plan.attention_kernel=flash2")
     reduce = PRECISIONS.get(a.text("training.mixed_precision_reduce", "float32"))
-    a.map("training.mixed_precision_reduce", "plan.grad_precision", reduce if reduce in ("fp32", "bf16") else "fp32")
+    if reduce is None:
+        a.refuse("training.mixed_precision_reduce", "expected bfloat16, float16 or float32")
+    a.map("training.mixed_precision_reduce", "plan.grad_precision", reduce)
 
     if a.text("training.dtype", "float32") != "float32":  # torchtitan v0.2: full bf16 training
         a.refuse("training.dtype", "float32: parameters, gradients and Adam states all in bfloat16 with no fp32 "
