@@ -1111,7 +1111,8 @@ def test_deepspeed_gradients_as_its_engine_picks_the_optimizer_wrapper(tmp_path,
      "grad_accum_dtype"),  # kept in fp32, reduced in bf16
     ({"fp16": {"enabled": True}, "zero_optimization": {"stage": 2}, "communication_data_type": "fp32"},
      "communication_data_type"),
-    ({"fp16": {"enabled": True}, "communication_data_type": "int8"}, "communication_data_type")])
+    ({"fp16": {"enabled": True}, "communication_data_type": "int8"}, "communication_data_type"),
+    ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "fp16.enabled")])
 def test_deepspeed_gradients_kept_and_reduced_in_different_precisions_are_refused(tmp_path, config, key):
     with pytest.raises(InputError, match=key):
         _deepspeed(tmp_path, **config)

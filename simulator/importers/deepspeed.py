@@ -83,6 +83,8 @@ def read(path: str | Path) -> Imported:
         a.map("zero_optimization.cpu_offload", "plan.offload.optimizer", "cpu")
     bf16 = bool(a.get("bf16.enabled", False))
     fp16 = bool(a.get("fp16.enabled", False))
+    if bf16 and fp16:  # DeepSpeed asserts it too (runtime/config.py)
+        a.refuse("fp16.enabled", "bf16 and fp16 cannot both be enabled")
     precision = "bf16" if bf16 else "fp16" if fp16 else "fp32"
     a.map("bf16.enabled" if bf16 else "fp16.enabled", "plan.precision", precision)
     a.used("bf16.enabled", "fp16.enabled")
