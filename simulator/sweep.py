@@ -176,6 +176,9 @@ def evaluate_chunk_csv(items: list, **options) -> tuple:
 class _Store:
     """Incremental row storage for one output path, its lock and its space record."""
 
+    # whether append() takes the rows' text as the workers format it (evaluate_chunk_csv)
+    worker_text = False
+
     def __init__(self, out: Path, kinds: dict, log: Callable[[str], None]):
         self.out, self.kinds, self.log = out, kinds, log
         self._lock = None
@@ -256,6 +259,7 @@ class _CsvStore(_Store):
     the file's own lines in point order instead of formatting every cell again."""
 
     _on_disk: list | None = None
+    worker_text = True
 
     def load(self, index_of: dict) -> pd.DataFrame | None:
         """The stored rows that are intact; damaged lines are named and dropped."""
@@ -370,9 +374,9 @@ class _CsvStore(_Store):
         self._rewrite(kept if kept is not None else self.empty())
 
     def append(self, rows: pd.DataFrame, index: int, text: str | None = None) -> None:
-        """`rows` at the end of the file; `text`: their lines where a worker wrote them (_csv_text)."""
+        """`rows` at the end of the file, `text` their lines as the workers wrote them (_csv_text)."""
         with open(self.out, "a", encoding="utf-8") as fh:
-            fh.write(_csv_text(rows) if text is None else text)
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         if self._on_disk is not None:
@@ -677,8 +681,7 @@ def _run(space, todo, axes, kinds, store, workers, dask, engine, vectorize, chun
     total = len(todo) if total is None else total
     size = chunk_size or _chunk_size(engine, vectorize, len(todo), workers)
     chunks = _group_chunks(todo, size)
-    # a CSV output's lines are formatted by the workers (evaluate_chunk_csv)
-    as_text = isinstance(store, _CsvStore)
+    as_text = store is not None and store.worker_text
     fn = partial(evaluate_chunk_csv if as_text else evaluate_chunk, base=space.base, axes=axes, engine=engine,
                  vectorize=vectorize)
     runner = _run_dask(fn, chunks, dask, workers) if dask else _LocalRunner(fn, chunks, workers)
