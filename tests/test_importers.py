@@ -1449,3 +1449,83 @@ def test_nemo_grad_sync_dtype_of_another_name_is_refused(tmp_path):
     (tmp_path / "n.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(InputError, match="grad_sync_dtype"):
         import_config("megatron", tmp_path / "n.yaml", {"cluster.node": "dgx-h100"})
+
+
+MDS_SCRIPT = DATA / "megatron-deepspeed-pretrain_llama2_distributed.sh"
+
+
+def _mds(tmp_path, replace: dict | None = None, **overrides):
+    """Megatron-DeepSpeed's Llama 2 example with the script's text `replace`d, imported (its
+    SentencePiece tokenizer's vocabulary given, as the script cannot)."""
+    text = MDS_SCRIPT.read_text()
+    for old, new in (replace or {}).items():
+        assert old in text
+        text = text.replace(old, new)
+    (tmp_path / "run.sh").write_text(text)
+    return import_config("megatron", tmp_path / "run.sh", {"cluster.node": "dgx-a100", "model.vocab": 32000,
+                                                           **overrides})
+
+
+def test_megatron_deepspeed_example_imports_with_its_own_argument_names_and_deepspeeds_engine(tmp_path):
+    """microsoft/Megatron-DeepSpeed's Llama 2 example: GQA by --num-key-value-heads, RoPE by
+    --use-rotary-position-embeddings, lowercase rmsnorm, and bf16 under DeepSpeed ZeRO-0 from the
+    config its here-document writes: DeepSpeed's BF16_Optimizer, the pipeline engine's 1F1B."""
+    imported = _mds(tmp_path)
+    s = scenario_from_dict(imported.scenario)
+    assert (s.model.kv_heads, s.model.norm, s.model.position_embedding, s.model.bias, s.model.tied_embeddings) == (
+        4, "rmsnorm", "rope", False, False)
+    assert (s.plan.tp, s.plan.pp, s.plan.schedule, s.plan.precision, s.plan.zero_stage, s.plan.grad_precision,
+            s.plan.dp_overlap, s.plan.flash_attention) == (2, 2, "1f1b", "bf16", 1, "fp32", False, False)
+    assert any(m["key"] == "./tmp/deepspeed.json:zero_optimization.stage" for m in imported.mapped)
+
+
+def test_megatron_deepspeed_config_beside_the_script_is_read(tmp_path):
+    (tmp_path / "ds.json").write_text(json.dumps({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4,
+                                                  "zero_optimization": {"stage": 1}, "bf16": {"enabled": True}}))
+    plan = _mds(tmp_path, {"cat <<EOT > $DS_CONFIG": "cat <<EOT > unused.json", "ZERO_STAGE=0": "ZERO_STAGE=1",
+                           "DS_CONFIG=${BASE_PATH}/deepspeed.json": "DS_CONFIG=ds.json"}).scenario["plan"]
+    assert (plan["zero_stage"], plan["grad_precision"]) == (1, "bf16")  # ZeRO-1 keeps bf16 gradients
+
+
+@pytest.mark.parametrize("replace, key", [
+    ({"DS_CONFIG=${BASE_PATH}/deepspeed.json": "DS_CONFIG=missing.json",
+      "cat <<EOT > $DS_CONFIG": "cat <<EOT > other.json"}, "deepspeed_config"),
+    ({'"enabled": true': '"enabled": false'}, "bf16.enabled"),  # DeepSpeed in fp32, the script in bf16
+    ({"ZERO_STAGE=0": "ZERO_STAGE=2"}, "zero_optimization.stage"),  # the pipeline engine runs ZeRO-0 or 1
+    ({"--bf16 \\": "--bf16 --use-flash-attn \\"}, "use-flash-attn"),  # FlashAttention 1
+    ({"--bf16 \\": "--bf16 --ds-sequence-parallel-size 2 \\"}, "ds-sequence-parallel-size"),
+    ({'"stage": $ZERO_STAGE': '"stage": 1'}, "zero-stage")])  # the script says 0, its config 1
+def test_megatron_deepspeed_what_it_cannot_run_or_llmsim_cannot_model_is_refused(tmp_path, replace, key):
+    with pytest.raises(InputError, match=key):
+        _mds(tmp_path, replace)
+
+
+def test_megatron_deepspeed_flash_attention_2_and_zero_2_without_the_pipeline_engine(tmp_path):
+    plan = _mds(tmp_path, {"--bf16 \\": "--bf16 --use-flash-attn-v2 --no-pipeline-parallel \\", "PP=2": "PP=1",
+                           "ZERO_STAGE=0": "ZERO_STAGE=2"}).scenario["plan"]
+    assert (plan["flash_attention"], plan["attention_kernel"], plan["zero_stage"], plan["dp_overlap"]) == (
+        True, "flash2", 2, False)  # overlap_comm: DeepSpeed's default is off below ZeRO-3
+
+
+def test_megatron_deepspeed_names_mean_nothing_to_megatron_lm():
+    imported = import_config("megatron", None, {"cluster.node": "dgx-a100"},
+                             argv=[*MEGATRON_ARGV, "--num-key-value-heads", "4"])
+    assert imported.scenario["model"]["kv_heads"] == 16
+    assert "num-key-value-heads" in [u["key"] for u in imported.unmapped]
+
+
+def test_script_here_documents_are_the_files_they_write():
+    from simulator.importers.launch_script import script_words
+    files = {}
+    words = script_words("N=4\nOUT=cfg.json\ncat <<EOT > $OUT\n{\"n\": $N}\nEOT\ncat <<'RAW' > raw.txt\n$N\nRAW\n"
+                         "cat <<-TABS > tabs.txt\n\tx $N\n\tTABS\nsbatch <<EOF 2>&1\npython train.py --n $N\nEOF\n",
+                         files)
+    assert files == {"cfg.json": '{"n": 4}\n', "raw.txt": "$N\n", "tabs.txt": "x 4\n"}
+    assert words[-3:] == ["--n", "4", "EOF"]  # a document a command runs is read as script
+
+
+@pytest.mark.parametrize("method, recompute", [("uniform", "full"), ("block", "none")])
+def test_megatron_deepspeed_pipeline_engine_recomputes_uniform_intervals_only(tmp_path, method, recompute):
+    plan = _mds(tmp_path, {'activation_checkpoint="false"': 'activation_checkpoint="true"',
+                           "--recompute-method uniform": f"--recompute-method {method}"}).scenario["plan"]
+    assert plan["recompute"] == recompute

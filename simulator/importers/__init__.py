@@ -38,7 +38,7 @@ def import_config(kind: str, path: str | Path | None, overrides: Mapping[str, An
         from .deepspeed import read
     else:
         raise InputError("import", kind, "expected one of " + ", ".join(KINDS))
-    imported = read(path, argv) if kind == "megatron" else read(path)
+    imported = read(path, argv, frozenset(overrides)) if kind == "megatron" else read(path)
     scenario = apply_overrides(imported.scenario, overrides)
     cluster = scenario.get("cluster") or {}
     if cluster.get("node") is None and cluster.get("accelerator") is None:

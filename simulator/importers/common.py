@@ -78,13 +78,15 @@ ABSENT = "(absent)"
 class Account:
     """Reads a flattened source and records what became of each key."""
 
-    def __init__(self, source: Mapping, where: str, aliases: Mapping[str, str] | None = None):
+    def __init__(self, source: Mapping, where: str, aliases: Mapping[str, str] | None = None,
+                 scenario: dict | None = None):
         """`aliases`: key -> the name this source's layout gives it (an older release's), read
-        and reported under that name."""
+        and reported under that name. `scenario`: the one this account's mappings go into
+        (another account's, for a source read inside another: merge_into)."""
         self.flat = flatten(source)
         self.where = where
         self.aliases = dict(aliases or {})
-        self.scenario: dict = {}
+        self.scenario: dict = {} if scenario is None else scenario
         self.result = Imported(self.scenario)
         self._seen: set = set()
 
@@ -204,6 +206,21 @@ class Account:
                 self.result.unmapped.append({"key": key, "value": value, "why": why or "not modelled by llmsim"})
             self._seen.add(key)
         return self.result
+
+
+def has_flash2(accelerator: str) -> bool:
+    """Whether the accelerator's profile has FlashAttention-2's rate (plan.attention_kernel flash2)."""
+    from ..hardware import load_accelerator
+    acc = load_accelerator(accelerator)
+    return acc.attention_flash2 is not None or acc.attention_is_flash2
+
+
+def merge_into(outer: Imported, inner: Imported, prefix: str) -> None:
+    """The account of a source read inside another (a launch script's DeepSpeed config), its
+    keys named `prefix` + key, added to the outer one's; both wrote the same scenario."""
+    for kind in ("mapped", "ignored", "unmapped"):
+        getattr(outer, kind).extend({**entry, "key": prefix + entry["key"]} for entry in getattr(inner, kind))
+    outer.deferred.update(inner.deferred)
 
 
 def padded_vocab(vocab: int, multiple: int, tp: int) -> int:

@@ -62,7 +62,33 @@ def read(path: str | Path) -> Imported:
                  lambda c: total // (steps * c["dp"]))
     a.used("gradient_accumulation_steps")  # neither batch size given (the HF Trainer fills them): --global-batch
 
+    bf16 = bool(a.get("bf16.enabled", False))
+    fp16 = bool(a.get("fp16.enabled", False))
+    if bf16 and fp16:  # DeepSpeed asserts it too (runtime/config.py)
+        a.refuse("fp16.enabled", "bf16 and fp16 cannot both be enabled")
+    precision = "bf16" if bf16 else "fp16" if fp16 else "fp32"
+    a.map("bf16.enabled" if bf16 else "fp16.enabled", "plan.precision", precision)
+    a.used("bf16.enabled", "fp16.enabled")
+    read_engine(a, precision)
+    opt = str(a.get("optimizer.type", "Adam"))
+    if opt.lower() not in ("adam", "adamw", "fusedadam", "cpuadam"):
+        a.refuse("optimizer.type", "Adam, AdamW, FusedAdam or CPUAdam (Muon is modelled as Megatron-Core runs it, "
+                 "from Megatron-LM and Megatron-Bridge configs)")
+    a.used("optimizer.type")
+    return a.finish(IGNORED, REASONS)
+
+
+def read_engine(a: Account, precision: str, pipeline: bool = False) -> None:
+    """What DeepSpeed's engine does with the data-parallel ranks: the ZeRO stage, offload and the
+    gradients (_gradients). `pipeline`: the model is a PipelineModule run by DeepSpeed's
+    PipelineEngine (Megatron-DeepSpeed), which refuses ZeRO-2 and 3 and overlapped reductions
+    (microsoft/DeepSpeed@38327e07f deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are
+    incompatible with pipeline parallelism"; runtime/engine.py _configure_zero_optimizer:
+    "Pipeline parallelism does not support overlapped communication, will be disabled")."""
     stage = a.number("zero_optimization.stage", 0)
+    if pipeline and stage >= 2:
+        a.refuse("zero_optimization.stage", "DeepSpeed's pipeline engine runs ZeRO-0 or 1 only (ZeRO-2 and ZeRO-3 "
+                                            "are incompatible with pipeline parallelism)")
     if stage == 3:  # DeepSpeed releases every gathered parameter after use, the embeddings too
         a.map("zero_optimization.stage", "plan.zero3_impl", "deepspeed")
     if a.number("zero_optimization.mics_shard_size", -1) > 0:
@@ -81,20 +107,7 @@ def read(path: str | Path) -> Imported:
             a.map(key, f"plan.offload.{field}", device)
     if a.get("zero_optimization.cpu_offload"):
         a.map("zero_optimization.cpu_offload", "plan.offload.optimizer", "cpu")
-    bf16 = bool(a.get("bf16.enabled", False))
-    fp16 = bool(a.get("fp16.enabled", False))
-    if bf16 and fp16:  # DeepSpeed asserts it too (runtime/config.py)
-        a.refuse("fp16.enabled", "bf16 and fp16 cannot both be enabled")
-    precision = "bf16" if bf16 else "fp16" if fp16 else "fp32"
-    a.map("bf16.enabled" if bf16 else "fp16.enabled", "plan.precision", precision)
-    a.used("bf16.enabled", "fp16.enabled")
-    _gradients(a, stage, precision)
-    opt = str(a.get("optimizer.type", "Adam"))
-    if opt.lower() not in ("adam", "adamw", "fusedadam", "cpuadam"):
-        a.refuse("optimizer.type", "Adam, AdamW, FusedAdam or CPUAdam (Muon is modelled as Megatron-Core runs it, "
-                 "from Megatron-LM and Megatron-Bridge configs)")
-    a.used("optimizer.type")
-    return a.finish(IGNORED, REASONS)
+    _gradients(a, stage, precision, pipeline)
 
 
 # DeepSpeed's spellings of a data type (deepspeed/runtime/config.py DtypeEnum)
@@ -112,7 +125,7 @@ def _dtype(a: Account, key: str, default: str) -> str:
     return DTYPES[str(value).lower()]
 
 
-def _gradients(a: Account, stage: int, precision: str) -> None:
+def _gradients(a: Account, stage: int, precision: str, pipeline: bool = False) -> None:
     """The precision gradients are kept and reduced in, and whether the reduction overlaps the
     backward pass, as DeepSpeed's engine runs them (microsoft/DeepSpeed@38327e07f
     deepspeed/runtime/engine.py get_data_types, _do_optimizer_sanity_check,
@@ -161,6 +174,9 @@ def _gradients(a: Account, stage: int, precision: str) -> None:
         a.map("zero_optimization.stage", "plan.dp_overlap", False)
         a.unmapped("zero_optimization.overlap_comm", "applies to ZeRO stages 1-3; without ZeRO the engine all-reduces "
                                                      "after the backward pass")
+    elif pipeline:
+        a.map("zero_optimization.stage", "plan.dp_overlap", False)
+        a.ignore("zero_optimization.overlap_comm")
     else:
         a.map("zero_optimization.overlap_comm", "plan.dp_overlap", bool(a.get("zero_optimization.overlap_comm",
                                                                               stage == 3)))

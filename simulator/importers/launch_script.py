@@ -6,7 +6,10 @@ expansion holding `--flags` is split into words as the shell running it splits i
 ends a command. Everything that is not a `--flag` and its values (array syntax, torchrun,
 the script path, the script's own `case` patterns such as `--data)`) is skipped. No branch of
 an `if` is evaluated: both are read, so a flag they give with different values is kept as
-Conflicting and refused where the importer reads it.
+Conflicting and refused where the importer reads it. A here-document that `cat` writes to a file
+(`cat <<EOT > $DS_CONFIG`, Megatron-DeepSpeed's examples writing their DeepSpeed config) is
+kept as that file's text, its variables substituted as the shell does where its delimiter is
+unquoted.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import shlex
 
 from ..errors import InputError
 from .common import Conflicting
+from .megatron_deepspeed import STORE_TRUE as MEGATRON_DEEPSPEED_STORE_TRUE
 
 # Megatron-LM's store-true arguments (megatron/training/arguments.py): they take no value
 STORE_TRUE = {"fp16", "bf16", "swiglu", "sequence-parallel", "use-distributed-optimizer", "overlap-grad-reduce",
@@ -38,15 +42,52 @@ STORE_TRUE = {"fp16", "bf16", "swiglu", "sequence-parallel", "use-distributed-op
               "distribute-saved-activations", "fp32-residual-connection", "fp32-allreduce"}
 
 
+STORE_TRUE |= MEGATRON_DEEPSPEED_STORE_TRUE
+
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}?")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 _ARITH = re.compile(r"\$\(\((.*?)\)\)")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def script_words(text: str) -> list[str]:
+# a here-document's first line: the command, `<<` or `<<-`, the delimiter (quoted or not), the rest
+_HEREDOC = re.compile(r"^(?P<head>.*?)<<(?P<dash>-?)\s*(?P<quote>['\"]?)(?P<end>[A-Za-z_][A-Za-z0-9_]*)(?P=quote)"
+                      r"(?P<tail>.*)$")
+_HEREDOC_MARK = "__llmsim_here_document_{}__"
+_TARGET = re.compile(r"(?<![0-9&>])>\s*([^&\s>]\S*)")  # `> file` (not `2>&1`, not `>>`)
+
+
+def _here_documents(text: str) -> tuple[str, list]:
+    """The script with the body of each here-document that writes a file removed and a marker
+    word where it was, and those documents as (target file expression, body, whether its
+    variables are substituted). A document fed to a command (`sbatch <<EOF`: a script the
+    command runs) stays in the text, read as the rest is."""
+    lines, out, docs = text.split("\n"), [], []
+    i = 0
+    while i < len(lines):
+        m = _HEREDOC.match(lines[i])
+        # a file written by `cat` (`cat <<EOT > $DS_CONFIG`, `cat > file <<EOT`)
+        writes = m and re.match(r"\s*cat\b", m.group("head"))
+        target = _TARGET.search(m.group("head") + " " + m.group("tail")) if writes else None
+        if not target or m.group("head").rstrip().endswith("<"):  # a here-string (<<<) is no document
+            out.append(lines[i])
+            i += 1
+            continue
+        body, i = [], i + 1
+        while i < len(lines) and (lines[i].lstrip("\t") if m.group("dash") else lines[i]).strip() != m.group("end"):
+            body.append(lines[i].lstrip("\t") if m.group("dash") else lines[i])
+            i += 1
+        i += 1  # the delimiter line
+        docs.append((target.group(1), "\n".join(body) + "\n", not m.group("quote")))
+        out.append(f"{m.group('head')} {_HEREDOC_MARK.format(len(docs) - 1)}")
+    return "\n".join(out), docs
+
+
+def script_words(text: str, files: dict | None = None) -> list[str]:
     """The shell words of a launch script with simple variables and integer arithmetic
-    (`$((GPUS * NODES))`) substituted."""
+    (`$((GPUS * NODES))`) substituted; `files`, where given, receives the files its
+    here-documents write ({path as the script names it, variables substituted: text})."""
+    text, docs = _here_documents(text)
     text = text.replace("\\\n", " ")
     text = _ARITH.sub(lambda e: "$((" + re.sub(r"\s+", "", e.group(1)) + "))", text)  # one word, as bash reads it
     try:
@@ -57,7 +98,13 @@ def script_words(text: str) -> list[str]:
         raise InputError("megatron", "script", f"cannot split it into shell words ({exc})") from None
     env: dict[str, str] = {}
     out = []
+    marks = {_HEREDOC_MARK.format(i): doc for i, doc in enumerate(docs)}
     for word in words:
+        if word in marks:
+            target, body, expand = marks[word]
+            if files is not None:
+                files[_substitute(target, env)] = _substitute(body, env) if expand else body
+            continue
         m = _ASSIGN.match(word)
         if m and not m.group(2).startswith("("):
             env[m.group(1)] = _substitute(m.group(2), env)
@@ -72,7 +119,7 @@ def script_words(text: str) -> list[str]:
 
 
 def _substitute(word: str, env: dict) -> str:
-    word = _VAR.sub(lambda v: env.get(v.group(1), v.group(2) or v.group(0)), word)
+    word = _VAR.sub(lambda v: env.get(v.group(1) or v.group(3), v.group(2) or v.group(0)), word)
     return _ARITH.sub(lambda e: _arithmetic(e.group(1), env, e.group(0)), word)
 
 

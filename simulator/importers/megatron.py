@@ -47,8 +47,9 @@ from ..model import every_nth_layer, window_pattern
 from ..plan import MUON_TP_MODES
 from ..recompute import MODULES
 from ..yamlio import parse_yaml, read_text
+from . import megatron_deepspeed as mds
 from . import megatron_moe as moe
-from .common import TOKENIZER_VOCAB, Account, Imported, padded_vocab
+from .common import TOKENIZER_VOCAB, Account, Imported, has_flash2, padded_vocab
 from .launch_script import parse_args, script_words
 from .megatron_pipeline import read_stage_split
 
@@ -59,7 +60,7 @@ IGNORED_ARGS = ("lr*", "min-lr", "decoupled-*", "weight-decay", "adam-*", "clip-
                 "max-position-embeddings", "tiktoken-pattern", "no-create-attention-mask-in-dataloader",
                 "no-mmap-bin-files", "manual-gc*", "calculate-per-token-loss", "empty-unused-memory-level",
                 "lr-*", "train-samples", "rotary-*", "apply-layernorm-1p", "tokenizer-type", "fp8-amax-*",
-                "make-vocab-size-divisible-by",
+                "make-vocab-size-divisible-by", "no-query-key-layer-scaling", "apply-query-key-layer-scaling",
                 "container-*", "output")  # the last two: srun's, beside Megatron-LM's own in a launch script
 ARG_REASONS = {"rampup-batch-size": "the batch-size ramp-up of the first steps is not modelled",
                "overlap-param-gather": "parameter all-gather overlap is not modelled separately"}
@@ -123,8 +124,12 @@ OLD_RECOMPUTE_ARGS = (("recompute-method", "activations-checkpoint-method"),
                       ("recompute-num-layers", "checkpoint-num-layers"))
 
 
-def read_args(args: dict) -> Imported:
+def read_args(args: dict, files: dict | None = None, base: Path | None = None, given=frozenset()) -> Imported:
+    """`files`: what the script's here-documents write; `base`: the script's folder (a
+    Megatron-DeepSpeed script's DeepSpeed config: megatron_deepspeed.py); `given`: the scenario
+    fields the caller sets itself (a vocabulary the tokenizer's name does not tell)."""
     a = Account(args, "megatron", {new: old for new, old in OLD_RECOMPUTE_ARGS if old in args})
+    fork = mds.is_fork(a)
     layers = number_of(a, "num-layers")
     hidden = number_of(a, "hidden-size")
     heads = number_of(a, "num-attention-heads")
@@ -136,8 +141,11 @@ def read_args(args: dict) -> Imported:
     for key, field in (("num-layers", "layers"), ("hidden-size", "hidden"), ("num-attention-heads", "heads")):
         a.map(key, f"model.{field}", model[field])
     a.scenario["model"]["name"] = model["name"]
-    kv = number_of(a, "num-query-groups", heads) if a.get("group-query-attention") else heads
-    a.map("num-query-groups" if a.has("num-query-groups") else "num-attention-heads", "model.kv_heads", kv)
+    if fork and a.has("num-key-value-heads"):
+        a.map("num-key-value-heads", "model.kv_heads", number_of(a, "num-key-value-heads"))
+    else:
+        kv = number_of(a, "num-query-groups", heads) if a.get("group-query-attention") else heads
+        a.map("num-query-groups" if a.has("num-query-groups") else "num-attention-heads", "model.kv_heads", kv)
     a.used("group-query-attention")
     ffn = number_of(a, "ffn-hidden-size", int(8 * hidden / 3 / 64) * 64 if swiglu else 4 * hidden)
     a.map("ffn-hidden-size" if a.has("ffn-hidden-size") else "hidden-size", "model.ffn_hidden", ffn)
@@ -150,17 +158,20 @@ def read_args(args: dict) -> Imported:
     a.used("swiglu", "quick-geglu")
     read_window(a, "window-size", "window-attn-skip-freq", layers)
     a.map("seq-length", "model.seq_len", number_of(a, "seq-length", 2048))
-    norm = str(a.get("normalization", "LayerNorm"))
-    if norm not in ("LayerNorm", "RMSNorm"):
-        a.refuse("normalization", "expected LayerNorm or RMSNorm")
+    norm = str(a.get("normalization", "layernorm" if fork else "LayerNorm"))
+    if norm not in (("layernorm", "rmsnorm") if fork else ("LayerNorm", "RMSNorm")):
+        a.refuse("normalization", "expected layernorm or rmsnorm" if fork else "expected LayerNorm or RMSNorm")
     a.map("normalization", "model.norm", norm.lower())
     read_qk_norm(a, "qk-layernorm", bool(a.get("multi-latent-attention")))
     read_nope_layers(a, "no-rope-freq", "qk-l2-norm", layers)
     read_rotary_fraction(a, "rotary-percent", number_of)
-    position = str(a.get("position-embedding-type", "learned_absolute"))
-    if position not in ("learned_absolute", "rope"):
-        a.refuse("position-embedding-type", "expected learned_absolute or rope")
-    a.map("position-embedding-type", "model.position_embedding", "rope" if position == "rope" else "learned")
+    if fork and a.get("use-rotary-position-embeddings"):
+        a.map("use-rotary-position-embeddings", "model.position_embedding", "rope")
+    else:
+        position = str(a.get("position-embedding-type", "learned_absolute"))
+        if position not in ("learned_absolute", "rope"):
+            a.refuse("position-embedding-type", "expected learned_absolute or rope")
+        a.map("position-embedding-type", "model.position_embedding", "rope" if position == "rope" else "learned")
     a.map("disable-bias-linear", "model.bias", not a.get("disable-bias-linear", False))
     read_qkv_bias(a, "add-qkv-bias", bool(a.get("disable-bias-linear", False)))
     a.map("untie-embeddings-and-output-weights", "model.tied_embeddings",
@@ -179,9 +190,12 @@ def read_args(args: dict) -> Imported:
     vocab_key = "vocab-size" if a.has("vocab-size") else "tokenizer-model" if hf else "tokenizer-type"
     vocab = number_of(a, "vocab-size") if a.has("vocab-size") else TOKENIZER_VOCAB.get(
         str(a.get(vocab_key, "GPT2BPETokenizer")))
-    if vocab is None:
-        a.refuse(vocab_key, "the tokenizer's vocabulary size is unknown; give --vocab-size")
-    a.map(vocab_key, "model.vocab", padded_vocab(vocab, number_of(a, "make-vocab-size-divisible-by", 128), tp))
+    if vocab is None and "model.vocab" not in given:
+        a.refuse(vocab_key, "the tokenizer's vocabulary size is unknown; give --vocab-size (or the import --vocab)")
+    if vocab is not None:
+        a.map(vocab_key, "model.vocab", padded_vocab(vocab, number_of(a, "make-vocab-size-divisible-by", 128), tp))
+    else:
+        a.used(vocab_key, "make-vocab-size-divisible-by")
     if hf:
         a.used("tokenizer-type")
     vpp = None
@@ -228,27 +242,37 @@ def read_args(args: dict) -> Imported:
             a.refuse("fp4-param-gather", "FP4 parameters need --fp4-format")
         a.map("fp4-param-gather", "plan.fp8_params", True)
     read_bf16_layers(a, "first-last-layers-bf16", "num-layers-at-start-in-bf16", "num-layers-at-end-in-bf16", precision)
-    _grad_precision(a, precision)
-    adam_states(a, "use-precision-aware-optimizer", megatron_key)
-    a.used("accumulate-allreduce-grads-in-fp32")
-    _data_parallel_sharding(a)
-    _optimizer(a)
-    instances = number_of(a, "num-distributed-optimizer-instances", 1)
-    if instances > 1:  # partial distributed optimizer: hybrid sharding
-        a.map("num-distributed-optimizer-instances", "plan.dp_replicate", instances)
+    if fork:
+        mds.read_engine(a, files or {}, base, precision, pp, vpp, number_of(a, "micro-batch-size", 1), global_batch)
     else:
-        a.used("num-distributed-optimizer-instances")
-    _dp_overlap(a, precision, pp)
+        _grad_precision(a, precision)
+        adam_states(a, "use-precision-aware-optimizer", megatron_key)
+        a.used("accumulate-allreduce-grads-in-fp32")
+        _data_parallel_sharding(a)
+        instances = number_of(a, "num-distributed-optimizer-instances", 1)
+        if instances > 1:  # partial distributed optimizer: hybrid sharding
+            a.map("num-distributed-optimizer-instances", "plan.dp_replicate", instances)
+        else:
+            a.used("num-distributed-optimizer-instances")
+        _dp_overlap(a, precision, pp)
+    _optimizer(a)
     a.map("tp-comm-overlap", "plan.tp_comm_overlap", bool(a.get("tp-comm-overlap", False)))
     # the recomputation arguments of before 2022 (OLD_RECOMPUTE_ARGS; Megatron-LM refuses
     # --checkpoint-activations since, Megatron-DeepSpeed kept them) mark a Megatron without
     # --attention-backend, whose attention is unfused (baddbmm and the fused softmax) unless
     # --use-flash-attn (Megatron-LM@152aab304d megatron/model/transformer.py ParallelSelfAttention)
     legacy = _old_recompute_key(a) is not None
-    backend = str(a.get("attention-backend", "unfused" if legacy else "auto"))
-    a.map("attention-backend", "plan.flash_attention", backend in ("auto", "flash", "fused") or
-          bool(a.get("use-flash-attn")))
-    a.used("use-flash-attn")
+    if fork:  # Megatron-DeepSpeed: unfused attention unless a FlashAttention flag
+        kernel = mds.attention(a)
+        a.map("use-flash-attn-v2", "plan.flash_attention", kernel is not None)
+        if kernel:
+            a.derive("use-flash-attn-v2", "plan.attention_kernel", "FlashAttention-2 where the profile has its rate",
+                     lambda c: "flash2" if has_flash2(c["accelerator"]) else "fused")
+    else:
+        backend = str(a.get("attention-backend", "unfused" if legacy else "auto"))
+        a.map("attention-backend", "plan.flash_attention", backend in ("auto", "flash", "fused") or
+              bool(a.get("use-flash-attn")))
+        a.used("use-flash-attn")
     if legacy and not a.has("no-scatter-gather-tensors-in-pipeline"):
         a.absent("no-scatter-gather-tensors-in-pipeline", "pipeline sends split over the TP ranks, as Megatron-LM "
                  "from @27fc468964 (Feb 2021); before, each TP rank sent the whole activation: "
@@ -256,6 +280,8 @@ def read_args(args: dict) -> Imported:
     # Megatron's vocab-parallel cross-entropy, fused or not: the same in-place steps (loss.py)
     a.map("cross-entropy-loss-fusion", "plan.loss", "vocab-parallel")
     _recompute_args(a)
+    if fork:
+        mds.pipeline_recompute(a)
 
     if a.has("nproc_per_node"):
         a.map("nproc_per_node", "cluster.devices_per_node", number_of(a, "nproc_per_node"))
@@ -852,12 +878,14 @@ def read_nemo(data: dict) -> Imported:
     return a.finish(NEMO_IGNORED + moe.ignored(nemo_key), {**NEMO_REASONS, **moe.reasons(nemo_key)})
 
 
-def read(path: str | Path | None, argv: list[str] | None = None) -> Imported:
-    """A NeMo or Megatron-Bridge YAML (by its suffix), an arguments file or launch script, or `argv`."""
+def read(path: str | Path | None, argv: list[str] | None = None, given=frozenset()) -> Imported:
+    """A NeMo or Megatron-Bridge YAML (by its suffix), an arguments file or launch script, or
+    `argv`; `given`: the scenario fields the caller sets (read_args)."""
     if argv:
         if path is not None:
             argv = [str(path), *argv]
-        return read_args(parse_args([w for a in argv for w in (a.split() if a.startswith("--") else [a])]))
+        return read_args(parse_args([w for a in argv for w in (a.split() if a.startswith("--") else [a])]),
+                         given=given)
     text = read_text(path, "megatron")
     if str(path).endswith((".yaml", ".yml")):
         data = parse_yaml(text, f"megatron {path}")
@@ -868,4 +896,5 @@ def read(path: str | Path | None, argv: list[str] | None = None) -> Imported:
             from .megatron_bridge import read_bridge
             return read_bridge(data)
         return read_nemo(data)
-    return read_args(parse_args(script_words(text)))
+    files: dict = {}
+    return read_args(parse_args(script_words(text, files)), files, Path(str(path)).parent, given)

@@ -57,10 +57,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import InputError
-from ..hardware import load_accelerator
 from ..stagesplit import balanced_layout
 from ..yamlio import read_text
-from .common import Account, Imported
+from .common import Account, Imported, has_flash2
 
 PRESETS = {("llama3", "8B"): "llama-3.1-8b", ("llama3", "70B"): "llama-3.1-70b",
            ("llama3", "405B"): "llama-3.1-405b"}
@@ -190,7 +189,7 @@ def read(path: str | Path) -> Imported:
     # attention on H100 since (pytorch/pytorch PR #162073, Sep 2025)
     if count_era:  # configs of early 2025 ran the torch of then
         a.derive("model.name", "plan.attention_kernel", "SDPA's FlashAttention-2 where the profile has its rate",
-                 lambda c: "flash2" if _has_flash2(c["accelerator"]) else "fused")
+                 lambda c: "flash2" if has_flash2(c["accelerator"]) else "fused")
     else:
         a.absent("torch release", "taken as 2.9 or later, whose SDPA runs cuDNN's attention on H100 (the profile's "
                  "fused attention); earlier torch ran FlashAttention-2: --set plan.attention_kernel=flash2")
@@ -480,11 +479,6 @@ def _float8(a: Account, converters: list) -> None:
         else:
             a.unmapped(f"{section}.filter_fqns", "llmsim converts every linear of the layers and keeps the lm_head "
                                                  "(output) in BF16, whatever the filter")
-
-
-def _has_flash2(accelerator: str) -> bool:
-    acc = load_accelerator(accelerator)
-    return acc.attention_flash2 is not None or acc.attention_is_flash2
 
 
 def _microbatch_count(a: Account, schedule: str, pp: int, local: int) -> None:

@@ -1,0 +1,119 @@
+"""Megatron-DeepSpeed: the fork of Megatron-LM that trains under DeepSpeed's engine.
+
+A launch script is Megatron-DeepSpeed's where it gives `--deepspeed` (DeepSpeed's
+add_config_arguments, as microsoft/Megatron-DeepSpeed@f4157bea megatron/arguments.py adds
+them). Its model arguments are Megatron-LM's of 2021-22 with its own names for what came later:
+`--num-key-value-heads` (grouped-query attention), `--use-rotary-position-embeddings`,
+`--normalization layernorm|rmsnorm`, and FlashAttention by version: `--use-flash-attn` is
+FlashAttention 1 (`--use-flash-attn-v1`), `--use-flash-attn-v2` the flash_attn package's second
+(plan.attention_kernel flash2), Triton's and the op builder's are others (same file).
+
+Under `--deepspeed` the data-parallel side is DeepSpeed's: deepspeed.initialize wraps the model
+with the engine the JSON config of `--deepspeed_config` describes (megatron/training.py
+setup_model_and_optimizer), so Megatron's own DDP, distributed optimizer and gradient flags
+do nothing; the ZeRO stage, offload and the gradients' precision and overlap are read from that
+config as the DeepSpeed importer reads one (deepspeed.read_engine). Unless
+`--no-pipeline-parallel`, the model is a PipelineModule run by DeepSpeed's PipelineEngine
+(args.ds_pipeline_enabled), even on one stage: its TrainSchedule is the 1F1B schedule without
+interleaving, it takes ZeRO-0 or 1 only, reduces the gradients after the last micro-batch and
+recomputes uniform intervals of layers only (pipeline_recompute).
+The config is the file the script names, as the script writes it in a here-document
+(launch_script.py) or as it lies beside the script.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..yamlio import parse_json, read_text
+from . import deepspeed
+from .common import Account, merge_into
+
+# Megatron-DeepSpeed's store-true arguments beyond Megatron-LM's (launch_script.STORE_TRUE)
+STORE_TRUE = {"deepspeed", "no-pipeline-parallel", "use-rotary-position-embeddings", "use-flash-attn-v1",
+              "use-flash-attn-v2", "use-flash-attn-triton", "use-flash-attn-builder",
+              "deepspeed-activation-checkpointing", "force-ds-sequence-parallel", "ds-sequence-parallel-fpdt"}
+# Megatron's data-parallel arguments, which do nothing under DeepSpeed's engine
+MEGATRON_DDP = ("use-distributed-optimizer", "overlap-grad-reduce", "overlap-param-gather", "DDP-impl",
+                "accumulate-allreduce-grads-in-fp32", "grad-reduce-in-bf16", "fp32-allreduce",
+                "num-distributed-optimizer-instances", "use-contiguous-buffers-in-local-ddp")
+
+
+def is_fork(a: Account) -> bool:
+    return bool(a.get("deepspeed"))
+
+
+def attention(a: Account) -> str | None:
+    """The attention kernel its FlashAttention flags name: None for the unfused attention,
+    "flash2" for the second version; the others are refused (no profile has their rates)."""
+    for key, what in (("use-flash-attn", "FlashAttention 1"), ("use-flash-attn-v1", "FlashAttention 1"),
+                      ("use-flash-attn-triton", "Triton's FlashAttention"),
+                      ("use-flash-attn-builder", "DeepSpeed's FlashAttention op builder")):
+        if a.get(key):
+            a.refuse(key, f"{what}'s rate is in no accelerator profile; --use-flash-attn-v2 is modelled")
+    a.used("use-flash-attn-v2")
+    return "flash2" if a.get("use-flash-attn-v2") else None
+
+
+def read_engine(a: Account, files: dict, base: Path | None, precision: str, pp: int, vpp, micro: int,
+                global_batch: int) -> None:
+    """The DeepSpeed config's engine (deepspeed.read_engine) into `a`'s scenario and account."""
+    if (number := a.number("ds-sequence-parallel-size", 1)) > 1:
+        a.refuse("ds-sequence-parallel-size", f"DeepSpeed-Ulysses over {number} ranks is not modelled "
+                                              "(TransformerEngine's all-to-all context parallelism is: "
+                                              "plan.cp_attention ulysses)")
+    # DeepSpeed's implementation of the recomputation the recompute arguments ask for; what its
+    # config's activation_checkpointing section changes (partitioned or CPU checkpoints) is reported
+    a.used("ds-sequence-parallel-size", "deepspeed", "deepspeed-activation-checkpointing")
+    a.ignore(*MEGATRON_DDP)
+    pipeline = not a.get("no-pipeline-parallel")
+    if pipeline and vpp and vpp > 1:
+        a.refuse("num-layers-per-virtual-pipeline-stage" if a.has("num-layers-per-virtual-pipeline-stage") else
+                 "virtual-pipeline-model-parallel-size", "DeepSpeed's pipeline engine does not interleave stages")
+    if not pipeline and pp > 1:
+        a.refuse("no-pipeline-parallel", "Megatron-DeepSpeed asserts a pipeline size of 1 with it")
+    a.used("no-pipeline-parallel")
+    path = a.get("deepspeed_config")
+    if path is None:
+        a.refuse("deepspeed_config", "--deepspeed needs the DeepSpeed config: give --deepspeed_config")
+    text = files.get(str(path))
+    if text is None:
+        beside = (base or Path(".")) / str(path)
+        if not beside.is_file():
+            a.refuse("deepspeed_config", f"not found beside the script ({beside}) nor written by it")
+        text = read_text(beside, "deepspeed")
+    where = f"deepspeed_config {path}"
+    d = Account(parse_json(text, where), where, scenario=a.scenario)
+    a.used("deepspeed_config")
+    for key, value in d.flat.items():
+        if value == "auto":
+            d.refuse(key, "'auto' is filled in by the HF Trainer at run time; write the number")
+    ds_precision = "bf16" if d.get("bf16.enabled") else "fp16" if d.get("fp16.enabled") else "fp32"
+    if ds_precision != (precision if precision in ("bf16", "fp16") else "fp32"):
+        d.refuse("bf16.enabled" if d.has("bf16.enabled") else "fp16.enabled",
+                 f"DeepSpeed's {ds_precision} where the script trains in {precision}")
+    d.used("bf16.enabled", "fp16.enabled")
+    for key, value in (("train_micro_batch_size_per_gpu", micro), ("train_batch_size", global_batch)):
+        if d.has(key) and d.number(key) != value:
+            d.refuse(key, f"the script's batch is {value} (DeepSpeed takes its accumulation from the config)")
+        d.used(key)
+    d.used("gradient_accumulation_steps")
+    zero = a.number("zero-stage")
+    if zero is not None and zero != d.number("zero_optimization.stage", 0):
+        a.refuse("zero-stage", f"the DeepSpeed config runs ZeRO-{d.number('zero_optimization.stage', 0)}")
+    a.used("zero-stage")
+    deepspeed.read_engine(d, precision, pipeline)
+    merge_into(a.result, d.finish(deepspeed.IGNORED, deepspeed.REASONS), f"{path}:")
+
+
+def pipeline_recompute(a: Account) -> None:
+    """Full recomputation under DeepSpeed's pipeline engine: the PipelineModule checkpoints every
+    N layers, N from --checkpoint-num-layers or, with the uniform method, --recompute-num-layers,
+    and with the block method nothing ("deepspeed's pipeline doesn't support the block recompute
+    method": Megatron-DeepSpeed@f4157bea megatron/model/gpt_model.py GPTModelPipe)."""
+    plan = a.scenario["plan"]
+    if a.get("no-pipeline-parallel") or plan.get("recompute") != "full" or plan.get("recompute_method") != "block":
+        return
+    for field in ("recompute_method", "recompute_num_layers"):
+        plan.pop(field, None)
+    a.map("recompute-method", "plan.recompute", "none", "DeepSpeed's pipeline engine runs no block recomputation")
