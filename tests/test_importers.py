@@ -1529,3 +1529,13 @@ def test_megatron_deepspeed_pipeline_engine_recomputes_uniform_intervals_only(tm
     plan = _mds(tmp_path, {'activation_checkpoint="false"': 'activation_checkpoint="true"',
                            "--recompute-method uniform": f"--recompute-method {method}"}).scenario["plan"]
     assert plan["recompute"] == recompute
+
+
+@pytest.mark.parametrize("experts, refused", [("1", False), ("1 1", False), ("64", True), ("64 64 128", True)])
+def test_megatron_deepspeed_experts_are_deepspeed_moe_and_refused(tmp_path, experts, refused):
+    replace = {"--bf16 \\": f"--bf16 --num-experts {experts} \\"}
+    if refused:
+        with pytest.raises(InputError, match="num-experts"):
+            _mds(tmp_path, replace)
+    else:
+        assert "experts" not in _mds(tmp_path, replace).scenario["model"]

@@ -150,7 +150,7 @@ def read_args(args: dict, files: dict | None = None, base: Path | None = None, g
     ffn = number_of(a, "ffn-hidden-size", int(8 * hidden / 3 / 64) * 64 if swiglu else 4 * hidden)
     a.map("ffn-hidden-size" if a.has("ffn-hidden-size") else "hidden-size", "model.ffn_hidden", ffn)
     read_head_dim(a, "kv-channels", bool(a.get("multi-latent-attention")), number_of)
-    moe.read_moe(a, megatron_key, number_of, layers, ffn)
+    moe.read_moe(a, mds.dense_key(a) if fork else megatron_key, number_of, layers, ffn)
     if a.get("squared-relu"):
         a.refuse("squared-relu", "modelled activations: gelu, swiglu, quick-geglu")
     activation = "swiglu" if swiglu else "geglu" if a.get("quick-geglu") else "gelu"
@@ -273,7 +273,9 @@ def read_args(args: dict, files: dict | None = None, base: Path | None = None, g
         a.map("attention-backend", "plan.flash_attention", backend in ("auto", "flash", "fused") or
               bool(a.get("use-flash-attn")))
         a.used("use-flash-attn")
-    if legacy and not a.has("no-scatter-gather-tensors-in-pipeline"):
+    # not Megatron-DeepSpeed's: it forked after the scatter/gather, and DeepSpeed's pipeline engine
+    # partitions the sends over the TP ranks by default (its config's pipeline.pipe_partitioned)
+    if legacy and not fork and not a.has("no-scatter-gather-tensors-in-pipeline"):
         a.absent("no-scatter-gather-tensors-in-pipeline", "pipeline sends split over the TP ranks, as Megatron-LM "
                  "from @27fc468964 (Feb 2021); before, each TP rank sent the whole activation: "
                  "--set plan.pp_scatter_gather=false")

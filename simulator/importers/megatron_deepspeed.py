@@ -43,6 +43,21 @@ def is_fork(a: Account) -> bool:
     return bool(a.get("deepspeed"))
 
 
+def dense_key(a: Account):
+    """Megatron-Core's MoE keys as the Megatron importer reads them (megatron.megatron_key), for a
+    Megatron-DeepSpeed model: dense, its --num-experts (one count per expert layer, default 1)
+    all 1. DeepSpeed-MoE (its experts, --moe-expert-parallel-size, PR-MoE's residual experts) is
+    another MoE layer than Megatron-Core's, and refused."""
+    from .megatron import megatron_key
+    experts = a.get("num-experts")
+    if experts is not None:
+        if any(str(n) != "1" for n in (experts if isinstance(experts, list) else [experts])):
+            a.refuse("num-experts", "DeepSpeed-MoE (Megatron-DeepSpeed's experts) is not modelled; Megatron-Core's "
+                                    "MoE is (Megatron-LM scripts)")
+        a.used("num-experts")
+    return lambda field: "(dense under DeepSpeed)" if field == "num_moe_experts" else megatron_key(field)
+
+
 def attention(a: Account) -> str | None:
     """The attention kernel its FlashAttention flags name: None for the unfused attention,
     "flash2" for the second version; the others are refused (no profile has their rates)."""
