@@ -1539,3 +1539,10 @@ def test_megatron_deepspeed_experts_are_deepspeed_moe_and_refused(tmp_path, expe
             _mds(tmp_path, replace)
     else:
         assert "experts" not in _mds(tmp_path, replace).scenario["model"]
+
+
+def test_megatron_deepspeed_config_that_is_no_json_object_is_refused(tmp_path):
+    (tmp_path / "ds.json").write_text("[1, 2]")
+    with pytest.raises(InputError, match="expected a JSON object"):
+        _mds(tmp_path, {"cat <<EOT > $DS_CONFIG": "cat <<EOT > unused.json",
+                        "DS_CONFIG=${BASE_PATH}/deepspeed.json": "DS_CONFIG=ds.json"})

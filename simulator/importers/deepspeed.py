@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import InputError
 from ..yamlio import parse_json, read_text
 from .common import Account, Imported
 
@@ -37,14 +38,7 @@ REASONS = {"zero_optimization.*bucket*": "collective bucketing is not modelled",
 
 
 def read(path: str | Path) -> Imported:
-    data = parse_json(read_text(path, "deepspeed"), f"deepspeed {path}")
-    if not isinstance(data, dict):
-        from ..errors import InputError
-        raise InputError(f"deepspeed {path}", type(data).__name__, "expected a JSON object (a DeepSpeed config)")
-    a = Account(data, "deepspeed")
-    for key, value in a.flat.items():
-        if value == "auto":
-            a.refuse(key, "'auto' is filled in by the HF Trainer at run time; write the number")
+    a = config_account(read_text(path, "deepspeed"), "deepspeed")
     a.scenario["name"] = f"deepspeed-{Path(str(path)).stem}"
     micro = a.number("train_micro_batch_size_per_gpu")
     accumulation = a.number("gradient_accumulation_steps")
@@ -76,6 +70,19 @@ def read(path: str | Path) -> Imported:
                  "from Megatron-LM and Megatron-Bridge configs)")
     a.used("optimizer.type")
     return a.finish(IGNORED, REASONS)
+
+
+def config_account(text: str, where: str, scenario: dict | None = None) -> Account:
+    """The account of a DeepSpeed JSON config's text (into `scenario`, where given); "auto"
+    values are refused: the HF Trainer fills them in at run time."""
+    data = parse_json(text, where)
+    if not isinstance(data, dict):
+        raise InputError(where, type(data).__name__, "expected a JSON object (a DeepSpeed config)")
+    a = Account(data, where, scenario=scenario)
+    for key, value in a.flat.items():
+        if value == "auto":
+            a.refuse(key, "'auto' is filled in by the HF Trainer at run time; write the number")
+    return a
 
 
 def read_engine(a: Account, precision: str, pipeline: bool = False) -> None:

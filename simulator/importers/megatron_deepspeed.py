@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..yamlio import parse_json, read_text
+from ..yamlio import read_text
 from . import deepspeed
 from .common import Account, merge_into
 
@@ -97,12 +97,8 @@ def read_engine(a: Account, files: dict, base: Path | None, precision: str, pp: 
         if not beside.is_file():
             a.refuse("deepspeed_config", f"not found beside the script ({beside}) nor written by it")
         text = read_text(beside, "deepspeed")
-    where = f"deepspeed_config {path}"
-    d = Account(parse_json(text, where), where, scenario=a.scenario)
+    d = deepspeed.config_account(text, f"deepspeed_config {path}", a.scenario)
     a.used("deepspeed_config")
-    for key, value in d.flat.items():
-        if value == "auto":
-            d.refuse(key, "'auto' is filled in by the HF Trainer at run time; write the number")
     ds_precision = "bf16" if d.get("bf16.enabled") else "fp16" if d.get("fp16.enabled") else "fp32"
     if ds_precision != (precision if precision in ("bf16", "fp16") else "fp32"):
         d.refuse("bf16.enabled" if d.has("bf16.enabled") else "fp16.enabled",
