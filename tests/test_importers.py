@@ -1476,6 +1476,7 @@ def test_megatron_deepspeed_example_imports_with_its_own_argument_names_and_deep
         4, "rmsnorm", "rope", False, False)
     assert (s.plan.tp, s.plan.pp, s.plan.schedule, s.plan.precision, s.plan.zero_stage, s.plan.grad_precision,
             s.plan.dp_overlap, s.plan.flash_attention) == (2, 2, "1f1b", "bf16", 1, "fp32", False, False)
+    assert s.plan.recompute == "none"  # its recomputation flags sit in an `if` its activation_checkpoint="false" skips
     assert any(m["key"] == "./tmp/deepspeed.json:zero_optimization.stage" for m in imported.mapped)
 
 
@@ -1546,3 +1547,16 @@ def test_megatron_deepspeed_config_that_is_no_json_object_is_refused(tmp_path):
     with pytest.raises(InputError, match="expected a JSON object"):
         _mds(tmp_path, {"cat <<EOT > $DS_CONFIG": "cat <<EOT > unused.json",
                         "DS_CONFIG=${BASE_PATH}/deepspeed.json": "DS_CONFIG=ds.json"})
+
+
+@pytest.mark.parametrize("script, value", [
+    ('A=1\nif [ "$A" = 1 ]; then X=yes; else X=no; fi', "yes"),
+    ("A=0\nif [ $A = 1 ]; then X=one; elif [[ $A -eq 0 ]]; then X=zero; else X=other; fi", "zero"),
+    ("A=5\nif [[ $A -gt 9 ]] || [ -z \"$A\" ]; then X=big; else X=small; fi", "small"),
+    ("A=ab\nif [ ! $A != ab ] && [ -n $A ]; then X=ab; fi", "ab"),
+    ("A=1\nif [ $A = 1 ]; then if [ $A = 2 ]; then X=two; else X=one; fi; fi", "one"),
+    ("if [ -f run.cfg ]; then X=file; else X=none; fi", "none"),  # not told: both read, the last wins
+    ("if [ $UNSET = 1 ]; then X=set; fi", "set")])  # not told: read
+def test_script_if_runs_the_branch_its_test_of_known_values_picks(script, value):
+    from simulator.importers.launch_script import script_words
+    assert script_words(script + "\npython t.py --x $X")[-1] == value

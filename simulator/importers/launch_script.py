@@ -4,9 +4,10 @@ A script is read as its shell words: `NAME=value` assignments are substituted in
 `${NAME}` (with `${NAME:-default}`), integer arithmetic `$((...))` is expanded as bash does, an
 expansion holding `--flags` is split into words as the shell running it splits it, and `;`
 ends a command. Everything that is not a `--flag` and its values (array syntax, torchrun,
-the script path, the script's own `case` patterns such as `--data)`) is skipped. No branch of
-an `if` is evaluated: both are read, so a flag they give with different values is kept as
-Conflicting and refused where the importer reads it. A here-document that `cat` writes to a file
+the script path, the script's own `case` patterns such as `--data)`) is skipped. An `if`
+whose test compares known values runs its true branch only (_Branches); where the test cannot be
+told (an unknown variable, a file test, a command) every branch is read, so a flag they give with
+different values is kept as Conflicting and refused where the importer reads it. A here-document that `cat` writes to a file
 (`cat <<EOT > $DS_CONFIG`, Megatron-DeepSpeed's examples writing their DeepSpeed config) is
 kept as that file's text, its variables substituted as the shell does where its delimiter is
 unquoted.
@@ -99,7 +100,10 @@ def script_words(text: str, files: dict | None = None) -> list[str]:
     env: dict[str, str] = {}
     out = []
     marks = {_HEREDOC_MARK.format(i): doc for i, doc in enumerate(docs)}
+    branches = _Branches()
     for word in words:
+        if branches.consumes(word, env) or not branches.active:
+            continue
         if word in marks:
             target, body, expand = marks[word]
             if files is not None:
@@ -114,8 +118,107 @@ def script_words(text: str, files: dict | None = None) -> list[str]:
         # Megatron-LM's own examples of 2021) is split into them, as the shell running it does;
         # a literal quoted text (an echo's message) stays one word
         split = expanded.startswith("--") or "$" in word and " --" in expanded
-        out.extend(expanded.split() if split else [expanded])
+        if expanded or "$" not in word:  # an empty expansion is no word, as the shell splits it
+            out.extend(expanded.split() if split else [expanded])
     return out
+
+
+class _Branches:
+    """Which words of an `if ... then ... elif ... else ... fi` the shell runs: a branch whose
+    condition is false (a `[ ]` or `[[ ]]` test of known values: = == != -eq -ne -lt -le -gt -ge
+    -z -n, with ! && ||) is skipped, one whose condition cannot be told (an unknown variable, a
+    file test, a command) is read, as is every branch after it."""
+
+    def __init__(self):
+        self.frames: list[dict] = []  # per open `if`: its parent's activity, the branch's, the condition words
+        self.condition: list[str] | None = None  # the words of the test being read
+
+    @property
+    def active(self) -> bool:
+        return not self.frames or self.frames[-1]["active"]
+
+    def consumes(self, word: str, env: dict) -> bool:
+        """Whether `word` belongs to the control structure (and so is not a command's word)."""
+        if self.condition is not None:
+            if word != "then":
+                self.condition.append(word)
+                return True
+            self._enter(_condition([_substitute(w, env) for w in self.condition if w != ";"]))
+            self.condition = None
+            return True
+        if word == "if":
+            self.frames.append({"outer": self.active, "active": False, "taken": False})
+            self.condition = []
+            return True
+        if not self.frames:
+            return False
+        frame = self.frames[-1]
+        if word == "elif":
+            self.condition = []
+            return True
+        if word == "else":
+            frame["active"] = frame["outer"] and frame["taken"] is not True
+            return True
+        if word == "fi":
+            self.frames.pop()
+            return True
+        return False
+
+    def _enter(self, value) -> None:
+        """A branch whose condition is `value` (True, False or None: unknown) begins."""
+        frame = self.frames[-1]
+        frame["active"] = frame["outer"] and frame["taken"] is not True and value is not False
+        if value is True and frame["taken"] is False:
+            frame["taken"] = True
+        elif value is None:
+            frame["taken"] = None  # no later branch can be ruled out
+
+
+_TESTS = {"=": lambda a, b: a == b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
+_NUMERIC = {"-eq": int.__eq__, "-ne": int.__ne__, "-lt": int.__lt__, "-le": int.__le__, "-gt": int.__gt__,
+            "-ge": int.__ge__}
+
+
+def _condition(words: list[str]):
+    """True, False or None (unknown) for an `if` condition of `[ ]` / `[[ ]]` tests joined by
+    && and || (evaluated left to right, as the shell does)."""
+    value, op, group = None, None, []
+    result: object = "start"
+    for word in words + ["||"]:
+        if word not in ("&&", "||"):
+            group.append(word)
+            continue
+        value = _test(group)
+        if result == "start":
+            result = value
+        elif op == "&&":
+            result = False if False in (result, value) else (True if result is True and value is True else None)
+        else:
+            result = True if True in (result, value) else (False if result is False and value is False else None)
+        op, group = word, []
+    return None if result == "start" else result
+
+
+def _test(words: list[str]):
+    if len(words) < 2 or (words[0], words[-1]) not in (("[", "]"), ("[[", "]]")):
+        return None  # a command, or no test
+    inner = words[1:-1]
+    negate = bool(inner) and inner[0] == "!"
+    inner = inner[1:] if negate else inner
+    if any("$" in w or "`" in w for w in inner):
+        return None
+    if len(inner) == 2 and inner[0] in ("-z", "-n"):
+        value = (inner[1] == "") == (inner[0] == "-z")
+    elif len(inner) == 3 and inner[1] in _TESTS:
+        value = _TESTS[inner[1]](inner[0], inner[2])
+    elif len(inner) == 3 and inner[1] in _NUMERIC:
+        try:
+            value = _NUMERIC[inner[1]](int(inner[0]), int(inner[2]))
+        except ValueError:
+            return None
+    else:
+        return None
+    return value != negate
 
 
 def _substitute(word: str, env: dict) -> str:
