@@ -1560,3 +1560,11 @@ def test_megatron_deepspeed_config_that_is_no_json_object_is_refused(tmp_path):
 def test_script_if_runs_the_branch_its_test_of_known_values_picks(script, value):
     from simulator.importers.launch_script import script_words
     assert script_words(script + "\npython t.py --x $X")[-1] == value
+
+
+def test_megatron_collectives_other_than_nccls_are_refused():
+    assert "distributed-backend" not in [u["key"] for u in import_config(
+        "megatron", None, {"cluster.node": "dgx-a100"}, argv=[*MEGATRON_ARGV, "--distributed-backend", "nccl"]).unmapped]
+    with pytest.raises(InputError, match="distributed-backend"):
+        import_config("megatron", None, {"cluster.node": "dgx-a100"}, argv=[*MEGATRON_ARGV, "--distributed-backend",
+                                                                             "gloo"])

@@ -256,6 +256,10 @@ def read_args(args: dict, files: dict | None = None, base: Path | None = None, g
             a.used("num-distributed-optimizer-instances")
         _dp_overlap(a, precision, pp)
     _optimizer(a)
+    # llmsim's collectives are NCCL's (comm.py); Megatron of 2021-23 and Megatron-DeepSpeed also took gloo
+    if str(a.get("distributed-backend", "nccl")) != "nccl":
+        a.refuse("distributed-backend", "nccl: llmsim times NCCL's collectives")
+    a.used("distributed-backend")
     a.map("tp-comm-overlap", "plan.tp_comm_overlap", bool(a.get("tp-comm-overlap", False)))
     # the recomputation arguments of before 2022 (OLD_RECOMPUTE_ARGS; Megatron-LM refuses
     # --checkpoint-activations since, Megatron-DeepSpeed kept them) mark a Megatron without
