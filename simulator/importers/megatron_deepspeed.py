@@ -32,7 +32,8 @@ from .common import Account, merge_into
 # Megatron-DeepSpeed's store-true arguments beyond Megatron-LM's (launch_script.STORE_TRUE)
 STORE_TRUE = {"deepspeed", "no-pipeline-parallel", "use-rotary-position-embeddings", "use-flash-attn-v1",
               "use-flash-attn-v2", "use-flash-attn-triton", "use-flash-attn-builder",
-              "deepspeed-activation-checkpointing", "force-ds-sequence-parallel", "ds-sequence-parallel-fpdt"}
+              "deepspeed-activation-checkpointing", "force-ds-sequence-parallel", "ds-sequence-parallel-fpdt",
+              "enable-zbh1-pipeline", "enable-zbh1-exact-semantics"}
 # Megatron's data-parallel arguments, which do nothing under DeepSpeed's engine
 MEGATRON_DDP = ("use-distributed-optimizer", "overlap-grad-reduce", "overlap-param-gather", "DDP-impl",
                 "accumulate-allreduce-grads-in-fp32", "grad-reduce-in-bf16", "fp32-allreduce",
@@ -82,6 +83,9 @@ def read_engine(a: Account, files: dict, base: Path | None, precision: str, pp: 
     a.used("ds-sequence-parallel-size", "deepspeed", "deepspeed-activation-checkpointing")
     a.ignore(*MEGATRON_DDP)
     pipeline = not a.get("no-pipeline-parallel")
+    if a.get("enable-zbh1-pipeline"):  # megatron/core/pipeline_parallel/deepspeed_zbh1_schedule.py
+        a.refuse("enable-zbh1-pipeline", "Megatron-DeepSpeed's ZB-H1 splits the backward pass only outside its "
+                 "steady state (and the first stage never): not the paper's schedule llmsim runs as zb-h1")
     if pipeline and vpp and vpp > 1:
         a.refuse("num-layers-per-virtual-pipeline-stage" if a.has("num-layers-per-virtual-pipeline-stage") else
                  "virtual-pipeline-model-parallel-size", "DeepSpeed's pipeline engine does not interleave stages")
