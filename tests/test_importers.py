@@ -1569,3 +1569,14 @@ def test_megatron_collectives_other_than_nccls_are_refused():
     with pytest.raises(InputError, match="distributed-backend"):
         import_config("megatron", None, {"cluster.node": "dgx-a100"}, argv=[*MEGATRON_ARGV, "--distributed-backend",
                                                                              "gloo"])
+
+
+def test_megatron_deepspeed_checkpoint_storage_is_reported_where_on(tmp_path):
+    config = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True},
+              "activation_checkpointing": {"partition_activations": True, "cpu_checkpointing": False}}
+    (tmp_path / "ds.json").write_text(json.dumps(config))
+    imported = _mds(tmp_path, {"cat <<EOT > $DS_CONFIG": "cat <<EOT > unused.json",
+                               "DS_CONFIG=${BASE_PATH}/deepspeed.json": "DS_CONFIG=ds.json"})
+    unmapped = {u["key"]: u["why"] for u in imported.unmapped}
+    assert "TP ranks" in unmapped["ds.json:activation_checkpointing.partition_activations"]
+    assert "ds.json:activation_checkpointing.cpu_checkpointing" in [i["key"] for i in imported.ignored]

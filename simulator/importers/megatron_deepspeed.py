@@ -40,6 +40,13 @@ MEGATRON_DDP = ("use-distributed-optimizer", "overlap-grad-reduce", "overlap-par
                 "num-distributed-optimizer-instances", "use-contiguous-buffers-in-local-ddp")
 
 
+# DeepSpeed's activation checkpointing as Megatron-DeepSpeed runs it (deepspeed.checkpointing.configure)
+CHECKPOINT_REASONS = {
+    "activation_checkpointing.partition_activations": "checkpoints split over the TP ranks are not modelled",
+    "activation_checkpointing.cpu_checkpointing": "checkpoints moved to host memory are not modelled",
+    "activation_checkpointing.*": "not modelled"}
+
+
 def is_fork(a: Account) -> bool:
     return bool(a.get("deepspeed"))
 
@@ -118,7 +125,9 @@ def read_engine(a: Account, files: dict, base: Path | None, precision: str, pp: 
         a.refuse("zero-stage", f"the DeepSpeed config runs ZeRO-{d.number('zero_optimization.stage', 0)}")
     a.used("zero-stage")
     deepspeed.read_engine(d, precision, pipeline)
-    merge_into(a.result, d.finish(deepspeed.IGNORED, deepspeed.REASONS), f"{path}:")
+    # the checkpointing Megatron-DeepSpeed's recompute arguments ask for, stored as this section says
+    d.ignore(*(k for k, v in d.flat.items() if k.startswith("activation_checkpointing.") and not v))
+    merge_into(a.result, d.finish(deepspeed.IGNORED, {**CHECKPOINT_REASONS, **deepspeed.REASONS}), f"{path}:")
 
 
 def pipeline_recompute(a: Account) -> None:
