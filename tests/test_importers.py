@@ -1496,7 +1496,8 @@ def test_megatron_deepspeed_config_beside_the_script_is_read(tmp_path):
     ({"--bf16 \\": "--bf16 --use-flash-attn \\"}, "use-flash-attn"),  # FlashAttention 1
     ({"--bf16 \\": "--bf16 --ds-sequence-parallel-size 2 \\"}, "ds-sequence-parallel-size"),
     ({'"stage": $ZERO_STAGE': '"stage": 1'}, "zero-stage"),  # the script says 0, its config 1
-    ({"--bf16 \\": "--bf16 --enable-zbh1-pipeline \\"}, "enable-zbh1-pipeline")])
+    ({"--bf16 \\": "--bf16 --enable-zbh1-pipeline \\"}, "enable-zbh1-pipeline"),
+    ({'"bf16": {': '"fp16": {"enabled": true},\n  "bf16": {'}, "fp16.enabled")])  # DeepSpeed asserts one
 def test_megatron_deepspeed_what_it_cannot_run_or_llmsim_cannot_model_is_refused(tmp_path, replace, key):
     with pytest.raises(InputError, match=key):
         _mds(tmp_path, replace)

@@ -56,12 +56,8 @@ def read(path: str | Path) -> Imported:
                  lambda c: total // (steps * c["dp"]))
     a.used("gradient_accumulation_steps")  # neither batch size given (the HF Trainer fills them): --global-batch
 
-    bf16 = bool(a.get("bf16.enabled", False))
-    fp16 = bool(a.get("fp16.enabled", False))
-    if bf16 and fp16:  # DeepSpeed asserts it too (runtime/config.py)
-        a.refuse("fp16.enabled", "bf16 and fp16 cannot both be enabled")
-    precision = "bf16" if bf16 else "fp16" if fp16 else "fp32"
-    a.map("bf16.enabled" if bf16 else "fp16.enabled", "plan.precision", precision)
+    precision = config_precision(a)
+    a.map("bf16.enabled" if precision == "bf16" else "fp16.enabled", "plan.precision", precision)
     a.used("bf16.enabled", "fp16.enabled")
     read_engine(a, precision)
     opt = str(a.get("optimizer.type", "Adam"))
@@ -83,6 +79,15 @@ def config_account(text: str, where: str, scenario: dict | None = None) -> Accou
         if value == "auto":
             a.refuse(key, "'auto' is filled in by the HF Trainer at run time; write the number")
     return a
+
+
+def config_precision(a: Account) -> str:
+    """The training precision a DeepSpeed config enables: bf16, fp16 (not both: DeepSpeed asserts
+    it, runtime/config.py) or fp32."""
+    bf16, fp16 = bool(a.get("bf16.enabled", False)), bool(a.get("fp16.enabled", False))
+    if bf16 and fp16:
+        a.refuse("fp16.enabled", "bf16 and fp16 cannot both be enabled")
+    return "bf16" if bf16 else "fp16" if fp16 else "fp32"
 
 
 def read_engine(a: Account, precision: str, pipeline: bool = False) -> None:

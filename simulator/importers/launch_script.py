@@ -182,7 +182,7 @@ _NUMERIC = {"-eq": int.__eq__, "-ne": int.__ne__, "-lt": int.__lt__, "-le": int.
 def _condition(words: list[str]):
     """True, False or None (unknown) for an `if` condition of `[ ]` / `[[ ]]` tests joined by
     && and || (evaluated left to right, as the shell does)."""
-    value, op, group = None, None, []
+    op, group = None, []
     result: object = "start"
     for word in words + ["||"]:
         if word not in ("&&", "||"):

@@ -217,7 +217,8 @@ def read_args(args: dict, files: dict | None = None, base: Path | None = None, g
         vpp = split_vpp
         a.map("pipeline-model-parallel-layout", "plan.vpp", vpp)
     a.scenario["plan"]["schedule"] = "interleaved" if vpp and vpp > 1 else "1f1b"
-    a.map("micro-batch-size", "plan.micro_batch", number_of(a, "micro-batch-size", 1))
+    micro = number_of(a, "micro-batch-size", 1)
+    a.map("micro-batch-size", "plan.micro_batch", micro)
     if not a.has("global-batch-size"):
         a.refuse("global-batch-size", "required: llmsim needs the global batch")
     global_batch = number_of(a, "global-batch-size")
@@ -243,7 +244,7 @@ def read_args(args: dict, files: dict | None = None, base: Path | None = None, g
         a.map("fp4-param-gather", "plan.fp8_params", True)
     read_bf16_layers(a, "first-last-layers-bf16", "num-layers-at-start-in-bf16", "num-layers-at-end-in-bf16", precision)
     if fork:
-        mds.read_engine(a, files or {}, base, precision, pp, vpp, number_of(a, "micro-batch-size", 1), global_batch)
+        mds.read_engine(a, files or {}, base, precision, pp, vpp, micro, global_batch)
     else:
         _grad_precision(a, precision)
         adam_states(a, "use-precision-aware-optimizer", megatron_key)

@@ -110,7 +110,7 @@ def read_engine(a: Account, files: dict, base: Path | None, precision: str, pp: 
         text = read_text(beside, "deepspeed")
     d = deepspeed.config_account(text, f"deepspeed_config {path}", a.scenario)
     a.used("deepspeed_config")
-    ds_precision = "bf16" if d.get("bf16.enabled") else "fp16" if d.get("fp16.enabled") else "fp32"
+    ds_precision = deepspeed.config_precision(d)
     if ds_precision != (precision if precision in ("bf16", "fp16") else "fp32"):
         d.refuse("bf16.enabled" if d.has("bf16.enabled") else "fp16.enabled",
                  f"DeepSpeed's {ds_precision} where the script trains in {precision}")
@@ -120,9 +120,9 @@ def read_engine(a: Account, files: dict, base: Path | None, precision: str, pp: 
             d.refuse(key, f"the script's batch is {value} (DeepSpeed takes its accumulation from the config)")
         d.used(key)
     d.used("gradient_accumulation_steps")
-    zero = a.number("zero-stage")
-    if zero is not None and zero != d.number("zero_optimization.stage", 0):
-        a.refuse("zero-stage", f"the DeepSpeed config runs ZeRO-{d.number('zero_optimization.stage', 0)}")
+    zero, stage = a.number("zero-stage"), d.number("zero_optimization.stage", 0)
+    if zero is not None and zero != stage:
+        a.refuse("zero-stage", f"the DeepSpeed config runs ZeRO-{stage}")
     a.used("zero-stage")
     deepspeed.read_engine(d, precision, pipeline)
     # the checkpointing Megatron-DeepSpeed's recompute arguments ask for, stored as this section says
