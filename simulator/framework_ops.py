@@ -54,6 +54,8 @@ import numpy as np
 from .compute import memory_bound_time
 from .hardware import Cluster
 from .model import ModelSpec
+from .moe import dispatched_rows, layer_params_split, local_experts, plan_experts
+from .mtp import layer_is_moe
 from .states import BytesPerParam, layer_params_local
 from .workload import MEMORY, Op, Shard, local_heads
 
@@ -113,7 +115,6 @@ def moe_layer_framework_ops(model: ModelSpec, plan, shard: Shard, per: BytesPerP
     (moe.layer_params_split), less, with fusion, the experts' weight matrices too
     (Megatron-Core's expert linears accumulate into main_grad as the dense ones do; the
     router's F.linear does not)."""
-    from .moe import dispatched_rows, layer_params_split, local_experts
     tokens, rep, h = shard.tokens, shard.replicated_tokens, model.hidden
     up = model.mlp_matrices - 1
     rows = experts.etp * dispatched_rows(model, rep, experts)
@@ -144,6 +145,20 @@ def head_framework_ops(model: ModelSpec, plan, tp, per: BytesPerParam, head_copy
     head = np.where(np.asarray(head_copy), model.vocab * model.hidden / tp, 0.0)
     unfused = model.final_norm_params() + (0.0 if plan.grad_accumulation_fusion else head)
     return [_op("grad_accumulate", (per.weight + 2 * per.grad) * unfused)]
+
+
+def mtp_depth_framework_ops(model: ModelSpec, plan, tp, per: BytesPerParam) -> list[Op]:
+    """One multi-token-prediction depth's operators outside its transformer layer, per
+    micro-batch on the head stage (mtp.py): the depth's embedding lookup backward zero-fills a
+    gradient of the table and adds it, as the first stage's does; its three norms (enorm, hnorm,
+    the final norm) are added; without fusion so are eh_proj's weight and the shared output
+    layer's gradient of this depth's logits (Megatron-Core's eh_proj and output_layer are
+    column-parallel linears: megatron/core/transformer/multi_token_prediction.py, @d98e8a6)."""
+    table = model.vocab * model.hidden / tp
+    added = 3 * model.final_norm_params()
+    if not plan.grad_accumulation_fusion:
+        added = added + 2 * model.hidden * model.hidden / tp + table
+    return [_op("zero_fill", per.weight * table), _op("grad_accumulate", (per.weight + 2 * per.grad) * (table + added))]
 
 
 def step_framework_ops(plan, per: BytesPerParam, params, grad_group) -> list[Op]:
@@ -195,10 +210,13 @@ def microbatch_seconds(model: ModelSpec, plan, cluster: Cluster, shard: Shard, p
     precision = plan.precision
     t = (layers - moe_layers) * ops_seconds(layer_framework_ops(model, plan, shard, per), cluster, precision)
     if model.experts:
-        from .moe import plan_experts
         experts = plan_experts(plan)
         t = t + moe_layers * ops_seconds(moe_layer_framework_ops(model, plan, shard, per, experts), cluster,
                                          precision)
+    if model.mtp_layers:  # each depth, a layer of the decoder's last layer's kind, runs on the head stage
+        layer = (moe_layer_framework_ops(model, plan, shard, per, plan_experts(plan)) if layer_is_moe(model)
+                 else layer_framework_ops(model, plan, shard, per)) + mtp_depth_framework_ops(model, plan, shard.tp, per)
+        t = t + np.asarray(has_head) * model.mtp_layers * ops_seconds(layer, cluster, precision)
     tied_here = np.asarray(has_embedding) & np.asarray(has_head)
     t = t + np.asarray(has_embedding) * ops_seconds(embedding_framework_ops(model, plan, shard.tp, per, tied_here),
                                                     cluster, precision)

@@ -215,9 +215,7 @@ def check_layer_mix_options(plan, model) -> None:
     """Refuse, for a model with experts, MLA or MTP (layermix.py), the framework options only the
     dense path models: torchao's FP8 recipes for experts and MLA (TransformerEngine's grouped
     GEMMs and Megatron-Core's MLA linears are what is modelled), eager kernels and op-level
-    selective recomputation (but for torchtitan's MoE layer), block recomputation; for MLA and
-    multi-token prediction unfused gradient accumulation (framework_ops.py counts a dense
-    layer's parameters for them)."""
+    selective recomputation (but for torchtitan's MoE layer), block recomputation."""
     if not (model.experts or model.attention == "mla" or model.mtp_layers):
         return
     kind = "MoE" if model.experts else "MLA" if model.attention == "mla" else "multi-token-prediction"
@@ -241,9 +239,6 @@ def check_layer_mix_options(plan, model) -> None:
     for field, value, refused in unsupported:
         if refused:
             raise InputError(field, value, f"not yet modelled for {kind} models (the dense layers' option)")
-    if not plan.grad_accumulation_fusion and (model.attention == "mla" or model.mtp_layers):
-        raise InputError("plan.grad_accumulation_fusion", False, "not yet modelled for MLA and multi-token-"
-                         "prediction layers (their gradient additions are not counted)")
 
 
 # ---------------------------------------------------------------- layers per stage

@@ -128,6 +128,51 @@ def test_unfused_accumulation_adds_the_router_and_every_local_experts_parameters
     assert _moe_layer(fused)["grad_accumulate"] == pytest.approx(12 * (4 * h + norms + router + 8 * (f + h)))
 
 
+MLA = ModelSpec(name="mla", layers=4, hidden=256, heads=8, kv_heads=8, ffn_hidden=1024, vocab=2048, seq_len=256,
+                activation="swiglu", norm="rmsnorm", position_embedding="rope", bias=False, tied_embeddings=False,
+                dropout=False, attention="mla", q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=16,
+                qk_rope_head_dim=8, v_head_dim=16, mtp_layers=1)
+
+
+def test_unfused_accumulation_adds_every_mla_weight_and_fused_only_the_norms():
+    h, heads = 256, 8
+    # W_DQ h x 64, W_UQ 64 x 8(16+8), W_DKV+W_KR h x (32+8), W_UKV 32 x 8(16+16), W_O 8*16 x h
+    linears = h * 64 + 64 * heads * 24 + h * 40 + 32 * heads * 32 + heads * 16 * h
+    norms = 64 + 32 + 2 * h  # the latent norms, the two pre-norms
+    mlp = 3 * h * 1024
+    plan = Plan(precision="bf16", grad_accumulation_fusion=False)
+    assert _layer(MLA, plan)["grad_accumulate"] == pytest.approx(10 * (linears + norms + mlp))
+    assert _layer(MLA, Plan(precision="bf16"))["grad_accumulate"] == pytest.approx(10 * norms)
+
+
+def test_an_mtp_depth_adds_its_embedding_gradient_its_norms_and_unfused_its_projection_and_the_head():
+    h, table = 256, 2048 * 256 / 2  # tp 2
+    unfused = Plan(tp=2, precision="bf16", grad_accumulation_fusion=False)
+    ops = _by_name(fo.mtp_depth_framework_ops(MLA, unfused, 2, _per(unfused)))
+    assert ops["zero_fill"] == 2 * table  # the lookup's zero-filled bf16 table gradient
+    # the table, enorm, hnorm and the final norm, eh_proj (2h x h over tp 2), the shared head's table again
+    assert ops["grad_accumulate"] == pytest.approx(10 * (table + 3 * h + h * h + table))
+    fused = Plan(tp=2, precision="bf16")
+    assert _by_name(fo.mtp_depth_framework_ops(MLA, fused, 2, _per(fused)))["grad_accumulate"] == \
+        pytest.approx(10 * (table + 3 * h))
+
+
+def test_the_head_stage_runs_each_mtp_depths_layer_and_depth_operators():
+    from dataclasses import replace
+    cluster = cluster_from_dict({"node": "dgx-h100", "nodes": 1})
+    plan = Plan(precision="bf16", grad_accumulation_fusion=False)
+    shard = Shard(micro_batch=1, seq_len=MLA.seq_len, tp=1, act_bytes=2)
+    per = _per(plan)
+
+    def head_stage(model):
+        return float(fo.microbatch_seconds(model, plan, cluster, shard, per, 4, False, True, True))
+    depth = fo.ops_seconds(fo.layer_framework_ops(MLA, plan, shard, per) + fo.mtp_depth_framework_ops(MLA, plan, 1, per),
+                           cluster, "bf16")
+    assert head_stage(MLA) - head_stage(replace(MLA, mtp_layers=0)) == pytest.approx(float(depth))
+    assert float(fo.microbatch_seconds(MLA, plan, cluster, shard, per, 4, True, False, False)) == pytest.approx(
+        float(fo.microbatch_seconds(replace(MLA, mtp_layers=0), plan, cluster, shard, per, 4, True, False, False)))
+
+
 def test_parameter_tensors_of_an_moe_layer_count_the_router_and_each_local_expert():
     # an MoE layer: qkv, output, router and 8 experts x (fc1, fc2), each weight and bias, 2 norms x 2
     moe_layer = 2 * (2 + 1 + 16) + 4

@@ -692,13 +692,16 @@ def test_megatron_2021_gpt3_script_imports_as_the_readme_row_of_the_same_run():
     """Megatron-LM's own GPT-3 175B example of Jan 2021 (its arguments in a shell variable run
     through `sh -c`; --checkpoint-activations; dropout at Megatron's 0.1 default; no flash
     attention then) is the README's published run, whose row was written by hand. Its commit
-    predates the scatter/gather of pipeline sends, which the script cannot say: the import
-    notes it, and told so gives the row's plan and prediction."""
+    predates the scatter/gather of pipeline sends and the fused weight-gradient accumulation,
+    which the script cannot say: the import notes both, and told so gives the row's plan and
+    prediction."""
     from simulator.validation.runs import load_runs
     imported = import_config("megatron", DATA / "megatron-pretrain_gpt3_175B-2021.sh",
                              {"cluster.node": "dgx-a100", "cluster.nodes": 128})
-    assert any(u["key"] == "no-scatter-gather-tensors-in-pipeline" for u in imported.unmapped)
-    ours = scenario_from_dict({**imported.scenario, "plan": {**imported.scenario["plan"], "pp_scatter_gather": False}})
+    assert {"no-scatter-gather-tensors-in-pipeline", "no-gradient-accumulation-fusion"} <= {
+        u["key"] for u in imported.unmapped}
+    ours = scenario_from_dict({**imported.scenario, "plan": {**imported.scenario["plan"], "pp_scatter_gather": False,
+                                                             "grad_accumulation_fusion": False}})
     published = next(r for r in load_runs() if r.id == "megatron_readme_gpt3_175B_1024gpu").build()
     assert (ours.plan.recompute, ours.plan.flash_attention, ours.model.dropout) == ("full", False, True)
     assert ours.plan == published.plan and dataclasses.replace(ours.model, name=published.model.name) == published.model
@@ -1274,7 +1277,8 @@ def test_megatron_bridge_run_config_is_the_run_it_describes():
     assert (m.activation, m.norm, m.position_embedding, m.bias, m.tied_embeddings, m.experts) == (
         "swiglu", "rmsnorm", "rope", False, False, 0)
     assert (p.tp, p.pp, p.cp, p.vpp, p.micro_batch, p.global_batch, p.precision, p.fp8_params, p.zero_stage,
-            p.grad_precision, p.dp_overlap, p.recompute) == (1, 1, 1, 1, 1, 8, "mxfp8", True, 1, "bf16", False, "none")
+            p.grad_precision, p.dp_overlap, p.recompute, p.grad_accumulation_fusion) == (
+        1, 1, 1, 1, 1, 8, "mxfp8", True, 1, "bf16", False, "none", True)
     keys = set(flatten(yaml.safe_load((DATA / "bridge-llama3_8b_sft_gb200_fp8_mx_v1.yaml").read_text())))
     assert keys <= set(_accounted(imported))
     unmapped = {u["key"]: u["why"] for u in imported.unmapped}
@@ -1395,7 +1399,10 @@ def test_megatron_sc21_table_1_scripts_import_as_the_published_rows_plans(row):
     case = SC21_TABLE_1[row]
     imported = import_config("megatron", None, {"cluster.node": "dgx-a100", "cluster.nodes": case["NNODES"]},
                              argv=_sc21_argv(case))
-    ours = scenario_from_dict(imported.scenario)
+    assert any(u["key"] == "no-gradient-accumulation-fusion" for u in imported.unmapped)
+    # Aug 2021: before the fused accumulation (@83b1e42f30, Feb 2022), as the import notes
+    ours = scenario_from_dict({**imported.scenario, "plan": {**imported.scenario["plan"],
+                                                             "grad_accumulation_fusion": False}})
     published = next(r for r in load_runs() if r.id == row).build()
     assert ours.plan == published.plan
     assert (ours.plan.dp_overlap, ours.plan.grad_precision) == (case["DDP"] == "torch", "fp16")
@@ -1449,6 +1456,55 @@ def test_nemo_grad_sync_dtype_of_another_name_is_refused(tmp_path):
     (tmp_path / "n.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(InputError, match="grad_sync_dtype"):
         import_config("megatron", tmp_path / "n.yaml", {"cluster.node": "dgx-h100"})
+
+
+@pytest.mark.parametrize("args, fused, noted", [
+    ([], True, False),  # Megatron-LM's default since Feb 2022
+    (["--no-gradient-accumulation-fusion"], False, False),
+    (["--checkpoint-activations"], True, True)])  # a script of before 2022 may predate it: said
+def test_megatron_weight_gradients_accumulate_in_their_gemms_unless_switched_off(args, fused, noted):
+    imported = import_config("megatron", None, {"cluster.node": "dgx-a100"}, argv=[*MEGATRON_ARGV, *args])
+    assert imported.scenario["plan"]["grad_accumulation_fusion"] is fused
+    assert any(u["key"] == "no-gradient-accumulation-fusion" for u in imported.unmapped) is noted
+
+
+@pytest.mark.parametrize("change, pp, dp, fused", [
+    ({}, 1, 4, True),  # the fixture: megatron_amp_O2 with distributed_fused_adam
+    ({"gradient_accumulation_fusion": None}, 1, 4, False),  # NeMo's default is off
+    ({"megatron_amp_O2": False}, 1, 4, False),  # fused only under O2
+    ({"optim": {"name": "fused_adam"}}, 1, 4, False),  # without pipelining, only with a distributed optimizer ...
+    ({"optim": {"name": "fused_adam"}}, 1, 1, True),  # ... or on one data-parallel rank
+    ({"optim": {"name": "fused_adam"}, "pipeline_model_parallel_size": 2}, 2, 2, True)])
+def test_nemo_fuses_weight_gradient_accumulation_where_nemo_lets_it(tmp_path, change, pp, dp, fused):
+    data = yaml.safe_load((DATA / "nemo-llama3.1_8b.yaml").read_text())
+    for key, value in change.items():
+        if value is None:
+            del data["model"][key]
+        elif isinstance(value, dict):
+            data["model"][key].update(value)
+        else:
+            data["model"][key] = value
+    data["model"]["context_parallel_size"] = 1
+    data["trainer"]["devices"] = pp * dp
+    (tmp_path / "n.yaml").write_text(yaml.safe_dump(data))
+    s = scenario_from_dict(import_config("megatron", tmp_path / "n.yaml", {"cluster.node": "dgx-h100"}).scenario)
+    assert (s.plan.dp, s.plan.grad_accumulation_fusion) == (dp, fused)
+
+
+def test_megatron_bridge_reads_its_models_gradient_accumulation_fusion(tmp_path):
+    data = yaml.safe_load((DATA / "bridge-llama3_8b_sft_gb200_fp8_mx_v1.yaml").read_text())
+    data["model"]["gradient_accumulation_fusion"] = False
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump(data))
+    plan = import_config("megatron", tmp_path / "b.yaml", {"cluster.node": "dgx-b200"}).scenario["plan"]
+    assert plan["grad_accumulation_fusion"] is False
+
+
+def test_deepspeed_engines_add_every_weight_gradient_apart(tmp_path):
+    """Neither DeepSpeed's engine nor Megatron-DeepSpeed's linears fuse the accumulation."""
+    ds = import_config("deepspeed", DATA / "deepspeed-ds_config_zero3.json",
+                       {"model.preset": "llama2-7b", "cluster.node": "dgx-a100", "plan.global_batch": 64})
+    assert ds.scenario["plan"]["grad_accumulation_fusion"] is False
+    assert _mds(tmp_path).scenario["plan"]["grad_accumulation_fusion"] is False
 
 
 MDS_SCRIPT = DATA / "megatron-deepspeed-pretrain_llama2_distributed.sh"

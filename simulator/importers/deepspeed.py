@@ -60,6 +60,11 @@ def read(path: str | Path) -> Imported:
     a.map("bf16.enabled" if precision == "bf16" else "fp16.enabled", "plan.precision", precision)
     a.used("bf16.enabled", "fp16.enabled")
     read_engine(a, precision)
+    # the model's linears return their weight gradients; autograd or the engine's hooks add them into
+    # its buffers (runtime/zero/stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads,
+    # bf16_optimizer.py accumulate_hp_grads_and_remove_lp @38327e07f): no fused accumulation
+    a.map("zero_optimization.stage", "plan.grad_accumulation_fusion", False,
+          "the engine adds every parameter's gradient apart")
     opt = str(a.get("optimizer.type", "Adam"))
     if opt.lower() not in ("adam", "adamw", "fusedadam", "cpuadam"):
         a.refuse("optimizer.type", "Adam, AdamW, FusedAdam or CPUAdam (Muon is modelled as Megatron-Core runs it, "

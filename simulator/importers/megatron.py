@@ -284,6 +284,7 @@ def read_args(args: dict, files: dict | None = None, base: Path | None = None, g
         a.absent("no-scatter-gather-tensors-in-pipeline", "pipeline sends split over the TP ranks, as Megatron-LM "
                  "from @27fc468964 (Feb 2021); before, each TP rank sent the whole activation: "
                  "--set plan.pp_scatter_gather=false")
+    _grad_accumulation_fusion(a, fork, legacy)
     # Megatron's vocab-parallel cross-entropy, fused or not: the same in-place steps (loss.py)
     a.map("cross-entropy-loss-fusion", "plan.loss", "vocab-parallel")
     _recompute_args(a)
@@ -333,6 +334,31 @@ def _dp_overlap(a: Account, precision: str, pp: int) -> None:
     a.used("overlap-grad-reduce")
     a.absent("Megatron-LM release", "taken as @65eeb427db (Feb 2021) or later, whose schedule runs all micro-batches "
              "but the last under torch DDP's no_sync; before it, every micro-batch's gradients were all-reduced")
+
+
+def _grad_accumulation_fusion(a: Account, fork: bool, legacy: bool) -> None:
+    """Whether the weight-gradient GEMMs add into the main gradients themselves
+    (plan.grad_accumulation_fusion; framework_ops.py). Megatron-LM does so by default from
+    @83b1e42f30 (Feb 2022) unless --no-gradient-accumulation-fusion, until @07916bf245 (Sep
+    2022) only with fp32 main gradients (arguments.py switched it off otherwise); before, every
+    parameter's gradient was added apart each micro-batch (@de7dc40f88 megatron/model/
+    distributed.py: the local DDP's hook `main_grad.add_(grad)`, or autograd's accumulation).
+    Megatron-DeepSpeed never fuses: its linears' backward returns the weight gradient for
+    autograd or DeepSpeed's hooks to add (Megatron-DeepSpeed@f4157bea megatron/core/
+    tensor_parallel/layers.py, the fused call commented out since its 2023 rebase, 9e72d571f;
+    megatron/mpu/layers.py before it). A script with the recomputation arguments of before 2022
+    does not say its release: the newer is assumed and said."""
+    if fork:
+        a.map("no-gradient-accumulation-fusion", "plan.grad_accumulation_fusion", False,
+              "Megatron-DeepSpeed adds every weight gradient apart")
+        return
+    a.map("no-gradient-accumulation-fusion", "plan.grad_accumulation_fusion",
+          not a.get("no-gradient-accumulation-fusion", False))
+    if legacy and not a.has("no-gradient-accumulation-fusion"):
+        a.absent("no-gradient-accumulation-fusion", "weight-gradient GEMMs adding into the main gradients, as "
+                 "Megatron-LM from @83b1e42f30 (Feb 2022; in fp16 without fp32 accumulation from @07916bf245, "
+                 "Sep 2022); before, every gradient was added apart each micro-batch: "
+                 "--set plan.grad_accumulation_fusion=false")
 
 
 # Megatron-FSDP's --data-parallel-sharding-strategy (arguments.py, default optim_grads_params)
@@ -757,6 +783,23 @@ NEMO_ACTIVATIONS = {"gelu": "gelu", "swiglu": "swiglu", "fast-swiglu": "swiglu",
                     "fast-geglu": "geglu"}
 
 
+def _nemo_grad_accumulation_fusion(a: Account, m, optimizer: str, pp: int) -> None:
+    """NeMo's model.gradient_accumulation_fusion (off unless given), which NeMo switches off
+    without megatron_amp_O2 and, without pipelining, on more than one data-parallel rank unless
+    the optimizer is distributed (NVIDIA/NeMo@8cfedd7203 nemo/collections/nlp/models/
+    language_modeling/megatron_base_model.py _validate_and_override_config)."""
+    key, field = m("gradient_accumulation_fusion"), "plan.grad_accumulation_fusion"
+    if not a.get(key, False):
+        a.map(key, field, False)
+    elif not a.get(m("megatron_amp_O2"), False):
+        a.map(key, field, False, "NeMo fuses only under megatron_amp_O2")
+    elif pp == 1 and optimizer not in ("distributed_fused_adam", "mcore_distributed_optim"):
+        a.derive(key, field, "on one data-parallel rank only (NeMo without pipelining fuses on more only with a "
+                             "distributed optimizer)", lambda c: c["dp"] == 1)
+    else:
+        a.map(key, field, True)
+
+
 def read_nemo(data: dict) -> Imported:
     a = Account(data, "nemo")
     m = lambda key: f"model.{key}"  # noqa: E731
@@ -863,6 +906,7 @@ def read_nemo(data: dict) -> Imported:
     # model_dtype fp32, store_params false), llmsim's fp32_params
     if not a.get(m("megatron_amp_O2"), False) and precision in ("bf16", "fp16") and not a.get(m("fp8")):
         a.map(m("megatron_amp_O2"), "plan.fp32_params", True)
+    _nemo_grad_accumulation_fusion(a, m, optimizer, a.number(m("pipeline_model_parallel_size"), 1))
     a.used(m("megatron_amp_O2"))
     grads = {"fp32": "fp32", "float32": "fp32", "32": "fp32", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16",
              "float16": "fp16", "16": "fp16"}.get(str(a.get(m("optim.grad_sync_dtype"), "fp32")))

@@ -43,7 +43,7 @@ MODEL_IGNORED = tuple(f"model.{k}" for k in (
     "cross_entropy_fusion_impl", "should_pad_vocab", "max_position_embeddings", "original_max_position_embeddings",
     "num_layers_at_end_in_bf16", "num_layers_at_start_in_bf16", "first_last_layers_bf16",
     "apply_query_key_layer_scaling",
-    "gradient_accumulation_fusion", "config_logger_dir",
+    "config_logger_dir",
     "use_te_rng_tracker", "use_mamba_mem_eff_path")) + tuple(
     f"mixed_precision.{k}" for k in ("fp8_amax_*", "fp8_margin", "fp8_wgrad", "fp8_interval", "hysteresis",
                                      "initial_loss_scale", "loss_scale*", "min_loss_scale", "params_dtype",
@@ -281,6 +281,10 @@ def _sharding(a: Account, precision: str) -> None:
         a.map("ddp.grad_reduce_in_fp32", "plan.grad_precision", "fp32" if a.get("ddp.grad_reduce_in_fp32") else
               "bf16" if precision != "fp16" else "fp16")
     a.map("ddp.overlap_grad_reduce", "plan.dp_overlap", bool(a.get("ddp.overlap_grad_reduce", False)))
+    # Bridge's providers default it to whether the fused kernel is importable
+    # (fusions.can_enable_gradient_accumulation_fusion): on the GPU hosts these configs are for
+    a.map("model.gradient_accumulation_fusion", "plan.grad_accumulation_fusion",
+          bool(a.get("model.gradient_accumulation_fusion", True)))
 
 
 def _optimizer(a: Account) -> None:
