@@ -7,7 +7,8 @@ sends (Megatron-LM's p2p holds the sender for the transfer).
 Data parallelism: per-micro-batch collectives (ZeRO-2/3) hide behind that micro-batch's
 passes when `plan.dp_overlap`, else add to them; the once-per-step gradient reduction of
 the last micro-batch's backward and the weight gather before the first forward overlap
-those passes in Megatron-LM's buckets (dataparallel.py). Stage i starts its first forward
+those passes in Megatron-LM's buckets (dataparallel.py), the gather only with
+`plan.gathers_overlap` (else it follows the optimizer step). Stage i starts its first forward
 i forward hops after stage 0 and ends its last backward i backward passes before it: that
 is the slack its gather and its reduction have.
 
@@ -113,15 +114,18 @@ def _dp_exposed_s(layout: Layout, r: StageLayout, times: StageTimes, i: int, sla
     if plan.dp_overlap:
         per_mb = np.maximum(0.0, d.mb_gather_s - f) + np.maximum(0.0, d.mb_reduce_s - grad_pass * v)
         tail = _reduce_tail_s(layout, d.step_reduce_s, grad_pass, r.buckets, times, i, r.stage)
-        head = bucketed_overlap_s(d.step_gather_s / v, f / v, r.buckets) * (d.step_gather_s > 0)
         # ZeRO-3 by FSDP units: the first pass waits for its first unit's gather, each chunk's
         # last reduce-scatter outlasts its pass by its last unit's (per_mb has the rest)
         units = (r.buckets > 1) & (d.mb_gather_s > 0)
-        head = head + np.minimum(d.mb_gather_s / (2 * v), f / v) / r.buckets * units
+        head = np.minimum(d.mb_gather_s / (2 * v), f / v) / r.buckets * units
         tail = tail + _reduce_tail_s(layout, d.mb_reduce_s, grad_pass, r.buckets, times, i, r.stage) * units
     else:
         per_mb = d.mb_gather_s + d.mb_reduce_s
-        tail, head = d.step_reduce_s, d.step_gather_s
+        tail, head = d.step_reduce_s, 0.0
+    if plan.gathers_overlap:
+        head = head + bucketed_overlap_s(d.step_gather_s / v, f / v, r.buckets) * (d.step_gather_s > 0)
+    else:
+        head = head + d.step_gather_s
     slack_start = r.stage * f / v
     exposed = layout.m * per_mb + np.maximum(0.0, tail - slack_end) + np.maximum(0.0, head - slack_start)
     return exposed, np.maximum(0.0, slack_end - tail)

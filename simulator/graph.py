@@ -27,7 +27,7 @@ Tasks (every duration from the Layout; nothing is re-derived here):
   re-runs right before its backward, the last after the pass: the exact bucketed finish),
   or after the last pass without `plan.dp_overlap`; the ZeRO-1/2 weight gather running
   beside the first forward of each chunk, whose start it delays by the bucketed gather's
-  exposed part; ZeRO-2 per-micro-batch reduce-scatter; ZeRO-3/FSDP per-pass weight gathers
+  exposed part (`plan.gathers_overlap`; else after the optimizer step); ZeRO-2 per-micro-batch reduce-scatter; ZeRO-3/FSDP per-pass weight gathers
   prefetched one pass ahead.
 - d2h and h2d streams (the host link, full duplex) and cpu: offload copies (offload.py):
   activations out after F and back one pass ahead of their backward, ZeRO-Infinity weights
@@ -244,6 +244,7 @@ class _Offload:
 @dataclass(frozen=True)
 class _UniformPlan:
     dp_overlap: bool = True
+    gathers_overlap: bool = True
     offload: _Offload = _Offload()
 
 
@@ -292,7 +293,7 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
     # warm-up and each later one ahead of its chunk: megatron/core/pipeline_parallel/
     # schedules.py@d98e8a6, param_sync_func): the first bucket, then the rest
     gather_at = {}
-    if st.step_gather_s > 0 and overlap:
+    if st.step_gather_s > 0 and plan.gathers_overlap:
         for ch, k in sorted(first_fwd.items()):
             gather_at[k] = gather(st.step_gather_s, (f"dp all-gather chunk{ch} bucket 1",
                                                      f"dp all-gather chunk{ch} buckets 2-{k_buckets}"), [])
@@ -467,6 +468,6 @@ def _stage(b: _Builder, schedule: Schedule, plan, p: int, v: int, i: int, st: St
         tail = [b.add("weights H2D", i, H2D, st.weights_back_h2d_s, [y], (("offload", st.weights_back_h2d_s),))]
     opt = b.add("optimizer step", i, COMPUTE, st.optimizer_s + st.framework_s, tail,
                 (("optimizer", st.optimizer_s), ("other", st.framework_s)))
-    if st.step_gather_s > 0 and not overlap:
+    if st.step_gather_s > 0 and not plan.gathers_overlap:
         x = st.step_gather_s * v
         b.add("dp all-gather weights", i, DP, x, [opt], (("dp_comm", x),))

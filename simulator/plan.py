@@ -80,6 +80,11 @@ class Plan:
     # Gradient reduction overlapped with the backward pass (PyTorch DDP, Megatron
     # --overlap-grad-reduce). Megatron-LM before 2023 reduced after the backward pass.
     dp_overlap: bool = True
+    # ZeRO-1/2's weight all-gather after the optimizer step dispatched bucket by bucket ahead of
+    # the next forward pass (Megatron-LM --overlap-param-gather, NeMo's overlap_param_sync) or
+    # run after the step (false: Megatron-LM without the flag, DeepSpeed's ZeRO-1/2); None: as
+    # dp_overlap (gathers_overlap).
+    param_gather_overlap: bool | None = None
     # TP collectives overlapped with GEMMs (Transformer Engine userbuffers); off by default.
     tp_comm_overlap: bool = False
     # Precision of the gradients kept for accumulation and reduction. Megatron-LM keeps
@@ -199,6 +204,11 @@ class Plan:
         return self.global_batch // (self.micro_batch * self.dp)
 
     @property
+    def gathers_overlap(self) -> bool:
+        """Whether ZeRO-1/2's weight all-gather runs ahead of the next forward pass."""
+        return self.dp_overlap if self.param_gather_overlap is None else self.param_gather_overlap
+
+    @property
     def sp(self) -> bool:
         """Sequence parallelism takes effect only with tensor parallelism."""
         return self.sequence_parallel and self.tp > 1
@@ -280,6 +290,7 @@ def _settings(data) -> dict:
         offload=offload,
         flash_attention=F.boolean(data, "flash_attention", "plan", True),
         dp_overlap=F.boolean(data, "dp_overlap", "plan", True),
+        param_gather_overlap=F.boolean(data, "param_gather_overlap", "plan", None),
         tp_comm_overlap=F.boolean(data, "tp_comm_overlap", "plan", False),
         grad_precision=F.choice(data, "grad_precision", "plan", GRAD_PRECISIONS, "fp32"),
         grad_accumulation_fusion=F.boolean(data, "grad_accumulation_fusion", "plan", True),
@@ -587,6 +598,9 @@ def check_options(plan: Plan) -> None:
         raise InputError("plan.recompute_modules", list(plan.recompute_modules), "only with recompute: selective")
     if plan.attention_kernel != "fused" and not plan.flash_attention:
         raise InputError("plan.attention_kernel", plan.attention_kernel, "only with flash_attention: true")
+    if plan.param_gather_overlap is not None and plan.zero_stage not in (1, 2):
+        raise InputError("plan.param_gather_overlap", plan.param_gather_overlap, "only with zero_stage 1 or 2 (the "
+                         "weights all-gathered once per step; ZeRO-3's gathers overlap by dp_overlap)")
     if not plan.fsdp_reshard_after_forward and plan.zero_stage < 3:
         raise InputError("plan.fsdp_reshard_after_forward", False, "only with zero_stage 3 (FSDP)")
     if plan.tp_impl == "dtensor" and plan.tp_comm_overlap and plan.tp_overlap == "userbuffers":

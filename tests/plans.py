@@ -140,6 +140,10 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
                                                           if moe else [])
         extra["recompute_modules"] = draw(st.lists(st.sampled_from(candidates), min_size=1, max_size=3, unique=True)) \
             if draw(st.booleans()) else ["core_attn"]
+    if zero in (1, 2):
+        gathers = draw(st.sampled_from([None, True, False]))
+        if gathers is not None:
+            extra["param_gather_overlap"] = gathers
     loss = draw(st.sampled_from(losses))
     data = {
         "model": {"preset": preset, "seq_len": seq, **overrides},

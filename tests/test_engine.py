@@ -195,6 +195,28 @@ def test_overlapped_gradient_reduction_hides_behind_backward(scenario):
     assert on.breakdown_s["dp_comm"] < 0.5 * full
 
 
+@pytest.mark.parametrize("engine", ["graph", "analytic"])
+def test_weights_gathered_after_the_optimizer_step_are_exposed_whole(scenario, engine):
+    """ZeRO-1 without Megatron-LM's --overlap-param-gather: the all-gather follows the optimizer
+    step; with it (or with dp_overlap, its default) it streams in ahead of the first forward."""
+    s = plan(scenario, pp=1, zero_stage=1)
+    gather = float(compile_scenario(s).stages[0].dp.step_gather_s)
+    on = evaluate(s, engine).breakdown_s["dp_comm"]
+    off = evaluate(plan(scenario, pp=1, zero_stage=1, param_gather_overlap=False), engine).breakdown_s["dp_comm"]
+    assert off >= gather and off - on > 0.5 * gather
+    reduce_after = evaluate(plan(scenario, pp=1, zero_stage=1, dp_overlap=False), engine).breakdown_s["dp_comm"]
+    gather_ahead = evaluate(plan(scenario, pp=1, zero_stage=1, dp_overlap=False, param_gather_overlap=True),
+                            engine).breakdown_s["dp_comm"]
+    assert reduce_after - gather_ahead > 0.5 * gather
+
+
+@pytest.mark.parametrize("zero_stage", [0, 3])
+def test_param_gather_overlap_is_refused_without_a_once_per_step_gather(scenario, zero_stage):
+    from simulator.errors import InputError
+    with pytest.raises(InputError, match="param_gather_overlap"):
+        plan(scenario, pp=1, zero_stage=zero_stage, param_gather_overlap=False)
+
+
 def test_fsdp_exposes_only_the_first_units_gather_and_the_last_units_reduce_scatter(scenario):
     # one micro-batch, no pipeline, one FSDP unit per layer: the forward waits for the first
     # layer's gather (G/L) while the rest streams in behind it, the backward's gather runs

@@ -1491,6 +1491,25 @@ def test_nemo_fuses_weight_gradient_accumulation_where_nemo_lets_it(tmp_path, ch
     assert (s.plan.dp, s.plan.grad_accumulation_fusion) == (dp, fused)
 
 
+@pytest.mark.parametrize("args, overlap", [
+    (["--use-distributed-optimizer", "--overlap-grad-reduce"], False),  # gathered after the optimizer step
+    (["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"], True),
+    (["--overlap-grad-reduce"], None)])  # no distributed optimizer: no once-per-step gather
+def test_megatron_distributed_optimizer_gathers_weights_ahead_only_with_overlap_param_gather(args, overlap):
+    argv = [a for a in MEGATRON_ARGV if a != "--use-distributed-optimizer"]
+    plan = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[*argv, *args]).scenario["plan"]
+    assert plan.get("param_gather_overlap") is overlap
+
+
+def test_nemo_distributed_optimizer_gathers_weights_ahead_by_overlap_param_sync(tmp_path):
+    data = yaml.safe_load((DATA / "nemo-llama3.1_8b.yaml").read_text())
+    data["model"]["optim"]["overlap_param_sync"] = False
+    (tmp_path / "n.yaml").write_text(yaml.safe_dump(data))
+    off = import_config("megatron", tmp_path / "n.yaml", {"cluster.node": "dgx-h100"}).scenario["plan"]
+    on = import_config("megatron", DATA / "nemo-llama3.1_8b.yaml", {"cluster.node": "dgx-h100"}).scenario["plan"]
+    assert (off["param_gather_overlap"], on["param_gather_overlap"]) == (False, True)
+
+
 def test_megatron_bridge_reads_its_models_gradient_accumulation_fusion(tmp_path):
     data = yaml.safe_load((DATA / "bridge-llama3_8b_sft_gb200_fp8_mx_v1.yaml").read_text())
     data["model"]["gradient_accumulation_fusion"] = False
@@ -1502,9 +1521,16 @@ def test_megatron_bridge_reads_its_models_gradient_accumulation_fusion(tmp_path)
 def test_deepspeed_engines_add_every_weight_gradient_apart(tmp_path):
     """Neither DeepSpeed's engine nor Megatron-DeepSpeed's linears fuse the accumulation."""
     ds = import_config("deepspeed", DATA / "deepspeed-ds_config_zero3.json",
-                       {"model.preset": "llama2-7b", "cluster.node": "dgx-a100", "plan.global_batch": 64})
+                       {"model.preset": "llama-2-7b", "cluster.node": "dgx-a100", "plan.global_batch": 64})
     assert ds.scenario["plan"]["grad_accumulation_fusion"] is False
     assert _mds(tmp_path).scenario["plan"]["grad_accumulation_fusion"] is False
+
+
+@pytest.mark.parametrize("stage, overlap", [(1, False), (2, False), (3, None)])
+def test_deepspeed_zero_1_and_2_gather_the_weights_after_the_optimizer_step(tmp_path, stage, overlap):
+    plan = _plan(_deepspeed(tmp_path, zero_optimization={"stage": stage, "overlap_comm": True}),
+                 "param_gather_overlap", "dp_overlap")
+    assert plan == {"param_gather_overlap": overlap, "dp_overlap": True}
 
 
 MDS_SCRIPT = DATA / "megatron-deepspeed-pretrain_llama2_distributed.sh"

@@ -96,8 +96,8 @@ def config_precision(a: Account) -> str:
 
 
 def read_engine(a: Account, precision: str, pipeline: bool = False) -> None:
-    """What DeepSpeed's engine does with the data-parallel ranks: the ZeRO stage, offload and the
-    gradients (_gradients). `pipeline`: the model is a PipelineModule run by DeepSpeed's
+    """What DeepSpeed's engine does with the data-parallel ranks: the ZeRO stage, offload, the
+    gradients (_gradients) and the updated weights' all-gather after the step. `pipeline`: the model is a PipelineModule run by DeepSpeed's
     PipelineEngine (Megatron-DeepSpeed), which refuses ZeRO-2 and 3 and overlapped reductions
     (microsoft/DeepSpeed@38327e07f deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are
     incompatible with pipeline parallelism"; runtime/engine.py _configure_zero_optimizer:
@@ -125,6 +125,10 @@ def read_engine(a: Account, precision: str, pipeline: bool = False) -> None:
     if a.get("zero_optimization.cpu_offload"):
         a.map("zero_optimization.cpu_offload", "plan.offload.optimizer", "cpu")
     _gradients(a, stage, precision, pipeline)
+    if a.scenario["plan"].get("zero_stage") in (1, 2):  # its step() ends in all_gather_dp_groups, waited for
+        a.map("zero_optimization.stage", "plan.param_gather_overlap", False,
+              "ZeRO-1/2 all-gathers the updated weights at the end of the optimizer step (zero/stage_1_and_2.py, "
+              "bf16_optimizer.py step)")
 
 
 # DeepSpeed's spellings of a data type (deepspeed/runtime/config.py DtypeEnum)

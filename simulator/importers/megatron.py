@@ -63,7 +63,8 @@ IGNORED_ARGS = ("lr*", "min-lr", "decoupled-*", "weight-decay", "adam-*", "clip-
                 "make-vocab-size-divisible-by", "no-query-key-layer-scaling", "apply-query-key-layer-scaling",
                 "container-*", "output")  # the last two: srun's, beside Megatron-LM's own in a launch script
 ARG_REASONS = {"rampup-batch-size": "the batch-size ramp-up of the first steps is not modelled",
-               "overlap-param-gather": "parameter all-gather overlap is not modelled separately"}
+               "overlap-param-gather": "read with the distributed optimizer (ZeRO-1); Megatron-FSDP's layer gathers "
+                                       "overlap by --overlap-grad-reduce here (plan.dp_overlap)"}
 
 
 # ------------------------------------------------------------------ arguments
@@ -321,6 +322,7 @@ def _dp_overlap(a: Account, precision: str, pp: int) -> None:
         a.refuse("DDP-impl", "local or torch")
     if impl == "local":
         a.map("overlap-grad-reduce", "plan.dp_overlap", bool(a.get("overlap-grad-reduce", False)))
+        read_param_gather_overlap(a, "overlap-param-gather")
         a.used("DDP-impl")
         return
     if precision == "bf16" or a.get("accumulate-allreduce-grads-in-fp32") or a.get("use-distributed-optimizer"):
@@ -359,6 +361,17 @@ def _grad_accumulation_fusion(a: Account, fork: bool, legacy: bool) -> None:
                  "Megatron-LM from @83b1e42f30 (Feb 2022; in fp16 without fp32 accumulation from @07916bf245, "
                  "Sep 2022); before, every gradient was added apart each micro-batch: "
                  "--set plan.grad_accumulation_fusion=false")
+
+
+def read_param_gather_overlap(a: Account, key: str) -> None:
+    """Under the distributed optimizer (ZeRO-1) the updated weights are all-gathered right after
+    the optimizer step unless `key` (--overlap-param-gather) dispatches them bucket by bucket
+    ahead of the next forward pass (NVIDIA/Megatron-LM@d98e8a64dd megatron/core/optimizer/
+    distrib_optimizer.py step_with_ready_grads, distributed/distributed_data_parallel.py
+    start_param_sync): plan.param_gather_overlap. Under Megatron-FSDP it is the layers' gather
+    prefetch, which plan.dp_overlap stands for (left to the caller's reasons)."""
+    if a.scenario["plan"].get("zero_stage") == 1:
+        a.map(key, "plan.param_gather_overlap", bool(a.get(key, False)))
 
 
 # Megatron-FSDP's --data-parallel-sharding-strategy (arguments.py, default optim_grads_params)
@@ -775,7 +788,6 @@ NEMO_REASONS = {"model.*fusion": "kernel fusion is not modelled (efficiencies ar
                 "model.gradient_as_bucket_view": "gradient-reduction bucketing details are not modelled",
                 "model.optim.*bucket*": "gradient-reduction bucketing details are not modelled",
                 "model.optim.contiguous_*": "buffer layout is not modelled",
-                "model.optim.overlap_param_sync": "parameter all-gather overlap is not modelled separately",
                 "model.overlap_p2p_comm": "pipeline send/receive overlap is not modelled separately",
                 "model.batch_p2p_comm": "pipeline send/receive batching is not modelled",
                 "model.defer_embedding_wgrad_compute": "not modelled", "model.wgrad_deferral_limit": "not modelled"}
@@ -901,6 +913,9 @@ def read_nemo(data: dict) -> Imported:
         a.refuse(m("optim.name"), "llmsim models Adam's optimizer states only")
     a.map(m("optim.name"), "plan.zero_stage", 0 if optimizer in ("fused_adam", "adam", "adamw") else 1)
     a.map(m("optim.overlap_grad_sync"), "plan.dp_overlap", bool(a.get(m("optim.overlap_grad_sync"), False)))
+    # both distributed optimizers take overlap_param_sync, off unless given (NVIDIA/NeMo@8cfedd7203
+    # megatron_gpt_model.py: DistributedDataParallelConfig(overlap_param_gather=...), distributed_adam.py)
+    read_param_gather_overlap(a, m("optim.overlap_param_sync"))
     # megatron_amp_O2 false (NeMo's O1, its default): the module stays fp32 under autocast and its
     # parameters are the optimizer's master copy (NeMo megatron_base_model.py setup_optimization:
     # model_dtype fp32, store_params false), llmsim's fp32_params

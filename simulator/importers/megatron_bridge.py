@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from . import megatron_moe as moe
 from .common import Account, Imported, padded_vocab
-from .megatron import (adam_states, fsdp_grad_precision, megatron_fsdp, nemo_key, number_of, read_cp_comm_type,
-                       read_bf16_layers, read_dropout, read_fp4, read_fp8_recipe, read_head_dim, read_muon,
-                       read_qk_norm, read_qkv_bias, read_recompute, read_rotary_fraction, read_window)
+from .megatron import (adam_states, fsdp_grad_precision, megatron_fsdp, nemo_key, number_of, read_bf16_layers,
+                       read_cp_comm_type, read_dropout, read_fp4, read_fp8_recipe, read_head_dim, read_muon,
+                       read_param_gather_overlap, read_qk_norm, read_qkv_bias, read_recompute, read_rotary_fraction,
+                       read_window)
 from .megatron_pipeline import read_stage_split
 
 SECTIONS_IGNORED = ("checkpoint.*", "dataset.*", "dist.*", "logger.*", "profiling.*", "rerun_state_machine.*",
@@ -60,8 +61,10 @@ MODEL_IGNORED = tuple(f"model.{k}" for k in (
                          "pad_buckets_for_high_nccl_busbw", "align_param_gather", "suggested_communication_unit_size",
                          "fsdp_*", "nccl_ub", "disable_symmetric_registration", "megatron_fsdp_main_params_dtype",
                          "keep_fp8_transpose_cache", "param_name_patterns_for_fp32_local_accumulation",
-                         "overlap_param_gather", "fp8_param_gather"))
+                         "fp8_param_gather"))
 REASONS = {"model.softmax_type": "a learnable softmax offset per head (attention sinks) is not counted",
+           "ddp.overlap_param_gather": "read with the distributed optimizer (ZeRO-1); Megatron-FSDP's layer gathers "
+                                       "overlap by overlap_grad_reduce here (plan.dp_overlap)",
            "*.reuse_grad_buf_for_mxfp8_param_ag": "the gradient buffer reused for the MXFP8 parameter all-gather is "
                                                  "not modelled: llmsim counts both",
            "model.cuda_graph_impl": "CUDA graphs are not modelled: llmsim's launch overheads are those of eager "
@@ -281,6 +284,7 @@ def _sharding(a: Account, precision: str) -> None:
         a.map("ddp.grad_reduce_in_fp32", "plan.grad_precision", "fp32" if a.get("ddp.grad_reduce_in_fp32") else
               "bf16" if precision != "fp16" else "fp16")
     a.map("ddp.overlap_grad_reduce", "plan.dp_overlap", bool(a.get("ddp.overlap_grad_reduce", False)))
+    read_param_gather_overlap(a, "ddp.overlap_param_gather")
     # Bridge's providers default it to whether the fused kernel is importable
     # (fusions.can_enable_gradient_accumulation_fusion): on the GPU hosts these configs are for
     a.map("model.gradient_accumulation_fusion", "plan.grad_accumulation_fusion",
