@@ -1491,6 +1491,14 @@ def test_nemo_fuses_weight_gradient_accumulation_where_nemo_lets_it(tmp_path, ch
     assert (s.plan.dp, s.plan.grad_accumulation_fusion) == (dp, fused)
 
 
+def test_megatron_no_position_embedding_is_redundant_with_rope_and_refused_without():
+    rope = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[
+        *MEGATRON_ARGV, "--position-embedding-type", "rope", "--no-position-embedding"])
+    assert rope.scenario["model"]["position_embedding"] == "rope"
+    with pytest.raises(InputError, match="no-position-embedding"):  # Megatron-LM refuses it too
+        import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[*MEGATRON_ARGV, "--no-position-embedding"])
+
+
 @pytest.mark.parametrize("args, overlap", [
     (["--use-distributed-optimizer", "--overlap-grad-reduce"], False),  # gathered after the optimizer step
     (["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"], True),

@@ -61,7 +61,8 @@ IGNORED_ARGS = ("lr*", "min-lr", "decoupled-*", "weight-decay", "adam-*", "clip-
                 "no-mmap-bin-files", "manual-gc*", "calculate-per-token-loss", "empty-unused-memory-level",
                 "lr-*", "train-samples", "rotary-*", "apply-layernorm-1p", "tokenizer-type", "fp8-amax-*",
                 "make-vocab-size-divisible-by", "no-query-key-layer-scaling", "apply-query-key-layer-scaling",
-                "container-*", "output")  # the last two: srun's, beside Megatron-LM's own in a launch script
+                "no-load-*", "logging-level", "norm-epsilon", "init-model-with-meta-device",
+                "container-*", "output", "mpi")  # the last three: srun's, beside Megatron-LM's own in a launch script
 ARG_REASONS = {"rampup-batch-size": "the batch-size ramp-up of the first steps is not modelled",
                "overlap-param-gather": "read with the distributed optimizer (ZeRO-1); Megatron-FSDP's layer gathers "
                                        "overlap by --overlap-grad-reduce here (plan.dp_overlap)"}
@@ -173,6 +174,14 @@ def read_args(args: dict, files: dict | None = None, base: Path | None = None, g
         if position not in ("learned_absolute", "rope"):
             a.refuse("position-embedding-type", "expected learned_absolute or rope")
         a.map("position-embedding-type", "model.position_embedding", "rope" if position == "rope" else "learned")
+    # the learned table's switch: redundant with rotary embeddings, which drop it (Megatron-LM refuses
+    # it otherwise, @d98e8a64dd arguments.py; Megatron-DeepSpeed@f4157bea arguments.py drops the table
+    # for --use-rotary-position-embeddings); without either a model has no position embedding at all
+    if a.get("no-position-embedding"):
+        if a.scenario["model"].get("position_embedding") != "rope":
+            a.refuse("no-position-embedding", "a model without any position embedding is not modelled (with "
+                                              "rotary embeddings the flag is redundant)")
+        a.used("no-position-embedding")
     a.map("disable-bias-linear", "model.bias", not a.get("disable-bias-linear", False))
     read_qkv_bias(a, "add-qkv-bias", bool(a.get("disable-bias-linear", False)))
     a.map("untie-embeddings-and-output-weights", "model.tied_embeddings",
