@@ -215,7 +215,8 @@ def microbatch_seconds(model: ModelSpec, plan, cluster: Cluster, shard: Shard, p
                                          precision)
     if model.mtp_layers:  # each depth, a layer of the decoder's last layer's kind, runs on the head stage
         layer = (moe_layer_framework_ops(model, plan, shard, per, plan_experts(plan)) if layer_is_moe(model)
-                 else layer_framework_ops(model, plan, shard, per)) + mtp_depth_framework_ops(model, plan, shard.tp, per)
+                 else layer_framework_ops(model, plan, shard, per))
+        layer = layer + mtp_depth_framework_ops(model, plan, shard.tp, per)
         t = t + np.asarray(has_head) * model.mtp_layers * ops_seconds(layer, cluster, precision)
     tied_here = np.asarray(has_embedding) & np.asarray(has_head)
     t = t + np.asarray(has_embedding) * ops_seconds(embedding_framework_ops(model, plan, shard.tp, per, tied_here),

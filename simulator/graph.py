@@ -27,8 +27,9 @@ Tasks (every duration from the Layout; nothing is re-derived here):
   re-runs right before its backward, the last after the pass: the exact bucketed finish),
   or after the last pass without `plan.dp_overlap`; the ZeRO-1/2 weight gather running
   beside the first forward of each chunk, whose start it delays by the bucketed gather's
-  exposed part (`plan.gathers_overlap`; else after the optimizer step); ZeRO-2 per-micro-batch reduce-scatter; ZeRO-3/FSDP per-pass weight gathers
-  prefetched one pass ahead.
+  exposed part (`plan.gathers_overlap`; else after the optimizer step); ZeRO-2
+  per-micro-batch reduce-scatter; ZeRO-3/FSDP per-pass weight gathers prefetched one pass
+  ahead.
 - d2h and h2d streams (the host link, full duplex) and cpu: offload copies (offload.py):
   activations out after F and back one pass ahead of their backward, ZeRO-Infinity weights
   one pass ahead, ZeRO-Offload's gradients out, host Adam, weights back.

@@ -166,8 +166,8 @@ def test_the_head_stage_runs_each_mtp_depths_layer_and_depth_operators():
 
     def head_stage(model):
         return float(fo.microbatch_seconds(model, plan, cluster, shard, per, 4, False, True, True))
-    depth = fo.ops_seconds(fo.layer_framework_ops(MLA, plan, shard, per) + fo.mtp_depth_framework_ops(MLA, plan, 1, per),
-                           cluster, "bf16")
+    ops = fo.layer_framework_ops(MLA, plan, shard, per) + fo.mtp_depth_framework_ops(MLA, plan, 1, per)
+    depth = fo.ops_seconds(ops, cluster, "bf16")
     assert head_stage(MLA) - head_stage(replace(MLA, mtp_layers=0)) == pytest.approx(float(depth))
     assert float(fo.microbatch_seconds(MLA, plan, cluster, shard, per, 4, True, False, False)) == pytest.approx(
         float(fo.microbatch_seconds(replace(MLA, mtp_layers=0), plan, cluster, shard, per, 4, True, False, False)))
