@@ -357,11 +357,17 @@ def _grad_accumulation_fusion(a: Account, fork: bool, legacy: bool) -> None:
     Megatron-DeepSpeed never fuses: its linears' backward returns the weight gradient for
     autograd or DeepSpeed's hooks to add (Megatron-DeepSpeed@f4157bea megatron/core/
     tensor_parallel/layers.py, the fused call commented out since its 2023 rebase, 9e72d571f;
-    megatron/mpu/layers.py before it). A script with the recomputation arguments of before 2022
-    does not say its release: the newer is assumed and said."""
+    megatron/mpu/layers.py before it). Nor does torch's DDP (--DDP-impl torch), which keeps no
+    main_grad for the fused GEMM to add into (@3fb3e95ec6^ core/tensor_parallel/layers.py reads
+    weight.main_grad, which only the local DDP creates). A script with the recomputation
+    arguments of before 2022 does not say its release: the newer is assumed and said."""
     if fork:
         a.map("no-gradient-accumulation-fusion", "plan.grad_accumulation_fusion", False,
               "Megatron-DeepSpeed adds every weight gradient apart")
+        return
+    if str(a.get("DDP-impl", "local")) == "torch":
+        a.map("no-gradient-accumulation-fusion", "plan.grad_accumulation_fusion", False,
+              "torch's DDP: autograd adds every weight gradient")
         return
     a.map("no-gradient-accumulation-fusion", "plan.grad_accumulation_fusion",
           not a.get("no-gradient-accumulation-fusion", False))
