@@ -175,6 +175,10 @@ def read_bridge(data: dict) -> Imported:
           str(a.get(m("attention_backend"), "auto")) in ("auto", "flash", "fused", "AttnBackend.auto",
                                                          "AttnBackend.flash", "AttnBackend.fused"))
     a.map(m("cross_entropy_loss_fusion"), "plan.loss", "vocab-parallel")
+    # Bridge's providers default it to whether the fused kernel is importable
+    # (fusions.can_enable_gradient_accumulation_fusion): on the GPU hosts these configs are for
+    a.map(m("gradient_accumulation_fusion"), "plan.grad_accumulation_fusion",
+          bool(a.get(m("gradient_accumulation_fusion"), True)))
     read_recompute(a, nemo_key, a.get(m("recompute_granularity")), m("recompute_granularity"))
     _optimizer(a)
     seq = number_of(a, m("seq_length"), 2048)
@@ -285,10 +289,6 @@ def _sharding(a: Account, precision: str) -> None:
               "bf16" if precision != "fp16" else "fp16")
     a.map("ddp.overlap_grad_reduce", "plan.dp_overlap", bool(a.get("ddp.overlap_grad_reduce", False)))
     read_param_gather_overlap(a, "ddp.overlap_param_gather")
-    # Bridge's providers default it to whether the fused kernel is importable
-    # (fusions.can_enable_gradient_accumulation_fusion): on the GPU hosts these configs are for
-    a.map("model.gradient_accumulation_fusion", "plan.grad_accumulation_fusion",
-          bool(a.get("model.gradient_accumulation_fusion", True)))
 
 
 def _optimizer(a: Account) -> None:
