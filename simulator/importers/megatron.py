@@ -61,7 +61,8 @@ IGNORED_ARGS = ("lr*", "min-lr", "decoupled-*", "weight-decay", "adam-*", "clip-
                 "no-mmap-bin-files", "manual-gc*", "calculate-per-token-loss", "empty-unused-memory-level",
                 "lr-*", "train-samples", "rotary-*", "apply-layernorm-1p", "tokenizer-type", "fp8-amax-*",
                 "make-vocab-size-divisible-by", "no-query-key-layer-scaling", "apply-query-key-layer-scaling",
-                "no-load-*", "logging-level", "norm-epsilon", "init-model-with-meta-device",
+                "no-load-*", "logging-level", "norm-epsilon", "init-model-with-meta-device", "auto-detect-ckpt-format",
+                "dist-ckpt-*", "mscale*", "mtp-loss-scaling-factor",
                 "container-*", "output", "mpi")  # the last three: srun's, beside Megatron-LM's own in a launch script
 ARG_REASONS = {"rampup-batch-size": "the batch-size ramp-up of the first steps is not modelled",
                "overlap-param-gather": "read with the distributed optimizer (ZeRO-1); Megatron-FSDP's layer gathers "
