@@ -527,6 +527,16 @@ def test_torchtitan_pipelines_run_on_torchs_runtime_keeping_no_outputs(tmp_path)
     assert "pp_impl" not in plain.scenario["plan"]
 
 
+def test_torchtitan_pipelines_add_each_micro_batchs_gradients_into_the_unsharded_ones(tmp_path):
+    # torch.distributed.pipelining runs every backward without gradient sync (stage.py
+    # backward_maybe_with_nosync); without pipelining FSDP2 reduces each micro-batch's gradients
+    f = _pp_toml(tmp_path, 'pipeline_parallel_degree = 8\npipeline_parallel_schedule = "1F1B"')
+    piped = import_config("torchtitan", f, {"cluster.node": "dgx-h100", "cluster.nodes": 64})
+    plain = import_config("torchtitan", DATA / "torchtitan-llama3_405b.toml", {"cluster.node": "dgx-h100"})
+    assert piped.scenario["plan"]["grad_accumulation_fusion"] is False
+    assert "grad_accumulation_fusion" not in plain.scenario["plan"]
+
+
 def test_torchtitan_split_points_give_the_layout(tmp_path):
     points = ", ".join(f'"layers.{n}"' for n in range(8, 126, 8))  # 15 cuts: 16 stages of 8, the last 6
     f = _pp_toml(tmp_path, f'pipeline_parallel_degree = 8\npipeline_parallel_schedule = "Interleaved1F1B"\n'

@@ -303,6 +303,12 @@ def read(path: str | Path) -> Imported:
         # step(return_outputs=False) keeps no output past its backward; before, on the torch of
         # the count era (2.7 and before: pytorch/pytorch#153383) every stage kept its outputs
         a.map("parallelism.pipeline_parallel_degree", "plan.pp_outputs", "every-stage" if count_era else "in-flight")
+        # every micro-batch's backward runs without gradient sync and the data-parallel wrapper keeps
+        # the unsharded gradients, adding each micro-batch's into them (FSDP2 in reduce_dtype) before
+        # one reduction at the step's end (torch 2.13.0 distributed/pipelining/stage.py
+        # backward_maybe_with_nosync; fsdp/_fully_shard/_fsdp_param.py accumulate_unsharded_grad_if_needed)
+        a.map("parallelism.pipeline_parallel_degree", "plan.grad_accumulation_fusion", False,
+              "under pipelining each micro-batch's gradients are added into the unsharded ones")
         if not count_era:  # the config does not say which release ran it
             a.absent("torchtitan release", "taken as v0.2.1 or later, whose pipeline keeps no stage's output past its "
                      "backward (@e5ef99aab: step(return_outputs=False)); under v0.1.0-v0.2.0 the "
