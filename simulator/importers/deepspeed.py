@@ -60,11 +60,6 @@ def read(path: str | Path) -> Imported:
     a.map("bf16.enabled" if precision == "bf16" else "fp16.enabled", "plan.precision", precision)
     a.used("bf16.enabled", "fp16.enabled")
     read_engine(a, precision)
-    # the model's linears return their weight gradients; autograd or the engine's hooks add them into
-    # its buffers (runtime/zero/stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads,
-    # bf16_optimizer.py accumulate_hp_grads_and_remove_lp @38327e07f): no fused accumulation
-    a.map("zero_optimization.stage", "plan.grad_accumulation_fusion", False,
-          "the engine adds every parameter's gradient apart")
     opt = str(a.get("optimizer.type", "Adam"))
     if opt.lower() not in ("adam", "adamw", "fusedadam", "cpuadam"):
         a.refuse("optimizer.type", "Adam, AdamW, FusedAdam or CPUAdam (Muon is modelled as Megatron-Core runs it, "
@@ -97,7 +92,8 @@ def config_precision(a: Account) -> str:
 
 def read_engine(a: Account, precision: str, pipeline: bool = False) -> None:
     """What DeepSpeed's engine does with the data-parallel ranks: the ZeRO stage, offload, the
-    gradients (_gradients) and the updated weights' all-gather after the step. `pipeline`: the
+    gradients (_gradients, their accumulation unfused) and the updated weights' all-gather after
+    the step. `pipeline`: the
     model is a PipelineModule run by DeepSpeed's PipelineEngine (Megatron-DeepSpeed), which
     refuses ZeRO-2 and 3 and overlapped reductions
     (microsoft/DeepSpeed@38327e07f deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are
@@ -126,6 +122,11 @@ def read_engine(a: Account, precision: str, pipeline: bool = False) -> None:
     if a.get("zero_optimization.cpu_offload"):
         a.map("zero_optimization.cpu_offload", "plan.offload.optimizer", "cpu")
     _gradients(a, stage, precision, pipeline)
+    # the model's linears return their weight gradients; autograd or the engine's hooks add them into
+    # its buffers (runtime/zero/stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads,
+    # bf16_optimizer.py accumulate_hp_grads_and_remove_lp @38327e07f): no fused accumulation
+    a.map("zero_optimization.stage", "plan.grad_accumulation_fusion", False,
+          "the engine adds every parameter's gradient apart")
     if a.scenario["plan"].get("zero_stage") in (1, 2):  # its step() ends in all_gather_dp_groups, waited for
         a.map("zero_optimization.stage", "plan.param_gather_overlap", False,
               "ZeRO-1/2 all-gathers the updated weights at the end of the optimizer step (zero/stage_1_and_2.py, "

@@ -348,6 +348,12 @@ def _dp_overlap(a: Account, precision: str, pp: int) -> None:
              "but the last under torch DDP's no_sync; before it, every micro-batch's gradients were all-reduced")
 
 
+def _torch_ddp(a: Account) -> bool:
+    """Whether --DDP-impl names torch's DDP (the local DDP is the default; other names are
+    refused by _dp_overlap)."""
+    return str(a.get("DDP-impl", "local")) == "torch"
+
+
 def _grad_accumulation_fusion(a: Account, fork: bool, legacy: bool) -> None:
     """Whether the weight-gradient GEMMs add into the main gradients themselves
     (plan.grad_accumulation_fusion; framework_ops.py). Megatron-LM does so by default from
@@ -362,11 +368,10 @@ def _grad_accumulation_fusion(a: Account, fork: bool, legacy: bool) -> None:
     main_grad for the fused GEMM to add into (@3fb3e95ec6^ core/tensor_parallel/layers.py reads
     weight.main_grad, which only the local DDP creates). A script with the recomputation
     arguments of before 2022 does not say its release: the newer is assumed and said."""
-    if fork:
-        a.map("no-gradient-accumulation-fusion", "plan.grad_accumulation_fusion", False,
-              "Megatron-DeepSpeed adds every weight gradient apart")
+    if fork:  # unfused, as DeepSpeed's engine runs every model (deepspeed.read_engine)
+        a.used("no-gradient-accumulation-fusion")
         return
-    if str(a.get("DDP-impl", "local")) == "torch":
+    if _torch_ddp(a):
         a.map("no-gradient-accumulation-fusion", "plan.grad_accumulation_fusion", False,
               "torch's DDP: autograd adds every weight gradient")
         return
@@ -617,8 +622,7 @@ def _grad_precision(a: Account, precision: str) -> None:
     if not a.get("use-megatron-fsdp"):
         if precision == "fp16":
             # 2021's --fp32-allreduce acted in the local DDP only (@152aab304d training.py train_step)
-            fp32 = a.get("accumulate-allreduce-grads-in-fp32") or (
-                a.get("fp32-allreduce") and str(a.get("DDP-impl", "local")) == "local")
+            fp32 = a.get("accumulate-allreduce-grads-in-fp32") or (a.get("fp32-allreduce") and not _torch_ddp(a))
             a.map("fp32-allreduce" if a.get("fp32-allreduce") else "accumulate-allreduce-grads-in-fp32",
                   "plan.grad_precision", "fp32" if fp32 else "fp16")
             a.used("grad-reduce-in-bf16")
@@ -734,8 +738,8 @@ def _recompute_args(a: Account) -> None:
     granularity, key = a.get("recompute-granularity"), "recompute-granularity"
     if a.get("recompute-activations"):
         granularity, key = granularity or "selective", "recompute-activations"
-    elif _old_recompute_key(a) is not None:
-        granularity, key = granularity or "full", _old_recompute_key(a)
+    elif (old := _old_recompute_key(a)) is not None:
+        granularity, key = granularity or "full", old
     read_recompute(a, megatron_key, granularity, "recompute-granularity" if a.has("recompute-granularity") else key)
     a.used("recompute-activations", "checkpoint-activations")
 
