@@ -139,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     va = sub.add_parser("validate", help="compare predictions with measured runs")
     va.add_argument("--published", action="store_true", help="reproduce the published runs (scenarios/published)")
+    va.add_argument("--only", metavar="SOURCE", help="--published: only the runs of that source (e.g. vtrain), or "
+                                                     "whose id starts with it (llmsim scenarios list --published)")
     va.add_argument("--torch", action="store_true",
                     help="run real torch training steps on this machine and compare (needs the calibrate extra)")
     va.add_argument("--profile", default=None, metavar="P",
@@ -247,8 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     mo.add_argument("what", choices=("list", "show"))
     mo.add_argument("name", nargs="?", help="show: a preset; list: only the presets whose name contains it")
     mo.add_argument("--json", action="store_true", help="show: the preset's fields, parameters and source")
-    sc = sub.add_parser("scenarios", help="shipped scenarios and sweep spaces (usable by name)")
-    sc.add_argument("what", choices=("list",))
+    sc = sub.add_parser("scenarios", help="shipped scenarios, sweep spaces and published runs (usable by name)")
+    sc.add_argument("what", choices=("list", "show"))
+    sc.add_argument("name", nargs="?", help="show: a shipped scenario or sweep space, or a published run "
+                                            "(published/<row id>)")
+    sc.add_argument("--published", action="store_true",
+                    help="list: the published runs `llmsim validate --published` predicts, by name")
     return p
 
 
@@ -316,6 +322,7 @@ def cmd_evaluate(args) -> int:
     scenario = scenario_from_dict(data)
     result = evaluate(scenario, engine=args.engine)
     d = result.to_dict()
+    published = _published_comparison(args, scenario, d)
     if args.trace:
         from .trace import write_trace
 
@@ -323,12 +330,76 @@ def cmd_evaluate(args) -> int:
     for note in notes:  # after the input is known to be good: an error stays one line
         print(note, file=sys.stderr)
     if args.json:
-        print(json.dumps(d, indent=2, sort_keys=False))
+        print(json.dumps({**d, "published": published} if published else d, indent=2, sort_keys=False))
     else:
         print(render_result(d, scenario, data))
+        if published:
+            print(_published_text(published))
     if args.trace:
         print(f"wrote the Chrome trace of the step to {Path(args.trace).resolve()} (open it in ui.perfetto.dev)",
               file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _published_comparison(args, scenario, d: dict) -> dict | None:
+    """What a published run measured beside this prediction, where `evaluate` was given one
+    by name (published/<row id>) and no flag changed it."""
+    from .validation.runs import PUBLISHED_NAME, published_run
+
+    ref = args.scenario
+    if args.source is not None or not isinstance(ref, str) or not ref.startswith(PUBLISHED_NAME) \
+            or Path(ref).exists() or _overrides(args):
+        return None
+    from .validation.report import compare
+    from .validation.runs import source_titles
+
+    run = published_run(ref)
+    title, framework = source_titles()[run.source]
+    return {"id": run.id, "source": run.source, "title": title, "framework": framework, "file": run.file,
+            "assumptions": list(run.assumptions),
+            "comparisons": [{"metric": c.metric, "measured": c.measured, "predicted": c.predicted,
+                             "error_pct": 100 * c.error, "primary": c.primary} for c in compare(run, scenario, d)]}
+
+
+def _published_text(p: dict) -> str:
+    lines = ["", f"published  {p['title']} ({p['framework']}; {p['file']}, row {p['id']})"]
+    rows = [(c["metric"], f"{c['measured']:.4g}", f"{c['predicted']:.4g}", f"{c['error_pct']:+.1f}%")
+            for c in p["comparisons"]]
+    lines.append(_fmt_table(rows, ("measured metric", "measured", "predicted", "error")))
+    lines += [f"assumed    {a}" for a in p["assumptions"]]
+    return "\n".join(lines)
+
+
+def cmd_scenarios_show(args) -> int:
+    """A shipped scenario's file as written, or a published run's scenario as YAML headed by
+    its source, its measurements and what the supplement assumed."""
+    import yaml
+
+    from .validation.runs import PUBLISHED_NAME, published_run
+
+    if args.name is None:
+        raise InputError("scenarios show", None, "give a scenario name (llmsim scenarios list)")
+    if args.published:
+        raise InputError("scenarios show", "--published", "only with list")
+    name = args.name
+    if not (name.startswith(PUBLISHED_NAME) and not Path(name).exists()):
+        from .resources import resolve_data_file
+
+        print(resolve_data_file(name, "scenario").read_text(encoding="utf-8"), end="")
+        return 0
+    from .scenario import read_scenario
+    from .validation.runs import PUBLISHED_DIR, source_titles
+
+    run = published_run(name)
+    data = read_scenario(name)
+    title, framework = source_titles()[run.source]
+    head = [f"published run {run.id}: {title} ({framework})",
+            f"from {PUBLISHED_DIR / run.file}; what the table leaves blank, with its source: the supplement*.yaml "
+            "beside it",
+            *[f"measured {m.metric} = {m.value:.6g} ({m.column})" for m in run.measurements],
+            *[f"assumed: {a}" for a in run.assumptions]]
+    print("\n".join("# " + line for line in head))
+    print(yaml.safe_dump(data, sort_keys=False), end="")
     return 0
 
 
@@ -536,6 +607,9 @@ def cmd_validate(args) -> int:
     if args.transferred and args.fit_matmul:
         raise InputError("validate --transferred", args.fit_matmul, "not with --fit-matmul: a fit is made on the "
                          "profile's own efficiencies")
+    if args.only is not None and (not args.published or args.fit_matmul or args.write_residuals):
+        raise InputError("validate --only", args.only, "only with --published, and not with --fit-matmul (which "
+                         "takes its own prefix) or --write-residuals (which stores every run's)")
     if args.kernels and (args.torch or args.published):
         raise InputError("validate", "--kernels", "alone: not with --published or --torch")
     if args.kernels:
@@ -557,7 +631,8 @@ def cmd_validate(args) -> int:
         from .intervals import write_published_residuals
 
         print(f"wrote {write_published_residuals()}", file=sys.stderr)
-    report = validate_published(engine=args.engine, approximate=args.approximate, transferred=args.transferred)
+    report = validate_published(engine=args.engine, approximate=args.approximate, transferred=args.transferred,
+                                only=args.only)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 
@@ -766,12 +841,23 @@ def cmd_models_show(args) -> int:
 
 
 def cmd_list(args) -> int:
+    if args.command == "scenarios" and args.what == "show":
+        return cmd_scenarios_show(args)
+    if args.command == "scenarios" and args.published:
+        from .validation.runs import PUBLISHED_NAME, load_runs
+
+        rows = [(PUBLISHED_NAME + r.id, r.source, r.accelerator, r.precision, r.primary.metric,
+                 f"{r.primary.value:.4g}", r.status.replace("_", " ")) for r in load_runs()]
+        print(_fmt_table(rows, ("name", "source", "accelerator", "precision", "measured", "value", "status")))
+        print("\n(give a name to evaluate, compare or show, e.g. `llmsim evaluate " + rows[0][0] + "`)")
+        return 0
     if args.command == "scenarios":
         from .resources import bundled_scenarios, data_dir
 
         for name in bundled_scenarios():
             print(name)
-        print(f"\n(in {data_dir() / 'scenarios'}; give a name to evaluate or sweep, e.g. `llmsim evaluate quickstart`)")
+        print(f"\n(in {data_dir() / 'scenarios'}; give a name to evaluate or sweep, e.g. `llmsim evaluate quickstart`;"
+              " the published runs: `llmsim scenarios list --published`)")
         return 0
     if args.command == "hardware" and args.what == "show":
         return cmd_hardware_show(args)

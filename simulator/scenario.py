@@ -57,9 +57,14 @@ def scenario_from_dict(data: Any, cache: dict | None = None) -> Scenario:
 
 def read_scenario(path: str | Path) -> dict:
     """The raw mapping of a scenario file (before overrides and validation): a path, or the
-    name of a shipped scenario (resources.resolve_data_file)."""
+    name of a shipped scenario (resources.resolve_data_file), or a published run's,
+    `published/<row id>` (validation/runs.py: the scenario `llmsim validate --published`
+    predicts for it)."""
     from .resources import resolve_data_file
+    from .validation.runs import PUBLISHED_NAME, published_scenario
 
+    if isinstance(path, str) and path.startswith(PUBLISHED_NAME) and not Path(path).exists():
+        return published_scenario(path)
     path = resolve_data_file(path, "scenario")
     raw = load_yaml(path, "scenario")
     if raw is None:

@@ -23,7 +23,7 @@ from ..hardware import load_accelerator
 from ..workload import executed_flops_per_sequence
 from .runs import (APPROXIMATED, NOT_EXPRESSIBLE, PREDICTED, PUBLISHED_DIR, SLOWER_WHEN_HIGHER, SPEED_METRICS,
                    Run, load_runs, source_titles)
-from .stats import Summary, relative_error, summarise
+from .stats import relative_error, summarise
 
 SPEED = "speed"
 DIMENSIONS = ("source", "accelerator", "precision")
@@ -92,9 +92,14 @@ def predict(run: Run, engine: str = "graph", matmul_max: float | None = None, ad
     if adjust is not None:
         scenario = adjust(scenario)
     d = evaluate(scenario, engine=engine).to_dict()
-    d.update(published_flop_metrics(scenario, d["step_time_s"]))
-    comparisons = tuple(Comparison(m.metric, m.value, float(d[m.metric]), m.primary) for m in run.measurements)
-    return Outcome(run, comparisons, d["feasible"], d["reason"], d["peak_memory_gib"])
+    return Outcome(run, compare(run, scenario, d), d["feasible"], d["reason"], d["peak_memory_gib"])
+
+
+def compare(run: Run, scenario, result: dict) -> tuple[Comparison, ...]:
+    """Each measurement of `run` beside the prediction `result` (evaluate's dict for
+    `scenario`), in the source's convention (published_flop_metrics)."""
+    d = {**result, **published_flop_metrics(scenario, result["step_time_s"])}
+    return tuple(Comparison(m.metric, m.value, float(d[m.metric]), m.primary) for m in run.measurements)
 
 
 def published_flop_metrics(scenario, step_time_s: float) -> dict:
@@ -140,19 +145,26 @@ def summaries(outcomes: list[Outcome]) -> list[dict]:
 
 
 def validate_published(engine: str = "graph", folder: Path = PUBLISHED_DIR, approximate: bool = False,
-                       transferred: bool = False) -> dict:
+                       transferred: bool = False, only: str | None = None) -> dict:
     """Predict every published run; the report `llmsim validate --published --json` prints.
     `transferred`: each run on its profile as the transfer rules would give it from another
-    fitted profile (transfer.py), how far a transfer misses."""
+    fitted profile (transfer.py), how far a transfer misses. `only`: the runs of that source,
+    or whose id starts with it."""
     from .transfer import with_transferred
 
     runs = load_runs(folder, approximate=approximate)
+    if only is not None:
+        runs = [r for r in runs if r.source == only or r.id.startswith(only)]
+        if not runs:
+            raise InputError("--only", only, "no published run's source is it or id starts with it (sources: "
+                             + ", ".join(source_titles(folder)) + ")")
     outcomes = [predict(r, engine, adjust=with_transferred if transferred else None) for r in runs]
     predicted = [o for o in outcomes if o.run.status == PREDICTED]
     report = {
         "engine": engine,
         "approximate": approximate,
         "transferred": transferred,
+        "only": only,
         "error": "(predicted - measured) / measured; speed: the primary measurement of each row, + = predicted "
                  "faster than measured",
         "counts": _counts(outcomes),
@@ -249,7 +261,8 @@ def _pct(x) -> str:
 def format_report(report: dict) -> str:
     """The text `llmsim validate --published` prints."""
     c = report["counts"]
-    out = [f"Published runs: {c['rows']} rows; {c['predicted']} predicted, {c['approximated']} approximated "
+    only = f" of source or prefix {report['only']!r}" if report.get("only") else ""
+    out = [f"Published runs{only}: {c['rows']} rows; {c['predicted']} predicted, {c['approximated']} approximated "
            f"(--approximate), {c['not_expressible']} not expressible today ({report['engine']} engine).",
            "error = (predicted - measured) / measured; speed = each row's primary measurement, "
            "+ = predicted faster.", ""]

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import copy
 import csv
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 from .. import fields as F
 from ..errors import InputError
@@ -47,6 +48,7 @@ from ..yamlio import load_yaml
 from .features import feature
 
 PUBLISHED_DIR = data_dir() / "scenarios" / "published"
+PUBLISHED_NAME = "published/"  # how a run is named where a scenario is expected: published/<row id>
 FORMATS = ("table", "scenario", "moe")
 
 # llmsim metric (a key of `evaluate --json`) of each measured column of the table layout,
@@ -422,6 +424,29 @@ def load_runs(folder: Path = PUBLISHED_DIR, approximate: bool = False) -> list[R
     if not runs:
         raise InputError("published", str(folder), "no published runs (CSV files with supplements) found")
     return runs
+
+
+def published_run(name: str, folder: Path = PUBLISHED_DIR) -> Run:
+    """The published run `name` (`published/<row id>`, or the row id alone), for evaluating it
+    by name (scenario.read_scenario) or showing its scenario (`llmsim scenarios show`)."""
+    rid = name[len(PUBLISHED_NAME):] if name.startswith(PUBLISHED_NAME) else name
+    runs = {r.id: r for r in load_runs(folder)}
+    if rid not in runs:
+        near = difflib.get_close_matches(rid, list(runs), n=3)
+        hint = f"did you mean {', '.join(PUBLISHED_NAME + n for n in near)}?" if near else \
+            "`llmsim scenarios list --published` lists them"
+        raise InputError("scenario", name, f"no published run {rid!r}: {hint}")
+    return runs[rid]
+
+
+def published_scenario(name: str, folder: Path = PUBLISHED_DIR) -> dict:
+    """The scenario mapping of a published run, named by its row id; InputError naming what
+    llmsim cannot express where the run is not expressible."""
+    run = published_run(name, folder)
+    if run.scenario is None:
+        raise InputError("scenario", name, "llmsim cannot express this run: "
+                         + "; ".join(f"{f}: {why}" for f, why in run.reasons))
+    return copy.deepcopy(dict(run.scenario))
 
 
 def source_titles(folder: Path = PUBLISHED_DIR) -> dict[str, tuple[str, str]]:
