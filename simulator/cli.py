@@ -344,11 +344,10 @@ def cmd_evaluate(args) -> int:
 def _published_comparison(args, scenario, d: dict) -> dict | None:
     """What a published run measured beside this prediction, where `evaluate` was given one
     by name (published/<row id>) and no flag changed it."""
-    from .validation.runs import PUBLISHED_NAME, published_run
+    from .validation.runs import is_published_name, published_run
 
     ref = args.scenario
-    if args.source is not None or not isinstance(ref, str) or not ref.startswith(PUBLISHED_NAME) \
-            or Path(ref).exists() or _overrides(args):
+    if args.source is not None or not is_published_name(ref) or _overrides(args):
         return None
     from .validation.report import compare
     from .validation.runs import source_titles
@@ -375,14 +374,14 @@ def cmd_scenarios_show(args) -> int:
     its source, its measurements and what the supplement assumed."""
     import yaml
 
-    from .validation.runs import PUBLISHED_NAME, published_run
+    from .validation.runs import is_published_name, published_run
 
     if args.name is None:
         raise InputError("scenarios show", None, "give a scenario name (llmsim scenarios list)")
     if args.published:
         raise InputError("scenarios show", "--published", "only with list")
     name = args.name
-    if not (name.startswith(PUBLISHED_NAME) and not Path(name).exists()):
+    if not is_published_name(name):
         from .resources import resolve_data_file
 
         print(resolve_data_file(name, "scenario").read_text(encoding="utf-8"), end="")

@@ -61,9 +61,9 @@ def read_scenario(path: str | Path) -> dict:
     `published/<row id>` (validation/runs.py: the scenario `llmsim validate --published`
     predicts for it)."""
     from .resources import resolve_data_file
-    from .validation.runs import PUBLISHED_NAME, published_scenario
+    from .validation.runs import is_published_name, published_scenario
 
-    if isinstance(path, str) and path.startswith(PUBLISHED_NAME) and not Path(path).exists():
+    if is_published_name(path):
         return published_scenario(path)
     path = resolve_data_file(path, "scenario")
     raw = load_yaml(path, "scenario")

@@ -39,7 +39,7 @@ from . import fields as F
 from .errors import InputError
 from .plan import Plan
 from .scenario import apply_overrides, read_scenario
-from .validation.runs import PUBLISHED_NAME
+from .validation.runs import is_published_name
 from .yamlio import load_yaml
 
 SPACE_KEYS = ("name", "description", "base", "base_file", "sweep", "constraints")
@@ -350,8 +350,7 @@ def space_from_dict(data: Any, base_dir: str | Path = ".") -> Space:
         if not isinstance(ref, str):
             raise InputError("base_file", ref, "expected a path to a scenario file")
         path = Path(ref) if Path(ref).is_absolute() else Path(base_dir) / ref
-        # a published run by name (published/<row id>) unless a file of that name is there
-        base = read_scenario(ref if ref.startswith(PUBLISHED_NAME) and not path.exists() else path)
+        base = read_scenario(ref if is_published_name(ref) and not path.exists() else path)
     else:
         base = dict(F.require_mapping(data["base"], "base"))
     sweep = F.require_mapping(data.get("sweep") or {}, "sweep")

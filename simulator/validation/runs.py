@@ -426,6 +426,12 @@ def load_runs(folder: Path = PUBLISHED_DIR, approximate: bool = False) -> list[R
     return runs
 
 
+def is_published_name(ref) -> bool:
+    """`ref` names a published run (published/<row id>) rather than a file: no file of that
+    name is there."""
+    return isinstance(ref, str) and ref.startswith(PUBLISHED_NAME) and not Path(ref).exists()
+
+
 def published_run(name: str, folder: Path = PUBLISHED_DIR) -> Run:
     """The published run `name` (`published/<row id>`, or the row id alone), for evaluating it
     by name (scenario.read_scenario) or showing its scenario (`llmsim scenarios show`)."""
