@@ -216,7 +216,8 @@ def compile_layout(model, cluster, plan) -> Layout:
                   loss_chunk_tokens=plan.loss_chunk_tokens, tp_keeps_gathered=plan.tp_impl == "dtensor")
     g = groups(plan, cluster)
     zero_group = zero_group_size(plan)
-    per = bytes_per_param(plan.precision, plan.grad_precision, plan.optimizer_precision, plan.fp32_params)
+    per = bytes_per_param(plan.precision, plan.grad_precision, plan.optimizer_precision, plan.fp32_params,
+                          plan.master_weights)
     mixed = needs_layer_mix(model)
 
     def layer_kinds(layer_shard):

@@ -38,6 +38,7 @@ TP_IMPLS = ("megatron", "dtensor")
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
 GRAD_PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZER_PRECISIONS = ("fp32", "bf16", "bf16-moments")
+MASTER_WEIGHTS = ("remainders", "none")
 OPTIMIZERS = ("adam", "muon")
 MUON_TP_MODES = ("duplicated", "blockwise", "distributed")
 DIMENSIONS = ("tp", "cp", "dp", "pp")
@@ -183,6 +184,12 @@ class Plan:
     # distributed_fused_adam with optim.dtype bf16 keeps them, or bf16-moments: an fp32 master
     # copy with bf16 moments, Megatron-Core's precision-aware optimizer (states.bytes_per_param).
     optimizer_precision: str = "fp32"
+    # How the optimizer keeps its master copy of the 16-bit weights (states.bytes_per_param):
+    # null, whole, in the precision above; remainders, the fp32 copy as the 16 bits the bf16
+    # weight lacks (Apex DistributedFusedAdam and TransformerEngine FusedAdam
+    # store_param_remainders); none, the weights themselves (Apex's store_params false, its
+    # states in the weights' bf16).
+    master_weights: str | None = None
     # The parameters kept in fp32 and cast to 16 bits for the GEMMs, the optimizer's master copy
     # themselves (FSDP2 with a 16-bit param_dtype, torchtitan; torch.autocast): states.py.
     fp32_params: bool = False
@@ -324,6 +331,7 @@ def _settings(data) -> dict:
         cp_attention=F.choice(data, "cp_attention", "plan", CP_ATTENTION, "ring"),
         cp_ulysses=F.integer(data, "cp_ulysses", "plan", 1, maximum=10**6),
         optimizer_precision=F.choice(data, "optimizer_precision", "plan", OPTIMIZER_PRECISIONS, "fp32"),
+        master_weights=F.choice(data, "master_weights", "plan", MASTER_WEIGHTS, None),
         fp32_params=F.boolean(data, "fp32_params", "plan", False),
         optimizer=F.choice(data, "optimizer", "plan", OPTIMIZERS, "adam"),
         muon_ns_steps=F.integer(data, "muon_ns_steps", "plan", 5, maximum=100),
@@ -503,6 +511,7 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster, options: bool = Tru
     if plan.fp32_params and plan.optimizer_precision != "fp32":
         raise InputError("plan.fp32_params", True, f"false with optimizer_precision {plan.optimizer_precision} "
                          "(fp32 parameters are the master copy)")
+    _check_master_weights(plan)
     acc = cluster.accelerator
     check_precision(plan.precision, acc)
     if plan.optimizer == "muon" and "bf16" not in acc.peak_flops:
@@ -519,6 +528,27 @@ def validate(plan: Plan, model: ModelSpec, cluster: Cluster, options: bool = Tru
         check_options(plan)
     if plan.precision == "fp16" and plan.grad_precision == "bf16":
         raise InputError("plan.grad_precision", "bf16", "fp16 training keeps fp16 or fp32 gradients")
+
+
+def _check_master_weights(plan: Plan) -> None:
+    """The master copy kept apart from the 16-bit weights only as Adam's optimizers keep it:
+    remainders beside bf16 weights and an fp32 copy, none with the states in bf16; neither
+    beside fp32 parameters, FP8 primary weights (their own master) or offloaded states."""
+    mw = plan.master_weights
+    if mw is None:
+        return
+    wanted = ("fp32", "bf16-moments") if mw == "remainders" else ("bf16",)
+    if plan.optimizer_precision not in wanted:
+        raise InputError("plan.master_weights", mw, f"with optimizer_precision {' or '.join(wanted)} (got "
+                         f"{plan.optimizer_precision}): " + ("the remainders complete an fp32 copy" if mw ==
+                         "remainders" else "an optimizer without a copy keeps its states in the weights' bf16"))
+    why = ("precision fp32, tf32 or fp16 (bf16 weights only)" if plan.precision in ("fp32", "tf32", "fp16") else
+           "fp32_params (the parameters are the master copy)" if plan.fp32_params else
+           "fp8_params (FP8 primary weights)" if plan.fp8_params else
+           "offload.optimizer (the states live on the host)" if plan.offload.optimizer != "none" else
+           "optimizer muon" if plan.optimizer != "adam" else None)
+    if why:
+        raise InputError("plan.master_weights", mw, f"null with {why}")
 
 
 def check_precision(precision: str, acc) -> None:

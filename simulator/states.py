@@ -48,6 +48,7 @@ class BytesPerParam:
     grad: float
     optimizer: float  # Adam: momentum and variance, plus the fp32 master copy under mixed precision
     stored_weight: float | None = None  # weights kept between steps when not `weight` (fp32 parameters)
+    weight_is_master: bool = False  # the optimizer reads and writes the kept weight as (part of) its master copy
 
     @property
     def kept_weight(self) -> float:
@@ -56,7 +57,7 @@ class BytesPerParam:
 
 
 def bytes_per_param(precision: str, grad_precision: str, optimizer_precision: str = "fp32",
-                    fp32_params: bool = False) -> BytesPerParam:
+                    fp32_params: bool = False, master_weights: str | None = None) -> BytesPerParam:
     """`optimizer_precision: bf16` is Apex DistributedFusedAdam with dtype=bf16 (NeMo's
     optim.dtype): its parameter copy, exp_avg and exp_avg_sq shards are all bf16, 3 x 2 B
     (NVIDIA/apex@d571f3ee apex/contrib/optimizers/distributed_fused_adam.py StateBucket).
@@ -64,13 +65,26 @@ def bytes_per_param(precision: str, grad_precision: str, optimizer_precision: st
     bf16 and fp32 main parameters, 4 + 2 + 2 B (NVIDIA/Megatron-LM@d98e8a64dd
     megatron/core/optimizer/optimizer_config.py use_precision_aware_optimizer, exp_avg_dtype,
     exp_avg_sq_dtype, main_params_dtype; TransformerEngine's FusedAdam keeps the states).
-    `fp32_params`: the fp32 parameters are the master copy (the module's docstring)."""
+    `fp32_params`: the fp32 parameters are the master copy (the module's docstring).
+
+    `master_weights` (plan.master_weights): `remainders` keeps the fp32 master copy as the 16
+    bits the bf16 weight lacks, 2 B where the copy took 4 (an int16 shard beside the moments:
+    NVIDIA/apex@6424da3b apex/contrib/optimizers/distributed_fused_adam.py StateBucket
+    param_remainders_shard, which NeMo's distributed_fused_adam keeps for bf16 weights and fp32
+    states, NVIDIA/NeMo@8cfedd7203 megatron_base_model.py setup_optimization; TransformerEngine's
+    FusedAdam store_param_remainders, which Megatron-Core's precision-aware optimizer asks for,
+    NVIDIA/Megatron-LM@d98e8a64dd megatron/core/optimizer/optimizer_config.py). `none`: no copy,
+    the optimizer updates the bf16 weights with bf16 moments (Apex's store_params false, which
+    NeMo sets where the optimizer's dtype is the weights'): 4 B. Either way the optimizer step
+    reads the weight it writes."""
     full = precision in FULL_PRECISION
     weight = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 2.0, "mxfp8": 2.0, "nvfp4": 2.0}[precision]
     grad = 4.0 if full or grad_precision == "fp32" else 2.0
     if fp32_params and not full:
-        return BytesPerParam(weight=weight, grad=grad, optimizer=8.0, stored_weight=4.0)
+        return BytesPerParam(weight=weight, grad=grad, optimizer=8.0, stored_weight=4.0, weight_is_master=True)
     optimizer = 8.0 if full else {"fp32": 12.0, "bf16": 6.0, "bf16-moments": 8.0}[optimizer_precision]
+    if master_weights is not None:
+        return BytesPerParam(weight=weight, grad=grad, optimizer=optimizer - 2.0, weight_is_master=True)
     return BytesPerParam(weight=weight, grad=grad, optimizer=optimizer)
 
 
@@ -155,6 +169,6 @@ def optimizer_step_s(states: ModelStates, per: BytesPerParam, plan, acc: Acceler
     on the host (offload.py times that)."""
     if plan.offload.optimizer != "none":
         return 0.0 * states.local_params
-    weight = per.weight if per.stored_weight is None else 2 * per.stored_weight
+    weight = 2 * per.kept_weight if per.weight_is_master else per.weight
     nbytes = (states.local_params - other_params) * (per.grad + 2 * per.optimizer + weight)
     return memory_bound_time(nbytes, acc, "optimizer", plan.precision)

@@ -121,6 +121,10 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
             extra["cp_ulysses"] = cp
         if extra["optimizer_precision"] == "fp32" and offload["optimizer"] == offload["params"] == "none":
             extra["fp32_params"] = draw(st.booleans())
+        if precision != "fp32" and not extra.get("fp32_params") and not extra.get("fp8_params") \
+                and offload["optimizer"] == "none":  # the master copy as Apex's and TE's Adam keep it
+            own = "none" if extra["optimizer_precision"] == "bf16" else "remainders"
+            extra["master_weights"] = draw(st.sampled_from([None, own]))
     even = layers // (pp * chunks) * chunks  # layers per rank
     per_virtual = layers // (pp * chunks)
     split = "balanced" if balanced else draw(st.sampled_from(["even", "first-last", "middles"]))

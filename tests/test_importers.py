@@ -653,19 +653,19 @@ NEMO_ROWS = {
         layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256, seq_len=8192, activation="swiglu",
         tied_embeddings=False, dropout=False, tp=1, pp=1, cp=2, vpp=1, schedule="1f1b", micro_batch=1, global_batch=128,
         sequence_parallel=False, recompute="none", zero_stage=1, precision="bf16", tp_comm_overlap=False,
-        dp_overlap=True, grad_precision="bf16", fp8_params=False, nodes=1, dp=4)),
+        dp_overlap=True, grad_precision="bf16", fp8_params=False, master_weights="remainders", nodes=1, dp=4)),
     "nemo-llama3.1_70b.yaml": ("dgxc-llama31-70b-bf16-64gpu", dict(
         layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=128512, seq_len=8192, activation="swiglu",
         tied_embeddings=False, dropout=False, tp=4, pp=4, cp=2, vpp=5, schedule="interleaved", micro_batch=1,
         global_batch=128,
         sequence_parallel=True, recompute="none", zero_stage=1, precision="bf16", tp_comm_overlap=True,
-        dp_overlap=True, grad_precision="bf16", fp8_params=False, nodes=8, dp=2)),
+        dp_overlap=True, grad_precision="bf16", fp8_params=False, master_weights="remainders", nodes=8, dp=2)),
     "nemo-gpt3_175b_hydra.yaml": ("dgxc-gpt3-175b-fp8-128gpu", dict(
         layers=96, hidden=12288, heads=96, kv_heads=96, ffn_hidden=49152, vocab=50688, seq_len=2048, activation="gelu",
         tied_embeddings=True, dropout=True, tp=4, pp=8, cp=1, vpp=12, schedule="interleaved", micro_batch=1,
         global_batch=256,
         sequence_parallel=True, recompute="none", zero_stage=1, precision="fp8", tp_comm_overlap=True,
-        dp_overlap=True, grad_precision="bf16", fp8_params=True, nodes=16, dp=4)),
+        dp_overlap=True, grad_precision="bf16", fp8_params=True, master_weights=None, nodes=16, dp=4)),
 }
 
 
@@ -691,7 +691,7 @@ def test_nemo_configs_import_as_the_validation_rows_of_the_same_runs(name):
            **{k: getattr(s.plan, k) for k in ("tp", "pp", "cp", "vpp", "schedule", "micro_batch", "global_batch",
                                                 "sequence_parallel", "recompute", "zero_stage", "precision",
                                                 "tp_comm_overlap", "dp_overlap", "grad_precision", "fp8_params",
-                                                "dp")},
+                                                "master_weights", "dp")},
            "nodes": s.cluster.nodes}
     assert got == want
     keys = set(flatten(yaml.safe_load((DATA / name).read_text())))
@@ -914,6 +914,58 @@ def test_megatron_precision_aware_optimizer_with_bf16_moments():
     with pytest.raises(InputError, match="use-precision-aware-optimizer"):  # fp8 moments: not modelled
         import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=[
             *MEGATRON_ARGV, "--use-precision-aware-optimizer", "--exp-avg-dtype", "fp8"])
+
+
+@pytest.mark.parametrize("change, optimizer_precision, master_weights", [
+    ({}, "fp32", "remainders"),  # fp32 states beside bf16 weights: the int16 remainders
+    ({"optim": {"dtype": "bf16"}}, "bf16", "none"),  # states in the weights' dtype: no copy
+    ({"fp8": True, "fp8_params": True}, "fp32", None),  # FP8 primary weights: a whole copy
+    ({"optim": {"store_params": True}}, "fp32", None),
+    ({"optim": {"store_params": False, "store_param_remainders": True}}, "fp32", "remainders"),
+    ({"megatron_amp_O2": False}, "fp32", None),  # fp32 parameters, the master themselves
+])
+def test_nemo_distributed_fused_adam_keeps_its_master_copy_as_nemo_picks(tmp_path, change, optimizer_precision,
+                                                                          master_weights):
+    """NVIDIA/NeMo@8cfedd7203 megatron_base_model.py setup_optimization (as in 24.09)."""
+    data = yaml.safe_load((DATA / "nemo-llama3.1_8b.yaml").read_text())
+    for key, value in change.items():
+        data["model"][key] = {**data["model"][key], **value} if isinstance(value, dict) else value
+    (tmp_path / "n.yaml").write_text(yaml.safe_dump(data))
+    imported = import_config("megatron", tmp_path / "n.yaml", {"cluster.node": "dgx-h100"})
+    plan = scenario_from_dict(imported.scenario).plan
+    assert (plan.optimizer_precision, plan.master_weights) == (optimizer_precision, master_weights)
+
+
+def test_nemo_fp16_optimizer_states_are_refused(tmp_path):
+    data = yaml.safe_load((DATA / "nemo-llama3.1_8b.yaml").read_text())
+    data["model"]["optim"]["dtype"] = "fp16"
+    (tmp_path / "n.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(InputError, match="nemo model.optim.dtype"):
+        import_config("megatron", tmp_path / "n.yaml", {"cluster.node": "dgx-h100"})
+
+
+@pytest.mark.parametrize("extra, master_weights", [
+    ([], "remainders"),  # TransformerEngine's FusedAdam keeps the main parameters of the bf16 weights
+    (["--fp8-format", "hybrid"], "remainders"),  # the delayed recipe: still TransformerEngine's
+    (["--fp8-format", "hybrid", "--fp8-param-gather"], None),  # FP8 primary weights
+    (["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"], None),  # Megatron-Core keeps fp32 main params
+])
+def test_megatron_precision_aware_optimizer_keeps_remainders_where_transformer_engine_holds_the_master(
+        extra, master_weights):
+    argv = [*MEGATRON_ARGV, "--use-precision-aware-optimizer", *extra]
+    plan = import_config("megatron", None, {"cluster.node": "dgx-h100"}, argv=argv).scenario["plan"]
+    assert plan.get("master_weights") == master_weights
+
+
+@pytest.mark.parametrize("remainders, master_weights", [(True, "remainders"), (False, None)])
+def test_megatron_bridge_reads_store_param_remainders_under_the_precision_aware_optimizer(tmp_path, remainders,
+                                                                                        master_weights):
+    data = yaml.safe_load((DATA / "bridge-llama3_8b_sft_gb200_fp8_mx_v1.yaml").read_text())
+    data["mixed_precision"].update(fp8=None, fp8_param=False, fp8_param_gather=False)  # bf16
+    data["optimizer"].update(use_precision_aware_optimizer=True, store_param_remainders=remainders)
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump(data))
+    plan = import_config("megatron", tmp_path / "b.yaml", {"cluster.node": "dgx-b200"}).scenario["plan"]
+    assert plan.get("master_weights") == master_weights
 
 
 def test_a_flag_given_twice_with_different_values_is_refused_only_where_it_is_read():

@@ -34,6 +34,33 @@ def test_precision_aware_adam_keeps_fp32_main_parameters_and_bf16_moments():
     assert (per.weight, per.grad, per.optimizer) == (2.0, 2.0, 4.0 + 2.0 + 2.0)
 
 
+def test_param_remainders_complete_the_bf16_weight_to_an_fp32_master_in_2_bytes():
+    """Apex DistributedFusedAdam / TE FusedAdam store_param_remainders: an int16 shard beside the
+    two fp32 moments, 2 + 4 + 4 B; with bf16 moments (Megatron's precision-aware optimizer) 2 + 2 + 2."""
+    assert bytes_per_param("bf16", "fp32", "fp32", master_weights="remainders").optimizer == 2 + 4 + 4
+    assert bytes_per_param("bf16", "bf16", "bf16-moments", master_weights="remainders").optimizer == 2 + 2 + 2
+
+
+def test_an_optimizer_without_a_master_copy_keeps_only_its_bf16_moments():
+    """Apex DistributedFusedAdam with dtype bf16 and store_params false: exp_avg and exp_avg_sq, 2 + 2 B."""
+    assert bytes_per_param("bf16", "bf16", "bf16", master_weights="none").optimizer == 2 + 2
+
+
+def test_adam_over_remainders_reads_and_writes_the_bf16_weight_with_them():
+    from simulator.compute import memory_bound_time
+    from simulator.hardware import load_accelerator
+    from simulator.states import optimizer_step_s
+
+    acc = load_accelerator("h100-sxm-80gb")
+    plan = Plan(dp=ND, zero_stage=1, master_weights="remainders")
+    per = bytes_per_param("bf16", "fp32", master_weights="remainders")
+    s = model_states(PSI, plan, per, ND)
+    assert s.optimizer_bytes == pytest.approx(10 * PSI / ND)
+    # gradient read (4), moments and remainders read and written (2 x 10), bf16 weight read and written (4)
+    assert optimizer_step_s(s, per, plan, acc) == pytest.approx(memory_bound_time(PSI / ND * 28, acc, "optimizer",
+                                                                                  "bf16"))
+
+
 def test_zero1_shards_the_12_optimizer_bytes():
     assert states(grad_precision="bf16", zero_stage=1) == pytest.approx(4 * PSI + 12 * PSI / ND)
 
@@ -138,3 +165,20 @@ def test_a_device_holding_a_whole_layer_holds_every_parameter_the_model_counts_f
         assert moe_rest + routed == m.moe_layer_params()
     if m.attention != "mla":
         assert layer_params_local(m, 1) == m.dense_layer_params()
+
+
+@pytest.mark.parametrize("plan, needle", [
+    ({"master_weights": "remainders", "optimizer_precision": "bf16"}, "optimizer_precision fp32 or bf16-moments"),
+    ({"master_weights": "none"}, "optimizer_precision bf16"),
+    ({"master_weights": "remainders", "precision": "fp16"}, "bf16 weights only"),
+    ({"master_weights": "remainders", "fp32_params": True}, "fp32_params"),
+    ({"master_weights": "remainders", "precision": "fp8", "fp8_params": True}, "fp8_params"),
+    ({"master_weights": "remainders", "offload": {"optimizer": "cpu"}}, "offload.optimizer"),
+])
+def test_a_master_copy_apart_from_the_weights_is_refused_where_no_optimizer_keeps_one(plan, needle):
+    from simulator import InputError, scenario_from_dict
+
+    data = {"model": {"preset": "llama-3.1-8b"}, "cluster": {"node": "dgx-h100", "nodes": 1},
+            "plan": {"dp": 8, "zero_stage": 1, "global_batch": 8, **plan}}
+    with pytest.raises(InputError, match="plan.master_weights.*" + needle):
+        scenario_from_dict(data)

@@ -487,13 +487,21 @@ DTYPES = {"fp32": "fp32", "torch.float32": "fp32", "bf16": "bf16", "torch.bfloat
           "torch.float16": "fp16", "fp8": "fp8", "torch.uint8": "fp8"}
 
 
-def adam_states(a: Account, on_key: str, dtype_key) -> None:
+def adam_states(a: Account, on_key: str, dtype_key, remainders_key: str | None = None) -> None:
     """Megatron-Core's precision-aware optimizer (its main_params, exp_avg, exp_avg_sq and
     main_grads dtypes, spelled by `dtype_key`): fp32 states, or bf16 moments beside fp32 main
-    parameters (plan.optimizer_precision bf16-moments), bf16 main gradients (grad_precision)."""
+    parameters (plan.optimizer_precision bf16-moments), bf16 main gradients (grad_precision).
+    Where TransformerEngine's FusedAdam keeps the fp32 main parameters (no FP8 recipe or the
+    delayed one) of bf16 weights, it keeps them as 16-bit remainders (plan.master_weights):
+    Megatron-Core asks for them unless store_param_remainders (`remainders_key`; no argument of
+    Megatron-LM's sets it) is false (NVIDIA/Megatron-LM@d98e8a64dd megatron/core/optimizer/
+    __init__.py, optimizer_config.py use_precision_aware_optimizer_no_fp8_or_ds_fp8; with
+    TransformerEngine 2.1 or later)."""
     fields = ("main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype", "main_grads_dtype")
     if not a.get(on_key):
         a.used(on_key)
+        if remainders_key:  # only TransformerEngine's FusedAdam reads it
+            a.ignore(remainders_key)
         return
     dtypes = {f: DTYPES.get(str(a.get(dtype_key(f), "fp32")), "?") for f in fields}
     moments = {dtypes["exp_avg_dtype"], dtypes["exp_avg_sq_dtype"]}
@@ -505,6 +513,14 @@ def adam_states(a: Account, on_key: str, dtype_key) -> None:
     if dtypes["main_grads_dtype"] == "bf16":
         a.map(dtype_key("main_grads_dtype"), "plan.grad_precision", "bf16")
     a.used(*(dtype_key(f) for f in fields))
+    plan = a.scenario["plan"]
+    te_master = plan.get("precision") == "bf16" or (plan.get("precision") == "fp8"
+                                                     and plan.get("fp8_recipe", "delayed") == "delayed")
+    if te_master and not plan.get("fp8_params") and (remainders_key is None or a.get(remainders_key, True)):
+        a.map(remainders_key or on_key, "plan.master_weights", "remainders",
+              "TransformerEngine's FusedAdam keeps the fp32 main parameters as remainders of the bf16 weights")
+    elif remainders_key:
+        a.used(remainders_key)
 
 
 # TransformerEngine's FP8 recipes llmsim models, as Megatron names them -> plan.fp8_recipe
@@ -815,6 +831,46 @@ NEMO_ACTIVATIONS = {"gelu": "gelu", "swiglu": "swiglu", "fast-swiglu": "swiglu",
                     "fast-geglu": "geglu"}
 
 
+def _nemo_adam_states(a: Account, m, precision: str) -> None:
+    """Apex DistributedFusedAdam's states under NeMo: their dtype (optim.dtype, fp32 unless
+    given) and the master copy beside them, as optim.store_params and store_param_remainders
+    say or, where they do not, as NeMo picks: whole with FP8 primary weights, none where the
+    states are the weights' dtype, the 16-bit remainders for fp32 states beside bf16 weights,
+    whole otherwise (NVIDIA/NeMo@8cfedd7203 megatron_base_model.py setup_optimization, as in
+    its 24.09 release; the weights' dtype is the training precision under megatron_amp_O2, else
+    fp32)."""
+    dtype_key, keep_key, rem_key = m("optim.dtype"), m("optim.store_params"), m("optim.store_param_remainders")
+    dtype = DTYPES.get(str(a.get(dtype_key, "fp32")).lower())
+    if dtype not in ("fp32", "bf16"):
+        a.refuse(dtype_key, "fp32 or bf16 optimizer states")
+    weights = precision if a.get(m("megatron_amp_O2"), False) else "fp32"
+    if dtype == "bf16":
+        if weights != "bf16":
+            a.refuse(dtype_key, "bf16 states only over bf16 weights (megatron_amp_O2 with bf16 precision)")
+        a.map(dtype_key, "plan.optimizer_precision", "bf16")
+    else:
+        a.used(dtype_key)
+    if weights == "fp32":  # the fp32 parameters are the master copy (plan.fp32_params)
+        a.used(keep_key, rem_key)
+        return
+    fp8_params = bool(a.get(m("fp8")) and a.get(m("fp8_params")))
+    if a.has(keep_key):
+        keep, remainders, how = bool(a.get(keep_key)), bool(a.get(rem_key, False)), None
+    else:
+        keep = fp8_params or (dtype != weights and not (dtype == "fp32" and weights == "bf16"))
+        remainders, how = not keep and dtype != weights, "as NeMo picks where optim.store_params is not given"
+    if keep:  # the default: a whole copy in the states' precision
+        a.used(keep_key)
+    elif remainders or dtype != weights:
+        if not remainders or weights != "bf16" or fp8_params:
+            a.refuse(keep_key, "a master copy (store_params or store_param_remainders) beside fp32 states over "
+                               "16-bit weights")
+        a.map(keep_key, "plan.master_weights", "remainders", how)
+    else:
+        a.map(keep_key, "plan.master_weights", "none", how)
+    a.used(rem_key)
+
+
 def _nemo_grad_accumulation_fusion(a: Account, m, optimizer: str, pp: int) -> None:
     """NeMo's model.gradient_accumulation_fusion (off unless given), which NeMo switches off
     without megatron_amp_O2 and, without pipelining, on more than one data-parallel rank unless
@@ -942,6 +998,8 @@ def read_nemo(data: dict) -> Imported:
     if not a.get(m("megatron_amp_O2"), False) and precision in ("bf16", "fp16") and not a.get(m("fp8")):
         a.map(m("megatron_amp_O2"), "plan.fp32_params", True)
     _nemo_grad_accumulation_fusion(a, m, optimizer, a.number(m("pipeline_model_parallel_size"), 1))
+    if optimizer == "distributed_fused_adam":
+        _nemo_adam_states(a, m, precision)
     a.used(m("megatron_amp_O2"))
     grads = {"fp32": "fp32", "float32": "fp32", "32": "fp32", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16",
              "float16": "fp16", "16": "fp16"}.get(str(a.get(m("optim.grad_sync_dtype"), "fp32")))

@@ -53,7 +53,7 @@ MODEL_IGNORED = tuple(f"model.{k}" for k in (
     f"optimizer.{k}" for k in ("lr", "min_lr", "adam_*", "weight_decay", "clip_grad", "decoupled_*", "lion_*",
                                "sgd_*", "config_logger_dir", "log_num_zeros_in_grad", "barrier_with_L1_time",
                                "hysteresis", "initial_loss_scale", "loss_scale*", "min_loss_scale", "bf16", "fp16",
-                               "fp8_recipe", "timers", "params_dtype", "store_param_remainders", "pin_cpu_*",
+                               "fp8_recipe", "timers", "params_dtype", "pin_cpu_*",
                                "overlap_param_gather*", "use_distributed_optimizer")) + tuple(
     f"train.{k}" for k in ("check_*", "decrease_batch_size_if_needed", "empty_unused_memory_level", "eval_*",
                            "exit_*", "iterations_to_skip", "manual_gc*", "skip_*", "train_sync_interval")) + tuple(
@@ -316,4 +316,5 @@ def _optimizer(a: Account) -> None:
     if a.get("optimizer.optimizer_cpu_offload"):
         a.refuse("optimizer.optimizer_cpu_offload", "Megatron-Core's optimizer CPU offload is not modelled "
                                                     "(use plan.offload in a scenario)")
-    adam_states(a, "optimizer.use_precision_aware_optimizer", lambda field: f"optimizer.{field}._target_")
+    adam_states(a, "optimizer.use_precision_aware_optimizer", lambda field: f"optimizer.{field}._target_",
+                "optimizer.store_param_remainders")
