@@ -13,7 +13,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 def test_the_notebooks_are_there():
     assert [p.name for p in NOTEBOOKS] == ["01-quickstart.ipynb", "02-sweep-and-pareto.ipynb",
                                            "03-calibration.ipynb", "04-compare-accelerators.ipynb", "05-moe.ipynb",
-                                           "06-time-to-train.ipynb"]
+                                           "06-time-to-train.ipynb", "07-validation.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
