@@ -371,7 +371,9 @@ def _published_text(p: dict) -> str:
 
 def cmd_scenarios_show(args) -> int:
     """A shipped scenario's file as written, or a published run's scenario as YAML headed by
-    its source, its measurements and what the supplement assumed."""
+    its source, its measurements, what the supplement assumed and where its fields come from."""
+    import textwrap
+
     import yaml
 
     from .validation.runs import is_published_name, published_run
@@ -393,11 +395,12 @@ def cmd_scenarios_show(args) -> int:
     data = read_scenario(name)
     title, framework = source_titles()[run.source]
     head = [f"published run {run.id}: {title} ({framework})",
-            f"from {PUBLISHED_DIR / run.file}; what the table leaves blank, with its source: the supplement*.yaml "
-            "beside it",
+            f"from {PUBLISHED_DIR / run.file}, what its table leaves blank from the supplement*.yaml beside it",
             *[f"measured {m.metric} = {m.value:.6g} ({m.column})" for m in run.measurements],
-            *[f"assumed: {a}" for a in run.assumptions]]
-    print("\n".join("# " + line for line in head))
+            *[f"assumed: {a}" for a in run.assumptions],
+            *[f"{field}: {text}" for field, text in run.provenance]]
+    print("\n".join(wrapped for line in head
+                    for wrapped in textwrap.wrap(line, 100, initial_indent="# ", subsequent_indent="#   ")))
     print(yaml.safe_dump(data, sort_keys=False), end="")
     return 0
 

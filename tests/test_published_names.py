@@ -74,6 +74,10 @@ def test_scenarios_list_published_names_every_row_of_every_copy():
 def test_scenarios_show_prints_a_published_scenario_that_loads_back(tmp_path):
     text = cli("scenarios", "show", f"published/{ROW}").stdout
     assert "# measured hardware_tflops_per_device = 137 (measured_tflops_per_gpu)" in text
+    supplement = yaml.safe_load((PUBLISHED_DIR / "supplement.yaml").read_text())
+    narayanan = next(s for s in supplement["sources"] if s["key"] == "narayanan21")
+    for field in narayanan["provenance"]:  # where each supplemented field comes from
+        assert f"# {field}: " in text
     path = tmp_path / "row.yaml"
     path.write_text(text)
     assert load_scenario(path) == load_scenario(f"published/{ROW}")

@@ -88,6 +88,7 @@ class Run:
     assumptions: tuple[str, ...] = ()  # equivalent mappings used, stated
     approximations: tuple[str, ...] = ()  # non-equivalent fallbacks (--approximate only)
     scenario: Mapping | None = None  # the scenario mapping; None when not expressible
+    provenance: tuple[tuple[str, str], ...] = ()  # (field, where its value comes from): the supplement's
 
     @property
     def primary(self) -> Measurement:
@@ -107,6 +108,7 @@ class Source:
     features: Mapping
     metrics: Mapping  # column -> metric, in order; the first is primary
     not_compared: Mapping
+    provenance: Mapping  # scenario field -> where its value comes from
 
 
 # ---------------------------------------------------------------- the two column layouts
@@ -282,7 +284,8 @@ def _source(data: Mapping, where: str) -> Source:
                   scenario=F.require_mapping(data.get("scenario") or {}, f"{where}.scenario"),
                   features=F.require_mapping(data.get("features") or {}, f"{where}.features"),
                   metrics=metrics,
-                  not_compared=F.require_mapping(data.get("not_compared") or {}, f"{where}.not_compared"))
+                  not_compared=F.require_mapping(data.get("not_compared") or {}, f"{where}.not_compared"),
+                  provenance=F.require_mapping(data.get("provenance") or {}, f"{where}.provenance"))
 
 
 def _measurements(row: Mapping, fmt: str, src: Source, rid: str) -> tuple[Measurement, ...]:
@@ -369,7 +372,9 @@ def map_row(row: Mapping, fmt: str, src: Source, extra: Mapping, file: str, appr
                precision=_precision_label(scenario, features), measurements=_measurements(row, fmt, src, rid),
                status=status, reasons=tuple(reasons), assumptions=tuple(assumptions),
                approximations=tuple(approximations) if status == APPROXIMATED else (),
-               scenario=scenario if status != NOT_EXPRESSIBLE else None)
+               scenario=scenario if status != NOT_EXPRESSIBLE else None,
+               provenance=tuple((str(k), " ".join(str(v).split())) for k, v in {
+                   **src.provenance, **F.require_mapping(extra.get("provenance") or {}, f"{where}.provenance")}.items()))
 
 
 def read_csv(path: Path) -> list[dict]:
