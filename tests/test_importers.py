@@ -936,14 +936,6 @@ def test_nemo_distributed_fused_adam_keeps_its_master_copy_as_nemo_picks(tmp_pat
     assert (plan.optimizer_precision, plan.master_weights) == (optimizer_precision, master_weights)
 
 
-def test_nemo_fp16_optimizer_states_are_refused(tmp_path):
-    data = yaml.safe_load((DATA / "nemo-llama3.1_8b.yaml").read_text())
-    data["model"]["optim"]["dtype"] = "fp16"
-    (tmp_path / "n.yaml").write_text(yaml.safe_dump(data))
-    with pytest.raises(InputError, match="nemo model.optim.dtype"):
-        import_config("megatron", tmp_path / "n.yaml", {"cluster.node": "dgx-h100"})
-
-
 @pytest.mark.parametrize("extra, master_weights", [
     ([], "remainders"),  # TransformerEngine's FusedAdam keeps the main parameters of the bf16 weights
     (["--fp8-format", "hybrid"], "remainders"),  # the delayed recipe: still TransformerEngine's
@@ -1514,11 +1506,13 @@ def test_nemo_gradients_are_synchronised_in_grad_sync_dtype(tmp_path, dtype, gra
     assert plan["grad_precision"] == grads
 
 
-def test_nemo_grad_sync_dtype_of_another_name_is_refused(tmp_path):
+@pytest.mark.parametrize("key, value", [("grad_sync_dtype", "half-ish"),
+                                        ("dtype", "fp16")])  # Adam's states in fp16: not modelled
+def test_nemo_optimizer_dtypes_llmsim_does_not_model_are_refused(tmp_path, key, value):
     data = yaml.safe_load((DATA / "nemo-llama3.1_8b.yaml").read_text())
-    data["model"]["optim"]["grad_sync_dtype"] = "half-ish"
+    data["model"]["optim"][key] = value
     (tmp_path / "n.yaml").write_text(yaml.safe_dump(data))
-    with pytest.raises(InputError, match="grad_sync_dtype"):
+    with pytest.raises(InputError, match=f"nemo model.optim.{key}"):
         import_config("megatron", tmp_path / "n.yaml", {"cluster.node": "dgx-h100"})
 
 
