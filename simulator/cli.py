@@ -139,8 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     va = sub.add_parser("validate", help="compare predictions with measured runs")
     va.add_argument("--published", action="store_true", help="reproduce the published runs (scenarios/published)")
-    va.add_argument("--only", metavar="SOURCE", help="--published: only the runs of that source (e.g. vtrain), or "
-                                                     "whose id starts with it (llmsim scenarios list --published)")
+    va.add_argument("--only", metavar="RUNS", help="--published: only these runs: SOURCE or ID-PREFIX[,...][:PRECISION], "
+                                                   "e.g. vtrain, tt_t1_,tt_t3_:bf16 or :fp8-rowwise (llmsim scenarios "
+                                                   "list --published)")
     va.add_argument("--torch", action="store_true",
                     help="run real torch training steps on this machine and compare (needs the calibrate extra)")
     va.add_argument("--profile", default=None, metavar="P",
@@ -611,7 +612,7 @@ def cmd_validate(args) -> int:
                          "profile's own efficiencies")
     if args.only is not None and (not args.published or args.fit_matmul or args.write_residuals):
         raise InputError("validate --only", args.only, "only with --published, and not with --fit-matmul (which "
-                         "takes its own prefix) or --write-residuals (which stores every run's)")
+                         "names its own runs) or --write-residuals (which stores every run's)")
     if args.kernels and (args.torch or args.published):
         raise InputError("validate", "--kernels", "alone: not with --published or --torch")
     if args.kernels:

@@ -98,11 +98,14 @@ def test_a_sweep_space_can_start_from_a_published_run(tmp_path):
     assert [r["plan.micro_batch"] for r in rows] == ["8", "16"] and {r["model"] for r in rows} == {ROW}
 
 
-def test_validate_only_keeps_the_runs_of_one_source():
-    proc = cli("validate", "--published", "--only", "vtrain", "--json")
+@pytest.mark.parametrize("only, prefixes", [("vtrain", ("vtrain_",)),  # a source
+                                            ("vtrain_single_,narayanan21", ("narayanan21_", "vtrain_single_"))])
+def test_validate_only_keeps_the_runs_it_names(only, prefixes):
+    proc = cli("validate", "--published", "--only", only, "--json")
     assert proc.returncode == 0, proc.stderr
     ids = [r["id"] for r in json.loads(proc.stdout)["rows"]]
-    assert ids == [r["id"] for r in csv_rows("more-runs.csv") if r["id"].startswith("vtrain_")]
+    assert ids == [r["id"] for name in ("more-runs.csv", "published-runs.csv") for r in csv_rows(name)  # file order
+                   if r["id"].startswith(prefixes)]
 
 
 @pytest.mark.parametrize("args, needle", [

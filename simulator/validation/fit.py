@@ -9,16 +9,13 @@ from pathlib import Path
 
 from ..errors import InputError
 from .report import Outcome, predict, with_accelerator, with_launch_overhead, with_matmul_max
-from .runs import PREDICTED, PUBLISHED_DIR, load_runs
+from .runs import PREDICTED, PUBLISHED_DIR, load_runs, matching
 
 
 def select(spec: str, folder: Path = PUBLISHED_DIR):
-    """The expressible runs a fit names: `PREFIX[,PREFIX...][:PRECISION]` (ids starting with
-    one of the prefixes, of that precision label, e.g. `dgxc-:bf16`)."""
-    prefixes, _, precision = spec.partition(":")
-    starts = tuple(p for p in prefixes.split(",") if p)
-    return [r for r in load_runs(folder) if starts and r.id.startswith(starts) and r.status == PREDICTED
-            and (not precision or r.precision == precision)]
+    """The expressible runs a fit names (runs.matching: `PREFIX[,PREFIX...][:PRECISION]`, e.g.
+    `dgxc-:bf16`)."""
+    return [r for r in matching(load_runs(folder), spec) if r.status == PREDICTED]
 
 
 def fit_matmul_max(prefix: str, engine: str = "analytic", folder: Path = PUBLISHED_DIR,

@@ -22,7 +22,7 @@ from ..evaluate import evaluate
 from ..hardware import load_accelerator
 from ..workload import executed_flops_per_sequence
 from .runs import (APPROXIMATED, NOT_EXPRESSIBLE, PREDICTED, PUBLISHED_DIR, SLOWER_WHEN_HIGHER, SPEED_METRICS,
-                   Run, load_runs, source_titles)
+                   Run, load_runs, matching, source_titles)
 from .stats import relative_error, summarise
 
 SPEED = "speed"
@@ -148,16 +148,16 @@ def validate_published(engine: str = "graph", folder: Path = PUBLISHED_DIR, appr
                        transferred: bool = False, only: str | None = None) -> dict:
     """Predict every published run; the report `llmsim validate --published --json` prints.
     `transferred`: each run on its profile as the transfer rules would give it from another
-    fitted profile (transfer.py), how far a transfer misses. `only`: the runs of that source,
-    or whose id starts with it."""
+    fitted profile (transfer.py), how far a transfer misses. `only`: the runs it names
+    (runs.matching: sources or id prefixes, and a precision)."""
     from .transfer import with_transferred
 
     runs = load_runs(folder, approximate=approximate)
     if only is not None:
-        runs = [r for r in runs if r.source == only or r.id.startswith(only)]
+        runs = matching(runs, only)
         if not runs:
-            raise InputError("--only", only, "no published run's source is it or id starts with it (sources: "
-                             + ", ".join(source_titles(folder)) + ")")
+            raise InputError("--only", only, "names no published run: SOURCE or ID-PREFIX[,...][:PRECISION] "
+                             "(sources: " + ", ".join(source_titles(folder)) + ")")
     outcomes = [predict(r, engine, adjust=with_transferred if transferred else None) for r in runs]
     predicted = [o for o in outcomes if o.run.status == PREDICTED]
     report = {
@@ -261,7 +261,7 @@ def _pct(x) -> str:
 def format_report(report: dict) -> str:
     """The text `llmsim validate --published` prints."""
     c = report["counts"]
-    only = f" of source or prefix {report['only']!r}" if report.get("only") else ""
+    only = f" named by {report['only']!r}" if report.get("only") else ""
     out = [f"Published runs{only}: {c['rows']} rows; {c['predicted']} predicted, {c['approximated']} approximated "
            f"(--approximate), {c['not_expressible']} not expressible today ({report['engine']} engine).",
            "error = (predicted - measured) / measured; speed = each row's primary measurement, "

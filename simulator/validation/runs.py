@@ -431,6 +431,16 @@ def load_runs(folder: Path = PUBLISHED_DIR, approximate: bool = False) -> list[R
     return runs
 
 
+def matching(runs: list[Run], spec: str) -> list[Run]:
+    """The runs `spec` names: `NAME[,NAME...][:PRECISION]`, each NAME a source or the start of
+    run ids, PRECISION a precision label (`vtrain`, `dgxc-:bf16`, `tt_t1_,tt_t3_:bf16`,
+    `:fp8-rowwise`: no NAME is every source)."""
+    names, _, precision = spec.partition(":")
+    names = tuple(n for n in names.split(",") if n)
+    return [r for r in runs if (not names or r.source in names or r.id.startswith(names))
+            and (not precision or r.precision == precision)]
+
+
 def is_published_name(ref) -> bool:
     """`ref` names a published run (published/<row id>) rather than a file: no file of that
     name is there."""
