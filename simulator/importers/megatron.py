@@ -860,15 +860,20 @@ def _nemo_adam_states(a: Account, m, precision: str) -> None:
         keep = fp8_params or (dtype != weights and not (dtype == "fp32" and weights == "bf16"))
         remainders, how = not keep and dtype != weights, "as NeMo picks where optim.store_params is not given"
     if keep:  # the default: a whole copy in the states' precision
-        a.used(keep_key)
-    elif remainders or dtype != weights:
-        if not remainders or weights != "bf16" or fp8_params:
-            a.refuse(keep_key, "a master copy (store_params or store_param_remainders) beside fp32 states over "
-                               "16-bit weights")
+        a.used(keep_key, rem_key)
+    elif fp8_params:
+        a.refuse(keep_key, "true with FP8 primary weights (model.fp8_params): they need a master copy")
+    elif remainders:
+        if (dtype, weights) != ("fp32", "bf16"):
+            a.refuse(rem_key, "the remainders complete an fp32 copy of bf16 weights (optim.dtype fp32, bf16 "
+                              "precision under megatron_amp_O2)")
         a.map(keep_key, "plan.master_weights", "remainders", how)
+        a.used(rem_key)
+    elif dtype != weights:
+        a.refuse(keep_key, f"true with {dtype} states beside {weights} weights (or store_param_remainders true)")
     else:
         a.map(keep_key, "plan.master_weights", "none", how)
-    a.used(rem_key)
+        a.used(rem_key)
 
 
 def _nemo_grad_accumulation_fusion(a: Account, m, optimizer: str, pp: int) -> None:
