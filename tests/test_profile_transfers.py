@@ -93,7 +93,6 @@ TRANSFERS = {
     ("h200-sxm-141gb", "matmul"): lambda: _max("h100-sxm-80gb", "matmul"),
     ("h200-sxm-141gb", "matmul_fp8"): lambda: MAMF["h200_fp8"] * h100_ratio(),
     ("h200-sxm-141gb", "attention"): lambda: _max("h100-sxm-80gb", "attention"),
-    ("h200-sxm-141gb", "attention_flash2"): lambda: _max("h100-sxm-80gb", "attention_flash2"),
     ("h100-sxm-96gb-500w", "matmul_fp8"): lambda: _max("h100-sxm-96gb-500w", "matmul") * MAMF["h100_fp8"]
     / MAMF["h100_bf16"],
     ("h100-sxm-96gb-500w", "attention"): lambda: _max("h100-sxm-80gb", "attention") * power_cap(),
@@ -182,6 +181,23 @@ def test_mi355x_attention_reproduces_the_measured_kernels(curve):
     for (tokens, batch), fwd, bwd in zip(((4096, 16), (8192, 16), (16384, 15)), *MI355X_ATTENTION[curve]):
         forward_flops = 4 * batch * tokens**2 * 16 * 128 / 2
         assert _attention_rate(eff, peak, forward_flops) == pytest.approx(_step_weighted(fwd, bwd), rel=0.02), tokens
+
+
+# PyTorch's SDPA flash backend (FlashAttention-2) on an H200, bf16, batch 1, 32 heads of 128: the
+# calls' forward FLOPs as llmsim counts them and their forward and backward milliseconds
+# (docs/calibration/kernels-cuda-h200.txt, benchmarks/bench_kernels_cuda.py, torch 2.11.0+cu130)
+H200_FLASH2 = [(4 * 8192**2 * 128 * 32 / 2, 1.80, 5.05), (4 * 32768**2 * 128 * 32 / 2, 25.69, 69.81),
+               (4 * 32768 * 16384 * 128 * 32, 25.42, 71.27), (4 * 16384 * 32768 * 128 * 32, 25.30, 69.52),
+               (4 * 32768**2 * 128 * 32, 50.97, 140.05)]
+
+
+def test_h200_flash_attention_2_times_the_measured_calls():
+    """Forward (F) and backward (2.5 F) on the profile's one curve against the measured pair."""
+    profile = load_accelerator("h200-sxm-141gb")
+    eff, peak = profile.attention_flash2, profile.peak_flops["bf16"]
+    for flops, fwd_ms, bwd_ms in H200_FLASH2:
+        predicted_ms = 1e3 * (flops + eff.half + 2.5 * flops + eff.half) / (peak * eff.max)
+        assert predicted_ms == pytest.approx(fwd_ms + bwd_ms, rel=0.02), flops
 
 
 # cuDNN 9.13.0 and FlashAttention-2 2.8.3 on a B200, BF16, non-causal, 16 heads of 128, batch x

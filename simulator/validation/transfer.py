@@ -9,7 +9,8 @@ tests/test_profile_transfers.py holds them to:
   fitted profile's achieved-over-best-shape ratio, with GEMM shapes folded in where the
   profile has no reduction-dimension measurement (B200, MI300X, MI250X, Gaudi 3, TPU v5p,
   V100);
-- the same die: a fitted profile's efficiencies as they are (the H200 from the H100);
+- the same die: a fitted profile's efficiencies as they are (the H200 from the H100, but for
+  its SDPA FlashAttention-2 rate, measured on an H200);
 - the attention kernel: another part's best FlashAttention rate times the ratio of the two
   parts' best-shape GEMM rates (B200, GB200, MI300X, Gaudi 3, TPU v5p from the H100's
   FlashAttention-3; MI250X from the A100's FlashAttention-2).
