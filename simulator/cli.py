@@ -323,7 +323,7 @@ def cmd_evaluate(args) -> int:
     scenario = scenario_from_dict(data)
     result = evaluate(scenario, engine=args.engine)
     d = result.to_dict()
-    published = _published_comparison(args, scenario, d)
+    published = _published_comparison(args.scenario, scenario, d, args.source is not None or bool(_overrides(args)))
     if args.trace:
         from .trace import write_trace
 
@@ -342,13 +342,12 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
-def _published_comparison(args, scenario, d: dict) -> dict | None:
-    """What a published run measured beside this prediction, where `evaluate` was given one
-    by name (published/<row id>) and no flag changed it."""
+def _published_comparison(ref, scenario, d: dict, changed: bool) -> dict | None:
+    """What a published run measured beside this prediction `d`, where the scenario `ref` names
+    one (published/<row id>) and no flag `changed` it."""
     from .validation.runs import is_published_name, published_run
 
-    ref = args.scenario
-    if args.source is not None or not is_published_name(ref) or _overrides(args):
+    if changed or not is_published_name(ref):
         return None
     from .validation.report import compare
     from .validation.runs import source_titles
@@ -421,7 +420,11 @@ def cmd_compare(args) -> int:
         d = evaluate(scenario, engine=args.engine).to_dict()
         names.append(scenario.name or Path(ref).stem)
         rows.append(compare_row(d, scenario))
-        results.append(d)
+        published = _published_comparison(ref, scenario, d, bool(overrides))
+        if published:
+            rows[-1]["measured"] = ", ".join(f"{c['metric']} {c['measured']:.4g} ({c['error_pct']:+.1f}%)"
+                                             for c in published["comparisons"] if c["primary"])
+        results.append({**d, "published": published} if published else d)
         scenarios.append(scenario)
     if args.json:
         keys = [k for k in results[0] if len({json.dumps(r.get(k), sort_keys=True) for r in results}) > 1]

@@ -306,6 +306,7 @@ COMPARE_ROWS = (  # label, key of the row dict
     ("tokens/s", "tokens_per_s"), ("tokens/s per device", "tokens_per_s_per_device"), ("MFU", "mfu"),
     ("$ per M tokens", "usd_per_million_tokens"), ("days to train", "time_to_train_days"),
     ("beyond the runs", "outside_validation"),
+    ("measured (published run)", "measured"),
 )
 
 
@@ -336,6 +337,7 @@ def compare_row(d: dict, scenario) -> dict:
         "time_to_train_days": valid("{:.1f}".format, "time_to_train_days") if d.get("time_to_train_days") else "-",
         "step_time_interval": valid(lambda x: " - ".join(human_time(t) for t in x), "step_time_s_interval"),
         "outside_validation": ", ".join(f["field"] for f in d.get("outside_validation") or ()) or "-",
+        "measured": "-",  # what a published run measured (cli: compare by published/<row id>)
     }
 
 
@@ -400,6 +402,8 @@ def render_compare(names: list[str], rows: list[dict], highlight: bool = False,
     (and bold when `highlight`). `extra`: rows of differing_fields, shown after the plan's."""
     table, differing = [], []
     for label, key in COMPARE_ROWS:
+        if key == "measured" and all(r[key] == "-" for r in rows):  # no published run compared
+            continue
         if key == "feasible":
             for field, values in extra:
                 differing.append(True)

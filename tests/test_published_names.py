@@ -58,6 +58,17 @@ def test_a_changed_published_scenario_is_not_compared_with_the_run():
     assert "published" not in json.loads(proc.stdout)
 
 
+def test_compare_shows_what_each_published_run_measured():
+    a, b = "vtrain_multi_L17", "vtrain_multi_L22"
+    text = cli("compare", f"published/{a}", f"published/{b}", "quickstart", "--engine", "analytic").stdout
+    row = next(line for line in text.splitlines() if "measured (published run)" in line)
+    for rid in (a, b):
+        assert f"step_time_s {float(the_row(rid)['measured_iter_time_s']):.4g} (" in row
+    assert row.rstrip().endswith("-")  # the shipped scenario measured nothing
+    plain = cli("compare", "quickstart", "gpt3-175b-1024xa100", "--engine", "analytic").stdout
+    assert "measured (published run)" not in plain
+
+
 def test_an_unknown_published_name_is_one_line_naming_the_nearest():
     one_line_error(cli("evaluate", "published/narayanan21_t1_1.7"), "published/narayanan21_t1_1.7",
                    f"did you mean published/{ROW}")
