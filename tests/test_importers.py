@@ -1173,6 +1173,20 @@ def test_deepspeed_gradients_as_its_engine_picks_the_optimizer_wrapper(tmp_path,
     assert tuple(_plan(_deepspeed(tmp_path, **config), "zero_stage", "grad_precision", "dp_overlap").values()) == plan
 
 
+@pytest.mark.parametrize("config, note", [
+    # DeepSpeed's ZeRO optimizer: 5e8-element buckets in the model's dtype, two with overlap_comm at stages 1-2
+    ({"bf16": {"enabled": True}, "zero_optimization": {"stage": 2, "overlap_comm": True}}, "two contiguous gradient "
+     "buckets, 2 GB"),
+    ({"fp16": {"enabled": True}, "zero_optimization": {"stage": 3}}, "a contiguous gradient bucket, 1 GB"),
+    ({"zero_optimization": {"stage": 1}}, "a contiguous gradient bucket, 2 GB"),  # fp32
+    ({"fp16": {"enabled": True}, "zero_optimization": {"stage": 2, "contiguous_gradients": False}}, None),
+    ({"fp16": {"enabled": True}}, None),  # no ZeRO optimizer
+    ({"bf16": {"enabled": True}}, None)])  # the BF16_Optimizer keeps no buckets
+def test_deepspeed_gradient_buckets_left_out_of_memory_are_said(tmp_path, config, note):
+    notes = [n["why"] for n in _deepspeed(tmp_path, **config).unmapped if n["key"].endswith("reduce_bucket_size")]
+    assert [note in n for n in notes] == ([] if note is None else [True])
+
+
 @pytest.mark.parametrize("config, key", [
     ({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "bf16"}}, "grad_accum_dtype"),  # DeepSpeed raises
     ({"bf16": {"enabled": True}, "communication_data_type": "fp32"}, "communication_data_type"),

@@ -26,7 +26,7 @@ IGNORED = ("steps_per_print", "wall_clock_breakdown", "optimizer.params.*", "sch
            "zero_optimization.offload_*.pin_memory",
            "zero_optimization.stage3_gather_*", "tensorboard.*", "wandb.*", "csv_monitor.*", "flops_profiler.*",
            "prescale_gradients", "zero_optimization.offload_param.max_in_cpu", "comms_logger.*")
-REASONS = {"zero_optimization.*bucket*": "collective bucketing is not modelled",
+REASONS = {"zero_optimization.*bucket*": "collective bucketing is not modelled, nor the buckets' memory",
            "zero_optimization.contiguous_gradients": "buffer layout is not modelled",
            "zero_optimization.stage3_*": "ZeRO-3 prefetch and persistence thresholds are not modelled",
            "zero_optimization.sub_group_size": "not modelled",
@@ -203,3 +203,22 @@ def _gradients(a: Account, stage: int, precision: str, pipeline: bool = False) -
     else:
         a.map("zero_optimization.overlap_comm", "plan.dp_overlap", bool(a.get("zero_optimization.overlap_comm",
                                                                               stage == 3)))
+    _bucket_note(a, stage, precision, pipeline)
+
+
+def _bucket_note(a: Account, stage: int, precision: str, pipeline: bool) -> None:
+    """Where the config leaves reduce_bucket_size at its default, say what llmsim leaves out of
+    memory: DeepSpeed's ZeRO optimizer copies the gradients as they come into contiguous buckets
+    of reduce_bucket_size elements (5e8 by default) in the model's dtype, two of them with
+    overlap_comm under stages 1 and 2, one with it off, under its pipeline engine or at stage 3
+    (microsoft/DeepSpeed@38327e07f deepspeed/runtime/zero/config.py contiguous_gradients True;
+    stage_1_and_2.py backward and reduce_gradients: ipg_buffer; stage3.py
+    __ipg_bucket_flat_buffer). A given size is listed unmapped (REASONS)."""
+    if stage == 0 or not a.get("zero_optimization.contiguous_gradients", True) \
+            or a.has("zero_optimization.reduce_bucket_size"):
+        return
+    buckets = 2 if stage < 3 and not pipeline and a.get("zero_optimization.overlap_comm", False) else 1
+    gb = buckets * 5e8 * (4 if precision == "fp32" else 2) / 1e9
+    what = "two contiguous gradient buckets" if buckets == 2 else "a contiguous gradient bucket"
+    a.absent("zero_optimization.reduce_bucket_size",
+             f"DeepSpeed's default 5e8 elements: {what}, {gb:g} GB, which llmsim does not count in memory")
