@@ -139,9 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     va = sub.add_parser("validate", help="compare predictions with measured runs")
     va.add_argument("--published", action="store_true", help="reproduce the published runs (scenarios/published)")
-    va.add_argument("--only", metavar="RUNS", help="--published: only these runs: SOURCE or ID-PREFIX[,...][:PRECISION], "
-                                                   "e.g. vtrain, tt_t1_,tt_t3_:bf16 or :fp8-rowwise (llmsim scenarios "
-                                                   "list --published)")
+    va.add_argument("--only", metavar="RUNS", help="--published: only these runs: SOURCE or "
+                                                   "ID-PREFIX[,...][:PRECISION], e.g. vtrain, tt_t1_,tt_t3_:bf16 or "
+                                                   ":fp8-rowwise (llmsim scenarios list --published)")
     va.add_argument("--torch", action="store_true",
                     help="run real torch training steps on this machine and compare (needs the calibrate extra)")
     va.add_argument("--profile", default=None, metavar="P",
@@ -274,10 +274,23 @@ def _number_flag(value, flag: str, minimum: float = 0.0, strict_min: bool = True
                     strict_min=strict_min, maximum=maximum)
 
 
-def _scenario_data(args) -> tuple[dict, list[str]]:
+def _read(ref):
+    """The raw scenario mapping `ref` names and, where it names a published run
+    (published/<row id>), that run (validation/runs.py), looked up once."""
+    from .scenario import read_scenario
+    from .validation.runs import is_published_name, published_run, run_scenario
+
+    if not is_published_name(ref):
+        return read_scenario(ref), None
+    run = published_run(ref)
+    return run_scenario(run), run
+
+
+def _scenario_data(args) -> tuple[dict, list[str], object]:
     """The scenario mapping of `evaluate` (the file or the imported config, with the flags
-    applied) and the notes on what an imported config says that llmsim does not model."""
-    from .scenario import apply_overrides, read_scenario
+    applied), the notes on what an imported config says that llmsim does not model, and the
+    published run it names, if it names one."""
+    from .scenario import apply_overrides
 
     overrides = _overrides(args)
     if args.source is not None:
@@ -287,10 +300,11 @@ def _scenario_data(args) -> tuple[dict, list[str]]:
 
         kind, path = args.source
         imported = import_config(kind, path, overrides)
-        return imported.scenario, [f"llmsim: note: {kind} {_unmapped_text(n)}" for n in imported.unmapped]
+        return imported.scenario, [f"llmsim: note: {kind} {_unmapped_text(n)}" for n in imported.unmapped], None
     if args.scenario is None:
         raise InputError("scenario", None, "give a scenario file (or a shipped name) or --from KIND FILE")
-    return _renamed(apply_overrides(read_scenario(args.scenario), overrides), overrides), []
+    data, run = _read(args.scenario)
+    return _renamed(apply_overrides(data, overrides), overrides), [], run
 
 
 def _unmapped_text(note, verb: str = " is not modelled") -> str:
@@ -319,11 +333,11 @@ def cmd_evaluate(args) -> int:
     from .report import render_result
     from .scenario import scenario_from_dict
 
-    data, notes = _scenario_data(args)
+    data, notes, run = _scenario_data(args)
     scenario = scenario_from_dict(data)
     result = evaluate(scenario, engine=args.engine)
     d = result.to_dict()
-    published = _published_comparison(args.scenario, scenario, d, args.source is not None or bool(_overrides(args)))
+    published = _published_comparison(run, scenario, d, bool(_overrides(args)))
     if args.trace:
         from .trace import write_trace
 
@@ -342,19 +356,14 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
-def _published_comparison(ref, scenario, d: dict, changed: bool) -> dict | None:
-    """What a published run measured beside this prediction `d`, where the scenario `ref` names
-    one (published/<row id>) and no flag `changed` it."""
-    from .validation.runs import is_published_name, published_run
-
-    if changed or not is_published_name(ref):
+def _published_comparison(run, scenario, d: dict, changed: bool) -> dict | None:
+    """What the published `run` (None: the scenario names none) measured beside this
+    prediction `d`, unless a flag `changed` its scenario."""
+    if run is None or changed:
         return None
     from .validation.report import compare
-    from .validation.runs import source_titles
 
-    run = published_run(ref)
-    title, framework = source_titles()[run.source]
-    return {"id": run.id, "source": run.source, "title": title, "framework": framework, "file": run.file,
+    return {"id": run.id, "source": run.source, "title": run.title, "framework": run.framework, "file": run.file,
             "assumptions": list(run.assumptions),
             "comparisons": [{"metric": c.metric, "measured": c.measured, "predicted": c.predicted,
                              "error_pct": 100 * c.error, "primary": c.primary} for c in compare(run, scenario, d)]}
@@ -376,7 +385,7 @@ def cmd_scenarios_show(args) -> int:
 
     import yaml
 
-    from .validation.runs import is_published_name, published_run
+    from .validation.runs import PUBLISHED_DIR, is_published_name, published_run, run_scenario
 
     if args.name is None:
         raise InputError("scenarios show", None, "give a scenario name (llmsim scenarios list)")
@@ -388,13 +397,9 @@ def cmd_scenarios_show(args) -> int:
 
         print(resolve_data_file(name, "scenario").read_text(encoding="utf-8"), end="")
         return 0
-    from .scenario import read_scenario
-    from .validation.runs import PUBLISHED_DIR, source_titles
-
     run = published_run(name)
-    data = read_scenario(name)
-    title, framework = source_titles()[run.source]
-    head = [f"published run {run.id}: {title} ({framework})",
+    data = run_scenario(run)
+    head = [f"published run {run.id}: {run.title} ({run.framework})",
             f"from {PUBLISHED_DIR / run.file}, what its table leaves blank from the supplement*.yaml beside it",
             *[f"measured {m.metric} = {m.value:.6g} ({m.column})" for m in run.measurements],
             *[f"assumed: {a}" for a in run.assumptions],
@@ -408,19 +413,19 @@ def cmd_scenarios_show(args) -> int:
 def cmd_compare(args) -> int:
     from .evaluate import evaluate
     from .report import compare_row, differing_fields, render_compare
-    from .scenario import apply_overrides, read_scenario, scenario_from_dict
+    from .scenario import apply_overrides, scenario_from_dict
 
     if len(args.scenarios) < 2:
         raise InputError("compare", args.scenarios, "expected two or more scenario files")
     overrides = _overrides(args)
     names, rows, results, scenarios = [], [], [], []
     for ref in args.scenarios:
-        data = _renamed(apply_overrides(read_scenario(ref), overrides), overrides)
-        scenario = scenario_from_dict(data)
+        data, run = _read(ref)
+        scenario = scenario_from_dict(_renamed(apply_overrides(data, overrides), overrides))
         d = evaluate(scenario, engine=args.engine).to_dict()
         names.append(scenario.name or Path(ref).stem)
         rows.append(compare_row(d, scenario))
-        published = _published_comparison(ref, scenario, d, bool(overrides))
+        published = _published_comparison(run, scenario, d, bool(overrides))
         if published:
             rows[-1]["measured"] = ", ".join(f"{c['metric']} {c['measured']:.4g} ({c['error_pct']:+.1f}%)"
                                              for c in published["comparisons"] if c["primary"])

@@ -208,16 +208,14 @@ def microbatch_seconds(model: ModelSpec, plan, cluster: Cluster, shard: Shard, p
     layers, `moe_layers` of them MoE (booked with the weight gradients), plus the host's fixed
     cost per micro-batch."""
     precision = plan.precision
-    t = (layers - moe_layers) * ops_seconds(layer_framework_ops(model, plan, shard, per), cluster, precision)
-    if model.experts:
-        experts = plan_experts(plan)
-        t = t + moe_layers * ops_seconds(moe_layer_framework_ops(model, plan, shard, per, experts), cluster,
-                                         precision)
+    dense_s = ops_seconds(layer_framework_ops(model, plan, shard, per), cluster, precision)
+    moe_s = ops_seconds(moe_layer_framework_ops(model, plan, shard, per, plan_experts(plan)), cluster,
+                        precision) if model.experts else 0.0
+    t = (layers - moe_layers) * dense_s + moe_layers * moe_s
     if model.mtp_layers:  # each depth, a layer of the decoder's last layer's kind, runs on the head stage
-        layer = (moe_layer_framework_ops(model, plan, shard, per, plan_experts(plan)) if layer_is_moe(model)
-                 else layer_framework_ops(model, plan, shard, per))
-        layer = layer + mtp_depth_framework_ops(model, plan, shard.tp, per)
-        t = t + np.asarray(has_head) * model.mtp_layers * ops_seconds(layer, cluster, precision)
+        depth_s = (moe_s if layer_is_moe(model) else dense_s) + ops_seconds(
+            mtp_depth_framework_ops(model, plan, shard.tp, per), cluster, precision)
+        t = t + np.asarray(has_head) * model.mtp_layers * depth_s
     tied_here = np.asarray(has_embedding) & np.asarray(has_head)
     t = t + np.asarray(has_embedding) * ops_seconds(embedding_framework_ops(model, plan, shard.tp, per, tied_here),
                                                     cluster, precision)

@@ -93,9 +93,8 @@ def config_precision(a: Account) -> str:
 def read_engine(a: Account, precision: str, pipeline: bool = False) -> None:
     """What DeepSpeed's engine does with the data-parallel ranks: the ZeRO stage, offload, the
     gradients (_gradients, their accumulation unfused) and the updated weights' all-gather after
-    the step. `pipeline`: the
-    model is a PipelineModule run by DeepSpeed's PipelineEngine (Megatron-DeepSpeed), which
-    refuses ZeRO-2 and 3 and overlapped reductions
+    the step. `pipeline`: the model is a PipelineModule run by DeepSpeed's PipelineEngine
+    (Megatron-DeepSpeed), which refuses ZeRO-2 and 3 and overlapped reductions
     (microsoft/DeepSpeed@38327e07f deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are
     incompatible with pipeline parallelism"; runtime/engine.py _configure_zero_optimizer:
     "Pipeline parallelism does not support overlapped communication, will be disabled")."""

@@ -79,6 +79,7 @@ class Run:
     id: str
     file: str
     source: str
+    title: str  # the source's
     framework: str
     accelerator: str
     precision: str  # bf16, fp16, fp8-delayed, fp8-tensorwise, fp8-rowwise, ...
@@ -368,13 +369,15 @@ def map_row(row: Mapping, fmt: str, src: Source, extra: Mapping, file: str, appr
         except InputError as exc:
             reasons.append(("scenario-rejected", str(exc)))
             status = NOT_EXPRESSIBLE
-    return Run(id=rid, file=file, source=src.key, framework=src.framework, accelerator=accelerator,
-               precision=_precision_label(scenario, features), measurements=_measurements(row, fmt, src, rid),
+    return Run(id=rid, file=file, source=src.key, title=src.title, framework=src.framework,
+               accelerator=accelerator, precision=_precision_label(scenario, features),
+               measurements=_measurements(row, fmt, src, rid),
                status=status, reasons=tuple(reasons), assumptions=tuple(assumptions),
                approximations=tuple(approximations) if status == APPROXIMATED else (),
                scenario=scenario if status != NOT_EXPRESSIBLE else None,
                provenance=tuple((str(k), " ".join(str(v).split())) for k, v in {
-                   **src.provenance, **F.require_mapping(extra.get("provenance") or {}, f"{where}.provenance")}.items()))
+                   **src.provenance,
+                   **F.require_mapping(extra.get("provenance") or {}, f"{where}.provenance")}.items()))
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -461,11 +464,15 @@ def published_run(name: str, folder: Path = PUBLISHED_DIR) -> Run:
 
 
 def published_scenario(name: str, folder: Path = PUBLISHED_DIR) -> dict:
-    """The scenario mapping of a published run, named by its row id; InputError naming what
-    llmsim cannot express where the run is not expressible."""
-    run = published_run(name, folder)
+    """The scenario mapping of a published run, named by its row id (run_scenario)."""
+    return run_scenario(published_run(name, folder))
+
+
+def run_scenario(run: Run) -> dict:
+    """A copy of the run's scenario mapping; InputError naming what llmsim cannot express where
+    the run is not expressible."""
     if run.scenario is None:
-        raise InputError("scenario", name, "llmsim cannot express this run: "
+        raise InputError("scenario", PUBLISHED_NAME + run.id, "llmsim cannot express this run: "
                          + "; ".join(f"{f}: {why}" for f, why in run.reasons))
     return copy.deepcopy(dict(run.scenario))
 
