@@ -16,5 +16,6 @@ class InputError(ValueError):
         self.allowed = allowed
         shown = repr(value)
         if len(shown) > 80:
-            shown = shown[:77] + "..."
+            # both ends: a path's file name and a list's last items say as much as their start
+            shown = shown[:38] + "..." + shown[-39:]
         super().__init__(f"{field}: got {shown}; {allowed}")

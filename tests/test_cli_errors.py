@@ -132,3 +132,11 @@ def test_out_of_memory_plan_is_a_result_not_an_error(tmp_path):
 def test_validate_transferred_outside_the_published_report_is_refused(flags, needle):
     proc = subprocess.run([sys.executable, "-m", "simulator.cli", "validate", *flags], capture_output=True, text=True)
     assert_clean_error(proc, "--transferred", needle)
+
+
+def test_a_long_value_is_shortened_in_the_middle_keeping_the_file_name(tmp_path):
+    deep = tmp_path.joinpath(*["a-long-folder-name"] * 6)
+    deep.mkdir(parents=True)
+    proc = subprocess.run([sys.executable, "-m", "simulator.cli", "evaluate", str(deep / "nope.yaml")],
+                          capture_output=True, text=True)
+    assert_clean_error(proc, "nope.yaml'", str(tmp_path)[:20], "...", "not found")
