@@ -15,7 +15,7 @@ demo: $(STAMP)
 	$(BIN)/llmsim evaluate scenarios/quickstart.yaml
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadscope
+	$(BIN)/python -m pytest -q -n auto
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_evaluate.py

@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--engine", choices=("graph", "analytic"), default="graph",
                     help="graph: execute the step's task graph (default); analytic: closed form, fast")
     ev.add_argument("--trace", metavar="FILE", help="write a Chrome trace JSON of the step (open in ui.perfetto.dev)")
+    ev.add_argument("--sensitivity", action="store_true",
+                    help="also the step time with each hardware rate (GEMM, attention, HBM, links, host) 10%% lower "
+                         "and higher: which of the profile's numbers the prediction leans on")
     _add_field_flags(ev)
 
     co = sub.add_parser("compare", help="evaluate scenarios and show them side by side, differences marked")
@@ -338,6 +341,8 @@ def cmd_evaluate(args) -> int:
     result = evaluate(scenario, engine=args.engine)
     d = result.to_dict()
     published = _published_comparison(run, scenario, d, bool(_overrides(args)))
+    if args.sensitivity:
+        d["sensitivity"] = _sensitivity(scenario, result, args.engine)
     if args.trace:
         from .trace import write_trace
 
@@ -348,12 +353,24 @@ def cmd_evaluate(args) -> int:
         print(json.dumps({**d, "published": published} if published else d, indent=2, sort_keys=False))
     else:
         print(render_result(d, scenario, data))
+        if d.get("sensitivity"):
+            from .report import render_sensitivity
+
+            print("\n" + render_sensitivity(d["sensitivity"]))
         if published:
             print(_published_text(published))
     if args.trace:
         print(f"wrote the Chrome trace of the step to {Path(args.trace).resolve()} (open it in ui.perfetto.dev)",
               file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _sensitivity(scenario, result, engine: str) -> dict | None:
+    """The JSON of sensitivity.sensitivities (None for a plan that does not fit)."""
+    from .sensitivity import STEP, sensitivities
+
+    found = sensitivities(scenario, engine) if result.feasible else None
+    return None if found is None else {"step": STEP, "factors": [f.to_dict(result.step_time_s) for f in found]}
 
 
 def _published_comparison(run, scenario, d: dict, changed: bool) -> dict | None:

@@ -278,6 +278,22 @@ def render_result(d: dict, scenario, data: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+def _unsigned_zero(x: float, digits: int) -> float:
+    return round(x, digits) or 0.0  # -0.0 prints as "-0.0"
+
+
+def render_sensitivity(sensitivity: dict) -> str:
+    """`evaluate --sensitivity`: the step time with each hardware rate lower and higher, the
+    rates the step leans on most first."""
+    pct = round(100 * sensitivity["step"])
+    rows = [(f["factor"], f["scales"], f"{_unsigned_zero(f['lower_change_pct'], 1):+.1f}%",
+             f"{_unsigned_zero(f['higher_change_pct'], 1):+.1f}%", f"{_unsigned_zero(f['elasticity'], 2):+.2f}")
+            for f in sorted(sensitivity["factors"], key=lambda f: f["elasticity"])]
+    return "\n".join([f"sensitivity: the step time with one rate of the profile {pct}% lower or higher, the rest held "
+                      "(llmsim hardware show: each number's source)",
+                      fmt_table(rows, ("rate", "profile fields", f"-{pct}%", f"+{pct}%", "elasticity"))])
+
+
 def _what_would_fit(data, scenario) -> list[str]:
     out = ["The plan does not fit, so it has no step time, throughput or cost."]
     if data is None:
