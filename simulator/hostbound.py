@@ -8,7 +8,10 @@ host (NVIDIA, CUDA Graphs guide, docs.nvidia.com/dl-cuda-graph: the launch-bound
 CUDA graphs remove; pytorch/ao@624304080 torchao/testing/float8/roofline_utils.py models
 the same floor per kernel). The host runs ahead within a pass but not across the pipeline
 send or receive that ends it, so a pass takes max(GPU seconds, launches x host seconds per
-launch).
+launch). A schedule that runs the weight gradients as passes of their own (zero-bubble,
+DualPipe-V: Schedule.split_backward) runs a layer's input-gradient and weight-gradient
+kernels apart, so each of those passes has its own floor: the weight-gradient pass launches
+one GEMM per linear, the input-gradient pass the rest.
 
 Launches per pass of one layer: one per operator of the workload (workload.py) in the
 forward pass and in recomputation; in the backward pass two per GEMM (input and weight
@@ -49,17 +52,33 @@ def launches(ops) -> tuple[int, int]:
     return fwd, bwd
 
 
-def host_bound(times, ops, host_s, tp_exposed=(0.0, 0.0), collectives=(0, 0)):
+def weight_launches(ops):
+    """Launches of the weight-gradient GEMMs of an operator list: one per GEMM."""
+    return sum((len(op.pieces) or 1) * op.launches * ((op.bwd_weight_flops > 0) | (op.bwd_weight_bytes > 0))
+               for op in ops if op.kind == MATMUL or op.kind in LOW_PRECISION_GEMMS)
+
+
+def host_bound(times, ops, host_s, tp_exposed=(0.0, 0.0), collectives=(0, 0), split=False):
     """The OpsTime of `ops` with each pass at least as long as its launches take the host;
-    the difference is booked as forward and input-gradient seconds. `tp_exposed`: exposed
-    TP seconds of the passes (the GPU is busy with them), `collectives`: their launches."""
+    the difference is booked as forward and input-gradient seconds, and with `split` (the
+    schedule's weight-gradient passes apart) as weight-gradient seconds for the weight-gradient
+    pass's own launches. `tp_exposed`: exposed TP seconds of the passes (the GPU is busy with
+    them), `collectives`: their launches."""
     n_f, n_b = launches(ops)
     idle_f = np.maximum(0.0, (n_f + collectives[0]) * host_s - times.fwd_s - tp_exposed[0])
+    if split:
+        n_w = weight_launches(ops)
+        idle_i = np.maximum(0.0, (n_b - n_w + collectives[1]) * host_s - times.bwd_input_s - tp_exposed[1])
+        idle_w = np.maximum(0.0, n_w * host_s - times.bwd_weight_s)
+        return replace(times, fwd_s=times.fwd_s + idle_f, bwd_input_s=times.bwd_input_s + idle_i,
+                       bwd_weight_s=times.bwd_weight_s + idle_w)
     idle_b = np.maximum(0.0, (n_b + collectives[1]) * host_s - times.bwd_input_s - times.bwd_weight_s
                         - tp_exposed[1])
     return replace(times, fwd_s=times.fwd_s + idle_f, bwd_input_s=times.bwd_input_s + idle_b)
 
 
-def rerun_bound(rerun_s, rerun_ops, host_s):
-    """Seconds of a layer's recomputation, host-bound like a forward pass."""
-    return np.maximum(rerun_s, launches(rerun_ops)[0] * host_s)
+def rerun_bound(rerun_s, rerun_ops, host_s, tp_exposed=0.0, collectives=0.0):
+    """Seconds of a layer's recomputation, host-bound like a forward pass (host_bound): with
+    the exposed seconds of the TP collectives it runs again (`tp_exposed`, booked apart) and
+    their launches (`collectives`), at least its launches' host time."""
+    return np.maximum(rerun_s, (launches(rerun_ops)[0] + collectives) * host_s - tp_exposed)

@@ -152,26 +152,28 @@ class DenseLayer:
     rerun_s: object  # forward seconds of what it re-runs
 
 
-def _dense_layer(model, cluster, plan, shard, g, precision) -> DenseLayer:
-    """The layer of a dense model on `shard` (whose window band it attends: Shard.window_fraction)."""
+def _dense_layer(model, cluster, plan, shard, g, precision, split=False) -> DenseLayer:
+    """The layer of a dense model on `shard` (whose window band it attends: Shard.window_fraction);
+    `split`: the schedule runs the weight gradients as passes of their own."""
     host_s = cluster.node.launch_overhead_s
     layer = layer_operators(model, shard, plan, acc=cluster.accelerator)
     layer_t = ops_time(layer, cluster, precision)
     tp_s = tp_layer_comm_s(model, shard, g, cluster, fp8.tp_gather_bytes_factor(plan))
     if plan.tp_comm_overlap:
         tp_s, layer_t = overlapped_tp_s(model, shard, g, cluster, plan, layer, layer_t, tp_s)
-    if host_s > 0:  # eager frameworks' launches (hostbound.py)
-        collectives = np.where(np.asarray(plan.tp) > 1, 4 if plan.sequence_parallel else 2, 0)
-        launches = (collectives, collectives + 2 * plan.sequence_parallel * (not shard.tp_keeps_gathered))
-        layer_t = hostbound.host_bound(layer_t, layer, host_s, tp_s, launches)
     cp_s = cpattention.exposed_s(model, shard, g, cluster, plan.cp_attention, layer_t.attention_fwd_s,
                                  layer_t.attention_bwd_s)
+    collectives = np.where(np.asarray(plan.tp) > 1, 4 if plan.sequence_parallel else 2, 0)
+    if host_s > 0:  # eager frameworks' launches (hostbound.py); the exposed exchanges keep the GPU busy
+        launches = (collectives, collectives + 2 * plan.sequence_parallel * (not shard.tp_keeps_gathered))
+        layer_t = hostbound.host_bound(layer_t, layer, host_s, (tp_s[0] + cp_s[0], tp_s[1] + cp_s[1]), launches,
+                                       split)
     checkpoint = layer_checkpoint(model, shard, plan.recompute, layer, plan.recompute_modules)
-    rerun_s = hostbound.rerun_bound(ops_time(list(checkpoint.rerun), cluster, precision).fwd_s, checkpoint.rerun,
-                                    host_s)
     # the MLP's TP collectives are half the layer's (tp_layer_comm_s)
-    return DenseLayer(layer, layer_t, tuple(tp_s), cp_s, checkpoint, tp_rerun_fraction(checkpoint, {"mlp": 0.5}, 1.0),
-                      rerun_s)
+    tp_rerun = tp_rerun_fraction(checkpoint, {"mlp": 0.5}, 1.0)
+    rerun_s = hostbound.rerun_bound(ops_time(list(checkpoint.rerun), cluster, precision).fwd_s, checkpoint.rerun,
+                                    host_s, tp_rerun * tp_s[0] + float(checkpoint.cp_rerun) * cp_s[0], tp_rerun * collectives)
+    return DenseLayer(layer, layer_t, tuple(tp_s), cp_s, checkpoint, tp_rerun, rerun_s)
 
 
 def _mean_layer(fp8_layer: DenseLayer, bf16_layer: DenseLayer, share) -> DenseLayer:
@@ -225,7 +227,7 @@ def compile_layout(model, cluster, plan) -> Layout:
         `layer_shard`, whose attention band is a rank's own where its windows differ."""
         if mixed:
             return compile_mix(model, cluster, plan, layer_shard, g, per, precision)
-        return _dense_layer(model, cluster, plan, layer_shard, g, precision)
+        return _dense_layer(model, cluster, plan, layer_shard, g, precision, schedule.split_backward)
 
     base = layer_kinds(shard)
     bf16_plan = fp8.bf16_layer_plan(plan)  # FP8 plans with BF16 layers at the ends (a dense model's)
@@ -248,8 +250,8 @@ def compile_layout(model, cluster, plan) -> Layout:
     else:  # experts or MLA: two layer kinds (layermix.py), their activation bytes per attention band
         buffers, mixed_acts = base.buffer_bytes, {}
     if host_s > 0:
-        head_t = hostbound.host_bound(head_t, head, host_s)
-        emb_t = hostbound.host_bound(emb_t, embedding_ops(model, shard), host_s)
+        head_t = hostbound.host_bound(head_t, head, host_s, split=schedule.split_backward)
+        emb_t = hostbound.host_bound(emb_t, embedding_ops(model, shard), host_s, split=schedule.split_backward)
     hop = pp_hop_s(model, shard, g, cluster, plan.pp_scatter_gather)
     head_stage = schedule.head_stage(np.asarray(p))
     reps_of = stagesplit.representatives(model, plan, schedule, p)
@@ -289,7 +291,8 @@ def compile_layout(model, cluster, plan) -> Layout:
         if bf16_plan is not None:  # the first and last layers sit with the embedding and the head
             if key not in bf16_banded:
                 bf16_banded[key] = _dense_layer(model, cluster, bf16_plan, shard if key == mean_key else
-                                                replace(shard, window_fraction=band), g, precision)
+                                                replace(shard, window_fraction=band), g, precision,
+                                                schedule.split_backward)
             n16 = fp8.bf16_layers_on(plan, has_emb, has_head)
             share = n16 / np.maximum(layers, 1)
             kind = _mean_layer(kind, bf16_banded[key], share)

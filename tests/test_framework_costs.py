@@ -8,7 +8,7 @@ import pytest
 from simulator import InputError, evaluate, scenario_from_dict
 from simulator.evaluate import compile_scenario
 from simulator.fusion import EAGER_BYTES, eager_ops
-from simulator.hostbound import host_bound, launches
+from simulator.hostbound import host_bound, launches, rerun_bound
 from simulator.layermix import layer_operators
 from simulator.moe import ExpertShard
 from simulator.passes import OpsTime
@@ -38,6 +38,23 @@ def test_a_pass_of_short_kernels_takes_what_the_host_needs_to_launch_them():
     n_f, n_b = launches(ops)
     assert bound.fwd_s == pytest.approx(n_f * 50e-6)
     assert bound.bwd_input_s + bound.bwd_weight_s == pytest.approx(n_b * 50e-6)
+
+
+def test_a_split_backward_floors_its_input_and_weight_gradient_passes_apart():
+    ops = layer_ops(llama().model, Shard(1, 4096))
+    gemms = sum(op.kind == "matmul" for op in ops)  # one weight-gradient launch each
+    fast = OpsTime(1e-6, 1e-6, 1e-6, 0.0, 0.0)
+    bound = host_bound(fast, ops, 50e-6, split=True)
+    assert bound.bwd_weight_s == pytest.approx(gemms * 50e-6)
+    assert bound.bwd_input_s == pytest.approx(len(ops) * 50e-6)  # every operator's input-gradient launch
+
+
+def test_a_recomputation_is_as_long_as_its_launches_or_its_kernels_and_exposed_collectives():
+    ops = layer_ops(llama().model, Shard(1, 4096))
+    n_f = launches(ops)[0]
+    # host-bound: the exposed collectives run while the host launches, their launches add to its time
+    assert rerun_bound(1e-6, ops, 50e-6, tp_exposed=3e-4, collectives=4) == pytest.approx((n_f + 4) * 50e-6 - 3e-4)
+    assert rerun_bound(1.0, ops, 50e-6, tp_exposed=3e-4, collectives=4) == 1.0  # long kernels hide them
 
 
 def test_long_kernels_hide_the_launches():

@@ -13,6 +13,12 @@ MoE options, MLA) per test.
 - The batched analytic path (sweeps, search) gives every plan of a batch evaluate()'s numbers.
 - Selective recomputation (any of Megatron-Core's modules) never shortens the step nor
   keeps more activations than the same plan without recomputation.
+- A lower hardware rate (sensitivity.FACTORS: GEMM, attention, HBM, links, host) never
+  shortens the graph engine's step, nor lengthens it beyond in proportion (its kernels,
+  transfers and launches are that rate's work over the rate, their exposure one side of a
+  max). The analytic engine's closed forms may miss by a little: a split-backward
+  schedule's ZeRO-3 reduce-scatter there overlaps the weight-gradient passes alone, so a
+  faster GEMM can cost it up to ~0.2 %.
 - Doubling TP (halving DP, same micro-batches per replica) never raises a device's memory,
   except where physics says it may: TP-replicated weights (KV heads past kv_heads, MLA's
   down-projections) whose ZeRO-sharded states grow as DP shrinks, and an activation-offload
@@ -20,12 +26,14 @@ MoE options, MLA) per test.
 """
 
 import math
+from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from plans import plan_dicts, scenario_of
 from simulator import InputError, evaluate, scenario_from_dict
+from simulator.sensitivity import FACTORS
 
 RUNS = settings(max_examples=2000, deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
@@ -82,6 +90,30 @@ def check_graph(data):
 # Unfused loss only: its logits shrink with TP and outweigh the ZeRO-sharded states of the
 # TP-replicated parameters (learned position embeddings, norms), which grow as DP halves; a
 # fused loss keeps no logits, and then memory may rise with TP by that share (a real effect).
+def check_rates_slow_the_step_in_proportion_at_most(data):
+    scenario = scenario_of(data)
+    base = evaluate(scenario)
+    assume(base.feasible)
+    t = base.step_time_s
+    for factor in FACTORS:
+        slower = evaluate(replace(scenario, cluster=factor.faster(scenario.cluster, 0.9))).step_time_s
+        faster = evaluate(replace(scenario, cluster=factor.faster(scenario.cluster, 1.1))).step_time_s
+        assert t * (1 - 1e-9) <= slower <= t / 0.9 * (1 + 1e-9), (factor.name, t, slower)
+        assert t / 1.1 * (1 - 1e-9) <= faster <= t * (1 + 1e-9), (factor.name, t, faster)
+
+
+@given(plan_dicts())
+@settings(RUNS, max_examples=200)
+def test_a_lower_hardware_rate_never_shortens_the_step_nor_lengthens_it_beyond_in_proportion(data):
+    check_rates_slow_the_step_in_proportion_at_most(data)
+
+
+@given(plan_dicts(moe=True))
+@settings(MOE_RUNS, max_examples=100)
+def test_a_lower_hardware_rate_never_shortens_a_moe_step_nor_lengthens_it_beyond_in_proportion(data):
+    check_rates_slow_the_step_in_proportion_at_most(data)
+
+
 @given(plan_dicts(zero_stages=(0, 1, 2, 3), losses=("unfused",)))
 @RUNS
 def test_memory_does_not_rise_with_tensor_parallelism(data):

@@ -256,7 +256,7 @@ def test_scenario_schedule_ops_run_in_place_of_the_named_schedule(scenario):
     explicit = evaluate(scenario(schedule_ops=ops, **kw)).step_time_s
     gpipe_like = evaluate(scenario(schedule_ops=[["F0", "F1", "F2", "B0", "B1", "B2"]] * 2, **kw)).step_time_s
     assert explicit == pytest.approx(named, rel=1e-12)
-    assert gpipe_like >= named  # stage 1 cannot start a backward pass early
+    assert gpipe_like >= named * (1 - 1e-12)  # stage 1 cannot start a backward pass early (equal here)
 
 
 def test_analytic_engine_runs_an_explicit_order_too(scenario):
