@@ -58,27 +58,27 @@ def weight_launches(ops):
                for op in ops if op.kind == MATMUL or op.kind in LOW_PRECISION_GEMMS)
 
 
-def host_bound(times, ops, host_s, tp_exposed=(0.0, 0.0), collectives=(0, 0), split=False):
+def host_bound(times, ops, host_s, exposed=(0.0, 0.0), collectives=(0, 0), split=False):
     """The OpsTime of `ops` with each pass at least as long as its launches take the host;
     the difference is booked as forward and input-gradient seconds, and with `split` (the
     schedule's weight-gradient passes apart) as weight-gradient seconds for the weight-gradient
-    pass's own launches. `tp_exposed`: exposed TP seconds of the passes (the GPU is busy with
-    them), `collectives`: their launches."""
+    pass's own launches. `exposed`: exposed TP and CP seconds of the forward and backward
+    passes (the GPU is busy with them), `collectives`: their launches."""
     n_f, n_b = launches(ops)
-    idle_f = np.maximum(0.0, (n_f + collectives[0]) * host_s - times.fwd_s - tp_exposed[0])
+    idle_f = np.maximum(0.0, (n_f + collectives[0]) * host_s - times.fwd_s - exposed[0])
     if split:
         n_w = weight_launches(ops)
-        idle_i = np.maximum(0.0, (n_b - n_w + collectives[1]) * host_s - times.bwd_input_s - tp_exposed[1])
+        idle_i = np.maximum(0.0, (n_b - n_w + collectives[1]) * host_s - times.bwd_input_s - exposed[1])
         idle_w = np.maximum(0.0, n_w * host_s - times.bwd_weight_s)
         return replace(times, fwd_s=times.fwd_s + idle_f, bwd_input_s=times.bwd_input_s + idle_i,
                        bwd_weight_s=times.bwd_weight_s + idle_w)
     idle_b = np.maximum(0.0, (n_b + collectives[1]) * host_s - times.bwd_input_s - times.bwd_weight_s
-                        - tp_exposed[1])
+                        - exposed[1])
     return replace(times, fwd_s=times.fwd_s + idle_f, bwd_input_s=times.bwd_input_s + idle_b)
 
 
-def rerun_bound(rerun_s, rerun_ops, host_s, tp_exposed=0.0, collectives=0.0):
+def rerun_bound(rerun_s, rerun_ops, host_s, exposed=0.0, collectives=0.0):
     """Seconds of a layer's recomputation, host-bound like a forward pass (host_bound): with
-    the exposed seconds of the TP collectives it runs again (`tp_exposed`, booked apart) and
-    their launches (`collectives`), at least its launches' host time."""
-    return np.maximum(rerun_s, (launches(rerun_ops)[0] + collectives) * host_s - tp_exposed)
+    the exposed seconds of the TP and CP exchanges it runs again (`exposed`, booked apart) and
+    the TP collectives' launches (`collectives`), at least its launches' host time."""
+    return np.maximum(rerun_s, (launches(rerun_ops)[0] + collectives) * host_s - exposed)

@@ -171,8 +171,9 @@ def _dense_layer(model, cluster, plan, shard, g, precision, split=False) -> Dens
     checkpoint = layer_checkpoint(model, shard, plan.recompute, layer, plan.recompute_modules)
     # the MLP's TP collectives are half the layer's (tp_layer_comm_s)
     tp_rerun = tp_rerun_fraction(checkpoint, {"mlp": 0.5}, 1.0)
+    rerun_exposed = tp_rerun * tp_s[0] + float(checkpoint.cp_rerun) * cp_s[0]
     rerun_s = hostbound.rerun_bound(ops_time(list(checkpoint.rerun), cluster, precision).fwd_s, checkpoint.rerun,
-                                    host_s, tp_rerun * tp_s[0] + float(checkpoint.cp_rerun) * cp_s[0], tp_rerun * collectives)
+                                    host_s, rerun_exposed, tp_rerun * collectives)
     return DenseLayer(layer, layer_t, tuple(tp_s), cp_s, checkpoint, tp_rerun, rerun_s)
 
 

@@ -53,8 +53,8 @@ def test_a_recomputation_is_as_long_as_its_launches_or_its_kernels_and_exposed_c
     ops = layer_ops(llama().model, Shard(1, 4096))
     n_f = launches(ops)[0]
     # host-bound: the exposed collectives run while the host launches, their launches add to its time
-    assert rerun_bound(1e-6, ops, 50e-6, tp_exposed=3e-4, collectives=4) == pytest.approx((n_f + 4) * 50e-6 - 3e-4)
-    assert rerun_bound(1.0, ops, 50e-6, tp_exposed=3e-4, collectives=4) == 1.0  # long kernels hide them
+    assert rerun_bound(1e-6, ops, 50e-6, exposed=3e-4, collectives=4) == pytest.approx((n_f + 4) * 50e-6 - 3e-4)
+    assert rerun_bound(1.0, ops, 50e-6, exposed=3e-4, collectives=4) == 1.0  # long kernels hide them
 
 
 def test_long_kernels_hide_the_launches():
