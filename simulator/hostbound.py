@@ -13,9 +13,9 @@ DualPipe-V: Schedule.split_backward) runs a layer's input-gradient and weight-gr
 kernels apart, so each of those passes has its own floor: the weight-gradient pass launches
 one GEMM per linear, the input-gradient pass the rest.
 
-Launches per pass of one layer: one per operator of the workload (workload.py) in the
-forward pass and in recomputation; in the backward pass two per GEMM (input and weight
-gradient), one per other operator; one per exposed TP collective. The host seconds per
+Launches per pass of one layer (dense, or MoE and MLA: layermix.py): one per operator of the
+workload (workload.py) in the forward pass and in recomputation; in the backward pass two per
+GEMM (input and weight gradient), one per other operator; one per exposed TP collective. The host seconds per
 launch are the node profile's `launch_overhead_us`, per operator of this operator list (a
 real framework launches a few kernels per listed operator, which that figure absorbs).
 
@@ -82,3 +82,17 @@ def rerun_bound(rerun_s, rerun_ops, host_s, exposed=0.0, collectives=0.0):
     the exposed seconds of the TP and CP exchanges it runs again (`exposed`, booked apart) and
     the TP collectives' launches (`collectives`), at least its launches' host time."""
     return np.maximum(rerun_s, (launches(rerun_ops)[0] + collectives) * host_s - exposed)
+
+
+def layer_floors(times, ops, rerun_s, rerun_ops, host_s, exposed, rerun_exposed, tp_rerun, plan, shard, split=False):
+    """A layer's pass times and its recomputation's seconds at their host floors (host_bound,
+    rerun_bound): `exposed`, the (forward, backward) exposed exchange seconds of its passes
+    (TP, CP, the MoE dispatch), `rerun_exposed` those its recomputation runs again, `tp_rerun`
+    the fraction of its forward TP collectives it runs again. A TP collective launches once
+    per all-reduce, all-gather or reduce-scatter: two per pass, four with sequence parallelism,
+    and the backward's two re-gathers of the input where the framework does not keep it."""
+    coll = np.where(np.asarray(plan.tp) > 1, 4 if plan.sequence_parallel else 2, 0)
+    if host_s > 0:
+        launched = (coll, coll + 2 * plan.sequence_parallel * (not shard.tp_keeps_gathered))
+        times = host_bound(times, ops, host_s, exposed, launched, split)
+    return times, rerun_bound(rerun_s, rerun_ops, host_s, rerun_exposed, tp_rerun * coll)

@@ -25,6 +25,7 @@ from . import cpattention, deepep, fp8, fsdp, mtp, projections
 from .compute import LOW_PRECISION_GEMMS, op_times, with_attention_kernel
 from .fp8 import compute_precision
 from .fusion import eager_ops
+from .hostbound import layer_floors
 from .passes import OpsTime, ops_time, pass_times, tp_layer_comm_s
 from .tpoverlap import overlapped_tp_s
 from .recompute import chunk_checkpoint, layer_checkpoint, tp_rerun_fraction
@@ -131,9 +132,11 @@ def padding_flops_per_micro_batch(mix: LayerMix, model, shard, plan):
     return padding_share(model, shard, experts) * (gemms + rerun)
 
 
-def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix:
-    """Everything per layer kind, once per compile."""
+def compile_mix(model, cluster, plan, shard, groups, per, precision, split=False) -> LayerMix:
+    """Everything per layer kind, once per compile (`split`: the schedule runs the weight
+    gradients as passes of their own, hostbound.py)."""
     acc = cluster.accelerator
+    host_s = cluster.node.launch_overhead_s
     # every layer MoE: no dense layer
     dense_ops = layer_operators(model, shard, plan, acc=acc) if model.moe_layers < model.layers else []
     dense_t = ops_time(dense_ops, cluster, precision)
@@ -146,6 +149,9 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
                                         precision)
     cp = partial(cpattention.exposed_s, model, shard, groups, cluster, plan.cp_attention)
     dense_cp = cp(dense_t.attention_fwd_s, dense_t.attention_bwd_s)
+    if dense_ops:
+        dense_t, dense_rerun = _at_host_floor(dense_t, dense_ops, dense_rerun, dense_tp, dense_cp, (0.0, 0.0), host_s,
+                                              plan, shard, split)
     moe_cp = dense_cp
     dense_p, rest_p, routed_p = layer_params_split(model, plan.tp, plan.ep, plan.etp)
     moe_ops = moe_t = moe_rerun = None
@@ -165,6 +171,7 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision) -> LayerMix
         moe_cp = cp(moe_t.attention_fwd_s, moe_t.attention_bwd_s)
         ep = exposed_dispatch_s(dispatch_comm_s(model, shard, experts, groups, cluster), moe_t, shared_t, plan.moe,
                                 deepep.sm_share(experts, groups, acc))
+        moe_t, moe_rerun = _at_host_floor(moe_t, moe_ops, moe_rerun, moe_tp, moe_cp, ep, host_s, plan, shard, split)
         buffers_layer = np.maximum(dense_p, rest_p + routed_p)
         extra = moe_buffer_bytes(model, shard, experts, groups)
     buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, buffers_layer, plan, per.weight,
@@ -209,6 +216,16 @@ def _rerun(model, shard, plan, cluster, ops, tp_blocks: dict, tp_fwd_s, experts=
     checkpoint = layer_checkpoint(model, shard, plan.recompute, ops, plan.recompute_modules, experts)
     return (checkpoint, ops_time(list(checkpoint.rerun), cluster, compute_precision(plan)).fwd_s,
             tp_rerun_fraction(checkpoint, tp_blocks, tp_fwd_s))
+
+
+def _at_host_floor(t: OpsTime, ops, rerun: tuple, tp_s, cp_s, ep_s, host_s, plan, shard, split) -> tuple:
+    """(pass times, _rerun's tuple) of one layer kind at their host floors (hostbound.layer_floors),
+    its exposed TP, CP and dispatch seconds keeping the GPU busy."""
+    checkpoint, rerun_s, tp_rerun = rerun
+    exposed = (tp_s[0] + cp_s[0] + ep_s[0], tp_s[1] + cp_s[1] + ep_s[1])
+    again = tp_rerun * tp_s[0] + float(checkpoint.cp_rerun) * cp_s[0] + checkpoint.ep_rerun * ep_s[0]
+    t, rerun_s = layer_floors(t, ops, rerun_s, checkpoint.rerun, host_s, exposed, again, tp_rerun, plan, shard, split)
+    return t, (checkpoint, rerun_s, tp_rerun)
 
 
 def _kind_passes(t: OpsTime, rerun: tuple, n, emb_t, head_t, has_emb, has_head, tp_s, cp_s, ep_s, plan, v):

@@ -163,17 +163,15 @@ def _dense_layer(model, cluster, plan, shard, g, precision, split=False) -> Dens
         tp_s, layer_t = overlapped_tp_s(model, shard, g, cluster, plan, layer, layer_t, tp_s)
     cp_s = cpattention.exposed_s(model, shard, g, cluster, plan.cp_attention, layer_t.attention_fwd_s,
                                  layer_t.attention_bwd_s)
-    collectives = np.where(np.asarray(plan.tp) > 1, 4 if plan.sequence_parallel else 2, 0)
-    if host_s > 0:  # eager frameworks' launches (hostbound.py); the exposed exchanges keep the GPU busy
-        launches = (collectives, collectives + 2 * plan.sequence_parallel * (not shard.tp_keeps_gathered))
-        layer_t = hostbound.host_bound(layer_t, layer, host_s, (tp_s[0] + cp_s[0], tp_s[1] + cp_s[1]), launches,
-                                       split)
     checkpoint = layer_checkpoint(model, shard, plan.recompute, layer, plan.recompute_modules)
     # the MLP's TP collectives are half the layer's (tp_layer_comm_s)
     tp_rerun = tp_rerun_fraction(checkpoint, {"mlp": 0.5}, 1.0)
-    rerun_exposed = tp_rerun * tp_s[0] + float(checkpoint.cp_rerun) * cp_s[0]
-    rerun_s = hostbound.rerun_bound(ops_time(list(checkpoint.rerun), cluster, precision).fwd_s, checkpoint.rerun,
-                                    host_s, rerun_exposed, tp_rerun * collectives)
+    # eager frameworks' launches (hostbound.py); the exposed exchanges keep the GPU busy
+    rerun_kernels_s = ops_time(list(checkpoint.rerun), cluster, precision).fwd_s
+    layer_t, rerun_s = hostbound.layer_floors(layer_t, layer, rerun_kernels_s, checkpoint.rerun, host_s,
+                                              (tp_s[0] + cp_s[0], tp_s[1] + cp_s[1]),
+                                              tp_rerun * tp_s[0] + float(checkpoint.cp_rerun) * cp_s[0], tp_rerun,
+                                              plan, shard, split)
     return DenseLayer(layer, layer_t, tuple(tp_s), cp_s, checkpoint, tp_rerun, rerun_s)
 
 
@@ -227,7 +225,7 @@ def compile_layout(model, cluster, plan) -> Layout:
         """The layer a device runs (its kinds for a model with experts or MLA, layermix.py) on
         `layer_shard`, whose attention band is a rank's own where its windows differ."""
         if mixed:
-            return compile_mix(model, cluster, plan, layer_shard, g, per, precision)
+            return compile_mix(model, cluster, plan, layer_shard, g, per, precision, schedule.split_backward)
         return _dense_layer(model, cluster, plan, layer_shard, g, precision, schedule.split_backward)
 
     base = layer_kinds(shard)

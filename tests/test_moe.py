@@ -171,6 +171,18 @@ def test_sequential_experts_launch_each_local_experts_kernels_and_join_their_out
     assert [o.name for o in sequential if o.name != "moe_expert_cat"] == [o.name for o in grouped]
 
 
+def test_sequential_experts_on_a_gpu_take_at_least_the_hosts_time_to_launch_them():
+    """The 16 local experts' fc1, activation and fc2 launch apart, 3 launches each forward and 5
+    backward (two GEMMs' input and weight gradients, the activation's): on a GPU node whose
+    host pays a fixed time per launch, one micro-batch's step over Qwen3-30B-A3B's 48 MoE
+    layers takes at least 48 x 16 x (3 + 5) launches of it, whatever the kernels' length."""
+    s = _scenario({"preset": "qwen3-30b-a3b", "seq_len": 1024}, ep=8, dp=8, global_batch=8, moe={"grouped_gemm": False})
+    assert s.plan.microbatches == 1
+    floor = 48 * 16 * (3 + 5) * s.cluster.node.launch_overhead_s
+    for engine in ("analytic", "graph"):
+        assert evaluate(s, engine).step_time_s >= floor
+
+
 def test_a_cpu_pays_its_host_cost_once_per_local_expert_without_grouped_gemm():
     """On a device whose framework costs a fixed host time per operator and pass (a CPU
     profile's op_overhead_us), each of the 16 local experts' fc1 GEMMs pays it: 15 x 20 us more
