@@ -176,7 +176,8 @@ def test_sequential_experts_on_a_gpu_take_at_least_the_hosts_time_to_launch_them
     backward (two GEMMs' input and weight gradients, the activation's): on a GPU node whose
     host pays a fixed time per launch, one micro-batch's step over Qwen3-30B-A3B's 48 MoE
     layers takes at least 48 x 16 x (3 + 5) launches of it, whatever the kernels' length."""
-    s = _scenario({"preset": "qwen3-30b-a3b", "seq_len": 1024}, ep=8, dp=8, global_batch=8, moe={"grouped_gemm": False})
+    s = _scenario({"preset": "qwen3-30b-a3b", "seq_len": 1024}, ep=8, dp=8, global_batch=8,
+                  moe={"grouped_gemm": False})
     assert s.plan.microbatches == 1
     floor = 48 * 16 * (3 + 5) * s.cluster.node.launch_overhead_s
     for engine in ("analytic", "graph"):

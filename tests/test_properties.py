@@ -87,9 +87,6 @@ def check_graph(data):
         assert abs(a.step_time_s - g.step_time_s) <= AGREE * g.step_time_s, (a.step_time_s, g.step_time_s)
 
 
-# Unfused loss only: its logits shrink with TP and outweigh the ZeRO-sharded states of the
-# TP-replicated parameters (learned position embeddings, norms), which grow as DP halves; a
-# fused loss keeps no logits, and then memory may rise with TP by that share (a real effect).
 def check_rates_slow_the_step_in_proportion_at_most(data):
     scenario = scenario_of(data)
     base = evaluate(scenario)
@@ -114,6 +111,9 @@ def test_a_lower_hardware_rate_never_shortens_a_moe_step_nor_lengthens_it_beyond
     check_rates_slow_the_step_in_proportion_at_most(data)
 
 
+# Unfused loss only: its logits shrink with TP and outweigh the ZeRO-sharded states of the
+# TP-replicated parameters (learned position embeddings, norms), which grow as DP halves; a
+# fused loss keeps no logits, and then memory may rise with TP by that share (a real effect).
 @given(plan_dicts(zero_stages=(0, 1, 2, 3), losses=("unfused",)))
 @RUNS
 def test_memory_does_not_rise_with_tensor_parallelism(data):
