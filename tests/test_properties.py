@@ -26,14 +26,13 @@ MoE options, MLA) per test.
 """
 
 import math
-from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from plans import plan_dicts, scenario_of
 from simulator import InputError, evaluate, scenario_from_dict
-from simulator.sensitivity import FACTORS
+from simulator.sensitivity import STEP, sensitivities
 
 RUNS = settings(max_examples=2000, deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
@@ -92,11 +91,9 @@ def check_rates_slow_the_step_in_proportion_at_most(data):
     base = evaluate(scenario)
     assume(base.feasible)
     t = base.step_time_s
-    for factor in FACTORS:
-        slower = evaluate(replace(scenario, cluster=factor.faster(scenario.cluster, 0.9))).step_time_s
-        faster = evaluate(replace(scenario, cluster=factor.faster(scenario.cluster, 1.1))).step_time_s
-        assert t * (1 - 1e-9) <= slower <= t / 0.9 * (1 + 1e-9), (factor.name, t, slower)
-        assert t / 1.1 * (1 - 1e-9) <= faster <= t * (1 + 1e-9), (factor.name, t, faster)
+    for s in sensitivities(scenario):  # each rate (1 - STEP) and (1 + STEP) times the profile's
+        assert t * (1 - 1e-9) <= s.step_time_s_lower <= t / (1 - STEP) * (1 + 1e-9), (s.factor, s.step_time_s_lower)
+        assert t / (1 + STEP) * (1 - 1e-9) <= s.step_time_s_higher <= t * (1 + 1e-9), (s.factor, s.step_time_s_higher)
 
 
 @given(plan_dicts())
