@@ -45,8 +45,7 @@ by default DeepEP 20, Hybrid-EP 24 or 8) slow the compute a pass overlaps them w
 (moe.exposed_dispatch_s). Checked against Hybrid-EP's published B200 and GB200 timings
 (validation/ep_dispatch_bench.py): its kernels run 1-22 % slower than predicted. Not modelled:
 the rate DeepEP's SMs cap on Blackwell's NVLink (there 55-61 % slower than predicted at 16 SMs,
-17-25 % at 44-48); the host wait for the received counts (as the all-to-all dispatcher's,
-moe.py); DeepEP V2 (NCCL Gin) and NCCL EP, which the importers refuse.
+17-25 % at 44-48); DeepEP V2 (NCCL Gin) and NCCL EP, which the importers refuse.
 """
 
 from __future__ import annotations

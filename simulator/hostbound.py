@@ -8,14 +8,18 @@ host (NVIDIA, CUDA Graphs guide, docs.nvidia.com/dl-cuda-graph: the launch-bound
 CUDA graphs remove; pytorch/ao@624304080 torchao/testing/float8/roofline_utils.py models
 the same floor per kernel). The host runs ahead within a pass but not across the pipeline
 send or receive that ends it, so a pass takes max(GPU seconds, launches x host seconds per
-launch). A schedule that runs the weight gradients as passes of their own (zero-bubble,
+launch). Where the host waits for the device within a pass (an MoE dispatcher copying its
+split sizes to the host, moe.dispatch_host_calls), the device then idles until the host has
+launched its next kernel, so such a pass takes at least its GPU seconds plus one operator's host
+time per wait. A schedule that runs the weight gradients as passes of their own (zero-bubble,
 DualPipe-V: Schedule.split_backward) runs a layer's input-gradient and weight-gradient
 kernels apart, so each of those passes has its own floor: the weight-gradient pass launches
 one GEMM per linear, the input-gradient pass the rest.
 
 Launches per pass of one layer (dense, or MoE and MLA: layermix.py): one per operator of the
 workload (workload.py) in the forward pass and in recomputation; in the backward pass two per
-GEMM (input and weight gradient), one per other operator; one per exposed TP collective. The host seconds per
+GEMM (input and weight gradient), one per other operator; one per TP collective and per MoE
+dispatch or combine call. The host seconds per
 launch are the node profile's `launch_overhead_us`, per operator of this operator list (a
 real framework launches a few kernels per listed operator, which that figure absorbs).
 
@@ -58,14 +62,15 @@ def weight_launches(ops):
                for op in ops if op.kind == MATMUL or op.kind in LOW_PRECISION_GEMMS)
 
 
-def host_bound(times, ops, host_s, exposed=(0.0, 0.0), collectives=(0, 0), split=False):
+def host_bound(times, ops, host_s, exposed=(0.0, 0.0), collectives=(0, 0), split=False, waits=0):
     """The OpsTime of `ops` with each pass at least as long as its launches take the host;
     the difference is booked as forward and input-gradient seconds, and with `split` (the
     schedule's weight-gradient passes apart) as weight-gradient seconds for the weight-gradient
-    pass's own launches. `exposed`: exposed TP and CP seconds of the forward and backward
-    passes (the GPU is busy with them), `collectives`: their launches."""
+    pass's own launches. `exposed`: exposed TP, CP and dispatch seconds of the forward and
+    backward passes (the GPU is busy with them), `collectives`: their launches, `waits`: the
+    forward pass's waits for the device (one launch of idle device each)."""
     n_f, n_b = launches(ops)
-    idle_f = np.maximum(0.0, (n_f + collectives[0]) * host_s - times.fwd_s - exposed[0])
+    idle_f = np.maximum(waits * host_s, (n_f + collectives[0]) * host_s - times.fwd_s - exposed[0])
     if split:
         n_w = weight_launches(ops)
         idle_i = np.maximum(0.0, (n_b - n_w + collectives[1]) * host_s - times.bwd_input_s - exposed[1])
@@ -77,22 +82,27 @@ def host_bound(times, ops, host_s, exposed=(0.0, 0.0), collectives=(0, 0), split
     return replace(times, fwd_s=times.fwd_s + idle_f, bwd_input_s=times.bwd_input_s + idle_b)
 
 
-def rerun_bound(rerun_s, rerun_ops, host_s, exposed=0.0, collectives=0.0):
+def rerun_bound(rerun_s, rerun_ops, host_s, exposed=0.0, collectives=0.0, waits=0.0):
     """Seconds of a layer's recomputation, host-bound like a forward pass (host_bound): with
-    the exposed seconds of the TP and CP exchanges it runs again (`exposed`, booked apart) and
-    the TP collectives' launches (`collectives`), at least its launches' host time."""
-    return np.maximum(rerun_s, (launches(rerun_ops)[0] + collectives) * host_s - exposed)
+    the exposed seconds of the exchanges it runs again (`exposed`, booked apart), the launches
+    of their collectives (`collectives`) and its waits for the device (`waits`)."""
+    return np.maximum(rerun_s + waits * host_s, (launches(rerun_ops)[0] + collectives) * host_s - exposed)
 
 
-def layer_floors(times, ops, rerun_s, rerun_ops, host_s, exposed, rerun_exposed, tp_rerun, plan, shard, split=False):
+def layer_floors(times, ops, rerun_s, rerun_ops, host_s, exposed, rerun_exposed, tp_rerun, plan, shard, split=False,
+                 dispatch=(0, 0, 0), ep_rerun=0.0):
     """A layer's pass times and its recomputation's seconds at their host floors (host_bound,
     rerun_bound): `exposed`, the (forward, backward) exposed exchange seconds of its passes
     (TP, CP, the MoE dispatch), `rerun_exposed` those its recomputation runs again, `tp_rerun`
     the fraction of its forward TP collectives it runs again. A TP collective launches once
     per all-reduce, all-gather or reduce-scatter: two per pass, four with sequence parallelism,
-    and the backward's two re-gathers of the input where the framework does not keep it."""
+    and the backward's two re-gathers of the input where the framework does not keep it.
+    `dispatch`: an MoE layer's (forward calls, backward calls, forward waits) of its dispatch
+    and combine (moe.dispatch_host_calls), of which its recomputation runs `ep_rerun` again."""
     coll = np.where(np.asarray(plan.tp) > 1, 4 if plan.sequence_parallel else 2, 0)
+    calls_f, calls_b, waits = dispatch
     if host_s > 0:
-        launched = (coll, coll + 2 * plan.sequence_parallel * (not shard.tp_keeps_gathered))
-        times = host_bound(times, ops, host_s, exposed, launched, split)
-    return times, rerun_bound(rerun_s, rerun_ops, host_s, rerun_exposed, tp_rerun * coll)
+        launched = (coll + calls_f, coll + calls_b + 2 * plan.sequence_parallel * (not shard.tp_keeps_gathered))
+        times = host_bound(times, ops, host_s, exposed, launched, split, waits)
+    return times, rerun_bound(rerun_s, rerun_ops, host_s, rerun_exposed, tp_rerun * coll + ep_rerun * calls_f,
+                              ep_rerun * waits)

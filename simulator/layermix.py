@@ -19,8 +19,8 @@ import numpy as np
 from .dataparallel import DPCosts, buckets, dp_costs
 from .dims import expert_grad_group_size, grad_group_size
 from .memory import ActivationSizes, buffer_bytes, layer_activations, stage_activations
-from .moe import (EXPERT_GEMMS, SHARED_EXPERTS, dispatch_comm_s, exposed_dispatch_s, layer_params_split,
-                  moe_buffer_bytes, padding_share, plan_experts)
+from .moe import (EXPERT_GEMMS, SHARED_EXPERTS, dispatch_comm_s, dispatch_host_calls, exposed_dispatch_s,
+                  layer_params_split, moe_buffer_bytes, padding_share, plan_experts)
 from . import cpattention, deepep, fp8, fsdp, mtp, projections
 from .compute import LOW_PRECISION_GEMMS, op_times, with_attention_kernel
 from .fp8 import compute_precision
@@ -171,7 +171,8 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision, split=False
         moe_cp = cp(moe_t.attention_fwd_s, moe_t.attention_bwd_s)
         ep = exposed_dispatch_s(dispatch_comm_s(model, shard, experts, groups, cluster), moe_t, shared_t, plan.moe,
                                 deepep.sm_share(experts, groups, acc))
-        moe_t, moe_rerun = _at_host_floor(moe_t, moe_ops, moe_rerun, moe_tp, moe_cp, ep, host_s, plan, shard, split)
+        moe_t, moe_rerun = _at_host_floor(moe_t, moe_ops, moe_rerun, moe_tp, moe_cp, ep, host_s, plan, shard, split,
+                                          dispatch_host_calls(experts))
         buffers_layer = np.maximum(dense_p, rest_p + routed_p)
         extra = moe_buffer_bytes(model, shard, experts, groups)
     buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, buffers_layer, plan, per.weight,
@@ -218,13 +219,16 @@ def _rerun(model, shard, plan, cluster, ops, tp_blocks: dict, tp_fwd_s, experts=
             tp_rerun_fraction(checkpoint, tp_blocks, tp_fwd_s))
 
 
-def _at_host_floor(t: OpsTime, ops, rerun: tuple, tp_s, cp_s, ep_s, host_s, plan, shard, split) -> tuple:
+def _at_host_floor(t: OpsTime, ops, rerun: tuple, tp_s, cp_s, ep_s, host_s, plan, shard, split,
+                   dispatch=(0, 0, 0)) -> tuple:
     """(pass times, _rerun's tuple) of one layer kind at their host floors (hostbound.layer_floors),
-    its exposed TP, CP and dispatch seconds keeping the GPU busy."""
+    its exposed TP, CP and dispatch seconds keeping the GPU busy; `dispatch`: an MoE layer's
+    moe.dispatch_host_calls."""
     checkpoint, rerun_s, tp_rerun = rerun
     exposed = (tp_s[0] + cp_s[0] + ep_s[0], tp_s[1] + cp_s[1] + ep_s[1])
     again = tp_rerun * tp_s[0] + float(checkpoint.cp_rerun) * cp_s[0] + checkpoint.ep_rerun * ep_s[0]
-    t, rerun_s = layer_floors(t, ops, rerun_s, checkpoint.rerun, host_s, exposed, again, tp_rerun, plan, shard, split)
+    t, rerun_s = layer_floors(t, ops, rerun_s, checkpoint.rerun, host_s, exposed, again, tp_rerun, plan, shard, split,
+                              dispatch, checkpoint.ep_rerun)
     return t, (checkpoint, rerun_s, tp_rerun)
 
 

@@ -41,8 +41,9 @@ pass; without it (Megatron-Core's default) SequentialMLP (megatron/core/transfor
 experts.py @d98e8a64dd) splits the rows by expert and runs each local expert's MLP in turn:
 its fc1, activation and fc2 launch once per local expert (on a CPU each pays the host's cost
 per operator, compute.py; on a GPU the host's launches, hostbound.py), and torch.cat joins
-their outputs. Its `tokens_per_expert.tolist()`, a device-to-host copy that makes the host
-wait for the router, is not modelled (the host is taken to run ahead across it).
+their outputs. Every dispatcher makes the host wait for the device once in a forward pass
+(dispatch_host_calls): the host-bound floor (hostbound.py) counts that wait and the dispatch's
+collective calls.
 
 Overlap of the EP collectives with compute (off by default; Megatron-Core 0.9, which the
 published MoE runs used, has neither): `shared_expert_overlap` (--moe-shared-expert-overlap)
@@ -446,6 +447,45 @@ def exposed_dispatch_s(comm_s, moe_layer, shared, options: MoEOptions, sm_share=
     if options.ep_comm_overlap:
         fwd, bwd = (hidden(fwd, moe_layer.bwd_input_s + moe_layer.bwd_weight_s), hidden(bwd, moe_layer.fwd_s))
     return fwd, bwd
+
+
+def dispatch_host_calls(experts: ExpertShard) -> tuple:
+    """(forward calls, backward calls, host waits in the forward pass) of one MoE layer's
+    dispatch and combine on a device, what its host-bound floor counts (hostbound.py).
+
+    A call is one collective or fused communication kernel the host launches; a wait is a
+    device-to-host copy the host blocks on, after which the device idles until the host has
+    launched its next kernel. All-to-all dispatcher (NVIDIA/Megatron-LM core_v0.9.0 @1afee592
+    megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher): forward, the
+    per-expert counts all-gathered over expert TP x EP (_gather_along_first_dim_moe; its TP
+    was the expert TP then), the all-to-alls out and back over EP (tensor_parallel.all_to_all returns its
+    input in a group of one), the all-gather and reduce-scatter over expert TP; backward, the
+    last four. It waits once (cuda_sync_point before_permutation_1, before_ep_alltoall or
+    before_finish: the split sizes as host lists), except when it pads every expert to capacity
+    (drop_and_pad: no_sync). All-gather dispatcher (MoEAllGatherTokenDispatcher, same file):
+    the routing indices, their probabilities and the tokens all-gathered over EP x ETP and the
+    output reduce-scattered; backward, a reduce-scatter for each of the two with gradients and
+    the output's all-gather; it waits on tokens_per_expert.cpu(). DeepEP and Hybrid-EP (deepep.py):
+    a fused dispatch and a fused combine each way; the host waits for the received counts (DeepEP's
+    normal kernels: deepseek-ai/DeepEP@dd758ca docs/legacy.md, "an implicit CPU wait for GPU
+    received count signal"; Hybrid-EP's tokens_per_expert.sum(), NVIDIA/Megatron-LM@d98e8a64dd
+    token_dispatcher.py _HybridEPManager.dispatch). torchtitan (pytorch/torchtitan@73a0e6979
+    torchtitan/distributed/expert_parallel.py ExpertParallel._token_dispatch): the counts'
+    all-to-all, the rows' all-to-alls out and back (backward: those two); it waits on the
+    output splits (.to("cpu", non_blocking=False), .tolist()) with EP, and its for-loop experts
+    on their rows' counts (models/moe/moe.py _run_experts_for_loop: .tolist()), where its grouped
+    GEMM takes them on the device (_run_experts_grouped_mm: torch.cumsum)."""
+    o = experts.options
+    ep, etp = experts.ep, experts.etp
+    if o.dispatcher in deepep.BACKENDS:
+        return 2, 2, 1
+    if o.dispatcher == "allgather":
+        group = (ep * etp) > 1
+        return 4 * group, 3 * group, 1
+    if o.framework == "torchtitan":
+        return 3 * (ep > 1), 2 * (ep > 1), (ep > 1) + (not o.grouped_gemm)
+    pair = 2 * (ep > 1) + 2 * (etp > 1)
+    return ((ep * etp) > 1) + pair, pair, 0 if o.capacity_factor is not None and o.pad_to_capacity else 1
 
 
 # ---------------------------------------------------------------- parameters

@@ -75,10 +75,9 @@ The attention beside the layer runs eager too where the model is (DeepSeek-V3's 
 attention: its norms, RoPE and the concatenations of Q and K, mla.qk_concat_op; its mms wq_a,
 wq_b, wkv_a, wkv_b, wo lead the block's count under op-level AC, recompute.py).
 
-Not modelled: the device-to-host copy of the all-to-all's split sizes (ExpertParallel
-._token_dispatch; and the for-loop experts' .tolist()), which makes the host wait for the router
-each MoE layer (the host is taken to run ahead across it, as for Megatron-Core's); torchtitan's
-DeepEP layer (moe_deepep.py).
+The device-to-host copies of the all-to-all's split sizes (ExpertParallel._token_dispatch) and
+of the for-loop experts' counts make the host wait for the device (moe.dispatch_host_calls,
+hostbound.py). Not modelled: torchtitan's DeepEP layer (moe_deepep.py).
 
 The for-loop experts (`plan.moe.grouped_gemm: false`; MoEArgs.use_grouped_mm false, which
 torchtitan sets itself below SM90: llama4/model/args.py, so on A100s) run each local expert's

@@ -184,6 +184,61 @@ def test_sequential_experts_on_a_gpu_take_at_least_the_hosts_time_to_launch_them
         assert evaluate(s, engine).step_time_s >= floor
 
 
+SMALL_MOE = {"name": "small-moe", "layers": 2, "hidden": 4096, "heads": 32, "kv_heads": 8, "vocab": 32000,
+             "seq_len": 4096, "experts": 8, "top_k": 2, "expert_ffn_hidden": 8192, "ffn_hidden": 8192}
+
+
+def _one_gpu(launch_overhead_s, recompute="none", **moe):
+    from dataclasses import replace
+    s = _scenario(SMALL_MOE, {"node": "dgx-h100", "nodes": 1, "devices_per_node": 1}, dp=1, global_batch=4,
+                  recompute=recompute, moe=moe)
+    return replace(s, cluster=replace(s.cluster, node=replace(s.cluster.node, launch_overhead_s=launch_overhead_s)))
+
+
+@pytest.mark.parametrize("recompute,runs", [("none", 1), ("full", 2)])
+def test_the_dispatchers_wait_for_its_split_sizes_idles_the_gpu_one_launch_per_moe_forward(recompute, runs):
+    """Megatron-Core's dropless all-to-all dispatcher copies its split sizes to the host and
+    waits for them once per MoE layer forward (token_dispatcher.py cuda_sync_point), after which
+    the GPU idles until the host launches the next kernel. Two MoE layers, 4 micro-batches on one
+    H100 whose kernels outlast the host's launches: 2 us more per launch is 2 x 4 x 2 us more a
+    step, twice that where full recomputation runs each forward again."""
+    for engine in ("analytic", "graph"):
+        slow, fast = (evaluate(_one_gpu(h, recompute), engine).step_time_s for h in (3e-6, 1e-6))
+        assert slow - fast == pytest.approx(2 * 4 * runs * 2e-6, rel=1e-6)
+
+
+def test_a_dispatcher_padding_every_expert_to_capacity_never_waits():
+    """With its rows padded to capacity the all-to-all dispatcher knows its split sizes on the host
+    (drop_and_pad: cuda_sync_point no_sync), so a step whose kernels outlast the launches does
+    not depend on the host's time per launch."""
+    padded = {"capacity_factor": 1.0, "pad_to_capacity": True}
+    for engine in ("analytic", "graph"):
+        assert evaluate(_one_gpu(3e-6, **padded), engine).step_time_s == \
+            evaluate(_one_gpu(1e-6, **padded), engine).step_time_s
+
+
+@pytest.mark.parametrize("ep,etp,options,calls", [
+    (8, 1, MoEOptions(), (1 + 2, 2, 1)),
+    (4, 2, MoEOptions(), (1 + 2 + 2, 2 + 2, 1)),
+    (1, 1, MoEOptions(), (0, 0, 1)),
+    (8, 1, MoEOptions(capacity_factor=1.0, pad_to_capacity=True), (3, 2, 0)),
+    (8, 1, MoEOptions(dispatcher="allgather"), (3 + 1, 2 + 1, 1)),
+    (8, 1, MoEOptions(dispatcher="deepep"), (2, 2, 1)),
+    (8, 1, MoEOptions(framework="torchtitan"), (3, 2, 1)),
+    (1, 1, MoEOptions(framework="torchtitan", grouped_gemm=False), (0, 0, 1)),
+])
+def test_the_host_launches_the_dispatchs_collectives_and_waits_as_the_framework_does(ep, etp, options, calls):
+    """(forward calls, backward calls, forward waits), read from the frameworks' dispatchers:
+    Megatron-Core's all-to-all one counts' all-gather, the all-to-alls out and back over EP and
+    the all-gather and reduce-scatter over expert TP, waiting once unless padded to capacity;
+    its all-gather dispatcher gathers indices, probabilities and tokens and reduce-scatters the
+    output (backward: the two with gradients and the output); DeepEP a fused dispatch and combine;
+    torchtitan the counts' all-to-all and the rows' two, waiting on their splits with EP and on
+    its for-loop experts' counts."""
+    from simulator.moe import dispatch_host_calls
+    assert dispatch_host_calls(ExpertShard(ep, etp, options)) == calls
+
+
 def test_a_cpu_pays_its_host_cost_once_per_local_expert_without_grouped_gemm():
     """On a device whose framework costs a fixed host time per operator and pass (a CPU
     profile's op_overhead_us), each of the 16 local experts' fc1 GEMMs pays it: 15 x 20 us more
