@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from . import fields as F
-from .errors import InputError
+from .errors import InputError, MeasurementError
 from .report import fmt_table as _fmt_table
 
 # Every scenario field settable from the command line: flag -> dotted field.
@@ -149,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run real torch training steps on this machine and compare (needs the calibrate extra)")
     va.add_argument("--profile", default=None, metavar="P",
                     help="--torch: calibrated accelerator profile (path or name in hardware_profiles/calibrated; "
-                         "default: the newest there calibrated on this machine's CPU model or GPU)")
+                         "default: the newest there calibrated on this machine's CPU model or GPU, never one that "
+                         "records another CPU generation)")
     va.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="--torch: where to train")
     va.add_argument("--quick", action="store_true", help="--torch: a tiny grid (CI)")
     va.add_argument("--json", action="store_true")
@@ -966,6 +967,9 @@ def main(argv=None) -> int:
     except RecursionError:
         print("llmsim: error: input: too deeply nested", file=sys.stderr)
         return 2
+    except MeasurementError as exc:
+        print(f"llmsim: measurement failed: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # output piped into `head`
         sys.stderr.close()
         return 0

@@ -400,6 +400,42 @@ def test_the_validation_models_torchtitan_layer_weights_each_tokens_experts_by_t
             assert torch.allclose(out[i], expected, atol=1e-5)
 
 
+def test_a_precision_this_cpu_has_no_instructions_for_is_not_run():
+    """On a CPU without AVX512-BF16 or AMX torch converts bf16 in software, at a rate no profile of
+    it measured (on a Zen 3 EPYC the Zen 4 profile's bf16 rows ran past the grid's time): bf16 rows
+    and Muon's bf16 Newton-Schulz GEMMs are not run, with the reason; fp32 rows are."""
+    from simulator.calibrate.validate_torch import GRID, not_native
+
+    by_name = {rc.name: rc for rc in GRID}
+    muon = by_name["l4-h256-s256-b2-muon"]
+    bf16 = next(rc for rc in GRID if rc.precision == "bf16")
+    assert not_native(by_name["l4-h256-s256-b2"], {"fp32"}) is None
+    assert not_native(muon, {"fp32"}) == not_native(bf16, {"fp32"}) == \
+        "this CPU has no native bf16 (AVX512-BF16 or AMX)"
+    assert not_native(muon, {"fp32", "bf16"}) is None and not_native(bf16, {"fp32", "bf16"}) is None
+
+
+def test_a_measuring_process_that_fails_is_one_line_exit_1_naming_its_error(monkeypatch, capsys):
+    """A measuring process's failure is the machine's, not bad input and not a model bug: the
+    launcher names the process and its exception (pow(0, 1, 0) raises in the spawned process), and
+    the CLI prints that line alone and exits 1."""
+    from simulator.calibrate import validate_torch
+    from simulator.calibrate.dist import launch
+    from simulator.errors import MeasurementError
+
+    with pytest.raises(MeasurementError) as failed:
+        launch(pow, 1, (0,))
+    first = str(failed.value).splitlines()[0]
+    assert first.startswith("measuring process 0 of 1 failed: ValueError: pow()")
+
+    def fail(*args, **kwargs):
+        raise failed.value
+
+    monkeypatch.setattr(validate_torch, "run_validation", fail)
+    assert main(["validate", "--torch", "--profile", "cpu-epyc-zen3-2c"]) == 1
+    assert capsys.readouterr().err == f"llmsim: measurement failed: {first}\n"
+
+
 def test_a_configuration_the_profile_cannot_express_is_listed_not_run():
     # the EPYC profile has no bf16 rate; Megatron-Core's Muon runs its Newton-Schulz GEMMs in bf16
     from simulator.calibrate.validate_torch import GRID, predict_all

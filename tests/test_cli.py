@@ -321,6 +321,65 @@ def test_validate_torch_without_a_profile_takes_one_calibrated_on_this_kind_of_m
         default_profile("cpu", [tmp_path])
 
 
+ZEN3 = {"vendor": "AuthenticAMD", "family": 25, "model": 1, "isa": ["avx2"]}
+ZEN4 = {"vendor": "AuthenticAMD", "family": 25, "model": 17, "isa": ["avx2", "avx512f", "avx512_bf16"]}
+
+
+def test_a_calibration_names_the_cpus_family_model_and_the_instruction_sets_torch_dispatches_on():
+    """/proc/cpuinfo of a Zen 4 EPYC under KVM (first processor's block): the model name says only
+    "AMD EPYC", family 25 model 17 and its AVX-512 BF16 flag say which generation."""
+    from simulator.calibrate.profile_writer import cpu_identity
+
+    text = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+            "model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma avx512f avx512dq avx512_bf16 vaes\n\n"
+            "processor\t: 1\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\nflags\t\t: amx_bf16\n")
+    assert cpu_identity(text) == ZEN4
+    assert cpu_identity("processor\t: 0\n") == {}
+
+
+def _profiles(tmp_path, profiles: dict):
+    from simulator.calibrate.profile_writer import cpu_model
+
+    for name, (date, cpu) in profiles.items():
+        cal = {"device": "cpu", "device_name": f"{cpu_model()}, 1 thread(s) per device", "date": date,
+               **({"cpu": cpu} if cpu else {})}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({"peak_tflops": {"fp32": 0.1}, "calibration": cal}))
+        (tmp_path / f"{name}-node.yaml").write_text("{}\n")
+
+
+def test_validate_torch_never_takes_a_profile_calibrated_on_another_cpu_generation(tmp_path, monkeypatch):
+    """On a Zen 3 EPYC, a later profile of a Zen 4 one (the same model name) is never taken: one that
+    records this CPU comes first, then one that records none; with only the Zen 4 one it is refused
+    by name."""
+    from simulator import InputError
+    from simulator.calibrate import profile_writer
+    from simulator.calibrate.validate_torch import default_profile
+
+    monkeypatch.setattr(profile_writer, "cpu_identity", lambda: ZEN3)
+    _profiles(tmp_path, {"zen4": ("2026-12-06T10:00:00Z", ZEN4), "unrecorded": ("2026-12-05T10:00:00Z", None),
+                         "zen3": ("2026-12-01T10:00:00Z", ZEN3)})
+    assert default_profile("cpu", [tmp_path]) == tmp_path / "zen3.yaml"
+    (tmp_path / "zen3.yaml").unlink()
+    assert default_profile("cpu", [tmp_path]) == tmp_path / "unrecorded.yaml"
+    (tmp_path / "unrecorded.yaml").unlink()
+    with pytest.raises(InputError, match="another generation: AuthenticAMD family 25 model 17"):
+        default_profile("cpu", [tmp_path])
+
+
+def test_validate_torch_records_no_residuals_in_another_cpus_profile(tmp_path, monkeypatch):
+    """The rows measured on a Zen 3 are not the Zen 4 profile's prediction intervals."""
+    from simulator.calibrate import profile_writer
+    from simulator.calibrate.validate_torch import record
+
+    monkeypatch.setattr(profile_writer, "cpu_identity", lambda: ZEN3)
+    _profiles(tmp_path, {"zen4": ("2026-12-06T10:00:00Z", ZEN4)})
+    path = tmp_path / "zen4.yaml"
+    before = path.read_text()
+    why = record(path, yaml.safe_load(before), {"rows": [], "quick": False}, "cpu")
+    assert why.startswith("not recorded: the profile was calibrated on AuthenticAMD family 25 model 17")
+    assert path.read_text() == before
+
+
 @pytest.mark.parametrize("has_bf16", [True, False])
 def test_validate_torch_takes_the_profile_of_this_cpus_generation_then_the_latest_calibration(tmp_path, monkeypatch,
                                                                                                 has_bf16):

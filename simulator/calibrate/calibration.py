@@ -14,7 +14,8 @@ from ..attentiontiles import PYTORCH_CPU_FLASH, Tiles, executed_fraction
 from ..errors import InputError
 from . import require_torch
 from .fit import best_rate, fit_allreduce, fit_efficiency, fit_spill
-from .profile_writer import _meminfo, build_profiles, cpu_model, rss_bytes, today, write_profiles
+from .profile_writer import (_meminfo, build_profiles, cpu_identity, cpu_model, describe_cpu, rss_bytes, today,
+                             write_profiles)
 
 def default_threads(device: str) -> int:
     """Threads per CPU "device": half the cores, so that a DP=2 pair of processes fills the machine."""
@@ -58,7 +59,7 @@ def _machine_info(torch, device: str, threads: int, quick: bool) -> dict:
             "cpu_model": cpu_model(), "host_memory_bytes": mem.get("MemTotal", 0.0)}
     if device == "cpu":
         devices = max(1, (os.cpu_count() or 1) // threads)
-        info.update(devices_per_node=devices, vendor=cpu_model().split()[0] if cpu_model() else "",
+        info.update(devices_per_node=devices, vendor=cpu_model().split()[0] if cpu_model() else "", cpu=cpu_identity(),
                     memory_bytes=mem.get("MemAvailable", mem.get("MemTotal", 0.0)) / devices,
                     framework_overhead_bytes=rss_bytes(), tdp_w=10.0 * threads)
     else:
@@ -227,7 +228,8 @@ def run_calibration(out: str | Path, device: str = "cpu", quick: bool = False, t
     bench = Bench(device, quick=quick, clock=clock)
     precs = low_precisions(torch, device)
     bench.probes = {n: make_probe(device, n) for p in ["fp32"] + precs if p in PROBE_PRECISIONS for n in names(p)}
-    log(f"calibrate: {device}, {threads} thread(s), {clock} clock, torch {torch.__version__}"
+    cpu = f" ({info['cpu_model']}: {describe_cpu(info['cpu'])})" if info.get("cpu") else ""
+    log(f"calibrate: {device}{cpu}, {threads} thread(s), {clock} clock, torch {torch.__version__}"
         f"{' (quick)' if quick else ''}; precisions fp32{''.join(', ' + p for p in precs)}")
     for dt in ["fp32"] + [p for p in precs if p != "fp8"]:
         log(f"  {dt}: GEMMs, attention, memory-bound and framework kernels, optimizer ...")

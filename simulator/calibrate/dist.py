@@ -71,20 +71,25 @@ def launch(fn, world_size: int, args: tuple = (), threads: int = 1, device: str 
             except _queue.Empty:
                 dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in results]
                 if dead:
-                    errors.append(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} without a result")
+                    errors.append(f"measuring process {dead[0]} of {world_size} exited with code {procs[dead[0]].exitcode} "
+                                  "without a result")
                     break
                 if time.monotonic() > deadline:
-                    errors.append(f"no result within {timeout_s:.0f} s")
+                    errors.append(f"no result from the {world_size} measuring processes within {timeout_s:.0f} s")
                     break
                 continue
-            (results.__setitem__(rank, out) if ok else errors.append(f"rank {rank}: {out}"))
+            if ok:
+                results[rank] = out
+            else:  # its traceback: the exception's line first
+                errors.append(f"measuring process {rank} of {world_size} failed: {out.strip().splitlines()[-1]}\n{out}")
     finally:
         for p in procs:
             p.join(timeout=30)
             if p.is_alive():
                 p.terminate()
     if errors:
-        raise RuntimeError("distributed worker failed:\n" + "\n".join(errors))
+        from ..errors import MeasurementError
+        raise MeasurementError("\n".join(errors))
     return results[0]
 
 

@@ -50,6 +50,42 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# The instruction sets that choose torch's CPU kernels: ATen's vectorised kernels are compiled for
+# AVX2 and AVX-512 and picked at start-up (torch.backends.cpu.get_cpu_capability()), oneDNN's bf16
+# GEMMs need AVX512-BF16 or AMX.
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_identity(cpuinfo: str | None = None) -> dict:
+    """This CPU as /proc/cpuinfo names it: vendor, family, model and which of ISA_FLAGS it has
+    ({} where unknown). The model name does not tell generations apart: an AMD EPYC under KVM
+    reports "AMD EPYC" as Zen 3 (family 25, model 1: AVX2) and as Zen 4 (family 25, model 17:
+    AVX-512 with BF16), whose kernel rates differ, so a calibration records this too. `cpuinfo`:
+    that file's text (default: read it)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
+    except OSError:
+        return {}
+    fields = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's block
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    try:
+        family, model = int(fields["cpu family"]), int(fields["model"])
+    except (KeyError, ValueError):
+        return {}
+    flags = set(fields.get("flags", "").split())
+    return {"vendor": fields.get("vendor_id", ""), "family": family, "model": model,
+            "isa": [f for f in ISA_FLAGS if f in flags]}
+
+
+def describe_cpu(cpu: dict) -> str:
+    """A cpu_identity as one phrase: "AuthenticAMD family 25 model 1 (avx2)"."""
+    return f"{cpu.get('vendor')} family {cpu.get('family')} model {cpu.get('model')} ({', '.join(cpu.get('isa') or ['no AVX2'])})"
+
+
 def rss_bytes() -> float:
     """Resident set size of this process (Linux), 0 when unknown."""
     try:
@@ -127,6 +163,7 @@ def build_profiles(name: str, info: dict, fits: dict, samples: list, collectives
             "torch": info["torch"],
             "device": dev,
             "device_name": what,
+            **({"cpu": info["cpu"]} if dev == "cpu" and info.get("cpu") else {}),
             "threads": info["threads"],
             "clock": info.get("clock", "wall"),
             **info.get("settings", {}),

@@ -31,6 +31,7 @@ from pathlib import Path
 from ..errors import InputError
 from . import require_torch
 from .probe import GEMM
+from .profile_writer import describe_cpu
 from .torch_model import GPTConfig
 
 
@@ -226,13 +227,25 @@ def grid_worker(rank: int, world: int, cfgs: list[dict], rounds: int, steps: int
 
 
 def measure_grid(configs: list[RunConfig], threads: int, device: str = "cpu", rounds: int = 5,
-                 steps: int = 2, probe_precisions=(), clock: str = "wall") -> list[dict]:
-    """Measurements of every configuration (rank 0's), in order."""
+                 steps: int = 2, probe_precisions=(), clock: str = "wall", predicted_s: float = 0.0) -> list[dict]:
+    """Measurements of every configuration (rank 0's), in order. `predicted_s`: the predicted
+    seconds of one step of each configuration, summed: a grid that runs ten times longer than
+    predicted, beyond 15 minutes, is taken to hang."""
     from .dist import launch
 
     world = max(rc.dp for rc in configs)
     return launch(grid_worker, world, ([asdict(rc) for rc in configs], rounds, steps, device, probe_precisions, clock),
-                  threads=threads, device=device)
+                  threads=threads, device=device, timeout_s=900 + 10 * rounds * steps * predicted_s)
+
+
+def not_native(rc: RunConfig, native: set) -> str | None:
+    """Why a configuration is not run on this CPU, or None: it computes in a precision the CPU has no
+    instructions for (bf16 without AVX512-BF16 or AMX, Muon's bf16 Newton-Schulz GEMMs too), which
+    torch runs by converting in software at a speed no profile measured (the profile's rate is
+    another machine's; calibrate measures only the CPU's native precisions, calibration.low_precisions)."""
+    needs = {rc.precision} | ({"bf16"} if rc.optimizer == "muon" else set())
+    missing = sorted(needs - native)
+    return f"this CPU has no native {', '.join(missing)} (AVX512-BF16 or AMX)" if missing else None
 
 
 # ------------------------------------------------------------------ prediction
@@ -315,12 +328,26 @@ def node_for_profile(profile: str | Path) -> str:
     return str(node)
 
 
+def same_cpu(cal: dict, device: str = "cpu") -> bool | None:
+    """Whether a profile's calibration (its `calibration` block) ran on a CPU like this one
+    (profile_writer.cpu_identity): None where it does not record the CPU (profiles written
+    before calibrations did, and CUDA ones)."""
+    from .profile_writer import cpu_identity
+
+    recorded = cal.get("cpu")
+    if device != "cpu" or not isinstance(recorded, dict):
+        return None
+    here = cpu_identity()
+    return {k: recorded.get(k) for k in here} == here if here else None
+
+
 def default_profile(device: str = "cpu", folders=None) -> Path:
     """The profile in `folders` (default: the shipped hardware_profiles/calibrated/; accelerator
-    files, not -node/-net) calibrated on this kind of machine (its CPU model or GPU name): of
-    several, one whose precisions this CPU computes natively (a bf16 rate only where it has
-    AVX512-BF16 or AMX: two EPYC generations share the name "AMD EPYC"), then the latest
-    calibration date (a fresh clone gives every file the same modification time)."""
+    files, not -node/-net) calibrated on this kind of machine (its CPU model or GPU name), never
+    one that records another CPU (same_cpu: two EPYC generations share the name "AMD EPYC"): of
+    several, one that records this CPU, then one whose precisions this CPU computes natively (a
+    bf16 rate only where it has AVX512-BF16 or AMX), then the latest calibration date (a fresh
+    clone gives every file the same modification time)."""
     import yaml
 
     from ..hardware import CALIBRATED, profiles_dir
@@ -331,16 +358,19 @@ def default_profile(device: str = "cpu", folders=None) -> Path:
             if (f / f"{p.stem}-node.yaml").is_file()]
     here = _this_device(device)
     data = {p: yaml.safe_load(p.read_text()) or {} for p in accs}
-    mine = [p for p in accs if here in str((data[p].get("calibration") or {}).get("device_name", ""))]
+    named = [p for p in accs if here in str((data[p].get("calibration") or {}).get("device_name", ""))]
+    mine = [p for p in named if same_cpu(data[p].get("calibration") or {}, device) is not False]
     if not mine:
+        other = "" if not named else (f" ({len(named)} named so were calibrated on another generation: "
+                                      f"{describe_cpu(data[named[0]]['calibration']['cpu'])})")
         raise InputError("--profile", None, f"no profile in {', '.join(map(str, folders))} was calibrated on this "
-                         f"{device} ({here}); run `llmsim calibrate` or give --profile")
+                         f"{device} ({here}){other}; run `llmsim calibrate` or give --profile")
     bf16_here = device != "cpu" or cpu_has_bf16()
 
     def rank(p):
         cal = data[p].get("calibration") or {}
         same_precisions = device != "cpu" or ("bf16" in (data[p].get("peak_tflops") or {})) == bf16_here
-        return same_precisions, str(cal.get("date", "")), p.stat().st_mtime
+        return bool(same_cpu(cal, device)), same_precisions, str(cal.get("date", "")), p.stat().st_mtime
 
     return max(mine, key=rank)
 
@@ -376,15 +406,25 @@ def run_validation(profile: str | Path | None = None, quick: bool = False, devic
         configs = (CUDA_GRID[:2] if quick else CUDA_GRID) if device == "cuda" else (QUICK_GRID if quick else GRID)
     configs = [rc for rc in configs if rc.dp <= devices and rc.precision in precisions]
     predictions, not_run = predict_all(configs, node)
+    if device == "cpu":
+        from .calibration import low_precisions
+        native = {"fp32", *low_precisions(torch, "cpu")}
+        not_run += [{"config": rc.name, "reason": why} for rc in configs
+                    if rc.name in predictions and (why := not_native(rc, native))]
+        configs = [rc for rc in configs if not not_native(rc, native)]
     configs = [rc for rc in configs if rc.name in predictions]
     rounds = rounds or (3 if quick else 5)
     if log:
         log(f"validate --torch: {len(configs)} configurations x {rounds} interleaved rounds, {device}, "
             f"{threads} thread(s) per device, {clock} clock")
+        if same_cpu(cal, device) is False:
+            log(f"  the profile was calibrated on {describe_cpu(cal['cpu'])}, not on this CPU: its rates are "
+                "that machine's (run `llmsim calibrate` here)")
         for skipped in not_run:
             log(f"  {skipped['config']:32s} not run: {skipped['reason']}")
     probe_s = cal.get("probe_s") or {}
-    measured = measure_grid(configs, threads, device, rounds, probe_precisions=sorted(probe_s), clock=clock)
+    measured = measure_grid(configs, threads, device, rounds, probe_precisions=sorted(probe_s), clock=clock,
+                            predicted_s=sum(predictions[rc.name]["step_time_s"] for rc in configs))
     # the machine's speed during this run relative to calibration, per probe (probe.py): the
     # median over every round's probe; 1 = unchanged
     probe_now = {name: statistics.median(x for m in measured for x in m["probe_s"].get(name, ()))
@@ -427,7 +467,8 @@ def run_validation(profile: str | Path | None = None, quick: bool = False, devic
                 f"{row['predicted_step_s'] * 1e3:8.1f} predicted ({row['step_error_pct']:+.1f}%); memory "
                 f"{row['measured_memory_mib']:7.1f} MiB measured, {row['predicted_memory_mib']:7.1f} predicted "
                 f"({row['memory_error_pct']:+.1f}%)")
-    out = {"profile": str(acc_path), "device": device, "threads": threads, "clock": clock, "quick": quick,
+    out = {"profile": str(acc_path), "same_cpu": same_cpu(cal, device), "device": device, "threads": threads,
+           "clock": clock, "quick": quick,
            "rounds": rounds, "rows": rows, "not_run": not_run, "mape_pct": _mape(rows, "step_error_pct"),
            "max_abs_error_pct": max((abs(r["step_error_pct"]) for r in rows), default=float("nan")),
            "wall_mape_pct": _mape(rows, "wall_error_pct"), "memory_mape_pct": _mape(rows, "memory_error_pct"),
@@ -463,6 +504,8 @@ def record(acc_path: Path, data: dict, out: dict, device: str) -> str:
     here = _this_device(device)
     if cal.get("device") != device or here not in str(cal.get("device_name", "")):
         return f"not recorded: the profile describes {cal.get('device_name')!r}, this is {here!r}"
+    if same_cpu(cal, device) is False:
+        return f"not recorded: the profile was calibrated on {describe_cpu(cal['cpu'])}, this is another CPU"
     rows = [{"config": r["config"], "measured_step_s": float(f"{r['measured_step_s']:.5g}"),
              "predicted_step_s": float(f"{r['predicted_step_s']:.5g}"), "noise_pct": round(r["noise_pct"], 1)}
             for r in out["rows"]]
