@@ -361,8 +361,8 @@ def default_profile(device: str = "cpu", folders=None) -> Path:
     named = [p for p in accs if here in str((data[p].get("calibration") or {}).get("device_name", ""))]
     mine = [p for p in named if same_cpu(data[p].get("calibration") or {}, device) is not False]
     if not mine:
-        other = "" if not named else (f" ({len(named)} named so were calibrated on another generation: "
-                                      f"{describe_cpu(data[named[0]]['calibration']['cpu'])})")
+        other = "" if not named else (f"; those of that name were calibrated on another CPU generation "
+                                      f"({describe_cpu(data[named[0]]['calibration']['cpu'])})")
         raise InputError("--profile", None, f"no profile in {', '.join(map(str, folders))} was calibrated on this "
                          f"{device} ({here}){other}; run `llmsim calibrate` or give --profile")
     bf16_here = device != "cpu" or cpu_has_bf16()
@@ -409,9 +409,9 @@ def run_validation(profile: str | Path | None = None, quick: bool = False, devic
     if device == "cpu":
         from .calibration import low_precisions
         native = {"fp32", *low_precisions(torch, "cpu")}
-        not_run += [{"config": rc.name, "reason": why} for rc in configs
-                    if rc.name in predictions and (why := not_native(rc, native))]
-        configs = [rc for rc in configs if not not_native(rc, native)]
+        emulated = {rc.name: why for rc in configs if (why := not_native(rc, native))}
+        not_run += [{"config": name, "reason": why} for name, why in emulated.items() if name in predictions]
+        configs = [rc for rc in configs if rc.name not in emulated]
     configs = [rc for rc in configs if rc.name in predictions]
     rounds = rounds or (3 if quick else 5)
     if log:
