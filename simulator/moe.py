@@ -458,9 +458,9 @@ def dispatch_host_calls(experts: ExpertShard) -> tuple:
     launched its next kernel. All-to-all dispatcher (NVIDIA/Megatron-LM core_v0.9.0 @1afee592
     megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher): forward, the
     per-expert counts all-gathered over expert TP x EP (_gather_along_first_dim_moe; its TP
-    was the expert TP then), the all-to-alls out and back over EP (tensor_parallel.all_to_all returns its
-    input in a group of one), the all-gather and reduce-scatter over expert TP; backward, the
-    last four. It waits once (cuda_sync_point before_permutation_1, before_ep_alltoall or
+    was the expert TP then), the all-to-alls out and back over EP (tensor_parallel.all_to_all
+    returns its input in a group of one), the all-gather and reduce-scatter over expert TP;
+    backward, the last four. It waits once (cuda_sync_point before_permutation_1, before_ep_alltoall or
     before_finish: the split sizes as host lists), except when it pads every expert to capacity
     (drop_and_pad: no_sync). All-gather dispatcher (MoEAllGatherTokenDispatcher, same file):
     the routing indices, their probabilities and the tokens all-gathered over EP x ETP and the

@@ -71,8 +71,8 @@ def launch(fn, world_size: int, args: tuple = (), threads: int = 1, device: str 
             except _queue.Empty:
                 dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in results]
                 if dead:
-                    errors.append(f"measuring process {dead[0]} of {world_size} exited with code {procs[dead[0]].exitcode} "
-                                  "without a result")
+                    who, code = dead[0], procs[dead[0]].exitcode
+                    errors.append(f"measuring process {who} of {world_size} exited with code {code}, no result")
                     break
                 if time.monotonic() > deadline:
                     errors.append(f"no result from the {world_size} measuring processes within {timeout_s:.0f} s")

@@ -83,7 +83,8 @@ def cpu_identity(cpuinfo: str | None = None) -> dict:
 
 def describe_cpu(cpu: dict) -> str:
     """A cpu_identity as one phrase: "AuthenticAMD family 25 model 1 (avx2)"."""
-    return f"{cpu.get('vendor')} family {cpu.get('family')} model {cpu.get('model')} ({', '.join(cpu.get('isa') or ['no AVX2'])})"
+    isa = ", ".join(cpu.get("isa") or ["no AVX2"])
+    return f"{cpu.get('vendor')} family {cpu.get('family')} model {cpu.get('model')} ({isa})"
 
 
 def rss_bytes() -> float:
