@@ -89,20 +89,23 @@ def rerun_bound(rerun_s, rerun_ops, host_s, exposed=0.0, collectives=0.0, waits=
     return np.maximum(rerun_s + waits * host_s, (launches(rerun_ops)[0] + collectives) * host_s - exposed)
 
 
-def layer_floors(times, ops, rerun_s, rerun_ops, host_s, exposed, rerun_exposed, tp_rerun, plan, shard, split=False,
-                 dispatch=(0, 0, 0), ep_rerun=0.0):
+def layer_floors(times, ops, rerun_s, checkpoint, host_s, tp_s, cp_s, ep_s, tp_rerun, plan, shard, split=False,
+                 dispatch=(0, 0, 0)):
     """A layer's pass times and its recomputation's seconds at their host floors (host_bound,
-    rerun_bound): `exposed`, the (forward, backward) exposed exchange seconds of its passes
-    (TP, CP, the MoE dispatch), `rerun_exposed` those its recomputation runs again, `tp_rerun`
-    the fraction of its forward TP collectives it runs again. A TP collective launches once
-    per all-reduce, all-gather or reduce-scatter: two per pass, four with sequence parallelism,
-    and the backward's two re-gathers of the input where the framework does not keep it.
-    `dispatch`: an MoE layer's (forward calls, backward calls, forward waits) of its dispatch
-    and combine (moe.dispatch_host_calls), of which its recomputation runs `ep_rerun` again."""
+    rerun_bound). `tp_s`, `cp_s`, `ep_s`: the (forward, backward) exposed seconds of its TP,
+    CP and MoE dispatch exchanges, which keep the GPU busy; its recomputation (`checkpoint`:
+    recompute.Checkpoint, `rerun_s` the kernel seconds of what it re-runs) runs `tp_rerun` of
+    the forward TP collectives again, and the CP and dispatch exchanges as the checkpoint says.
+    A TP collective launches once per all-reduce, all-gather or reduce-scatter: two per pass,
+    four with sequence parallelism, and the backward's two re-gathers of the input where the
+    framework does not keep it. `dispatch`: an MoE layer's (forward calls, backward calls,
+    forward waits) of its dispatch and combine (moe.dispatch_host_calls)."""
     coll = np.where(np.asarray(plan.tp) > 1, 4 if plan.sequence_parallel else 2, 0)
     calls_f, calls_b, waits = dispatch
     if host_s > 0:
+        exposed = (tp_s[0] + cp_s[0] + ep_s[0], tp_s[1] + cp_s[1] + ep_s[1])
         launched = (coll + calls_f, coll + calls_b + 2 * plan.sequence_parallel * (not shard.tp_keeps_gathered))
         times = host_bound(times, ops, host_s, exposed, launched, split, waits)
-    return times, rerun_bound(rerun_s, rerun_ops, host_s, rerun_exposed, tp_rerun * coll + ep_rerun * calls_f,
-                              ep_rerun * waits)
+    again = tp_rerun * tp_s[0] + float(checkpoint.cp_rerun) * cp_s[0] + checkpoint.ep_rerun * ep_s[0]
+    return times, rerun_bound(rerun_s, checkpoint.rerun, host_s, again, tp_rerun * coll + checkpoint.ep_rerun * calls_f,
+                              checkpoint.ep_rerun * waits)

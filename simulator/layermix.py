@@ -225,10 +225,8 @@ def _at_host_floor(t: OpsTime, ops, rerun: tuple, tp_s, cp_s, ep_s, host_s, plan
     its exposed TP, CP and dispatch seconds keeping the GPU busy; `dispatch`: an MoE layer's
     moe.dispatch_host_calls."""
     checkpoint, rerun_s, tp_rerun = rerun
-    exposed = (tp_s[0] + cp_s[0] + ep_s[0], tp_s[1] + cp_s[1] + ep_s[1])
-    again = tp_rerun * tp_s[0] + float(checkpoint.cp_rerun) * cp_s[0] + checkpoint.ep_rerun * ep_s[0]
-    t, rerun_s = layer_floors(t, ops, rerun_s, checkpoint.rerun, host_s, exposed, again, tp_rerun, plan, shard, split,
-                              dispatch, checkpoint.ep_rerun)
+    t, rerun_s = layer_floors(t, ops, rerun_s, checkpoint, host_s, tp_s, cp_s, ep_s, tp_rerun, plan, shard, split,
+                              dispatch)
     return t, (checkpoint, rerun_s, tp_rerun)
 
 

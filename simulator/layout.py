@@ -166,12 +166,10 @@ def _dense_layer(model, cluster, plan, shard, g, precision, split=False) -> Dens
     checkpoint = layer_checkpoint(model, shard, plan.recompute, layer, plan.recompute_modules)
     # the MLP's TP collectives are half the layer's (tp_layer_comm_s)
     tp_rerun = tp_rerun_fraction(checkpoint, {"mlp": 0.5}, 1.0)
-    # eager frameworks' launches (hostbound.py); the exposed exchanges keep the GPU busy
+    # eager frameworks' launches (hostbound.py)
     rerun_kernels_s = ops_time(list(checkpoint.rerun), cluster, precision).fwd_s
-    layer_t, rerun_s = hostbound.layer_floors(layer_t, layer, rerun_kernels_s, checkpoint.rerun, host_s,
-                                              (tp_s[0] + cp_s[0], tp_s[1] + cp_s[1]),
-                                              tp_rerun * tp_s[0] + float(checkpoint.cp_rerun) * cp_s[0], tp_rerun,
-                                              plan, shard, split)
+    layer_t, rerun_s = hostbound.layer_floors(layer_t, layer, rerun_kernels_s, checkpoint, host_s, tp_s, cp_s,
+                                              (0.0, 0.0), tp_rerun, plan, shard, split)
     return DenseLayer(layer, layer_t, tuple(tp_s), cp_s, checkpoint, tp_rerun, rerun_s)
 
 
