@@ -14,8 +14,8 @@ from ..attentiontiles import PYTORCH_CPU_FLASH, Tiles, executed_fraction
 from ..errors import InputError
 from . import require_torch
 from .fit import best_rate, fit_allreduce, fit_efficiency, fit_spill
-from .profile_writer import (_meminfo, build_profiles, cpu_identity, cpu_model, describe_cpu, rss_bytes, today,
-                             write_profiles)
+from .profile_writer import (_meminfo, build_profiles, cpu_fields, cpu_identity, cpu_model, describe_cpu, rss_bytes,
+                             today, write_profiles)
 
 def default_threads(device: str) -> int:
     """Threads per CPU "device": half the cores, so that a DP=2 pair of processes fills the machine."""
@@ -35,11 +35,7 @@ def resolve_clock(clock: str, device: str, threads: int) -> str:
 
 def cpu_has_bf16() -> bool:
     """Native bf16 arithmetic on this CPU (AVX512-BF16 or AMX-BF16): worth calibrating and validating."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    flags = cpu_fields().get("flags", "").split()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 

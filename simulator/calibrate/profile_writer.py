@@ -40,14 +40,24 @@ def _meminfo() -> dict:
     return out
 
 
-def cpu_model() -> str:
+def cpu_fields(cpuinfo: str | None = None) -> dict:
+    """The first processor's fields in /proc/cpuinfo (`cpuinfo`: that file's text; default: read
+    it), {} where there is none."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return {}
+    fields = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's block ends
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
+def cpu_model() -> str:
+    return cpu_fields().get("model name") or platform.processor() or platform.machine()
 
 
 # The instruction sets that choose torch's CPU kernels: ATen's vectorised kernels are compiled for
@@ -62,16 +72,7 @@ def cpu_identity(cpuinfo: str | None = None) -> dict:
     reports "AMD EPYC" as Zen 3 (family 25, model 1: AVX2) and as Zen 4 (family 25, model 17:
     AVX-512 with BF16), whose kernel rates differ, so a calibration records this too. `cpuinfo`:
     that file's text (default: read it)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
-    except OSError:
-        return {}
-    fields = {}
-    for line in text.splitlines():
-        if not line.strip():
-            break  # the first processor's block
-        key, _, value = line.partition(":")
-        fields[key.strip()] = value.strip()
+    fields = cpu_fields(cpuinfo)
     try:
         family, model = int(fields["cpu family"]), int(fields["model"])
     except (KeyError, ValueError):

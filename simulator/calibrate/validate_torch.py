@@ -414,10 +414,11 @@ def run_validation(profile: str | Path | None = None, quick: bool = False, devic
         configs = [rc for rc in configs if rc.name not in emulated]
     configs = [rc for rc in configs if rc.name in predictions]
     rounds = rounds or (3 if quick else 5)
+    matches = same_cpu(cal, device)
     if log:
         log(f"validate --torch: {len(configs)} configurations x {rounds} interleaved rounds, {device}, "
             f"{threads} thread(s) per device, {clock} clock")
-        if same_cpu(cal, device) is False:
+        if matches is False:
             log(f"  the profile was calibrated on {describe_cpu(cal['cpu'])}, not on this CPU: its rates are "
                 "that machine's (run `llmsim calibrate` here)")
         for skipped in not_run:
@@ -467,7 +468,7 @@ def run_validation(profile: str | Path | None = None, quick: bool = False, devic
                 f"{row['predicted_step_s'] * 1e3:8.1f} predicted ({row['step_error_pct']:+.1f}%); memory "
                 f"{row['measured_memory_mib']:7.1f} MiB measured, {row['predicted_memory_mib']:7.1f} predicted "
                 f"({row['memory_error_pct']:+.1f}%)")
-    out = {"profile": str(acc_path), "same_cpu": same_cpu(cal, device), "device": device, "threads": threads,
+    out = {"profile": str(acc_path), "same_cpu": matches, "device": device, "threads": threads,
            "clock": clock, "quick": quick,
            "rounds": rounds, "rows": rows, "not_run": not_run, "mape_pct": _mape(rows, "step_error_pct"),
            "max_abs_error_pct": max((abs(r["step_error_pct"]) for r in rows), default=float("nan")),
