@@ -380,6 +380,21 @@ def test_validate_torch_records_no_residuals_in_another_cpus_profile(tmp_path, m
     assert path.read_text() == before
 
 
+def test_validate_torch_records_no_residuals_in_a_shipped_profile(monkeypatch):
+    """A user's run on their Zen 4 does not rewrite the intervals the package gives every user,
+    even on the CPU the shipped profile was calibrated on."""
+    from simulator.calibrate import profile_writer, validate_torch
+    from simulator.hardware import CALIBRATED, profiles_dir
+
+    monkeypatch.setattr(profile_writer, "cpu_identity", lambda: ZEN4)
+    monkeypatch.setattr(validate_torch, "_this_device", lambda device: "AMD EPYC")
+    path = profiles_dir() / CALIBRATED / "cpu-epyc-zen4-2c.yaml"
+    before = path.read_text()
+    why = validate_torch.record(path, yaml.safe_load(before), {"rows": [], "quick": False}, "cpu")
+    assert why.startswith("not recorded: cpu-epyc-zen4-2c.yaml ships with llmsim")
+    assert path.read_text() == before
+
+
 @pytest.mark.parametrize("has_bf16", [True, False])
 def test_validate_torch_takes_the_profile_of_this_cpus_generation_then_the_latest_calibration(tmp_path, monkeypatch,
                                                                                                 has_bf16):

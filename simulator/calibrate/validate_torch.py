@@ -497,10 +497,16 @@ def _this_device(device: str) -> str:
 def record(acc_path: Path, data: dict, out: dict, device: str) -> str:
     """Record the rows' measured and predicted step times in the profile (calibration.validation),
     from which intervals.py computes prediction intervals; only when this is the machine the
-    profile describes. Returns the path written, or why not."""
+    profile describes, and never into a profile shipped with llmsim: package data is not written
+    (resources.py), so one user's machine does not reset the intervals every other user gets.
+    Returns the path written, or why not."""
     from ..hardware import load_accelerator
+    from ..resources import data_dir
     from .profile_writer import _dump, today
 
+    if Path(acc_path).resolve().is_relative_to(data_dir().resolve()):
+        return (f"not recorded: {Path(acc_path).name} ships with llmsim and its data is never written; "
+                f"`llmsim calibrate -o NAME` makes a profile of this machine that records its validations")
     cal = data.get("calibration") or {}
     here = _this_device(device)
     if cal.get("device") != device or here not in str(cal.get("device_name", "")):
