@@ -13,8 +13,22 @@ MoE layers with tp > 1 need sequence parallelism, moe_layer.py MoELayer.forward)
    every expert's columns for all the rows the group received);
 4. experts: fc1 (gate and up), the activation, fc2 on the rows of each of the E/ep local
    experts (grouped GEMM or one GEMM per expert);
-5. combine: reduce-scatter over ETP, all-to-all back over EP, un-permute weighted by the
-   router's probabilities.
+5. combine: reduce-scatter over ETP, all-to-all back over EP, un-permute (weighted by the
+   router's probabilities before Megatron-Core 0.13: below).
+
+Where the probabilities weight the rows (`plan.moe.probs_in_experts`): Megatron-Core before 0.13
+weights the expert outputs in the un-permutation (moe_utils.unpermute with probs), which keeps
+the routed copies for the probabilities' gradient. From 0.13 (NVIDIA/Megatron-LM@2659630721,
+"Memory efficient token permutation", first in core_v0.13.0) the probabilities are permuted
+and dispatched with the tokens (one more all-to-all over EP and all-gather over ETP each
+way: token_dispatcher.py @d98e8a64dd token_dispatch, dispatch_postprocess) and scale the
+experts' activation, and the un-permutation only sums (it keeps the indices). SwiGLU's fused
+kernel weights its output in place (fused_bias_swiglu.py weighted_bias_swiglu_impl: it keeps
+its input and the probabilities, and recomputes the SwiGLU for their gradient); other
+activations multiply after it (experts.py bias_act_func, mlp.py per_token_scale), keeping the
+activation's output for the probabilities' gradient. The probabilities (one value a row, in the
+router's input dtype: moe_utils.topk_routing_with_score_function type_as(logits)) are not
+counted in bytes moved; their collectives' calls are.
 
 The all-gather dispatcher (MoEAllGatherTokenDispatcher) instead all-gathers every token of
 the EP x ETP group and reduce-scatters the output. The `deepep` and `hybridep` dispatchers
@@ -59,7 +73,7 @@ recipe's multiple of rows and unpadded after (quantization_padding).
 
 Memory: each operator keeps what its backward pass reads (the router's input and fp32
 scores, the gathered rows entering fc1, the activation's input, fc2's input, the routed copies
-the un-permutation weights), and one layer's send, receive and ETP-gathered buffers are alive
+the un-permutation weights before 0.13), and one layer's send, receive and ETP-gathered buffers are alive
 at once (moe_buffer_bytes). Full recomputation re-runs the layer, dispatch included; Megatron's
 selective recompute modules (moe, moe_act, shared_experts, layernorm) are recompute.py's.
 
@@ -115,6 +129,9 @@ class MoEOptions:
     # torchtitan's op-level AC saves the all-to-all outputs (its DeepSeek-V3 and Llama 4 save
     # lists name all_to_all_single, Qwen3's does not: titanmoe.py)
     op_sac_saves_all_to_all: bool = True
+    # Megatron-Core 0.13 on: the probabilities scale the experts' activation, not their outputs
+    # in the un-permutation (module docstring)
+    probs_in_experts: bool = True
 
     @property
     def busiest_rows(self) -> float:
@@ -140,8 +157,7 @@ class MoEOptions:
 
     def balanced(self) -> "MoEOptions":
         """The same options with balanced routing: the busiest rank is the mean one."""
-        return MoEOptions(self.dispatcher, self.capacity_factor, self.pad_to_capacity, 1.0, framework=self.framework,
-                          probs_on_input=self.probs_on_input)
+        return replace(self, load_imbalance=1.0)
 
 
 @dataclass(frozen=True)
@@ -315,6 +331,11 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
     # SequentialMLP concatenates its experts' outputs (torch.cat: read and written once; its
     # backward only slices); with one local expert it returns that expert's output
     cat = [] if o.grouped_gemm else [Op("moe_expert_cat", MEMORY, fwd_bytes=sort * 2 * a * rows * h)]
+    # From Megatron-Core 0.13 the probabilities scale the activation: in SwiGLU's fused kernel, or
+    # by a multiply after any other activation, which keeps the activation's output
+    weighted = o.probs_in_experts
+    scale = [] if not weighted or model.activation == "swiglu" else \
+        [replace(_elementwise("expert_probs_scale", run * f, 2 * a, a * run * f), launches=per_expert)]
     ops = [
         _linear("router", tokens, h, e, a, a * tokens * h),
         # fp32 scores: softmax and top-k; the scores are kept for the backward pass
@@ -325,13 +346,15 @@ def moe_mlp_ops(model, shard, experts: ExpertShard) -> list:
         grouped("expert_fc1", h, (2 if gated else 1) * f, a * run * h, (f, f) if gated else None),
         replace(_elementwise("expert_" + model.activation, run * f, (3 if gated else 2) * a,
                              (2 if gated else 1) * a * run * f), launches=per_expert),
+        *scale,
         grouped("expert_fc2", f, h, a * run * f),
         *cat,
         _elementwise("moe_unsort_chunks", sort * rows * h, 2 * a, 0.0),
-        # weighted sum over the top-k copies: reads them and the probabilities, keeps the
-        # copies for the probabilities' gradient
-        Op("moe_unpermute", MEMORY, fwd_bytes=a * (sent + tokens) * h, bwd_input_bytes=2 * a * (sent + tokens) * h,
-           saved_bytes=a * sent * h),
+        # sum over the top-k copies; before Megatron-Core 0.13 weighted by the probabilities,
+        # keeping the copies for their gradient, whose backward reads them again
+        Op("moe_unpermute", MEMORY, fwd_bytes=a * (sent + tokens) * h,
+           bwd_input_bytes=(1 if weighted else 2) * a * (sent + tokens) * h,
+           saved_bytes=0.0 if weighted else a * sent * h),
     ]
     if model.shared_experts:
         shared = mlp_ops(model, shard, model.shared_experts * model.shared_expert_ffn_hidden, "shared_")
@@ -405,7 +428,9 @@ def dispatch_comm_s(model, shard, experts: ExpertShard, groups, cluster):
     backward: the backward of an all-to-all is an all-to-all, of an all-gather a
     reduce-scatter). All-to-all dispatcher: two all-to-alls over EP of the k·T rows each
     rank sends (2·k·T·h·bytes·(ep-1)/ep leave it per pass, balanced), an all-gather and a
-    reduce-scatter over ETP of the received rows. All-gather dispatcher: an all-gather and a
+    reduce-scatter over ETP of the received rows; from Megatron-Core 0.13 (probs_in_experts) the
+    rows' probabilities too, an all-to-all over EP and an all-gather (backward: a reduce-scatter)
+    over ETP, one value a row. All-gather dispatcher: an all-gather and a
     reduce-scatter over EP x ETP of every token's hidden state. DeepEP, Hybrid-EP: deepep.comm_s."""
     a, h = shard.act_bytes, model.hidden
     tokens = shard.replicated_tokens
@@ -420,10 +445,14 @@ def dispatch_comm_s(model, shard, experts: ExpertShard, groups, cluster):
         from .titanmoe import reordered_tokens
         rows = dispatched_rows(model, reordered_tokens(shard, experts), experts)
         return 2 * all_to_all_time(a * h * rows, groups.ep, cluster)
-    sent = a * h * dispatched_rows(model, tokens, experts)
+    rows = dispatched_rows(model, tokens, experts)
+    sent = a * h * rows
     gathered = experts.etp * sent
     etp = collective_time("all_gather", gathered, groups.etp, cluster) + \
         collective_time("reduce_scatter", gathered, groups.etp, cluster)
+    if o.probs_in_experts:  # the probabilities' all-to-all and ETP all-gather (reduce-scatter backward)
+        etp = etp + all_to_all_time(a * rows, groups.ep, cluster) + \
+            collective_time("all_gather", experts.etp * a * rows, groups.etp, cluster)
     return 2 * all_to_all_time(sent, groups.ep, cluster) + etp
 
 
@@ -460,8 +489,11 @@ def dispatch_host_calls(experts: ExpertShard) -> tuple:
     per-expert counts all-gathered over expert TP x EP (_gather_along_first_dim_moe; its TP
     was the expert TP then), the all-to-alls out and back over EP (tensor_parallel.all_to_all
     returns its input in a group of one), the all-gather and reduce-scatter over expert TP;
-    backward, the last four. It waits once (cuda_sync_point before_permutation_1, before_ep_alltoall or
-    before_finish: the split sizes as host lists), except when it pads every expert to capacity
+    backward, the last four; from Megatron-Core 0.13 (probs_in_experts) the probabilities' all-to-all
+    and expert-TP all-gather beside the tokens' (@d98e8a64dd token_dispatch, dispatch_postprocess),
+    their backward's all-to-all and reduce-scatter. It waits once (cuda_sync_point
+    before_permutation_1, before_ep_alltoall or before_finish: the split sizes as host lists),
+    except when it pads every expert to capacity
     (drop_and_pad: no_sync). All-gather dispatcher (MoEAllGatherTokenDispatcher, same file):
     the routing indices, their probabilities and the tokens all-gathered over EP x ETP and the
     output reduce-scattered; backward, a reduce-scatter for each of the two with gradients and
@@ -484,7 +516,7 @@ def dispatch_host_calls(experts: ExpertShard) -> tuple:
         return 4 * group, 3 * group, 1
     if o.framework == "torchtitan":
         return 3 * (ep > 1), 2 * (ep > 1), (ep > 1) + (not o.grouped_gemm)
-    pair = 2 * (ep > 1) + 2 * (etp > 1)
+    pair = (3 if o.probs_in_experts else 2) * ((ep > 1) + (etp > 1))
     return ((ep * etp) > 1) + pair, pair, 0 if o.capacity_factor is not None and o.pad_to_capacity else 1
 
 

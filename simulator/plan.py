@@ -347,6 +347,7 @@ def _moe_options(data) -> MoEOptions:
     if pad and capacity is None:
         raise InputError("plan.moe.pad_to_capacity", True, "needs a capacity_factor (Megatron-Core "
                          "--moe-pad-expert-input-to-capacity)")
+    framework = F.choice(data, "framework", "plan.moe", FRAMEWORKS, "megatron-core")
     return MoEOptions(
         dispatcher=F.choice(data, "dispatcher", "plan.moe", DISPATCHERS, "alltoall"),
         capacity_factor=capacity, pad_to_capacity=pad,
@@ -358,9 +359,11 @@ def _moe_options(data) -> MoEOptions:
         grouped_gemm=F.boolean(data, "grouped_gemm", "plan.moe", True),
         router_padding=F.boolean(data, "router_padding", "plan.moe", False),
         dispatcher_sms=F.integer(data, "dispatcher_sms", "plan.moe", None, maximum=100_000),
-        framework=F.choice(data, "framework", "plan.moe", FRAMEWORKS, "megatron-core"),
+        framework=framework,
         probs_on_input=F.boolean(data, "probs_on_input", "plan.moe", False),
-        op_sac_saves_all_to_all=F.boolean(data, "op_sac_saves_all_to_all", "plan.moe", True))
+        op_sac_saves_all_to_all=F.boolean(data, "op_sac_saves_all_to_all", "plan.moe", True),
+        # Megatron-Core 0.13 on (moe.py); torchtitan weights the experts' outputs or inputs
+        probs_in_experts=F.boolean(data, "probs_in_experts", "plan.moe", framework == "megatron-core"))
 
 
 def _loss(data) -> dict:

@@ -189,7 +189,10 @@ def _module(model, ops, module: str) -> _Module:
         return _Module(mlp, [op for op in mlp if op.name != "router"], ("shared",) if model.shared_experts else (),
                        ep=True)
     if module == "moe_act" and moe_layer:
-        return _Module(_with_casts(ops, ("expert_" + model.activation,)), [byname["expert_fc2"]])
+        # from Megatron-Core 0.13 the probabilities' multiply after a non-SwiGLU activation is in
+        # the checkpointed function (experts.py bias_act_func): re-run, and its saved output dropped
+        scale = [byname[n] for n in ("expert_probs_scale",) if n in byname]
+        return _Module(_with_casts(ops, ("expert_" + model.activation,)) + scale, [byname["expert_fc2"], *scale])
     if module == "shared_experts" and moe_layer and model.shared_experts:
         shared = [op for op in ops if op.group == SHARED_EXPERTS]
         return _Module(shared, shared, ("shared",))

@@ -227,6 +227,8 @@ def check_plan(plan, model) -> None:
          "false (a Megatron-Core option)"),
         ("plan.moe.ep_comm_overlap", o.ep_comm_overlap, o.ep_comm_overlap, "false (a Megatron-Core option)"),
         ("plan.moe.folding", o.folding, not o.folding, "true: torchtitan folds EP into the FSDP, CP and TP ranks"),
+        ("plan.moe.probs_in_experts", o.probs_in_experts, o.probs_in_experts,
+         "false: torchtitan weights the experts' outputs (or, with probs_on_input, their input rows)"),
         ("plan.projections", plan.projections, plan.projections != "separate",
          "separate: torchtitan's w1 and w3 (and wq, wk, wv) are GEMMs of their own"),
         ("plan.precision", plan.precision, plan.precision != "bf16" and (o.grouped_gemm or plan.precision != "fp32"),

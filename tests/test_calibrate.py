@@ -349,14 +349,17 @@ def test_the_validation_models_experts_are_the_simulators_parameters():
     assert param_count(build_model(cfg)) == model_from_dict(cfg.model_fields()).params()
 
 
-def test_the_validation_models_moe_layer_sums_each_tokens_top_k_experts_by_their_gates():
+@pytest.mark.parametrize("probs_in_experts", [False, True])
+def test_the_validation_models_moe_layer_sums_each_tokens_top_k_experts_by_their_gates(probs_in_experts):
     """Against a token-by-token loop: each token's output is the sum over its k highest-scoring
-    experts of softmax(their logits) x expert(token)."""
+    experts of softmax(their logits) x expert(token); with Megatron-Core 0.13's placement the
+    gate scales the GELU's output inside the expert, before its second linear (and its bias)."""
     from torch.nn import functional as F
 
     from simulator.calibrate.torch_model import GPTConfig, build_model
 
-    moe = build_model(GPTConfig(layers=1, hidden=32, heads=2, vocab=64, seq_len=16, experts=4, top_k=2)).blocks[0].moe
+    moe = build_model(GPTConfig(layers=1, hidden=32, heads=2, vocab=64, seq_len=16, experts=4, top_k=2,
+                                probs_in_experts=probs_in_experts)).blocks[0].moe
     x = torch.randn(2, 16, 32)
     with torch.no_grad():
         out = moe(x).reshape(-1, 32)
@@ -364,7 +367,10 @@ def test_the_validation_models_moe_layer_sums_each_tokens_top_k_experts_by_their
             logits = moe.router(token)
             top, chosen = torch.topk(logits, 2)
             gates = torch.softmax(top, dim=-1)
-            expected = sum(g * moe.down[e](F.gelu(moe.up[e](token))) for g, e in zip(gates, chosen.tolist()))
+            if probs_in_experts:
+                expected = sum(moe.down[e](g * F.gelu(moe.up[e](token))) for g, e in zip(gates, chosen.tolist()))
+            else:
+                expected = sum(g * moe.down[e](F.gelu(moe.up[e](token))) for g, e in zip(gates, chosen.tolist()))
             assert torch.allclose(out[i], expected, atol=1e-5)
 
 

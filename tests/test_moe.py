@@ -40,7 +40,9 @@ def test_all_to_all_across_nodes_is_bound_by_the_share_leaving_the_node(dgx_a100
     assert float(all_to_all_time(size, Placement(16, 8, 2), cluster)) == pytest.approx(expected, rel=1e-12)
 
 
-def test_dispatch_moves_2_top_k_tokens_hidden_bytes_per_layer_and_pass():
+@pytest.mark.parametrize("probs_in_experts", [False, True])
+def test_dispatch_moves_2_top_k_tokens_hidden_bytes_per_layer_and_pass(probs_in_experts):
+    """From Megatron-Core 0.13 the probabilities follow the tokens in an all-to-all of their own."""
     s = _scenario(MIXTRAL, ep=8)
     layout = compile_scenario(s)
     up = s.cluster.node.scaleup
@@ -49,11 +51,15 @@ def test_dispatch_moves_2_top_k_tokens_hidden_bytes_per_layer_and_pass():
     leaving = 2 * 2 * 4096 * 4096 * 2 * 7 / 8
     assert leaving == 117_440_512
     expected = leaving / (up.bytes_per_s * up.efficiency) + 2 * 7 * up.latency_s
-    got = dispatch_comm_s(s.model, layout.shard, ExpertShard(8, 1), layout.groups, s.cluster)
+    if probs_in_experts:  # one bf16 probability per row: 2 * 4096 rows * 2 bytes * 7/8, in 7 steps
+        expected += 2 * 4096 * 2 * 7 / 8 / (up.bytes_per_s * up.efficiency) + 7 * up.latency_s
+    experts = ExpertShard(8, 1, MoEOptions(probs_in_experts=probs_in_experts))
+    got = dispatch_comm_s(s.model, layout.shard, experts, layout.groups, s.cluster)
     assert float(got) == pytest.approx(expected, rel=1e-12)
 
 
-def test_expert_tensor_parallel_gathers_the_received_rows_over_etp():
+@pytest.mark.parametrize("probs_in_experts", [False, True])
+def test_expert_tensor_parallel_gathers_the_received_rows_over_etp(probs_in_experts):
     s = _scenario(MIXTRAL, tp=2, sequence_parallel=True, ep=4, etp=2)
     layout = compile_scenario(s)
     up = s.cluster.node.scaleup
@@ -62,8 +68,12 @@ def test_expert_tensor_parallel_gathers_the_received_rows_over_etp():
     sent = rows * 4096 * 2
     a2a = 3 * up.latency_s + 3 / 4 * sent / bus
     gather = up.latency_s + 1 / 2 * (2 * sent) / bus  # ring all-gather of 2 x the rows over 2 ranks
-    got = dispatch_comm_s(s.model, layout.shard, ExpertShard(4, 2), layout.groups, s.cluster)
-    assert float(got) == pytest.approx(2 * a2a + 2 * gather, rel=1e-12)
+    expected = 2 * a2a + 2 * gather
+    if probs_in_experts:  # the rows' bf16 probabilities: an all-to-all over EP, an all-gather over ETP
+        expected += 3 * up.latency_s + 3 / 4 * rows * 2 / bus + up.latency_s + 1 / 2 * (2 * rows * 2) / bus
+    experts = ExpertShard(4, 2, MoEOptions(probs_in_experts=probs_in_experts))
+    got = dispatch_comm_s(s.model, layout.shard, experts, layout.groups, s.cluster)
+    assert float(got) == pytest.approx(expected, rel=1e-12)
 
 
 def test_dispatched_rows_follow_capacity_padding_and_imbalance():
@@ -97,6 +107,28 @@ def test_the_pre_mlp_norm_output_the_router_and_the_shared_experts_read_is_kept_
     assert (ops["router"].saved_bytes, ops["shared_mlp_gate_up"].saved_bytes) == (2 * 4096 * 2048, 0.0)
     fp8 = {op.name: op for op in layer_operators(model, shard, Plan(precision="fp8"), experts)}
     assert fp8["shared_mlp_gate_up"].saved_bytes == 1 * 4096 * 2048
+
+
+@pytest.mark.parametrize("activation,kept_by_the_scale", [("swiglu", 0), ("gelu", 14336)])
+def test_from_megatron_core_0_13_the_un_permutation_keeps_no_copies_of_the_expert_outputs(activation,
+                                                                                           kept_by_the_scale):
+    """Mixtral's MoE layer, one 4096-token sequence on one device (all 8 experts, top-2: 8192
+    routed rows of hidden 4096, experts 14336 wide), bf16. Before Megatron-Core 0.13 the
+    un-permutation weights the expert outputs and keeps them for the probabilities' gradient,
+    2 B x 8192 x 4096; from 0.13 the probabilities scale the activation: SwiGLU's fused kernel
+    keeps nothing more, a multiply after GELU keeps its output, 2 B x 8192 x 14336."""
+    from dataclasses import replace
+
+    from simulator.model import model_from_dict
+
+    model = replace(model_from_dict(MIXTRAL), activation=activation)
+    shard = Shard(micro_batch=1, seq_len=4096)
+
+    def kept(probs_in_experts):
+        ops = layer_ops(model, shard, ExpertShard(options=MoEOptions(probs_in_experts=probs_in_experts)))
+        return sum(op.saved_bytes for op in ops)
+
+    assert kept(False) - kept(True) == 2 * 8192 * 4096 - 2 * 8192 * kept_by_the_scale
 
 
 def test_mixtral_executes_megatron_cores_flops_per_token_plus_the_router():
@@ -217,11 +249,18 @@ def test_a_dispatcher_padding_every_expert_to_capacity_never_waits():
             evaluate(_one_gpu(1e-6, **padded), engine).step_time_s
 
 
+MCORE_0_9 = MoEOptions(probs_in_experts=False)
+
+
 @pytest.mark.parametrize("ep,etp,options,calls", [
-    (8, 1, MoEOptions(), (1 + 2, 2, 1)),
-    (4, 2, MoEOptions(), (1 + 2 + 2, 2 + 2, 1)),
+    (8, 1, MCORE_0_9, (1 + 2, 2, 1)),
+    (4, 2, MCORE_0_9, (1 + 2 + 2, 2 + 2, 1)),
+    (1, 1, MCORE_0_9, (0, 0, 1)),
+    (8, 1, MoEOptions(probs_in_experts=False, capacity_factor=1.0, pad_to_capacity=True), (3, 2, 0)),
+    (8, 1, MoEOptions(), (1 + 3, 3, 1)),
+    (4, 2, MoEOptions(), (1 + 3 + 3, 3 + 3, 1)),
     (1, 1, MoEOptions(), (0, 0, 1)),
-    (8, 1, MoEOptions(capacity_factor=1.0, pad_to_capacity=True), (3, 2, 0)),
+    (8, 1, MoEOptions(capacity_factor=1.0, pad_to_capacity=True), (4, 3, 0)),
     (8, 1, MoEOptions(dispatcher="allgather"), (3 + 1, 2 + 1, 1)),
     (8, 1, MoEOptions(dispatcher="deepep"), (2, 2, 1)),
     (8, 1, MoEOptions(framework="torchtitan"), (3, 2, 1)),
@@ -230,7 +269,8 @@ def test_a_dispatcher_padding_every_expert_to_capacity_never_waits():
 def test_the_host_launches_the_dispatchs_collectives_and_waits_as_the_framework_does(ep, etp, options, calls):
     """(forward calls, backward calls, forward waits), read from the frameworks' dispatchers:
     Megatron-Core's all-to-all one counts' all-gather, the all-to-alls out and back over EP and
-    the all-gather and reduce-scatter over expert TP, waiting once unless padded to capacity;
+    the all-gather and reduce-scatter over expert TP, waiting once unless padded to capacity,
+    and from 0.13 one more of each for the probabilities, each way;
     its all-gather dispatcher gathers indices, probabilities and tokens and reduce-scatters the
     output (backward: the two with gradients and the output); DeepEP a fused dispatch and combine;
     torchtitan the counts' all-to-all and the rows' two, waiting on their splits with EP and on

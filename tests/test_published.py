@@ -192,7 +192,7 @@ def test_moe_runs_are_their_own_sources(runs):
     grok = moe["dgxc2411-h100-grok1-314b-bf16-512gpu"].scenario
     assert (grok["plan"]["ep"], grok["plan"]["etp"], grok["model"]["experts"]) == (8, 4, 8)
     assert grok["plan"]["moe"] == {"dispatcher": "alltoall", "capacity_factor": 1.0, "pad_to_capacity": True,
-                                   "folding": False, "grouped_gemm": False}
+                                   "folding": False, "grouped_gemm": False, "probs_in_experts": False}
 
 
 def test_every_run_is_predicted_or_has_a_named_reason(runs):

@@ -184,6 +184,23 @@ def test_moe_act_drops_the_second_expert_gemms_input():
     assert [op.name for op in act.rerun] == ["expert_swiglu"]
 
 
+def test_moe_act_reruns_the_probabilities_multiply_after_a_gelu_and_drops_its_output():
+    """Megatron-Core 0.13's bias_act_func multiplies a GELU's output by the probabilities inside
+    the checkpointed function: both the second GEMM's input and the GELU output the multiply
+    keeps (each 2 B x rows x 2048) go, and the multiply runs again."""
+    from dataclasses import replace
+
+    from simulator.model import model_from_dict
+    from simulator.moe import ExpertShard, MoEOptions
+    model = replace(model_from_dict(DEEPSEEK), activation="gelu")
+    experts, shard = ExpertShard(8, 1, MoEOptions()), Shard(micro_batch=1, seq_len=4096, tp=2, sp=True)
+    ops = modules(model=model, experts=experts, s=shard)[1]
+    act, _ = modules("moe_act", model=model, experts=experts, s=shard)
+    fc2 = next(op for op in ops if op.name == "expert_fc2")
+    assert sum(op.saved_bytes for op in ops) - act.saved_bytes == pytest.approx(2 * 2 * fc2.linear.tokens * 2048)
+    assert [op.name for op in act.rerun] == ["expert_gelu", "expert_probs_scale"]
+
+
 def test_the_moe_module_keeps_the_router_input_and_reruns_the_dispatch():
     ops = deepseek_modules()[1]
     moe, _ = deepseek_modules("moe")

@@ -132,10 +132,18 @@ def test_op_level_ac_keeps_less_than_none_and_more_than_full():
     ("plan.moe.capacity_factor", 1.0, {"moe": {"framework": "torchtitan", "capacity_factor": 1.0}}),
     ("plan.precision", "fp8", {"precision": "fp8"}),
     ("plan.recompute", "selective", {"recompute": "selective"}),
+    ("plan.moe.probs_in_experts", True, {"moe": {"framework": "torchtitan", "probs_in_experts": True}}),
 ])
 def test_what_torchtitans_layer_does_not_run_is_refused_by_field(field, value, plan):
     with pytest.raises(InputError, match=field.replace(".", r"\.")):
         scenario_from_dict(_scenario(**plan))
+
+
+def test_the_probabilities_scale_the_experts_activation_by_default_in_megatron_core_only():
+    """Megatron-Core 0.13 on is the default; torchtitan weights the experts' outputs."""
+    titan, mcore = (scenario_from_dict(_scenario(moe={"framework": f})).plan.moe.probs_in_experts
+                    for f in ("torchtitan", "megatron-core"))
+    assert (titan, mcore) == (False, True)
 
 
 def test_scaling_before_the_experts_is_refused_for_megatron_cores_layer():

@@ -61,13 +61,16 @@ class GPTConfig:
     experts: int = 0  # an MoE MLP of this many experts, each 4h wide, top_k of them per token (0: dense)
     top_k: int = 2
     moe_layer: str = "megatron-core"  # or torchtitan (plan.moe.framework)
+    # Megatron-Core 0.13 on: the probabilities scale the GELU's output, the un-permutation only
+    # sums (plan.moe.probs_in_experts); before, it weights the expert outputs
+    probs_in_experts: bool = False
 
     def model_fields(self) -> dict:
         """The scenario `model` section describing this network to the simulator."""
         fields = {"name": "torch-gpt", **asdict(self), "kv_heads": self.heads, "ffn_hidden": 4 * self.hidden,
                   "activation": "gelu", "norm": "layernorm", "position_embedding": "learned", "bias": True,
                   "tied_embeddings": True, "dropout": False}
-        del fields["moe_layer"]
+        del fields["moe_layer"], fields["probs_in_experts"]
         if self.experts:
             fields["expert_ffn_hidden"] = 4 * self.hidden
             if self.moe_layer == "torchtitan":  # SwiGLU experts (every layer's MLP is MoE), no biases
@@ -123,12 +126,17 @@ def build_model(cfg: GPTConfig, recompute: str = "none", device="cpu"):
             aux = (scores.sum(0) * counts).sum() * (e * 0.01 / (b * s * b * s * k))
             split = counts.tolist()
             rows = torch.cat(t.index_select(0, tokens).split(split))
-            out = torch.cat([down(F.gelu(up(r))) for up, down, r in zip(self.up, self.down, rows.split(split))])
+            probs = gates.flatten()[order].unsqueeze(-1)  # each row's probability, in the rows' order
+            if cfg.probs_in_experts:  # the activation scaled (experts.py bias_act_func, mlp.py per_token_scale)
+                out = torch.cat([down(F.gelu(up(r)) * p) for up, down, r, p in
+                                 zip(self.up, self.down, rows.split(split), probs.split(split))])
+            else:
+                out = torch.cat([down(F.gelu(up(r))) for up, down, r in zip(self.up, self.down, rows.split(split))])
             out = torch.cat(out.split(split))
             # scatter_add as moe_utils.unpermute runs it: its backward keeps the (expanded) index,
             # where index_add's would keep the weighted rows
             y = torch.zeros_like(t).scatter_add(0, tokens.unsqueeze(1).expand(-1, h),
-                                                out * gates.flatten()[order].unsqueeze(-1))
+                                                out if cfg.probs_in_experts else out * probs)
             return AttachAuxLoss.apply(y.reshape(b, s, h), aux)
 
     titan = bool(cfg.experts) and cfg.moe_layer == "torchtitan"

@@ -60,6 +60,7 @@ class RunConfig:
     experts: int = 0
     top_k: int = 2
     moe_layer: str = "megatron-core"
+    probs_in_experts: bool = False  # Megatron-Core 0.13's placement of the probabilities (plan.moe)
     optimizer: str = "adam"  # or muon: Megatron-Core's (trainer.MegatronMuon; plan.optimizer)
 
     @property
@@ -104,6 +105,8 @@ def _grid() -> list[RunConfig]:
         # Megatron-Core's MoE layer, 8 experts of 4h, top-2: twice the dense MLP's FLOPs in 8 pieces
         C("l4-h256-s256-b2-moe8k2", 4, 256, 8, 256, 2, experts=8),
         C("l4-h256-s256-b2-moe8k2-full", 4, 256, 8, 256, 2, experts=8, recompute="full"),
+        # the same with Megatron-Core 0.13's placement: the probabilities scale the GELU's output
+        C("l4-h256-s256-b2-moe8k2-probs", 4, 256, 8, 256, 2, experts=8, probs_in_experts=True),
         # torchtitan's MoE layer (its for-loop experts, eager): the glue around the experts
         C("l4-h256-s256-b2-titanmoe8k2", 4, 256, 8, 256, 2, experts=8, moe_layer="torchtitan"),
         C("l4-h256-s256-b2-titanmoe8k2-full", 4, 256, 8, 256, 2, experts=8, moe_layer="torchtitan", recompute="full"),
@@ -261,7 +264,8 @@ def scenario_dict(rc: RunConfig, node: str) -> dict:
                  "optimizer": rc.optimizer,
                  # one GEMM per expert in turn (Megatron-Core's SequentialMLP, torchtitan's for-loop
                  # experts): no grouped GEMM on CPUs
-                 **({"moe": {"grouped_gemm": False, "framework": rc.moe_layer}} if rc.experts else {}),
+                 **({"moe": {"grouped_gemm": False, "framework": rc.moe_layer,
+                             "probs_in_experts": rc.probs_in_experts}} if rc.experts else {}),
                  # torchtitan's layer as the torch model runs it: eager, separate projections
                  **({"compile": False, "projections": "separate"} if rc.moe_layer == "torchtitan" else {})},
     }

@@ -97,6 +97,9 @@ def read_moe(a: Account, key: Callable[[str], str], number: Callable, layers: in
                  "--set plan.moe.folding=false")
     dispatcher = _dispatcher(a, key)
     a.map(key("moe_token_dispatcher_type"), "plan.moe.dispatcher", dispatcher)
+    a.absent("Megatron-Core release", "taken as 0.13 or later, whose experts' activation takes the router's "
+             "probabilities and whose un-permutation keeps no copies of the expert outputs (moe.py); before "
+             "0.13: --set plan.moe.probs_in_experts=false")
     a.used(key("moe_flex_dispatcher_backend"), key("moe_enable_deepep"))
     if dispatcher in DEEPEP_BACKENDS:  # its SMs: moe_flex_dispatcher_num_sms, else the backend's own (deprecated) knob
         for sms_key in (key("moe_flex_dispatcher_num_sms"), key(f"moe_{dispatcher}_num_sms")):
