@@ -214,7 +214,8 @@ class MixedStage:
 def _rerun(model, shard, plan, cluster, ops, tp_blocks: dict, tp_fwd_s, experts=None) -> tuple:
     """(checkpoint, forward seconds of what recomputation re-runs, fraction of the forward TP
     seconds `tp_fwd_s` it runs again) of one layer kind (recompute.py; `experts`: an MoE layer's)."""
-    checkpoint = layer_checkpoint(model, shard, plan.recompute, ops, plan.recompute_modules, experts)
+    checkpoint = layer_checkpoint(model, shard, plan.recompute, ops, plan.recompute_modules, experts,
+                                  plan.recompute_early_stop)
     return (checkpoint, ops_time(list(checkpoint.rerun), cluster, compute_precision(plan)).fwd_s,
             tp_rerun_fraction(checkpoint, tp_blocks, tp_fwd_s))
 

@@ -163,7 +163,8 @@ def _dense_layer(model, cluster, plan, shard, g, precision, split=False) -> Dens
         tp_s, layer_t = overlapped_tp_s(model, shard, g, cluster, plan, layer, layer_t, tp_s)
     cp_s = cpattention.exposed_s(model, shard, g, cluster, plan.cp_attention, layer_t.attention_fwd_s,
                                  layer_t.attention_bwd_s)
-    checkpoint = layer_checkpoint(model, shard, plan.recompute, layer, plan.recompute_modules)
+    checkpoint = layer_checkpoint(model, shard, plan.recompute, layer, plan.recompute_modules,
+                                  early_stop=plan.recompute_early_stop)
     # the MLP's TP collectives are half the layer's (tp_layer_comm_s)
     tp_rerun = tp_rerun_fraction(checkpoint, {"mlp": 0.5}, 1.0)
     # eager frameworks' launches (hostbound.py)
@@ -363,12 +364,13 @@ def compile_layout(model, cluster, plan) -> Layout:
     if not mixed:
         one = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=plan.flash_attention)
         rerun_per_layer = rerun_flops(layer_checkpoint(model, one, plan.recompute, layer_ops(model, one),
-                                                       plan.recompute_modules))
+                                                       plan.recompute_modules, early_stop=plan.recompute_early_stop))
         hw_flops = (executed_flops_per_sequence(model, plan.flash_attention, "none", plan.moe, plan.loss)
                     + total_rerun_layers * rerun_per_layer) * plan.global_batch
     else:
         hw_flops = executed_flops_per_sequence(model, plan.flash_attention, plan.recompute, plan.moe,
-                                               plan.loss, plan.recompute_modules) * plan.global_batch
+                                               plan.loss, plan.recompute_modules,
+                                               plan.recompute_early_stop) * plan.global_batch
         # every device of a stage pads each of its MoE layers' experts every micro-batch
         _, moe_layers = mtp.with_depths(model, 0, model.moe_layers, model.mtp_layers)
         hw_flops += padding_flops_per_micro_batch(base, model, shard, plan) * moe_layers * m * plan.tp * plan.cp * plan.dp

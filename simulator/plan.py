@@ -122,6 +122,12 @@ class Plan:
     # layers (uniform) or only the first `recompute_num_layers` layers of each chunk (block).
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
+    # The framework's checkpoints are torch.utils.checkpoint without reentrance (torchtitan's
+    # checkpoint_wrapper; torch.compile's partitioner alike): under full recomputation a layer's
+    # forward re-runs only until everything its backward reads is rebuilt
+    # (recompute.early_stop_rerun). False: Megatron-LM's, TransformerEngine's and DeepSpeed's
+    # reentrant checkpoints re-run it whole.
+    recompute_early_stop: bool = False
     # Megatron-Core's selective recompute modules (--recompute-modules; recompute.py MODULES),
     # with recompute: selective; core attention alone by default, as Megatron-Core's.
     recompute_modules: tuple = ("core_attn",)
@@ -312,6 +318,7 @@ def _settings(data) -> dict:
         pipeline_split=F.choice(data, "pipeline_split", "plan", PIPELINE_SPLITS, "even"),
         recompute_method=F.choice(data, "recompute_method", "plan", RECOMPUTE_METHODS, "uniform"),
         recompute_num_layers=F.integer(data, "recompute_num_layers", "plan", 1, maximum=100_000),
+        recompute_early_stop=F.boolean(data, "recompute_early_stop", "plan", False),
         recompute_modules=_recompute_modules(data.get("recompute_modules")),
         fp8_recipe=F.choice(data, "fp8_recipe", "plan", FP8_RECIPES, "delayed"),
         fp8_params=F.boolean(data, "fp8_params", "plan", False),
@@ -627,6 +634,17 @@ def check_options(plan: Plan) -> None:
         raise InputError("plan.recompute_method", plan.recompute_method, "only with recompute: full")
     if plan.recompute_num_layers != 1 and plan.recompute != "full":
         raise InputError("plan.recompute_num_layers", plan.recompute_num_layers, "only with recompute: full")
+    if plan.recompute_early_stop and plan.recompute == "selective":
+        raise InputError("plan.recompute_early_stop", True, "not with recompute: selective (Megatron-Core's modules "
+                         "are its own checkpoints); with full, or op-selective, whose policy says what re-runs")
+    if plan.recompute_early_stop and plan.recompute == "full" and plan.recompute_num_layers != 1:
+        raise InputError("plan.recompute_early_stop", True, "with recompute_num_layers 1 only (a checkpoint a "
+                         "layer, as torchtitan wraps each block)")
+    if plan.recompute_early_stop and plan.recompute == "full" and not plan.compile and \
+            plan.precision in LOW_PRECISIONS:
+        raise InputError("plan.recompute_early_stop", True, f"not with {plan.precision} linears run eagerly "
+                         "(compile: false): torchao's low-precision linear is an autograd Function that keeps its "
+                         "tensors after its GEMM has run, which is not modelled")
     if plan.recompute_modules != ("core_attn",) and plan.recompute != "selective":
         raise InputError("plan.recompute_modules", list(plan.recompute_modules), "only with recompute: selective")
     if plan.attention_kernel != "fused" and not plan.flash_attention:

@@ -37,6 +37,12 @@ Modes (`plan.recompute`), per transformer layer of one micro-batch on one device
   first N layers of each chunk are checkpointed (one at a time), the others keep
   everything. uniform with N = 1 is torchtitan's full AC as well (ptd_checkpoint_wrapper
   around every block, torchtitan@9dec370 torchtitan/parallelisms/parallelize_llama.py).
+  Megatron's CheckpointFunction (tensor_parallel/random.py), TransformerEngine's and
+  DeepSpeed's checkpoints are reentrant and re-run the layer's forward whole. torchtitan's
+  wrapper is torch.utils.checkpoint without reentrance, which stops re-running as soon as
+  every tensor the backward reads is rebuilt (early_stop, its default: torch 2.13
+  torch/utils/checkpoint.py _StopRecomputationError), and compiled, the partitioner re-runs
+  only what the backward reads: `plan.recompute_early_stop` (early_stop_rerun).
 - `op-selective`: torchtitan's op-level selective AC (selective_ac_option = 'op', the
   default of its 8B configs): per block a checkpoint policy saves the outputs of the ops in
   its save list, aten.mm except every second one, the SDPA flash/efficient kernels,
@@ -227,16 +233,51 @@ class LayerCheckpoint:
     ep_rerun: float = 0.0  # fraction of the MoE dispatch and combine run again
 
 
+def early_stop_rerun(model, shard: Shard, ops) -> tuple:
+    """(operators re-run, fraction of the layer's forward TP seconds re-run) of a layer whose
+    checkpoint stops once everything its backward reads is rebuilt (plan.recompute_early_stop).
+
+    The re-run ends with the last operator that keeps a tensor. An aten operator packs its
+    inputs for the backward before its kernel runs (autograd's generated VariableType code
+    saves them first), and the recomputation stops at the last pack, so a linear that keeps
+    only its input and is the last to keep anything (the MLP's down projection) does not run
+    again, nor what follows it: the residual add and, under TP, the MLP's output all-reduce or
+    reduce-scatter (half of the MLP's collectives with sequence parallelism, all of them
+    without; the MLP holds half the layer's, tp_layer_comm_s). The low-precision casts of that
+    linear's input run: they make the tensor it keeps. Measured with torch on a CPU
+    (benchmarks/bench_recompute_early_stop.py, docs/calibration/recompute-early-stop-cpu-epyc-
+    zen4.txt): under full recomputation the down projections' re-run calls add 1.3 ms of GEMM
+    time to their forward's 12.9, the other linears' their forward's time again; without early
+    stop the down projections' too (26.1 ms). Where the
+    last keeper is not that linear (post-norms after it, an MoE layer's weighting) the whole
+    forward up to it re-runs, collectives counted whole; a parallel block's shared output
+    collective is counted as re-run."""
+    keeps = [i for i, op in enumerate(ops) if np.any(np.asarray(op.saved_bytes) > 0)]
+    if not keeps:
+        return (), 0.0
+    last = ops[keeps[-1]]
+    if last.linear is None or is_cast(last):
+        return tuple(ops[:keeps[-1] + 1]), 1.0
+    rerun = tuple(ops[:keeps[-1]]) + tuple(
+        op for op in ops[keeps[-1] + 1:] if is_cast(op) and op.name.split(".")[0] == last.name)
+    if last.name != "mlp_down" or model.parallel_block:
+        return rerun, 1.0
+    skipped = 0.5 * np.where(shard.sp, 0.5, 1.0)
+    return rerun, 1.0 - (skipped if np.ndim(skipped) else float(skipped))
+
+
 def layer_checkpoint(model, shard: Shard, mode: str, ops, modules: tuple = ("core_attn",),
-                     experts=None) -> LayerCheckpoint:
+                     experts=None, early_stop: bool = False) -> LayerCheckpoint:
     """What a checkpointed layer keeps and re-runs (for `full`: one layer of a group;
     `modules`: what `selective` checkpoints; `experts`: an MoE layer's moe.ExpertShard, which
-    op-level AC of torchtitan's MoE layer needs)."""
+    op-level AC of torchtitan's MoE layer needs; `early_stop`: full recomputation stops once
+    the backward's tensors are rebuilt, early_stop_rerun)."""
     everything = sum(op.saved_bytes for op in ops)
     if mode == "none":
         return LayerCheckpoint(everything, (), 0.0, False, 0.0)
     if mode == "full":
-        return LayerCheckpoint(shard.act_bytes * shard.replicated_tokens * model.hidden, tuple(ops), 1.0, True,
+        rerun, tp_rerun = early_stop_rerun(model, shard, ops) if early_stop else (tuple(ops), 1.0)
+        return LayerCheckpoint(shard.act_bytes * shard.replicated_tokens * model.hidden, rerun, tp_rerun, True,
                                everything, ep_rerun=1.0)
     if mode == "selective":
         parts = [_module(model, ops, m) for m in modules]

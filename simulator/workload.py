@@ -513,7 +513,8 @@ def _mtp_flops(model: ModelSpec, shard: Shard, dense_layer_flops, moe_layer_flop
 
 @lru_cache(maxsize=256)
 def executed_flops_per_sequence(model: ModelSpec, flash_attention: bool, recompute: str, moe_options=None,
-                                loss: str = "unfused", recompute_modules: tuple = ("core_attn",)) -> float:
+                                loss: str = "unfused", recompute_modules: tuple = ("core_attn",),
+                                early_stop: bool = False) -> float:
     """FLOPs the kernels execute for one sequence's forward and backward passes, with the
     forward passes that full or selective recomputation repeats (recompute.py): what HFU
     counts; selective recomputation of core attention re-runs a flash kernel too (Megatron-LM
@@ -527,7 +528,8 @@ def executed_flops_per_sequence(model: ModelSpec, flash_attention: bool, recompu
     def executed(ops, experts=None):
         layer = sum(op.flops for op in ops)
         if recompute != "none":
-            layer += rerun_flops(layer_checkpoint(model, shard, recompute, ops, recompute_modules, experts))
+            layer += rerun_flops(layer_checkpoint(model, shard, recompute, ops, recompute_modules, experts,
+                                                  early_stop))
         return layer
 
     dense = executed(layer_ops(model, shard))

@@ -29,6 +29,60 @@ def checkpoint(mode, model=None, **kw):
     return layer_checkpoint(model, s, mode, layer_ops(model, s))
 
 
+def _early(model=None, **kw):
+    model = model or llama()
+    s = shard(**kw)
+    return layer_checkpoint(model, s, "full", layer_ops(model, s), early_stop=True), layer_ops(model, s)
+
+
+def test_a_non_reentrant_checkpoint_does_not_rerun_the_mlp_down_projection_or_what_follows():
+    """torch.utils.checkpoint(use_reentrant=False) stops once the last saved tensor, the down
+    projection's input, is packed (before its GEMM runs): the forward re-runs all but
+    2·T·F·H FLOPs of w2, and the residual add after it; the layer keeps its input alone."""
+    ck, ops = _early()
+    full = layer_checkpoint(llama(), shard(), "full", ops)
+    assert [op.name for op in ops if op not in ck.rerun] == ["mlp_down", "mlp_residual"]
+    assert rerun_flops(full) - rerun_flops(ck) == pytest.approx(2 * T * F * H)
+    assert (ck.saved_bytes, ck.rebuilt_bytes) == (full.saved_bytes, full.rebuilt_bytes)
+
+
+@pytest.mark.parametrize("sp,rerun", [(True, 0.75), (False, 0.5)])
+def test_a_non_reentrant_checkpoint_skips_the_mlps_output_collective(sp, rerun):
+    """Of the layer's forward TP collectives, half the MLP's: the reduce-scatter after w2 with
+    sequence parallelism (all-gather, reduce-scatter a block), its all-reduce without."""
+    ck, _ = _early(tp=8, sp=sp)
+    assert ck.tp_rerun == rerun
+
+
+def test_a_non_reentrant_checkpoint_reruns_the_down_projection_a_post_norm_reads():
+    """With an output norm after the MLP (OLMo 2), that norm keeps the down projection's output
+    and is the last to keep anything: everything but the residual add re-runs."""
+    from dataclasses import replace
+    ck, ops = _early(replace(llama(), post_norms=True))
+    assert [op.name for op in ops if op not in ck.rerun] == ["mlp_residual"] and ck.tp_rerun == 1.0
+
+
+def test_a_non_reentrant_checkpoint_casts_the_down_projections_input_for_fp8():
+    """Its FP8 input is what the down projection keeps: the cast runs, the GEMM does not."""
+    from simulator.layermix import layer_operators
+    s = shard()
+    ops = layer_operators(llama(), s, Plan(precision="fp8", fp8_recipe="tensorwise", recompute="full"))
+    ck = layer_checkpoint(llama(), s, "full", ops, early_stop=True)
+    assert {"mlp_down.fp8_cast"} <= {op.name for op in ck.rerun} and "mlp_down" not in {op.name for op in ck.rerun}
+
+
+@pytest.mark.parametrize("plan,why", [
+    ({"recompute": "selective"}, "Megatron-Core's modules"),
+    ({"recompute": "full", "recompute_num_layers": 2}, "recompute_num_layers 1"),
+    ({"recompute": "full", "precision": "fp8", "compile": False}, "autograd Function"),
+])
+def test_early_stop_is_refused_where_the_checkpoint_is_not_torchs_per_layer_one(plan, why):
+    from simulator.errors import InputError
+    with pytest.raises(InputError, match=why):
+        scenario_from_dict({"model": {"preset": "llama-3.1-8b"}, "cluster": {"node": "dgx-h100", "nodes": 1},
+                            "plan": {"tp": 1, "global_batch": 8, "recompute_early_stop": True, **plan}})
+
+
 def test_op_selective_keeps_the_block_input_odd_matmul_outputs_and_the_attention_output():
     # block input, wq, wv, w1, w2 outputs and SDPA's O (bf16), SDPA's fp32 log-sum-exp
     lse = 4 * 2 * 32 * 8192

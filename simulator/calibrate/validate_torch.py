@@ -260,6 +260,8 @@ def scenario_dict(rc: RunConfig, node: str) -> dict:
         "cluster": {"node": node, "nodes": 1, "devices_per_node": rc.dp},
         "plan": {"dp": rc.dp, "micro_batch": rc.micro_batch, "global_batch": rc.micro_batch * rc.grad_accum * rc.dp,
                  "recompute": rc.recompute, "precision": rc.precision, "flash_attention": True, "zero_stage": 0,
+                 # torch_model checkpoints each block with torch.utils.checkpoint(use_reentrant=False)
+                 **({"recompute_early_stop": True} if rc.recompute == "full" else {}),
                  "dp_overlap": False, "grad_precision": "fp32", "grad_accumulation_fusion": False,
                  "optimizer": rc.optimizer,
                  # one GEMM per expert in turn (Megatron-Core's SequentialMLP, torchtitan's for-loop

@@ -49,7 +49,8 @@ under torchtitan/models/llama3/ at commit 01424cb are the test fixtures):
   and, under PP, torchtitan v0.2.1 or later (no stage's output kept past its backward).
 - [activation_checkpoint] mode none|selective|full; selective with selective_ac_option "op"
   is torchtitan's op-level policy (plan.recompute op-selective); an integer (every N-th
-  layer) is refused.
+  layer) is refused; its checkpoints are torch.utils.checkpoint without reentrance, which
+  stops re-running a fully checkpointed block early (plan.recompute_early_stop).
 """
 
 from __future__ import annotations
@@ -359,6 +360,8 @@ def read(path: str | Path) -> Imported:
                  "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns")
     # torchtitan's selective AC with the 'op' option is its op-level policy (recompute.py)
     a.map("activation_checkpoint.mode", "plan.recompute", "op-selective" if mode == "selective" else mode)
+    # its checkpoint_wrapper is torch.utils.checkpoint without reentrance (recompute.py)
+    a.map("activation_checkpoint.mode", "plan.recompute_early_stop", True)
     return a.finish(IGNORED, REASONS)
 
 
