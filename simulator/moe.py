@@ -73,9 +73,9 @@ recipe's multiple of rows and unpadded after (quantization_padding).
 
 Memory: each operator keeps what its backward pass reads (the router's input and fp32
 scores, the gathered rows entering fc1, the activation's input, fc2's input, the routed copies
-the un-permutation weights before 0.13), and one layer's send, receive and ETP-gathered buffers are alive
-at once (moe_buffer_bytes). Full recomputation re-runs the layer, dispatch included; Megatron's
-selective recompute modules (moe, moe_act, shared_experts, layernorm) are recompute.py's.
+the un-permutation weights before 0.13), and one layer's send, receive and ETP-gathered
+buffers are alive at once (moe_buffer_bytes). Full recomputation re-runs the layer, dispatch
+included; Megatron's selective recompute modules (moe, moe_act, shared_experts, layernorm) are recompute.py's.
 
 Parameters: the routed experts are split over ep (whole experts) and etp (each expert's
 columns), replicated over the expert data-parallel group (devices / (pp·ep·etp)), which
@@ -450,10 +450,11 @@ def dispatch_comm_s(model, shard, experts: ExpertShard, groups, cluster):
     gathered = experts.etp * sent
     etp = collective_time("all_gather", gathered, groups.etp, cluster) + \
         collective_time("reduce_scatter", gathered, groups.etp, cluster)
+    comm = 2 * all_to_all_time(sent, groups.ep, cluster) + etp
     if o.probs_in_experts:  # the probabilities' all-to-all and ETP all-gather (reduce-scatter backward)
-        etp = etp + all_to_all_time(a * rows, groups.ep, cluster) + \
+        comm = comm + all_to_all_time(a * rows, groups.ep, cluster) + \
             collective_time("all_gather", experts.etp * a * rows, groups.etp, cluster)
-    return 2 * all_to_all_time(sent, groups.ep, cluster) + etp
+    return comm
 
 
 def exposed_dispatch_s(comm_s, moe_layer, shared, options: MoEOptions, sm_share=0.0):

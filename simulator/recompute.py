@@ -248,10 +248,10 @@ def early_stop_rerun(model, shard: Shard, ops) -> tuple:
     (benchmarks/bench_recompute_early_stop.py, docs/calibration/recompute-early-stop-cpu-epyc-
     zen4.txt): under full recomputation the down projections' re-run calls add 1.3 ms of GEMM
     time to their forward's 12.9, the other linears' their forward's time again; without early
-    stop the down projections' too (26.1 ms). Where the
-    last keeper is not that linear (post-norms after it, an MoE layer's weighting) the whole
-    forward up to it re-runs, collectives counted whole; a parallel block's shared output
-    collective is counted as re-run."""
+    stop the down projections' too (26.1 ms). Where the last keeper is not that linear
+    (post-norms after it, an MoE layer's weighting) the whole forward up to it re-runs,
+    collectives counted whole; a parallel block's shared output collective is counted as
+    re-run."""
     keeps = [i for i, op in enumerate(ops) if np.any(np.asarray(op.saved_bytes) > 0)]
     if not keeps:
         return (), 0.0
