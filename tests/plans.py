@@ -1,5 +1,6 @@
 """Random valid plans for the property tests (hypothesis strategies): every schedule,
-recompute mode (Megatron selective over its modules/full uniform/block, torchtitan op-level), precision (FP8
+recompute mode (Megatron selective over its modules/full uniform/block, torch's early-stopping full,
+torchtitan op-level), Megatron-Core's placement of the router's probabilities, precision (FP8
 recipes on H100), sliding windows and packed documents, TP implementation (Megatron-LM or DTensor) and overlap, eager or compiled
 kernels, FSDP resharding, uneven pipeline ranks, Megatron-LM's or PyTorch's pipeline runtime.
 
@@ -97,6 +98,9 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
         if recompute == "full":
             extra["recompute_method"] = draw(st.sampled_from(["uniform", "block"]))
             extra["recompute_num_layers"] = draw(st.sampled_from([1, 2, 3]))
+            # torch's non-reentrant checkpoint a layer at a time (not for torchao's eager FP8 linears)
+            if extra["recompute_num_layers"] == 1 and (extra["compile"] or precision != "fp8"):
+                extra["recompute_early_stop"] = draw(st.booleans())
         if precision == "fp8":
             extra["fp8_recipe"] = draw(st.sampled_from(["delayed", "tensorwise", "rowwise"]))
             extra["fp8_params"] = extra["fp8_recipe"] == "delayed" and draw(st.booleans())
@@ -181,7 +185,9 @@ def _expert_plan(draw, experts, tp, cp, dp, shared):
            "capacity_factor": capacity, "pad_to_capacity": capacity is not None and draw(st.booleans()),
            "load_imbalance": draw(st.sampled_from([1.0, 1.0, 1.3])),
            "ep_comm_overlap": ep > 1 and draw(st.booleans()),
-           "shared_expert_overlap": shared and draw(st.booleans()), "grouped_gemm": draw(st.booleans())}
+           "shared_expert_overlap": shared and draw(st.booleans()), "grouped_gemm": draw(st.booleans()),
+           # Megatron-Core 0.13's placement of the router's probabilities, or the one before
+           "probs_in_experts": draw(st.booleans())}
     return {"ep": ep, "etp": etp, "moe": moe}
 
 
