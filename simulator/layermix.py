@@ -28,7 +28,7 @@ from .fusion import eager_ops
 from .hostbound import layer_floors
 from .passes import OpsTime, ops_time, pass_times, tp_layer_comm_s
 from .tpoverlap import overlapped_tp_s
-from .recompute import chunk_checkpoint, layer_checkpoint, tp_rerun_fraction
+from .recompute import chunk_checkpoint, plan_checkpoint, tp_rerun_fraction
 from .states import ModelStates, model_states, stage_params
 from .workload import ATTENTION_CORE, MATMUL, layer_ops
 
@@ -214,8 +214,7 @@ class MixedStage:
 def _rerun(model, shard, plan, cluster, ops, tp_blocks: dict, tp_fwd_s, experts=None) -> tuple:
     """(checkpoint, forward seconds of what recomputation re-runs, fraction of the forward TP
     seconds `tp_fwd_s` it runs again) of one layer kind (recompute.py; `experts`: an MoE layer's)."""
-    checkpoint = layer_checkpoint(model, shard, plan.recompute, ops, plan.recompute_modules, experts,
-                                  plan.recompute_early_stop)
+    checkpoint = plan_checkpoint(model, shard, plan, ops, experts)
     return (checkpoint, ops_time(list(checkpoint.rerun), cluster, compute_precision(plan)).fwd_s,
             tp_rerun_fraction(checkpoint, tp_blocks, tp_fwd_s))
 

@@ -36,7 +36,7 @@ from .layermix import compile_mix, layer_operators, mix_activations, mixed_stage
 from .memory import ActivationSizes, StageMemory, buffer_bytes, layer_activations, peak_activation_bytes, \
     stage_activations
 from .offload import OffloadCosts, offload_costs, resident_chunks_with_offload
-from .recompute import chunk_checkpoint, layer_checkpoint, rerun_flops, tp_rerun_fraction
+from .recompute import chunk_checkpoint, plan_checkpoint, rerun_flops, tp_rerun_fraction
 from .passes import OpsTime, PassTimes, ops_time, pass_times, pp_hop_s, tp_layer_comm_s
 from .states import BytesPerParam, ModelStates, activation_bytes, bytes_per_param, layer_params_local, model_states, \
     optimizer_step_s, stage_params
@@ -163,8 +163,7 @@ def _dense_layer(model, cluster, plan, shard, g, precision, split=False) -> Dens
         tp_s, layer_t = overlapped_tp_s(model, shard, g, cluster, plan, layer, layer_t, tp_s)
     cp_s = cpattention.exposed_s(model, shard, g, cluster, plan.cp_attention, layer_t.attention_fwd_s,
                                  layer_t.attention_bwd_s)
-    checkpoint = layer_checkpoint(model, shard, plan.recompute, layer, plan.recompute_modules,
-                                  early_stop=plan.recompute_early_stop)
+    checkpoint = plan_checkpoint(model, shard, plan, layer)
     # the MLP's TP collectives are half the layer's (tp_layer_comm_s)
     tp_rerun = tp_rerun_fraction(checkpoint, {"mlp": 0.5}, 1.0)
     # eager frameworks' launches (hostbound.py)
@@ -363,8 +362,7 @@ def compile_layout(model, cluster, plan) -> Layout:
     model_flops = model_flops_per_sequence(model, plan.moe) * plan.global_batch
     if not mixed:
         one = Shard(micro_batch=1, seq_len=model.seq_len, flash_attention=plan.flash_attention)
-        rerun_per_layer = rerun_flops(layer_checkpoint(model, one, plan.recompute, layer_ops(model, one),
-                                                       plan.recompute_modules, early_stop=plan.recompute_early_stop))
+        rerun_per_layer = rerun_flops(plan_checkpoint(model, one, plan, layer_ops(model, one)))
         hw_flops = (executed_flops_per_sequence(model, plan.flash_attention, "none", plan.moe, plan.loss)
                     + total_rerun_layers * rerun_per_layer) * plan.global_batch
     else:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import allocator, cpattention
-from .recompute import chunk_checkpoint, layer_checkpoint
+from .recompute import chunk_checkpoint, layer_checkpoint, plan_checkpoint
 from .workload import Shard, embedding_ops, head_ops, layer_ops, loss_backward_transient_bytes
 
 # The projection after a layer's MLP activation (a dense MLP's, the routed experts', the shared experts')
@@ -83,7 +83,7 @@ def layer_activations(model, shard: Shard, plan, ops=None, head=None, experts=No
     ops = layer_ops(model, shard) if ops is None else ops
     head = head_ops(model, shard) if head is None else head
     return LayerActivations(
-        layer_checkpoint(model, shard, plan.recompute, ops, plan.recompute_modules, experts),
+        plan_checkpoint(model, shard, plan, ops, experts),
         sum(op.saved_bytes for op in ops), sum(op.saved_bytes for op in embedding_ops(model, shard)),
         sum(op.saved_bytes for op in head) + loss_backward_transient_bytes(model, shard),
         cpattention.transient_bytes(model, shard, plan.cp_attention),

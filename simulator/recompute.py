@@ -296,6 +296,13 @@ def layer_checkpoint(model, shard: Shard, mode: str, ops, modules: tuple = ("cor
     raise ValueError(mode)
 
 
+def plan_checkpoint(model, shard: Shard, plan, ops, experts=None) -> LayerCheckpoint:
+    """layer_checkpoint under the plan's recomputation: its mode, Megatron-Core's modules and
+    torch's early stop."""
+    return layer_checkpoint(model, shard, plan.recompute, ops, plan.recompute_modules, experts,
+                            plan.recompute_early_stop)
+
+
 def tp_rerun_fraction(checkpoint: LayerCheckpoint, block_s: dict, layer_s):
     """The fraction of a layer's forward TP seconds `layer_s` its recomputation runs again:
     the checkpoint's own and that of the blocks it re-runs (`block_s`: forward seconds of the
