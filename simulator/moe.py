@@ -509,16 +509,17 @@ def dispatch_host_calls(experts: ExpertShard) -> tuple:
     on their rows' counts (models/moe/moe.py _run_experts_for_loop: .tolist()), where its grouped
     GEMM takes them on the device (_run_experts_grouped_mm: torch.cumsum)."""
     o = experts.options
-    ep, etp = experts.ep, experts.etp
+    # 0 or 1 as integers: numpy adds two boolean arrays as a logical or
+    ep_on, etp_on = np.asarray(experts.ep > 1, dtype=int), np.asarray(experts.etp > 1, dtype=int)
+    group_on = np.asarray(experts.ep * experts.etp > 1, dtype=int)
     if o.dispatcher in deepep.BACKENDS:
         return 2, 2, 1
     if o.dispatcher == "allgather":
-        group = (ep * etp) > 1
-        return 4 * group, 3 * group, 1
+        return 4 * group_on, 3 * group_on, 1
     if o.framework == "torchtitan":
-        return 3 * (ep > 1), 2 * (ep > 1), (ep > 1) + (not o.grouped_gemm)
-    pair = (3 if o.probs_in_experts else 2) * ((ep > 1) + (etp > 1))
-    return ((ep * etp) > 1) + pair, pair, 0 if o.capacity_factor is not None and o.pad_to_capacity else 1
+        return 3 * ep_on, 2 * ep_on, ep_on + (not o.grouped_gemm)
+    pair = (3 if o.probs_in_experts else 2) * (ep_on + etp_on)
+    return group_on + pair, pair, 0 if o.capacity_factor is not None and o.pad_to_capacity else 1
 
 
 # ---------------------------------------------------------------- parameters

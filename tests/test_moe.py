@@ -2,6 +2,7 @@
 worked by hand: all-to-all time and bytes, the dispatch per layer, expert memory per device,
 FLOPs per token of an MoE layer, Megatron-Core's expert rank layout, and the plan's rules."""
 
+import numpy as np
 import pytest
 
 from simulator import evaluate, scenario_from_dict
@@ -277,6 +278,9 @@ def test_the_host_launches_the_dispatchs_collectives_and_waits_as_the_framework_
     its for-loop experts' counts."""
     from simulator.moe import dispatch_host_calls
     assert dispatch_host_calls(ExpertShard(ep, etp, options)) == calls
+    # a sweep's batch of plans (numpy sizes) counts each plan's calls as the plan alone does
+    batched = dispatch_host_calls(ExpertShard(np.array([ep, 1]), np.array([etp, 1]), options))
+    assert tuple(int(np.ravel(c)[0]) for c in batched) == calls
 
 
 def test_a_cpu_pays_its_host_cost_once_per_local_expert_without_grouped_gemm():
