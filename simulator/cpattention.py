@@ -220,6 +220,8 @@ def _allgather_band_factor(model, shard):
     if not model.has_sliding_window or (np.ndim(shard.cp) == 0 and shard.cp == 1):
         return 1.0
     full, windowed = window_pair_fraction(model, 1, 0), window_pair_fraction(model, 1, 1)
+    if windowed == full:  # the window spans every document: windowed layers attend as full ones
+        return 1.0
     band = window_pair_fraction(model) if shard.window_fraction is None else shard.window_fraction
     share = (full - band) / (full - windowed)  # of the stage's layers, windowed
     if np.ndim(shard.cp) == 0:

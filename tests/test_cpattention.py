@@ -166,3 +166,19 @@ def test_hierarchical_cp_groups_are_consecutive_cp_ranks_and_the_ring_strides_ov
     g = groups(s.plan, s.cluster)
     assert (g.cp_a2a.size, g.cp_a2a.local, g.cp_a2a.domains) == (2, 2, 1)  # ranks 2 apart, one node
     assert (g.cp_ring.size, g.cp_ring.local, g.cp_ring.domains) == (4, 2, 2)  # ranks 4 apart, 2 per node
+
+
+def test_te_allgather_with_a_window_wider_than_every_document_runs_as_without_one():
+    """Documents of 256 tokens under a 512-token window: the window never binds, so the
+    all-gather's windowed ranks are balanced as full ones (no division by the zero pairs the
+    window removes), and the step is the step without a window."""
+    from simulator import evaluate, scenario_from_dict
+
+    def step(window):
+        model = {"preset": "llama-2-13b", "seq_len": 1024, "document_tokens": 256}
+        if window:
+            model.update(sliding_window=window, sliding_window_freq=1)
+        return evaluate(scenario_from_dict({"model": model, "cluster": {"node": "dgx-a100", "nodes": 1},
+                                            "plan": {"cp": 2, "dp": 4, "global_batch": 4,
+                                                     "cp_attention": "kv-allgather"}}), "analytic").step_time_s
+    assert step(512) == step(0)
