@@ -30,6 +30,27 @@ Per step:
 - param_cast (mixed precision): the optimizer's fp32 master weights are copied into the
   16-bit model weights (Megatron-LM optimizer.py Float16OptimizerWithFloat16Params
   ._copy_main_params_to_model_params): 4 + a_w bytes per parameter of the local shard.
+- grad_unscale (fp16, loss scaling): the optimizer's gradients are divided by the loss scale
+  and checked for inf and NaN before the step, one read and one write of each
+  (torch._amp_foreach_non_finite_check_and_unscale_: Megatron-LM optimizer.py
+  MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan, torch.amp.GradScaler.unscale_).
+- grad_norm and grad_scale (`plan.grad_clip`): clipping by the global norm reads every gradient
+  the optimizer updates for the norm (Megatron-Core optimizer/clip_grads.py get_grad_norm_fp32,
+  multi_tensor_l2norm; torch.nn.utils.get_total_norm, _foreach_norm) and, under norm-scale,
+  reads and writes each to scale it (clip_grad_by_total_norm_fp32's multi_tensor_scale_tensor,
+  unconditional since NVIDIA/Megatron-LM@3d87bfc1b7, core_v0.18.0; torch's
+  _clip_grads_with_norm_ _foreach_mul_ by the clamped coefficient). Under `norm` the scale runs
+  only on the steps whose norm exceeds the limit (clip_coeff < 1.0 before that commit), which
+  llmsim cannot know and does not count. The norm's all-reduce (one number) and Megatron's
+  `.item()` of it are not timed.
+- grad_upcast (16-bit gradients, an fp32 optimizer): the optimizer's fp32 copies of the reduced
+  gradients, read in 16 bits and written in 32 (states.upcasts_gradients).
+The optimizer's gradients are those of its local shard (ZeRO-1 and up), in the bytes the
+optimizer step reads (states.optimizer_grad_bytes). With the optimizer on the
+host (ZeRO-Offload) the device computes the norm of the gradients it holds (DeepSpeed
+runtime/zero/stage_1_and_2.py, complete_grad_norm_calculation_for_cpu_offload) and the host
+unscales and clips its copy with the step (unscale_and_clip_grads), which offload.py's host
+Adam rate does not count.
 Host overhead (profile `host_overhead_us`; 0 where the host runs ahead of asynchronous
 kernels, as on GPUs): a fixed cost per micro-batch (loss, backward engine start) and per step
 (optimizer call, gradient zeroing), and a cost per parameter tensor per step (the optimizer's
@@ -56,7 +77,7 @@ from .hardware import Cluster
 from .model import ModelSpec
 from .moe import dispatched_rows, layer_params_split, local_experts, plan_experts
 from .mtp import layer_is_moe
-from .states import BytesPerParam, layer_params_local
+from .states import BytesPerParam, layer_params_local, optimizer_grad_bytes, upcasts_gradients
 from .workload import MEMORY, Op, Shard, local_heads
 
 # The kernel classes of this module (keys of a profile's efficiency.memory_kernels).
@@ -163,18 +184,29 @@ def mtp_depth_framework_ops(model: ModelSpec, plan, tp, per: BytesPerParam) -> l
 
 def step_framework_ops(plan, per: BytesPerParam, params, grad_group) -> list[Op]:
     """Per-step operators of a device holding `params` (before ZeRO sharding)."""
-    grads = params * per.grad / np.where(np.asarray(plan.zero_stage) >= 2, grad_group, 1)
-    ops = [_op("zero_grad", grads)]
-    if plan.precision not in ("fp32", "tf32") and plan.offload.optimizer == "none":
-        local = params / np.where(np.asarray(plan.zero_stage) >= 1, grad_group, 1)
-        ops.append(_op("param_cast", (4.0 + per.weight) * local))
+    zero = np.asarray(plan.zero_stage)
+    local = params / np.where(zero >= 1, grad_group, 1)  # whose states the optimizer updates here
+    on_device = plan.offload.optimizer == "none"
+    g = optimizer_grad_bytes(per, plan)
+    ops = [_op("zero_grad", params * per.grad / np.where(zero >= 2, grad_group, 1))]
+    if upcasts_gradients(per, plan):
+        ops.append(_op("grad_upcast", (per.grad + g) * local))
+    if plan.grad_clip != "none":
+        ops.append(_op("grad_norm", g * local))
+    if on_device:
+        if plan.precision == "fp16":
+            ops.append(_op("grad_unscale", 2 * g * local))
+        if plan.grad_clip == "norm-scale":
+            ops.append(_op("grad_scale", 2 * g * local))
+        if plan.precision not in ("fp32", "tf32"):
+            ops.append(_op("param_cast", (4.0 + per.weight) * local))
     return ops
 
 
 _KERNEL_OF = {"zero_grad": "zero_fill"}
 # Kernels that move the same bytes whatever the training precision (fp32 gradient buffers,
 # zero-filling): they use the profile's reference curves, not the precision's.
-_PRECISION_FREE = ("zero_fill",)
+_PRECISION_FREE = ("zero_fill", "grad_upcast", "grad_unscale", "grad_norm", "grad_scale")
 
 
 def ops_seconds(ops: list[Op], cluster: Cluster, precision: str):

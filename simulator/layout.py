@@ -38,8 +38,8 @@ from .memory import ActivationSizes, StageMemory, buffer_bytes, layer_activation
 from .offload import OffloadCosts, offload_costs, resident_chunks_with_offload
 from .recompute import chunk_checkpoint, plan_checkpoint, rerun_flops, tp_rerun_fraction
 from .passes import OpsTime, PassTimes, ops_time, pass_times, pp_hop_s, tp_layer_comm_s
-from .states import BytesPerParam, ModelStates, activation_bytes, bytes_per_param, layer_params_local, model_states, \
-    optimizer_step_s, stage_params
+from .states import FP32_BYTES, BytesPerParam, ModelStates, activation_bytes, bytes_per_param, layer_params_local, \
+    model_states, optimizer_step_s, stage_params, upcasts_gradients
 from .workload import Shard, embedding_ops, executed_flops_per_sequence, head_ops, layer_ops, model_flops_per_sequence, \
     window_pair_fraction
 
@@ -65,7 +65,8 @@ class StageLayout:
     optimizer_s: object
     framework_step_s: object  # per-step framework operators and host costs (framework_ops.py)
     # what the optimizer step allocates beside the model states, once the activations are freed
-    # (Muon's Newton-Schulz of its largest matrix: muon.stage_costs)
+    # (Muon's Newton-Schulz of its largest matrix: muon.stage_costs; fp32 copies of 16-bit
+    # gradients: states.upcasts_gradients)
     optimizer_workspace_bytes: object = 0.0
 
 
@@ -345,6 +346,8 @@ def compile_layout(model, cluster, plan) -> Layout:
             states, muon_params, muon_s, workspace = muon.with_muon(
                 states, model, plan, g, cluster, layers - n_moe, n_moe, has_emb, has_head, zero_group,
                 expert_zero_group_size(plan))
+        if upcasts_gradients(per, plan):  # the optimizer's fp32 copies of the gradients, for its step
+            workspace = workspace + FP32_BYTES * states.local_params
         optimizer_s = optimizer_step_s(states, per, plan, cluster.accelerator, muon_params) + muon_s
         weight_casts_s = memory_bound_time(fp8.weight_cast_bytes_per_step(plan, linears, cluster.accelerator),
                                            cluster.accelerator, fp8.cast_kernel(fp8.recipe(plan)))

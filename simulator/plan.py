@@ -37,6 +37,7 @@ TP_OVERLAPS = ("userbuffers", "async-tp")
 TP_IMPLS = ("megatron", "dtensor")
 OFFLOAD_TARGETS = ("none", "cpu", "nvme")
 GRAD_PRECISIONS = ("fp32", "bf16", "fp16")
+GRAD_CLIPS = ("none", "norm", "norm-scale")
 OPTIMIZER_PRECISIONS = ("fp32", "bf16", "bf16-moments")
 MASTER_WEIGHTS = ("remainders", "none")
 OPTIMIZERS = ("adam", "muon")
@@ -95,6 +96,12 @@ class Plan:
     # (Megatron-LM --gradient-accumulation-fusion, its default); false: a separate add per
     # parameter and micro-batch, as torch's AccumulateGrad (framework_ops.py).
     grad_accumulation_fusion: bool = True
+    # Gradient clipping by the global norm before the optimizer step (framework_ops.py): none,
+    # norm (the norm each step, the gradients scaled only on the steps it clips: Megatron-LM
+    # before Megatron-Core 0.18 and without TransformerEngine, Apex's kernels) or norm-scale
+    # (scaled every step by min(1, limit / norm): torch.nn.utils.clip_grad_norm_, torchtitan;
+    # Megatron-Core 0.18 on with TransformerEngine). Every framework clips at 1.0 by default.
+    grad_clip: str = "norm-scale"
     rank_order: str = "tp-cp-dp-pp"
     # Pipeline sends split over the TP ranks, each sending 1/t and the receivers all-gathering
     # (Megatron-LM --scatter-gather-tensors-in-pipeline: from Feb 2021, NVIDIA/Megatron-LM@27fc468964,
@@ -307,6 +314,7 @@ def _settings(data) -> dict:
         tp_comm_overlap=F.boolean(data, "tp_comm_overlap", "plan", False),
         grad_precision=F.choice(data, "grad_precision", "plan", GRAD_PRECISIONS, "fp32"),
         grad_accumulation_fusion=F.boolean(data, "grad_accumulation_fusion", "plan", True),
+        grad_clip=F.choice(data, "grad_clip", "plan", GRAD_CLIPS, "norm-scale"),
         rank_order=order,
         pp_scatter_gather=F.boolean(data, "pp_scatter_gather", "plan", True),
         schedule_ops=_schedule_ops(data.get("schedule_ops")),

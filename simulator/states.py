@@ -161,14 +161,34 @@ def model_states(params, plan, per: BytesPerParam, shard_group) -> ModelStates:
     return ModelStates(w, g, o, host, local)
 
 
+def upcasts_gradients(per: BytesPerParam, plan) -> bool:
+    """Whether the optimizer updates fp32 weights from fp32 copies of 16-bit gradients, made at
+    each step: Megatron-LM's mixed-precision optimizers give their fp32 master weights
+    `.float()` copies of the reduced gradients (Float16OptimizerWithFloat16Params.
+    _copy_model_grads_to_main_grads, NVIDIA/Megatron-LM@de7dc40f88 megatron/optimizer/
+    optimizer.py; the distributed optimizer's of its shard, core_v0.9.0 megatron/core/optimizer/
+    distrib_optimizer.py), DeepSpeed's ZeRO converts its gradient partition to its fp32 one
+    (microsoft/DeepSpeed@38327e07f runtime/zero/stage_1_and_2.py), FSDP2 casts a reduced shard to
+    an fp32 parameter's dtype. Not where Apex's DistributedFusedAdam or TransformerEngine's FusedAdam
+    read the 16-bit gradients in their step (`plan.master_weights`, 16-bit optimizer states),
+    nor with the optimizer on the host (offload.py)."""
+    return (per.grad < FP32_BYTES and plan.optimizer_precision == "fp32" and plan.master_weights is None
+            and plan.offload.optimizer == "none")
+
+
+def optimizer_grad_bytes(per: BytesPerParam, plan) -> float:
+    """Bytes per parameter of the gradient the optimizer step and the passes before it read."""
+    return float(FP32_BYTES) if upcasts_gradients(per, plan) else per.grad
+
+
 def optimizer_step_s(states: ModelStates, per: BytesPerParam, plan, acc: Accelerator, other_params=0.0) -> object:
-    """Adam update of the local shard on the device: memory-bound, it reads the gradient and
-    the optimizer states (with the master weights), writes the states and the compute-precision
-    weight (fp32 parameters: reads and writes them); `other_params` of the shard another
-    optimizer updates (Muon's matrices, muon.py) are left out. Zero when the optimizer runs
-    on the host (offload.py times that)."""
+    """Adam update of the local shard on the device: memory-bound, it reads the gradient
+    (optimizer_grad_bytes) and the optimizer states (with the master weights), writes the
+    states and the compute-precision weight (fp32 parameters: reads and writes them);
+    `other_params` of the shard another optimizer updates (Muon's matrices, muon.py) are left
+    out. Zero when the optimizer runs on the host (offload.py times that)."""
     if plan.offload.optimizer != "none":
         return 0.0 * states.local_params
     weight = 2 * per.kept_weight if per.weight_is_master else per.weight
-    nbytes = (states.local_params - other_params) * (per.grad + 2 * per.optimizer + weight)
+    nbytes = (states.local_params - other_params) * (optimizer_grad_bytes(per, plan) + 2 * per.optimizer + weight)
     return memory_bound_time(nbytes, acc, "optimizer", plan.precision)

@@ -11,7 +11,7 @@ from simulator import framework_ops as fo
 from simulator.hardware import cluster_from_dict
 from simulator.layout import compile_layout
 from simulator.model import ModelSpec
-from simulator.plan import Plan
+from simulator.plan import Offload, Plan
 from simulator.states import bytes_per_param, stage_params
 from simulator.workload import Shard
 
@@ -90,6 +90,57 @@ def test_zero2_zeroes_only_its_gradient_shard():
     full = _by_name(fo.step_framework_ops(z1, _per(z1), 1e6, 4))["zero_grad"]
     shard = _by_name(fo.step_framework_ops(z2, _per(z2), 1e6, 4))["zero_grad"]
     assert shard == pytest.approx(full / 4)
+
+
+def test_clipping_reads_the_optimizers_gradient_shard_for_the_norm_and_scales_it_under_norm_scale():
+    # ZeRO-1 over 4 ranks: the optimizer updates 1e6 / 4 parameters here, fp32 main grads (4 B)
+    def ops(clip):
+        plan = Plan(precision="bf16", dp=4, zero_stage=1, grad_clip=clip)
+        return _by_name(fo.step_framework_ops(plan, _per(plan), 1e6, 4))
+    assert ops("norm-scale")["grad_norm"] == pytest.approx(4 * 2.5e5)  # read once for the norm
+    assert ops("norm-scale")["grad_scale"] == pytest.approx(8 * 2.5e5)  # read and written to scale
+    assert ops("norm")["grad_norm"] == pytest.approx(4 * 2.5e5)
+    assert "grad_scale" not in ops("norm")  # scaled only on the steps it clips: not counted
+    assert "grad_norm" not in ops("none") and "grad_scale" not in ops("none")
+
+
+def test_fp16_gradients_are_unscaled_and_checked_before_the_step():
+    fp16, bf16 = Plan(precision="fp16", grad_precision="fp32"), Plan(precision="bf16")
+    assert _by_name(fo.step_framework_ops(fp16, _per(fp16), 1e6, 1))["grad_unscale"] == pytest.approx(8e6)
+    assert "grad_unscale" not in _by_name(fo.step_framework_ops(bf16, _per(bf16), 1e6, 1))
+
+
+def test_an_optimizer_on_the_host_leaves_only_the_gradient_norm_on_the_device():
+    plan = Plan(precision="fp16", grad_precision="fp32", dp=4, zero_stage=2, offload=Offload(optimizer="cpu"))
+    ops = _by_name(fo.step_framework_ops(plan, _per(plan), 1e6, 4))
+    assert ops["grad_norm"] == pytest.approx(4 * 2.5e5)  # DeepSpeed's per-parameter norms on the GPU
+    assert not {"grad_unscale", "grad_scale", "param_cast"} & set(ops)
+
+
+def test_clipping_lengthens_the_step_by_its_passes_over_the_gradients():
+    cluster = cluster_from_dict({"node": "dgx-h100", "nodes": 1})
+    steps = [float(compile_layout(LLAMA, cluster, Plan(precision="bf16", dp=8, global_batch=8, grad_clip=clip))
+                   .stages[0].framework_step_s) for clip in ("none", "norm", "norm-scale")]
+    assert steps[0] < steps[1] < steps[2]
+
+
+def test_an_fp32_optimizer_copies_16_bit_gradients_to_fp32_and_reads_the_copies():
+    # Megatron's fp16 main grads: .float() copies (read 2 B, write 4 B), then unscaled and clipped in fp32
+    plan = Plan(precision="fp16", grad_precision="fp16", grad_clip="norm")
+    ops = _by_name(fo.step_framework_ops(plan, _per(plan), 1e6, 1))
+    assert ops["grad_upcast"] == pytest.approx(6e6)
+    assert ops["grad_unscale"] == pytest.approx(8e6)
+    assert ops["grad_norm"] == pytest.approx(4e6)
+    assert ops["zero_grad"] == pytest.approx(2e6)  # the 16-bit buffer the backward accumulates into
+
+
+def test_an_optimizer_reading_16_bit_gradients_itself_makes_no_copy():
+    # Apex's DistributedFusedAdam (the bf16 remainders beside the weights) reads bf16 gradients
+    plan = Plan(precision="bf16", grad_precision="bf16", dp=4, zero_stage=1, master_weights="remainders",
+                grad_clip="norm")
+    ops = _by_name(fo.step_framework_ops(plan, _per(plan), 1e6, 4))
+    assert "grad_upcast" not in ops
+    assert ops["grad_norm"] == pytest.approx(2 * 2.5e5)
 
 
 def test_parameter_tensors_of_a_gpt_with_biases_and_layernorms():

@@ -1161,6 +1161,17 @@ def test_deepspeed_gradients_as_its_engine_picks_the_optimizer_wrapper(tmp_path,
     assert tuple(_plan(_deepspeed(tmp_path, **config), "zero_stage", "grad_precision", "dp_overlap").values()) == plan
 
 
+@pytest.mark.parametrize("config, clip", [
+    ({"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}, "norm-scale"),  # ZeRO multiplies every step
+    ({"fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}, "norm"),  # ... the fp16 unscaling counted
+    ({"fp16": {"enabled": True}}, "norm"),  # the FP16_Optimizer folds the factor into its Adam step
+    ({"bf16": {"enabled": True}}, "norm"),  # the BF16_Optimizer scales only the steps it clips
+    ({}, "none"),  # fp32 without ZeRO: torch's clip_grad_norm_ only with gradient_clipping
+    ({"gradient_clipping": 1.0}, "norm-scale")])
+def test_deepspeed_passes_over_the_gradients_as_its_optimizer_makes_them(tmp_path, config, clip):
+    assert _plan(_deepspeed(tmp_path, **config), "grad_clip") == {"grad_clip": clip}
+
+
 @pytest.mark.parametrize("config, note", [
     # DeepSpeed's ZeRO optimizer: 5e8-element buckets in the model's dtype, two with overlap_comm at stages 1-2
     ({"bf16": {"enabled": True}, "zero_optimization": {"stage": 2, "overlap_comm": True}}, "two contiguous gradient "
@@ -1532,6 +1543,31 @@ def test_nemo_optimizer_settings_llmsim_cannot_express_or_apex_would_not_keep_ar
     (tmp_path / "n.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(InputError, match=f"nemo model.optim.{key}"):
         import_config("megatron", tmp_path / "n.yaml", {"cluster.node": "dgx-h100"})
+
+
+@pytest.mark.parametrize("args, clip", [
+    ([], "norm-scale"),  # Megatron-Core 0.18 on with TransformerEngine, as the mapping says
+    (["--clip-grad", "0"], "none"),
+    (["--checkpoint-activations"], "norm")])  # Megatron-LM before 2022: scaled only on the steps it clips
+def test_megatron_clipping_as_its_release_runs_it(args, clip):
+    argv = [a for a in MEGATRON_ARGV if a not in ("--bf16", "--use-distributed-optimizer")]
+    imported = import_config("megatron", None, {"cluster.node": "dgx-a100"}, argv=[*argv, *args])
+    assert imported.scenario["plan"]["grad_clip"] == clip
+
+
+@pytest.mark.parametrize("limit, clip", [(1.0, "norm"), (0.0, "none"), (None, "none")])
+def test_nemo_clips_by_the_trainers_limit_without_a_scaling_pass(tmp_path, limit, clip):
+    # NeMo's distributed_fused_adam folds the clip factor into its Adam step; null turns Lightning's off
+    data = yaml.safe_load((DATA / "nemo-llama3.1_8b.yaml").read_text())
+    data["trainer"]["gradient_clip_val"] = limit
+    (tmp_path / "n.yaml").write_text(yaml.safe_dump(data))
+    imported = import_config("megatron", tmp_path / "n.yaml", {"cluster.node": "dgx-h100"})
+    assert imported.scenario["plan"]["grad_clip"] == clip
+
+
+def test_torchtitan_clips_and_scales_every_step():
+    imported = import_config("torchtitan", DATA / "torchtitan-llama3_8b.toml", {"cluster.node": "dgx-h100"})
+    assert _plan(imported, "grad_clip") == {"grad_clip": "norm-scale"}
 
 
 @pytest.mark.parametrize("args, fused, noted", [

@@ -212,6 +212,29 @@ def test_adam_step_reads_and_writes_its_shard_at_memory_speed():
     assert float(optimizer_step_s(states, per, plan, acc)) == pytest.approx(1e9 / 8 * (4 + 24 + 2) / 1.6e12)
 
 
+def test_adam_step_over_16_bit_gradients_reads_their_fp32_copies():
+    acc = accelerator()
+    plan = Plan(dp=8, zero_stage=1, grad_precision="bf16")
+    per = bytes_per_param("bf16", "bf16")
+    states = model_states(1e9, plan, per, 8)
+    # Megatron's distributed optimizer: the shard's bf16 gradient copied to fp32 first, the step reads 4 B
+    assert float(optimizer_step_s(states, per, plan, acc)) == pytest.approx(1e9 / 8 * (4 + 24 + 2) / 1.6e12)
+
+
+def test_the_fp32_gradient_copies_are_held_through_the_optimizer_step():
+    from simulator.hardware import cluster_from_dict
+    from simulator.layout import compile_layout
+    from simulator.model import model_from_dict
+
+    model = model_from_dict({"preset": "llama-2-7b"})
+    cluster = cluster_from_dict({"node": "dgx-a100", "nodes": 1})
+    bf16, fp32 = (compile_layout(model, cluster, Plan(dp=8, global_batch=8, zero_stage=1, grad_precision=g))
+                  for g in ("bf16", "fp32"))
+    local = bf16.stages[0].states.local_params
+    assert float(bf16.stages[0].optimizer_workspace_bytes) == pytest.approx(4 * float(local))
+    assert float(fp32.stages[0].optimizer_workspace_bytes) == 0.0
+
+
 def test_offloaded_activations_cross_the_host_link_each_way(dgx_a100):
     cluster = dgx_a100(1)
     plan = Plan(zero_stage=0, offload=Offload(activations="cpu"))

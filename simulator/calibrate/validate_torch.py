@@ -263,6 +263,7 @@ def scenario_dict(rc: RunConfig, node: str) -> dict:
                  # torch_model checkpoints each block with torch.utils.checkpoint(use_reentrant=False)
                  **({"recompute_early_stop": True} if rc.recompute == "full" else {}),
                  "dp_overlap": False, "grad_precision": "fp32", "grad_accumulation_fusion": False,
+                 "grad_clip": "none",  # trainer.Trainer.step does not clip
                  "optimizer": rc.optimizer,
                  # one GEMM per expert in turn (Megatron-Core's SequentialMLP, torchtitan's for-loop
                  # experts): no grouped GEMM on CPUs

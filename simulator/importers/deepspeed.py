@@ -20,7 +20,7 @@ from ..errors import InputError
 from ..yamlio import parse_json, read_text
 from .common import Account, Imported
 
-IGNORED = ("steps_per_print", "wall_clock_breakdown", "optimizer.params.*", "scheduler.*", "gradient_clipping",
+IGNORED = ("steps_per_print", "wall_clock_breakdown", "optimizer.params.*", "scheduler.*",
            "fp16.loss_scale*", "fp16.initial_scale_power", "fp16.hysteresis", "fp16.min_loss_scale",
            "zero_allow_untested_optimizer", "zero_optimization.offload_*.nvme_path",
            "zero_optimization.offload_*.pin_memory",
@@ -120,7 +120,7 @@ def read_engine(a: Account, precision: str, pipeline: bool = False) -> None:
             a.map(key, f"plan.offload.{field}", device)
     if a.get("zero_optimization.cpu_offload"):
         a.map("zero_optimization.cpu_offload", "plan.offload.optimizer", "cpu")
-    _gradients(a, stage, precision, pipeline)
+    _grad_clip(a, stage, precision, _gradients(a, stage, precision, pipeline))
     # the model's linears return their weight gradients; autograd or the engine's hooks add them into
     # its buffers (runtime/zero/stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads,
     # bf16_optimizer.py accumulate_hp_grads_and_remove_lp @38327e07f): no fused accumulation
@@ -130,6 +130,28 @@ def read_engine(a: Account, precision: str, pipeline: bool = False) -> None:
         a.map("zero_optimization.stage", "plan.param_gather_overlap", False,
               "ZeRO-1/2 all-gathers the updated weights at the end of the optimizer step (zero/stage_1_and_2.py, "
               "bf16_optimizer.py step)")
+
+
+def _grad_clip(a: Account, stage: int, precision: str, bf16_optimizer: bool) -> None:
+    """What DeepSpeed's optimizer does to the gradients before its step (plan.grad_clip;
+    framework_ops.py). Its ZeRO optimizers and its FP16 and BF16 optimizers take their norm every
+    step, whatever gradient_clipping says (for the clip, the loss scale's overflow check and the
+    log); under ZeRO they multiply them every step by 1 / (loss scale x clip factor)
+    (microsoft/DeepSpeed@38327e07f runtime/zero/stage_1_and_2.py and stage3.py
+    unscale_and_clip_grads): norm-scale, or in fp16 norm, that multiply being the unscaling
+    llmsim counts with the precision. The FP16_Optimizer folds the factor into its fused Adam
+    step (runtime/fp16/fused_optimizer.py step, apply_scale=False; its unscaling, counted with
+    the precision all the same, is a pass llmsim adds that it does not run) and the
+    BF16_Optimizer scales only where the norm exceeds the limit (runtime/utils.py
+    clip_tensors_by_global_norm): norm. An fp32 model without ZeRO is clipped by the engine
+    with torch's clip_grad_norm_ where gradient_clipping is above 0 (runtime/engine.py
+    clip_fp32_gradients)."""
+    if stage == 0 and precision == "fp32":
+        a.map("gradient_clipping", "plan.grad_clip", "norm-scale" if a.number("gradient_clipping", 0.0, False) > 0
+              else "none")
+        return
+    scaled = stage >= 1 and not bf16_optimizer and precision != "fp16"
+    a.map("gradient_clipping", "plan.grad_clip", "norm-scale" if scaled else "norm")
 
 
 # DeepSpeed's spellings of a data type (deepspeed/runtime/config.py DtypeEnum)
@@ -147,7 +169,7 @@ def _dtype(a: Account, key: str, default: str) -> str:
     return DTYPES[str(value).lower()]
 
 
-def _gradients(a: Account, stage: int, precision: str, pipeline: bool = False) -> None:
+def _gradients(a: Account, stage: int, precision: str, pipeline: bool = False) -> bool:
     """The precision gradients are kept and reduced in, and whether the reduction overlaps the
     backward pass, as DeepSpeed's engine runs them (microsoft/DeepSpeed@38327e07f
     deepspeed/runtime/engine.py get_data_types, _do_optimizer_sanity_check,
@@ -164,7 +186,7 @@ def _gradients(a: Account, stage: int, precision: str, pipeline: bool = False) -
       accumulation boundary); ZeRO overlaps its reductions with the backward pass by
       zero_optimization.overlap_comm, by default on for stage 3 only.
     llmsim keeps and reduces gradients in one precision: configs that keep them in one and
-    reduce them in another are refused."""
+    reduce them in another are refused. Returns whether the engine runs the BF16_Optimizer."""
     accum = _dtype(a, "data_types.grad_accum_dtype", "fp32" if precision == "bf16" and stage == 0 else precision)
     sent = _dtype(a, "communication_data_type", precision)
     offload = str(a.get("zero_optimization.offload_optimizer.device", "none")) != "none" or \
@@ -179,7 +201,7 @@ def _gradients(a: Account, stage: int, precision: str, pipeline: bool = False) -
         a.map("zero_optimization.stage", "plan.dp_overlap", False)
         a.used("communication_data_type")
         a.ignore("zero_optimization.overlap_comm")
-        return
+        return True
     a.map("zero_optimization.stage", "plan.zero_stage", stage)
     if stage == 0 and precision == "bf16":
         a.refuse("data_types.grad_accum_dtype", "DeepSpeed refuses bf16 gradient accumulation without ZeRO (outside "
@@ -203,6 +225,7 @@ def _gradients(a: Account, stage: int, precision: str, pipeline: bool = False) -
         a.map("zero_optimization.overlap_comm", "plan.dp_overlap", bool(a.get("zero_optimization.overlap_comm",
                                                                               stage == 3)))
     _bucket_note(a, stage, precision, pipeline)
+    return False
 
 
 def _bucket_note(a: Account, stage: int, precision: str, pipeline: bool) -> None:

@@ -53,7 +53,7 @@ from .common import TOKENIZER_VOCAB, Account, Imported, has_flash2, padded_vocab
 from .launch_script import parse_args, script_words
 from .megatron_pipeline import read_stage_split
 
-IGNORED_ARGS = ("lr*", "min-lr", "decoupled-*", "weight-decay", "adam-*", "clip-grad", "init-method-std", "seed",
+IGNORED_ARGS = ("lr*", "min-lr", "decoupled-*", "weight-decay", "adam-*", "init-method-std", "seed",
                 "log-*", "save*", "load", "eval-*", "data-*", "split", "vocab-file", "merge-file", "tokenizer-model",
                 "tensorboard-*", "wandb-*", "exit-*", "ckpt-*", "distributed-timeout-minutes", "num-workers",
                 "mock-data", "profile*", "master_addr", "master_port", "node_rank", "use-mcore-models",
@@ -296,6 +296,12 @@ def read_args(args: dict, files: dict | None = None, base: Path | None = None, g
                  "from @27fc468964 (Feb 2021); before, each TP rank sent the whole activation: "
                  "--set plan.pp_scatter_gather=false")
     _grad_accumulation_fusion(a, fork, legacy)
+    if fork:  # DeepSpeed's engine clips (deepspeed.read_engine); its config's gradient_clipping, not this
+        a.used("clip-grad")
+    elif legacy:
+        read_grad_clip(a, "clip-grad", False, "Megatron-LM of before 2022 (megatron/optimizer/clip_grads.py)")
+    else:
+        read_grad_clip(a, "clip-grad", True, CLIP_RELEASE)
     # Megatron's vocab-parallel cross-entropy, fused or not: the same in-place steps (loss.py)
     a.map("cross-entropy-loss-fusion", "plan.loss", "vocab-parallel")
     _recompute_args(a)
@@ -423,6 +429,25 @@ def _data_parallel_sharding(a: Account) -> None:
 MUON_COEFFICIENTS = ("quintic", "polar_express")
 # Megatron-Core's OptimizerConfig muon_* fields that change nothing llmsim times or stores
 MUON_IGNORED = ("muon_momentum", "muon_nesterov", "muon_use_nesterov", "muon_scale_mode", "muon_extra_scale_factor")
+
+
+# what read_grad_clip says where it assumes a release of Megatron-Core
+CLIP_RELEASE = ("Megatron-Core 0.18 or later with TransformerEngine, which scales the gradients every step; "
+                "before, or with Apex, only on the steps it clips: --set plan.grad_clip=norm")
+
+
+def read_grad_clip(a: Account, key: str, every_step: bool, why: str | None, default: float = 1.0) -> None:
+    """Gradient clipping (plan.grad_clip, framework_ops.py) from Megatron's limit `key`
+    (--clip-grad, `default` 1.0; the optimizer clips where it is above 0: megatron/core/optimizer/
+    optimizer.py step, @d98e8a64dd; megatron/optimizer/optimizer.py @de7dc40f88): the norm every
+    step, and the gradients scaled every step where `every_step` (Megatron-Core 0.18 on with
+    TransformerEngine: NVIDIA/Megatron-LM@3d87bfc1b7 clip_grads.py multi_tensor_scale_tensor),
+    else only on the steps it clips, which llmsim does not count (`norm`)."""
+    off = a.get(key, default) is None or number_of(a, key, default, integer=False) <= 0  # null: Lightning's off
+    if off:
+        a.map(key, "plan.grad_clip", "none")
+    else:
+        a.map(key, "plan.grad_clip", "norm-scale" if every_step else "norm", why)
 
 
 def _optimizer(a: Account) -> None:
@@ -805,7 +830,7 @@ def read_recompute(a: Account, key, granularity, granularity_key: str) -> None:
 NEMO_IGNORED = ("run.*", "exp_manager.*", "hydra.*", "trainer.accelerator", "trainer.logger", "trainer.enable_*",
                 "trainer.use_distributed_sampler", "trainer.max_epochs", "trainer.max_time", "trainer.log_*",
                 "trainer.val_check_interval", "trainer.limit_*", "trainer.num_sanity_val_steps",
-                "trainer.gradient_clip_val", "model.init_method_std", "model.use_scaled_init_method",
+                "model.init_method_std", "model.use_scaled_init_method",
                 "model.apply_query_key_layer_scaling", "model.layernorm_epsilon",
                 "model.do_layer_norm_weight_decay", "model.pre_process", "model.post_process", "model.headscale",
                 "model.transformer_block_type", "model.openai_gelu", "model.normalize_attention_scores",
@@ -993,6 +1018,12 @@ def read_nemo(data: dict) -> Imported:
     if optimizer not in ("fused_adam", "distributed_fused_adam", "adam", "adamw", "mcore_distributed_optim"):
         a.refuse(m("optim.name"), "llmsim models Adam's optimizer states only")
     a.map(m("optim.name"), "plan.zero_stage", 0 if optimizer in ("fused_adam", "adam", "adamw") else 1)
+    # NeMo 24.09's clipping (megatron_base_model.py configure_gradient_clipping, none without
+    # Lightning's trainer.gradient_clip_val): Apex's DistributedFusedAdam folds the clip factor
+    # into its step (clip_grad_norm: _grad_scale), the others take Megatron-Core 0.9's
+    # clip_grads.py, which scales only on the steps it clips
+    read_grad_clip(a, "trainer.gradient_clip_val", False, "NeMo 24.09: the clip scales no gradients of its own "
+                                                          "each step", default=0.0)
     a.map(m("optim.overlap_grad_sync"), "plan.dp_overlap", bool(a.get(m("optim.overlap_grad_sync"), False)))
     # both distributed optimizers take overlap_param_sync, off unless given (NVIDIA/NeMo@8cfedd7203
     # megatron_gpt_model.py: DistributedDataParallelConfig(overlap_param_gather=...), distributed_adam.py)

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from . import megatron_moe as moe
 from .common import Account, Imported, padded_vocab
-from .megatron import (adam_states, fsdp_grad_precision, megatron_fsdp, nemo_key, number_of, read_bf16_layers,
-                       read_cp_comm_type, read_dropout, read_fp4, read_fp8_recipe, read_head_dim, read_muon,
-                       read_param_gather_overlap, read_qk_norm, read_qkv_bias, read_recompute, read_rotary_fraction,
-                       read_window)
+from .megatron import (CLIP_RELEASE, adam_states, fsdp_grad_precision, megatron_fsdp, nemo_key, number_of,
+                       read_bf16_layers, read_cp_comm_type, read_dropout, read_fp4, read_fp8_recipe, read_grad_clip,
+                       read_head_dim, read_muon, read_param_gather_overlap, read_qk_norm, read_qkv_bias,
+                       read_recompute, read_rotary_fraction, read_window)
 from .megatron_pipeline import read_stage_split
 
 SECTIONS_IGNORED = ("checkpoint.*", "dataset.*", "dist.*", "logger.*", "profiling.*", "rerun_state_machine.*",
@@ -50,7 +50,7 @@ MODEL_IGNORED = tuple(f"model.{k}" for k in (
                                      "initial_loss_scale", "loss_scale*", "min_loss_scale", "params_dtype",
                                      "pipeline_dtype", "fp4_recipe", "num_layers_at_*", "grad_reduce_in_fp32",
                                      "autocast_*", "first_last_layers_bf16")) + tuple(
-    f"optimizer.{k}" for k in ("lr", "min_lr", "adam_*", "weight_decay", "clip_grad", "decoupled_*", "lion_*",
+    f"optimizer.{k}" for k in ("lr", "min_lr", "adam_*", "weight_decay", "decoupled_*", "lion_*",
                                "sgd_*", "config_logger_dir", "log_num_zeros_in_grad", "barrier_with_L1_time",
                                "hysteresis", "initial_loss_scale", "loss_scale*", "min_loss_scale", "bf16", "fp16",
                                "fp8_recipe", "timers", "params_dtype", "pin_cpu_*",
@@ -318,3 +318,4 @@ def _optimizer(a: Account) -> None:
                                                     "(use plan.offload in a scenario)")
     adam_states(a, "optimizer.use_precision_aware_optimizer", lambda field: f"optimizer.{field}._target_",
                 "optimizer.store_param_remainders")
+    read_grad_clip(a, "optimizer.clip_grad", True, CLIP_RELEASE)

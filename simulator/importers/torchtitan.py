@@ -91,7 +91,7 @@ V_SHAPED = ("ZBVZeroBubble", "DualPipeV")  # two stages per rank, the second com
 PRECISIONS = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
 IGNORED = ("job.*", "profiling.*", "metrics.*", "checkpoint.*", "optimizer.lr", "optimizer.eps",
            "optimizer.weight_decay", "optimizer.beta*", "optimizer.implementation", "lr_scheduler.*",
-           "training.max_norm", "training.dataset", "training.dataset_path", "training.seed", "training.deterministic",
+           "training.dataset", "training.dataset_path", "training.seed", "training.deterministic",
            "training.gc_freq", "training.warmup_steps", "validation.*", "model.tokenizer_path", "model.hf_assets_path",
            "comm.*", "experimental.*", "fault_tolerance.*", "memory_estimation.*")
 REASONS = {
@@ -198,6 +198,9 @@ def read(path: str | Path) -> Imported:
     if reduce is None:
         a.refuse("training.mixed_precision_reduce", "expected bfloat16, float16 or float32")
     a.map("training.mixed_precision_reduce", "plan.grad_precision", reduce)
+    # every step: torch.nn.utils.clip_grad_norm_ (the PP one in torchtitan's dist_utils), whose
+    # _foreach_mul_ by min(1, max_norm / norm) scales the gradients whether or not they clip
+    a.map("training.max_norm", "plan.grad_clip", "norm-scale")
 
     if a.text("training.dtype", "float32") != "float32":  # torchtitan v0.2: full bf16 training
         a.refuse("training.dtype", "float32: parameters, gradients and Adam states all in bfloat16 with no fp32 "
