@@ -16,9 +16,11 @@ MoE options, MLA) per test.
 - A lower hardware rate (sensitivity.FACTORS: GEMM, attention, HBM, links, host) never
   shortens the graph engine's step, nor lengthens it beyond in proportion (its kernels,
   transfers and launches are that rate's work over the rate, their exposure one side of a
-  max). The analytic engine's closed forms may miss by a little: a split-backward
-  schedule's ZeRO-3 reduce-scatter there overlaps the weight-gradient passes alone, so a
-  faster GEMM can cost it up to ~0.2 %.
+  max). The analytic engine's closed forms may miss by a little (up to 0.65 % on 38 of
+  1,000 random plans, docs/validation.md): with offloaded activations or parameters their
+  exposure shrinks as a pass lengthens where a split-backward schedule's bubble absorbs the
+  lengthening, and a split-backward schedule's ZeRO-2/3 reduce-scatter overlaps the
+  weight-gradient passes alone.
 - Doubling TP (halving DP, same micro-batches per replica) never raises a device's memory,
   except where physics says it may: TP-replicated weights (KV heads past kv_heads, MLA's
   down-projections) whose ZeRO-sharded states grow as DP shrinks, and an activation-offload
