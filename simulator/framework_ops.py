@@ -27,6 +27,18 @@ Per micro-batch, with the weight gradients:
   the same table to it (3·a_w bytes per element).
 Per step:
 - zero_grad: the gradient buffer is zero-filled (Megatron-LM zero_grad_buffer; `flat.zero_()`).
+- grad_average (data parallelism over more than one rank, `plan.dp_average_in_collective`
+  false): each bucket is divided by the DP x CP size before a summing reduction, a read and a
+  write of the device's whole gradient buffer (Megatron-Core param_and_grad_buffer.py
+  start_grad_sync `grad_data *= gradient_scaling_factor`, @d98e8a64dd and core_v0.9.0;
+  Megatron-LM's 2021 DDP `buffer_.data /= world_size`, @de7dc40f88 megatron/model/
+  distributed.py; DeepSpeed's engine divides after its all-reduce). FSDP2 reduces fp32 and bf16
+  gradients with NCCL's AVG (pytorch/pytorch#120919, #123362, 2024): no pass; fp16 ones it
+  divides before the reduce-scatter and after (_fsdp_collectives.py _get_gradient_divide_factors),
+  the unsharded gradients and their shard.
+- grad_nan_check (`plan.grad_nan_check`): Megatron-Core's norm of each bucket before its
+  reduction (param_and_grad_buffer.py check_grads), a read of the gradient buffer; the host's
+  wait for each bucket's result (rerun_state_machine.validate_result) is not timed.
 - param_cast (mixed precision): the optimizer's fp32 master weights are copied into the
   16-bit model weights (Megatron-LM optimizer.py Float16OptimizerWithFloat16Params
   ._copy_main_params_to_model_params): 4 + a_w bytes per parameter of the local shard.
@@ -188,7 +200,11 @@ def step_framework_ops(plan, per: BytesPerParam, params, grad_group) -> list[Op]
     local = params / np.where(zero >= 1, grad_group, 1)  # whose states the optimizer updates here
     on_device = plan.offload.optimizer == "none"
     g = optimizer_grad_bytes(per, plan)
-    ops = [_op("zero_grad", params * per.grad / np.where(zero >= 2, grad_group, 1))]
+    buffer = params * per.grad / np.where(zero >= 2, grad_group, 1)  # the gradients kept between micro-batches
+    ops = [_op("zero_grad", buffer)]
+    ops += _averaging_ops(plan, per, params, grad_group)
+    if plan.grad_nan_check:
+        ops.append(_op("grad_nan_check", buffer))
     if upcasts_gradients(per, plan):
         ops.append(_op("grad_upcast", (per.grad + g) * local))
     if plan.grad_clip != "none":
@@ -203,10 +219,24 @@ def step_framework_ops(plan, per: BytesPerParam, params, grad_group) -> list[Op]
     return ops
 
 
+def _averaging_ops(plan, per: BytesPerParam, params, grad_group) -> list[Op]:
+    """The data-parallel reduction's division by the DP x CP size where it is a pass of its own
+    (module docstring: grad_average)."""
+    ranks = np.asarray(plan.dp) * plan.cp
+    if plan.zero_stage == 3 and plan.zero3_impl == "fsdp2":
+        if plan.grad_precision != "fp16":
+            return []
+        return [_op("grad_average", np.where(ranks > 1, 2 * per.grad * params * (1 + 1 / grad_group), 0.0))]
+    if plan.dp_average_in_collective:
+        return []
+    return [_op("grad_average", np.where(ranks > 1, 2 * per.grad * params, 0.0))]
+
+
 _KERNEL_OF = {"zero_grad": "zero_fill"}
 # Kernels that move the same bytes whatever the training precision (fp32 gradient buffers,
 # zero-filling): they use the profile's reference curves, not the precision's.
-_PRECISION_FREE = ("zero_fill", "grad_upcast", "grad_unscale", "grad_norm", "grad_scale")
+_PRECISION_FREE = ("zero_fill", "grad_average", "grad_nan_check", "grad_upcast", "grad_unscale", "grad_norm",
+                   "grad_scale")
 
 
 def ops_seconds(ops: list[Op], cluster: Cluster, precision: str):

@@ -102,6 +102,18 @@ class Plan:
     # (scaled every step by min(1, limit / norm): torch.nn.utils.clip_grad_norm_, torchtitan;
     # Megatron-Core 0.18 on with TransformerEngine). Every framework clips at 1.0 by default.
     grad_clip: str = "norm-scale"
+    # The data-parallel reduction averages in its collective (NCCL's AVG: Megatron-LM
+    # --ddp-average-in-collective, NeMo's Megatron-Core optimizer by default, Apex's
+    # DistributedFusedAdam); false: each bucket is divided by the DP x CP size in a pass of its
+    # own before a summing reduction (Megatron-Core's default; Megatron-LM's DDP of 2021;
+    # DeepSpeed's engine, after it). FSDP2 averages in its reduce-scatter for fp32 and bf16
+    # gradients either way (framework_ops.py).
+    dp_average_in_collective: bool = False
+    # Megatron-Core's check of each gradient bucket's norm for NaN before its reduction
+    # (DistributedDataParallelConfig.check_for_nan_in_grad; Megatron-LM's
+    # --check-for-nan-in-loss-and-grad, on by default there, off in NeMo's and Megatron-Bridge's
+    # performance configs): a read of the gradient buffer each step.
+    grad_nan_check: bool = False
     rank_order: str = "tp-cp-dp-pp"
     # Pipeline sends split over the TP ranks, each sending 1/t and the receivers all-gathering
     # (Megatron-LM --scatter-gather-tensors-in-pipeline: from Feb 2021, NVIDIA/Megatron-LM@27fc468964,
@@ -315,6 +327,8 @@ def _settings(data) -> dict:
         grad_precision=F.choice(data, "grad_precision", "plan", GRAD_PRECISIONS, "fp32"),
         grad_accumulation_fusion=F.boolean(data, "grad_accumulation_fusion", "plan", True),
         grad_clip=F.choice(data, "grad_clip", "plan", GRAD_CLIPS, "norm-scale"),
+        dp_average_in_collective=F.boolean(data, "dp_average_in_collective", "plan", False),
+        grad_nan_check=F.boolean(data, "grad_nan_check", "plan", False),
         rank_order=order,
         pp_scatter_gather=F.boolean(data, "pp_scatter_gather", "plan", True),
         schedule_ops=_schedule_ops(data.get("schedule_ops")),

@@ -130,6 +130,7 @@ def plan_dicts(draw, zero_stages=(0, 1, 2, 3), offloads=True, max_seq_exp=15, mo
             own = "none" if extra["optimizer_precision"] == "bf16" else "remainders"
             extra["master_weights"] = draw(st.sampled_from([None, own]))
     extra["grad_clip"] = draw(st.sampled_from(["none", "norm", "norm-scale"]))
+    extra["dp_average_in_collective"], extra["grad_nan_check"] = draw(st.booleans()), draw(st.booleans())
     even = layers // (pp * chunks) * chunks  # layers per rank
     per_virtual = layers // (pp * chunks)
     split = "balanced" if balanced else draw(st.sampled_from(["even", "first-last", "middles"]))

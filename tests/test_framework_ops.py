@@ -143,6 +143,30 @@ def test_an_optimizer_reading_16_bit_gradients_itself_makes_no_copy():
     assert ops["grad_norm"] == pytest.approx(2 * 2.5e5)
 
 
+def test_a_summing_reduction_divides_the_whole_gradient_buffer_by_the_dp_size_first():
+    # Megatron-Core's distributed optimizer (ZeRO-1) keeps the whole fp32 buffer: read and write 4 B each
+    def ops(**kw):
+        plan = Plan(precision="bf16", zero_stage=1, **{"dp": 4, **kw})
+        return _by_name(fo.step_framework_ops(plan, _per(plan), 1e6, plan.dp))
+    assert ops()["grad_average"] == pytest.approx(8e6)
+    assert ops(dp_average_in_collective=True).get("grad_average", 0.0) == 0.0  # NCCL's AVG
+    assert ops(dp=1).get("grad_average", 0.0) == 0.0  # nothing to average
+
+
+def test_fsdp2_averages_fp32_gradients_in_its_reduce_scatter_and_divides_fp16_ones_around_it():
+    fp32 = Plan(precision="bf16", dp=4, zero_stage=3)
+    assert "grad_average" not in _by_name(fo.step_framework_ops(fp32, _per(fp32), 1e6, 4))
+    fp16 = Plan(precision="fp16", grad_precision="fp16", dp=4, zero_stage=3)
+    # before the reduce-scatter on the 1e6 unsharded fp16 gradients, after it on their 1e6 / 4 shard
+    assert _by_name(fo.step_framework_ops(fp16, _per(fp16), 1e6, 4))["grad_average"] == pytest.approx(
+        2 * 2 * (1e6 + 1e6 / 4))
+
+
+def test_megatrons_nan_check_reads_the_gradient_buffer():
+    plan = Plan(precision="bf16", dp=4, zero_stage=1, grad_nan_check=True)
+    assert _by_name(fo.step_framework_ops(plan, _per(plan), 1e6, 4))["grad_nan_check"] == pytest.approx(4e6)
+
+
 def test_parameter_tensors_of_a_gpt_with_biases_and_layernorms():
     # per layer: 4 weights + 4 biases + 2 norms x (scale, shift); token and position tables, final norm
     assert float(fo.param_tensors(GPT, GPT.layers, True, True, False)) == 4 * 12 + 2 + 2

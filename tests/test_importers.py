@@ -1565,6 +1565,30 @@ def test_nemo_clips_by_the_trainers_limit_without_a_scaling_pass(tmp_path, limit
     assert imported.scenario["plan"]["grad_clip"] == clip
 
 
+@pytest.mark.parametrize("args, average_in_collective, nan_check", [
+    ([], False, True),  # Megatron-LM's arguments: divide first, check every bucket
+    (["--ddp-average-in-collective", "--no-check-for-nan-in-loss-and-grad"], True, False),
+    (["--checkpoint-activations"], False, False)])  # before 2022: the local DDP divides; no check then
+def test_megatron_passes_over_the_gradient_buffer_as_its_arguments_say(args, average_in_collective, nan_check):
+    argv = [a for a in MEGATRON_ARGV if a not in ("--bf16", "--use-distributed-optimizer")]
+    plan = import_config("megatron", None, {"cluster.node": "dgx-a100"}, argv=[*argv, *args]).scenario["plan"]
+    assert (plan.get("dp_average_in_collective", False), plan.get("grad_nan_check", False)) == (
+        average_in_collective, nan_check)
+
+
+@pytest.mark.parametrize("optim, average_in_collective", [
+    ({"name": "distributed_fused_adam"}, True),  # Apex reduce-scatters with ReduceOp.AVG
+    ({"name": "mcore_distributed_optim"}, True),  # NeMo 24.09's default for Megatron-Core's DDP
+    ({"name": "mcore_distributed_optim", "average_in_collective": False}, False)])
+def test_nemo_averages_in_the_collective_unless_told_otherwise(tmp_path, optim, average_in_collective):
+    data = yaml.safe_load((DATA / "nemo-llama3.1_8b.yaml").read_text())
+    data["model"]["optim"].update(optim)
+    (tmp_path / "n.yaml").write_text(yaml.safe_dump(data))
+    plan = import_config("megatron", tmp_path / "n.yaml", {"cluster.node": "dgx-h100"}).scenario["plan"]
+    assert plan["dp_average_in_collective"] is average_in_collective
+    assert not plan.get("grad_nan_check", False)
+
+
 def test_torchtitan_clips_and_scales_every_step():
     imported = import_config("torchtitan", DATA / "torchtitan-llama3_8b.toml", {"cluster.node": "dgx-h100"})
     assert _plan(imported, "grad_clip") == {"grad_clip": "norm-scale"}

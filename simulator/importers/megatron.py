@@ -302,6 +302,7 @@ def read_args(args: dict, files: dict | None = None, base: Path | None = None, g
         read_grad_clip(a, "clip-grad", False, "Megatron-LM of before 2022 (megatron/optimizer/clip_grads.py)")
     else:
         read_grad_clip(a, "clip-grad", True, CLIP_RELEASE)
+        _gradient_buffer_passes(a)
     # Megatron's vocab-parallel cross-entropy, fused or not: the same in-place steps (loss.py)
     a.map("cross-entropy-loss-fusion", "plan.loss", "vocab-parallel")
     _recompute_args(a)
@@ -448,6 +449,16 @@ def read_grad_clip(a: Account, key: str, every_step: bool, why: str | None, defa
         a.map(key, "plan.grad_clip", "none")
     else:
         a.map(key, "plan.grad_clip", "norm-scale" if every_step else "norm", why)
+
+
+def _gradient_buffer_passes(a: Account) -> None:
+    """Megatron-Core's passes over its gradient buffer before each bucket's reduction
+    (framework_ops.py): the division by the DP size unless --ddp-average-in-collective, and the
+    NaN check of each bucket's norm, on unless --no-check-for-nan-in-loss-and-grad
+    (megatron/training/arguments.py and training.py get_model, core_v0.9.0 and @d98e8a64dd)."""
+    a.map("ddp-average-in-collective", "plan.dp_average_in_collective", bool(a.get("ddp-average-in-collective", False)))
+    a.map("no-check-for-nan-in-loss-and-grad", "plan.grad_nan_check",
+          not a.get("no-check-for-nan-in-loss-and-grad", False))
 
 
 def _optimizer(a: Account) -> None:
@@ -856,6 +867,23 @@ NEMO_ACTIVATIONS = {"gelu": "gelu", "swiglu": "swiglu", "fast-swiglu": "swiglu",
                     "fast-geglu": "geglu"}
 
 
+def _nemo_gradient_buffer_passes(a: Account, m, optimizer: str) -> None:
+    """What NeMo 24.09 runs over the gradients before their reduction (framework_ops.py): Apex's
+    DistributedFusedAdam reduce-scatters with ReduceOp.AVG (apex/contrib/optimizers/
+    distributed_fused_adam.py _start_bucket_grad_sync, average_grad_sync), and its Megatron-Core
+    optimizer's DDP averages in the collective and checks no NaN unless the yaml says otherwise
+    (NVIDIA/NeMo@24.09-alpha.rc0 megatron_gpt_model.py setup_mcore_distributed_parallel:
+    optim.average_in_collective default true, optim.check_for_nan_in_grad default false). The
+    other optimizers' reduction is NeMo's own and is taken as dividing first (the plan's default)."""
+    if optimizer == "distributed_fused_adam":
+        a.map(m("optim.name"), "plan.dp_average_in_collective", True, "Apex reduce-scatters with ReduceOp.AVG")
+    elif optimizer == "mcore_distributed_optim":
+        a.map(m("optim.average_in_collective"), "plan.dp_average_in_collective",
+              bool(a.get(m("optim.average_in_collective"), True)))
+        a.map(m("optim.check_for_nan_in_grad"), "plan.grad_nan_check", bool(a.get(m("optim.check_for_nan_in_grad"),
+                                                                                      False)))
+
+
 def _nemo_adam_states(a: Account, m, precision: str) -> None:
     """Apex DistributedFusedAdam's states under NeMo: their dtype (optim.dtype, fp32 unless
     given) and the master copy beside them, as optim.store_params and store_param_remainders
@@ -1024,6 +1052,7 @@ def read_nemo(data: dict) -> Imported:
     # clip_grads.py, which scales only on the steps it clips
     read_grad_clip(a, "trainer.gradient_clip_val", False, "NeMo 24.09: the clip scales no gradients of its own "
                                                           "each step", default=0.0)
+    _nemo_gradient_buffer_passes(a, m, optimizer)
     a.map(m("optim.overlap_grad_sync"), "plan.dp_overlap", bool(a.get(m("optim.overlap_grad_sync"), False)))
     # both distributed optimizers take overlap_param_sync, off unless given (NVIDIA/NeMo@8cfedd7203
     # megatron_gpt_model.py: DistributedDataParallelConfig(overlap_param_gather=...), distributed_adam.py)

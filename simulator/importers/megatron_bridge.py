@@ -57,7 +57,7 @@ MODEL_IGNORED = tuple(f"model.{k}" for k in (
                                "overlap_param_gather*", "use_distributed_optimizer")) + tuple(
     f"train.{k}" for k in ("check_*", "decrease_batch_size_if_needed", "empty_unused_memory_level", "eval_*",
                            "exit_*", "iterations_to_skip", "manual_gc*", "skip_*", "train_sync_interval")) + tuple(
-    f"ddp.{k}" for k in ("average_in_collective", "bucket_size", "check_for_*", "gradient_reduce_div_fusion",
+    f"ddp.{k}" for k in ("bucket_size", "check_for_large_grads", "gradient_reduce_div_fusion",
                          "pad_buckets_for_high_nccl_busbw", "align_param_gather", "suggested_communication_unit_size",
                          "fsdp_*", "nccl_ub", "disable_symmetric_registration", "megatron_fsdp_main_params_dtype",
                          "keep_fp8_transpose_cache", "param_name_patterns_for_fp32_local_accumulation",
@@ -288,6 +288,10 @@ def _sharding(a: Account, precision: str) -> None:
         a.map("ddp.grad_reduce_in_fp32", "plan.grad_precision", "fp32" if a.get("ddp.grad_reduce_in_fp32") else
               "bf16" if precision != "fp16" else "fp16")
     a.map("ddp.overlap_grad_reduce", "plan.dp_overlap", bool(a.get("ddp.overlap_grad_reduce", False)))
+    # Megatron-Core's passes over the gradient buffer before its reduction (framework_ops.py),
+    # DistributedDataParallelConfig's defaults where the yaml leaves them out
+    a.map("ddp.average_in_collective", "plan.dp_average_in_collective", bool(a.get("ddp.average_in_collective", False)))
+    a.map("ddp.check_for_nan_in_grad", "plan.grad_nan_check", bool(a.get("ddp.check_for_nan_in_grad", False)))
     read_param_gather_overlap(a, "ddp.overlap_param_gather")
 
 
