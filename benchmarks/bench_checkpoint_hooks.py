@@ -13,11 +13,10 @@ its operators carry the bytes they keep, not the number of tensors.
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 from torch.utils.checkpoint import checkpoint
+
+import wallclock  # benchmarks/wallclock.py, beside this script
 
 OPS, ROUNDS, WARMUP = 200, 30, 5
 
@@ -29,12 +28,7 @@ def chain(x):
 
 
 def median_s(step) -> float:
-    times = []
-    for _ in range(ROUNDS):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[WARMUP:])
+    return wallclock.median_s(step, ROUNDS, WARMUP)
 
 
 def main() -> None:

@@ -15,11 +15,10 @@ tensor, as Megatron's loop makes them).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
+import wallclock  # benchmarks/wallclock.py, beside this script
 from simulator.calibrate.device import configure
 from simulator.compute import memory_bound_time
 from simulator.hardware import load_accelerator
@@ -29,12 +28,7 @@ SIZES = (1 << 20, 1 << 22, 1 << 24, 1 << 26)
 
 
 def median_s(step) -> float:
-    times = []
-    for _ in range(ROUNDS):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[WARMUP:])
+    return wallclock.median_s(step, ROUNDS, WARMUP)
 
 
 def main() -> None:
