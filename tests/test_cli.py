@@ -304,11 +304,12 @@ def test_validate_torch_without_a_profile_takes_one_calibrated_on_this_kind_of_m
     import time
 
     from simulator import InputError
-    from simulator.calibrate.profile_writer import cpu_model
+    from simulator.calibrate.profile_writer import cpu_identity, cpu_model
     from simulator.calibrate.validate_torch import default_profile
 
     def write(name, device_name):
-        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({"calibration": {"device_name": device_name}}))
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({"calibration": {"device_name": device_name,
+                                                                               "cpu": cpu_identity()}}))
         (tmp_path / f"{name}-node.yaml").write_text("{}\n")
 
     write("mine", f"{cpu_model()}, 1 thread(s) per device")
@@ -349,21 +350,33 @@ def _profiles(tmp_path, profiles: dict):
 
 def test_validate_torch_never_takes_a_profile_calibrated_on_another_cpu_generation(tmp_path, monkeypatch):
     """On a Zen 3 EPYC, a later profile of a Zen 4 one (the same model name) is never taken: one that
-    records this CPU comes first, then one that records none; with only the Zen 4 one it is refused
-    by name."""
+    records this CPU is; with only the Zen 4 one it is refused by name."""
     from simulator import InputError
     from simulator.calibrate import profile_writer
     from simulator.calibrate.validate_torch import default_profile
 
     monkeypatch.setattr(profile_writer, "cpu_identity", lambda: ZEN3)
-    _profiles(tmp_path, {"zen4": ("2026-12-06T10:00:00Z", ZEN4), "unrecorded": ("2026-12-05T10:00:00Z", None),
-                         "zen3": ("2026-12-01T10:00:00Z", ZEN3)})
+    _profiles(tmp_path, {"zen4": ("2026-12-06T10:00:00Z", ZEN4), "zen3": ("2026-12-01T10:00:00Z", ZEN3)})
     assert default_profile("cpu", [tmp_path]) == tmp_path / "zen3.yaml"
     (tmp_path / "zen3.yaml").unlink()
-    assert default_profile("cpu", [tmp_path]) == tmp_path / "unrecorded.yaml"
-    (tmp_path / "unrecorded.yaml").unlink()
     with pytest.raises(InputError, match=r"another CPU generation \(AuthenticAMD family 25 model 17"):
         default_profile("cpu", [tmp_path])
+
+
+def test_validate_torch_takes_a_profile_recording_no_cpu_only_when_asked(tmp_path, monkeypatch):
+    """A profile written before calibrations recorded their CPU is no evidence of this one (the
+    older EPYC profile on a Zen 5: 27 % off): refused by name, with --profile as the way to use
+    it; taken where this CPU cannot be identified either."""
+    from simulator import InputError
+    from simulator.calibrate import profile_writer
+    from simulator.calibrate.validate_torch import default_profile
+
+    _profiles(tmp_path, {"unrecorded": ("2026-12-05T10:00:00Z", None)})
+    monkeypatch.setattr(profile_writer, "cpu_identity", lambda: ZEN3)
+    with pytest.raises(InputError, match=r"AuthenticAMD family 25 model 1 \(avx2\)\); unrecorded records no CPU"):
+        default_profile("cpu", [tmp_path])
+    monkeypatch.setattr(profile_writer, "cpu_identity", lambda: {})
+    assert default_profile("cpu", [tmp_path]) == tmp_path / "unrecorded.yaml"
 
 
 def test_validate_torch_records_no_residuals_in_another_cpus_profile(tmp_path, monkeypatch):
@@ -403,13 +416,14 @@ def test_validate_torch_takes_the_profile_of_this_cpus_generation_then_the_lates
     import time
 
     from simulator.calibrate import calibration
-    from simulator.calibrate.profile_writer import cpu_model
+    from simulator.calibrate.profile_writer import cpu_identity, cpu_model
     from simulator.calibrate.validate_torch import default_profile
 
     def write(name, date, precisions):
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({
             "peak_tflops": {p: 0.1 for p in precisions},
-            "calibration": {"device_name": f"{cpu_model()}, 1 thread(s) per device", "date": date}}))
+            "calibration": {"device_name": f"{cpu_model()}, 1 thread(s) per device", "date": date,
+                            "cpu": cpu_identity()}}))
         (tmp_path / f"{name}-node.yaml").write_text("{}\n")
 
     write("fp32-old", "2026-12-01T10:00:00Z", ["fp32"])

@@ -350,15 +350,19 @@ def same_cpu(cal: dict, device: str = "cpu") -> bool | None:
 
 def default_profile(device: str = "cpu", folders=None) -> Path:
     """The profile in `folders` (default: the shipped hardware_profiles/calibrated/; accelerator
-    files, not -node/-net) calibrated on this kind of machine (its CPU model or GPU name), never
-    one that records another CPU (same_cpu: two EPYC generations share the name "AMD EPYC"): of
-    several, one that records this CPU, then one whose precisions this CPU computes natively (a
-    bf16 rate only where it has AVX512-BF16 or AMX), then the latest calibration date (a fresh
-    clone gives every file the same modification time)."""
+    files, not -node/-net) calibrated on this kind of machine (its CPU model or GPU name). On a
+    CPU whose identity /proc/cpuinfo gives (profile_writer.cpu_identity), only a profile that
+    records this CPU: three EPYC generations share the name "AMD EPYC", and a profile recording
+    none (written before calibrations did) is no evidence of this CPU (the one such EPYC profile
+    missed a Zen 5's steps by 27 %, docs/calibration.md): it is named in the refusal, for
+    --profile. Of several, one whose precisions this CPU computes natively (a bf16 rate only
+    where it has AVX512-BF16 or AMX), then the latest calibration date (a fresh clone gives
+    every file the same modification time)."""
     import yaml
 
     from ..hardware import CALIBRATED, profiles_dir
     from .calibration import cpu_has_bf16
+    from .profile_writer import cpu_identity
 
     folders = [profiles_dir() / CALIBRATED] if folders is None else [Path(f) for f in folders]
     accs = [p for f in folders if f.is_dir() for p in sorted(f.glob("*.yaml"))
@@ -366,18 +370,25 @@ def default_profile(device: str = "cpu", folders=None) -> Path:
     here = _this_device(device)
     data = {p: yaml.safe_load(p.read_text()) or {} for p in accs}
     named = [p for p in accs if here in str((data[p].get("calibration") or {}).get("device_name", ""))]
-    mine = [p for p in named if same_cpu(data[p].get("calibration") or {}, device) is not False]
+    matches = {p: same_cpu(data[p].get("calibration") or {}, device) for p in named}
+    identified = device == "cpu" and bool(cpu_identity())
+    mine = [p for p in named if matches[p] is True or (matches[p] is None and not identified)]
     if not mine:
-        other = "" if not named else (f"; those of that name were calibrated on another CPU generation "
-                                      f"({describe_cpu(data[named[0]]['calibration']['cpu'])})")
+        other = [p for p in named if matches[p] is False]
+        unrecorded = [p.stem for p in named if matches[p] is None]
+        why = (f"; those of that name were calibrated on another CPU generation "
+               f"({describe_cpu(data[other[0]]['calibration']['cpu'])})" if other else "")
+        why += (f"; {', '.join(unrecorded)} records no CPU (give it as --profile to use it anyway)"
+                if unrecorded else "")
+        this = f"{here}: {describe_cpu(cpu_identity())}" if identified else here
         raise InputError("--profile", None, f"no profile in {', '.join(map(str, folders))} was calibrated on this "
-                         f"{device} ({here}){other}; run `llmsim calibrate` or give --profile")
+                         f"{device} ({this}){why}; run `llmsim calibrate` or give --profile")
     bf16_here = device != "cpu" or cpu_has_bf16()
 
     def rank(p):
         cal = data[p].get("calibration") or {}
         same_precisions = device != "cpu" or ("bf16" in (data[p].get("peak_tflops") or {})) == bf16_here
-        return bool(same_cpu(cal, device)), same_precisions, str(cal.get("date", "")), p.stat().st_mtime
+        return same_precisions, str(cal.get("date", "")), p.stat().st_mtime
 
     return max(mine, key=rank)
 
