@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .bcast import amin, as_float, maximum, where
-from .dataparallel import bucketed_overlap_s
 from .layout import Layout, StageLayout
 from .memory import MEMORY_KEYS, StageMemory
 from .offload import exposed_offload_s
@@ -122,13 +121,32 @@ def _dp_exposed_s(layout: Layout, r: StageLayout, times: StageTimes, i: int, sla
     else:
         per_mb = d.mb_gather_s + d.mb_reduce_s
         tail, head = d.step_reduce_s, 0.0
-    if plan.gathers_overlap:
-        head = head + bucketed_overlap_s(d.step_gather_s / v, f / v, r.buckets) * (d.step_gather_s > 0)
-    else:
-        head = head + d.step_gather_s
     slack_start = r.stage * f / v
-    exposed = layout.m * per_mb + np.maximum(0.0, tail - slack_end) + np.maximum(0.0, head - slack_start)
+    if plan.gathers_overlap:
+        gathered = _gather_head_s(layout, d.step_gather_s, f, r.buckets, r.stage, slack_start) * (d.step_gather_s > 0)
+    else:
+        head, gathered = head + d.step_gather_s, 0.0
+    exposed = layout.m * per_mb + np.maximum(0.0, tail - slack_end) + np.maximum(0.0, head - slack_start) + gathered
     return exposed, np.maximum(0.0, slack_end - tail)
+
+
+def _gather_head_s(layout: Layout, gather_s, f, buckets, stage, slack_s):
+    """Seconds ZeRO-1/2's weight gathers delay a stage's passes (plan.gathers_overlap), as the
+    graph engine runs them: every chunk's gather issued at the step's start, chunk by chunk,
+    back to back on the dp stream, in buckets; a chunk's first forward starts once its first
+    bucket has arrived and ends no sooner than one bucket's share of it after the last; it
+    could start Schedule.gather_lead chunk forwards after the stage's first pass, which itself
+    starts `slack_s` after the step. One chunk: dataparallel.bucketed_overlap_s less the slack."""
+    v = layout.v
+    g, f_chunk, k = gather_s / v, f / v, as_float(buckets)
+    queue, delay = -slack_s, 0.0
+    for c, lead in enumerate(layout.schedule.gather_lead(layout.p, v, stage)):
+        free = lead * f_chunk + delay
+        start = maximum(free, queue + g / k)
+        end = maximum(start + f_chunk, queue + g + f_chunk / k)
+        delay = where(c < v, delay + end - (free + f_chunk), delay)
+        queue = queue + g
+    return delay
 
 
 def _stands_for_none(counted) -> bool:

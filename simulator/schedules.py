@@ -147,6 +147,18 @@ class Schedule:
         Megatron-LM's interleaved order chunk c's last backward is followed by c·p others."""
         return [(0, c * p * (v > c), 0, 0) for c in range(int(amax(v)))]
 
+    def gather_lead(self, p, v, stage) -> list:
+        """Per chunk, how many chunk forwards after the stage's first pass its first forward
+        can start at the earliest: the pipeline's fill, its virtual stage's distance from the
+        stage's first (ZeRO-1/2's weight gathers run ahead of these, analytic.py). Loop
+        placement: chunk c's first forward is virtual stage c·p + stage, the c·p forwards of
+        Megatron-LM's interleaved warm-up before it; V placement: chunk 1 is virtual stage
+        2p-1-stage, and follows chunk 0's first forward on the stage at least. Broadcast-safe."""
+        p, stage = np.asarray(p), np.asarray(stage)
+        if self.placement == "v":
+            return [np.zeros_like(p), np.maximum(1, 2 * p - 1 - 2 * stage)]
+        return [c * p for c in range(int(amax(v)))]
+
     def drain_tail(self, p, m, v, stage) -> tuple:
         """(F, B, I, W) passes a stage runs after its last backward pass (B, or I where the
         backward is split): the step's last backward passes run from stage p-1 down to stage 0,

@@ -210,6 +210,28 @@ def test_weights_gathered_after_the_optimizer_step_are_exposed_whole(scenario, e
     assert reduce_after - gather_ahead > 0.5 * gather
 
 
+@pytest.mark.parametrize("engine", ["graph", "analytic"])
+def test_weight_gathers_outlasting_the_forwards_before_a_chunk_delay_every_chunk(scenario, engine):
+    """ZeRO-1 gathering ahead of the forward under ZB-V on one stage: its two chunks' forwards
+    run first (F0, F1), and the dp stream gathers chunk 0's weights, then chunk 1's, g each
+    in k buckets. Chunk 1's first forward ends no sooner than one bucket's share of it after
+    the stream is done, at 2g + f/k, where without the gathers both forwards end at 2f: the
+    gathers add 2g - 2f + f/k, so gathering after the optimizer step instead (2g, whole) costs
+    2f - f/k more (counting chunk 0's gather alone, as the analytic engine did: g + f - f/k)."""
+    from simulator.analytic import pipeline_times
+
+    short = {"preset": "megatron-gpt-1.7b", "seq_len": 128, "layers": 4, "hidden": 4096, "heads": 32}
+    s = plan(scenario, model=short, tp=1, pp=1, schedule="zb-v", global_batch=32, zero_stage=1)  # dp 16: m = 2
+    layout = compile_scenario(s)
+    f, k = pipeline_times(layout).f[0] / 2, float(layout.stages[0].buckets)
+    g = float(layout.stages[0].dp.step_gather_s) / 2
+    assert g > 2 * f  # the case: the gathers outlast the forwards before chunk 1
+    ahead = evaluate(s, engine).step_time_s
+    after = evaluate(plan(scenario, model=short, tp=1, pp=1, schedule="zb-v", global_batch=32, zero_stage=1,
+                          param_gather_overlap=False), engine).step_time_s
+    assert after - ahead == pytest.approx(2 * f - f / k, rel=1e-6)
+
+
 @pytest.mark.parametrize("zero_stage", [0, 3])
 def test_param_gather_overlap_is_refused_without_a_once_per_step_gather(scenario, zero_stage):
     from simulator.errors import InputError
