@@ -467,8 +467,7 @@ def exposed_dispatch_s(comm_s, moe_layer, shared, options: MoEOptions, sm_share=
     of the same pass; EP overlap behind the other direction's pass of another micro-batch,
     as long as that pass lasts: its kernels, or where the host launches them more slowly its
     host floor (`floors`, hostbound.pass_floors: the device idles between kernels then, and
-    the collectives run on beside it; counting the kernels alone, faster kernels in a
-    host-bound forward exposed more of the backward's collectives and lengthened the step).
+    the collectives run on beside it).
     Kernels that take a share f of the SMs (`sm_share`: DeepEP's and Hybrid-EP's,
     deepep.dispatcher_sms; NCCL's all-to-all is not counted) slow the compute they run beside:
     c seconds of communication beside g of compute take max(c, g + c·f), so max(c - g, c·f)

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from plans import plan_dicts, scenario_of
+from plans import FIXED_DRAWS, plan_dicts, scenario_of
 
 from simulator.engine import critical_path, execute, run, run_with_slowdown, simulate as simulate_layout
 from simulator.evaluate import compile_scenario, evaluate
@@ -109,7 +109,7 @@ def test_per_micro_batch_traffic_extrapolates_to_the_full_simulation(scenario, k
 
 
 @given(plan_dicts())
-@settings(max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=150, deadline=None, derandomize=FIXED_DRAWS, database=None, suppress_health_check=list(HealthCheck))
 def test_steady_state_extrapolation_equals_full_simulation_on_random_plans(data):
     data["plan"]["global_batch"] *= 4  # enough micro-batches for the fast path
     layout = compile_scenario(scenario_of(data))
@@ -398,7 +398,7 @@ def _starts_by_definition(g, dur, post, ex):
 
 
 @given(plan_dicts())
-@settings(max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=150, deadline=None, derandomize=FIXED_DRAWS, database=None, suppress_health_check=list(HealthCheck))
 def test_every_task_starts_when_what_it_waits_for_is_done_on_random_plans(data):
     """The executor (which walks stages and counts down only the dependencies between them)
     against the definition, on the first execution and on the refined re-execution with

@@ -32,11 +32,11 @@ import math
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from plans import plan_dicts, scenario_of
+from plans import FIXED_DRAWS, plan_dicts, scenario_of
 from simulator import InputError, evaluate, scenario_from_dict
 from simulator.sensitivity import STEP, sensitivities
 
-RUNS = settings(max_examples=2000, deadline=None, derandomize=True, database=None,
+RUNS = settings(max_examples=2000, deadline=None, derandomize=FIXED_DRAWS, database=None,
                 suppress_health_check=list(HealthCheck))
 MOE_RUNS = settings(RUNS, max_examples=500)  # MoE models (Mixtral, Qwen3-MoE, a DeepSeek-V3 with MLA)
 AGREE = 0.10

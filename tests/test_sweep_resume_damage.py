@@ -15,6 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from plans import FIXED_DRAWS
+
 from simulator import table
 from simulator.space import space_from_dict
 from simulator.sweep import sweep
@@ -29,7 +31,7 @@ BAD = ["x", "1.5.2", "0x1f", " 7", "+3", "true", "TRUE", "1e", "--1", "nan()"]
 DAMAGE = st.tuples(st.sampled_from(["torn", "cell", "drop", "repeat", "swap", "blank", "foreign"]),
                    st.integers(0, 10**6), st.integers(0, 10**6), st.sampled_from(BAD))
 RUNS = settings(max_examples=300 if os.environ.get("HYPOTHESIS_PROFILE") == "long" else 20, deadline=None,
-                derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+                derandomize=FIXED_DRAWS, database=None, suppress_health_check=list(HealthCheck))
 
 
 def _finished(tmp_path_factory, suffix: str):
