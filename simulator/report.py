@@ -286,8 +286,12 @@ def render_sensitivity(sensitivity: dict) -> str:
     """`evaluate --sensitivity`: the step time with each hardware rate lower and higher, the
     rates the step leans on most first."""
     pct = round(100 * sensitivity["step"])
-    rows = [(f["factor"], f["scales"], f"{_unsigned_zero(f['lower_change_pct'], 1):+.1f}%",
-             f"{_unsigned_zero(f['higher_change_pct'], 1):+.1f}%", f"{_unsigned_zero(f['elasticity'], 2):+.2f}")
+
+    def change(f, side):
+        fits = "" if f.get(f"fits_{side}", True) else " (out of memory)"
+        return f"{_unsigned_zero(f[f'{side}_change_pct'], 1):+.1f}%{fits}"
+
+    rows = [(f["factor"], f["scales"], change(f, "lower"), change(f, "higher"), f"{_unsigned_zero(f['elasticity'], 2):+.2f}")
             for f in sorted(sensitivity["factors"], key=lambda f: f["elasticity"])]
     return "\n".join([f"sensitivity: the step time with one rate of the profile {pct}% lower or higher, the rest held "
                       "(llmsim hardware show: each number's source)",

@@ -116,26 +116,32 @@ class Sensitivity:
     step_time_s_lower: float  # the quantity at (1 - STEP) of the profile's
     step_time_s_higher: float  # at (1 + STEP)
     elasticity: float  # d ln(step time) / d ln(quantity) between those two points
+    fits_lower: bool = True  # whether the plan still fits in memory at (1 - STEP)
+    fits_higher: bool = True
 
     def to_dict(self, step_time_s: float) -> dict:
         return {"factor": self.factor, "scales": self.scales, "step_time_s_lower": self.step_time_s_lower,
                 "step_time_s_higher": self.step_time_s_higher,
                 "lower_change_pct": 100 * (self.step_time_s_lower / step_time_s - 1),
                 "higher_change_pct": 100 * (self.step_time_s_higher / step_time_s - 1),
-                "elasticity": self.elasticity}
+                "elasticity": self.elasticity, "fits_lower": self.fits_lower, "fits_higher": self.fits_higher}
 
 
 def sensitivities(scenario, engine: str = "graph") -> list[Sensitivity] | None:
-    """Each factor's Sensitivity for `scenario`, or None where the plan does not fit (memory
-    does not depend on these rates: it fits at all of them or at none)."""
+    """Each factor's Sensitivity for `scenario`, or None where the plan does not fit at the
+    profile's rates. A rate moves memory only where activations are offloaded: the graph
+    engine frees each once its copy to the host has finished, so a slower host link (or faster
+    kernels) keeps more alive at once, and a plan near the device's memory may not fit at one
+    side of a factor (`fits_lower`, `fits_higher`); its step time there is reported all the same."""
     from .evaluate import evaluate
 
+    if not evaluate(scenario, engine).feasible:
+        return None
     out = []
     for f in FACTORS:
         lower, higher = (evaluate(replace(scenario, cluster=f.faster(scenario.cluster, k)), engine)
                          for k in (1 - STEP, 1 + STEP))
-        if not lower.feasible:
-            return None
         elasticity = math.log(higher.step_time_s / lower.step_time_s) / math.log((1 + STEP) / (1 - STEP))
-        out.append(Sensitivity(f.name, f.scales, lower.step_time_s, higher.step_time_s, elasticity))
+        out.append(Sensitivity(f.name, f.scales, lower.step_time_s, higher.step_time_s, elasticity,
+                               bool(lower.feasible), bool(higher.feasible)))
     return out
