@@ -100,28 +100,12 @@ def layer_floors(times, ops, rerun_s, checkpoint, host_s, tp_s, cp_s, ep_s, tp_r
     four with sequence parallelism, and the backward's two re-gathers of the input where the
     framework does not keep it. `dispatch`: an MoE layer's (forward calls, backward calls,
     forward waits) of its dispatch and combine (moe.dispatch_host_calls)."""
-    coll = _collective_launches(plan, shard)[0]
+    coll = np.where(np.asarray(plan.tp) > 1, 4 if plan.sequence_parallel else 2, 0)
     calls_f, calls_b, waits = dispatch
     if host_s > 0:
         exposed = (tp_s[0] + cp_s[0] + ep_s[0], tp_s[1] + cp_s[1] + ep_s[1])
-        times = host_bound(times, ops, host_s, exposed, _collective_launches(plan, shard, dispatch), split, waits)
+        launched = (coll + calls_f, coll + calls_b + 2 * plan.sequence_parallel * (not shard.tp_keeps_gathered))
+        times = host_bound(times, ops, host_s, exposed, launched, split, waits)
     again = tp_rerun * tp_s[0] + float(checkpoint.cp_rerun) * cp_s[0] + checkpoint.ep_rerun * ep_s[0]
     return times, rerun_bound(rerun_s, checkpoint.rerun, host_s, again, tp_rerun * coll + checkpoint.ep_rerun * calls_f,
                               checkpoint.ep_rerun * waits)
-
-
-def _collective_launches(plan, shard, dispatch=(0, 0, 0)) -> tuple:
-    """(forward, backward) collective launches of a layer, as layer_floors counts them: its TP
-    collectives' and its MoE dispatch calls."""
-    coll = np.where(np.asarray(plan.tp) > 1, 4 if plan.sequence_parallel else 2, 0)
-    return coll + dispatch[0], coll + 2 * plan.sequence_parallel * (not shard.tp_keeps_gathered) + dispatch[1]
-
-
-def pass_floors(ops, host_s, plan, shard, dispatch=(0, 0, 0)) -> tuple:
-    """(forward, backward) seconds the host takes to launch a layer's passes, its kernels and
-    collectives (host_bound's floors; a split schedule's input- and weight-gradient floors
-    summed): what a pass lasts at least, and so what another micro-batch's collectives can
-    run beside (moe.exposed_dispatch_s)."""
-    n_f, n_b = launches(ops)
-    c_f, c_b = _collective_launches(plan, shard, dispatch)
-    return (n_f + c_f) * host_s, (n_b + c_b) * host_s

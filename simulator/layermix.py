@@ -25,7 +25,7 @@ from . import cpattention, deepep, fp8, fsdp, mtp, projections
 from .compute import LOW_PRECISION_GEMMS, op_times, with_attention_kernel
 from .fp8 import compute_precision
 from .fusion import eager_ops
-from .hostbound import layer_floors, pass_floors
+from .hostbound import layer_floors
 from .passes import OpsTime, ops_time, pass_times, tp_layer_comm_s
 from .tpoverlap import overlapped_tp_s
 from .recompute import chunk_checkpoint, plan_checkpoint, tp_rerun_fraction
@@ -169,11 +169,10 @@ def compile_mix(model, cluster, plan, shard, groups, per, precision, split=False
         shared_t = ops_time([op for op in moe_ops if op.group == SHARED_EXPERTS], cluster, precision) \
             if plan.moe.shared_expert_overlap else None
         moe_cp = cp(moe_t.attention_fwd_s, moe_t.attention_bwd_s)
-        calls = dispatch_host_calls(experts)
         ep = exposed_dispatch_s(dispatch_comm_s(model, shard, experts, groups, cluster), moe_t, shared_t, plan.moe,
-                                deepep.sm_share(experts, groups, acc), pass_floors(moe_ops, host_s, plan, shard, calls))
+                                deepep.sm_share(experts, groups, acc))
         moe_t, moe_rerun = _at_host_floor(moe_t, moe_ops, moe_rerun, moe_tp, moe_cp, ep, host_s, plan, shard, split,
-                                          calls)
+                                          dispatch_host_calls(experts))
         buffers_layer = np.maximum(dense_p, rest_p + routed_p)
         extra = moe_buffer_bytes(model, shard, experts, groups)
     buffers = buffer_bytes(cluster.accelerator.framework_overhead_bytes, buffers_layer, plan, per.weight,

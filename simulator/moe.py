@@ -64,9 +64,7 @@ published MoE runs used, has neither): `shared_expert_overlap` (--moe-shared-exp
 runs the shared experts during the dispatch and combine; `ep_comm_overlap`
 (--overlap-moe-expert-parallel-comm, "merging FWD-BWD passes of adjacent microbatches",
 megatron/core/transformer/moe/README.md @d98e8a64dd) hides a forward pass's collectives
-behind another micro-batch's backward pass of the same layer and vice versa, for as long as
-that pass lasts (its kernels, or its host floor where the host launches them more slowly:
-hostbound.pass_floors). The latter is
+behind another micro-batch's backward pass of the same layer and vice versa. The latter is
 applied to every pass; the warm-up and cool-down passes of a pipeline, which have no partner,
 are not told apart (an optimistic bound).
 
@@ -459,15 +457,12 @@ def dispatch_comm_s(model, shard, experts: ExpertShard, groups, cluster):
     return comm
 
 
-def exposed_dispatch_s(comm_s, moe_layer, shared, options: MoEOptions, sm_share=0.0, floors=(0.0, 0.0)):
+def exposed_dispatch_s(comm_s, moe_layer, shared, options: MoEOptions, sm_share=0.0):
     """(forward, backward) seconds of one MoE layer's dispatch collectives left exposed.
 
     `moe_layer` and `shared` are the OpsTime of the whole MoE layer and of its shared
     experts. Shared-expert overlap hides the collectives behind the shared experts' kernels
-    of the same pass; EP overlap behind the other direction's pass of another micro-batch,
-    as long as that pass lasts: its kernels, or where the host launches them more slowly its
-    host floor (`floors`, hostbound.pass_floors: the device idles between kernels then, and
-    the collectives run on beside it).
+    of the same pass; EP overlap behind the other direction's pass of another micro-batch.
     Kernels that take a share f of the SMs (`sm_share`: DeepEP's and Hybrid-EP's,
     deepep.dispatcher_sms; NCCL's all-to-all is not counted) slow the compute they run beside:
     c seconds of communication beside g of compute take max(c, g + c·f), so max(c - g, c·f)
@@ -480,8 +475,7 @@ def exposed_dispatch_s(comm_s, moe_layer, shared, options: MoEOptions, sm_share=
         fwd = hidden(fwd, shared.fwd_s)
         bwd = hidden(bwd, shared.bwd_input_s + shared.bwd_weight_s)
     if options.ep_comm_overlap:
-        fwd, bwd = (hidden(fwd, np.maximum(moe_layer.bwd_input_s + moe_layer.bwd_weight_s, floors[1])),
-                    hidden(bwd, np.maximum(moe_layer.fwd_s, floors[0])))
+        fwd, bwd = (hidden(fwd, moe_layer.bwd_input_s + moe_layer.bwd_weight_s), hidden(bwd, moe_layer.fwd_s))
     return fwd, bwd
 
 
