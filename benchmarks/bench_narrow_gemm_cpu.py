@@ -7,46 +7,38 @@ The CUDA profiles slow a GEMM by K / (K + matmul_k_half) for its reduction dimen
 such factor. This times, at 1.07 GFLOP each, the weight-gradient GEMM over K tokens
 (g.t() @ x, as a linear's backward runs it) and the forward over K input features
 (F.linear(x[1024, K], w[N, K])) for K = 32 ... 2048, on one thread set up as `llmsim
-calibrate` sets it (simulator/calibrate/device.py), the median CPU time of 7 calls, and prints
-each rate over the widest case's.
+calibrate` sets it (simulator/calibrate/device.py), every case in every round on the CPU clock
+(simulator/calibrate/timing.interleaved, as the calibration times its microbenchmarks), and
+prints each rate over the widest case's.
 """
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 from simulator.calibrate.device import configure
+from simulator.calibrate.timing import interleaved
 
 FLOPS = 2 * 512 * 1024 * 1024
 KS = (32, 64, 128, 256, 512, 1024, 2048)
 
 
-def seconds(fn, calls: int = 7) -> float:
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(calls):
-        t0 = time.process_time()
-        fn()
-        times.append(time.process_time() - t0)
-    return statistics.median(times)
-
-
 def main() -> None:
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[sys.argv[1] if len(sys.argv) > 1 else "fp32"]
     configure(1, "cpu")
-    rows = []
+    fns, flops = [], []
     for k in KS:
         side = int((FLOPS // (2 * k)) ** 0.5)  # the weight gradient's M = N
         g, x = torch.randn(k, side, dtype=dtype), torch.randn(k, side, dtype=dtype)
         n = FLOPS // (2 * k * 1024)
         xf, w = torch.randn(1024, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
-        rows.append((k, 2 * k * side * side / seconds(lambda: g.t() @ x), FLOPS / seconds(lambda: F.linear(xf, w))))
+        fns += [lambda g=g, x=x: g.t() @ x, lambda xf=xf, w=w: F.linear(xf, w)]
+        flops += [2 * k * side * side, FLOPS]
+    rates = [f / t.seconds for f, t in zip(flops, interleaved(fns, clock="cpu"))]
+    rows = [(k, rates[2 * i], rates[2 * i + 1]) for i, k in enumerate(KS)]
     wide_w, wide_f = rows[-1][1], rows[-1][2]
     print(f"# torch {torch.__version__}, {dtype}, one thread, 1.07 GFLOP per GEMM; GFLOP/s and rate / K = {KS[-1]}'s")
     print("    K   weight gradient (K tokens)    forward (K input features)")

@@ -16,9 +16,7 @@ rows, predicted fast on every CPU, differ from the dense ones in the calls outsi
 from __future__ import annotations
 
 import os
-import statistics
 import sys
-import time
 from collections import Counter
 
 import torch
@@ -28,6 +26,8 @@ from torch.profiler import ProfilerActivity, profile
 from simulator.calibrate.device import configure
 from simulator.calibrate.trainer import make_trainer
 from simulator.calibrate.validate_torch import GRID
+
+import wallclock  # benchmarks/wallclock.py, beside this script
 
 KINDS = {"GEMM": ("aten::mm", "aten::addmm", "aten::bmm"),
          "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",
@@ -44,13 +44,7 @@ def breakdown(rc) -> dict:
     """Milliseconds per step by kind, the step's wall time, and the aten calls per step."""
     tr = make_trainer(rc.gpt, rc.recompute, rc.precision, rc.grad_accum, rc.micro_batch, torch.device("cpu"), 0,
                       rc.dp, rc.optimizer)
-    for _ in range(3):
-        tr.step()
-    walls = []
-    for _ in range(STEPS):
-        t0 = time.perf_counter()
-        tr.step()
-        walls.append(time.perf_counter() - t0)
+    wall = wallclock.median_s(tr.step, STEPS + 3, 3) * 1e3
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(STEPS):
             tr.step()
@@ -58,7 +52,6 @@ def breakdown(rc) -> dict:
     for e in prof.key_averages():
         ms[kind_of(e.key)] += e.self_cpu_time_total / 1e3 / STEPS
         calls += e.count / STEPS if e.key.startswith("aten::") else 0
-    wall = statistics.median(walls) * 1e3
     return {**ms, "outside operators": wall - sum(ms.values()), "step": wall, "aten calls": calls}
 
 

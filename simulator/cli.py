@@ -370,7 +370,7 @@ def _sensitivity(scenario, result, engine: str) -> dict | None:
     """The JSON of sensitivity.sensitivities (None for a plan that does not fit)."""
     from .sensitivity import STEP, sensitivities
 
-    found = sensitivities(scenario, engine) if result.feasible else None
+    found = sensitivities(scenario, engine, result)
     return None if found is None else {"step": STEP, "factors": [f.to_dict(result.step_time_s) for f in found]}
 
 

@@ -127,16 +127,16 @@ class Sensitivity:
                 "elasticity": self.elasticity, "fits_lower": self.fits_lower, "fits_higher": self.fits_higher}
 
 
-def sensitivities(scenario, engine: str = "graph") -> list[Sensitivity] | None:
-    """Each factor's Sensitivity for `scenario`, or None where the plan does not fit at the
-    profile's rates. A rate moves memory where what is alive depends on timing: with
+def sensitivities(scenario, engine: str = "graph", base=None) -> list[Sensitivity] | None:
+    """Each factor's Sensitivity for `scenario` (`base`: its result on `engine` where the
+    caller has it), or None where the plan does not fit at the profile's rates. A rate moves memory where what is alive depends on timing: with
     activations offloaded the graph engine frees each once its copy to the host has finished,
     so a slower host link (or faster kernels) keeps more alive at once, and a plan near the
     device's memory may not fit at one side of a factor (`fits_lower`, `fits_higher`); its step
     time there is reported all the same."""
     from .evaluate import evaluate
 
-    if not evaluate(scenario, engine).feasible:
+    if not (base or evaluate(scenario, engine)).feasible:
         return None
     out = []
     for f in FACTORS:
