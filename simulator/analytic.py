@@ -8,9 +8,11 @@ Data parallelism: per-micro-batch collectives (ZeRO-2/3) hide behind that micro-
 passes when `plan.dp_overlap`, else add to them; the once-per-step gradient reduction of
 the last micro-batch's backward and the weight gather before the first forward overlap
 those passes in Megatron-LM's buckets (dataparallel.py), the gather only with
-`plan.gathers_overlap` (else it follows the optimizer step). Stage i starts its first forward
-i forward hops after stage 0 and ends its last backward i backward passes before it: that
-is the slack its gather and its reduction have.
+`plan.gathers_overlap` (else it follows the optimizer step, exposed whole, as in the graph
+engine). Stage i starts its first forward i forward hops after stage 0, the slack its gather
+has, and no sooner than the stages before it have been delayed by theirs (the fill); it ends
+its last backward i backward passes before stage 0 (ends_before_last_s), the slack its
+reduction has.
 
 Memory: every stage's peak from the schedule's in-flight counts (Layout.stage_memory), the
 same bytes the graph engine's memory timeline takes and frees.
@@ -70,12 +72,17 @@ def _stage_sums(per_rep, rep):
     return np.concatenate([np.zeros((1, n)), np.cumsum(per_stage, axis=0)])
 
 
-def ends_before_last_s(layout: Layout, times: StageTimes) -> list:
+def ends_before_last_s(layout: Layout, times: StageTimes, executed=None) -> list:
     """Per representative, how long before the last stage to finish its passes it finishes
-    its own. The step's last backward passes (B, or I when split) run from stage p-1 down to
-    stage 0, each a pipeline hop after the one above, so stage s's last one ends before stage
-    0's by the backward passes of stages 0..s-1; after it each stage still runs its drain
-    tail (Schedule.drain_tail: the W passes a split schedule postponed)."""
+    its own: read off the executed order where the pipeline's step is (`executed`: the slacks
+    of Schedule.pipeline_run, NaN where the step is in closed form; worked out here if None),
+    else in closed form. The step's last backward passes (B, or I when split) run from stage
+    p-1 down to stage 0, each a pipeline hop after the one above, so stage s's last one ends
+    before stage 0's by the backward passes of stages 0..s-1; after it each stage still runs
+    its drain tail (Schedule.drain_tail: the W passes a split schedule postponed)."""
+    if executed is None:
+        executed = layout.schedule.pipeline_run(times, layout.p, layout.m, layout.v,
+                                                [r.stage for r in layout.stages])[1]
     v, hop = layout.v, layout.pp_hop_s
     split = layout.schedule.split_backward
 
@@ -102,10 +109,12 @@ def ends_before_last_s(layout: Layout, times: StageTimes) -> list:
             chain = counted if alike is None else np.where(alike, chain, counted)
         ends.append(per_chunk(i, layout.schedule.drain_tail(layout.p, layout.m, v, r.stage)) - chain)
     latest = np.maximum.reduce(np.broadcast_arrays(*ends))
-    return [latest - e for e in ends]
+    return [where(np.isnan(x), latest - e, x) for e, x in zip(ends, executed)]
 
 
 def _dp_exposed_s(layout: Layout, r: StageLayout, times: StageTimes, i: int, slack_end):
+    """(seconds of data-parallel traffic the stage's end waits for, slack left after its
+    gradient reduction, seconds its gathers at the step's start delay its first forward)."""
     d, plan, v = r.dp, layout.plan, layout.v
     f, b = times.f[i], times.b[i] + times.w[i]
     # the gradients of a chunk are complete at its last backward pass, or at its last W
@@ -122,12 +131,14 @@ def _dp_exposed_s(layout: Layout, r: StageLayout, times: StageTimes, i: int, sla
         per_mb = d.mb_gather_s + d.mb_reduce_s
         tail, head = d.step_reduce_s, 0.0
     slack_start = r.stage * f / v
+    delay = np.maximum(0.0, head - slack_start)
     if plan.gathers_overlap:
-        gathered = _gather_head_s(layout, d.step_gather_s, f, r.buckets, r.stage, slack_start) * (d.step_gather_s > 0)
-    else:
-        head, gathered = head + d.step_gather_s, 0.0
-    exposed = layout.m * per_mb + np.maximum(0.0, tail - slack_end) + np.maximum(0.0, head - slack_start) + gathered
-    return exposed, np.maximum(0.0, slack_end - tail)
+        delay = delay + _gather_head_s(layout, d.step_gather_s, f, r.buckets, r.stage, slack_start) * (d.step_gather_s > 0)
+        after = 0.0
+    else:  # after the optimizer step, at the step's end, as the graph engine has it
+        after = d.step_gather_s
+    exposed = layout.m * per_mb + np.maximum(0.0, tail - slack_end) + after
+    return exposed, np.maximum(0.0, slack_end - tail), delay
 
 
 def _gather_head_s(layout: Layout, gather_s, f, buckets, stage, slack_s):
@@ -155,7 +166,7 @@ def _stands_for_none(counted) -> bool:
     return not np.ndim(counted) and not counted
 
 
-def _end_of_step(layout: Layout, times: StageTimes, counted) -> tuple:
+def _end_of_step(layout: Layout, times: StageTimes, counted, executed) -> tuple:
     """(dp_comm, optimizer, other) seconds past the pipeline: each stage ends with its exposed
     data-parallel traffic and then its optimizer step with the per-step framework work
     (framework_ops.py), which starts early by the slack left after its gradient reduction
@@ -163,16 +174,23 @@ def _end_of_step(layout: Layout, times: StageTimes, counted) -> tuple:
     last stage to finish, as in the graph engine, which also splits the exposed end of the
     step between the optimizer and the framework work in proportion."""
     dp, opt, other = [], [], []
-    slack = ends_before_last_s(layout, times)
-    for i, (r, c) in enumerate(zip(layout.stages, counted)):
-        if _stands_for_none(c):
-            for part in (dp, opt, other):
-                part.append(0.0)
+    slack = ends_before_last_s(layout, times, executed)
+    parts = [None if _stands_for_none(c) else _dp_exposed_s(layout, r, times, i, slack[i])
+             for i, (r, c) in enumerate(zip(layout.stages, counted))]
+    for r, c, part in zip(layout.stages, counted, parts):
+        if part is None:
+            for each in (dp, opt, other):
+                each.append(0.0)
             continue
-        exposed, spare = _dp_exposed_s(layout, r, times, i, slack[i])
+        exposed, spare, _ = part
+        # a stage's first forward waits for the first forwards of the stages before it, so a
+        # gather delaying one of them delays it too (the pipeline's fill)
+        delay = np.maximum.reduce(np.broadcast_arrays(0.0, *[
+            np.where(c_up & (np.asarray(r_up.stage) <= np.asarray(r.stage)), up[2], 0.0)
+            for r_up, c_up, up in zip(layout.stages, counted, parts) if up is not None]))
         total = r.optimizer_s + r.framework_step_s
         share = np.where(total > 0, np.maximum(0.0, total - spare) / np.where(total > 0, total, 1.0), 0.0)
-        dp.append(np.where(c, exposed, 0.0))
+        dp.append(np.where(c, exposed + delay, 0.0))
         opt.append(np.where(c, share * r.optimizer_s, 0.0))
         other.append(np.where(c, share * r.framework_step_s, 0.0))
     ends = np.stack(np.broadcast_arrays(*[d + o + x for d, o, x in zip(dp, opt, other)]))
@@ -185,7 +203,7 @@ def step_breakdown(layout: Layout) -> dict:
     """Exposed seconds per step by cause (they add up to the step time), elementwise over plans."""
     times = pipeline_times(layout)
     m, reps = layout.m, layout.stages
-    pipeline = layout.schedule.pipeline_s(times, layout.p, m, layout.v)
+    pipeline, executed = layout.schedule.pipeline_run(times, layout.p, m, layout.v, [r.stage for r in reps])
     crit = times.critical
 
     def pick(values):
@@ -201,7 +219,7 @@ def step_breakdown(layout: Layout) -> dict:
     busy = m * (compute + recompute + tp + cp + ep + sends)
     counted = [np.asarray(r.count) > 0 for r in reps]
     period = pick([times.total(i) for i in range(len(reps))])
-    dp, optimizer, other = _end_of_step(layout, times, counted)
+    dp, optimizer, other = _end_of_step(layout, times, counted, executed)
     offload = np.maximum.reduce(np.broadcast_arrays(*[
         0.0 if _stands_for_none(c) else
         np.where(c, exposed_offload_s(r.offload, layout.v, m,

@@ -188,7 +188,7 @@ class Schedule:
         """Closed-form step time of the pipeline (no DP, optimizer or offload)."""
         raise NotImplementedError
 
-    def closed_form_holds(self, p, m):
+    def closed_form_holds(self, p, m, t: StageTimes):
         """Where step_s is exact for plans whose middle ranks are alike (broadcast over plans)."""
         return True
 
@@ -200,16 +200,26 @@ class Schedule:
         once, but a stage after the slowest one hides part of the last micro-batch's passes
         behind the slowest stage's cool-down (random unequal-middle plans put the 1F1B form up
         to 11 % above the executed order)."""
-        holds = np.asarray(self.closed_form_holds(p, m))
-        if self.placement == "v" or t.stage_rep is None and holds.all():
-            return self.step_s(t, p, m, v)
-        shape = np.broadcast(np.asarray(p), np.asarray(m), np.asarray(v)).shape
+        return self.pipeline_run(t, p, m, v)[0]
+
+    def pipeline_run(self, t: StageTimes, p, m, v, stages=()) -> tuple:
+        """(pipeline_s, and for each of `stages` (stage indices, numbers or arrays over plans)
+        how long before the stage that ends last it finishes its passes, where the order is
+        executed; NaN where the closed form gives the step, and the analytic engine works the
+        ends out in closed form too: analytic.ends_before_last_s)."""
+        holds = np.asarray(self.closed_form_holds(p, m, t))
+        if self.placement != "v" and t.stage_rep is None and holds.all():
+            return self.step_s(t, p, m, v), [np.nan] * len(stages)
+        shape = np.broadcast(np.asarray(p), np.asarray(m), np.asarray(v), holds).shape
+        p, m, v = (x if np.shape(x) == shape else np.broadcast_to(np.asarray(x), shape) for x in (p, m, v))
+        if self.placement == "v":
+            return _makespans(self, t, p, m, v, stages=stages)
         holds = np.broadcast_to(holds, shape)
         alike = np.ones(1, bool) if t.stage_rep is None else alike_middles(stage_rep_grid(t.stage_rep), p)
         closed = np.broadcast_to(self.step_s(t, p, m, v), shape) if alike.any() and holds.any() else None
 
         return _makespans(self, t, p, m, v, lambda i: closed[i] if holds[i] and alike[i[0] if alike.shape[0] > 1 else 0]
-                          else None)
+                          else None, stages)
 
 
 def _generic_in_flight(schedule: Schedule, p, m, v, stage):
@@ -471,11 +481,16 @@ class ZBH1(OneFOneB):
         filled = np.minimum(np.asarray(m) - 1, np.asarray(p) - 1) / np.maximum(np.asarray(p) - 1, 1)
         return m * crit + t.others(lambda i: t.f[i] + t.b[i] - filled * t.w[i])
 
-    def closed_form_holds(self, p, m):
-        """With fewer micro-batches than stages which W passes fill the drain depends on how
-        the stages' passes differ, which the form does not follow: there the order is
-        executed (pipeline_s)."""
-        return np.asarray(m) >= np.asarray(p)
+    def closed_form_holds(self, p, m, t):
+        """Where the form follows the order: with fewer micro-batches than stages which W
+        passes fill the drain depends on how the stages' passes differ, and a W longer than a
+        stage's F or I outlasts the slot the order (built for F = I = W) gives it and delays the
+        I passes after it, by how much depending on the stages' passes too (a Mixtral plan with
+        unfused gradient accumulation, whose fp32 main_grad additions make W 2.4x F, read
+        10-12 % faster in closed form than its order executed). There the order is executed
+        (pipeline_s)."""
+        fits = [(np.asarray(c) == 0) | (w <= np.minimum(f, b)) for f, b, w, c in zip(t.f, t.b, t.w, t.count)]
+        return (np.asarray(m) >= np.asarray(p)) & np.logical_and.reduce(np.broadcast_arrays(*fits))
 
 
 class _VShape(Schedule):
@@ -505,7 +520,7 @@ class _VShape(Schedule):
         started and the step is 2m(F+I+W) + (p-1)F (tests/test_schedules.py); with unequal
         passes they idle in ways no simple form follows. Past the warm-up the order repeats
         every p micro-batches, so two short executions give the step for any m."""
-        return _makespans(self, t, p, m, v)
+        return _makespans(self, t, p, m, v)[0]
 
 
 class ZBV(_VShape):
@@ -662,8 +677,10 @@ class Explicit(Schedule):
     def step_s(self, t, p, m, v):
         return pipeline_makespan(self, self._orders, p, v, *_stage_lists(t, (), p, v))
 
-    def pipeline_s(self, t, p, m, v):
-        return self.step_s(t, p, m, v)
+    def pipeline_run(self, t, p, m, v, stages=()):
+        ends = _stage_ends(compile_order(self, self._orders, p, v), *_stage_lists(t, (), p, v))
+        step = float(ends.max())
+        return step, [step - float(ends[min(int(s), p - 1)]) for s in stages]
 
 
 ONE_F_ONE_B = OneFOneB()
@@ -822,16 +839,22 @@ def _stage_lists(t: StageTimes, index: tuple, p: int, v: int) -> tuple:
     return tuple([float(np.asarray(x[k])[index]) / v for k in kinds] for x in (t.f, t.b, t.w))
 
 
-def _makespans(schedule: Schedule, t: StageTimes, p, m, v, known=lambda index: None):
-    """The schedule's order executed with each plan's stage times (_periodic_makespan), for a
+def _makespans(schedule: Schedule, t: StageTimes, p, m, v, known=lambda index: None, stages=()) -> tuple:
+    """The schedule's order executed with each plan's stage times (_periodic_ends), for a
     scalar plan or elementwise over arrays of plans; `known(index)` gives a plan's step where
-    it is already known (None: execute it). Plans of one shape (p, m, v) run as one vector."""
+    it is already known (None: execute it). Plans of one shape (p, m, v) run as one vector.
+    Returns (steps, for each of `stages` the slack of Schedule.pipeline_run)."""
     shape = np.broadcast(np.asarray(p), np.asarray(m), np.asarray(v)).shape
     if not shape:
         done = known(())
-        return done if done is not None else \
-            float(_periodic_makespan(schedule, _stage_lists(t, (), int(p), int(v)), int(p), int(m), int(v)))
+        if done is not None:
+            return done, [np.nan] * len(stages)
+        ends = _periodic_ends(schedule, _stage_lists(t, (), int(p), int(v)), int(p), int(m), int(v))
+        step = float(ends.max())
+        return step, [step - float(ends[min(int(s), int(p) - 1)]) for s in stages]
     out = np.empty(shape)
+    slacks = [np.full(shape, np.nan) for _ in stages]
+    stage_of = [np.broadcast_to(np.asarray(s), shape) for s in stages]
     groups = {}
     for idx in np.ndindex(shape):
         done = known(idx)
@@ -844,10 +867,13 @@ def _makespans(schedule: Schedule, t: StageTimes, p, m, v, known=lambda index: N
         groups.setdefault((pp, vv, mm if periods is None else periods), []).append((idx, mm))
     for (pp, vv, _), members in groups.items():
         indices, ms = [i for i, _ in members], np.array([mm for _, mm in members])
-        steps = _periodic_makespan(schedule, _stage_arrays(t, indices, pp, vv), pp, ms, vv)
-        for idx, step in zip(indices, steps):
+        ends = _periodic_ends(schedule, _stage_arrays(t, indices, pp, vv), pp, ms, vv)
+        steps = ends.max(axis=0)
+        for j, (idx, step) in enumerate(zip(indices, steps)):
             out[idx] = step
-    return out
+            for slack, s in zip(slacks, stage_of):
+                slack[idx] = step - ends[min(int(s[idx]), pp - 1), j]
+    return out, slacks
 
 
 def _stage_arrays(t: StageTimes, indices: list, p: int, v: int) -> tuple:
@@ -856,20 +882,21 @@ def _stage_arrays(t: StageTimes, indices: list, p: int, v: int) -> tuple:
     return tuple(np.array([plan[k] for plan in lists]).T for k in range(3))
 
 
-def _periodic_makespan(schedule: Schedule, times: tuple, p: int, m, v: int) -> np.ndarray:
-    """pipeline_makespan of the schedule's order for m micro-batches, for one plan (`times`:
-    (f, b, w) per stage) or plans of one pipeline shape (arrays of stages x plans; `m` one count,
-    or an array of counts all of one count up to 4p, else all alike modulo p); past 4p
-    micro-batches from the executions of the orders of _periods(p, m), each stage's end affine
-    in m (checked against a third per plan, and against the work of a period), the step the
-    latest: a stage whose end grows faster overtakes the one that ended last in the short
-    orders. A plan whose stages have not settled is executed whole."""
+def _periodic_ends(schedule: Schedule, times: tuple, p: int, m, v: int) -> np.ndarray:
+    """When each stage finishes its passes of the schedule's order for m micro-batches
+    (_stage_ends; the step is the latest), for one plan (`times`: (f, b, w) per stage) or plans
+    of one pipeline shape (arrays of stages x plans; `m` one count, or an array of counts all of
+    one count up to 4p, else all alike modulo p); past 4p micro-batches from the executions of
+    the orders of _periods(p, m), each stage's end affine in m (checked against a third per
+    plan, and against the work of a period): a stage whose end grows faster overtakes the one
+    that ended last in the short orders. A plan whose stages have not settled is executed
+    whole."""
     def run(k, columns=slice(None)):  # each stage's end
         return _stage_ends(_compiled_order(schedule.name, p, k, v), *(np.asarray(x)[..., columns] for x in times))
 
     periods = _periods(p, int(np.max(m)))
     if periods is None:
-        return run(int(np.max(m))).max(axis=0)
+        return run(int(np.max(m)))
     m0 = periods[0]
     e0, e1, e2 = (run(k) for k in periods)
     # settled: each stage's end grows alike from period to period, and by no less than the p
@@ -878,16 +905,16 @@ def _periodic_makespan(schedule: Schedule, times: tuple, p: int, m, v: int) -> n
     work = p * v * (np.asarray(times[0]) + np.asarray(times[1]) + np.asarray(times[2]))
     affine = np.all((np.abs((e2 - e1) - (e1 - e0)) <= 1e-9 * e2.max(axis=0)) & (e1 - e0 >= work * (1 - 1e-9)),
                     axis=0)
-    out = (e0 + (m - m0) / p * (e1 - e0)).max(axis=0)
+    ends = e0 + (m - m0) / p * (e1 - e0)
     if np.all(affine):
-        return out
-    if np.ndim(out) == 0:
-        return run(int(m)).max(axis=0)
-    out = np.array(out, dtype=float)
+        return ends
+    if np.ndim(ends) == 1:
+        return run(int(m))
+    ends = np.array(ends, dtype=float)
     for k in np.unique(np.asarray(m)[~affine]):  # plans whose order does not repeat: executed whole
         columns = ~affine & (np.asarray(m) == k)
-        out[columns] = run(int(k), columns).max(axis=0)
-    return out
+        ends[:, columns] = run(int(k), columns)
+    return ends
 
 
 @lru_cache(maxsize=1024)

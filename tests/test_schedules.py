@@ -58,6 +58,23 @@ def test_zb_h1_drain_is_filled_by_one_w_per_earlier_micro_batch(p, m):
     assert step("zb-h1", p, m, f=f, b=b, w=w) == pytest.approx(expected, rel=1e-12)
 
 
+def test_zb_h1_w_longer_than_the_slot_it_fills_delays_the_next_input_gradient():
+    # p = 2, m = 2, F = I = 1, W = 3. Stage 1: F0 1-2, I0 2-3, F1 3-4, I1 4-5, W0 5-8, W1 8-11.
+    # Stage 0: F0 0-1, F1 1-2, I0 3-4 (after stage 1's), W0 4-7, I1 7-8 (its gradient came at
+    # 5: the W it ran in the wait outlasted the wait by 2), W1 8-11. Step 11, where Qi et al.'s
+    # m(F+I+W) + (p-1)(F+I-W) gives 9: the analytic engine executes the order here too.
+    s = SCHEDULES["zb-h1"]
+    assert not s.closed_form_holds(2, 2, stage_times([1.0] * 2, [1.0] * 2, [3.0] * 2, [1, 1]))
+    assert step("zb-h1", 2, 2, f=1.0, b=1.0, w=3.0) == pytest.approx(11.0, rel=1e-12)
+    assert s.pipeline_s(stage_times([1.0] * 2, [1.0] * 2, [3.0] * 2, [1, 1]), 2, 2, 1) == pytest.approx(11.0, rel=1e-12)
+
+
+def test_zb_h1_keeps_its_closed_form_while_every_w_fits_the_slot_of_an_f_or_an_i():
+    s = SCHEDULES["zb-h1"]
+    assert s.closed_form_holds(4, 8, stage_times([1.2, 1.0, 1.3], [2.1, 2.0, 2.5], [1.0, 1.0, 1.2], [1, 2, 1]))
+    assert not s.closed_form_holds(4, 8, stage_times([1.2, 1.0, 1.3], [2.1, 2.0, 2.5], [1.0, 1.1, 1.2], [1, 2, 1]))
+
+
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 13), (8, 16)])
 def test_zb_v_leaves_only_the_forward_fill_when_passes_are_equal(p, m):
     # Two chunks per device, F = I = W = 1 per chunk (3 per stage): every stage runs 6m units;
@@ -140,17 +157,23 @@ def test_gradient_tails_equal_the_orders(name, p, m):
         assert got == grad_tail_in_order(orders[stage], v)
 
 
+# per device and micro-batch, over its chunks: equal passes, a weight gradient longer than the
+# forward (unfused accumulation into fp32 main_grad), longer than both, and a short I
+PASSES = [(1.0, 1.0, 1.0), (1.0, 2.0, 1.5), (1.0, 1.0, 3.0), (1.7, 0.6, 1.2)]
+
+
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipe-v"])
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 12), (8, 16), (4, 2)])
-def test_closed_form_step_equals_the_order_executed_for_equal_passes(name, p, m):
+@pytest.mark.parametrize("f,b,w", PASSES)
+def test_pipeline_step_equals_the_order_executed_for_equal_stages(name, p, m, f, b, w):
+    """The closed form where it holds (closed_form_holds), else the order executed."""
     s = SCHEDULES[name]
     if name in ("zb-v", "dualpipe-v") and m < 2 * p or name == "interleaved" and m % p:
         pytest.skip("shape the schedule refuses")
     v = s.chunks(2)
-    f, b, w = 1.0, 1.0, 1.0  # per device and micro-batch, over its chunks
     times = stage_times([f] * 3, [b] * 3, [w] * 3, [1, max(p - 2, 0), 1 if p > 1 else 0])
     executed = pipeline_makespan(s, s.orders(p, m, v), p, v, [f / v] * p, [b / v] * p, [w / v] * p)
-    assert float(s.step_s(times, p, m, v)) == pytest.approx(executed, rel=1e-12)
+    assert float(s.pipeline_s(times, p, m, v)) == pytest.approx(executed, rel=1e-12)
 
 
 @pytest.mark.parametrize("name", ["zb-v", "dualpipe-v"])
