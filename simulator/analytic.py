@@ -48,17 +48,19 @@ def _reduce_tail_s(layout: Layout, reduce_s, grad_pass_s, buckets, times: StageT
 
     Each chunk's reduction is issued in buckets during the last pass producing its gradients
     (dataparallel.bucketed_overlap_s) and queues behind the chunks before it on the dp stream;
-    the schedule says what the stage still runs after that pass (Schedule.grad_tail).
+    the schedule says what the stage still runs after that pass, and whether it is a whole
+    backward where the schedule otherwise splits it (Schedule.grad_tail: DualPipe-V's).
     """
     v = layout.v
     f, b, w = times.f[i] / v, times.b[i] / v, times.w[i] / v
     r = reduce_s / v
     k = as_float(buckets)
     tails = layout.schedule.grad_tail(layout.p, layout.m, v, stage)
-    ends = [-(n_f * f + n_b * (b + w) + n_i * b + n_w * w) for n_f, n_b, n_i, n_w in tails]
+    ends = [-(n_f * f + n_b * (b + w) + n_i * b + n_w * w) for n_f, n_b, n_i, n_w, _ in tails]
+    passes = [where(whole, b + w, grad_pass_s) for *_, whole in tails]
     queue = -np.inf
     for c in sorted(range(len(ends)), key=lambda c: float(amin(ends[c]))):
-        first = maximum(queue, ends[c] - grad_pass_s + grad_pass_s / k) + r * (k - 1) / k
+        first = maximum(queue, ends[c] - passes[c] + passes[c] / k) + r * (k - 1) / k
         queue = where(c < v, maximum(first, ends[c]) + r / k, queue)
     return maximum(0.0, queue) * (reduce_s > 0)
 

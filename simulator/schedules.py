@@ -143,9 +143,10 @@ class Schedule:
 
     def grad_tail(self, p, m, v, stage) -> list:
         """Per chunk, the passes (F, B, I, W) a stage runs after the last pass producing that
-        chunk's gradients, where its reduction starts. Loop placement: in the cooldown of
-        Megatron-LM's interleaved order chunk c's last backward is followed by c·p others."""
-        return [(0, c * p * (v > c), 0, 0) for c in range(int(amax(v)))]
+        chunk's gradients, where its reduction starts, and whether that pass is a whole
+        backward B (1) or a W (0). Loop placement: in the cooldown of Megatron-LM's
+        interleaved order chunk c's last backward is followed by c·p others."""
+        return [(0, c * p * (v > c), 0, 0, int(not self.split_backward)) for c in range(int(amax(v)))]
 
     def gather_lead(self, p, v, stage) -> list:
         """Per chunk, how many chunk forwards after the stage's first pass its first forward
@@ -512,7 +513,7 @@ class _VShape(Schedule):
 
     def grad_tail(self, p, m, v, stage) -> list:
         return [tuple(_per_shape(lambda pp, mm, vv, ss, c=c, k=k: _grad_tail_cached(self.name, pp, mm, vv, ss)[c][k],
-                                 p, m, v, stage) for k in range(4)) for c in range(2)]
+                                 p, m, v, stage) for k in range(5)) for c in range(2)]
 
     def step_s(self, t, p, m, v):
         """The order executed with the stages' pass times (pipeline_makespan): the V-shaped
@@ -732,12 +733,13 @@ def forward_moments_in_order(order: list[tuple], v: int) -> np.ndarray:
 
 
 def grad_tail_in_order(order: list[tuple], v: int) -> list:
-    """Per chunk, the (F, B, I, W) passes after the chunk's last B or W on one stage's order."""
+    """Per chunk, the (F, B, I, W) passes after the chunk's last B or W on one stage's order,
+    and whether that pass is a B (1) or a W (0)."""
     out = []
     for c in range(v):
         last = max(k for k, (kind, ch, _) in enumerate(order) if ch == c and kind in (BWD, WGT))
         after = [kind for kind, _, _ in order[last + 1:]]
-        out.append(tuple(after.count(kind) for kind in (FWD, BWD, BWD_INPUT, WGT)))
+        out.append((*(after.count(kind) for kind in (FWD, BWD, BWD_INPUT, WGT)), int(order[last][0] == BWD)))
     return out
 
 

@@ -250,6 +250,28 @@ def test_weight_gathers_outlasting_the_forwards_before_a_chunk_delay_every_chunk
     assert after - ahead == pytest.approx(2 * f - f / k, rel=1e-6)
 
 
+@pytest.mark.parametrize("engine", ["graph", "analytic"])
+def test_a_reduction_issued_in_a_whole_backward_starts_with_that_backward(scenario, engine):
+    """DualPipe-V on one stage, two micro-batches: its order ends B(chunk 1), I(chunk 0),
+    W(chunk 0), so chunk 1's gradients are complete with a whole backward (b + w per chunk),
+    not a W. Its all-reduce, r per chunk in k buckets, starts one bucket's share into that B
+    and chunk 0's queues behind it: the reduction outlasts the passes by 2r - 2(b + w) +
+    (b + w)/k, and the step is m(F + B + W) for the stage plus that, the optimizer step and the
+    per-step framework work (the analytic engine took chunk 1's pass for a W: 1.5 % longer)."""
+    from simulator.analytic import pipeline_times
+
+    short = {"preset": "megatron-gpt-1.7b", "seq_len": 128, "layers": 4, "hidden": 4096, "heads": 32}
+    s = plan(scenario, model=short, tp=1, pp=1, schedule="dualpipe-v", global_batch=32, zero_stage=0)  # dp 16
+    layout = compile_scenario(s)
+    t, stage = pipeline_times(layout), layout.stages[0]
+    b, w = t.b[0] / 2, t.w[0] / 2
+    r, k = float(stage.dp.step_reduce_s) / 2, float(stage.buckets)
+    assert layout.m == 2 and r > 2 * (b + w)  # the case: the reductions outlast the passes after the B
+    want = 2 * (t.f[0] + t.b[0] + t.w[0]) + 2 * r - 2 * (b + w) + (b + w) / k + float(stage.optimizer_s) \
+        + float(stage.framework_step_s)
+    assert evaluate(s, engine).step_time_s == pytest.approx(want, rel=1e-9)
+
+
 @pytest.mark.parametrize("zero_stage", [0, 3])
 def test_param_gather_overlap_is_refused_without_a_once_per_step_gather(scenario, zero_stage):
     from simulator.errors import InputError
