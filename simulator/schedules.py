@@ -171,6 +171,11 @@ class Schedule:
         return tuple(_per_shape(lambda pp, mm, vv, ss, k=k: _drain_tail_cached(self.name, pp, mm, vv, ss)[k],
                                 p, m, v, stage) for k in range(4))
 
+    def drain_w_s(self, f, b, w):
+        """Seconds each W pass of drain_tail adds to when a stage ends, relative to the stages
+        below it (analytic.ends_before_last_s): a W's own where the order lets it run unhindered."""
+        return w
+
     def sends(self, p, v, stage) -> tuple:
         """(forward, backward) pipeline sends per micro-batch of a stage's device: a forward
         pass sends to the next virtual stage, a backward pass to the previous one, when that
@@ -477,21 +482,27 @@ class ZBH1(OneFOneB):
         # The last micro-batch's backward drains through the p-1 other stages (f + b each, as
         # in 1F1B); a stage waiting in the drain runs its postponed W passes instead, one per
         # earlier micro-batch and at most p-1: bubble (p-1)(f+b) - min(m-1, p-1) w for equal
-        # stages, Qi et al.'s (p-1)(f+b-w) once m >= p (tests/test_schedules.py).
+        # stages, Qi et al.'s (p-1)(f+b-w) once m >= p. The order is built for F = I = W: a W
+        # longer than the stage's F or I outlasts the slot it fills and delays the I pass after
+        # it by the excess, so a waiting stage hides min(w, f, b) (read off the executed orders
+        # of equal stages, exact for any f, b, w: tests/test_schedules.py; taking w, a Mixtral
+        # plan whose unfused gradient accumulation makes W 2.4x F read 10-12 % fast).
         crit = t.pick(tuple(t.total(i) for i in range(len(t.f))))
         filled = np.minimum(np.asarray(m) - 1, np.asarray(p) - 1) / np.maximum(np.asarray(p) - 1, 1)
-        return m * crit + t.others(lambda i: t.f[i] + t.b[i] - filled * t.w[i])
+        return m * crit + t.others(lambda i: t.f[i] + t.b[i] - filled * minimum(t.w[i], minimum(t.f[i], t.b[i])))
+
+    def drain_w_s(self, f, b, w):
+        """min(w, f): a W longer than the F whose slot it takes delays the stage's later I
+        passes by the excess, so on equal stages stage s ends s(min(w, f) - b) after stage 0,
+        not s(w - b) (read off the executed orders, exact for any f, b, w once m >= p:
+        tests/test_schedules.py)."""
+        return minimum(w, f)
 
     def closed_form_holds(self, p, m, t):
-        """Where the form follows the order: with fewer micro-batches than stages which W
-        passes fill the drain depends on how the stages' passes differ, and a W longer than a
-        stage's F or I outlasts the slot the order (built for F = I = W) gives it and delays the
-        I passes after it, by how much depending on the stages' passes too (a Mixtral plan with
-        unfused gradient accumulation, whose fp32 main_grad additions make W 2.4x F, read
-        10-12 % faster in closed form than its order executed). There the order is executed
-        (pipeline_s)."""
-        fits = [(np.asarray(c) == 0) | (w <= np.minimum(f, b)) for f, b, w, c in zip(t.f, t.b, t.w, t.count)]
-        return (np.asarray(m) >= np.asarray(p)) & np.logical_and.reduce(np.broadcast_arrays(*fits))
+        """With fewer micro-batches than stages which W passes fill the drain depends on how
+        the stages' passes differ, which the form does not follow: there the order is
+        executed (pipeline_s)."""
+        return np.asarray(m) >= np.asarray(p)
 
 
 class _VShape(Schedule):

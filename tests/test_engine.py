@@ -472,9 +472,7 @@ def test_a_send_queued_behind_another_shares_the_link_only_once_it_starts():
 
 
 @pytest.mark.parametrize("kw", [dict(schedule="1f1b"), dict(schedule="interleaved", vpp=2), dict(schedule="zb-h1"),
-                                dict(schedule="zb-h1", global_batch=2),
-                                # W longer than F (fp32 main_grad additions): the order is executed
-                                dict(schedule="zb-h1", grad_accumulation_fusion=False)])
+                                dict(schedule="zb-h1", global_batch=2)])
 def test_analytic_stage_ends_match_the_executed_pipeline(scenario, kw):
     """Each representative stage finishes its passes as long before the last stage as the
     executed order says (unequal stages: the first holds the embedding, the last the head)."""

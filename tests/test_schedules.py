@@ -62,17 +62,24 @@ def test_zb_h1_w_longer_than_the_slot_it_fills_delays_the_next_input_gradient():
     # p = 2, m = 2, F = I = 1, W = 3. Stage 1: F0 1-2, I0 2-3, F1 3-4, I1 4-5, W0 5-8, W1 8-11.
     # Stage 0: F0 0-1, F1 1-2, I0 3-4 (after stage 1's), W0 4-7, I1 7-8 (its gradient came at
     # 5: the W it ran in the wait outlasted the wait by 2), W1 8-11. Step 11, where Qi et al.'s
-    # m(F+I+W) + (p-1)(F+I-W) gives 9: the analytic engine executes the order here too.
-    s = SCHEDULES["zb-h1"]
-    assert not s.closed_form_holds(2, 2, stage_times([1.0] * 2, [1.0] * 2, [3.0] * 2, [1, 1]))
+    # m(F+I+W) + (p-1)(F+I-W) gives 9; with min(W, F, I) in W's place, 11.
     assert step("zb-h1", 2, 2, f=1.0, b=1.0, w=3.0) == pytest.approx(11.0, rel=1e-12)
-    assert s.pipeline_s(stage_times([1.0] * 2, [1.0] * 2, [3.0] * 2, [1, 1]), 2, 2, 1) == pytest.approx(11.0, rel=1e-12)
+    times = stage_times([1.0, 0.0, 1.0], [1.0, 0.0, 1.0], [3.0, 0.0, 3.0], [1, 0, 1])
+    assert SCHEDULES["zb-h1"].step_s(times, 2, 2, 1) == pytest.approx(11.0, rel=1e-12)
 
 
-def test_zb_h1_keeps_its_closed_form_while_every_w_fits_the_slot_of_an_f_or_an_i():
+@pytest.mark.parametrize("p,m", [(2, 2), (4, 4), (4, 9), (8, 19)])
+@pytest.mark.parametrize("f,b,w", [(1.0, 1.0, 1.0), (1.0, 2.0, 0.5), (1.0, 1.0, 3.0), (1.0, 2.0, 1.5),
+                                   (1.7, 0.6, 1.2), (1.0, 0.5, 0.3)])
+def test_zb_h1_equal_stages_end_min_w_f_less_b_apart(p, m, f, b, w):
+    # Stage s ends on its s + 1 postponed W passes (drain_tail), each adding drain_w_s, after
+    # its last I, which comes b after the stage above's: s(min(w, f) - b) after stage 0.
+    from simulator.schedules import _compiled_order, _stage_ends
     s = SCHEDULES["zb-h1"]
-    assert s.closed_form_holds(4, 8, stage_times([1.2, 1.0, 1.3], [2.1, 2.0, 2.5], [1.0, 1.0, 1.2], [1, 2, 1]))
-    assert not s.closed_form_holds(4, 8, stage_times([1.2, 1.0, 1.3], [2.1, 2.0, 2.5], [1.0, 1.1, 1.2], [1, 2, 1]))
+    ends = _stage_ends(_compiled_order("zb-h1", p, m, 1), [f] * p, [b] * p, [w] * p)
+    for stage in range(p):
+        extra = s.drain_tail(p, m, 1, stage)[3] - s.drain_tail(p, m, 1, 0)[3]
+        assert ends[stage] - ends[0] == pytest.approx(extra * s.drain_w_s(f, b, w) - stage * b, abs=1e-9)
 
 
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 13), (8, 16)])
