@@ -194,7 +194,7 @@ class Schedule:
         """Closed-form step time of the pipeline (no DP, optimizer or offload)."""
         raise NotImplementedError
 
-    def closed_form_holds(self, p, m, t: StageTimes):
+    def closed_form_holds(self, p, m):
         """Where step_s is exact for plans whose middle ranks are alike (broadcast over plans)."""
         return True
 
@@ -213,11 +213,10 @@ class Schedule:
         how long before the stage that ends last it finishes its passes, where the order is
         executed; NaN where the closed form gives the step, and the analytic engine works the
         ends out in closed form too: analytic.ends_before_last_s)."""
-        holds = np.asarray(self.closed_form_holds(p, m, t))
+        holds = np.asarray(self.closed_form_holds(p, m))
         if self.placement != "v" and t.stage_rep is None and holds.all():
             return self.step_s(t, p, m, v), [np.nan] * len(stages)
-        shape = np.broadcast(np.asarray(p), np.asarray(m), np.asarray(v), holds).shape
-        p, m, v = (x if np.shape(x) == shape else np.broadcast_to(np.asarray(x), shape) for x in (p, m, v))
+        shape = np.broadcast(np.asarray(p), np.asarray(m), np.asarray(v)).shape
         if self.placement == "v":
             return _makespans(self, t, p, m, v, stages=stages)
         holds = np.broadcast_to(holds, shape)
@@ -498,7 +497,7 @@ class ZBH1(OneFOneB):
         tests/test_schedules.py)."""
         return minimum(w, f)
 
-    def closed_form_holds(self, p, m, t):
+    def closed_form_holds(self, p, m):
         """With fewer micro-batches than stages which W passes fill the drain depends on how
         the stages' passes differ, which the form does not follow: there the order is
         executed (pipeline_s)."""
