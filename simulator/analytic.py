@@ -91,7 +91,7 @@ def ends_before_last_s(layout: Layout, times: StageTimes, executed=None) -> list
     def per_chunk(i, counts):
         n_f, n_b, n_i, n_w = counts
         f, b, w = times.f[i] / v, times.b[i] / v, times.w[i] / v
-        return n_f * f + n_b * (b + w) + n_i * b + n_w * layout.schedule.drain_w_s(f, b, w)
+        return n_f * f + n_b * (b + w) + n_i * b + n_w * w
 
     def hop_down(i):  # one stage's last backward pass and the hop to the stage below
         return (times.b[i] if split else times.b[i] + times.w[i]) / v + hop

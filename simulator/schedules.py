@@ -30,7 +30,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .bcast import amax, minimum, where
+from .bcast import amax, maximum, minimum, where
 from .errors import InputError
 
 FWD, BWD, BWD_INPUT, WGT = "F", "B", "I", "W"
@@ -171,10 +171,10 @@ class Schedule:
         return tuple(_per_shape(lambda pp, mm, vv, ss, k=k: _drain_tail_cached(self.name, pp, mm, vv, ss)[k],
                                 p, m, v, stage) for k in range(4))
 
-    def drain_w_s(self, f, b, w):
-        """Seconds each W pass of drain_tail adds to when a stage ends, relative to the stages
-        below it (analytic.ends_before_last_s): a W's own where the order lets it run unhindered."""
-        return w
+    def closed_run(self, t: StageTimes, p, m, v, stages) -> tuple:
+        """(step_s, and for each of `stages` how long before the step it ends where the form
+        says so, else NaN: analytic.ends_before_last_s works it out)."""
+        return self.step_s(t, p, m, v), [np.nan] * len(stages)
 
     def sends(self, p, v, stage) -> tuple:
         """(forward, backward) pipeline sends per micro-batch of a stage's device: a forward
@@ -215,16 +215,20 @@ class Schedule:
         ends out in closed form too: analytic.ends_before_last_s)."""
         holds = np.asarray(self.closed_form_holds(p, m))
         if self.placement != "v" and t.stage_rep is None and holds.all():
-            return self.step_s(t, p, m, v), [np.nan] * len(stages)
+            return self.closed_run(t, p, m, v, stages)
         shape = np.broadcast(np.asarray(p), np.asarray(m), np.asarray(v)).shape
         if self.placement == "v":
             return _makespans(self, t, p, m, v, stages=stages)
         holds = np.broadcast_to(holds, shape)
         alike = np.ones(1, bool) if t.stage_rep is None else alike_middles(stage_rep_grid(t.stage_rep), p)
-        closed = np.broadcast_to(self.step_s(t, p, m, v), shape) if alike.any() and holds.any() else None
+        closed, closed_slacks = self.closed_run(t, p, m, v, stages) if alike.any() and holds.any() else (None, None)
+        closed = None if closed is None else np.broadcast_to(closed, shape)
 
-        return _makespans(self, t, p, m, v, lambda i: closed[i] if holds[i] and alike[i[0] if alike.shape[0] > 1 else 0]
-                          else None, stages)
+        step, slacks = _makespans(self, t, p, m, v, lambda i: closed[i] if holds[i] and alike[i[0] if alike.shape[0] > 1
+                                                                                            else 0] else None, stages)
+        if closed is not None:
+            slacks = [np.where(np.isnan(x), c, x) for x, c in zip(slacks, closed_slacks)]
+        return step, slacks
 
 
 def _generic_in_flight(schedule: Schedule, p, m, v, stage):
@@ -478,24 +482,64 @@ class ZBH1(OneFOneB):
         return (0, 0, 0, w if w.ndim else float(w))
 
     def step_s(self, t, p, m, v):
-        # The last micro-batch's backward drains through the p-1 other stages (f + b each, as
-        # in 1F1B); a stage waiting in the drain runs its postponed W passes instead, one per
-        # earlier micro-batch and at most p-1: bubble (p-1)(f+b) - min(m-1, p-1) w for equal
-        # stages, Qi et al.'s (p-1)(f+b-w) once m >= p. The order is built for F = I = W: a W
-        # longer than the stage's F or I outlasts the slot it fills and delays the I pass after
-        # it by the excess, so a waiting stage hides min(w, f, b) (read off the executed orders
-        # of equal stages, exact for any f, b, w: tests/test_schedules.py; taking w, a Mixtral
-        # plan whose unfused gradient accumulation makes W 2.4x F read 10-12 % fast).
-        crit = t.pick(tuple(t.total(i) for i in range(len(t.f))))
-        filled = np.minimum(np.asarray(m) - 1, np.asarray(p) - 1) / np.maximum(np.asarray(p) - 1, 1)
-        return m * crit + t.others(lambda i: t.f[i] + t.b[i] - filled * minimum(t.w[i], minimum(t.f[i], t.b[i])))
+        """The latest of the bounds every stage's end obeys once m >= p, which the executed
+        orders meet: stage s can end no sooner than its own passes allow, m(f+b+w)_s after it
+        could first start, that is after the fill f_0 + ... + f_{s-1} and after the first
+        micro-batch's round trip (its first I waits for every forward and the I passes of the
+        stages after it, R_s, having run p - s forwards meanwhile); stage s's last I waits for
+        the one above it, b_s later, and it then runs the s + 1 W passes it postponed:
+        E_s = (s+1) w_s + max over j >= s of (own_j - (j+1) w_j + b_s + ... + b_{j-1}),
+        own_j = m(f+b+w)_j + max(f_0 + ... + f_{j-1}, R_j - (p-j) f_j). Equal stages: Qi et
+        al.'s m(f+b+w) + (p-1)(f+b-w), and for a W longer than its slot (the order is built for
+        F = I = W) m(f+b+w) + (p-1)(f+b-min(w, f, b)); exact there for any f, b, w, and on
+        unequal stages a lower bound within a few % (tests/test_schedules.py). The forms before
+        charged the slowest stage's m periods and every other stage's f+b-w: up to 8 % over a
+        lighter first stage's drain that the last stage's postponed W passes hide (DeepSeek-V3
+        with MTP), 10-12 % under where unfused accumulation made W 2.4x F (Mixtral). With the
+        middle ranks alike each term is linear in s and in j over them, so the maximum lies at
+        stages 0, 1, p-2 and p-1."""
+        return self.closed_run(t, p, m, v, ())[0]
 
-    def drain_w_s(self, f, b, w):
-        """min(w, f): a W longer than the F whose slot it takes delays the stage's later I
-        passes by the excess, so on equal stages stage s ends s(min(w, f) - b) after stage 0,
-        not s(w - b) (read off the executed orders, exact for any f, b, w once m >= p:
-        tests/test_schedules.py)."""
-        return minimum(w, f)
+    def closed_run(self, t, p, m, v, stages):
+        """step_s, and each of `stages`' E_s as how long before the step it ends."""
+        corners = [minimum(1, p - 1), maximum(p - 2, 0), p - 1]
+        ends = self._ends_s(t, p, m, [0 * p, *corners, *stages])
+        step = ends[0]
+        for e in ends[1:4]:
+            step = maximum(step, e)
+        return step, [step - e for e in ends[4:]]
+
+    def _ends_s(self, t, p, m, at_stages) -> list:
+        """step_s's bound E_s on when each of `at_stages` ends (stage indices, numbers or
+        arrays over plans; plain Python arithmetic for one plan: bcast.py)."""
+        last = len(t.f) - 1
+        if t.stage_rep is None:
+            middle = lambda x: x[min(1, last)]  # noqa: E731
+        else:  # plans of a batch whose middle ranks are alike: each its own middle representative
+            rep = stage_rep_grid(t.stage_rep)[min(1, len(t.stage_rep) - 1)]
+            middle = lambda x: np.choose(rep, np.broadcast_arrays(*x))  # noqa: E731
+
+        def at(x, s):  # the pass time of stage s
+            return where(s == 0, x[0], where(s >= p - 1, x[last], middle(x)))
+
+        def upto(x, n):  # x summed over stages 0 .. n-1 (0 <= n <= p)
+            return where(n == 0, 0.0, x[0] + maximum(minimum(n - 1, p - 2), 0) * middle(x)
+                         + where((n == p) & (p > 1), x[last], 0.0))
+
+        trip = upto(t.f, p) + upto(t.b, p)
+
+        def own(j):  # own_j less the W passes stage j postponed, plus the I chain down to stage 0
+            return m * (at(t.f, j) + at(t.b, j) + at(t.w, j)) - at(t.w, j) * (j + 1) + upto(t.b, j) \
+                + maximum(upto(t.f, j), trip - upto(t.b, j + 1) - (p - j) * at(t.f, j))
+
+        corners = [minimum(1, p - 1), maximum(p - 2, 0), p - 1]
+        out = []
+        for s in at_stages:
+            best = own(s)
+            for j in corners:
+                best = maximum(best, where(j >= s, own(j), -np.inf))
+            out.append(at(t.w, s) * (s + 1) - upto(t.b, s) + best)
+        return out
 
     def closed_form_holds(self, p, m):
         """With fewer micro-batches than stages which W passes fill the drain depends on how
