@@ -76,12 +76,12 @@ def _stage_sums(per_rep, rep):
 
 def ends_before_last_s(layout: Layout, times: StageTimes, executed=None) -> list:
     """Per representative, how long before the last stage to finish its passes it finishes
-    its own: read off the executed order where the pipeline's step is (`executed`: the slacks
-    of Schedule.pipeline_run, NaN where the step is in closed form; worked out here if None),
-    else in closed form. The step's last backward passes (B, or I when split) run from stage
-    p-1 down to stage 0, each a pipeline hop after the one above, so stage s's last one ends
-    before stage 0's by the backward passes of stages 0..s-1; after it each stage still runs
-    its drain tail (Schedule.drain_tail: the W passes a split schedule postponed)."""
+    its own: as Schedule.pipeline_run says (`executed`: its slacks, read off the executed order
+    or the schedule's closed form; worked out here if None), else from the drain. The step's
+    last backward passes (B, or I when split) run from stage p-1 down to stage 0, each a
+    pipeline hop after the one above, so stage s's last one ends before stage 0's by the
+    backward passes of stages 0..s-1; after it each stage still runs its drain tail
+    (Schedule.drain_tail: the W passes a split schedule postponed)."""
     if executed is None:
         executed = layout.schedule.pipeline_run(times, layout.p, layout.m, layout.v,
                                                 [r.stage for r in layout.stages])[1]

@@ -210,9 +210,9 @@ class Schedule:
 
     def pipeline_run(self, t: StageTimes, p, m, v, stages=()) -> tuple:
         """(pipeline_s, and for each of `stages` (stage indices, numbers or arrays over plans)
-        how long before the stage that ends last it finishes its passes, where the order is
-        executed; NaN where the closed form gives the step, and the analytic engine works the
-        ends out in closed form too: analytic.ends_before_last_s)."""
+        how long before the stage that ends last it finishes its passes: read off the order
+        where it is executed, from the closed form where that says (closed_run), else NaN, and
+        the analytic engine works the ends out from the drain: analytic.ends_before_last_s)."""
         holds = np.asarray(self.closed_form_holds(p, m))
         if self.placement != "v" and t.stage_rep is None and holds.all():
             return self.closed_run(t, p, m, v, stages)
