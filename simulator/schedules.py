@@ -532,12 +532,12 @@ class ZBH1(OneFOneB):
             return m * (at(t.f, j) + at(t.b, j) + at(t.w, j)) - at(t.w, j) * (j + 1) + upto(t.b, j) \
                 + maximum(upto(t.f, j), trip - upto(t.b, j + 1) - (p - j) * at(t.f, j))
 
-        corners = [minimum(1, p - 1), maximum(p - 2, 0), p - 1]
+        corners = [(j, own(j)) for j in (minimum(1, p - 1), maximum(p - 2, 0), p - 1)]
         out = []
         for s in at_stages:
             best = own(s)
-            for j in corners:
-                best = maximum(best, where(j >= s, own(j), -np.inf))
+            for j, own_j in corners:
+                best = maximum(best, where(j >= s, own_j, -np.inf))
             out.append(at(t.w, s) * (s + 1) - upto(t.b, s) + best)
         return out
 
