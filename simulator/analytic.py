@@ -85,6 +85,8 @@ def ends_before_last_s(layout: Layout, times: StageTimes, executed=None) -> list
     if executed is None:
         executed = layout.schedule.pipeline_run(times, layout.p, layout.m, layout.v,
                                                 [r.stage for r in layout.stages])[1]
+    if not any(np.isnan(x).any() for x in executed):
+        return list(executed)
     v, hop = layout.v, layout.pp_hop_s
     split = layout.schedule.split_backward
 

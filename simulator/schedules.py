@@ -500,14 +500,19 @@ class ZBH1(OneFOneB):
         stages 0, 1, p-2 and p-1."""
         return self.closed_run(t, p, m, v, ())[0]
 
+    @staticmethod
+    def _corners(p) -> tuple:
+        """Stages 1, p-2 and p-1: where the bounds, linear in a stage over the middle ranks, peak."""
+        return minimum(1, p - 1), maximum(p - 2, 0), p - 1
+
     def closed_run(self, t, p, m, v, stages):
         """step_s, and each of `stages`' E_s as how long before the step it ends."""
-        corners = [minimum(1, p - 1), maximum(p - 2, 0), p - 1]
-        ends = self._ends_s(t, p, m, [0 * p, *corners, *stages])
+        candidates = (0 * p, *self._corners(p))
+        ends = self._ends_s(t, p, m, [*candidates, *stages])
         step = ends[0]
-        for e in ends[1:4]:
+        for e in ends[1:len(candidates)]:
             step = maximum(step, e)
-        return step, [step - e for e in ends[4:]]
+        return step, [step - e for e in ends[len(candidates):]]
 
     def _ends_s(self, t, p, m, at_stages) -> list:
         """step_s's bound E_s on when each of `at_stages` ends (stage indices, numbers or
@@ -532,7 +537,7 @@ class ZBH1(OneFOneB):
             return m * (at(t.f, j) + at(t.b, j) + at(t.w, j)) - at(t.w, j) * (j + 1) + upto(t.b, j) \
                 + maximum(upto(t.f, j), trip - upto(t.b, j + 1) - (p - j) * at(t.f, j))
 
-        corners = [(j, own(j)) for j in (minimum(1, p - 1), maximum(p - 2, 0), p - 1)]
+        corners = [(j, own(j)) for j in self._corners(p)]
         out = []
         for s in at_stages:
             best = own(s)
@@ -733,9 +738,8 @@ class Explicit(Schedule):
         return pipeline_makespan(self, self._orders, p, v, *_stage_lists(t, (), p, v))
 
     def pipeline_run(self, t, p, m, v, stages=()):
-        ends = _stage_ends(compile_order(self, self._orders, p, v), *_stage_lists(t, (), p, v))
-        step = float(ends.max())
-        return step, [step - float(ends[min(int(s), p - 1)]) for s in stages]
+        return _step_and_slacks(_stage_ends(compile_order(self, self._orders, p, v), *_stage_lists(t, (), p, v)),
+                                stages)
 
 
 ONE_F_ONE_B = OneFOneB()
@@ -905,9 +909,8 @@ def _makespans(schedule: Schedule, t: StageTimes, p, m, v, known=lambda index: N
         done = known(())
         if done is not None:
             return done, [np.nan] * len(stages)
-        ends = _periodic_ends(schedule, _stage_lists(t, (), int(p), int(v)), int(p), int(m), int(v))
-        step = float(ends.max())
-        return step, [step - float(ends[min(int(s), int(p) - 1)]) for s in stages]
+        return _step_and_slacks(_periodic_ends(schedule, _stage_lists(t, (), int(p), int(v)), int(p), int(m), int(v)),
+                                stages)
     out = np.empty(shape)
     slacks = [np.full(shape, np.nan) for _ in stages]
     stage_of = [np.broadcast_to(np.asarray(s), shape) for s in stages]
@@ -930,6 +933,13 @@ def _makespans(schedule: Schedule, t: StageTimes, p, m, v, known=lambda index: N
             for slack, s in zip(slacks, stage_of):
                 slack[idx] = step - ends[min(int(s[idx]), pp - 1), j]
     return out, slacks
+
+
+def _step_and_slacks(ends, stages) -> tuple:
+    """One plan's step, the latest of its stages' ends, and how long before it each of
+    `stages` ends (a stage past the pipeline, a representative standing for none, as the last)."""
+    step = float(ends.max())
+    return step, [step - float(ends[min(int(s), len(ends) - 1)]) for s in stages]
 
 
 def _stage_arrays(t: StageTimes, indices: list, p: int, v: int) -> tuple:

@@ -129,11 +129,12 @@ class Sensitivity:
 
 def sensitivities(scenario, engine: str = "graph", base=None) -> list[Sensitivity] | None:
     """Each factor's Sensitivity for `scenario` (`base`: its result on `engine` where the
-    caller has it), or None where the plan does not fit at the profile's rates. A rate moves memory where what is alive depends on timing: with
-    activations offloaded the graph engine frees each once its copy to the host has finished,
-    so a slower host link (or faster kernels) keeps more alive at once, and a plan near the
-    device's memory may not fit at one side of a factor (`fits_lower`, `fits_higher`); its step
-    time there is reported all the same."""
+    caller has it), or None where the plan does not fit at the profile's rates. A rate moves
+    memory where what is alive depends on timing: with activations offloaded the graph engine
+    frees each once its copy to the host has finished, so a slower host link (or faster
+    kernels) keeps more alive at once, and a plan near the device's memory may not fit at one
+    side of a factor (`fits_lower`, `fits_higher`); its step time there is reported all the
+    same."""
     from .evaluate import evaluate
 
     if not (base or evaluate(scenario, engine)).feasible:
